@@ -1,0 +1,27 @@
+# make run / make test / make bench: each bootstraps .venv when missing.
+PYTHON ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.lighthouse-installed
+
+.PHONY: run test bench venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VPY) -m lighthouse.compile examples/attention.py --run --check
+
+test: $(STAMP)
+	$(VPY) -m pytest -q
+
+bench: $(STAMP)
+	$(VPY) -m pip install --quiet -e '.[test,bench]'
+	$(VPY) -m lighthouse.bench --csv bench.csv --json bench.json --plot bench.png
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

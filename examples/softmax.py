@@ -1,0 +1,18 @@
+"""Row softmax over the last dim, f32 [N, C]."""
+import torch
+
+N = 256
+C = 1024
+
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, dim=-1)
+
+
+def get_inputs():
+    return [torch.randn(N, C)]
+
+
+def get_init_inputs():
+    return []

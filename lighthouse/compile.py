@@ -1,0 +1,253 @@
+"""python -m lighthouse.compile KERNEL.py: import, schedule, lower, run, check, time.
+
+Library use:
+    from lighthouse.compile import compile_kernel
+    c = compile_kernel("examples/softmax.py", overrides={"N": 64})
+    outs = c.run()                      # torch tensors
+    report = c.check()                  # against torch eager
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .errors import CheckFailed, LighthouseError, StageError
+from .families import Family, choose_family, family_names
+from .ingress import Imported, import_forward, import_joint
+from .kernel import Kernel, load_kernel, parse_override
+from .pipeline import Pipeline, Stage
+
+FRONT_STAGES = ("import", "cleanup", "fuse", "vectorize")
+
+# (rtol, atol) per result dtype: elementwise |ours - torch| <= atol + rtol |torch|.
+TOLERANCES = {
+    torch.float32: (2e-4, 2e-4), torch.float64: (1e-7, 1e-7),
+    torch.float16: (1e-2, 1e-2), torch.bfloat16: (3e-2, 3e-2),
+}
+
+
+def make_target(name: str, threads: int | None = None, **options):
+    if name == "cpu":
+        from .targets.cpu import CpuTarget
+
+        return CpuTarget(threads=threads) if threads else CpuTarget()
+    if name == "xegpu":
+        try:
+            from .targets.xegpu import XeGpuTarget
+        except ImportError as exc:
+            raise StageError(f"the xegpu target is not available: {exc}") from exc
+        return XeGpuTarget(**options)
+    raise StageError(f"unknown target {name!r}; targets are: cpu, xegpu")
+
+
+def cleanup(module) -> None:
+    from schedules.common import run_passes
+    from schedules.prepare import widen_bool_tensors
+
+    run_passes(module, "canonicalize, cse")
+    widen_bool_tensors(module)
+    run_passes(module, "canonicalize, cse")
+
+
+def build_pipeline(family: Family, target) -> Pipeline:
+    front = [
+        Stage("import", lambda m: None, "torch-mlir import (linalg-on-tensors)"),
+        Stage("cleanup", cleanup, "canonicalize, cse, i1 tensors stored as i8"),
+        Stage("fuse", lambda m: family.fuse(m, target), f"{family.name}: fusion and tiling"),
+        Stage("vectorize", lambda m: family.vectorize(m, target), f"{family.name}: vectorization"),
+    ]
+    return Pipeline(front + target.stages())
+
+
+@dataclass
+class CheckReport:
+    name: str
+    max_abs: float
+    max_rel: float
+    ok: bool
+    dtype: torch.dtype
+
+    def __str__(self) -> str:
+        verdict = "ok" if self.ok else "MISMATCH"
+        return (f"{self.name}: max abs err {self.max_abs:.3g}, max rel err {self.max_rel:.3g} "
+                f"({str(self.dtype).removeprefix('torch.')}) {verdict}")
+
+
+@dataclass
+class Compiled:
+    kernel: Kernel
+    imported: Imported
+    family: Family
+    pipeline: Pipeline
+    target: object
+    notes: list[str] = field(default_factory=list)
+    function: object | None = None  # JitFunction once fully compiled for the CPU
+
+    @property
+    def module(self):
+        return self.imported.module
+
+    def run(self, *args) -> tuple:
+        if self.function is None:
+            raise StageError("the kernel was not compiled to the end (--emit/--stop-after) or "
+                             "the target cannot run here")
+        return self.function(*(args or self.imported.args))
+
+    def check(self, results: tuple | None = None) -> list[CheckReport]:
+        results = results if results is not None else self.run()
+        expected = self.imported.reference()
+        return [compare(name, got, want) for name, got, want in
+                zip(self.imported.result_names, results, expected)]
+
+
+def compare(name: str, got: torch.Tensor, want: torch.Tensor) -> CheckReport:
+    if got.shape != want.shape:
+        return CheckReport(name, float("inf"), float("inf"), False, want.dtype)
+    if not want.is_floating_point():
+        bad = (got != want).sum().item()
+        return CheckReport(name, float(bad), float(bad), bad == 0, want.dtype)
+    rtol, atol = TOLERANCES.get(want.dtype, (1e-4, 1e-4))
+    g, w = got.double(), want.double()
+    same_nan = torch.equal(torch.isnan(g), torch.isnan(w))
+    finite = torch.isfinite(w) & torch.isfinite(g)
+    same_inf = torch.equal(g[~finite & ~torch.isnan(w)], w[~finite & ~torch.isnan(w)])
+    diff = (g - w).abs()[finite]
+    scale = w.abs()[finite]
+    max_abs = diff.max().item() if diff.numel() else 0.0
+    max_rel = (diff / scale.clamp_min(1e-30)).max().item() if diff.numel() else 0.0
+    within = bool((diff <= atol + rtol * scale).all()) if diff.numel() else True
+    return CheckReport(name, max_abs, max_rel, same_nan and same_inf and within, want.dtype)
+
+
+def compile_kernel(path, *, overrides=None, backward=False, target="cpu", threads=None,
+                   schedule=None, strict=False, stop_after=None, dump_dir=None,
+                   target_options=None) -> Compiled:
+    """Load, import and compile a kernel file; JIT it when the pipeline runs to the end."""
+    start = time.perf_counter()
+    kernel = load_kernel(path, overrides or {})
+    target_obj = make_target(target, threads, **(target_options or {}))
+    importer = import_joint if backward else import_forward
+    imported = importer(kernel.model, kernel.inputs, name=str(kernel.path))
+    notes: list[str] = []
+    family = choose_family(imported.module, requested=schedule or kernel.config.get("schedule"),
+                           strict=strict, notes=notes)
+    pipeline = build_pipeline(family, target_obj)
+    pipeline.check_stage(stop_after)
+    import_seconds = time.perf_counter() - start
+    pipeline.run(imported.module, stop_after=stop_after, dump_dir=dump_dir)
+    pipeline.timings["import"] = import_seconds
+    compiled = Compiled(kernel, imported, family, pipeline, target_obj, notes)
+    if stop_after in (None, pipeline.names()[-1]) and hasattr(target_obj, "jit"):
+        jit_start = time.perf_counter()
+        compiled.function = target_obj.jit(imported.module, imported.arg_specs, imported.result_specs)
+        pipeline.timings["jit"] = time.perf_counter() - jit_start
+    return compiled
+
+
+def bench(compiled: Compiled, *, rounds: int = 10) -> tuple[float, float]:
+    """Median seconds per call: ours and torch eager, measured alternately in this process."""
+    from .runtime import time_alternately
+
+    ours = compiled.function.bind(compiled.imported.args)
+    return time_alternately(ours, compiled.imported.reference, rounds=rounds)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m lighthouse.compile",
+                                description="Compile a PyTorch kernel file with MLIR transform schedules.")
+    p.add_argument("kernel", help="kernel file (Model, get_inputs, get_init_inputs)")
+    p.add_argument("--target", default="cpu", choices=["cpu", "xegpu"])
+    p.add_argument("--run", action="store_true", help="run the compiled kernel on get_inputs()")
+    p.add_argument("--check", action="store_true", help="compare with torch; exit 1 on mismatch")
+    p.add_argument("--bench", action="store_true", help="median time of ours and of torch eager")
+    p.add_argument("--emit", metavar="STAGE", help="print the IR after STAGE and stop")
+    p.add_argument("--stop-after", metavar="STAGE", help="stop after STAGE (no JIT)")
+    p.add_argument("--dump-dir", metavar="DIR", help="write every stage's IR to DIR")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a module global of the kernel file (repeatable)")
+    p.add_argument("--backward", action="store_true", help="compile the joint forward+backward graph")
+    p.add_argument("--threads", type=int, help="CPU threads (default: all cores)")
+    p.add_argument("--schedule", help=f"force a schedule family ({', '.join(family_names())})")
+    p.add_argument("--strict", action="store_true", help="a schedule that does not apply is an error")
+    p.add_argument("--chip", help="xegpu: target chip (bmg or pvc)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write the final (or --emit) IR or artifact")
+    p.add_argument("-v", "--verbose", action="store_true", help="stage timings and tracebacks")
+    return p
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _main(args)
+    except LighthouseError as exc:
+        if args.verbose:
+            traceback.print_exc()
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+def _main(args) -> int:
+    overrides = dict(parse_override(o) for o in args.overrides)
+    stop_after = args.emit or args.stop_after
+    target_options = {"chip": args.chip} if args.chip else None
+    compiled = compile_kernel(args.kernel, overrides=overrides, backward=args.backward,
+                              target=args.target, threads=args.threads, schedule=args.schedule,
+                              strict=args.strict, stop_after=stop_after, dump_dir=args.dump_dir,
+                              target_options=target_options)
+    for note in compiled.notes:
+        print(f"note: {note}", file=sys.stderr)
+    if args.verbose:
+        print(f"schedule: {compiled.family.name}", file=sys.stderr)
+        for name, seconds in compiled.pipeline.timings.items():
+            print(f"  {name:<12} {seconds * 1e3:9.1f} ms", file=sys.stderr)
+    if args.emit:
+        text = str(compiled.module)
+        if args.output:
+            Path(args.output).write_text(text)
+        else:
+            print(text)
+        return 0
+    if args.output:
+        _write_artifact(compiled, Path(args.output))
+    status = 0
+    if args.run or args.check or args.bench:
+        if compiled.function is None:
+            raise StageError(f"target {args.target} cannot run kernels on this machine")
+        results = compiled.run()
+        if args.run:
+            for name, t in zip(compiled.imported.result_names, results):
+                print(f"{name}: {list(t.shape)} {str(t.dtype).removeprefix('torch.')}")
+        if args.check:
+            reports = compiled.check(results)
+            for r in reports:
+                print(f"check {r}")
+            if not all(r.ok for r in reports):
+                raise CheckFailed(f"{compiled.kernel.path}: result differs from torch")
+            print("check passed")
+        if args.bench:
+            ours, theirs = bench(compiled)
+            print(f"bench {compiled.kernel.name}: ours {ours * 1e3:.3f} ms, torch {theirs * 1e3:.3f} ms, "
+                  f"speedup {theirs / ours:.2f}x")
+    return status
+
+
+def _write_artifact(compiled: Compiled, path: Path) -> None:
+    writer = getattr(compiled.target, "write_artifact", None)
+    if writer is not None:
+        writer(compiled, path)
+        return
+    if path.suffix == ".o" and compiled.function is not None:
+        compiled.function.engine.dump_to_object_file(str(path))
+    else:
+        path.write_text(str(compiled.module))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

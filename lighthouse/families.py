@@ -1,0 +1,82 @@
+"""Schedule families and the choice among them.
+
+A family turns a payload kind (attention, cross-entropy, matmul, ...) into the `fuse` and
+`vectorize` stages. `choose_family` asks each specialized family whether the payload is its
+kind (`recognize`) and, if so, whether its schedule applies (`check`); a recognized payload
+that the schedule cannot take falls back to the generic family with a one-line note naming
+the reason, or raises under `strict`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from .errors import ScheduleMismatch
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    recognize: Callable[[object], bool]
+    check: Callable[[object], str | None]  # None when the schedule applies, else the reason
+    fuse: Callable[[object, object], None]  # (module, target)
+    vectorize: Callable[[object, object], None]
+
+
+def _generic_params(target):
+    from schedules.generic import GenericParams
+
+    return GenericParams(threads=target.threads, vector_tile=4 * target.f32_lanes)
+
+
+def _generic_fuse(module, target):
+    from schedules.generic import fuse_generic
+
+    fuse_generic(module, _generic_params(target))
+
+
+def _generic_vectorize(module, target):
+    from schedules.generic import vectorize_generic
+
+    vectorize_generic(module, _generic_params(target))
+
+
+GENERIC = Family("generic", lambda m: True, lambda m: None, _generic_fuse, _generic_vectorize)
+
+# No tiling, no vectorization: linalg straight to scalar loops. A baseline for debugging
+# schedules (`--schedule loops`), never chosen automatically.
+LOOPS = Family("loops", lambda m: False, lambda m: None, lambda m, t: None, lambda m, t: None)
+
+# Specialized families register here, most specific first.
+SPECIALIZED: list[Family] = []
+
+
+def family_names() -> list[str]:
+    return [f.name for f in SPECIALIZED] + [GENERIC.name, LOOPS.name]
+
+
+def choose_family(module, *, requested: str | None = None, strict: bool = False,
+                  notes: list[str] | None = None) -> Family:
+    notes = notes if notes is not None else []
+    families = {f.name: f for f in SPECIALIZED + [GENERIC, LOOPS]}
+    if requested is not None:
+        if requested not in families:
+            raise ScheduleMismatch(f"unknown schedule {requested!r}; known: {', '.join(families)}")
+        family = families[requested]
+        reason = family.check(module)
+        if reason is not None:
+            raise ScheduleMismatch(f"schedule {requested!r} does not apply: {reason}")
+        return family
+    for family in SPECIALIZED:
+        if not family.recognize(module):
+            continue
+        reason = family.check(module)
+        if reason is None:
+            return family
+        message = f"the {family.name} schedule does not apply ({reason}); using the generic schedule"
+        if strict:
+            raise ScheduleMismatch(message)
+        notes.append(message)
+        break
+    return GENERIC

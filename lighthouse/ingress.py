@@ -1,0 +1,288 @@
+"""torch -> linalg-on-tensors with torch-mlir.
+
+Forward: `torch.export` + `torch_mlir.fx.export_and_import(output_type="linalg-on-tensors")`,
+SDPA forced to the math backend (the only one torch-mlir decomposes). Parameters and buffers
+are frozen into the IR as constants; the function's arguments are the tensors of get_inputs().
+
+Backward (`import_joint`): the joint forward+backward graph
+    (inputs..., params...) -> (outputs..., d inputs..., d params...)
+with every floating-point output seeded by ones (for a scalar loss: d loss / d loss = 1),
+traced by `make_fx` over `torch.func.vjp` under functionalization, decomposed with
+torch-mlir's table minus the backward ops torch-mlir lowers to linalg itself
+(nll_loss_backward, the softmax backwards), plus a local decomposition of the one-hot
+`scatter` into a select, so the result is pure linalg (no `tm_tensor.scatter`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from .errors import IngressError
+
+_DTYPES = {
+    "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "f64": torch.float64,
+    "i64": torch.int64, "i32": torch.int32, "i16": torch.int16, "i8": torch.int8, "i1": torch.bool,
+}
+
+
+@dataclass
+class TensorSpec:
+    """Static shape and dtype of one function argument or result."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @staticmethod
+    def of(t: torch.Tensor) -> "TensorSpec":
+        return TensorSpec(tuple(t.shape), t.dtype)
+
+    def __str__(self) -> str:
+        return f"{list(self.shape)} {str(self.dtype).removeprefix('torch.')}"
+
+
+@dataclass
+class Imported:
+    """The imported payload and what is needed to run it and check it against torch.
+
+    `args` are the tensors to pass (in function-argument order); `reference()` recomputes the
+    expected results with torch (eager, default backends), one tensor per function result.
+    """
+
+    module: object  # torch_mlir.ir.Module
+    args: tuple
+    reference: Callable[[], tuple]
+    arg_specs: list[TensorSpec] = field(default_factory=list)
+    result_specs: list[TensorSpec] = field(default_factory=list)
+    result_names: list[str] = field(default_factory=list)
+
+
+def import_forward(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel") -> Imported:
+    """Import `model(*inputs)` to linalg-on-tensors; tensors in `inputs` become arguments."""
+    from torch_mlir import fx
+
+    inputs = _distinct(inputs)
+    tensors = tuple(t for t in inputs if isinstance(t, torch.Tensor))
+    importer, diagnostics = _quiet_importer()
+    try:
+        with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+            module = fx.export_and_import(model, *inputs, output_type="linalg-on-tensors",
+                                          func_name="main", fx_importer=importer)
+    except Exception as exc:
+        raise IngressError(_describe_import_failure(name, exc, diagnostics)) from exc
+
+    def reference():
+        with torch.no_grad():
+            return _flatten(model(*inputs), name)
+
+    expected = reference()
+    names = [f"out{i}" for i in range(len(expected))]
+    return _finish(module, tensors, reference, expected, names, name)
+
+
+def import_joint(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel") -> Imported:
+    """Import the joint forward+backward graph (see the module docstring for its signature)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch_mlir import fx
+
+    inputs = _distinct(inputs)
+    tensor_pos = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor)]
+    grad_pos = [i for i in tensor_pos if inputs[i].is_floating_point()]
+    params = {k: v.detach() for k, v in model.named_parameters() if v.is_floating_point()}
+    param_names = list(params)
+    if not grad_pos and not params:
+        raise IngressError(f"{name}: --backward needs a floating-point input or parameter")
+
+    def forward(diff_inputs, diff_params):
+        full = list(inputs)
+        for i, t in zip(grad_pos, diff_inputs):
+            full[i] = t
+        return torch.func.functional_call(model, diff_params, tuple(full))
+
+    def joint(*flat):
+        n = len(tensor_pos)
+        given = dict(zip(tensor_pos, flat[:n]))
+        fixed = list(inputs)
+        for i, t in given.items():
+            fixed[i] = t
+        diff_inputs = tuple(given[i] for i in grad_pos)
+        diff_params = dict(zip(param_names, flat[n:]))
+
+        def f(di, dp):
+            full = list(fixed)
+            for i, t in zip(grad_pos, di):
+                full[i] = t
+            return torch.func.functional_call(model, dp, tuple(full))
+
+        out, vjp = torch.func.vjp(f, diff_inputs, diff_params)
+        outs = _flatten(out, name)
+        seeds = _seed_like(out)
+        d_inputs, d_params = vjp(seeds)
+        return (*outs, *d_inputs, *(d_params[k] for k in param_names))
+
+    flat_args = tuple(inputs[i] for i in tensor_pos) + tuple(params.values())
+    importer, diagnostics = _quiet_importer()
+    try:
+        with sdpa_kernel(SDPBackend.MATH):
+            gm = make_fx(torch.func.functionalize(joint, remove="mutations"),
+                         decomposition_table=_joint_decompositions())(*flat_args)
+        module = fx.stateless_fx_import(gm, output_type="linalg-on-tensors", model_name="main",
+                                        fx_importer=importer)
+    except Exception as exc:
+        raise IngressError(_describe_import_failure(name, exc, diagnostics)) from exc
+
+    def reference():
+        di = tuple(inputs[i].detach().clone().requires_grad_(True) for i in grad_pos)
+        dp = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+        with torch.enable_grad():
+            out = forward(di, dp)
+            outs = _flatten(out, name)
+            wrt = list(di) + list(dp.values())
+            grads = torch.autograd.grad(outs, wrt, _seed_like(out), allow_unused=True)
+        grads = [torch.zeros_like(w) if g is None else g for g, w in zip(grads, wrt)]
+        return tuple(o.detach() for o in outs) + tuple(g.detach() for g in grads)
+
+    expected = reference()
+    n_out = len(expected) - len(grad_pos) - len(param_names)
+    names = ([f"out{i}" for i in range(n_out)] + [f"d_input{i}" for i in grad_pos]
+             + [f"d_{k}" for k in param_names])
+    return _finish(module, flat_args, reference, expected, names, name)
+
+
+def _finish(module, args, reference, expected, names, name) -> Imported:
+    from torch_mlir import ir
+
+    func = _main_func(module)
+    fn_type = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
+    arg_specs = [_spec_of_type(t, name, f"argument {i}") for i, t in enumerate(fn_type.inputs)]
+    result_specs = [_spec_of_type(t, name, f"result {i}") for i, t in enumerate(fn_type.results)]
+    if len(arg_specs) != len(args):
+        raise IngressError(f"{name}: the imported function takes {len(arg_specs)} tensors but "
+                           f"{len(args)} were given (unused or non-tensor inputs?)")
+    if len(result_specs) != len(expected):
+        raise IngressError(f"{name}: the imported function returns {len(result_specs)} tensors, "
+                           f"torch returns {len(expected)}")
+    for i, (spec, t) in enumerate(zip(arg_specs, args)):
+        if spec.shape != tuple(t.shape) or spec.dtype != t.dtype:
+            raise IngressError(f"{name}: argument {i} imported as {spec}, input is {TensorSpec.of(t)}")
+    _check_pure_linalg(module, name)
+    return Imported(module=module, args=tuple(args), reference=reference, arg_specs=arg_specs,
+                    result_specs=result_specs, result_names=names)
+
+
+def _main_func(module):
+    for op in module.body.operations:
+        if op.operation.name == "func.func":
+            return op
+    raise IngressError("the imported module has no function")
+
+
+def _spec_of_type(t, name: str, what: str) -> TensorSpec:
+    from torch_mlir import ir
+
+    if not isinstance(t, ir.RankedTensorType):
+        raise IngressError(f"{name}: {what} has type {t}; only ranked tensors are supported")
+    rt = t
+    if not rt.has_static_shape:
+        raise IngressError(f"{name}: {what} has dynamic shape {t}; dynamic shapes are not supported")
+    key = str(rt.element_type)
+    if key not in _DTYPES:
+        raise IngressError(f"{name}: {what} has element type {key}, which is not supported")
+    return TensorSpec(tuple(rt.shape), _DTYPES[key])
+
+
+def _check_pure_linalg(module, name: str) -> None:
+    text = str(module)
+    leftovers = sorted(set(re.findall(r"\b(tm_tensor\.\w+|torch\.\w+(?:\.\w+)*)\s*[({%\"]", text)))
+    if leftovers:
+        raise IngressError(f"{name}: the import left non-linalg ops: {', '.join(leftovers)}")
+
+
+def _quiet_importer():
+    """An FxImporter on a fresh context whose diagnostics are collected, not printed."""
+    from torch_mlir import ir
+    from torch_mlir.dialects import torch as torch_d
+    from torch_mlir.extras.fx_importer import FxImporter
+
+    context = ir.Context()
+    torch_d.register_dialect(context)
+    diagnostics: list[str] = []
+
+    def collect(diag):
+        diagnostics.append(str(diag.message))
+        return True
+
+    context.attach_diagnostic_handler(collect)
+    return FxImporter(context=context), diagnostics
+
+
+def _describe_import_failure(name: str, exc: Exception, diagnostics=()) -> str:
+    text = "\n".join(list(diagnostics) + [str(exc)])
+    m = re.search(r"failed to legalize operation 'torch.operator'.*?name = \"([^\"]+)\"", text)
+    if m:
+        return f"{name}: torch-mlir cannot lower {m.group(1)} to linalg"
+    m = re.search(r"failed to legalize operation '([^']+)'", text)
+    if m and m.group(1).startswith("torch.constant"):
+        m = re.search(r"'(torch\.aten\.[\w.]+)'", text) or m
+    if m:
+        return f"{name}: torch-mlir cannot lower {m.group(1)} to linalg"
+    m = re.search(r"(torch\.aten\.[\w.]+)", text)
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(exc).__name__)
+    if m:
+        return f"{name}: torch-mlir failed on {m.group(1)}: {first[:200]}"
+    return f"{name}: import failed: {type(exc).__name__}: {first[:300]}"
+
+
+def _distinct(inputs: tuple) -> tuple:
+    """Clone tensors that appear more than once: the importer merges identical objects."""
+    seen: set[int] = set()
+    out = []
+    for t in inputs:
+        if isinstance(t, torch.Tensor):
+            if id(t) in seen:
+                t = t.clone()
+            seen.add(id(t))
+        out.append(t)
+    return tuple(out)
+
+
+def _flatten(out, name: str) -> tuple:
+    if isinstance(out, torch.Tensor):
+        return (out,)
+    if isinstance(out, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in out):
+        return tuple(out)
+    raise IngressError(f"{name}: Model.forward must return a tensor or a tuple of tensors, "
+                       f"got {type(out).__name__}")
+
+
+def _seed_like(out):
+    if isinstance(out, torch.Tensor):
+        return torch.ones_like(out) if out.is_floating_point() else None
+    return type(out)(torch.ones_like(t) if t.is_floating_point() else None for t in out)
+
+
+def _scatter_value_onehot(self, dim, index, value):
+    """scatter(self, dim, index, value) with one index per row along `dim` == a select."""
+    if index.shape[dim] != 1 or any(index.shape[d] != self.shape[d]
+                                    for d in range(self.dim()) if d != dim):
+        return NotImplemented
+    shape = [1] * self.dim()
+    shape[dim] = self.shape[dim]
+    iota = torch.arange(self.shape[dim], device=self.device).view(shape)
+    return torch.where(iota == index, torch.full((), value, dtype=self.dtype), self)
+
+
+def _joint_decompositions() -> dict:
+    from torch_mlir.extras.fx_decomp_util import get_decomposition_table
+
+    aten = torch.ops.aten
+    keep = {aten.nll_loss_backward, aten.nll_loss2d_backward,
+            aten._log_softmax_backward_data, aten._softmax_backward_data}
+    table = {op: fn for op, fn in get_decomposition_table().items()
+             if getattr(op, "overloadpacket", op) not in keep}
+    table[aten.scatter.value] = _scatter_value_onehot
+    return table

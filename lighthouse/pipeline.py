@@ -1,0 +1,90 @@
+"""Named, ordered compile stages (in the manner of Triton's `add_stages`).
+
+A stage is a function `Module -> None` that rewrites the module in place: a transform schedule
+or a pass pipeline. The pipeline runs them in order, records each stage's wall time, can stop
+after any stage (`--emit NAME`) and can write every stage's IR to a directory (`--dump-dir`).
+Hooks may inspect or replace a stage by name before running.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from torch_mlir.ir import Location
+
+from .errors import LighthouseError, StageError
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    run: Callable[[object], None]
+    doc: str = ""
+
+
+@dataclass
+class Pipeline:
+    stages: list[Stage]
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def names(self) -> list[str]:
+        return [s.name for s in self.stages]
+
+    def check_stage(self, name: str | None) -> None:
+        if name is not None and name not in self.names():
+            raise StageError(f"unknown stage {name!r}; stages are: {', '.join(self.names())}")
+
+    def replace(self, name: str, run: Callable[[object], None]) -> None:
+        """Swap the body of one stage (a hook for experiments and tests)."""
+        self.check_stage(name)
+        self.stages = [Stage(s.name, run, s.doc) if s.name == name else s for s in self.stages]
+
+    def run(self, module, *, stop_after: str | None = None, dump_dir: str | Path | None = None,
+            on_stage: Callable[[str, object], None] | None = None):
+        """Run the stages in order; return the module (rewritten in place)."""
+        self.check_stage(stop_after)
+        if dump_dir is not None:
+            dump_dir = Path(dump_dir)
+            dump_dir.mkdir(parents=True, exist_ok=True)
+            (dump_dir / "00-input.mlir").write_text(str(module))
+        for index, stage in enumerate(self.stages, start=1):
+            start = time.perf_counter()
+            diagnostics: list[str] = []
+
+            def collect(diag):
+                diagnostics.append(f"{diag.location}: {diag.message}")
+                return True
+
+            handler = module.context.attach_diagnostic_handler(collect)
+            try:
+                with module.context, Location.unknown():
+                    stage.run(module)
+            except LighthouseError:
+                raise
+            except Exception as exc:
+                raise StageError(f"stage {stage.name!r} failed: {describe_failure(exc, diagnostics)}") from exc
+            finally:
+                handler.detach()
+            self.timings[stage.name] = time.perf_counter() - start
+            if dump_dir is not None:
+                (dump_dir / f"{index:02d}-{stage.name}.mlir").write_text(str(module))
+            if on_stage is not None:
+                on_stage(stage.name, module)
+            if stage.name == stop_after:
+                break
+        return module
+
+
+def describe_failure(exc: Exception, diagnostics: list[str]) -> str:
+    """The most telling line of an MLIR failure: its first diagnostic, else the exception."""
+    text = str(exc)
+    for line in text.splitlines():
+        if "Diagnostic message at" in line or line.lstrip().startswith("error:"):
+            return line.split("): ", 1)[-1].strip()[:300]
+    if diagnostics:
+        return diagnostics[0].split(": ", 1)[-1][:300]
+    first = next((ln for ln in text.splitlines() if ln.strip()), type(exc).__name__)
+    return first.strip()[:300]

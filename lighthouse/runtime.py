@@ -1,0 +1,132 @@
+"""Calling JIT-compiled kernels with torch tensors, and timing them against torch.
+
+The compiled function takes its results as out-parameters (`buffer-results-to-out-params`),
+so results are torch tensors allocated here, owned by Python and freed once by torch.
+Arguments and results are passed as MLIR memref descriptors
+    {allocated ptr, aligned ptr, offset, sizes[rank], strides[rank]}
+built from the tensors' storage; f32, f16, bf16, f64, i64, i32, i16, i8 and i1 (torch.bool,
+one byte per element, as LLVM stores i1) are supported.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .errors import UnsupportedError
+from .ingress import TensorSpec
+
+SUPPORTED_DTYPES = {torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64,
+                    torch.int32, torch.int16, torch.int8, torch.bool}
+
+_DESCRIPTOR_TYPES: dict[int, type] = {}
+
+
+def descriptor_type(rank: int) -> type:
+    if rank not in _DESCRIPTOR_TYPES:
+        fields = [("allocated", ctypes.c_void_p), ("aligned", ctypes.c_void_p),
+                  ("offset", ctypes.c_int64)]
+        if rank:
+            fields += [("sizes", ctypes.c_int64 * rank), ("strides", ctypes.c_int64 * rank)]
+        _DESCRIPTOR_TYPES[rank] = type(f"MemRef{rank}D", (ctypes.Structure,), {"_fields_": fields})
+    return _DESCRIPTOR_TYPES[rank]
+
+
+def descriptor(t: torch.Tensor):
+    """A memref descriptor viewing `t`'s storage (t must stay alive while it is used)."""
+    if t.dtype not in SUPPORTED_DTYPES:
+        raise UnsupportedError(f"tensor dtype {t.dtype} is not supported by the CPU runtime")
+    desc = descriptor_type(t.dim())()
+    base = t.data_ptr() - t.storage_offset() * t.element_size()
+    desc.allocated = base
+    desc.aligned = base
+    desc.offset = t.storage_offset()
+    for i, (size, stride) in enumerate(zip(t.shape, t.stride())):
+        desc.sizes[i] = size
+        desc.strides[i] = stride
+    return desc
+
+
+@dataclass
+class JitFunction:
+    """A compiled `main(args..., outs...)`; call it with torch tensors, get torch tensors."""
+
+    engine: object
+    arg_specs: list[TensorSpec]
+    result_specs: list[TensorSpec]
+    name: str = "main"
+
+    def __post_init__(self):
+        self._fn = self.engine.lookup(self.name)
+
+    def check_args(self, args) -> list[torch.Tensor]:
+        if len(args) != len(self.arg_specs):
+            raise UnsupportedError(f"the kernel takes {len(self.arg_specs)} tensors, got {len(args)}")
+        out = []
+        for i, (t, spec) in enumerate(zip(args, self.arg_specs)):
+            if tuple(t.shape) != spec.shape or t.dtype != spec.dtype:
+                raise UnsupportedError(f"argument {i}: expected {spec}, got {TensorSpec.of(t)}")
+            out.append(t.contiguous())
+        return out
+
+    def bind(self, args) -> Callable[[], tuple]:
+        """Prepare a call on fixed arguments; the returned thunk runs the kernel and returns
+        its (freshly written) result tensors. Use it to time without per-call overhead."""
+        args = self.check_args(args)
+        outs = [torch.empty(spec.shape, dtype=spec.dtype) for spec in self.result_specs]
+        tensors = args + outs
+        descs = [descriptor(t) for t in tensors]
+        ptrs = [ctypes.pointer(d) for d in descs]
+        packed = (ctypes.c_void_p * len(ptrs))()
+        for i, p in enumerate(ptrs):
+            packed[i] = ctypes.cast(ctypes.pointer(p), ctypes.c_void_p)
+        fn = self._fn
+        keepalive = (tensors, descs, ptrs)
+
+        def call():
+            fn(packed)
+            _ = keepalive
+            return tuple(outs)
+
+        return call
+
+    def __call__(self, *args) -> tuple:
+        return self.bind(args)()
+
+
+def time_alternately(ours: Callable[[], object], theirs: Callable[[], object], *,
+                     warmup: int = 2, rounds: int = 10, min_block_seconds: float = 0.05):
+    """Median seconds per call of `ours` and `theirs`, measured in alternating blocks.
+
+    Each round times a block of calls of one side, then a block of the other, so both see
+    the same machine state; a block repeats the call until it lasts `min_block_seconds`
+    (so thread pools of the side just measured are not timed as the other side's noise)."""
+    for _ in range(warmup):
+        ours()
+        theirs()
+    reps = max(1, int(min_block_seconds / max(_once(ours), _once(theirs), 1e-6)))
+    ours_t, theirs_t = [], []
+    for _ in range(rounds):
+        ours_t.append(_block(ours, reps))
+        theirs_t.append(_block(theirs, reps))
+    return statistics.median(ours_t), statistics.median(theirs_t)
+
+
+def _once(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _block(fn, reps: int) -> float:
+    samples = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)

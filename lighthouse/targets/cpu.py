@@ -1,0 +1,173 @@
+"""The host CPU target: bufferize, lower to LLVM, JIT with ExecutionEngine(opt_level=3).
+
+Stages after a schedule's `vectorize`:
+  bufferize  one-shot bufferization (identity layouts at function boundaries), results
+             turned into out-parameters, vector ops lowered to 1-D (contractions to outer
+             products and FMAs), scf.forall -> scf.parallel.
+  llvm       loops -> OpenMP (libiomp5 from the intel-openmp wheel), exp/log/tanh/erf
+             expanded to polynomials, everything to the LLVM dialect.
+The JIT targets the host CPU, so AVX-512 is used where the machine has it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from torch_mlir import ir
+from torch_mlir.dialects import linalg, transform
+from torch_mlir.dialects.bufferization import LayoutMapOption
+from torch_mlir.dialects.transform import bufferization as tbuf
+from torch_mlir.dialects.transform import loop
+from torch_mlir.dialects.transform import vector as tvec
+
+from schedules.common import apply_patterns, foreach, match, run_passes, run_schedule
+
+from ..errors import UnsupportedError
+from ..pipeline import Stage
+from .math_approx import expand_math
+
+
+@lru_cache(maxsize=1)
+def host_cpu_flags() -> frozenset[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+@lru_cache(maxsize=1)
+def openmp_runtime() -> str:
+    """Path of libiomp5.so from the intel-openmp wheel (installed under <prefix>/lib)."""
+    candidates = [Path(sys.prefix) / "lib" / "libiomp5.so"]
+    candidates += [Path(p).parent.parent.parent / "libiomp5.so" for p in sys.path if p.endswith("site-packages")]
+    for c in candidates:
+        if c.is_file():
+            return str(c)
+    raise UnsupportedError("libiomp5.so not found: install the intel-openmp wheel (pip install -e .)")
+
+
+@dataclass(frozen=True)
+class CpuTarget:
+    """threads: OpenMP threads of the compiled kernels (default: all cores)."""
+
+    threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+    name: str = "cpu"
+
+    def __post_init__(self):
+        if self.threads < 1:
+            raise UnsupportedError(f"--threads must be >= 1, got {self.threads}")
+
+    @property
+    def vector_bits(self) -> int:
+        flags = host_cpu_flags()
+        return 512 if "avx512f" in flags else 256 if "avx2" in flags else 128
+
+    @property
+    def f32_lanes(self) -> int:
+        return self.vector_bits // 32
+
+    def stages(self) -> list[Stage]:
+        return [
+            Stage("bufferize", bufferize, "one-shot bufferize, out-params, vector lowering"),
+            Stage("llvm", lambda m: lower_to_llvm(m, self.threads), "OpenMP, polynomials, LLVM dialect"),
+        ]
+
+    def jit(self, module: ir.Module, arg_specs, result_specs):
+        from torch_mlir.execution_engine import ExecutionEngine
+
+        from ..runtime import JitFunction
+
+        os.environ.setdefault("KMP_BLOCKTIME", "0")
+        os.environ.setdefault("KMP_WARNINGS", "0")
+        engine = ExecutionEngine(module, opt_level=3, shared_libs=[openmp_runtime()])
+        return JitFunction(engine, arg_specs, result_specs)
+
+
+def bufferize(payload: ir.Module) -> None:
+    def body(root):
+        root = tbuf.OneShotBufferizeOp(
+            root, bufferize_function_boundaries=True,
+            function_boundary_type_conversion=LayoutMapOption.IdentityLayoutMap).result
+        func = match(root, "func.func")
+        apply_patterns(func, lambda: tvec.ApplyLowerContractionPatternsOp(
+            lowering_strategy=tvec.VectorContractLowering.OuterProduct))
+        apply_patterns(func,
+                       lambda: tvec.ApplyReorderMultiReductionPatternsOp(
+                           lowering_strategy=tvec.VectorMultiReductionLowering.InnerReduction),
+                       lambda: tvec.ApplyMultiReductionFlatteningPatternsOp(
+                           lowering_strategy=tvec.VectorMultiReductionLowering.InnerReduction))
+        apply_patterns(func, lambda: tvec.ApplyMultiReductionUnrollingPatternsOp(
+            lowering_strategy=tvec.VectorMultiReductionLowering.InnerReduction))
+        apply_patterns(func, tvec.ApplyTransferPermutationPatternsOp,
+                       lambda: tvec.ApplyLowerTransferPatternsOp(max_transfer_rank=1))
+        apply_patterns(func, tvec.ApplyLowerOuterProductPatternsOp, tvec.ApplyLowerMasksPatternsOp)
+        apply_patterns(func, tvec.ApplyLowerTransposePatternsOp, tvec.ApplyLowerBroadcastPatternsOp,
+                       tvec.ApplyLowerShapeCastPatternsOp, tvec.ApplyLowerGatherPatternsOp)
+        foreach(match(root, "scf.forall"),
+                lambda f: loop.ForallToParallelOp([transform.AnyOpType.get()], f))
+
+    run_schedule(payload, body)
+    run_passes(payload, "canonicalize, cse, "
+               "buffer-results-to-out-params{hoist-static-allocs=true modify-public-functions=true}, "
+               "canonicalize")
+
+
+def lower_to_llvm(payload: ir.Module, threads: int) -> None:
+    strided_copies_to_loops(payload)
+    run_passes(payload, ", ".join([
+        "func.func(convert-linalg-to-loops)",
+        "buffer-deallocation-pipeline",
+        f"convert-scf-to-openmp{{num-threads={threads}}}",
+        "convert-vector-to-scf{full-unroll=true}",
+        "lower-affine", "expand-strided-metadata", "lower-affine",
+        "arith-expand", "canonicalize", "cse",
+    ]))
+    expand_math(payload)
+    for op in payload.body.operations:
+        if op.operation.name == "func.func":
+            op.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get(payload.context)
+    run_passes(payload, ", ".join([
+        "finalize-memref-to-llvm", "convert-scf-to-cf", "convert-vector-to-llvm",
+        "convert-openmp-to-llvm", "convert-math-to-llvm", "convert-arith-to-llvm",
+        "convert-index-to-llvm", "convert-func-to-llvm", "convert-cf-to-llvm",
+        "convert-ub-to-llvm", "reconcile-unrealized-casts", "canonicalize",
+    ]))
+
+
+def strided_copies_to_loops(payload: ir.Module) -> None:
+    """memref.copy between non-contiguous views calls `memrefCopy`, which the JIT lacks:
+    rewrite those as linalg.copy, which becomes loops."""
+    copies = []
+
+    def visit(op):
+        if op.name == "memref.copy" and not all(_contiguous(v.type) for v in op.operands):
+            copies.append(op)
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit)
+    with payload.context:
+        for op in copies:
+            with ir.InsertionPoint(op), op.location:
+                linalg.copy(op.operands[0], outs=[op.operands[1]])
+            op.erase()
+
+
+def _contiguous(t: ir.MemRefType) -> bool:
+    """Row-major dense (any offset): memref.copy lowers such copies to memcpy."""
+    if not t.has_static_shape:
+        return False
+    strides, _ = t.get_strides_and_offset()
+    expected = 1
+    for size, stride in reversed(list(zip(t.shape, strides))):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True

@@ -1,0 +1,185 @@
+"""Polynomial expansions of math.exp / log / tanh / erf for the CPU target.
+
+This MLIR build has no `math-polynomial-approximation` pass, and LLVM scalarizes vector
+`exp` & co. into libm calls. `expand_math(module)` rewrites each such op on f32 (scalar or
+vector; f16/bf16 are computed in f32) into arith/math ops that vectorize:
+
+exp(x):  k = roundeven(x log2 e), r = x - k ln2 (ln2 split hi/lo, |r| <= ln2/2),
+         exp(r) by its Taylor polynomial to degree 7 (truncation < 2e-9 relative),
+         times 2^k applied as 2^(k>>1) * 2^(k-(k>>1)) so denormal results and overflow to
+         inf come out right. x is clamped to [-104, 88.75]; NaN propagates.
+log(x):  x = m 2^e with m in [sqrt(1/2), sqrt(2)) (denormals scaled by 2^23 first),
+         log(m) = 2 atanh(s), s = (m-1)/(m+1), odd series to s^13; + e ln2 (hi/lo).
+         log(0) = -inf, log(x<0) = NaN, log(inf) = inf.
+tanh(x): |x| < 0.625: x + x^3 P(x^2) (fitted, tools/fit_math_polynomials.py);
+         else sign(x) (1 - 2 / (exp(2|x|) + 1)).
+erf(x):  |x| < 0.875: x P(x^2); |x| < 4: sign(x) (1 - exp(-x^2) Q(x)); else sign(x).
+Each is accurate to a few ulp in f32 (tests/lighthouse/test_math_approx.py measures it).
+"""
+
+from __future__ import annotations
+
+import math
+
+from torch_mlir import ir
+from torch_mlir.dialects import arith
+from torch_mlir.dialects import math as mmath
+
+TANH_SMALL = (-0.3333333333035862, 0.13333332154888608, -0.05396771291885392,
+              0.021860591491489407, -0.008794120486864164, 0.003312842205597287,
+              -0.0008675354517920214)
+ERF_SMALL = (1.128379166999535, -0.37612636733829974, 0.1128374098053152,
+             -0.026861968583732354, 0.005207621292591474, -0.0008220516094397151,
+             8.714052200816049e-05)
+ERFC_MID, ERFC_HALF = 2.4375, 1.5625
+ERFC_SCALED = (0.2155524795362947, -0.12118879677629996, 0.06469222822120992,
+               -0.03298972977333551, 0.01614856766046295, -0.007615890927277724,
+               0.0034681914153972286, -0.0015345329854492835, 0.0006701101614814308,
+               -0.00027625383701163867, 9.528879688264231e-05, -4.092182463650408e-05,
+               2.86539462595492e-05, -9.936216865410205e-06)
+LN2_HI, LN2_LO = 0.693145751953125, 1.428606765330187e-06
+EXP_TAYLOR = tuple(1.0 / math.factorial(n) for n in range(8))
+
+_EXPANDED = ("math.exp", "math.log", "math.tanh", "math.erf")
+
+
+class _Builder:
+    """Emits f32 arith over a scalar or vector shape, with splat constants."""
+
+    def __init__(self, like: ir.Type):
+        self.f32 = ir.F32Type.get()
+        self.i32 = ir.IntegerType.get_signless(32)
+        self.shape = list(like.shape) if isinstance(like, ir.VectorType) else None
+        self.ftype = self._typed(self.f32)
+        self.itype = self._typed(self.i32)
+        self._consts: dict = {}
+
+    def _typed(self, elem):
+        return ir.VectorType.get(self.shape, elem) if self.shape is not None else elem
+
+    def f(self, value: float):
+        key = ("f", float(value))
+        if key not in self._consts:
+            attr = ir.FloatAttr.get(self.f32, value)
+            if self.shape is not None:
+                attr = ir.DenseElementsAttr.get_splat(self.ftype, attr)
+            self._consts[key] = arith.constant(self.ftype, attr)
+        return self._consts[key]
+
+    def i(self, value: int):
+        key = ("i", int(value))
+        if key not in self._consts:
+            attr = ir.IntegerAttr.get(self.i32, value)
+            if self.shape is not None:
+                attr = ir.DenseElementsAttr.get_splat(self.itype, attr)
+            self._consts[key] = arith.constant(self.itype, attr)
+        return self._consts[key]
+
+    def horner(self, x, coefs):
+        acc = self.f(coefs[-1])
+        for c in reversed(coefs[:-1]):
+            acc = mmath.fma(acc, x, self.f(c))
+        return acc
+
+    def cmp(self, pred, a, b):
+        return arith.cmpf(pred, a, b)
+
+    def pow2(self, k):
+        """2^k as f32 for an integer vector k in [-126, 127]."""
+        biased = arith.addi(k, self.i(127))
+        return arith.bitcast(self.ftype, arith.shli(biased, self.i(23)))
+
+
+def _exp(b: _Builder, x):
+    x = arith.minimumf(arith.maximumf(x, b.f(-104.0)), b.f(88.75))
+    k = mmath.roundeven(arith.mulf(x, b.f(1.4426950408889634)))
+    r = mmath.fma(k, b.f(-LN2_HI), x)
+    r = mmath.fma(k, b.f(-LN2_LO), r)
+    p = b.horner(r, EXP_TAYLOR)
+    ki = arith.fptosi(b.itype, k)
+    k1 = arith.shrsi(ki, b.i(1))
+    k2 = arith.subi(ki, k1)
+    return arith.mulf(arith.mulf(p, b.pow2(k1)), b.pow2(k2))
+
+
+def _log(b: _Builder, x):
+    P = arith.CmpFPredicate
+    tiny = b.cmp(P.OLT, x, b.f(1.1754943508222875e-38))
+    xs = arith.select(tiny, arith.mulf(x, b.f(8388608.0)), x)
+    bias = arith.select(tiny, b.i(127 + 23), b.i(127))
+    bits = arith.bitcast(b.itype, xs)
+    e = arith.subi(arith.shrsi(bits, b.i(23)), bias)
+    m = arith.bitcast(b.ftype, arith.ori(arith.andi(bits, b.i(0x7FFFFF)), b.i(0x3F800000)))
+    big = b.cmp(P.OGT, m, b.f(1.4142135623730951))
+    m = arith.select(big, arith.mulf(m, b.f(0.5)), m)
+    e = arith.select(big, arith.addi(e, b.i(1)), e)
+    f = arith.subf(m, b.f(1.0))
+    s = arith.divf(f, arith.addf(m, b.f(1.0)))
+    s2 = arith.mulf(s, s)
+    series = b.horner(s2, (2.0, 2.0 / 3, 2.0 / 5, 2.0 / 7, 2.0 / 9, 2.0 / 11, 2.0 / 13))
+    logm = arith.mulf(s, series)
+    ef = arith.sitofp(b.ftype, e)
+    result = arith.addf(mmath.fma(ef, b.f(LN2_LO), logm), arith.mulf(ef, b.f(LN2_HI)))
+    result = arith.select(b.cmp(P.OEQ, x, b.f(0.0)), b.f(-math.inf), result)
+    result = arith.select(b.cmp(P.OEQ, x, b.f(math.inf)), b.f(math.inf), result)
+    return arith.select(b.cmp(P.UGE, x, b.f(0.0)), result, b.f(math.nan))
+
+
+def _sign_like(b: _Builder, value, x):
+    """copysign(value, x) for value >= 0."""
+    return mmath.copysign(value, x)
+
+
+def _tanh(b: _Builder, x):
+    P = arith.CmpFPredicate
+    a = mmath.absf(x)
+    x2 = arith.mulf(x, x)
+    small = mmath.fma(arith.mulf(x2, x), b.horner(x2, TANH_SMALL), x)
+    e = _exp(b, arith.mulf(a, b.f(2.0)))
+    large = arith.subf(b.f(1.0), arith.divf(b.f(2.0), arith.addf(e, b.f(1.0))))
+    return arith.select(b.cmp(P.OLT, a, b.f(0.625)), small, _sign_like(b, large, x))
+
+
+def _erf(b: _Builder, x):
+    P = arith.CmpFPredicate
+    a = mmath.absf(x)
+    x2 = arith.mulf(x, x)
+    small = arith.mulf(x, b.horner(x2, ERF_SMALL))
+    t = arith.mulf(arith.subf(a, b.f(ERFC_MID)), b.f(1.0 / ERFC_HALF))
+    erfc = arith.mulf(_exp(b, arith.negf(x2)), b.horner(t, ERFC_SCALED))
+    mid = arith.subf(b.f(1.0), erfc)
+    mid = arith.select(b.cmp(P.OLT, a, b.f(4.0)), mid, b.f(1.0))
+    return arith.select(b.cmp(P.OLT, a, b.f(0.875)), small, _sign_like(b, mid, x))
+
+
+_IMPLS = {"math.exp": _exp, "math.log": _log, "math.tanh": _tanh, "math.erf": _erf}
+
+
+def _element_type(t: ir.Type) -> ir.Type:
+    return t.element_type if isinstance(t, ir.VectorType) else t
+
+
+def expand_math(module: ir.Module) -> int:
+    """Rewrite every exp/log/tanh/erf on f32/f16/bf16 (scalar or vector); return the count."""
+    targets = []
+
+    def visit(op):
+        if op.name in _EXPANDED:
+            if str(_element_type(op.results[0].type)) in ("f32", "f16", "bf16"):
+                targets.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    with module.context:
+        for op in targets:
+            with ir.InsertionPoint(op), op.location:
+                value = op.operands[0]
+                rtype = op.results[0].type
+                b = _Builder(rtype)
+                wide = value if str(_element_type(rtype)) == "f32" else arith.extf(b.ftype, value)
+                result = _IMPLS[op.name](b, wide)
+                if str(_element_type(rtype)) != "f32":
+                    result = arith.truncf(rtype, result)
+            op.results[0].replace_all_uses_with(result)
+            op.erase()
+    return len(targets)

@@ -1,0 +1,247 @@
+"""Payload preparation shared by the schedules: rewrites done directly on the payload IR.
+
+split_assertions: torch-mlir guards index reads (e.g. the cross-entropy target gather) with
+`cf.assert` inside linalg.generic bodies, which blocks vectorization of the whole op. Each
+such generic is split in two: a result-less generic over the same inputs and iteration
+space that only evaluates the assertions (a cheap scalar loop), and the original without
+them. The checks still run; the op that does the work vectorizes.
+"""
+
+from __future__ import annotations
+
+from torch_mlir import ir
+from torch_mlir.dialects import linalg
+
+
+def split_assertions(payload: ir.Module) -> int:
+    """Split every result-producing linalg.generic holding cf.assert; return the count."""
+    found = []
+
+    def visit(op):
+        if op.name == "linalg.generic" and len(op.results) and any(
+                inner.operation.name == "cf.assert" for inner in op.regions[0].blocks[0].operations):
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit)
+    with payload.context:
+        for op in found:
+            _split(op.opview)
+    return len(found)
+
+
+def _split(generic) -> None:
+    inputs = list(generic.inputs)
+    maps = list(generic.indexing_maps)[: len(inputs)]
+    body = generic.regions[0].blocks[0]
+    asserts = [o for o in body.operations if o.operation.name == "cf.assert"]
+    needed = _backward_slice(asserts, body)
+    if any(isinstance(v, ir.BlockArgument) and v.arg_number >= len(inputs)
+           for o in needed for v in o.operands):
+        return  # the assertions read the accumulator: leave the op alone
+    with ir.InsertionPoint(generic.operation), generic.location:
+        check = linalg.GenericOp([], inputs, [], ir.ArrayAttr.get([ir.AffineMapAttr.get(m.value) for m in maps]),
+                                 generic.iterator_types)
+        block = check.regions[0].blocks.append(*[v.type.element_type for v in inputs])
+        mapping = {body.arguments[i]: block.arguments[i] for i in range(len(inputs))}
+        with ir.InsertionPoint(block):
+            for o in body.operations:
+                if o.operation not in needed:
+                    continue
+                clone = o.operation.clone()
+                for i, v in enumerate(clone.operands):
+                    if v in mapping:
+                        clone.operands[i] = mapping[v]
+                for old, new in zip(o.operation.results, clone.results):
+                    mapping[old] = new
+            linalg.YieldOp([])
+    for a in asserts:
+        a.operation.erase()
+
+
+def _backward_slice(roots, body) -> list:
+    """The ops of `body` that the `roots` depend on, and the roots (as ir.Operation)."""
+    wanted: list = [r.operation for r in roots]
+    frontier = list(wanted)
+    while frontier:
+        op = frontier.pop()
+        for v in op.operands:
+            owner = v.owner
+            if isinstance(owner, ir.OpView):
+                owner = owner.operation
+            if isinstance(owner, ir.Operation) and owner.parent == body.owner \
+                    and owner not in wanted:
+                wanted.append(owner)
+                frontier.append(owner)
+    return wanted
+
+
+# Element-wise touchers of i1 tensors that widen_bool_tensors knows how to fix up; every
+# other op that holds an i1 tensor only moves it (its types are retyped in place).
+_SHAPE_ONLY = {
+    "tensor.empty", "tensor.expand_shape", "tensor.collapse_shape", "tensor.extract_slice",
+    "tensor.insert_slice", "tensor.cast", "tensor.reshape", "tensor.pad", "tensor.concat",
+    "func.return", "scf.yield", "scf.for", "scf.forall", "scf.if", "tensor.parallel_insert_slice",
+    "scf.forall.in_parallel", "bufferization.alloc_tensor",
+}
+
+
+def widen_bool_tensors(payload: ir.Module) -> int:
+    """Store boolean tensors as i8 (0/1): vector<Nxi1> loads and stores are bit-packed in
+    LLVM while i1 tensors in memory hold one byte per element, so vectorized code would
+    misread them. Scalars inside linalg bodies stay i1 (trunci after reads, extui before
+    writes). Function arguments and results keep their byte layout. Returns the number of
+    retyped values; leaves the payload untouched when an op it does not know holds one."""
+    with payload.context:
+        i1 = ir.IntegerType.get_signless(1)
+        i8 = ir.IntegerType.get_signless(8)
+
+        def is_bool_tensor(t) -> bool:
+            return isinstance(t, ir.RankedTensorType) and t.element_type == i1
+
+        funcs = [op.operation for op in payload.body.operations if op.operation.name == "func.func"]
+        _generalize_named_ops_on(payload, is_bool_tensor)
+        users: list[ir.Operation] = []
+        unknown: list[str] = []
+
+        def visit(op):
+            if op.name.startswith("linalg.") and op.name not in ("linalg.yield", "linalg.index"):
+                if any(is_bool_tensor(v.type) for v in list(op.operands) + list(op.results)):
+                    users.append(op)
+                return ir.WalkResult.SKIP  # bodies hold scalars
+            if any(is_bool_tensor(v.type) for v in list(op.operands) + list(op.results)):
+                users.append(op)
+                if op.name not in _SHAPE_ONLY and op.name not in (
+                        "arith.constant", "tensor.extract", "tensor.insert", "tensor.splat",
+                        "tensor.from_elements"):
+                    unknown.append(op.name)
+            return ir.WalkResult.ADVANCE
+
+        for f in funcs:
+            f.walk(visit, ir.WalkOrder.PRE_ORDER)
+        if unknown:
+            return 0
+        count = 0
+
+        def widen(t):
+            return ir.RankedTensorType.get(list(t.shape), i8, t.encoding)
+
+        for f in funcs:
+            block = f.regions[0].blocks[0]
+            for arg in block.arguments:
+                if is_bool_tensor(arg.type):
+                    arg.set_type(widen(arg.type))
+                    count += 1
+        for op in users:
+            name = op.name
+            if name.startswith("linalg."):
+                _widen_linalg_body(op, i1, i8)
+            elif name == "arith.constant":
+                attr = op.attributes["value"]
+                values = [1 if bool(v) else 0 for v in _dense_bools(attr)]
+                new_t = widen(op.results[0].type)
+                new_attr = (ir.DenseElementsAttr.get_splat(new_t, ir.IntegerAttr.get(i8, values[0]))
+                            if attr.is_splat else
+                            ir.DenseIntElementsAttr.get(_np_int8(values, new_t.shape), type=new_t))
+                with ir.InsertionPoint(op), op.location:
+                    from torch_mlir.dialects import arith
+                    new = arith.ConstantOp(new_t, new_attr)
+                op.results[0].replace_all_uses_with(new.result)
+                op.erase()
+                count += 1
+                continue
+            elif name == "tensor.extract":
+                result = op.results[0]
+                result.set_type(i8)
+                with ir.InsertionPoint.after(op), op.location:
+                    from torch_mlir.dialects import arith
+                    narrow = arith.trunci(i1, result)
+                result.replace_all_uses_except(narrow, narrow.owner.operation)
+            elif name in ("tensor.insert", "tensor.splat", "tensor.from_elements"):
+                with ir.InsertionPoint(op), op.location:
+                    from torch_mlir.dialects import arith
+                    for i, v in enumerate(op.operands):
+                        if v.type == i1:
+                            op.operands[i] = arith.extui(i8, v)
+            for r in op.results:
+                if is_bool_tensor(r.type):
+                    r.set_type(widen(r.type))
+                    count += 1
+            for region in op.regions:
+                for block in region.blocks:
+                    for arg in block.arguments:
+                        if is_bool_tensor(arg.type):
+                            arg.set_type(widen(arg.type))
+        for f in funcs:
+            _refresh_function_type(f)
+    return count
+
+
+def _widen_linalg_body(op: ir.Operation, i1, i8) -> None:
+    from torch_mlir.dialects import arith
+
+    num_results = len(op.results)
+    body = op.regions[0].blocks[0]
+    first = body.operations[0] if len(body.operations) else None
+    for j, arg in enumerate(body.arguments):
+        if j >= len(op.operands) or arg.type != i1:
+            continue
+        if not isinstance(op.operands[j].type, ir.RankedTensorType):
+            continue  # a scalar operand (fill value, ...): stays i1
+        arg.set_type(i8)
+        with ir.InsertionPoint(first) if first is not None else ir.InsertionPoint(body), op.location:
+            narrow = arith.trunci(i1, arg)
+        arg.replace_all_uses_except(narrow, narrow.owner.operation)
+    terminator = body.operations[len(body.operations) - 1]
+    for k in range(num_results):
+        r = op.results[k]
+        if isinstance(r.type, ir.RankedTensorType) and r.type.element_type == i1:
+            v = terminator.operands[k]
+            with ir.InsertionPoint(terminator), op.location:
+                terminator.operands[k] = arith.extui(i8, v)
+            r.set_type(ir.RankedTensorType.get(list(r.type.shape), i8, r.type.encoding))
+
+
+def _dense_bools(attr):
+    import numpy as np
+
+    return np.array(attr).reshape(-1).tolist() if not attr.is_splat else [attr.get_splat_value().value]
+
+
+def _np_int8(values, shape):
+    import numpy as np
+
+    return np.array(values, dtype=np.int8).reshape(shape)
+
+
+def _refresh_function_type(func: ir.Operation) -> None:
+    block = func.regions[0].blocks[0]
+    ret = block.operations[len(block.operations) - 1]
+    fn_type = ir.FunctionType.get([a.type for a in block.arguments], [v.type for v in ret.operands])
+    func.attributes["function_type"] = ir.TypeAttr.get(fn_type)
+
+
+def _generalize_named_ops_on(payload: ir.Module, predicate) -> None:
+    """Turn named linalg ops with an operand or result matching `predicate` into generics
+    (their bodies are implicit and cannot be edited)."""
+    from torch_mlir.dialects.transform import structured
+
+    from .common import clear_tags, match_id, run_schedule, tag_ops
+
+    named = []
+
+    def visit(op):
+        if op.name.startswith("linalg.") and op.name not in ("linalg.generic", "linalg.yield",
+                                                            "linalg.index"):
+            if any(predicate(v.type) for v in list(op.operands) + list(op.results)):
+                named.append(op)
+            return ir.WalkResult.SKIP
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    if not named:
+        return
+    tag_ops(named)
+    run_schedule(payload, lambda root: [structured.GeneralizeOp(match_id(root, i))
+                                        for i in range(len(named))])
+    clear_tags(payload)

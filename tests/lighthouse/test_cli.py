@@ -1,0 +1,115 @@
+"""The CLI: the demo path, --emit/--dump-dir/-v, and every error path (one line, exit 2)."""
+
+from tests.conftest import EXAMPLES, run_cli
+
+
+def _one_line_error(result, *needles):
+    assert result.returncode == 2, result.stderr
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_run_check_prints_results_and_passes():
+    r = run_cli(EXAMPLES / "softmax.py", "--set", "N=8", "--set", "C=40", "--run", "--check")
+    assert r.returncode == 0, r.stderr
+    assert "out0: [8, 40] float32" in r.stdout
+    assert "check passed" in r.stdout
+
+
+def test_bench_prints_both_medians_and_ratio():
+    r = run_cli(EXAMPLES / "matmul.py", "--set", "N=64", "--bench")
+    assert r.returncode == 0, r.stderr
+    assert "ours" in r.stdout and "torch" in r.stdout and "speedup" in r.stdout
+
+
+def test_emit_prints_stage_ir_and_stops():
+    r = run_cli(EXAMPLES / "matmul.py", "--set", "N=32", "--emit", "import")
+    assert r.returncode == 0, r.stderr
+    assert "linalg.matmul" in r.stdout and "func.func @main" in r.stdout
+    r = run_cli(EXAMPLES / "matmul.py", "--set", "N=32", "--emit", "vectorize")
+    assert "vector.contract" in r.stdout or "vector.fma" in r.stdout
+
+
+def test_dump_dir_and_verbose_timings(tmp_path):
+    r = run_cli(EXAMPLES / "matmul.py", "--set", "N=32", "--dump-dir", tmp_path, "-v", "--run")
+    assert r.returncode == 0, r.stderr
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["00-input.mlir", "01-import.mlir", "02-cleanup.mlir", "03-fuse.mlir",
+                     "04-vectorize.mlir", "05-bufferize.mlir", "06-llvm.mlir"]
+    assert "llvm.func" in (tmp_path / "06-llvm.mlir").read_text()
+    for stage in ("import", "cleanup", "fuse", "vectorize", "bufferize", "llvm", "jit"):
+        assert f"  {stage}" in r.stderr
+
+
+def test_missing_file():
+    _one_line_error(run_cli("no/such/kernel.py"), "no/such/kernel.py", "no such kernel file")
+
+
+def test_file_without_model(kernel_file):
+    path = kernel_file("import torch\ndef get_inputs():\n    return [torch.ones(2)]\n")
+    _one_line_error(run_cli(path, "--run"), str(path), "Model is missing")
+
+
+def test_unknown_stage():
+    _one_line_error(run_cli(EXAMPLES / "matmul.py", "--emit", "nonsense"), "unknown stage 'nonsense'",
+                    "vectorize")
+
+
+def test_bad_override():
+    _one_line_error(run_cli(EXAMPLES / "matmul.py", "--set", "Q=3"), "--set Q", "N")
+    _one_line_error(run_cli(EXAMPLES / "matmul.py", "--set", "oops"), "NAME=VALUE")
+
+
+def test_op_torch_mlir_cannot_lower(kernel_file):
+    path = kernel_file("""
+        import torch
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                return torch.linalg.eigvalsh(x)
+        def get_inputs():
+            return [torch.eye(4)]
+        def get_init_inputs():
+            return []
+    """)
+    r = run_cli(path, "--run")
+    _one_line_error(r, str(path))
+    assert "eigh" in r.stderr or "linalg" in r.stderr
+
+
+def test_dynamic_shapes_are_rejected(kernel_file):
+    path = kernel_file("""
+        import torch
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                return x[x > 0]
+        def get_inputs():
+            return [torch.randn(8)]
+        def get_init_inputs():
+            return []
+    """)
+    r = run_cli(path, "--run")
+    _one_line_error(r, str(path))
+    assert "dynamic" in r.stderr or "import failed" in r.stderr
+
+
+def test_check_mismatch_exits_1(kernel_file):
+    path = kernel_file("""
+        import torch
+        STATE = [0]
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                STATE[0] += 1
+                return x * STATE[0]
+        def get_inputs():
+            return [torch.ones(64)]
+        def get_init_inputs():
+            return []
+    """)
+    r = run_cli(path, "--check")
+    assert r.returncode == 1, r.stderr + r.stdout
+    assert "MISMATCH" in r.stdout
+    assert "result differs from torch" in r.stderr

@@ -1,0 +1,1 @@
+"""Shared IR analyses used by transform_ext ops and by schedule builders."""

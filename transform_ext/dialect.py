@@ -1,0 +1,36 @@
+"""The `transform_ext` dialect and its idempotent loading into an MLIR context.
+
+Each op lives in its own module (`transform_ext/<op_name>.py`) and defines an op class with
+nested `Apply` (TransformOpInterface) and `Effects` (MemoryEffectsOpInterface) models.
+`load()` registers the dialect in a context and attaches every op's models there.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from torch_mlir import ir
+from torch_mlir.dialects import ext
+
+OP_MODULES: list[str] = []
+
+
+class TransformExt(ext.Dialect, name="transform_ext"):
+    """Python-defined transform ops of lighthouse."""
+
+
+def load(context: ir.Context | None = None) -> None:
+    """Register the dialect and its interface models in `context` (default: the current one).
+
+    Safe to call repeatedly and with several contexts in one process."""
+    for name in OP_MODULES:
+        importlib.import_module(f"transform_ext.{name}")
+    context = context or ir.Context.current
+    with context:
+        if context.is_dialect_loaded(TransformExt.DIALECT_NAMESPACE):
+            return
+        TransformExt.load()
+        for op in TransformExt.operations:
+            for model in ("Apply", "Effects"):
+                if hasattr(op, model):
+                    getattr(op, model).attach(op.OPERATION_NAME, context=context)
