@@ -12,7 +12,9 @@ import importlib
 from torch_mlir import ir
 from torch_mlir.dialects import ext
 
-OP_MODULES: list[str] = []
+OP_MODULES: list[str] = [
+    "drop_unused_results",
+]
 
 
 class TransformExt(ext.Dialect, name="transform_ext"):

@@ -1,0 +1,45 @@
+"""Test helpers: parse a payload, apply a schedule built in Python, FileCheck the result."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+from torch_mlir import ir
+
+import transform_ext
+from schedules.common import apply_schedule, build_schedule
+
+
+def parse(text: str) -> ir.Module:
+    ctx = ir.Context()
+    with ctx:
+        transform_ext.load(ctx)
+        return ir.Module.parse(textwrap.dedent(text))
+
+
+def apply(payload: ir.Module, body) -> None:
+    with payload.context, ir.Location.unknown():
+        apply_schedule(payload, build_schedule(body))
+
+
+def apply_expect_failure(payload: ir.Module, body) -> str:
+    """Apply a schedule that must fail; return the error text (payload left as is)."""
+    try:
+        apply(payload, body)
+    except Exception as exc:  # the interpreter raises ValueError with the diagnostics
+        return str(exc)
+    raise AssertionError("the schedule was expected to fail")
+
+
+def check(ir_text: str, checks: str) -> None:
+    """Run the FileCheck tool (python filecheck) on `ir_text` with `checks` (CHECK lines)."""
+    tool = Path(sys.executable).parent / "filecheck"
+    with tempfile.NamedTemporaryFile("w", suffix=".checks", delete=False) as f:
+        f.write(textwrap.dedent(checks))
+    proc = subprocess.run([str(tool), f.name], input=str(ir_text), capture_output=True, text=True)
+    Path(f.name).unlink()
+    assert proc.returncode == 0, proc.stdout + proc.stderr + "\n--- IR ---\n" + str(ir_text)

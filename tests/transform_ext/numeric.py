@@ -1,0 +1,30 @@
+"""Compile a linalg-on-tensors payload with the generic CPU schedule and run it."""
+
+from __future__ import annotations
+
+from torch_mlir import ir
+
+from lighthouse.ingress import TensorSpec, _spec_of_type
+from lighthouse.pipeline import Pipeline, Stage
+from lighthouse.targets.cpu import CpuTarget
+from schedules.generic import GenericParams, fuse_generic, vectorize_generic
+
+
+def run_module(payload: ir.Module, args, *, threads: int = 2):
+    """Compile `payload` (its @main) for the CPU and call it on torch tensors `args`."""
+    func = next(op for op in payload.body.operations if op.operation.name == "func.func")
+    fn_type = ir.TypeAttr(func.attributes["function_type"]).value
+    arg_specs = [_spec_of_type(t, "payload", "arg") for t in fn_type.inputs]
+    result_specs = [_spec_of_type(t, "payload", "result") for t in fn_type.results]
+    target = CpuTarget(threads=threads)
+    params = GenericParams(threads=threads)
+    from lighthouse.compile import cleanup
+
+    stages = [Stage("cleanup", cleanup),
+              Stage("fuse", lambda m: fuse_generic(m, params)),
+              Stage("vectorize", lambda m: vectorize_generic(m, params))] + target.stages()
+    Pipeline(stages).run(payload)
+    return target.jit(payload, arg_specs, result_specs)(*args)
+
+
+__all__ = ["run_module", "TensorSpec"]
