@@ -94,7 +94,7 @@ class CpuTarget:
 def bufferize(payload: ir.Module) -> None:
     def body(root):
         root = tbuf.OneShotBufferizeOp(
-            root, bufferize_function_boundaries=True,
+            root, bufferize_function_boundaries=True, allow_return_allocs_from_loops=True,
             function_boundary_type_conversion=LayoutMapOption.IdentityLayoutMap).result
         func = match(root, "func.func")
         apply_patterns(func, lambda: tvec.ApplyLowerContractionPatternsOp(
