@@ -15,6 +15,7 @@ from torch_mlir.dialects import ext
 OP_MODULES: list[str] = [
     "drop_unused_results",
     "fuse_dependent_reduction_ops",
+    "rewrite_attention_row_mask",
 ]
 
 

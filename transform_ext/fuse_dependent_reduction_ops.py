@@ -33,13 +33,14 @@ Mixed precision: the correction is computed in f32; f16/bf16 accumulators are re
 f32 and rounded once per tile (accumulate in f32 by giving the reduction an f32 init).
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from torch_mlir import ir
 from torch_mlir.dialects import arith, ext, linalg, scf, tensor, transform
 from torch_mlir.dialects import math as mmath
 
+from .analysis.dims import DimClasses
 from .analysis.separability import Form, FormAnalysis, NotSeparable
 from .analysis.structure import dim_positions, loop_structure
 from .common import Illegal, Success, defining_op, fail, is_linalg
@@ -51,28 +52,6 @@ DYNAMIC = ir.ShapedType.get_dynamic_stride_or_offset()
 
 
 # ----------------------------------------------------------------------------- analysis
-
-
-class _DimClasses:
-    """Union-find over loop dims of ops and dims of values: which of them run together."""
-
-    def __init__(self):
-        self.parent: dict = {}
-
-    def find(self, key):
-        self.parent.setdefault(key, key)
-        while self.parent[key] != key:
-            self.parent[key] = self.parent[self.parent[key]]
-            key = self.parent[key]
-        return key
-
-    def union(self, a, b):
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            self.parent[ra] = rb
-
-    def same(self, a, b) -> bool:
-        return self.find(a) == self.find(b)
 
 
 @dataclass
@@ -94,17 +73,12 @@ class _Plan:
     chain: list                          # elementwise group ops (block order)
     producers: list
     group: list                          # all group ops in block order
-    classes: _DimClasses
+    classes: DimClasses
     axis: object                         # class root of the axis
-    ordered: list = field(default_factory=list)
-
     def axis_dim_of_value(self, value) -> Optional[int]:
         if not isinstance(value.type, ir.RankedTensorType):
             return None
-        for p in range(value.type.rank):
-            if self.classes.same((value, p), self.axis):
-                return p
-        return None
+        return self.classes.value_dim_like(value, self.axis)
 
     def axis_loop_dim(self, op) -> Optional[int]:
         for l in range(loop_structure(op).num_loops):
@@ -219,21 +193,10 @@ def analyze(r1: ir.Operation, consumers: list, producers: list, tile: int,
             frontier.append(p)
 
     ordered = [o.operation for o in block.operations if o.operation in group_set]
-    classes = _DimClasses()
     for op in ordered:
-        ls = loop_structure(op)
-        if not ls.is_static:
+        if not loop_structure(op).is_static:
             raise Illegal(op, "dynamic extents are not supported")
-        values = list(op.operands)[: ls.num_inputs] + list(op.results)
-        maps = ls.maps[: ls.num_inputs] + ls.maps[ls.num_inputs:]
-        for v, amap in zip(values, maps):
-            for pos, d in enumerate(dim_positions(amap)):
-                if d is not None:
-                    classes.union((op, d), (v, pos))
-        for v, amap in zip(list(op.operands)[ls.num_inputs:], ls.maps[ls.num_inputs:]):
-            for pos, d in enumerate(dim_positions(amap)):
-                if d is not None:
-                    classes.union((op, d), (v, pos))
+    classes = DimClasses(ordered)
     axis = classes.find((r1, k))
     extent = loop_structure(r1).ranges[k]
     plan = _Plan(r1, is_max, k, extent, min(tile, extent), [], chain, producers, ordered,
