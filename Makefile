@@ -10,7 +10,7 @@ venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
-	$(VPY) -m pip install --quiet -e '.[test]'
+	$(VPY) -m pip install --quiet -e '.[test,xegpu]'
 	touch $(STAMP)
 
 run: $(STAMP)

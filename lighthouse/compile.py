@@ -63,6 +63,9 @@ def build_pipeline(family: Family, target) -> Pipeline:
         Stage("fuse", lambda m: family.fuse(m, target), f"{family.name}: fusion and tiling"),
         Stage("vectorize", lambda m: family.vectorize(m, target), f"{family.name}: vectorization"),
     ]
+    adapt = getattr(target, "adapt_front", None)  # a target may remap fuse/vectorize
+    if adapt is not None:
+        front = adapt(family, front)
     return Pipeline(front + target.stages())
 
 
@@ -208,6 +211,9 @@ def _main(args) -> int:
         for name, seconds in compiled.pipeline.timings.items():
             print(f"  {name:<12} {seconds * 1e3:9.1f} ms", file=sys.stderr)
     if args.emit:
+        emitter = getattr(compiled.target, "emit_artifact", None)  # e.g. xegpu: binary -> .spv
+        if emitter is not None and emitter(compiled, args.emit, Path(args.output) if args.output else None):
+            return 0
         text = str(compiled.module)
         if args.output:
             Path(args.output).write_text(text)

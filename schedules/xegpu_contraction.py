@@ -1,0 +1,346 @@
+"""XeGPU tail of contraction kernels (matmul, linear layers, MLP): workgroup tiles, DPAS layouts.
+
+A contraction kernel is a group of linalg ops around one contraction C = A x B:
+  prologue  type conversions / transposes that only feed A or B (`arith.extf` generics,
+            `linalg.transpose`), fused into the reduction loop so the DPAS reads the narrow
+            data straight from memory;
+  C         with its zero `linalg.fill`;
+  epilogue  the chain of elementwise consumers of C (bias add, activation, truncf, ...) up
+            to the next contraction's prologue, plus their small elementwise producers
+            (a bias widened to f32), evaluated on the accumulator tile before the store.
+Tiling (`tile_kernel`): the last epilogue op is tiled into an `scf.forall` of workgroup tiles
+[wg_m, wg_n] (batch dims 1), the group is fused into it, C's reduction dim is tiled into an
+`scf.for` of k_tile, and the prologue is fused into that loop.
+Layouts (`annotate_kernel`, after convert-vector-to-xegpu): with sg_layout = [wg_m / sg_m,
+wg_n / sg_n] subgroups, A loads [wg_m, k] as sg_data [sg_m, k], B loads [k, wg_n] as
+[k, sg_n], C and the store are [sg_m, sg_n]; instruction tiles are the DPAS shapes
+(A 8x16, B 16x16, C 8x16 for 16-bit inputs). Loads in the k loop get `nb_prefetch`
+prefetches spread over all subgroups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch_mlir import ir
+from torch_mlir.dialects import transform
+from torch_mlir.dialects.transform import structured, xegpu
+
+from transform_ext.analysis.structure import is_linalg_op, loop_structure
+
+from .common import any_op, canonicalize, clear_tags, match, match_id, run_schedule, tag_ops
+
+
+@dataclass
+class ContractionGroup:
+    """The payload ops of one contraction kernel (see the module docstring)."""
+
+    contraction: ir.Operation
+    fill: ir.Operation | None
+    prologue: list[ir.Operation] = field(default_factory=list)   # closest to C first
+    epilogue: list[ir.Operation] = field(default_factory=list)   # in execution order
+    side: list[ir.Operation] = field(default_factory=list)       # producers of epilogue inputs
+
+    @property
+    def root(self) -> ir.Operation:
+        return self.epilogue[-1] if self.epilogue else self.contraction
+
+    def ops(self) -> list[ir.Operation]:
+        return ([self.contraction] + ([self.fill] if self.fill else []) + self.prologue
+                + self.epilogue + self.side)
+
+    def shape(self) -> dict[str, int]:
+        """Extents of the contraction's m, n, k (and batch) dims."""
+        ls = loop_structure(self.contraction)
+        dims = ls.contraction_dims()
+        out = {}
+        for kind in ("batch", "m", "n", "k"):
+            for j, d in enumerate(dims[kind]):
+                out[kind if len(dims[kind]) == 1 else f"{kind}{j}"] = ls.ranges[d]
+        return out
+
+    def describe(self) -> str:
+        s = self.shape()
+        return f"{self.contraction.name} [{'x'.join(str(v) for v in s.values())}] at {self.contraction.location}"
+
+
+@dataclass(frozen=True)
+class ContractionTiles:
+    """Workgroup tile [wg_m, wg_n], subgroup tile [sg_m, sg_n], reduction step k_tile, the
+    DPAS instruction shape (m, n, k), prefetch distance, and the lanes of a subgroup."""
+
+    wg: tuple[int, int]
+    sg: tuple[int, int]
+    k_tile: int
+    dpas: tuple[int, int, int] = (8, 16, 16)
+    nb_prefetch: int = 1
+    subgroup_size: int = 16
+
+    @property
+    def sg_layout(self) -> list[int]:
+        return [self.wg[0] // self.sg[0], self.wg[1] // self.sg[1]]
+
+    @property
+    def sg_data(self) -> tuple[int, int]:
+        return self.sg
+
+    @property
+    def subgroups(self) -> int:
+        return self.sg_layout[0] * self.sg_layout[1]
+
+    @property
+    def threads(self) -> int:
+        return self.subgroups * self.subgroup_size
+
+
+# ------------------------------------------------------------------------------- analysis
+
+def _users(value: ir.Value) -> list[ir.Operation]:
+    return [u.owner.operation if hasattr(u.owner, "operation") else u.owner for u in value.uses]
+
+
+def _producer(value: ir.Value) -> ir.Operation | None:
+    owner = value.owner
+    owner = getattr(owner, "operation", owner)
+    return owner if isinstance(owner, ir.Operation) and is_linalg_op(owner) else None
+
+
+def _is_widening(op: ir.Operation) -> bool:
+    """A one-input, all-parallel generic whose body is a single arith.extf, or a transpose."""
+    if op.name == "linalg.transpose":
+        return True
+    if op.name != "linalg.generic" or len(op.results) != 1 or len(op.operands) != 2:
+        return False
+    ls = loop_structure(op)
+    if ls.reduction_dims or not ls.is_elementwise:
+        return False
+    body = [o.operation.name for o in op.regions[0].blocks[0].operations]
+    return body == ["arith.extf", "linalg.yield"]
+
+
+def _is_elementwise(op: ir.Operation) -> bool:
+    if op.name == "linalg.fill" or not is_linalg_op(op) or len(op.results) != 1:
+        return False
+    ls = loop_structure(op)
+    return ls.is_static and not ls.reduction_dims and ls.is_elementwise
+
+
+def find_contraction_groups(func: ir.Operation) -> list[ContractionGroup]:
+    """Contraction kernels of a function's top-level linalg ops, in program order."""
+    ops = [o.operation for o in func.regions[0].blocks[0].operations if is_linalg_op(o)]
+    contractions = [o for o in ops if o.name != "linalg.fill" and loop_structure(o).is_contraction]
+    groups = []
+    taken: set = set()
+    prologue_of: dict = {}
+    for c in contractions:
+        group = ContractionGroup(c, None)
+        init = c.operands[len(c.operands) - 1]
+        fill = _producer(init)
+        if fill is not None and fill.name == "linalg.fill" and len(_users(init)) == 1:
+            group.fill = fill
+        for operand in list(c.operands)[:len(c.operands) - 1]:
+            p = _producer(operand)
+            while p is not None and _is_widening(p) and len(_users(p.results[0])) == 1:
+                group.prologue.append(p)
+                prologue_of[p] = c
+                p = _producer(p.operands[0])
+        groups.append(group)
+    for group in groups:
+        value = group.contraction.results[0]
+        out_rank = len(ir.ShapedType(value.type).shape)
+        while True:
+            users = _users(value)
+            if len(users) != 1:
+                break
+            u = users[0]
+            if not _is_elementwise(u) or u in prologue_of or u in taken:
+                break
+            if len(ir.ShapedType(u.results[0].type).shape) != out_rank:
+                break
+            group.epilogue.append(u)
+            value = u.results[0]
+        for e in group.epilogue:
+            for operand in list(e.operands)[:len(e.operands) - 1]:
+                p = _producer(operand)
+                if (p is not None and p not in group.epilogue and p is not group.contraction
+                        and _is_elementwise(p) and len(_users(p.results[0])) == 1):
+                    group.side.append(p)
+        taken.update(group.ops())
+    return groups
+
+
+# --------------------------------------------------------------------------------- tiling
+
+def tile_kernel(payload: ir.Module, group: ContractionGroup, tiles: ContractionTiles) -> None:
+    """Workgroup forall + k loop with the group fused in (module docstring)."""
+    c_ls = loop_structure(group.contraction)
+    dims = c_ls.contraction_dims()
+    root_ls = loop_structure(group.root)
+    # The root's loops are C's parallel loops in C's output order (elementwise, same rank).
+    out_dims = [p for p in _dim_positions(c_ls.output_map())]
+    wg_of_dim = {d: 1 for d in dims["batch"]}
+    wg_of_dim[dims["m"][-1]] = tiles.wg[0]
+    wg_of_dim[dims["n"][-1]] = tiles.wg[1]
+    for d in dims["m"][:-1] + dims["n"][:-1]:
+        wg_of_dim[d] = 1
+    root_sizes = [wg_of_dim[d] for d in out_dims]
+    if len(root_sizes) != root_ls.num_loops:
+        raise ValueError(f"{group.describe()}: epilogue rank differs from the contraction's")
+    k_sizes = [0] * c_ls.num_loops
+    k_sizes[dims["k"][-1]] = tiles.k_tile
+
+    order = ([group.root] + list(reversed(group.epilogue[:-1])) + group.side
+             + ([group.contraction] if group.epilogue else []) + ([group.fill] if group.fill else []))
+    tagged = order + group.prologue
+    tag_ops(tagged)
+    index = {id(op): i for i, op in enumerate(tagged)}
+
+    def body(root):
+        tiled = structured.TileUsingForallOp(match_id(root, 0), tile_sizes=root_sizes,
+                                             mapping=block_mapping(sum(1 for s in root_sizes if s)))
+        forall = tiled.results[1]
+        contraction = tiled.results[0]
+        for op in order[1:]:
+            fused = structured.FuseIntoContainingOp(match_id(root, index[id(op)]), forall)
+            forall = fused.new_containing_op
+            if op is group.contraction:
+                contraction = fused.fused_op
+        tiled_k = structured.TileUsingForOp(contraction, sizes=k_sizes)
+        k_loop = tiled_k.results[1]
+        for op in group.prologue:
+            fused = structured.FuseIntoContainingOp(match_id(root, index[id(op)]), forall)
+            forall = fused.new_containing_op
+            fused = structured.FuseIntoContainingOp(fused.fused_op, k_loop)
+            k_loop = fused.new_containing_op
+        canonicalize(match(root, "func.func"))
+
+    run_schedule(payload, body)
+    clear_tags(payload)
+
+
+def block_mapping(n: int) -> ir.ArrayAttr:
+    """#gpu.block mapping of an n-d workgroup forall (it also keeps a one-workgroup forall
+    from being folded away)."""
+    names = ["x", "y", "z"][:n][::-1]
+    return ir.ArrayAttr.get([ir.Attribute.parse(f"#gpu.block<{d}>") for d in names])
+
+
+def _dim_positions(amap) -> list[int]:
+    return [e.position for e in amap.results]
+
+
+# -------------------------------------------------------------------------------- layouts
+
+def _layout(sg_layout, sg_data, inst_data=None) -> dict:
+    out = {"sg_layout": list(sg_layout), "sg_data": list(sg_data)}
+    if inst_data is not None:
+        out["inst_data"] = list(inst_data)
+    return out
+
+
+def prefetch_layout(rows: int, cols: int, subgroups: int, inst: tuple[int, int]) -> dict:
+    """Spread a [rows, cols] prefetch over `subgroups`: as many column splits as keep a
+    subgroup's piece at least one instruction wide, the rest over rows."""
+    best = None
+    for c in range(1, subgroups + 1):
+        if subgroups % c or cols % c or (cols // c) % inst[1]:
+            continue
+        r = subgroups // c
+        if rows % r or (rows // r) % inst[0]:
+            continue
+        best = (r, c)
+        if cols // c <= 32:
+            break
+    if best is None:
+        return _layout([1, 1], [rows, cols], inst)
+    r, c = best
+    return _layout([r, c], [rows // r, cols // c], inst)
+
+
+@dataclass(frozen=True)
+class KernelShape:
+    """What the layout schedule must know of one outlined kernel's XeGPU ops: whether the
+    A / B tiles are loaded transposed (a `vector.transpose` between load and DPAS) and how
+    many 1-D gathers feed a broadcast along the rows (a bias)."""
+
+    transpose_a: bool = False
+    transpose_b: bool = False
+    row_broadcast_loads: int = 0
+    in_loop: bool = True            # False when K fits one k tile: no loop, no prefetch
+
+
+def inspect_kernel(gpu_func: ir.Operation) -> KernelShape:
+    """Read a KernelShape from a gpu.func after convert-vector-to-xegpu."""
+    found = {"dpas": [], "load": []}
+
+    def visit(op):
+        if op.name == "xegpu.dpas":
+            found["dpas"].append(op)
+        elif op.name == "xegpu.load":
+            found["load"].append(op)
+        return ir.WalkResult.ADVANCE
+
+    gpu_func.walk(visit)
+    if len(found["dpas"]) != 1:
+        raise ValueError(f"a contraction kernel has {len(found['dpas'])} xegpu.dpas ops, expected 1")
+    dpas = found["dpas"][0]
+
+    def transposed(value):
+        owner = getattr(value.owner, "operation", value.owner)
+        return isinstance(owner, ir.Operation) and owner.name == "vector.transpose"
+
+    rows = 0
+    for load in found["load"]:
+        users = [getattr(u.owner, "operation", u.owner) for u in load.results[0].uses]
+        while len(users) == 1 and users[0].name in ("arith.extf", "arith.truncf"):
+            users = [getattr(u.owner, "operation", u.owner) for u in users[0].results[0].uses]
+        ok = bool(users) and all(u.name == "vector.broadcast" and
+                                 len(ir.VectorType(u.results[0].type).shape) == 2 for u in users)
+        if not ok:
+            raise ValueError(f"{load.location}: a 1-D gather that is not a row broadcast has no "
+                             "layout in contraction kernels")
+        rows += 1
+    parent = dpas.parent
+    while parent is not None and parent.name not in ("scf.for", "gpu.func"):
+        parent = parent.parent
+    in_loop = parent is not None and parent.name == "scf.for"
+    return KernelShape(transposed(dpas.operands[0]), transposed(dpas.operands[1]), rows, in_loop)
+
+
+def annotate_kernel(gpu_func: ir.Value, tiles: ContractionTiles, shape: KernelShape) -> None:
+    """Anchor layouts on the DPAS, its loads and prefetches, and the stores of one gpu.func
+    (transform IR at the current insertion point; `gpu_func` is a handle). A transposed
+    load carries the operand's layout with sg_layout / sg_data reversed and order [0, 1];
+    the DPAS then takes the transposed vector in order [1, 0]."""
+    anyv = transform.AnyValueType.get()
+    dm, dn, dk = tiles.dpas
+    wg_m, wg_n = tiles.wg
+    sg_m, sg_n = tiles.sg
+    k = tiles.k_tile
+    a = _layout(tiles.sg_layout, [sg_m, k], [dm, dk])
+    b = _layout(tiles.sg_layout, [k, sg_n], [dk, dn])
+    c = _layout(tiles.sg_layout, [sg_m, sg_n], [dm, dn])
+    dpas = match(gpu_func, "xegpu.dpas")
+    operands = ((0, a, (wg_m, k), shape.transpose_a), (1, b, (k, wg_n), shape.transpose_b))
+    for index, lay, tile, transposed in operands:
+        load = xegpu.get_load_op(transform.get_operand(anyv, dpas, [index]))
+        load_layout, dpas_layout = dict(lay), dict(lay)
+        if transposed:
+            load_layout = {**lay, "sg_layout": lay["sg_layout"][::-1], "sg_data": lay["sg_data"][::-1],
+                           "order": [0, 1]}
+            dpas_layout = {**lay, "order": [1, 0]}
+            tile = tile[::-1]
+        if tiles.nb_prefetch > 0 and shape.in_loop:
+            desc = xegpu.insert_prefetch(load, nb_prefetch=tiles.nb_prefetch)
+            prefetches = transform.get_consumers_of_result(any_op(), desc, 0)
+            xegpu.set_anchor_layout(prefetches, **prefetch_layout(*tile, tiles.subgroups, (dm, dn)))
+        xegpu.set_anchor_layout(load, **load_layout)
+        xegpu.set_anchor_layout(dpas, index=index, **dpas_layout)
+    xegpu.set_anchor_layout(dpas, index=2, **c)
+    xegpu.set_anchor_layout(match(gpu_func, "xegpu.store_nd"), **c)
+    if shape.row_broadcast_loads:
+        xegpu.set_anchor_layout(match(gpu_func, "xegpu.load"), **c, slice_dims=[0])
+    canonicalize(gpu_func)
+    if shape.in_loop:
+        transform.apply_licm(match(gpu_func, "scf.for"))
+        canonicalize(gpu_func)

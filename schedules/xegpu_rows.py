@@ -1,0 +1,135 @@
+"""XeGPU tail of row kernels (softmax, norms, row-wise elementwise chains).
+
+A row kernel is a root linalg op (nothing else in the kernel set reads it) with its whole
+producer chain; its outer parallel dims (all but the innermost loop dim) index independent
+rows. Tiling (`tile_rows`): the root is tiled into an `scf.forall` of `rows` rows per
+workgroup and the chain is fused in (`transform.structured.fuse`), so every reduction of a
+row (max, sum) runs inside the workgroup that owns the row and no intermediate row is
+written to memory. Decomposition: one subgroup per row (sg_layout [rows, 1], sg_data
+[1, C]); the row reductions become cross-lane reductions of that subgroup. Layouts
+(`annotate_rows`): the anchor is the store of the result tile; the XeGPU layout
+propagation carries it to the loads and reductions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch_mlir import ir
+from torch_mlir.dialects.transform import structured, xegpu
+
+from transform_ext.analysis.structure import is_linalg_op, loop_structure
+
+from .xegpu_contraction import block_mapping
+from .common import canonicalize, clear_tags, match, match_id, run_schedule, tag_ops
+
+
+@dataclass(frozen=True)
+class RowTiles:
+    """rows per workgroup (one subgroup each), the row length, the grid over row tiles."""
+
+    rows: int
+    row_shape: tuple[int, ...]      # extents of the root's loops
+    tile_sizes: tuple[int, ...]     # forall tile sizes over the root's loops (0 = whole)
+    grid: tuple[int, ...]
+    subgroup_size: int = 16
+
+    @property
+    def sg_layout(self) -> list[int]:
+        return [self.rows, 1]
+
+    @property
+    def sg_data(self) -> tuple[int, int]:
+        return (1, self.row_shape[-1])
+
+    @property
+    def threads(self) -> int:
+        return self.rows * self.subgroup_size
+
+
+def find_row_roots(func: ir.Operation, exclude: list[ir.Operation]) -> list[ir.Operation]:
+    """Top-level linalg ops outside `exclude` whose results no other such op reads."""
+    ops = [o.operation for o in func.regions[0].blocks[0].operations
+           if is_linalg_op(o) and o.operation not in exclude]
+    ops = [o for o in ops if o.name != "linalg.fill" or _used_outside(o, ops)]
+    roots = []
+    for op in ops:
+        readers = [u.owner for r in op.results for u in r.uses]
+        readers = [getattr(u, "operation", u) for u in readers]
+        if not any(r in ops for r in readers):
+            roots.append(op)
+    return roots
+
+
+def _used_outside(op, ops) -> bool:
+    readers = [getattr(u.owner, "operation", u.owner) for u in op.results[0].uses]
+    return not any(r in ops for r in readers)
+
+
+def plan_rows(root: ir.Operation, *, rows: int | None, subgroup_size: int,
+              max_threads: int) -> RowTiles:
+    """Rows per workgroup: `rows` if given, else the largest of 16, 8, 4, 2, 1 dividing the
+    row count; raises ValueError naming the dimension when `rows` does not divide it."""
+    ls = loop_structure(root)
+    where = f"{root.name} at {root.location}"
+    if not ls.is_static:
+        raise ValueError(f"{where}: dynamic shapes are not supported")
+    if ls.num_loops < 2 or ls.iterators[0] != "parallel":
+        raise ValueError(f"{where}: a row kernel needs an outer parallel row dim and a row "
+                         f"(loops {ls.iterators})")
+    outer = [d for d in range(ls.num_loops - 1) if ls.iterators[d] == "parallel"]
+    row_dim = outer[-1]
+    extent = ls.ranges[row_dim]
+    limit = max_threads // subgroup_size
+    if rows is None:
+        rows = next(r for r in (16, 8, 4, 2, 1) if extent % r == 0 and r <= limit)
+    if extent % rows:
+        raise ValueError(f"{where}: dimension {row_dim} ({extent} rows) is not a multiple of "
+                         f"the rows per workgroup ({rows})")
+    if rows > limit:
+        raise ValueError(f"{where}: {rows} rows per workgroup exceed {limit} subgroups")
+    sizes = [0] * ls.num_loops
+    for d in outer:
+        sizes[d] = 1
+    sizes[row_dim] = rows
+    grid = tuple(ls.ranges[d] // sizes[d] for d in outer)
+    return RowTiles(rows, tuple(ls.ranges), tuple(sizes), grid, subgroup_size)
+
+
+def tile_rows(payload: ir.Module, root: ir.Operation, tiles: RowTiles) -> None:
+    """The root tiled into a workgroup forall, its producer chain fused in (latest first)."""
+    chain = producer_chain(root)
+    tag_ops([root] + chain)
+    tiled_dims = sum(1 for s in tiles.tile_sizes if s)
+
+    def body(r):
+        tiled = structured.TileUsingForallOp(match_id(r, 0), tile_sizes=list(tiles.tile_sizes),
+                                             mapping=block_mapping(tiled_dims))
+        forall = tiled.results[1]
+        for i in range(1, len(chain) + 1):
+            forall = structured.FuseIntoContainingOp(match_id(r, i), forall).new_containing_op
+        canonicalize(match(r, "func.func"))
+
+    run_schedule(payload, body)
+    clear_tags(payload)
+
+
+def producer_chain(root: ir.Operation) -> list[ir.Operation]:
+    """Linalg ops `root` depends on in its block, latest first (fusion order)."""
+    block_ops = [o.operation for o in root.parent.regions[0].blocks[0].operations]
+    seen, stack = [], [root]
+    while stack:
+        op = stack.pop()
+        for v in op.operands:
+            owner = getattr(v.owner, "operation", v.owner)
+            if isinstance(owner, ir.Operation) and is_linalg_op(owner) and owner not in seen:
+                seen.append(owner)
+                stack.append(owner)
+    return sorted(seen, key=block_ops.index, reverse=True)
+
+
+def annotate_rows(gpu_func: ir.Value, tiles: RowTiles) -> None:
+    """The result store anchors [rows, 1] subgroups x [1, C] (transform IR, handle input)."""
+    store = match(gpu_func, "xegpu.store_nd")
+    xegpu.set_anchor_layout(store, sg_layout=tiles.sg_layout, sg_data=list(tiles.sg_data))
+    canonicalize(gpu_func)
