@@ -49,10 +49,11 @@ def make_target(name: str, threads: int | None = None, **options):
 
 def cleanup(module) -> None:
     from schedules.common import run_passes
-    from schedules.prepare import widen_bool_tensors
+    from schedules.prepare import promote_reductions_to_f32, widen_bool_tensors
 
     run_passes(module, "canonicalize, cse")
     widen_bool_tensors(module)
+    promote_reductions_to_f32(module)
     run_passes(module, "canonicalize, cse")
 
 

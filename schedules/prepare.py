@@ -245,3 +245,169 @@ def _generalize_named_ops_on(payload: ir.Module, predicate) -> None:
     run_schedule(payload, lambda root: [structured.GeneralizeOp(match_id(root, i))
                                         for i in range(len(named))])
     clear_tags(payload)
+
+
+_NARROW_FLOATS = ("bf16", "f16")
+
+
+def promote_reductions_to_f32(payload: ir.Module) -> int:
+    """Reductions (sums, contractions, max...) over bf16/f16 accumulate in f32 and round
+    once at the end, as torch's CPU kernels do; returns the number of rewritten ops.
+
+    The reduction's body is recomputed in f32 (narrow block arguments extended, narrow
+    constants widened, extf/truncf between the two folded away), its init extended to f32,
+    and its result truncated back by an elementwise generic."""
+    found = []
+
+    def visit(op):
+        if op.name == "linalg.generic" and len(op.results):
+            view = op.opview
+            kinds = [str(a) for a in view.iterator_types]
+            if any("reduction" in k for k in kinds) and any(
+                    str(r.type.element_type) in _NARROW_FLOATS for r in op.results):
+                found.append(op)
+            return ir.WalkResult.SKIP
+        return ir.WalkResult.ADVANCE
+
+    _generalize_narrow_reductions(payload)
+    payload.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    with payload.context:
+        for op in found:
+            _promote(op)
+    return len(found)
+
+
+def _generalize_narrow_reductions(payload: ir.Module) -> None:
+    """Named reductions/contractions (batch_matmul, ...) with narrow results become generics."""
+    from transform_ext.analysis.structure import loop_structure
+
+    def narrow_reduction(op) -> bool:
+        try:
+            ls = loop_structure(op)
+        except Exception:
+            return False
+        return bool(ls.reduction_dims) and any(
+            str(r.type.element_type) in _NARROW_FLOATS for r in op.results)
+
+    named = []
+
+    def visit(op):
+        if op.name.startswith("linalg.") and op.name not in ("linalg.generic", "linalg.yield",
+                                                            "linalg.index") and len(op.results):
+            if narrow_reduction(op):
+                named.append(op)
+            return ir.WalkResult.SKIP
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    if not named:
+        return
+    from torch_mlir.dialects.transform import structured
+
+    from .common import clear_tags, match_id, run_schedule, tag_ops
+
+    tag_ops(named)
+    run_schedule(payload, lambda root: [structured.GeneralizeOp(match_id(root, i))
+                                        for i in range(len(named))])
+    clear_tags(payload)
+
+
+def _promote(op: ir.Operation) -> None:
+    from torch_mlir.dialects import arith
+
+    f32 = ir.F32Type.get()
+    view = op.opview
+    n_in = len(view.inputs)
+    body = op.regions[0].blocks[0]
+    first = body.operations[0]
+    wide: dict = {}
+
+    def widened(v):
+        if v in wide:
+            return wide[v]
+        return v
+
+    # block arguments: inputs get an extf at the top; outputs become f32 themselves
+    for j, arg in enumerate(body.arguments):
+        if str(arg.type) not in _NARROW_FLOATS:
+            continue
+        if j < n_in:
+            with ir.InsertionPoint(first), op.location:
+                ext = arith.extf(f32, arg)
+            wide[arg] = ext
+        else:
+            arg.set_type(f32)
+            wide[arg] = arg
+    for inner in list(body.operations):
+        inner = inner.operation
+        if inner.name == "linalg.yield":
+            with ir.InsertionPoint(inner), op.location:
+                for k, v in enumerate(inner.operands):
+                    r = op.results[k]
+                    if str(r.type.element_type) in _NARROW_FLOATS:
+                        w = widened(v)
+                        inner.operands[k] = w if w.type == f32 else arith.extf(f32, w)
+            continue
+        if inner.name == "arith.extf" and str(inner.results[0].type) == "f32":
+            src = inner.operands[0]
+            if src in wide:
+                inner.results[0].replace_all_uses_with(wide[src])
+                wide[inner.results[0]] = wide[src]
+            continue
+        if inner.name == "arith.truncf" and str(inner.results[0].type) in _NARROW_FLOATS:
+            src = widened(inner.operands[0])
+            if src.type == f32:
+                wide[inner.results[0]] = src
+            continue
+        if inner.name == "arith.constant" and str(inner.results[0].type) in _NARROW_FLOATS:
+            value = ir.FloatAttr(inner.attributes["value"]).value
+            with ir.InsertionPoint(inner), op.location:
+                wide[inner.results[0]] = arith.ConstantOp(f32, ir.FloatAttr.get(f32, value)).result
+            continue
+        if any(str(r.type) in _NARROW_FLOATS for r in inner.results) and inner.name.startswith(
+                ("arith.", "math.")):
+            for i, v in enumerate(inner.operands):
+                w = widened(v)
+                if w is not v:
+                    inner.operands[i] = w
+            for r in inner.results:
+                if str(r.type) in _NARROW_FLOATS:
+                    r.set_type(f32)
+                    wide[r] = r
+        else:
+            for i, v in enumerate(inner.operands):
+                if v in wide and str(v.type) in _NARROW_FLOATS:
+                    with ir.InsertionPoint(inner), op.location:
+                        inner.operands[i] = arith.truncf(v.type, wide[v])
+    # outputs: f32 init, f32 result, truncated back after the op
+    from torch_mlir.dialects import linalg, tensor
+
+    for k in range(len(op.results)):
+        r = op.results[k]
+        if str(r.type.element_type) not in _NARROW_FLOATS:
+            continue
+        narrow_t = r.type
+        wide_t = ir.RankedTensorType.get(list(narrow_t.shape), f32, narrow_t.encoding)
+        init_index = n_in + k
+        with ir.InsertionPoint(op), op.location:
+            init = op.operands[init_index]
+            op.operands[init_index] = _map_tensor(init, wide_t, lambda a: arith.extf(f32, a))
+        r.set_type(wide_t)
+        with ir.InsertionPoint.after(op), op.location:
+            back = _map_tensor(r, narrow_t, lambda a: arith.truncf(narrow_t.element_type, a))
+        r.replace_all_uses_except(back, back.owner.operation)
+
+
+def _map_tensor(value: ir.Value, out_type, fn) -> ir.Value:
+    """An elementwise generic applying `fn` to every element of `value`."""
+    from torch_mlir.dialects import linalg, tensor
+
+    rank = out_type.rank
+    identity = ir.AffineMapAttr.get(ir.AffineMap.get_identity(rank))
+    empty = tensor.EmptyOp(list(out_type.shape), out_type.element_type).result
+    iters = ir.ArrayAttr.get([ir.Attribute.parse("#linalg.iterator_type<parallel>")] * rank)
+    g = linalg.GenericOp([out_type], [value], [empty], ir.ArrayAttr.get([identity, identity]), iters)
+    block = g.regions[0].blocks.append(value.type.element_type, out_type.element_type)
+    with ir.InsertionPoint(block):
+        linalg.YieldOp([fn(block.arguments[0])])
+    return g.result

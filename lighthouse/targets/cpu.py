@@ -128,7 +128,8 @@ def lower_to_llvm(payload: ir.Module, threads: int) -> None:
         f"convert-scf-to-openmp{{num-threads={threads}}}",
         "convert-vector-to-scf{full-unroll=true}",
         "lower-affine", "expand-strided-metadata", "lower-affine",
-        "arith-expand", "canonicalize", "cse",
+        "arith-expand", "arith-emulate-unsupported-floats{source-types=bf16,f16 target-type=f32}",
+        "canonicalize", "cse",
     ]))
     expand_math(payload)
     for op in payload.body.operations:

@@ -122,7 +122,7 @@ def _log(b: _Builder, x):
     result = arith.addf(mmath.fma(ef, b.f(LN2_LO), logm), arith.mulf(ef, b.f(LN2_HI)))
     result = arith.select(b.cmp(P.OEQ, x, b.f(0.0)), b.f(-math.inf), result)
     result = arith.select(b.cmp(P.OEQ, x, b.f(math.inf)), b.f(math.inf), result)
-    return arith.select(b.cmp(P.UGE, x, b.f(0.0)), result, b.f(math.nan))
+    return arith.select(b.cmp(P.OGE, x, b.f(0.0)), result, b.f(math.nan))  # NaN and x < 0
 
 
 def _sign_like(b: _Builder, value, x):
@@ -148,7 +148,7 @@ def _erf(b: _Builder, x):
     t = arith.mulf(arith.subf(a, b.f(ERFC_MID)), b.f(1.0 / ERFC_HALF))
     erfc = arith.mulf(_exp(b, arith.negf(x2)), b.horner(t, ERFC_SCALED))
     mid = arith.subf(b.f(1.0), erfc)
-    mid = arith.select(b.cmp(P.OLT, a, b.f(4.0)), mid, b.f(1.0))
+    mid = arith.select(b.cmp(P.ULT, a, b.f(4.0)), mid, b.f(1.0))  # NaN stays NaN
     return arith.select(b.cmp(P.OLT, a, b.f(0.875)), small, _sign_like(b, mid, x))
 
 

@@ -1,0 +1,84 @@
+"""Runtime: torch tensors in and out for every supported dtype; results owned by Python."""
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+from lighthouse.compile import compile_kernel
+from lighthouse.errors import UnsupportedError
+
+
+def _compile(kernel_file, body, inputs):
+    return compile_kernel(kernel_file(f"""
+        import torch
+        class Model(torch.nn.Module):
+            def forward(self, *xs):
+                {body}
+        def get_inputs():
+            return {inputs}
+        def get_init_inputs():
+            return []
+    """))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
+def test_float_dtypes_round_trip(kernel_file, dtype):
+    c = _compile(kernel_file, "return xs[0] * 2 + 1, xs[0].sum(-1)",
+                 f"[torch.randn(7, 33).to(torch.{dtype})]")
+    x = torch.randn(7, 33).to(getattr(torch, dtype))
+    out, total = c.run(x)
+    assert out.dtype == x.dtype and total.dtype == x.dtype
+    torch.testing.assert_close(out, x * 2 + 1)
+    torch.testing.assert_close(total, x.sum(-1), rtol=2e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("dtype", ["int64", "int32"])
+def test_integer_dtypes_round_trip(kernel_file, dtype):
+    c = _compile(kernel_file, "return xs[0] * 3 - xs[1], xs[0].max(-1).values",
+                 f"[torch.randint(-9, 9, (5, 17), dtype=torch.{dtype}), "
+                 f"torch.randint(-9, 9, (5, 17), dtype=torch.{dtype})]")
+    a = torch.randint(-100, 100, (5, 17), dtype=getattr(torch, dtype))
+    b = torch.randint(-100, 100, (5, 17), dtype=getattr(torch, dtype))
+    out, mx = c.run(a, b)
+    assert torch.equal(out, a * 3 - b) and torch.equal(mx, a.max(-1).values)
+
+
+def test_bool_in_and_out(kernel_file):
+    c = _compile(kernel_file, "return xs[0] & (xs[1] > 0), torch.where(xs[0], xs[1], -xs[1])",
+                 "[torch.rand(9, 40) > 0.5, torch.randn(9, 40)]")
+    m = torch.rand(9, 40) > 0.3
+    x = torch.randn(9, 40)
+    both, picked = c.run(m, x)
+    assert both.dtype == torch.bool
+    assert torch.equal(both, m & (x > 0))
+    assert torch.equal(picked, torch.where(m, x, -x))
+
+
+def test_results_are_fresh_tensors_freed_by_python(kernel_file):
+    c = _compile(kernel_file, "return xs[0] + 1", "[torch.randn(256, 256)]")
+    x = torch.randn(256, 256)
+    first = c.run(x)[0]
+    second = c.run(x)[0]
+    assert first.data_ptr() != second.data_ptr() and first.data_ptr() != x.data_ptr()
+    ref = weakref.ref(first)
+    del first
+    gc.collect()
+    assert ref() is None
+    torch.testing.assert_close(second, x + 1)
+
+
+def test_wrong_argument_is_a_clear_error(kernel_file):
+    c = _compile(kernel_file, "return xs[0] + 1", "[torch.randn(4, 4)]")
+    with pytest.raises(UnsupportedError, match=r"argument 0: expected \[4, 4\] float32, got \[4, 5\]"):
+        c.run(torch.randn(4, 5))
+    with pytest.raises(UnsupportedError, match="float16"):
+        c.run(torch.randn(4, 4).half())
+
+
+def test_non_contiguous_inputs(kernel_file):
+    c = _compile(kernel_file, "return xs[0] * xs[1]", "[torch.randn(6, 8), torch.randn(6, 8)]")
+    a = torch.randn(8, 6).t()
+    b = torch.randn(6, 16)[:, ::2]
+    torch.testing.assert_close(c.run(a, b)[0], a * b)
