@@ -48,8 +48,44 @@ GENERIC = Family("generic", lambda m: True, lambda m: None, _generic_fuse, _gene
 # schedules (`--schedule loops`), never chosen automatically.
 LOOPS = Family("loops", lambda m: False, lambda m: None, lambda m, t: None, lambda m, t: None)
 
+
+def _matmul_fuse(module, target):
+    if getattr(target, "name", "cpu") != "cpu":  # the schedule is written for the host CPU
+        return _generic_fuse(module, target)
+    from schedules.matmul import MatmulParams, fuse_matmul
+
+    def params_for(batch, m, n, k):
+        return MatmulParams.for_shape(batch, m, n, k, threads=target.threads, lanes=target.f32_lanes)
+
+    fuse_matmul(module, params_for, _generic_params(target))
+
+
+def _matmul_vectorize(module, target):
+    if getattr(target, "name", "cpu") != "cpu":
+        return _generic_vectorize(module, target)
+    from schedules.matmul import vectorize_matmul
+
+    vectorize_matmul(module, _generic_params(target))
+
+
+def _matmul_recognize(module):
+    from schedules.matmul import recognize
+
+    return recognize(module)
+
+
+def _matmul_check(module):
+    from schedules.matmul import check
+
+    return check(module)
+
+
+# Contraction-dominated payloads (matmul, batch_matmul, linear layers, MLPs). Broad: keep it
+# after the families of payloads that also contain contractions (attention, ...).
+MATMUL = Family("matmul", _matmul_recognize, _matmul_check, _matmul_fuse, _matmul_vectorize)
+
 # Specialized families register here, most specific first.
-SPECIALIZED: list[Family] = []
+SPECIALIZED: list[Family] = [MATMUL]
 
 
 def family_names() -> list[str]:

@@ -1,0 +1,625 @@
+"""The matmul family: contraction-dominated payloads (matmul, batch_matmul, x @ w.T as
+nn.Linear imports it, MLPs with bias/activation epilogues) on the CPU.
+
+Math, per contraction: C[b, m, n] = sum_k A[b, m, k] B[b, k, n], optionally followed by an
+elementwise epilogue E (bias add, GELU, the f32 -> bf16 rounding torch-mlir emits, ...).
+Preconditions: static shapes, floating-point operands, one m, one n, one k and at most one
+batch dim. f16/bf16 contractions keep torch-mlir's f32 accumulator (torch accumulates in
+f32 and rounds the result once), so only the packed operands are 16-bit.
+
+fuse (`fuse_matmul`), per contraction, last first:
+  1. data tiling (`transform.structured.pack` + `pack_transpose`): A is packed into panels
+     A_p[b, m1, k, m0] and B into B_p[b, n1, k, n0] with m = m1 MR + m0, n = n1 NR + n0
+     (zero-padded at the edges); C accumulates in C_p[b, m1, n1, m0, n0] and is unpacked
+     at the end. The zero fill of C and transposes feeding A or B fold into the packs.
+  2. threads: the epilogue (or the unpack) is tiled into an `scf.forall` of
+     tile_m x tile_n output tiles; unpack, contraction, fill and packs are fused into it.
+  3. cache blocking inside a tile: for each k block of tile_k, B's panel is packed; for
+     each block_m rows, A's panel is packed; then for every (n1, m1) the MR x NR register
+     tile accumulates over the block's k (k loop innermost, one outer product per k).
+  4. the packs are tiled to pack_k-deep slices, the unpack (with the epilogue fused) and
+     the C_p fill to MR x NR tiles.
+  Any other linalg op of the payload is tiled for threads as the generic schedule does.
+vectorize (`vectorize_matmul`): every op of steps 1-4 is vectorized with its nominal tile as
+vector sizes (edge tiles become masked transfers), the contraction becomes an MR x NR x 1
+vector.contract (lowered by the target to outer products, i.e. MR x NR/lanes FMAs with
+broadcast A), the pack transposes are lowered to shuffles, and the accumulator is hoisted
+into registers across the k loop.
+
+`MatmulParams.for_shape` picks the parameters from the shapes; `pack=False` keeps the
+operands in place (register tiles read A and B directly: for skinny shapes, where packing
+does not pay).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from torch_mlir import ir
+from torch_mlir.dialects import transform
+from torch_mlir.dialects.transform import structured
+from torch_mlir.dialects.transform import vector as tvec
+
+from transform_ext.analysis.structure import dim_positions, is_linalg_op, loop_structure
+
+from .common import (any_op, apply_patterns, canonicalize, clear_tags,
+                     hoist_loop_invariant_subsets, match, match_id, run_passes, run_schedule,
+                     tag_ops)
+from .generic import (GenericParams, fuse_generic, func_ops, parallel_tile_sizes, top_level_linalg_ops,
+                      vector_tile_sizes, vectorize_generic)
+from .prepare import split_assertions
+
+ROLE = "lh.mm_role"            # string attribute: the part of the matmul schedule an op plays
+VECTOR_SIZES = "lh.mm_vector"  # i64 array: vector sizes of the op's nominal tile
+_DONE = "lh.mm_done"           # contraction already scheduled (its kernel op)
+_SEQUENTIAL = "lh.sequential"
+
+FLOAT_TYPES = ("f32", "f16", "bf16")
+
+
+class NotApplicable(Exception):
+    """The payload is not one this schedule takes; the message is the one-line reason."""
+
+
+@dataclass(frozen=True)
+class MatmulParams:
+    """Parameters of one contraction's schedule.
+
+    register: (MR, NR) accumulator tile; NR a multiple of the f32 vector width; MR x NR/lanes
+      accumulators plus NR/lanes operand vectors must fit the vector registers.
+    tile_m, tile_n: output tile of one scf.forall iteration (multiples of MR, NR).
+    tile_k: k block; the packed panels of one block are tile_k deep.
+    block_m: rows of A packed at once inside a k block (multiple of MR).
+    pack_k: k extent of one packing step (a pack_k x MR transpose for A).
+    pack: pack A and B into panels (False: register tiles read the operands in place).
+    threads: the forall tiles are sized so that every thread gets work."""
+
+    register: tuple[int, int] = (8, 32)
+    tile_m: int = 256
+    tile_n: int = 256
+    tile_k: int = 256
+    block_m: int = 64
+    pack_k: int = 16
+    pack: bool = True
+    threads: int = 2
+
+    def __post_init__(self):
+        mr, nr = self.register
+        if mr < 1 or nr < 1:
+            raise ValueError(f"register tile must be positive, got {self.register}")
+        for name, value, unit in (("tile_m", self.tile_m, mr), ("tile_n", self.tile_n, nr),
+                                  ("block_m", self.block_m, mr)):
+            if value < unit or value % unit:
+                raise ValueError(f"{name}={value} must be a positive multiple of {unit}")
+        if self.tile_k < 1 or self.pack_k < 1 or self.threads < 1:
+            raise ValueError("tile_k, pack_k and threads must be >= 1")
+
+    @staticmethod
+    def for_shape(batch: int, m: int, n: int, k: int, *, threads: int = 2, lanes: int = 16,
+                  registers: int = 32) -> "MatmulParams":
+        """Parameters for C[batch, m, n] += A[batch, m, k] B[batch, k, n] (f32 accumulator,
+        `lanes` f32 per vector register, `registers` vector registers)."""
+        nr = 2 * lanes
+        mr = 8 if registers >= 32 else 4
+        pack = m >= mr and n >= lanes
+        tile_k = min(k, 256)
+        pack_k = 16 if tile_k >= 16 else tile_k
+        mt = _round_up(m, mr)
+        nt = _round_up(n, nr)
+        # Split the output among the threads where it costs the least repacking: along N
+        # each thread packs all of A and its share of B, along M all of B and its A rows.
+        workers = max(1, threads // batch) if batch < threads else 1
+        while workers > 1:
+            by_n = _round_up(-(-nt // workers), nr)
+            by_m = _round_up(-(-mt // workers), mr)
+            if nt // nr >= workers and (mt // mr < workers or m * k + k * by_n <= by_m * k + k * n):
+                nt = by_n
+            elif mt // mr >= workers:
+                mt = by_m
+            else:
+                break
+            workers = 1
+        mt = min(mt, 1024)
+        nt = min(nt, 1024)
+        block_m = min(mt, 64)
+        return MatmulParams(register=(mr, nr), tile_m=mt, tile_n=nt, tile_k=tile_k,
+                            block_m=block_m, pack_k=pack_k, pack=pack, threads=threads)
+
+
+def _round_up(x: int, unit: int) -> int:
+    return max(unit, -(-x // unit) * unit)
+
+
+# ----------------------------------------------------------------------------- analysis
+
+@dataclass
+class Contraction:
+    """A contraction op of the payload and its roles, read from its indexing maps."""
+
+    op: ir.Operation
+    batch: list[int]
+    m: int
+    n: int
+    k: int
+    ranges: list[int]
+    a_index: int          # the input holding m (A); the other input holds n (B)
+    epilogue: ir.Operation | None = None
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        b = 1
+        for d in self.batch:
+            b *= self.ranges[d]
+        return b, self.ranges[self.m], self.ranges[self.n], self.ranges[self.k]
+
+
+def _element_type_name(value) -> str:
+    return str(value.type.element_type)
+
+
+def analyze_contraction(op: ir.Operation) -> Contraction:
+    """The contraction's dims, or NotApplicable with the reason. Unit dims do not count:
+    the fuse stage folds them away (`linalg-fold-unit-extent-dims`) before scheduling."""
+    name = f"{op.name} at {op.location}"
+    ls = loop_structure(op)
+    if not ls.is_contraction:
+        raise NotApplicable(f"{name} is not a contraction")
+    if not ls.is_static:
+        raise NotApplicable(f"{name} has dynamic shapes")
+    if ls.num_inputs != 2 or ls.num_outputs != 1:
+        raise NotApplicable(f"{name} does not have two inputs and one output")
+    all_dims = ls.contraction_dims()
+    dims = {role: [d for d in ds if ls.ranges[d] != 1] for role, ds in all_dims.items()}
+    if len(dims["m"]) != 1 or len(dims["n"]) != 1 or len(dims["k"]) != 1:
+        raise NotApplicable(f"{name} has {len(dims['m'])} m, {len(dims['n'])} n and "
+                            f"{len(dims['k'])} k dims of extent > 1 (the schedule wants one each)")
+    if len(all_dims["m"]) + len(all_dims["n"]) + len(all_dims["k"]) != 3:
+        raise NotApplicable(f"{name} has unit m, n or k dims")
+    for v in op.operands:
+        if _element_type_name(v) not in FLOAT_TYPES:
+            raise NotApplicable(f"{name} has element type {_element_type_name(v)} (wants f32, f16 or bf16)")
+    if _element_type_name(op.results[0]) != "f32":
+        raise NotApplicable(f"{name} accumulates in {_element_type_name(op.results[0])} (wants f32)")
+    for i in (0, 1):
+        if not all(p is not None for p in dim_positions(ls.maps[i])):
+            raise NotApplicable(f"{name} indexes operand {i} with non-dim expressions")
+    m, n = dims["m"][0], dims["n"][0]
+    a_index = 0 if m in dim_positions(ls.maps[0]) else 1
+    return Contraction(op, all_dims["batch"], m, n, dims["k"][0], ls.ranges, a_index)
+
+
+def _contraction_ops(payload: ir.Module) -> list[ir.Operation]:
+    return [op for func in func_ops(payload) for op in top_level_linalg_ops(func)
+            if _DONE not in op.attributes and loop_structure(op).is_contraction]
+
+
+def find_contractions(payload: ir.Module) -> list[Contraction]:
+    """The contractions this schedule takes (others are tiled like the generic schedule)."""
+    found = []
+    for op in _contraction_ops(payload):
+        try:
+            found.append(analyze_contraction(op))
+        except NotApplicable:
+            pass
+    return found
+
+
+def _work(op: ir.Operation) -> int:
+    ls = loop_structure(op)
+    w = 1
+    for r in ls.ranges:
+        w *= r or 1
+    return w
+
+
+def _feeds_contraction(op: ir.Operation) -> bool:
+    """A transpose whose only user is a contraction (it folds into the operand's packing)."""
+    user = _single_use(op.results[0]) if op.name == "linalg.transpose" else None
+    return user is not None and is_linalg_op(user) and loop_structure(user).is_contraction
+
+
+def recognize(payload: ir.Module) -> bool:
+    """The payload's heavy ops are contractions: their multiply-adds outnumber the loop
+    iterations of all other linalg ops together (transposes feeding them not counted)."""
+    contraction, other = 0, 0
+    for func in func_ops(payload):
+        for op in top_level_linalg_ops(func):
+            if loop_structure(op).is_contraction:
+                contraction += _work(op)
+            elif not _feeds_contraction(op):
+                other += _work(op)
+    return contraction > 0 and contraction >= other
+
+
+def check(payload: ir.Module) -> str | None:
+    """None when the schedule applies (some contraction fits it, none has dynamic shapes),
+    else the reason (one line)."""
+    reasons, fits = [], 0
+    for op in _contraction_ops(payload):
+        try:
+            analyze_contraction(op)
+            fits += 1
+        except NotApplicable as exc:
+            if not loop_structure(op).is_static:
+                return str(exc)
+            reasons.append(str(exc))
+    if fits:
+        return None
+    return reasons[0] if reasons else "the payload has no contraction"
+
+
+def _single_use(value) -> ir.Operation | None:
+    uses = list(value.uses)
+    if len(uses) != 1:
+        return None
+    owner = uses[0].owner
+    return owner.operation if isinstance(owner, ir.OpView) else owner
+
+
+def find_epilogue(c: Contraction) -> ir.Operation | None:
+    """The elementwise generic consuming C (its only use) over C's iteration space, if any."""
+    user = _single_use(c.op.results[0])
+    if user is None or user.name != "linalg.generic" or len(user.results) != 1:
+        return None
+    ls = loop_structure(user)
+    if ls.reduction_dims or not ls.is_static or not ls.is_elementwise:
+        return None
+    out_type = c.op.results[0].type
+    if list(user.results[0].type.shape) != list(out_type.shape):
+        return None
+    identity = ir.AffineMap.get_identity(len(out_type.shape))
+    if ls.output_map(0) != identity:
+        return None
+    for operand, amap in zip(user.operands[: ls.num_inputs], ls.maps):
+        if operand == c.op.results[0] and amap != identity:
+            return None
+    return user
+
+
+# ----------------------------------------------------------------------------- fuse
+
+def _run(payload: ir.Module, body) -> None:
+    """run_schedule with the transform ops located at the Python lines that built them."""
+    with ir.loc_tracebacks(max_depth=3):
+        run_schedule(payload, body)
+
+
+def _tile(handle, sizes):
+    t = structured.TileUsingForOp(handle, sizes=sizes)
+    return t.tiled_linalg_op, list(t.loops)
+
+
+def _fuse_into(producer, containing):
+    f = structured.FuseIntoContainingOp(producer, containing)
+    return f.fused_op, f.new_containing_op
+
+
+def _set_role(op: ir.Operation, role: str, vector_sizes: list[int] | None = None) -> None:
+    op.attributes[ROLE] = ir.StringAttr.get(role)
+    if vector_sizes is not None:
+        op.attributes[VECTOR_SIZES] = ir.DenseI64ArrayAttr.get(vector_sizes)
+
+
+def _producer(value) -> ir.Operation | None:
+    owner = value.owner
+    owner = owner.operation if isinstance(owner, ir.OpView) else owner
+    return owner if isinstance(owner, ir.Operation) else None
+
+
+def _outer_perm(amap, order: dict[int, int]) -> list[int] | None:
+    """Permutation putting an operand's outer dims in (batch, m|n, k) order, None if already."""
+    dims = dim_positions(amap)
+    perm = sorted(range(len(dims)), key=lambda i: order[dims[i]])
+    return None if perm == list(range(len(dims))) else perm
+
+
+def _pack(payload: ir.Module, c: Contraction, params: MatmulParams) -> ir.Operation:
+    """Step 1 of the module docstring; returns the packed contraction (the kernel)."""
+    mr, nr = params.register
+    sizes = [0] * len(c.ranges)
+    sizes[c.m], sizes[c.n] = mr, nr
+    ls = loop_structure(c.op)
+    order = {d: 0 for d in c.batch} | {c.m: 1, c.n: 1, c.k: 2}
+    perms = [_outer_perm(ls.maps[i], order) for i in (0, 1)]
+    tag_ops([c.op])
+
+    def body(root):
+        kernel = structured.PackOp(transform.OperationType.get("linalg.generic"), match_id(root, 0),
+                                   [], static_packed_sizes=sizes).packed_op
+        for i, perm in enumerate(perms):
+            if perm is None:
+                continue
+            pack = transform.GetProducerOfOperand(transform.OperationType.get("linalg.pack"),
+                                                  kernel, i).producer
+            kernel = structured.PackTransposeOp(
+                transform.OperationType.get("linalg.generic"), transform.OperationType.get("linalg.pack"),
+                any_op(), pack, kernel, outer_perm=perm).packed_op
+        transform.AnnotateOp(kernel, _DONE)
+        func = match(root, "func.func")
+        apply_patterns(func, structured.ApplyFoldIntoPackAndUnpackPatternsOp)
+        canonicalize(func)
+
+    _run(payload, body)
+    clear_tags(payload)
+    return next(op for func in func_ops(payload) for op in top_level_linalg_ops(func)
+                if _DONE in op.attributes and ROLE not in op.attributes)
+
+
+def _kernel_dims(kernel: ir.Operation, c: Contraction, a_index: int) -> dict[str, list[int] | int]:
+    """Loop dims of the packed contraction: batch, m1, n1, k, m0, n0."""
+    ls = loop_structure(kernel)
+    a = dim_positions(ls.maps[a_index])
+    b = dim_positions(ls.maps[1 - a_index])
+    nb = len(c.batch)
+    return {"batch": a[:nb], "m1": a[nb], "k": a[nb + 1], "m0": a[nb + 2],
+            "n1": b[nb], "n0": b[nb + 2], "rank": ls.num_loops}
+
+
+def _sizes(rank: int, **dims) -> list[int]:
+    out = [0] * rank
+    for d, s in dims.values():
+        if isinstance(d, list):
+            for x in d:
+                out[x] = s
+        else:
+            out[d] = s
+    return out
+
+
+def _schedule_packed(payload: ir.Module, c: Contraction, params: MatmulParams) -> None:
+    """Steps 1-4 of the module docstring for one contraction."""
+    mr, nr = params.register
+    nb = len(c.batch)
+    epilogue = find_epilogue(c)
+    kernel = _pack(payload, c, params)
+    _set_role(kernel, "kernel")
+    a_index = c.a_index
+    pack_a = _producer(kernel.operands[a_index])
+    pack_b = _producer(kernel.operands[1 - a_index])
+    init = _producer(kernel.operands[2])
+    unpack = _single_use(kernel.results[0])
+    if unpack is None or unpack.name != "linalg.unpack":
+        raise NotApplicable(f"packing {kernel.name} at {kernel.location} left no unpack")
+    # A packed constant operand is folded to a packed constant: nothing to tile then.
+    pack_a = pack_a if pack_a is not None and pack_a.name == "linalg.pack" else None
+    pack_b = pack_b if pack_b is not None and pack_b.name == "linalg.pack" else None
+    if pack_a is not None:
+        _set_role(pack_a, "pack_a", [1] * nb + [1, params.pack_k, mr])
+    if pack_b is not None:
+        _set_role(pack_b, "pack_b", [1] * nb + [1, params.pack_k, nr])
+    _set_role(unpack, "unpack", [1] * nb + [1, 1, mr, nr])
+    init_is_fill = init is not None and init.name == "linalg.fill"
+    if init_is_fill:
+        _set_role(init, "fill")
+    elif init is not None and init.name == "linalg.pack":
+        _set_role(init, "pack_c", [1] * nb + [1, 1, mr, nr])
+    else:
+        init = None
+    # The unpack overwrites all of its destination: do not compute what it writes into.
+    dest = _producer(unpack.operands[1])
+    if dest is not None and dest.name == "linalg.fill":
+        unpack.operands[1] = dest.operands[1]
+    if epilogue is not None:
+        _set_role(epilogue, "epilogue", [1] * nb + [mr, nr])
+    run_passes(payload, "canonicalize, cse")
+
+    dims = _kernel_dims(kernel, c, a_index)
+    rank = dims["rank"]
+    ops = [epilogue, unpack, kernel, pack_b, pack_a, init]
+    for i, op in enumerate(ops):
+        if op is not None:
+            tag_ops([op], start=i)
+    kb = params.tile_k
+    b, m, n, k = c.shape
+    k_blocks = k > kb
+    m_blocks = -(-min(params.tile_m, _round_up(m, mr)) // mr) > params.block_m // mr
+
+    def body(root):
+        unpack_h, kernel_h, pb, pa = (match_id(root, i) for i in range(1, 5))
+        root_op = match_id(root, 0) if epilogue is not None else unpack_h
+        forall_sizes = [1] * nb + [params.tile_m, params.tile_n]
+        t = structured.TileUsingForallOp(root_op, tile_sizes=forall_sizes)
+        forall, tiled_root = t.forall_op, t.tiled_op
+        if epilogue is not None:
+            unpack_h, forall = _fuse_into(unpack_h, forall)
+        kernel_h, forall = _fuse_into(kernel_h, forall)
+        init_h = None
+        if init is not None:
+            init_h, forall = _fuse_into(match_id(root, 5), forall)
+        packs = {"b": pb if pack_b is not None else None, "a": pa if pack_a is not None else None}
+
+        def fuse_packs(names, loop):
+            for name in names:
+                if packs[name] is not None:
+                    packs[name], loop = _fuse_into(packs[name], loop)
+            return loop
+
+        forall = fuse_packs("ba", forall)
+        # k blocks: B's panel per block, A's panel per block of rows. (Tiling a dim by its
+        # full extent makes no loop; the packs then stay where they are.)
+        if k_blocks:
+            kernel_h, (lk,) = _tile(kernel_h, _sizes(rank, k=(dims["k"], kb)))
+            fuse_packs("ba", lk)
+        if m_blocks:
+            kernel_h, (lm,) = _tile(kernel_h, _sizes(rank, m1=(dims["m1"], params.block_m // mr)))
+            fuse_packs("a", lm)
+        # Register tiles: n1 outer (B's micro-panel stays in L1 across the rows), m1, then k.
+        kernel_h, _ = _tile(kernel_h, _sizes(rank, n1=(dims["n1"], 1)))
+        kernel_h, _ = _tile(kernel_h, _sizes(rank, m1=(dims["m1"], 1)))
+        kernel_h, _ = _tile(kernel_h, _sizes(rank, k=(dims["k"], 1)))
+        for pack in packs.values():
+            if pack is not None:
+                _tile(pack, [1] * nb + [1, params.pack_k])
+        if init_h is not None:
+            _tile(init_h, [1] * nb + [1, 1] + ([0, 0] if init_is_fill else []))
+        if epilogue is not None:
+            _, loops = _tile(tiled_root, [1] * nb + [mr, nr])
+            if loops:
+                _fuse_into(unpack_h, loops[-1])
+        else:
+            _tile(tiled_root, [1] * nb + [mr, nr])
+        canonicalize(match(root, "func.func"))
+
+    _run(payload, body)
+    clear_tags(payload)
+
+
+def _schedule_unpacked(payload: ir.Module, c: Contraction, params: MatmulParams) -> None:
+    """pack=False: tiles read A and B in place; edge tiles are masked at vectorization."""
+    mr, nr = params.register
+    nb = len(c.batch)
+    epilogue = find_epilogue(c)
+    init = _producer(c.op.operands[2])
+    rank = len(c.ranges)
+    _set_role(c.op, "register", _sizes(rank, batch=(c.batch, 1), m=(c.m, mr), n=(c.n, nr), k=(c.k, 1)))
+    c.op.attributes[_DONE] = ir.UnitAttr.get()
+    if init is not None and init.name == "linalg.fill":
+        _set_role(init, "fill_tile", [1] * nb + [mr, nr])
+    else:
+        init = None
+    if epilogue is not None:
+        _set_role(epilogue, "epilogue", [1] * nb + [mr, nr])
+    for i, op in enumerate([epilogue, c.op, init]):
+        if op is not None:
+            tag_ops([op], start=i)
+
+    def body(root):
+        mm = match_id(root, 1)
+        root_op = match_id(root, 0) if epilogue is not None else mm
+        if epilogue is not None:
+            t = structured.TileUsingForallOp(root_op, tile_sizes=[1] * nb + [params.tile_m, params.tile_n])
+            forall = t.forall_op
+            mm, forall = _fuse_into(mm, forall)
+        else:
+            t = structured.TileUsingForallOp(
+                root_op, tile_sizes=_sizes(rank, batch=(c.batch, 1), m=(c.m, params.tile_m), n=(c.n, params.tile_n)))
+            forall, mm = t.forall_op, t.tiled_op
+        fill_h = None
+        if init is not None:
+            fill_h, forall = _fuse_into(match_id(root, 2), forall)
+            _tile(fill_h, [1] * nb + [mr, nr])
+        if epilogue is not None:
+            _tile(t.tiled_op, [1] * nb + [mr, nr])
+        mm, _ = _tile(mm, _sizes(rank, k=(c.k, params.tile_k)))
+        mm, _ = _tile(mm, _sizes(rank, batch=(c.batch, 1), m=(c.m, mr), n=(c.n, nr)))
+        _tile(mm, _sizes(rank, k=(c.k, 1)))
+        canonicalize(match(root, "func.func"))
+
+    _run(payload, body)
+    clear_tags(payload)
+
+
+def _schedule_others(payload: ir.Module, params: GenericParams) -> None:
+    """Linalg ops outside the contractions' tiles: tiled for threads like the generic schedule."""
+    for func in list(func_ops(payload)):
+        while True:
+            roots = [op for op in top_level_linalg_ops(func)
+                     if _SEQUENTIAL not in op.attributes and ROLE not in op.attributes]
+            if not roots:
+                break
+            root = roots[-1]
+            sizes = parallel_tile_sizes(root, params)
+            if sizes is None:
+                root.attributes[_SEQUENTIAL] = ir.UnitAttr.get()
+                continue
+            tag_ops([root])
+            _run(payload, lambda r, z=sizes: structured.FuseOp(
+                match_id(r, 0), tile_sizes=z, use_forall=True, apply_cleanup=True))
+            clear_tags(payload)
+    clear_tags(payload, _SEQUENTIAL)
+
+
+def fuse_matmul(payload: ir.Module, params_for, generic: GenericParams | None = None) -> None:
+    """The fuse stage. `params_for(batch, m, n, k)` gives each contraction's MatmulParams."""
+    split_assertions(payload)
+    run_passes(payload, "linalg-fold-unit-extent-dims, canonicalize, cse, "
+                        "func.func(linalg-fuse-elementwise-ops), canonicalize, cse")
+    if not find_contractions(payload):
+        # Elementwise fusion merged every contraction with other work (e.g. attention's
+        # scaling): nothing left for this schedule.
+        fuse_generic(payload, generic or GenericParams())
+        return
+    while True:
+        found = find_contractions(payload)
+        if not found:
+            break
+        c = found[-1]
+        params = params_for(*c.shape)
+        if params.pack:
+            _schedule_packed(payload, c, params)
+        else:
+            _schedule_unpacked(payload, c, params)
+    _schedule_others(payload, generic or GenericParams())
+    run_passes(payload, "canonicalize, cse")
+
+
+# ----------------------------------------------------------------------------- vectorize
+
+def _vector_plan(payload: ir.Module):
+    """(role op, vector sizes or None) for every op the fuse stage gave a role, and the
+    remaining linalg ops with the generic schedule's vector tiles."""
+    plan, others = [], []
+
+    def visit(op):
+        if is_linalg_op(op):
+            if ROLE in op.attributes:
+                sizes = op.attributes[VECTOR_SIZES] if VECTOR_SIZES in op.attributes else None
+                plan.append((op, list(sizes) if sizes is not None else None))
+            else:
+                others.append(op)
+            return ir.WalkResult.SKIP
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return plan, others
+
+
+def vectorize_matmul(payload: ir.Module, generic: GenericParams | None = None,
+                     transpose_lowering: str = "Shuffle16x16") -> None:
+    """The vectorize stage (see the module docstring)."""
+    generic = generic or GenericParams()
+    plan, others = _vector_plan(payload)
+    if not plan:  # no contraction was scheduled here: the payload went the generic way
+        vectorize_generic(payload, generic)
+        return
+    tiles = [(op, vector_tile_sizes(op, generic)) for op in others]
+    tag_ops([op for op, _ in plan] + [op for op, _ in tiles])
+
+    def body(root):
+        n = len(plan)
+        for i, (op, sizes) in enumerate(plan):
+            role = ir.StringAttr(op.attributes[ROLE]).value
+            if role in ("kernel", "fill") or sizes is None:
+                structured.VectorizeOp(match_id(root, i))
+            elif role == "register":
+                # The register tile's nominal sizes are the tiling sizes; edges are masked.
+                structured.VectorizeOp(match_id(root, i), vector_sizes=[s or 1 for s in sizes])
+            else:
+                structured.VectorizeOp(match_id(root, i), vector_sizes=sizes)
+        for j, (op, sizes) in enumerate(tiles):
+            h = match_id(root, n + j)
+            if sizes is not None:
+                h, _ = _tile(h, sizes)
+            # Like the generic schedule's vectorize_children: an op the vectorizer cannot
+            # take stays a (correct) loop nest.
+            seq = transform.SequenceOp(transform.FailurePropagationMode.Suppress, [], h)
+            with ir.InsertionPoint(seq.body):
+                structured.VectorizeOp(seq.bodyTarget, vectorize_nd_extract=True)
+                transform.YieldOp()
+        func = match(root, "func.func")
+        apply_patterns(func, tvec.ApplyLowerMaskedTransfersPatternsOp)
+        apply_patterns(func, tvec.ApplyTransferPermutationPatternsOp)
+        apply_patterns(func, tvec.ApplyVectorReductionToContractPatternsOp)
+        canonicalize(func)
+        apply_patterns(func, tvec.ApplyCastAwayVectorLeadingOneDimPatternsOp, apply_cse=True)
+        canonicalize(func)
+        hoist_loop_invariant_subsets(func)
+        canonicalize(func)
+        apply_patterns(func, lambda: tvec.ApplyLowerTransposePatternsOp(
+            lowering_strategy=getattr(tvec.VectorTransposeLowering, transpose_lowering)))
+        canonicalize(func)
+
+    _run(payload, body)
+    clear_tags(payload)
+    for attr in (ROLE, VECTOR_SIZES, _DONE):
+        clear_tags(payload, attr)

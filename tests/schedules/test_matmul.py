@@ -1,0 +1,222 @@
+"""The matmul family: numerics against torch (shapes that do not divide the tiles, batch,
+transposed operands, epilogues, f16/bf16), the IR it produces, its parameters, and that the
+driver picks it for contraction payloads."""
+
+import pytest
+import torch
+from torch_mlir import ir
+
+from lighthouse.compile import compile_kernel
+from lighthouse.errors import ScheduleMismatch
+from lighthouse.families import MATMUL, choose_family
+from schedules.matmul import MatmulParams, check, recognize
+from tests.conftest import EXAMPLES
+from tests.transform_ext.helpers import check as filecheck
+
+BINARY = """
+import torch
+M, N, K, B = {m}, {n}, {k}, {b}
+DTYPE = torch.{dtype}
+
+class Model(torch.nn.Module):
+    def forward(self, a, b):
+        return {expr}
+
+def get_inputs():
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn({a_shape}, generator=g).to(DTYPE), torch.randn({b_shape}, generator=g).to(DTYPE)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def binary_kernel(kernel_file, m, n, k, *, b=1, dtype="float32", expr="a @ b", a_shape="M, K",
+                  b_shape="K, N"):
+    return kernel_file(BINARY.format(m=m, n=n, k=k, b=b, dtype=dtype, expr=expr,
+                                     a_shape=a_shape, b_shape=b_shape))
+
+
+def assert_matches(compiled):
+    assert compiled.family.name == "matmul", compiled.notes
+    reports = compiled.check()
+    assert reports
+    for r in reports:
+        assert r.ok, str(r)
+
+
+@pytest.mark.parametrize("m,n,k", [
+    (96, 96, 96),        # divides the register tile
+    (127, 255, 63),      # nothing divides: padded panels, masked edge tiles
+    (300, 200, 600),     # several k blocks (the last one partial) and row blocks
+    (9, 33, 17),         # one register tile plus a sliver in each direction
+])
+def test_matmul_f32(kernel_file, m, n, k):
+    assert_matches(compile_kernel(binary_kernel(kernel_file, m, n, k)))
+
+
+def test_matmul_1000(kernel_file):
+    """The issue's non-dividing size: 1000 is no multiple of the 32-wide register tile."""
+    assert_matches(compile_kernel(binary_kernel(kernel_file, 1000, 1000, 1000)))
+
+
+def test_skinny_matmul_reads_operands_in_place(kernel_file):
+    """Fewer rows than the register tile: no packing (pack=False), masked register tiles."""
+    assert not MatmulParams.for_shape(1, 3, 50, 20).pack
+    assert_matches(compile_kernel(binary_kernel(kernel_file, 3, 50, 20)))
+
+
+def test_batch_matmul(kernel_file):
+    path = binary_kernel(kernel_file, 37, 45, 29, b=3, expr="torch.bmm(a, b)", a_shape="B, M, K",
+                         b_shape="B, K, N")
+    assert_matches(compile_kernel(path))
+
+
+@pytest.mark.parametrize("expr,a_shape,b_shape", [
+    ("a @ b.T", "M, K", "N, K"),       # nn.Linear's x @ w.T
+    ("a.T @ b.T", "K, M", "N, K"),     # both operands transposed
+])
+def test_transposed_operands(kernel_file, expr, a_shape, b_shape):
+    path = binary_kernel(kernel_file, 50, 70, 90, expr=expr, a_shape=a_shape, b_shape=b_shape)
+    compiled = compile_kernel(path, stop_after="fuse")
+    assert "linalg.transpose" not in str(compiled.module)  # folded into the packing
+    assert_matches(compile_kernel(path))
+
+
+def test_mlp_example_with_bias_and_gelu_epilogue():
+    sizes = {"BATCH": 40, "IN_FEATURES": 72, "HIDDEN": 136, "OUT_FEATURES": 50}
+    assert_matches(compile_kernel(EXAMPLES / "mlp.py", overrides=sizes))
+
+
+def test_addmm_and_a_softmax_consumer(kernel_file):
+    """A non-zero accumulator init and a reduction after the contraction (tiled like the
+    generic schedule does)."""
+    path = kernel_file("""
+        import torch
+        class Model(torch.nn.Module):
+            def forward(self, c, a, b):
+                return torch.softmax(torch.addmm(c, torch.relu(a), b, beta=0.5, alpha=2.0), dim=-1)
+        def get_inputs():
+            g = torch.Generator().manual_seed(1)
+            return [torch.randn(61, 93, generator=g), torch.randn(61, 45, generator=g),
+                    torch.randn(45, 93, generator=g)]
+        def get_init_inputs():
+            return []
+        """)
+    assert_matches(compile_kernel(path))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_inputs_accumulate_in_f32(kernel_file, dtype):
+    """torch rounds an f32 accumulation once; a 16-bit accumulator over k = 1024 would be
+    off by many ulps. Ours must be within one ulp of torch's result."""
+    compiled = compile_kernel(binary_kernel(kernel_file, 40, 72, 1024, dtype=dtype))
+    assert compiled.family.name == "matmul"
+    (got,) = compiled.run()
+    (want,) = compiled.imported.reference()
+    assert got.dtype == want.dtype == getattr(torch, dtype)
+    ulp = torch.finfo(want.dtype).eps * want.float().abs().clamp_min(1.0)
+    assert ((got.float() - want.float()).abs() <= ulp).all()
+
+
+def test_ir_after_vectorize_and_bufferize(kernel_file):
+    path = binary_kernel(kernel_file, 256, 256, 512)
+    vectorized = str(compile_kernel(path, stop_after="vectorize").module)
+    filecheck(vectorized, """
+        CHECK: scf.forall
+        CHECK: scf.for
+        CHECK: vector.transfer_read {{.*}} : tensor<16x32xf32>, vector<16x32xf32>
+        CHECK: vector.transfer_write {{.*}} : vector<16x32xf32>, tensor<1x16x32xf32>
+        CHECK: vector.transfer_read {{.*}} : tensor<8x16xf32>, vector<8x16xf32>
+        CHECK: vector.shuffle
+        CHECK: vector.transfer_write {{.*}} : vector<16x8xf32>, tensor<1x16x8xf32>
+        CHECK: scf.for {{.*}} -> (vector<8x32xf32>)
+        CHECK: vector.contract {{.*}} : vector<1x8xf32>, vector<1x32xf32> into vector<8x32xf32>
+        CHECK: vector.transfer_write {{.*}} : vector<8x32xf32>, tensor<1x1x8x32xf32>
+        CHECK: scf.forall.in_parallel
+        """)
+    assert "linalg." not in vectorized
+    bufferized = str(compile_kernel(path, stop_after="bufferize").module)
+    filecheck(bufferized, """
+        CHECK: scf.parallel
+        CHECK: scf.for {{.*}} -> (vector<8x32xf32>)
+        CHECK-COUNT-8: vector.fma {{.*}} : vector<32xf32>
+        CHECK: scf.yield
+        """)
+
+
+def test_epilogue_is_fused_into_the_output_tiles():
+    sizes = {"BATCH": 64, "IN_FEATURES": 64, "HIDDEN": 128, "OUT_FEATURES": 64}
+    text = str(compile_kernel(EXAMPLES / "mlp.py", overrides=sizes, stop_after="fuse").module)
+    filecheck(text, """
+        CHECK: scf.forall
+        CHECK: linalg.generic {{.*}}lh.mm_role = "kernel"
+        CHECK: linalg.unpack {{.*}}lh.mm_role = "unpack"
+        CHECK: linalg.generic {{.*}}lh.mm_role = "epilogue"
+        CHECK: math.erf
+        CHECK: scf.forall.in_parallel
+        CHECK: scf.forall
+        CHECK: linalg.unpack {{.*}}lh.mm_role = "unpack"
+        CHECK: linalg.generic {{.*}}lh.mm_role = "epilogue"
+        CHECK: scf.forall.in_parallel
+        """)
+
+
+def test_family_is_chosen_for_contraction_payloads():
+    for name, sizes in [("matmul", {"N": 64}), ("mlp", {"BATCH": 16})]:
+        compiled = compile_kernel(EXAMPLES / f"{name}.py", overrides=sizes, stop_after="cleanup")
+        assert compiled.family is MATMUL, name
+    compiled = compile_kernel(EXAMPLES / "softmax.py", overrides={"N": 8, "C": 40}, stop_after="cleanup")
+    assert compiled.family.name == "generic"
+
+
+def _parse(text):
+    return ir.Module.parse(text, ir.Context())
+
+
+def test_check_names_the_reason():
+    dynamic = _parse("""
+        func.func @main(%a: tensor<?x8xf32>, %b: tensor<8x16xf32>, %c: tensor<?x16xf32>) -> tensor<?x16xf32> {
+          %r = linalg.matmul ins(%a, %b : tensor<?x8xf32>, tensor<8x16xf32>) outs(%c : tensor<?x16xf32>) -> tensor<?x16xf32>
+          return %r : tensor<?x16xf32>
+        }""")
+    assert recognize(dynamic)
+    assert "dynamic shapes" in check(dynamic)
+    integer = _parse("""
+        func.func @main(%a: tensor<16x8xi32>, %b: tensor<8x16xi32>, %c: tensor<16x16xi32>) -> tensor<16x16xi32> {
+          %r = linalg.matmul ins(%a, %b : tensor<16x8xi32>, tensor<8x16xi32>) outs(%c : tensor<16x16xi32>) -> tensor<16x16xi32>
+          return %r : tensor<16x16xi32>
+        }""")
+    assert "element type i32" in check(integer)
+    notes = []
+    assert choose_family(integer, notes=notes).name == "generic"
+    assert "the matmul schedule does not apply" in notes[0]
+    with pytest.raises(ScheduleMismatch, match="element type i32"):
+        choose_family(integer, strict=True)
+
+
+def test_requested_on_a_payload_without_contraction_is_an_error():
+    elementwise = _parse("""
+        func.func @main(%a: tensor<16xf32>, %c: tensor<16xf32>) -> tensor<16xf32> {
+          %r = linalg.add ins(%a, %a : tensor<16xf32>, tensor<16xf32>) outs(%c : tensor<16xf32>) -> tensor<16xf32>
+          return %r : tensor<16xf32>
+        }""")
+    assert not recognize(elementwise)
+    with pytest.raises(ScheduleMismatch, match="no contraction"):
+        choose_family(elementwise, requested="matmul")
+
+
+def test_params_are_validated_and_fit_the_shapes():
+    with pytest.raises(ValueError, match="tile_m"):
+        MatmulParams(tile_m=60)
+    with pytest.raises(ValueError, match="block_m"):
+        MatmulParams(block_m=4)
+    with pytest.raises(ValueError, match="register"):
+        MatmulParams(register=(0, 32))
+    p = MatmulParams.for_shape(1, 1024, 1024, 1024, threads=2)
+    assert p.pack and p.register == (8, 32) and p.tile_k == 256
+    tiles = -(-1024 // p.tile_m) * -(-1024 // p.tile_n)
+    assert tiles % 2 == 0  # both threads get the same number of tiles
+    p = MatmulParams.for_shape(1, 127, 255, 63, threads=2)
+    assert p.tile_m % 8 == 0 and p.tile_n % 32 == 0 and p.tile_k == 63
+    assert MatmulParams.for_shape(8, 64, 64, 64, threads=2).tile_m == 64  # batch feeds threads
