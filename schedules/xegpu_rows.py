@@ -5,8 +5,8 @@ producer chain; its outer parallel dims (all but the innermost loop dim) index i
 rows. Tiling (`tile_rows`): the root is tiled into an `scf.forall` of `rows` rows per
 workgroup and the chain is fused in (`transform.structured.fuse`), so every reduction of a
 row (max, sum) runs inside the workgroup that owns the row and no intermediate row is
-written to memory. Decomposition: one subgroup per row (sg_layout [rows, 1], sg_data
-[1, C]); the row reductions become cross-lane reductions of that subgroup. Layouts
+written to memory. Decomposition: two rows per subgroup (sg_layout [rows / 2, 1], sg_data
+[2, C]); the row reductions become cross-lane reductions of that subgroup. Layouts
 (`annotate_rows`): the anchor is the store of the result tile; the XeGPU layout
 propagation carries it to the loads and reductions.
 """
@@ -26,9 +26,12 @@ from .common import canonicalize, clear_tags, match, match_id, run_schedule, tag
 
 @dataclass(frozen=True)
 class RowTiles:
-    """rows per workgroup (one subgroup each), the row length, the grid over row tiles."""
+    """`rows` rows per workgroup, `rows_per_subgroup` of them per subgroup (>= 2: a lane then
+    holds at least two elements of a block read; SPIR-V has no one-element vectors), the
+    extents of the root's loops, the forall tile sizes, the grid over row tiles."""
 
     rows: int
+    rows_per_subgroup: int
     row_shape: tuple[int, ...]      # extents of the root's loops
     tile_sizes: tuple[int, ...]     # forall tile sizes over the root's loops (0 = whole)
     grid: tuple[int, ...]
@@ -36,15 +39,15 @@ class RowTiles:
 
     @property
     def sg_layout(self) -> list[int]:
-        return [self.rows, 1]
+        return [self.rows // self.rows_per_subgroup, 1]
 
     @property
     def sg_data(self) -> tuple[int, int]:
-        return (1, self.row_shape[-1])
+        return (self.rows_per_subgroup, self.row_shape[-1])
 
     @property
     def threads(self) -> int:
-        return self.rows * self.subgroup_size
+        return self.sg_layout[0] * self.subgroup_size
 
 
 def find_row_roots(func: ir.Operation, exclude: list[ir.Operation]) -> list[ir.Operation]:
@@ -66,10 +69,12 @@ def _used_outside(op, ops) -> bool:
     return not any(r in ops for r in readers)
 
 
-def plan_rows(root: ir.Operation, *, rows: int | None, subgroup_size: int,
-              max_threads: int) -> RowTiles:
-    """Rows per workgroup: `rows` if given, else the largest of 16, 8, 4, 2, 1 dividing the
-    row count; raises ValueError naming the dimension when `rows` does not divide it."""
+def plan_rows(root: ir.Operation, *, rows: int | None, subgroup_size: int, max_threads: int,
+              min_workgroups: int = 1) -> RowTiles:
+    """Rows per subgroup: 2 (enough for >= 2 elements per lane, few registers for long
+    rows). Rows per workgroup: `rows` if given, else the largest of 64 .. 2 dividing the row
+    count that still leaves `min_workgroups` workgroups. Raises ValueError naming the
+    dimension when the rows do not divide it."""
     ls = loop_structure(root)
     where = f"{root.name} at {root.location}"
     if not ls.is_static:
@@ -80,20 +85,28 @@ def plan_rows(root: ir.Operation, *, rows: int | None, subgroup_size: int,
     outer = [d for d in range(ls.num_loops - 1) if ls.iterators[d] == "parallel"]
     row_dim = outer[-1]
     extent = ls.ranges[row_dim]
-    limit = max_threads // subgroup_size
-    if rows is None:
-        rows = next(r for r in (16, 8, 4, 2, 1) if extent % r == 0 and r <= limit)
-    if extent % rows:
+    per_subgroup = 2
+    if extent % per_subgroup:
         raise ValueError(f"{where}: dimension {row_dim} ({extent} rows) is not a multiple of "
-                         f"the rows per workgroup ({rows})")
+                         f"the rows per subgroup ({per_subgroup})")
+    limit = (max_threads // subgroup_size) * per_subgroup
+    others = 1
+    for d in outer[:-1]:
+        others *= ls.ranges[d]
+    if rows is None:
+        fitting = [r for r in (64, 32, 16, 8, 4, 2) if extent % r == 0 and r <= limit]
+        rows = next((r for r in fitting if others * extent // r >= min_workgroups), fitting[-1])
+    if extent % rows or rows % per_subgroup:
+        raise ValueError(f"{where}: dimension {row_dim} ({extent} rows) is not a multiple of "
+                         f"the rows per workgroup ({rows}), or those of {per_subgroup} per subgroup")
     if rows > limit:
-        raise ValueError(f"{where}: {rows} rows per workgroup exceed {limit} subgroups")
+        raise ValueError(f"{where}: {rows} rows per workgroup need more than {max_threads} threads")
     sizes = [0] * ls.num_loops
     for d in outer:
         sizes[d] = 1
     sizes[row_dim] = rows
     grid = tuple(ls.ranges[d] // sizes[d] for d in outer)
-    return RowTiles(rows, tuple(ls.ranges), tuple(sizes), grid, subgroup_size)
+    return RowTiles(rows, per_subgroup, tuple(ls.ranges), tuple(sizes), grid, subgroup_size)
 
 
 def tile_rows(payload: ir.Module, root: ir.Operation, tiles: RowTiles) -> None:
@@ -129,7 +142,10 @@ def producer_chain(root: ir.Operation) -> list[ir.Operation]:
 
 
 def annotate_rows(gpu_func: ir.Value, tiles: RowTiles) -> None:
-    """The result store anchors [rows, 1] subgroups x [1, C] (transform IR, handle input)."""
-    store = match(gpu_func, "xegpu.store_nd")
-    xegpu.set_anchor_layout(store, sg_layout=tiles.sg_layout, sg_data=list(tiles.sg_data))
+    """Row tiles [rows_per_subgroup, C] per subgroup on the loads and the store, in block
+    instructions of [rows_per_subgroup, subgroup_size] (transform IR, handle input)."""
+    layout = dict(sg_layout=tiles.sg_layout, sg_data=list(tiles.sg_data),
+                  inst_data=[tiles.rows_per_subgroup, tiles.subgroup_size])
+    xegpu.set_anchor_layout(match(gpu_func, "xegpu.store_nd"), **layout)
+    xegpu.set_anchor_layout(match(gpu_func, "xegpu.load_nd"), **layout)
     canonicalize(gpu_func)

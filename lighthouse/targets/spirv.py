@@ -121,6 +121,7 @@ def device_llvm_ir(gpu_module: ir.Operation, subgroup_size: int) -> str:
             if func.name != "llvm.func" or not len(func.regions[0].blocks):
                 continue
             _allocas_to_entry_arrays(func)
+            _scalar_unit_vector_loads(func)
             if "gpu.kernel" in func.attributes:
                 func.attributes["intel_reqd_sub_group_size"] = ir.IntegerAttr.get(i32, subgroup_size)
         foreign = []
@@ -139,6 +140,35 @@ def device_llvm_ir(gpu_module: ir.Operation, subgroup_size: int) -> str:
 
 def _sym(op: ir.Operation) -> str:
     return ir.StringAttr(op.attributes["sym_name"]).value
+
+
+def _scalar_unit_vector_loads(func: ir.Operation) -> None:
+    """`load <1 x T>` (the one-element result of a 1-row block read) -> `load T` inserted
+    into a vector; InstCombine then scalarizes its users (SPIR-V has no 1-element vectors)."""
+    from torch_mlir.dialects import llvm as llvm_d
+
+    loads = []
+
+    def visit(op):
+        if op.name == "llvm.load":
+            t = op.results[0].type
+            if isinstance(t, ir.VectorType) and t.rank == 1 and t.shape[0] == 1:
+                loads.append(op)
+        return ir.WalkResult.ADVANCE
+
+    func.walk(visit)
+    i64 = ir.IntegerType.get_signless(64)
+    for load in loads:
+        vtype = ir.VectorType(load.results[0].type)
+        with ir.InsertionPoint(load), load.location:
+            kwargs = {}
+            if "alignment" in load.attributes:
+                kwargs["alignment"] = load.attributes["alignment"]
+            scalar = llvm_d.LoadOp(vtype.element_type, load.operands[0], **kwargs).result
+            zero = llvm_d.ConstantOp(i64, ir.IntegerAttr.get(i64, 0)).result
+            vector = llvm_d.InsertElementOp(llvm_d.PoisonOp(vtype).result, scalar, zero).result
+        load.results[0].replace_all_uses_with(vector)
+        load.erase()
 
 
 def _allocas_to_entry_arrays(func: ir.Operation) -> None:

@@ -360,7 +360,8 @@ class XeGpuTarget:
 
         try:
             return plan_rows(root, rows=self.params.rows, subgroup_size=self.chip.subgroup_size,
-                             max_threads=self.chip.max_workgroup_threads)
+                             max_threads=self.chip.max_workgroup_threads,
+                             min_workgroups=self.chip.xe_cores)
         except ValueError as exc:
             raise UnsupportedError(f"xegpu: {exc}") from exc
 
@@ -431,13 +432,19 @@ def _pick(extent: int, candidates) -> int | None:
 
 def prepare(module: ir.Module) -> None:
     """GPU preparation for payloads without a fused schedule: asserts split off (they block
-    vectorization), unit dims folded, canonicalized; no elementwise fusion, so type
-    conversions stay visible to the contraction kernels."""
-    from schedules.common import run_passes
+    vectorization), unit dims folded, unused generic results (the argmax of the imported max
+    reduction) dropped; no elementwise fusion, so type conversions stay visible to the
+    contraction kernels."""
+    import transform_ext
+    from schedules.common import match, run_passes, run_schedule
     from schedules.prepare import split_assertions
+    from transform_ext.drop_unused_results import drop_unused_results
 
     split_assertions(module)
     run_passes(module, "linalg-fold-unit-extent-dims, canonicalize, cse")
+    transform_ext.load(module.context)
+    run_schedule(module, lambda root: drop_unused_results(match(root, "func.func")))
+    run_passes(module, "canonicalize, cse")
 
 
 def constants_to_arguments(module: ir.Module) -> list[dict]:

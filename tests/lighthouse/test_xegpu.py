@@ -248,3 +248,24 @@ def test_newer_attributes_are_dropped_from_groups():
     text = "attributes #5 = { nocallback nocreateundeforpoison nofree }"
     out = spirv._newer_attribute(text, "<string>:1:30: error: unterminated attribute group")
     assert out == "attributes #5 = { nocallback nofree }"
+
+
+def test_softmax_is_one_row_kernel_down_to_xevm(tmp_path):
+    """Softmax: one gpu.func, all its row work (max, exp, sum, div) inside one workgroup,
+    2-D block loads/stores, no N x C intermediate buffer. (Its SPIR-V is not produced yet:
+    the row reductions leave one-element vectors that llvm-spirv rejects.)"""
+    compiled = compile_kernel(EXAMPLES / "softmax.py", overrides={"N": 64, "C": 256},
+                              target="xegpu", stop_after="xevm", dump_dir=tmp_path)
+    low = Lowered(compiled, tmp_path)
+    xe = low.ir("xegpu-layouts")
+    (func,) = _walk(xe, "gpu.func")
+    assert len(_walk(func, "vector.multi_reduction")) == 2          # max and sum
+    assert _walk(func, "math.exp")
+    for op in _walk(func, "xegpu.load_nd") + _walk(func, "xegpu.store_nd"):
+        desc = [v.type for v in op.operands if "tensor_desc" in str(v.type)][0]
+        assert re.match(r"!xegpu\.tensor_desc<\d+x256xf32", str(desc)), str(desc)
+    assert not _walk(xe, "gpu.alloc") and not _walk(xe, "memref.alloc")
+    assert not [op for op in _walk(func, "memref.alloc")]
+    assert "intel_sub_group_2d_block_read" in _device_llvm_ir(low)
+    (plan,) = compiled.target.plans
+    assert plan.kind == "rows" and plan.threads == plan.tiles.sg_layout[0] * 16
