@@ -334,6 +334,14 @@ def _slice(value: ir.Value, dim: int, offset, size: int) -> ir.Value:
                                  static_offsets, sizes, [1] * rank).result
 
 
+def _is_empty_like(value: ir.Value) -> bool:
+    """A tensor.empty, possibly seen through extract_slice ops (its contents are undefined)."""
+    op = defining_op(value)
+    while op is not None and op.name == "tensor.extract_slice":
+        op = defining_op(op.operands[0])
+    return op is not None and op.name == "tensor.empty"
+
+
 def _elementwise(inputs, input_maps, out_type, build, rank, init=None):
     """A parallel linalg.generic over `out_type`'s shape; build(args) -> yielded value.
     `init` (default: a new tensor.empty) is the destination, for in-place updates."""
@@ -384,11 +392,10 @@ class _Emitter:
                 return v
             producer = defining_op(v)
             tile_type = _tile_type(v.type, d, size)
-            if producer is not None and producer.name == "tensor.empty":
+            if _is_empty_like(v):
                 return tensor.EmptyOp(list(tile_type.shape), tile_type.element_type).result
             if producer is not None and producer.name == "linalg.fill" and \
-                    defining_op(producer.operands[1]) is not None and \
-                    defining_op(producer.operands[1]).name == "tensor.empty":
+                    _is_empty_like(producer.operands[1]):
                 empty = tensor.EmptyOp(list(tile_type.shape), tile_type.element_type).result
                 return linalg.fill(producer.operands[0], outs=[empty])
             return _slice(v, d, offset, size)

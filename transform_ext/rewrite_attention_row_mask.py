@@ -196,17 +196,46 @@ def analyze(r1, contraction):
     return select_op, value_idx, rows, target, dims
 
 
+def _rows_from_max(r1, rows):
+    """A tensor like `rows` holding (m == -inf) for R1's result m, built right after R1."""
+    m = r1.results[0]
+    rtype = rows.type
+    rank = rtype.rank
+    with ir.InsertionPoint.after(r1), r1.location:
+        empty = tensor.EmptyOp(list(rtype.shape), rtype.element_type).result
+        ident = ir.AffineMapAttr.get(ir.AffineMap.get_identity(rank))
+        iters = ir.ArrayAttr.get([ir.Attribute.parse("#linalg.iterator_type<parallel>")] * rank)
+        op = linalg.GenericOp([rtype], [m], [empty], ir.ArrayAttr.get([ident, ident]), iters)
+        block = op.regions[0].blocks.append(m.type.element_type, rtype.element_type)
+        with ir.InsertionPoint(block):
+            mv = block.arguments[0]
+            ninf = arith.ConstantOp(mv.type, ir.FloatAttr.get(mv.type, float("-inf"))).result
+            is_masked = arith.cmpf(arith.CmpFPredicate.OEQ, mv, ninf)
+            if rtype.element_type != is_masked.type:
+                is_masked = arith.extui(rtype.element_type, is_masked)
+            linalg.YieldOp([is_masked])
+    return op.result
+
+
 def rewrite(r1, contraction, plan, rewriter):
     select_op, value_idx, rows, target, dims = plan
     m = r1.results[0]
     result = target.results[0]
     rtype = result.type
     rank = rtype.rank
-    # 1. the contraction reads E directly
+    already_masked = rows in list(target.operands)
+    # 1. rows = (m == -inf) for every user (the guard's AND-reduction becomes dead)
+    if list(rows.type.shape) == list(m.type.shape):
+        new_rows = _rows_from_max(r1, rows)
+        rows.replace_all_uses_with(new_rows)
+    # 2. the contraction reads E directly
     for i, operand in enumerate(contraction.operands):
         if operand == select_op.results[0]:
             contraction.operands[i] = select_op.operands[value_idx]
-    # 2. out = select(m == -inf, 0, normalized), after the normalized result
+    if already_masked:
+        _erase_guard(select_op, rows, rewriter)
+        return target
+    # 3. out = select(m == -inf, 0, normalized), after the normalized result
     with ir.InsertionPoint.after(target), target.location:
         empty = tensor.EmptyOp(list(rtype.shape), rtype.element_type).result
         maps = [ir.AffineMap.get_identity(rank),
@@ -224,10 +253,17 @@ def rewrite(r1, contraction, plan, rewriter):
             is_masked = arith.cmpf(arith.CmpFPredicate.OEQ, mv, ninf)
             linalg.YieldOp([arith.select(is_masked, zero, val)])
     result.replace_all_uses_except(masked.result, masked.operation)
-    # 3. the guard's ops are dead now
-    for op in _dead_chain(select_op.results[0]):
-        rewriter.erase_op(op)
+    _erase_guard(select_op, rows, rewriter)
     return masked.operation
+
+
+def _erase_guard(select_op, rows, rewriter) -> None:
+    doomed = []
+    for op in _dead_chain(select_op.results[0]) + _dead_chain(rows):
+        if op not in doomed:
+            doomed.append(op)
+    for op in doomed:
+        rewriter.erase_op(op)
 
 
 def _dead_chain(value):
