@@ -77,3 +77,108 @@ def erase_dead_body_ops(block: ir.Block) -> None:
             if len(op.results) and all(not list(r.uses) for r in op.results):
                 op.erase()
                 changed = True
+
+
+# ----------------------------------------------------------------------------- building IR
+
+
+def iterator_attr(kind: str) -> ir.Attribute:
+    """#linalg.iterator_type<parallel|reduction>."""
+    return ir.Attribute.parse(f"#linalg.iterator_type<{kind}>")
+
+
+def iterator_kinds(op) -> list[str]:
+    """'parallel' / 'reduction' per loop dim of a linalg.generic."""
+    return [str(a).split("<")[1].rstrip(">") for a in op.opview.iterator_types]
+
+
+def body_of(op) -> ir.Block:
+    return getattr(op, "operation", op).regions[0].blocks[0]
+
+
+def terminator(block: ir.Block) -> ir.Operation:
+    return block.operations[len(block.operations) - 1].operation
+
+
+def clone_body(source, mapping: dict, until_terminator: bool = True) -> list[ir.Value]:
+    """Clone the ops of `source`'s body at the current insertion point, mapping the values in
+    `mapping` (body arguments to new values; filled with the clones' results as it goes).
+
+    Returns the values the terminator yields, mapped; nested regions are remapped too."""
+    block = body_of(source)
+    ops = list(block.operations)
+    for op in ops[:-1] if until_terminator else ops:
+        op = op.operation
+        clone = op.clone()
+        remap_operands(clone, mapping)
+        for old, new in zip(op.results, clone.results):
+            mapping[old] = new
+    return [mapping.get(v, v) for v in terminator(block).operands]
+
+
+def remap_operands(op: ir.Operation, mapping: dict) -> None:
+    """Replace, in `op` and every op nested in it, operands found in `mapping`."""
+
+    def visit(inner):
+        for i, v in enumerate(inner.operands):
+            if v in mapping:
+                inner.operands[i] = mapping[v]
+        return ir.WalkResult.ADVANCE
+
+    op.walk(visit)
+
+
+def build_generic(inputs, outputs, maps, iterators, body, *, name_from=None):
+    """A linalg.generic at the current insertion point and location.
+
+    `maps`: ir.AffineMap per input then output; `iterators`: 'parallel'/'reduction' per loop;
+    `body(args)` builds the body at the block's insertion point from its arguments and
+    returns the values to yield. `name_from`: copy its `library_call`/`doc` attributes."""
+    from torch_mlir.dialects import linalg
+
+    result_types = [v.type for v in outputs if isinstance(v.type, ir.RankedTensorType)]
+    generic = linalg.GenericOp(result_types, list(inputs), list(outputs),
+                               ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps]),
+                               ir.ArrayAttr.get([iterator_attr(k) for k in iterators]))
+    arg_types = [element_type(v.type) for v in list(inputs) + list(outputs)]
+    block = generic.regions[0].blocks.append(*arg_types)
+    with ir.InsertionPoint(block):
+        linalg.YieldOp(list(body(list(block.arguments))))
+    if name_from is not None:
+        for attr in ("library_call", "doc"):
+            if attr in name_from.attributes:
+                generic.attributes[attr] = name_from.attributes[attr]
+    return generic
+
+
+def element_type(t: ir.Type) -> ir.Type:
+    return t.element_type if isinstance(t, ir.ShapedType) else t
+
+
+def constant_value(value: ir.Value):
+    """The scalar attribute a value is known to hold everywhere: an arith.constant scalar, the
+    splat of a dense constant, or a linalg.fill of a constant; else None."""
+    op = defining_op(value)
+    if op is None:
+        return None
+    if op.name == "arith.constant":
+        attr = op.attributes["value"]
+        if isinstance(attr, (ir.FloatAttr, ir.IntegerAttr)):
+            return attr
+        if isinstance(attr, ir.DenseElementsAttr) and attr.is_splat:
+            splat = attr.get_splat_value()
+            return splat if isinstance(splat, (ir.FloatAttr, ir.IntegerAttr)) else None
+        return None
+    if op.name == "linalg.fill" and len(op.operands) == 2:
+        return constant_value(op.operands[0])
+    return None
+
+
+def is_zero(value: ir.Value) -> bool:
+    """True when `value` is a constant +0.0 / -0.0 / integer 0 (scalar, splat or fill)."""
+    attr = constant_value(value)
+    if isinstance(attr, ir.FloatAttr):
+        return attr.value == 0.0
+    if isinstance(attr, ir.IntegerAttr):
+        return attr.value == 0
+    return False

@@ -14,6 +14,8 @@ from torch_mlir.dialects import ext
 
 OP_MODULES: list[str] = [
     "drop_unused_results",
+    "fold_scalar_or_splat_constant",
+    "fold_reshape_ops_by_expansion",
     "fuse_dependent_reduction_ops",
     "rewrite_attention_row_mask",
 ]
