@@ -16,6 +16,11 @@ OP_MODULES: list[str] = [
     "drop_unused_results",
     "fold_scalar_or_splat_constant",
     "fold_reshape_ops_by_expansion",
+    "sink_normalization_past_contraction",
+    "narrow_vector_contract_operands",
+    "annotate_fastmath",
+    "filter_ops",
+    "walk_producers",
     "fuse_dependent_reduction_ops",
     "rewrite_attention_row_mask",
 ]
