@@ -120,8 +120,9 @@ class AnnotateFastmathOp(TransformExt.Operation, name="annotate_fastmath"):
                     return fail(NAME, illegal)
                 for inner in ops:
                     merged = parse_flags(current_flags(inner) + flags)
-                    text = ",".join(merged) if merged else "none"
-                    inner.attributes["fastmath"] = ir.Attribute.parse(f"#arith.fastmath<{text}>")
+                    if merged != current_flags(inner):
+                        text = ",".join(merged)
+                        inner.attributes["fastmath"] = ir.Attribute.parse(f"#arith.fastmath<{text}>")
                 return Success
 
         @staticmethod

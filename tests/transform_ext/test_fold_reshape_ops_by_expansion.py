@@ -264,3 +264,34 @@ def test_sdpa_import_with_two_batches_has_no_reshape_left():
     """)
     got = run_module(payload, list(imported.args))
     torch.testing.assert_close(got[0], imported.reference()[0])
+
+
+# The reduction dim of a matmul is the collapsed one: it becomes two reduction loops.
+SPLIT_K = """
+func.func @main(%x: tensor<3x2x4xf32>, %y: tensor<2x4x5xf32>) -> tensor<3x5xf32> {
+  %zero = arith.constant 0.0 : f32
+  %a = tensor.collapse_shape %x [[0], [1, 2]] : tensor<3x2x4xf32> into tensor<3x8xf32>
+  %b = tensor.collapse_shape %y [[0, 1], [2]] : tensor<2x4x5xf32> into tensor<8x5xf32>
+  %e = tensor.empty() : tensor<3x5xf32>
+  %f = linalg.fill ins(%zero : f32) outs(%e : tensor<3x5xf32>) -> tensor<3x5xf32>
+  %r = linalg.matmul ins(%a, %b : tensor<3x8xf32>, tensor<8x5xf32>) outs(%f : tensor<3x5xf32>) -> tensor<3x5xf32>
+  return %r : tensor<3x5xf32>
+}
+"""
+
+
+def test_split_reduction_dim():
+    payload = parse(SPLIT_K)
+    _fold(payload)
+    check(payload, """
+        CHECK-LABEL: func.func @main
+        CHECK-SAME: (%[[X:.*]]: tensor<3x2x4xf32>, %[[Y:.*]]: tensor<2x4x5xf32>)
+        CHECK-NOT: tensor.collapse_shape
+        CHECK: linalg.generic
+        CHECK-SAME: iterator_types = ["parallel", "parallel", "reduction", "reduction"]
+        CHECK-SAME: ins(%[[X]], %[[Y]] : tensor<3x2x4xf32>, tensor<2x4x5xf32>)
+    """)
+    torch.manual_seed(0)
+    x, y = torch.randn(3, 2, 4), torch.randn(2, 4, 5)
+    got = run_module(payload, [x, y])[0]
+    torch.testing.assert_close(got, x.reshape(3, 8) @ y.reshape(8, 5))
