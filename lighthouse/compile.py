@@ -10,6 +10,7 @@ Library use:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 import traceback
@@ -137,6 +138,9 @@ def compile_kernel(path, *, overrides=None, backward=False, target="cpu", thread
     start = time.perf_counter()
     kernel = load_kernel(path, overrides or {})
     target_obj = make_target(target, threads, **(target_options or {}))
+    schedule_options = {k: v for k, v in kernel.config.items() if k != "schedule"}
+    if schedule_options and hasattr(target_obj, "options"):
+        target_obj = dataclasses.replace(target_obj, options=tuple(sorted(schedule_options.items())))
     importer = import_joint if backward else import_forward
     imported = importer(kernel.model, kernel.inputs, name=str(kernel.path))
     notes: list[str] = []

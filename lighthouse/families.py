@@ -9,6 +9,7 @@ the reason, or raises under `strict`.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
@@ -85,7 +86,46 @@ def _matmul_check(module):
 MATMUL = Family("matmul", _matmul_recognize, _matmul_check, _matmul_fuse, _matmul_vectorize)
 
 # Specialized families register here, most specific first.
-SPECIALIZED: list[Family] = [MATMUL]
+def _attention_params(target):
+    from schedules.attention import AttentionParams
+
+    options = dict(getattr(target, "options", ()))
+    known = {k: options[k] for k in ("query_tile", "key_tile") if k in options}
+    return AttentionParams(threads=target.threads, **known)
+
+
+def _attention_recognize(module):
+    from schedules.attention import recognize
+
+    return recognize(module)
+
+
+def _attention_check(module):
+    from schedules.attention import check
+
+    return check(module)
+
+
+def _attention_fuse(module, target):
+    from schedules.attention import fuse_attention
+
+    fuse_attention(module, _attention_params(target))
+
+
+def _attention_vectorize(module, target):
+    from schedules.attention import vectorize_attention
+
+    options = dict(getattr(target, "options", ()))
+    params = _generic_params(target)
+    if "register_tile" in options:
+        params = dataclasses.replace(params, register_tile=tuple(options["register_tile"]))
+    vectorize_attention(module, params)
+
+
+ATTENTION = Family("attention", _attention_recognize, _attention_check, _attention_fuse,
+                   _attention_vectorize)
+
+SPECIALIZED: list[Family] = [ATTENTION, MATMUL]
 
 
 def family_names() -> list[str]:

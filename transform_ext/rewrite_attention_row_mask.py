@@ -138,7 +138,28 @@ def _is_max_is_ninf(rows_value, m_value) -> bool:
 
 
 def _producers_up_to(op, stop, limit: int = 16):
-    """`op` and the linalg ops of its block it depends on, not crossing `stop`."""
+    """`op` and the linalg ops between it and `stop` (those depending on `stop`'s result).
+
+    Only this chain relates the rows of `stop` to the select's dims; unrelated producers
+    could tie dims together through a shared input (e.g. one iota read as both the query
+    and the key index of a square causal mask)."""
+    target = stop.results[0]
+    memo: dict = {}
+
+    def depends(o) -> bool:
+        if o in memo:
+            return memo[o]
+        memo[o] = False
+        for v in o.operands:
+            if v == target:
+                memo[o] = True
+                return True
+            p = defining_op(v)
+            if p is not None and p.block == op.block and is_linalg(p) and depends(p):
+                memo[o] = True
+                return True
+        return False
+
     found, pending = [], [op]
     while pending and len(found) < limit:
         cur = pending.pop()
@@ -147,7 +168,7 @@ def _producers_up_to(op, stop, limit: int = 16):
         found.append(cur)
         for v in cur.operands:
             p = defining_op(v)
-            if p is not None and p.block == op.block and is_linalg(p):
+            if p is not None and p.block == op.block and is_linalg(p) and p != stop and depends(p):
                 pending.append(p)
     return found
 

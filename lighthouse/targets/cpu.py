@@ -56,10 +56,12 @@ def openmp_runtime() -> str:
 
 @dataclass(frozen=True)
 class CpuTarget:
-    """threads: OpenMP threads of the compiled kernels (default: all cores)."""
+    """threads: OpenMP threads of the compiled kernels (default: all cores).
+    options: schedule parameters from the kernel file's LIGHTHOUSE dict, as sorted pairs."""
 
     threads: int = field(default_factory=lambda: os.cpu_count() or 1)
     name: str = "cpu"
+    options: tuple = ()
 
     def __post_init__(self):
         if self.threads < 1:
@@ -91,7 +93,28 @@ class CpuTarget:
         return JitFunction(engine, arg_specs, result_specs)
 
 
+def protect_arguments(payload: ir.Module) -> None:
+    """Mark function arguments read-only for bufferization: the caller's tensors are inputs,
+    never scratch space (an argument used as an `outs` init is copied, not overwritten)."""
+    with payload.context:
+        for op in payload.body.operations:
+            if op.operation.name != "func.func":
+                continue
+            func = op.operation
+            n = len(func.regions[0].blocks[0].arguments)
+            old = list(func.attributes["arg_attrs"]) if "arg_attrs" in func.attributes else [
+                ir.DictAttr.get({}) for _ in range(n)]
+            new = []
+            for attrs in old:
+                entries = {a.name: a.attr for a in ir.DictAttr(attrs)}
+                entries["bufferization.writable"] = ir.BoolAttr.get(False)
+                new.append(ir.DictAttr.get(entries))
+            func.attributes["arg_attrs"] = ir.ArrayAttr.get(new)
+
+
 def bufferize(payload: ir.Module) -> None:
+    protect_arguments(payload)
+
     def body(root):
         root = tbuf.OneShotBufferizeOp(
             root, bufferize_function_boundaries=True, allow_return_allocs_from_loops=True,

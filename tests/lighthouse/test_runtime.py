@@ -82,3 +82,14 @@ def test_non_contiguous_inputs(kernel_file):
     a = torch.randn(8, 6).t()
     b = torch.randn(6, 16)[:, ::2]
     torch.testing.assert_close(c.run(a, b)[0], a * b)
+
+
+def test_inputs_are_never_overwritten(kernel_file):
+    # torch.add with out-of-place semantics; an input used as the destination must be copied
+    c = _compile(kernel_file, "return torch.add(xs[1], xs[0]), xs[1] * 2",
+                 "[torch.ones(64), torch.zeros(64)]")
+    a, b = torch.ones(64), torch.zeros(64)
+    a0, b0 = a.clone(), b.clone()
+    out, twice = c.run(a, b)
+    assert torch.equal(a, a0) and torch.equal(b, b0)
+    assert torch.equal(out, a0 + b0) and torch.equal(twice, b0 * 2)

@@ -22,6 +22,7 @@ def parse(text: str) -> ir.Module:
 
 
 def apply(payload: ir.Module, body) -> None:
+    transform_ext.load(payload.context)
     with payload.context, ir.Location.unknown():
         apply_schedule(payload, build_schedule(body))
 

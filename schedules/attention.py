@@ -1,0 +1,338 @@
+"""Flash attention: SDPA imported from torch, as one fused loop over key tiles per query block.
+
+Input: the linalg graph torch-mlir makes of `F.scaled_dot_product_attention` (math backend):
+    S = (Q c) (K^T c) [+ mask],  m = max_j S,  E = exp(S - m),  l = sum_j E,
+    P = select(all_j(S == -inf), 0, E / l),  O = P V
+Schedule (`fuse_attention`), target independent up to vectorization:
+  1. normalize: drop the unused argmax, fold scalar/splat constants into bodies, fold the
+     4-D <-> 3-D reshapes around the batch matmuls, fold unit dims;
+  2. sink the 1/l normalization past P V and read the fully-masked-row guard from m
+     (rewrite_attention_row_mask): O = select(m == -inf, 0, (E V) / l);
+  3. tile the output into an scf.forall over (batch..., heads, query blocks of
+     `query_tile` rows); every producer that depends on the query rows is fused into it,
+     the K side (transpose, scale) is computed once outside;
+  4. inside each query block, fuse_dependent_reduction_ops turns max, sum and P V, with S
+     computed per tile, into one scf.for over key tiles of `key_tile` with the online
+     softmax correction (stable exp(m_old - m_new) form): no S_q x S_kv tensor exists;
+  5. causal masks (and any mask whose -inf region is a half-plane j > i + c) bound that loop:
+     key tiles wholly above the diagonal are not computed (bound_masked_key_loop).
+vectorize (`vectorize_attention`): K tiles are read from a tile-packed copy of K^T, every op
+of the loop body is tiled to register tiles (contractions as outer products) and vectorized.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch_mlir import ir
+from torch_mlir.dialects import transform
+from torch_mlir.dialects.transform import structured
+
+import transform_ext
+from transform_ext.analysis.classify import reduction_combiner
+from transform_ext.analysis.structure import dim_positions, is_linalg_op, loop_structure
+from transform_ext.common import defining_op
+from transform_ext.drop_unused_results import drop_unused_results
+from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion
+from transform_ext.fold_scalar_or_splat_constant import fold_scalar_or_splat_constant
+from transform_ext.fuse_dependent_reduction_ops import fuse_dependent_reduction_ops
+from transform_ext.rewrite_attention_row_mask import rewrite_attention_row_mask
+from transform_ext.sink_normalization_past_contraction import sink_normalization_past_contraction
+
+from .common import canonicalize, clear_tags, match, match_id, run_passes, run_schedule, tag_ops
+from .generic import GenericParams, func_ops, largest_divisor_at_most, vectorize_generic
+
+
+class NotAttention(Exception):
+    """The payload is not attention this schedule takes; the message is the reason."""
+
+
+@dataclass(frozen=True)
+class AttentionParams:
+    """query_tile: query rows per scf.forall iteration; key_tile: keys per step of the fused
+    loop (a remainder tile is handled); threads: parallel tiles are balanced for this many
+    workers. Tiles larger than the sequence are clamped to it."""
+
+    query_tile: int = 64
+    key_tile: int = 64
+    threads: int = 2
+
+    def __post_init__(self):
+        for name in ("query_tile", "key_tile", "threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"AttentionParams.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class AttentionOps:
+    """The ops of one attention after normalization (payload ops)."""
+
+    scores: ir.Operation       # S = Q K^T
+    row_max: ir.Operation      # m
+    row_sum: ir.Operation      # l
+    values: ir.Operation       # E V
+    output: ir.Operation       # the op whose result is the attention output
+    query_dim: int             # loop dim of `output` running over query rows
+
+
+def _func(payload: ir.Module) -> ir.Operation:
+    funcs = list(func_ops(payload))
+    if len(funcs) != 1:
+        raise NotAttention(f"expected one function, found {len(funcs)}")
+    return funcs[0]
+
+
+def _block_ops(func: ir.Operation) -> list[ir.Operation]:
+    return [op.operation for op in func.regions[0].blocks[0].operations]
+
+
+def recognize(payload: ir.Module) -> bool:
+    """Cheap test: a max reduction, an exp and two contractions."""
+    text = str(payload)
+    return "arith.maximumf" in text and "math.exp" in text and (
+        text.count("linalg.batch_matmul") + text.count("linalg.matmul") >= 2
+        or text.count("reduction\"]") >= 3)
+
+
+def _normalize(payload: ir.Module) -> None:
+    transform_ext.load(payload.context)
+
+    def body(root):
+        f = match(root, "func.func")
+        f = drop_unused_results(f)
+        f = fold_scalar_or_splat_constant(f)
+        f = fold_reshape_ops_by_expansion(f)
+        canonicalize(f)
+
+    run_schedule(payload, body)
+    run_passes(payload, "linalg-fold-unit-extent-dims, canonicalize, cse")
+
+
+def find_attention(payload: ir.Module) -> AttentionOps:
+    """Locate S, m, l, P V and the output in a normalized payload (or say why not)."""
+    func = _func(payload)
+    ops = [op for op in _block_ops(func) if is_linalg_op(op)]
+    maxes = [op for op in ops if reduction_combiner(op) == "max"]
+    if len(maxes) != 1:
+        raise NotAttention(f"expected one row max (softmax), found {len(maxes)}")
+    row_max = maxes[0]
+    ls = loop_structure(row_max)
+    if len(ls.reduction_dims) != 1:
+        raise NotAttention("the row max must reduce one dim (the keys)")
+    scores = _producing_contraction(row_max.operands[0])
+    if scores is None:
+        raise NotAttention("the row max does not read a contraction (S = Q K^T)")
+    m = row_max.results[0]
+    dependent = [op for op in ops if op is not row_max and _reads(op, m)]
+    contractions = [op for op in ops if op is not scores and loop_structure(op).is_contraction]
+    values = [op for op in contractions if _depends_on(op, m)]
+    sums = [op for op in ops if reduction_combiner(op) == "add" and not
+            loop_structure(op).is_contraction and _depends_on(op, m)]
+    if len(values) != 1:
+        raise NotAttention(f"expected one P V contraction after the softmax, found {len(values)}")
+    if len(sums) != 1:
+        raise NotAttention(f"expected one row sum of the softmax, found {len(sums)}")
+    del dependent
+    output = _final_op(func)
+    # SDPA's output is [..., L, Ev]: the query rows are its second-to-last dim
+    out_dims = dim_positions(loop_structure(output).output_map(0))
+    if len(out_dims) < 2 or out_dims[-2] is None:
+        raise NotAttention("the output is not [..., queries, values]")
+    query_dim = out_dims[-2]
+    return AttentionOps(scores, row_max, sums[0], values[0], output, query_dim)
+
+
+def _producing_contraction(value: ir.Value):
+    op = defining_op(value)
+    while op is not None and is_linalg_op(op) and not loop_structure(op).is_contraction:
+        ls = loop_structure(op)
+        if ls.reduction_dims or not op.operands:
+            return None
+        op = defining_op(op.operands[0])
+    return op if op is not None and is_linalg_op(op) else None
+
+
+def _reads(op: ir.Operation, value: ir.Value) -> bool:
+    return any(v == value for v in op.operands)
+
+
+def _depends_on(op: ir.Operation, value: ir.Value, limit: int = 64) -> bool:
+    seen, pending = [], [op]
+    while pending and len(seen) < limit:
+        cur = pending.pop()
+        if cur in seen:
+            continue
+        seen.append(cur)
+        for v in cur.operands:
+            if v == value:
+                return True
+            p = defining_op(v)
+            if p is not None and p.block == op.block:
+                pending.append(p)
+    return False
+
+
+def _final_op(func: ir.Operation) -> ir.Operation:
+    """The linalg op whose result the function returns (through reshapes)."""
+    block_ops = _block_ops(func)
+    ret = block_ops[-1]
+    if len(ret.operands) != 1:
+        raise NotAttention(f"expected one result, the function returns {len(ret.operands)}")
+    op = defining_op(ret.operands[0])
+    while op is not None and op.name in ("tensor.expand_shape", "tensor.collapse_shape"):
+        op = defining_op(op.operands[0])
+    if op is None or not is_linalg_op(op):
+        raise NotAttention("the result is not computed by a linalg op")
+    return op
+
+
+def check(payload: ir.Module) -> str | None:
+    """None when this schedule applies to `payload`, else the one-line reason."""
+    trial = ir.Module.parse(str(payload), payload.context)
+    try:
+        with payload.context, ir.Location.unknown():
+            _normalize(trial)
+            _prepare_guard(trial)
+            find_attention(trial)
+    except NotAttention as exc:
+        return str(exc)
+    except Exception as exc:  # a transform refused the payload: its first line says why
+        return _first_line(exc)
+    return None
+
+
+def _first_line(exc: Exception) -> str:
+    for line in str(exc).splitlines():
+        if "Diagnostic message" in line:
+            return line.split("): ", 1)[-1][:200]
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+
+
+def _prepare_guard(payload: ir.Module) -> None:
+    """Steps 2 of the module docstring: sink 1/l past P V, guard read from the max."""
+    ops = find_attention(payload)
+    tag_ops([ops.values])
+    run_schedule(payload, lambda root: sink_normalization_past_contraction(match_id(root, 0)))
+    clear_tags(payload)
+    ops = find_attention(payload)
+    if _has_guard(ops):
+        tag_ops([ops.row_max, ops.values])
+        run_schedule(payload, lambda root: rewrite_attention_row_mask(match_id(root, 0),
+                                                                      match_id(root, 1)))
+        clear_tags(payload)
+    run_passes(payload, "canonicalize, cse")
+
+
+def _has_guard(ops: AttentionOps) -> bool:
+    """Does a select feed the P V contraction (SDPA's fully-masked-row guard)?"""
+    for v in ops.values.operands:
+        p = defining_op(v)
+        if p is not None and p.name == "linalg.generic" and "arith.select" in str(p):
+            return True
+    return False
+
+
+def fuse_attention(payload: ir.Module, params: AttentionParams = AttentionParams()) -> None:
+    _normalize(payload)
+    _prepare_guard(payload)
+    ops = find_attention(payload)
+    _tile_query_blocks(payload, ops, params)
+    _fuse_key_loop(payload, params)
+    run_passes(payload, "canonicalize, cse")
+
+
+def query_loop_dims(output: ir.Operation, query_dim: int) -> dict:
+    """Loop dims running over query rows, per op, propagated from the output to producers
+    through operand maps (top-down: a shared input cannot tie unrelated dims together)."""
+    found = {output: {query_dim}}
+    pending = [output]
+    while pending:
+        op = pending.pop()
+        ls = loop_structure(op)
+        for value, amap in zip(op.operands, ls.maps):
+            producer = defining_op(value)
+            if producer is None or not is_linalg_op(producer) or producer.block != op.block:
+                continue
+            positions = [p for p, d in enumerate(dim_positions(amap)) if d in found[op]]
+            if not positions:
+                continue
+            pls = loop_structure(producer)
+            index = list(producer.results).index(value) if value in list(producer.results) else 0
+            out_map = pls.output_map(index)
+            dims = {d for p, d in enumerate(dim_positions(out_map)) if p in positions and d is not None}
+            if dims - found.get(producer, set()):
+                found.setdefault(producer, set()).update(dims)
+                pending.append(producer)
+    return found
+
+
+def _tile_query_blocks(payload, ops: AttentionOps, params: AttentionParams) -> None:
+    func = _func(payload)
+    linalg_ops = [op for op in _block_ops(func) if is_linalg_op(op)]
+    query = query_loop_dims(ops.output, ops.query_dim)
+    out_ls = loop_structure(ops.output)
+    producers = [op for op in reversed(linalg_ops)
+                 if op is not ops.output and op in query and _depends_into(ops.output, op)]
+    extent = out_ls.ranges[ops.query_dim]
+    qt = largest_divisor_at_most(extent, params.query_tile)
+    sizes = [0] * out_ls.num_loops
+    for l in out_ls.parallel_dims:
+        if l < ops.query_dim:
+            sizes[l] = 1
+    sizes[ops.query_dim] = qt
+    tag_ops([ops.output] + producers)
+
+    def body(root):
+        tiled = structured.TileUsingForallOp(match_id(root, 0), tile_sizes=sizes)
+        for i in range(len(producers)):
+            structured.FuseIntoContainingOp(match_id(root, i + 1), tiled.forall_op)
+
+    run_schedule(payload, body)
+    clear_tags(payload)
+    run_passes(payload, "canonicalize, cse")
+
+
+def _depends_into(consumer: ir.Operation, producer: ir.Operation) -> bool:
+    """Does `consumer` (transitively, within the block) read `producer`'s results?"""
+    return any(_depends_on(consumer, r) for r in producer.results)
+
+
+def _forall_bodies(payload: ir.Module) -> list[list[ir.Operation]]:
+    bodies = []
+
+    def visit(op):
+        if op.name == "scf.forall":
+            bodies.append([o.operation for o in op.regions[0].blocks[0].operations])
+            return ir.WalkResult.SKIP
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return bodies
+
+
+def _fuse_key_loop(payload, params: AttentionParams) -> None:
+    for body_ops in _forall_bodies(payload):
+        ops = [op for op in body_ops if is_linalg_op(op)]
+        maxes = [op for op in ops if reduction_combiner(op) == "max"]
+        if len(maxes) != 1:
+            raise NotAttention("the query block does not hold exactly one row max")
+        row_max = maxes[0]
+        m = row_max.results[0]
+        scores = _producing_contraction(row_max.operands[0])
+        consumers = [op for op in ops if op is not row_max and _depends_on(op, m) and (
+            reduction_combiner(op) == "add" or loop_structure(op).is_contraction)]
+        tag_ops([row_max, scores] + consumers)
+        key_extent = loop_structure(row_max).ranges[loop_structure(row_max).reduction_dims[0]]
+        kt = min(params.key_tile, key_extent)
+
+        def body(root):
+            handles = [match_id(root, 2 + i) for i in range(len(consumers))]
+            cons = handles[0] if len(handles) == 1 else transform.merge_handles(handles)
+            fuse_dependent_reduction_ops(match_id(root, 0), cons, kt, producers=[match_id(root, 1)])
+
+        run_schedule(payload, body)
+        clear_tags(payload)
+
+
+def vectorize_attention(payload: ir.Module, params: GenericParams) -> None:
+    vectorize_generic(payload, params)

@@ -1,0 +1,151 @@
+"""The flash-attention schedule: numerics against torch for every case it must handle, and
+the IR it produces (one key loop per query block, stable correction, no S x S buffer)."""
+
+import re
+
+import pytest
+import torch
+
+from lighthouse.compile import compile_kernel
+from lighthouse.errors import ScheduleMismatch
+
+KERNEL = """
+import torch
+import torch.nn.functional as F
+LIGHTHOUSE = dict({config})
+class Model(torch.nn.Module):
+    def forward(self, {args}):
+        return F.scaled_dot_product_attention({call})
+def get_inputs():
+    torch.manual_seed(0)
+    return {inputs}
+def get_init_inputs():
+    return []
+"""
+
+
+def _kernel(kernel_file, call, inputs, args="q, k, v", config=""):
+    return kernel_file(KERNEL.format(call=call, inputs=inputs, args=args, config=config))
+
+
+def _check(compiled):
+    assert compiled.family.name == "attention", compiled.notes
+    reports = compiled.check()
+    for r in reports:
+        assert r.ok, str(r)
+    return compiled
+
+
+CASES = {
+    # name: (call, inputs, args)
+    "4d": ("q, k, v", "[torch.randn(2, 3, 70, 16) for _ in range(3)]", "q, k, v"),
+    "3d_collapsed_batch": ("q, k, v", "[torch.randn(3, 50, 16) for _ in range(3)]", "q, k, v"),
+    "2d": ("q, k, v", "[torch.randn(45, 32) for _ in range(3)]", "q, k, v"),
+    "explicit_scale": ("q, k, v, scale=0.3", "[torch.randn(1, 2, 40, 16) for _ in range(3)]", "q, k, v"),
+    "q_shorter_than_kv": ("q, k, v", "[torch.randn(1, 2, 30, 16), torch.randn(1, 2, 90, 16), "
+                          "torch.randn(1, 2, 90, 24)]", "q, k, v"),
+    "q_longer_than_kv": ("q, k, v", "[torch.randn(1, 2, 90, 16), torch.randn(1, 2, 33, 16), "
+                         "torch.randn(1, 2, 33, 16)]", "q, k, v"),
+    "causal": ("q, k, v, is_causal=True", "[torch.randn(1, 2, 70, 16) for _ in range(3)]", "q, k, v"),
+    "causal_rectangular": ("q, k, v, is_causal=True", "[torch.randn(1, 2, 30, 16), "
+                           "torch.randn(1, 2, 70, 16), torch.randn(1, 2, 70, 16)]", "q, k, v"),
+    "bool_mask_broadcast": ("q, k, v, attn_mask=m", "[torch.randn(2, 2, 40, 16), torch.randn(2, 2, 50, 16), "
+                            "torch.randn(2, 2, 50, 16), torch.rand(2, 1, 40, 50) > 0.3]", "q, k, v, m"),
+    "float_mask_broadcast": ("q, k, v, attn_mask=m", "[torch.randn(2, 2, 40, 16), torch.randn(2, 2, 50, 16), "
+                             "torch.randn(2, 2, 50, 16), torch.randn(40, 50) * 3]", "q, k, v, m"),
+    "fully_masked_rows": ("q, k, v, attn_mask=m", "[torch.randn(1, 2, 40, 16), torch.randn(1, 2, 50, 16), "
+                          "torch.randn(1, 2, 50, 16), (torch.arange(40)[:, None] < 33) & "
+                          "(torch.rand(40, 50) > 0.5)]", "q, k, v, m"),
+    "float_mask_with_inf_rows": ("q, k, v, attn_mask=m", "[torch.randn(1, 1, 20, 8), torch.randn(1, 1, 40, 8), "
+                                 "torch.randn(1, 1, 40, 8), torch.where(torch.arange(20)[:, None] % 5 == 0, "
+                                 "float('-inf'), torch.zeros(20, 40))]", "q, k, v, m"),
+    "f16": ("q, k, v", "[torch.randn(1, 2, 40, 16).half() for _ in range(3)]", "q, k, v"),
+    "bf16": ("q, k, v", "[torch.randn(1, 2, 40, 16).bfloat16() for _ in range(3)]", "q, k, v"),
+    "bf16_causal": ("q, k, v, is_causal=True", "[torch.randn(1, 2, 40, 16).bfloat16() for _ in range(3)]",
+                    "q, k, v"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_matches_torch(kernel_file, name):
+    call, inputs, args = CASES[name]
+    compiled = _check(compile_kernel(_kernel(kernel_file, call, inputs, args,
+                                             config="query_tile=16, key_tile=16")))
+    out = compiled.run()[0]
+    assert not torch.isnan(out).any()
+    if name == "fully_masked_rows":
+        assert torch.equal(out[:, :, 33:], torch.zeros_like(out[:, :, 33:]))  # torch gives 0 there
+
+
+def test_tiles_that_do_not_divide_the_sequences(kernel_file):
+    path = _kernel(kernel_file, "q, k, v", "[torch.randn(1, 2, 37, 16), torch.randn(1, 2, 101, 16), "
+                   "torch.randn(1, 2, 101, 16)]", config="query_tile=64, key_tile=24")
+    _check(compile_kernel(path))
+
+
+@pytest.fixture
+def fused_ir(kernel_file):
+    path = _kernel(kernel_file, "q, k, v, attn_mask=m", "[torch.randn(1, 2, 64, 16), torch.randn(1, 2, 96, 16), "
+                   "torch.randn(1, 2, 96, 16), torch.rand(64, 96) > 0.2]", args="q, k, v, m",
+                   config="query_tile=16, key_tile=32")
+    fused = str(compile_kernel(path, stop_after="fuse").module)
+    bufferized = str(compile_kernel(path, stop_after="bufferize").module)
+    return fused, bufferized
+
+
+def test_one_key_loop_per_query_block_with_the_stable_correction(fused_ir):
+    from tests.transform_ext.helpers import check
+
+    fused, _ = fused_ir
+    check(fused, """
+        CHECK: scf.forall
+        CHECK:   scf.for %[[J:.*]] = %{{.*}} to %{{.*}} step %{{.*}} iter_args
+        CHECK:     tensor.extract_slice {{.*}}[0, 0, %[[J]]] [1, 16, 32]
+        CHECK:     arith.maximumf
+        CHECK:     math.exp
+        CHECK:     scf.yield
+        CHECK-NOT: scf.for
+        CHECK:   arith.divf
+        CHECK:   scf.forall.in_parallel
+    """)
+    # the correction factor, in the stable form: m_old == -inf ? 0 : exp(m_old - m_new)
+    stable = re.compile(r"\^bb0\(%(\w+): f32, %(\w+): f32, %\w+: f32\):\s*"
+                        r"%(\w+) = arith\.cmpf oeq, %\1, %\w+ : f32\s*"
+                        r"%(\w+) = arith\.subf %\1, %\2 : f32\s*"
+                        r"%(\w+) = math\.exp %\4 : f32\s*"
+                        r"%\w+ = arith\.select %\3, %\w+, %\5 : f32")
+    loop = fused.split("scf.for ", 1)[1].split("scf.yield", 1)[0]
+    assert len(stable.findall(loop)) >= 1, "the correction of the sum and of P V (CSE may share it)"
+    assert "arith.divf" not in loop, "no exp(-m_new) / exp(-m_old) form"
+    forall = fused.split("scf.forall", 1)[1]
+    assert forall.count("scf.for ") == 1, "exactly one loop over key tiles per query block"
+    assert "arith.andi" not in fused, "the masked-row AND-reduction is gone"
+
+
+def test_no_sq_by_skv_buffer_after_bufferization(fused_ir):
+    _, bufferized = fused_ir
+    allocs = re.findall(r"memref\.alloc\(\)[^:]*: memref<([0-9x]+)x\w+>", bufferized)
+    for shape in allocs:
+        dims = [int(d) for d in shape.split("x")]
+        assert not (64 in dims and 96 in dims), f"an S_q x S_kv buffer: {shape}"
+
+
+def test_gqa_falls_back_with_a_note_and_strict_refuses(kernel_file):
+    path = _kernel(kernel_file, "q, k, v, enable_gqa=True",
+                   "[torch.randn(1, 4, 20, 8), torch.randn(1, 2, 20, 8), torch.randn(1, 2, 20, 8)]")
+    compiled = compile_kernel(path)
+    if compiled.family.name == "attention":  # GQA handled by the schedule
+        _check(compiled)
+        return
+    assert compiled.family.name == "generic"
+    assert compiled.notes and compiled.notes[0].startswith("the attention schedule does not apply (")
+    assert all(r.ok for r in compiled.check())
+    with pytest.raises(ScheduleMismatch, match="attention schedule does not apply"):
+        compile_kernel(path, strict=True)
+
+
+def test_attention_is_chosen_for_the_example():
+    from tests.conftest import EXAMPLES
+
+    compiled = compile_kernel(EXAMPLES / "attention.py", overrides={"B": 1, "H": 2, "S": 48, "D": 16})
+    _check(compiled)
