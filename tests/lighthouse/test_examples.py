@@ -44,3 +44,20 @@ def test_examples_default_sizes_are_module_globals():
     assert k.inputs[0].shape == (2, 3, 5, 4)
     k = load_kernel(EXAMPLES / "cross_entropy.py", {"N": 6, "C": 7})
     assert k.inputs[0].shape == (6, 7) and k.inputs[1].shape == (6,)
+
+
+def test_bf16_parameters_are_frozen_and_match(kernel_file):
+    path = kernel_file("""
+        import torch
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = torch.nn.Linear(32, 48).bfloat16()
+            def forward(self, x):
+                return torch.nn.functional.gelu(self.fc(x))
+        def get_inputs():
+            return [torch.randn(8, 32).bfloat16()]
+        def get_init_inputs():
+            return []
+    """)
+    _assert_matches(compile_kernel(path))
