@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 from torch_mlir import ir
 from torch_mlir.dialects import transform
 from torch_mlir.dialects.transform import structured
+from torch_mlir.dialects.transform import tensor as ttensor
 from torch_mlir.dialects.transform import vector as tvec
 
 from transform_ext.analysis.structure import dim_positions, is_linalg_op, loop_structure
@@ -96,34 +97,38 @@ class MatmulParams:
 
     @staticmethod
     def for_shape(batch: int, m: int, n: int, k: int, *, threads: int = 2, lanes: int = 16,
-                  registers: int = 32) -> "MatmulParams":
+                  registers: int = 32, max_tile: int = 512, max_tile_k: int = 256) -> "MatmulParams":
         """Parameters for C[batch, m, n] += A[batch, m, k] B[batch, k, n] (f32 accumulator,
-        `lanes` f32 per vector register, `registers` vector registers)."""
+        `lanes` f32 per vector register, `registers` vector registers).
+
+        k blocks of at most max_tile_k (a max_tile_k x NR micro-panel of B stays in L1);
+        output tiles of at most max_tile x max_tile (the accumulator tile stays in L2), both
+        split evenly; then tiles are split further until every thread gets the same number
+        of tiles (or there are plenty), along N when that repacks less than along M."""
         nr = 2 * lanes
         mr = 8 if registers >= 32 else 4
         pack = m >= mr and n >= lanes
-        tile_k = min(k, 256)
-        pack_k = 16 if tile_k >= 16 else tile_k
-        mt = _round_up(m, mr)
-        nt = _round_up(n, nr)
-        # Split the output among the threads where it costs the least repacking: along N
-        # each thread packs all of A and its share of B, along M all of B and its A rows.
-        workers = max(1, threads // batch) if batch < threads else 1
-        while workers > 1:
-            by_n = _round_up(-(-nt // workers), nr)
-            by_m = _round_up(-(-mt // workers), mr)
-            if nt // nr >= workers and (mt // mr < workers or m * k + k * by_n <= by_m * k + k * n):
-                nt = by_n
-            elif mt // mr >= workers:
-                mt = by_m
+        tile_k = -(-k // -(-k // max_tile_k))
+        counts = [-(-m // max_tile), -(-n // max_tile)]
+
+        def tiles(cm, cn):
+            return _round_up(-(-m // cm), mr), _round_up(-(-n // cn), nr)
+
+        for _ in range(16):
+            mt, nt = tiles(*counts)
+            total = batch * -(-m // mt) * -(-n // nt)
+            if total % threads == 0 or total >= 4 * threads:
+                break
+            # Another column of tiles repacks A once more (m k), another row B (k n).
+            if nt > nr and (m <= n or mt <= mr):
+                counts[1] += 1
+            elif mt > mr:
+                counts[0] += 1
             else:
                 break
-            workers = 1
-        mt = min(mt, 1024)
-        nt = min(nt, 1024)
-        block_m = min(mt, 64)
+        mt, nt = tiles(*counts)
         return MatmulParams(register=(mr, nr), tile_m=mt, tile_n=nt, tile_k=tile_k,
-                            block_m=block_m, pack_k=pack_k, pack=pack, threads=threads)
+                            block_m=min(mt, 64), pack_k=min(16, tile_k), pack=pack, threads=threads)
 
 
 def _round_up(x: int, unit: int) -> int:
@@ -284,8 +289,8 @@ def _run(payload: ir.Module, body) -> None:
         run_schedule(payload, body)
 
 
-def _tile(handle, sizes):
-    t = structured.TileUsingForOp(handle, sizes=sizes)
+def _tile(handle, sizes, interchange=None):
+    t = structured.TileUsingForOp(handle, sizes=sizes, interchange=interchange)
     return t.tiled_linalg_op, list(t.loops)
 
 
@@ -437,19 +442,23 @@ def _schedule_packed(payload: ir.Module, c: Contraction, params: MatmulParams) -
         forall = fuse_packs("ba", forall)
         # k blocks: B's panel per block, A's panel per block of rows. (Tiling a dim by its
         # full extent makes no loop; the packs then stay where they are.)
+        block_loops = []
         if k_blocks:
             kernel_h, (lk,) = _tile(kernel_h, _sizes(rank, k=(dims["k"], kb)))
-            fuse_packs("ba", lk)
+            block_loops.insert(0, fuse_packs("ba", lk))
         if m_blocks:
             kernel_h, (lm,) = _tile(kernel_h, _sizes(rank, m1=(dims["m1"], params.block_m // mr)))
-            fuse_packs("a", lm)
+            block_loops.insert(0, fuse_packs("a", lm))
         # Register tiles: n1 outer (B's micro-panel stays in L1 across the rows), m1, then k.
         kernel_h, _ = _tile(kernel_h, _sizes(rank, n1=(dims["n1"], 1)))
         kernel_h, _ = _tile(kernel_h, _sizes(rank, m1=(dims["m1"], 1)))
         kernel_h, _ = _tile(kernel_h, _sizes(rank, k=(dims["k"], 1)))
-        for pack in packs.values():
-            if pack is not None:
-                _tile(pack, [1] * nb + [1, params.pack_k])
+        # Pack slices of pack_k rows: A's walk along its rows (k inner); B's walk along
+        # B's rows too (k outer, panels inner), not down its columns (a page per row).
+        if packs["a"] is not None:
+            _tile(packs["a"], [1] * nb + [1, params.pack_k])
+        if packs["b"] is not None:
+            _tile(packs["b"], [1] * nb + [1, params.pack_k], interchange=list(range(nb)) + [nb + 1, nb])
         if init_h is not None:
             _tile(init_h, [1] * nb + [1, 1] + ([0, 0] if init_is_fill else []))
         if epilogue is not None:
@@ -458,7 +467,13 @@ def _schedule_packed(payload: ir.Module, c: Contraction, params: MatmulParams) -
                 _fuse_into(unpack_h, loops[-1])
         else:
             _tile(tiled_root, [1] * nb + [mr, nr])
-        canonicalize(match(root, "func.func"))
+        # One buffer per panel, reused by every block: the packs' destinations become
+        # block-sized tensor.empty ops hoisted out of the block loops.
+        func = match(root, "func.func")
+        apply_patterns(func, ttensor.ApplyFoldTensorEmptyPatternsOp)
+        for loop in block_loops:
+            transform.ApplyLoopInvariantCodeMotionOp(loop)
+        canonicalize(func)
 
     _run(payload, body)
     clear_tags(payload)
