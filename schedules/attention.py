@@ -236,14 +236,18 @@ def fuse_attention(payload: ir.Module, params: AttentionParams = AttentionParams
     _normalize(payload)
     _prepare_guard(payload)
     ops = find_attention(payload)
-    _tile_query_blocks(payload, ops, params)
+    delta = causal_offset(payload, ops)
+    query_tile, query_iv = _tile_query_blocks(payload, ops, params)
     _fuse_key_loop(payload, params)
+    if delta is not None:
+        bound_key_loops(payload, delta, query_tile, query_iv)
     run_passes(payload, "canonicalize, cse")
 
 
-def query_loop_dims(output: ir.Operation, query_dim: int) -> dict:
-    """Loop dims running over query rows, per op, propagated from the output to producers
-    through operand maps (top-down: a shared input cannot tie unrelated dims together)."""
+def propagate_loop_dim(output: ir.Operation, query_dim: int) -> dict:
+    """Loop dims running with `output`'s loop dim `query_dim`, per op, propagated to its
+    producers through operand maps (top-down, so a shared input such as one iota read as
+    both the query and the key index cannot tie unrelated dims together)."""
     found = {output: {query_dim}}
     pending = [output]
     while pending:
@@ -269,7 +273,7 @@ def query_loop_dims(output: ir.Operation, query_dim: int) -> dict:
 def _tile_query_blocks(payload, ops: AttentionOps, params: AttentionParams) -> None:
     func = _func(payload)
     linalg_ops = [op for op in _block_ops(func) if is_linalg_op(op)]
-    query = query_loop_dims(ops.output, ops.query_dim)
+    query = propagate_loop_dim(ops.output, ops.query_dim)
     out_ls = loop_structure(ops.output)
     producers = [op for op in reversed(linalg_ops)
                  if op is not ops.output and op in query and _depends_into(ops.output, op)]
@@ -290,6 +294,99 @@ def _tile_query_blocks(payload, ops: AttentionOps, params: AttentionParams) -> N
     run_schedule(payload, body)
     clear_tags(payload)
     run_passes(payload, "canonicalize, cse")
+    # forall IVs exist for the dims split into several tiles (canonicalization drops the rest)
+    multi = [l for l, size in enumerate(sizes) if size and out_ls.ranges[l] > size]
+    return qt, (multi.index(ops.query_dim) if ops.query_dim in multi else None)
+
+
+def bound_key_loops(payload: ir.Module, delta: int, query_tile: int, query_iv: int | None) -> None:
+    """Causal tile skipping: in the query block of rows [i0, i0 + query_tile), every score
+    with key j > i0 + query_tile - 1 + delta is masked, so the key loop (tiles [j0, j0 + T))
+    stops at j0 < i0 + query_tile + delta: those tiles are not computed at all. The bound is
+    min(full tiles, max(0, i0 + query_tile + delta)); a remainder tile after the loop still
+    runs (its masked keys contribute exactly 0)."""
+    from torch_mlir.dialects import arith
+
+    idx = ir.IndexType.get()
+
+    def const(v):
+        return arith.ConstantOp(idx, ir.IntegerAttr.get(idx, v)).result
+
+    for forall in _foralls(payload):
+        body = forall.regions[0].blocks[0]
+        loops = [o.operation for o in body.operations if o.operation.name == "scf.for"]
+        if len(loops) != 1:
+            raise NotAttention("a query block does not hold exactly one key loop")
+        loop = loops[0]
+        with ir.InsertionPoint(loop), loop.location:
+            if query_iv is None:  # a single query block: rows start at 0
+                i0 = const(0)
+            else:
+                i0 = arith.muli(body.arguments[query_iv], const(query_tile))
+            bound = arith.maxsi(arith.addi(i0, const(query_tile + delta)), const(0))
+            full = loop.operands[1]
+            loop.operands[1] = arith.minsi(bound, full)
+            _split_unmasked_tiles(loop, i0, delta)
+
+
+def _split_unmasked_tiles(loop: ir.Operation, i0: ir.Value, delta: int) -> None:
+    """Below the diagonal band every key of a tile is allowed for every row of the block
+    (j0 + T - 1 <= i0 + delta): a first copy of the key loop runs those tiles without
+    computing the mask; the original loop continues from where it stopped."""
+    from torch_mlir.dialects import arith
+
+    idx = ir.IndexType.get()
+    lb, ub, step = loop.operands[0], loop.operands[1], loop.operands[2]
+    tile = ir.IntegerAttr(defining_op(step).attributes["value"]).value
+
+    def const(v):
+        return arith.ConstantOp(idx, ir.IntegerAttr.get(idx, v)).result
+
+    # tiles j0 < i0 + delta - T + 2 are unmasked; the masked loop starts at the next multiple
+    split = arith.maxsi(arith.addi(i0, const(delta - tile + 2)), const(0))
+    split = arith.muli(arith.ceildivsi(split, step), step)
+    split = arith.minsi(split, ub)
+    unmasked = loop.clone()
+    unmasked.operands[1] = split
+    n_iter = len(loop.results)
+    for k in range(n_iter):
+        loop.operands[3 + k] = unmasked.results[k]
+    loop.operands[0] = split
+    del lb
+    _drop_mask(unmasked)
+
+
+def _drop_mask(loop: ir.Operation) -> None:
+    """In `loop`'s body, scores + mask (mask computed from indices) becomes the scores."""
+    body = loop.regions[0].blocks[0]
+    for op in list(body.operations):
+        op = op.operation
+        if op.name != "linalg.generic" or len(op.results) != 1:
+            continue
+        inner = op.regions[0].blocks[0]
+        added = defining_op(inner.operations[len(inner.operations) - 1].operands[0])
+        if added is None or added.name != "arith.addf":
+            continue
+        n_in = loop_structure(op).num_inputs
+        masks = [i for i in range(n_in) if defining_op(op.operands[i]) is not None
+                 and _is_index_computation(defining_op(op.operands[i]))]
+        others = [i for i in range(n_in) if i not in masks]
+        if len(masks) == 1 and len(others) == 1 and \
+                loop_structure(op).maps[others[0]] == loop_structure(op).output_map(0):
+            op.results[0].replace_all_uses_with(op.operands[others[0]])
+
+
+def _foralls(payload: ir.Module) -> list[ir.Operation]:
+    found = []
+
+    def visit(op):
+        if op.name == "scf.forall":
+            found.append(op)
+            return ir.WalkResult.SKIP
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return found
 
 
 def _depends_into(consumer: ir.Operation, producer: ir.Operation) -> bool:
@@ -321,18 +418,194 @@ def _fuse_key_loop(payload, params: AttentionParams) -> None:
         scores = _producing_contraction(row_max.operands[0])
         consumers = [op for op in ops if op is not row_max and _depends_on(op, m) and (
             reduction_combiner(op) == "add" or loop_structure(op).is_contraction)]
-        tag_ops([row_max, scores] + consumers)
-        key_extent = loop_structure(row_max).ranges[loop_structure(row_max).reduction_dims[0]]
+        key_dim = loop_structure(row_max).reduction_dims[0]
+        along_keys = propagate_loop_dim(row_max, key_dim)
+        # S, and the ops computing a mask from indices (the causal mask): per key tile
+        producers = [scores] + [op for op in ops if op in along_keys and op is not scores
+                                and op is not row_max and _is_index_computation(op)]
+        tag_ops([row_max] + producers + consumers)
+        key_extent = loop_structure(row_max).ranges[key_dim]
         kt = min(params.key_tile, key_extent)
+        n_prod = len(producers)
 
         def body(root):
-            handles = [match_id(root, 2 + i) for i in range(len(consumers))]
+            handles = [match_id(root, 1 + n_prod + i) for i in range(len(consumers))]
             cons = handles[0] if len(handles) == 1 else transform.merge_handles(handles)
-            fuse_dependent_reduction_ops(match_id(root, 0), cons, kt, producers=[match_id(root, 1)])
+            fuse_dependent_reduction_ops(match_id(root, 0), cons, kt,
+                                         producers=[match_id(root, 1 + i) for i in range(n_prod)])
 
         run_schedule(payload, body)
         clear_tags(payload)
 
 
+def _is_index_computation(op: ir.Operation) -> bool:
+    """An elementwise op whose value derives from loop indices and constants only (iotas and
+    the comparisons, selects and casts of a mask computed from them)."""
+    if not (is_linalg_op(op) and len(op.results) == 1 and loop_structure(op).is_elementwise):
+        return False
+    for v in list(op.operands)[: loop_structure(op).num_inputs]:
+        p = defining_op(v)
+        if p is None or not _is_index_computation(p):
+            return False
+    return True
+
+
 def vectorize_attention(payload: ir.Module, params: GenericParams) -> None:
     vectorize_generic(payload, params)
+
+
+# --------------------------------------------------------------------------- causal masks
+
+
+@dataclass(frozen=True)
+class _Lin:
+    """a linear form sum_d coef[d] * loop_d + const over a generic's loop dims."""
+
+    coef: tuple = ()
+    const: int = 0
+
+    def add(self, other: "_Lin", sign: int = 1) -> "_Lin":
+        coef = dict(self.coef)
+        for d, c in other.coef:
+            coef[d] = coef.get(d, 0) + sign * c
+        return _Lin(tuple(sorted((d, c) for d, c in coef.items() if c)), self.const + sign * other.const)
+
+    def scale(self, k: int) -> "_Lin":
+        return _Lin(tuple((d, c * k) for d, c in self.coef if c * k), self.const * k)
+
+
+class _NotLinear(Exception):
+    pass
+
+
+_CMP = {"sle": "le", "slt": "lt", "sge": "ge", "sgt": "gt", "ule": "le", "ult": "lt",
+        "uge": "ge", "ugt": "gt"}
+
+
+def _int_const(value) -> int | None:
+    op = defining_op(value)
+    if op is not None and op.name == "arith.constant" and isinstance(op.attributes["value"], ir.IntegerAttr):
+        return ir.IntegerAttr(op.attributes["value"]).value
+    return None
+
+
+def _form(value, op: ir.Operation):
+    """The symbolic value of a scalar in `op`'s body: _Lin, ("pred", kind, _Lin) meaning
+    lin <kind> 0, ("mask", pred) for select(pred, 0, -inf), ("bool", True), or a float."""
+    if isinstance(value, ir.BlockArgument) and value.owner.owner == op:
+        return _operand_form(op, value.arg_number)
+    p = defining_op(value)
+    if p is None:
+        raise _NotLinear("value from outside the body")
+    name = p.name
+    if name == "linalg.index":
+        return _Lin(((ir.IntegerAttr(p.attributes["dim"]).value, 1),), 0)
+    if name == "arith.constant":
+        attr = p.attributes["value"]
+        if isinstance(attr, ir.IntegerAttr):
+            return ("bool", bool(attr.value)) if str(attr.type) == "i1" else _Lin((), attr.value)
+        if isinstance(attr, ir.FloatAttr):
+            return attr.value
+        raise _NotLinear(str(attr))
+    args = [_form(v, op) for v in p.operands]
+    if name in ("arith.index_cast", "arith.extsi", "arith.extui", "arith.trunci", "arith.index_castui"):
+        return args[0]
+    if name in ("arith.addi", "arith.subi") and all(isinstance(a, _Lin) for a in args):
+        return args[0].add(args[1], 1 if name == "arith.addi" else -1)
+    if name == "arith.muli" and all(isinstance(a, _Lin) for a in args):
+        a, b = args
+        if not a.coef:
+            return b.scale(a.const)
+        if not b.coef:
+            return a.scale(b.const)
+    if name == "arith.cmpi" and all(isinstance(a, _Lin) for a in args):
+        pred_name = {2: "slt", 3: "sle", 4: "sgt", 5: "sge", 6: "ult", 7: "ule", 8: "ugt", 9: "uge"}.get(
+            ir.IntegerAttr(p.attributes["predicate"]).value)
+        kind = _CMP.get(pred_name)
+        if kind is None:
+            raise _NotLinear("cmpi predicate")
+        return ("pred", kind, args[0].add(args[1], -1))
+    if name == "arith.andi" and len(args) == 2:
+        a, b = args
+        if a == ("bool", True):
+            return b
+        if b == ("bool", True):
+            return a
+    if name == "arith.select":
+        c, x, y = args
+        if isinstance(c, tuple) and c[0] == "pred" and x == 0.0 and y == float("-inf"):
+            return ("mask", c)
+    raise _NotLinear(name)
+
+
+def _operand_form(op: ir.Operation, index: int):
+    """The form of `op`'s operand `index`, in `op`'s loop dims."""
+    value = op.operands[index]
+    producer = defining_op(value)
+    amap = loop_structure(op).maps[index]
+    if producer is None or not is_linalg_op(producer) or not loop_structure(producer).is_elementwise:
+        raise _NotLinear("not computed from indices")
+    body = producer.regions[0].blocks[0]
+    inner = _form(body.operations[len(body.operations) - 1].operands[0], producer)
+    # producer loop dim p is the consumer's loop dim at position p of the operand map
+    out_positions = dim_positions(loop_structure(producer).output_map(0))
+    outer = dim_positions(amap)
+    rename = {pd: outer[pos] for pos, pd in enumerate(out_positions)}
+
+    def relabel(lin: _Lin) -> _Lin:
+        if any(rename.get(d) is None for d, _ in lin.coef):
+            raise _NotLinear("composite map")
+        return _Lin(tuple(sorted((rename[d], c) for d, c in lin.coef)), lin.const)
+
+    if isinstance(inner, _Lin):
+        return relabel(inner)
+    if isinstance(inner, tuple) and inner[0] == "pred":
+        return ("pred", inner[1], relabel(inner[2]))
+    if isinstance(inner, tuple) and inner[0] == "mask":
+        return ("mask", ("pred", inner[1][1], relabel(inner[1][2])))
+    return inner
+
+
+def causal_offset(payload: ir.Module, ops: AttentionOps) -> int | None:
+    """delta such that every masked-in score has key <= query + delta (a causal mask, with
+    torch's is_causal delta = 0), read from the index computation added to the scores;
+    None when the scores carry no such mask."""
+    row_max = ops.row_max
+    producer = defining_op(row_max.operands[0])
+    if producer is None or producer is ops.scores or not is_linalg_op(producer):
+        return None
+    ls = loop_structure(producer)
+    if not ls.is_elementwise or ls.num_inputs != 2:
+        return None
+    body = producer.regions[0].blocks[0]
+    added = defining_op(body.operations[len(body.operations) - 1].operands[0])
+    if added is None or added.name != "arith.addf" or not all(
+            isinstance(v, ir.BlockArgument) for v in added.operands):
+        return None
+    # scores are [..., queries, keys]: the key is the reduced dim, the query the one before
+    r_in = dim_positions(loop_structure(row_max).maps[0])
+    key_pos = r_in.index(loop_structure(row_max).reduction_dims[0])
+    out = dim_positions(ls.output_map(0))
+    if key_pos == 0 or key_pos >= len(out):
+        return None
+    key_loop, query_loop = out[key_pos], out[key_pos - 1]
+    for i in range(ls.num_inputs):
+        try:
+            form = _operand_form(producer, i)
+        except _NotLinear:
+            continue
+        if not (isinstance(form, tuple) and form[0] == "mask"):
+            continue
+        _, (_, kind, lin) = form
+        coef = dict(lin.coef)
+        if set(coef) - {key_loop, query_loop}:
+            return None
+        a, b, c = coef.get(query_loop, 0), coef.get(key_loop, 0), lin.const
+        # allowed iff a*i + b*j + c <kind> 0; accept the causal family j - i + c <= 0
+        if kind in ("ge", "gt"):
+            a, b, c = -a, -b, -c
+            kind = "le" if kind == "ge" else "lt"
+        if (a, b) != (-1, 1):
+            return None
+        return -c if kind == "le" else -c - 1
+    return None

@@ -553,14 +553,19 @@ _PURE_INITS = ("tensor.empty", "linalg.fill", "tensor.extract_slice", "arith.con
 def _erase_dead_inits(ops, rewriter) -> None:
     """Erase the tensor.empty / fill / slice / constant producers of the fused ops' operands
     that nothing reads anymore (the full-size score init, for one)."""
-    pending = list(ops)
+    pending = []
+    for op in ops:
+        if op not in pending:
+            pending.append(op)
+    erased: list = []
     while pending:
         op = pending.pop()
-        if op.name not in _PURE_INITS or any(list(r.uses) for r in op.results):
+        if op in erased or op.name not in _PURE_INITS or any(list(r.uses) for r in op.results):
             continue
         operands = [defining_op(v) for v in op.operands]
         rewriter.erase_op(op)
-        pending.extend(p for p in operands if p is not None)
+        erased.append(op)
+        pending.extend(p for p in operands if p is not None and p not in erased and p not in pending)
 
 
 def _sink_users(block, loop: ir.Operation, replaced_ops, finals) -> None:

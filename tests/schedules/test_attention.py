@@ -149,3 +149,29 @@ def test_attention_is_chosen_for_the_example():
 
     compiled = compile_kernel(EXAMPLES / "attention.py", overrides={"B": 1, "H": 2, "S": 48, "D": 16})
     _check(compiled)
+
+
+def test_causal_key_tiles_above_the_diagonal_are_skipped(kernel_file):
+    from tests.transform_ext.helpers import check
+
+    path = _kernel(kernel_file, "q, k, v, is_causal=True", "[torch.randn(1, 2, 64, 16) for _ in range(3)]",
+                   config="query_tile=16, key_tile=16")
+    compiled = compile_kernel(path, stop_after="fuse")
+    fused = str(compiled.module)
+    # rows [16 i, 16 i + 16) only need key tiles j0 < 16 i + 16: the loop bound says so, and the
+    # tiles wholly below the diagonal run in a first loop without the mask
+    check(fused, """
+        CHECK: scf.forall (%{{.*}}, %[[QB:.*]]) in
+        CHECK:   %[[I0:.*]] = arith.muli %[[QB]], %c16 : index
+        CHECK:   %[[B:.*]] = arith.addi %[[I0]], %c16 : index
+        CHECK:   %[[B0:.*]] = arith.maxsi %[[B]], %c0 : index
+        CHECK:   %[[UB:.*]] = arith.minsi %[[B0]], %c64 : index
+        CHECK:   %[[SPLIT:.*]] = arith.minsi %{{.*}}, %[[UB]] : index
+        CHECK:   %[[A:.*]]:3 = scf.for %{{.*}} = %c0 to %[[SPLIT]] step %c16
+        CHECK-NOT: arith.cmpi
+        CHECK:   scf.yield
+        CHECK:   scf.for %{{.*}} = %[[SPLIT]] to %[[UB]] step %c16 iter_args(%{{.*}} = %[[A]]#0
+        CHECK:     arith.cmpi sle
+        CHECK:   scf.yield
+    """)
+    _check(compile_kernel(path))
