@@ -36,6 +36,7 @@ from transform_ext.drop_unused_results import drop_unused_results
 from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion
 from transform_ext.fold_scalar_or_splat_constant import fold_scalar_or_splat_constant
 from transform_ext.fuse_dependent_reduction_ops import fuse_dependent_reduction_ops
+from transform_ext.fuse_elementwise_producers import fuse_elementwise_producers
 from transform_ext.rewrite_attention_row_mask import rewrite_attention_row_mask
 from transform_ext.sink_normalization_past_contraction import sink_normalization_past_contraction
 
@@ -239,6 +240,8 @@ def fuse_attention(payload: ir.Module, params: AttentionParams = AttentionParams
     delta = causal_offset(payload, ops)
     query_tile, query_iv = _tile_query_blocks(payload, ops, params)
     _fuse_key_loop(payload, params)
+    # s - m and exp become one pass over each tile (single-use producers, no recomputation)
+    run_schedule(payload, lambda root: fuse_elementwise_producers(match(root, "func.func")))
     if delta is not None:
         bound_key_loops(payload, delta, query_tile, query_iv)
     run_passes(payload, "canonicalize, cse")
@@ -450,8 +453,35 @@ def _is_index_computation(op: ir.Operation) -> bool:
     return True
 
 
-def vectorize_attention(payload: ir.Module, params: GenericParams) -> None:
+def vectorize_attention(payload: ir.Module, params: GenericParams, unroll: int = 4) -> None:
     vectorize_generic(payload, params)
+    _unroll_register_loops(payload, unroll)
+
+
+def _unroll_register_loops(payload: ir.Module, factor: int) -> None:
+    """Unroll the k loops of register tiles (scf.for carrying only vectors, holding a
+    vector.contract) so the outer products of consecutive k overlap."""
+    if factor <= 1:
+        return
+    from torch_mlir.dialects.transform import loop as tloop
+
+    loops = []
+
+    def visit(op):
+        if op.name == "scf.for" and len(op.results) and all(
+                isinstance(r.type, ir.VectorType) for r in op.results):
+            body = op.regions[0].blocks[0]
+            if any(o.operation.name == "vector.contract" for o in body.operations):
+                loops.append(op)
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit)
+    if not loops:
+        return
+    tag_ops(loops)
+    run_schedule(payload, lambda root: [tloop.LoopUnrollOp(match_id(root, i), factor=factor)
+                                        for i in range(len(loops))])
+    clear_tags(payload)
 
 
 # --------------------------------------------------------------------------- causal masks

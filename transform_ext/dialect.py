@@ -23,6 +23,7 @@ OP_MODULES: list[str] = [
     "walk_producers",
     "fuse_dependent_reduction_ops",
     "rewrite_attention_row_mask",
+    "fuse_elementwise_producers",
 ]
 
 

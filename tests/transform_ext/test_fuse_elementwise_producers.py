@@ -1,0 +1,89 @@
+"""fuse_elementwise_producers: single-use, non-broadcast elementwise producers merge into
+elementwise consumers; multi-use producers and reductions stay apart."""
+
+import torch
+
+from schedules.common import match
+from transform_ext.fuse_elementwise_producers import fuse_elementwise_producers
+from tests.transform_ext.helpers import apply, check, parse
+from tests.transform_ext.numeric import run_module
+
+CHAIN = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#t = affine_map<(d0, d1) -> (d1, d0)>
+#row = affine_map<(d0, d1) -> (d0)>
+func.func @main(%x: tensor<8x16xf32>, %m: tensor<8xf32>) -> (tensor<8x16xf32>, tensor<16x8xf32>, tensor<8xf32>) {
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<8x16xf32>
+  %et = tensor.empty() : tensor<16x8xf32>
+  %sub = linalg.generic {indexing_maps = [#id, #row, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%x, %m : tensor<8x16xf32>, tensor<8xf32>) outs(%e : tensor<8x16xf32>) {
+  ^bb0(%a: f32, %b: f32, %o: f32):
+    %r = arith.subf %a, %b : f32
+    linalg.yield %r : f32
+  } -> tensor<8x16xf32>
+  %exp = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%sub : tensor<8x16xf32>) outs(%e : tensor<8x16xf32>) {
+  ^bb0(%a: f32, %o: f32):
+    %r = math.exp %a : f32
+    linalg.yield %r : f32
+  } -> tensor<8x16xf32>
+  %neg = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%x : tensor<8x16xf32>) outs(%e : tensor<8x16xf32>) {
+  ^bb0(%a: f32, %o: f32):
+    %r = arith.negf %a : f32
+    linalg.yield %r : f32
+  } -> tensor<8x16xf32>
+  %tr = linalg.generic {indexing_maps = [#t, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%neg : tensor<8x16xf32>) outs(%et : tensor<16x8xf32>) {
+  ^bb0(%a: f32, %o: f32):
+    %r = arith.mulf %a, %a : f32
+    linalg.yield %r : f32
+  } -> tensor<16x8xf32>
+  %l0 = tensor.empty() : tensor<8xf32>
+  %l1 = linalg.fill ins(%zero : f32) outs(%l0 : tensor<8xf32>) -> tensor<8xf32>
+  %sum = linalg.generic {indexing_maps = [#id, #row], iterator_types = ["parallel", "reduction"]}
+      ins(%exp : tensor<8x16xf32>) outs(%l1 : tensor<8xf32>) {
+  ^bb0(%a: f32, %o: f32):
+    %r = arith.addf %a, %o : f32
+    linalg.yield %r : f32
+  } -> tensor<8xf32>
+  return %exp, %tr, %sum : tensor<8x16xf32>, tensor<16x8xf32>, tensor<8xf32>
+}
+"""
+
+
+def test_fuses_single_use_chains_through_permutations_only():
+    payload = parse(CHAIN)
+    apply(payload, lambda root: fuse_elementwise_producers(match(root, "func.func")))
+    check(payload, """
+        CHECK-LABEL: func.func @main
+        CHECK:       linalg.generic {{.*}} ins(%arg0, %arg1 : tensor<8x16xf32>, tensor<8xf32>)
+        CHECK-NEXT:  ^bb0
+        CHECK-NEXT:    arith.subf
+        CHECK-NEXT:    math.exp
+        CHECK:       linalg.generic {indexing_maps = [#{{.*}}, #{{.*}}]{{.*}} ins(%arg0 : tensor<8x16xf32>) outs(%{{.*}} : tensor<16x8xf32>)
+        CHECK-NEXT:  ^bb0
+        CHECK-NEXT:    arith.negf
+        CHECK-NEXT:    arith.mulf
+        CHECK:       arith.addf
+    """)
+    text = str(payload)
+    assert text.count("linalg.generic") == 3  # sub+exp, neg+transpose-square, the sum
+    x, m = torch.randn(8, 16), torch.randn(8)
+    before = run_module(parse(CHAIN), [x, m])
+    after = run_module(payload, [x, m])
+    for a, b in zip(after, before):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    torch.testing.assert_close(after[1], (x * x).t())
+
+
+def test_multi_use_producer_and_reduction_consumer_stay():
+    payload = parse(CHAIN.replace("return %exp, %tr, %sum", "return %sub, %tr, %sum")
+                    .replace("(tensor<8x16xf32>, tensor<16x8xf32>, tensor<8xf32>)",
+                             "(tensor<8x16xf32>, tensor<16x8xf32>, tensor<8xf32>)"))
+    apply(payload, lambda root: fuse_elementwise_producers(match(root, "func.func")))
+    text = str(payload)
+    assert "arith.subf" in text and text.count("math.exp") == 1
+    # %sub has two users (exp, return): it stays; exp feeds only the sum (a reduction): stays
+    assert text.count("linalg.generic") == 4
