@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 
 B, H, S, D = 1, 4, 256, 64
-DTYPE = torch.float32
+DTYPE = torch.float32  # or a name: --set DTYPE=bfloat16
 IS_CAUSAL = False
 
 
@@ -13,7 +13,8 @@ class Model(torch.nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(B, H, S, D, dtype=DTYPE) for _ in range(3)]
+    dtype = getattr(torch, DTYPE) if isinstance(DTYPE, str) else DTYPE
+    return [torch.randn(B, H, S, D, dtype=dtype) for _ in range(3)]
 
 
 def get_init_inputs():

@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 
 N, C = 128, 8192
-DTYPE = torch.float32
+DTYPE = torch.float32  # or a name: --set DTYPE=bfloat16
 IGNORE_INDEX = -100
 
 
@@ -15,7 +15,8 @@ class Model(torch.nn.Module):
 def get_inputs():
     target = torch.randint(0, C, (N,))
     target[::7] = IGNORE_INDEX
-    return [torch.randn(N, C, dtype=DTYPE), target]
+    dtype = getattr(torch, DTYPE) if isinstance(DTYPE, str) else DTYPE
+    return [torch.randn(N, C, dtype=dtype), target]
 
 
 def get_init_inputs():

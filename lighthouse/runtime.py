@@ -100,21 +100,65 @@ class JitFunction:
 
 
 def time_alternately(ours: Callable[[], object], theirs: Callable[[], object], *,
-                     warmup: int = 2, rounds: int = 10, min_block_seconds: float = 0.05):
-    """Median seconds per call of `ours` and `theirs`, measured in alternating blocks.
+                     warmup: int = 2, rounds: int = 10, min_block_seconds: float = 0.05,
+                     budget_seconds: float | None = None, min_rounds: int = 3):
+    """Median seconds per call of `ours` and `theirs`, measured in alternating blocks
+    (see `measure_alternately`)."""
+    times = measure_alternately(ours, theirs, warmup=warmup, rounds=rounds,
+                                min_block_seconds=min_block_seconds,
+                                budget_seconds=budget_seconds, min_rounds=min_rounds)
+    return times.ours, times.theirs
+
+
+@dataclass
+class AlternatingTimes:
+    """Per-round seconds per call of both sides; `ours`/`theirs` are their medians."""
+
+    ours_rounds: list[float]
+    theirs_rounds: list[float]
+    reps: int
+
+    @property
+    def ours(self) -> float:
+        return statistics.median(self.ours_rounds)
+
+    @property
+    def theirs(self) -> float:
+        return statistics.median(self.theirs_rounds)
+
+    @staticmethod
+    def spread(rounds: list[float]) -> float:
+        """(max - min) / median of the rounds: how noisy the measurement was."""
+        return (max(rounds) - min(rounds)) / statistics.median(rounds)
+
+
+def measure_alternately(ours: Callable[[], object], theirs: Callable[[], object], *,
+                        warmup: int = 2, rounds: int = 10, min_block_seconds: float = 0.05,
+                        budget_seconds: float | None = None, min_rounds: int = 3) -> AlternatingTimes:
+    """Time `ours` and `theirs` in alternating blocks after warm-up.
 
     Each round times a block of calls of one side, then a block of the other, so both see
     the same machine state; a block repeats the call until it lasts `min_block_seconds`
-    (so thread pools of the side just measured are not timed as the other side's noise)."""
-    for _ in range(warmup):
+    (so thread pools of the side just measured are not timed as the other side's noise) and
+    records the median call. With `budget_seconds`, slow kernels get fewer warm-up calls
+    (one when a call alone exceeds the budget's share) and fewer rounds (not below
+    `min_rounds`), so a multi-second kernel is measured in bounded time."""
+    first = max(_once(ours), _once(theirs), 1e-6)  # the first warm-up call of each side
+    extra_warmup = max(0, warmup - 1)
+    if budget_seconds is not None and 2 * first * (extra_warmup + min_rounds) > budget_seconds:
+        extra_warmup = 0
+    for _ in range(extra_warmup):
         ours()
         theirs()
-    reps = max(1, int(min_block_seconds / max(_once(ours), _once(theirs), 1e-6)))
+    once = max(_once(ours), _once(theirs), 1e-6) if extra_warmup else first
+    reps = max(1, int(min_block_seconds / once))
+    if budget_seconds is not None:
+        rounds = max(min_rounds, min(rounds, int(budget_seconds / (2 * reps * once))))
     ours_t, theirs_t = [], []
     for _ in range(rounds):
         ours_t.append(_block(ours, reps))
         theirs_t.append(_block(theirs, reps))
-    return statistics.median(ours_t), statistics.median(theirs_t)
+    return AlternatingTimes(ours_t, theirs_t, reps)
 
 
 def _once(fn) -> float:

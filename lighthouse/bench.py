@@ -1,0 +1,236 @@
+"""python -m lighthouse.bench: compile, check and time every kernel against torch (kernel_bench).
+
+    python -m lighthouse.bench [--quick] [--only NAME...] [--csv F] [--json F] [--plot F.png]
+    python -m lighthouse.bench KERNEL.py ...                 # your kernel files instead
+    python -m lighthouse.bench --kernelbench DIR --level 1 --problems 23,24,40 --set batch_size=16
+
+The default suite (`benchmarks.suite`) holds the examples at realistic sizes for this
+machine; `--quick` runs the same kinds at small sizes. Per kernel, in fresh child processes
+(`benchmarks.isolate`, each with --timeout):
+  1. compile time, check against torch (max abs error, PASS/FAIL), median time of ours and
+     of torch eager measured alternately after warm-up, their ratio, FLOPs and bytes
+     (`benchmarks.measure`);
+  2. peak memory of one call of ours, then of torch, each in its own process.
+At the start, the machine's FMA peak and streaming-read bandwidth are measured
+(`benchmarks.limits`); each kernel's rate (GFLOP/s when compute-bound, else GB/s) is shown
+as a fraction of the limit that bounds it.
+The exit status is 1 when a kernel FAILs its check or hits an ERROR (compile error, crash),
+2 for bad arguments, else 0 (TIMEOUT and UNSUPPORTED rows are reported, not failures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from .errors import KernelFileError, LighthouseError
+from .kernel import parse_override
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m lighthouse.bench",
+                                description="Compile, check and time kernels against torch eager.")
+    p.add_argument("kernels", nargs="*", metavar="KERNEL.py",
+                   help="kernel files to run instead of the default suite")
+    p.add_argument("--quick", action="store_true",
+                   help="small sizes and short timing (under a minute for the suite)")
+    p.add_argument("--only", nargs="+", metavar="NAME", help="run these kernels (names or globs)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a module global in every kernel file that defines it")
+    p.add_argument("--kernelbench", metavar="DIR", help="run KernelBench problem files from DIR")
+    p.add_argument("--level", type=int, default=1, help="KernelBench level (default 1)")
+    p.add_argument("--problems", metavar="N,N,...", help="KernelBench problem numbers (default all)")
+    p.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help="per child process (default 900, 120 with --quick)")
+    p.add_argument("--csv", metavar="FILE", help="write the rows as CSV")
+    p.add_argument("--json", metavar="FILE", help="write machine, settings and rows as JSON")
+    p.add_argument("--plot", metavar="FILE.png", help="bar chart of speedups and peak memory")
+    p.add_argument("-v", "--verbose", action="store_true", help="tracebacks on errors")
+    return p
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return run(args)
+    except LighthouseError as exc:
+        if args.verbose:
+            traceback.print_exc()
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+def choose_cases(args):
+    from .benchmarks import suite
+
+    if args.kernelbench and args.kernels:
+        raise KernelFileError("give kernel files or --kernelbench DIR, not both")
+    if args.problems and not args.kernelbench:
+        raise KernelFileError("--problems needs --kernelbench DIR")
+    if args.kernelbench:
+        problems = None
+        if args.problems:
+            try:
+                problems = [int(p) for p in args.problems.split(",") if p.strip()]
+            except ValueError:
+                raise KernelFileError(f"--problems expects numbers like 23,24,40, got {args.problems!r}")
+        cases = suite.kernelbench_cases(args.kernelbench, args.level, problems)
+    elif args.kernels:
+        cases = suite.file_cases(args.kernels)
+    else:
+        cases = suite.quick_suite() if args.quick else suite.default_suite()
+    cases = suite.select(cases, args.only)
+    overrides = dict(parse_override(o) for o in args.overrides)
+    return suite.apply_overrides(cases, overrides)
+
+
+def run(args) -> int:
+    from .benchmarks import report
+    from .benchmarks.isolate import run_isolated
+    from .benchmarks.limits import measure_limits
+
+    cases = choose_cases(args)
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise LighthouseError("--plot needs matplotlib: pip install -e '.[bench]'") from None
+    for out in (args.csv, args.json, args.plot):
+        if out and not Path(out).resolve().parent.is_dir():
+            raise KernelFileError(f"{out}: the folder does not exist")
+    timeout = args.timeout or (120.0 if args.quick else 900.0)
+    settings = {"quick": args.quick, "timeout_s": timeout,
+                "timing_budget_s": 1.0 if args.quick else 10.0,
+                "timing_rounds": 5 if args.quick else 10}
+    started = time.perf_counter()
+    load_start = _load()
+    print(f"lighthouse.bench: {len(cases)} kernel{'s' * (len(cases) != 1)}"
+          f"{' (quick)' if args.quick else ''}; measuring this machine's limits ...",
+          file=sys.stderr, flush=True)
+    outcome = run_isolated(measure_limits, args.quick, timeout=timeout)
+    limits = outcome.value if outcome.status == "ok" else None
+    machine = _machine(limits, load_start)
+    print(f"load average {machine['load_start']:.2f} on {machine['cores']} cores at the start"
+          f"{' (other processes are running: timings are noisy)' if _busy(machine) else ''}")
+    if limits is not None:
+        print(limits.describe())
+    else:
+        print(f"machine limits not measured ({outcome.status}: {outcome.error}); "
+              f"fractions of the limits are left out")
+    sys.stdout.flush()
+
+    rows = []
+    for i, case in enumerate(cases, 1):
+        print(f"[{i}/{len(cases)}] {case.name} ({case.sizes or 'file sizes'}"
+              f"{', backward' if case.backward else ''}) ...", end="", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        row = bench_case(case, settings, limits)
+        rows.append(row)
+        print(f" {_progress(row)} [{time.perf_counter() - t0:.1f} s]", file=sys.stderr, flush=True)
+        _write_files(args, rows, machine, settings, plot=False)
+
+    print()
+    print(report.table(rows))
+    notes = report.footnotes(rows)
+    if notes:
+        print()
+        print(notes)
+    print()
+    machine["load_end"] = _load()
+    print(f"{report.summary(rows)} in {time.perf_counter() - started:.0f} s "
+          f"(load average {machine['load_end']:.2f} at the end)")
+    _write_files(args, rows, machine, settings, plot=True)
+    failing = [r.name for r in rows if r.status in report.FAILING]
+    if failing:
+        print(f"failing: {', '.join(failing)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def bench_case(case, settings: dict, limits):
+    """One row: measure in a child, then peak memory of each side in its own child."""
+    from .benchmarks import report
+    from .benchmarks.isolate import run_isolated
+    from .benchmarks.measure import measure, peak_memory
+
+    timeout = settings["timeout_s"]
+    outcome = run_isolated(measure, case, budget_seconds=settings["timing_budget_s"],
+                           rounds=settings["timing_rounds"], timeout=timeout)
+    if outcome.status == "timeout":
+        return report.make_row(case, "TIMEOUT", f"compile, check and timing: {outcome.error}")
+    if outcome.status != "ok":
+        return report.make_row(case, "ERROR", outcome.error)
+    m = outcome.value
+    if m["status"] not in ("PASS", "FAIL"):
+        return report.make_row(case, m["status"], m["reason"])
+    row = report.make_row(case, m["status"], m["reason"])
+    report.fill_measurement(row, m, limits)
+    for side in ("ours", "torch"):
+        mem = run_isolated(peak_memory, case, side, timeout=timeout)
+        if mem.status == "ok" and "peak_bytes" in mem.value:
+            setattr(row, f"{side}_peak_mb", mem.value["peak_bytes"] / 2**20)
+        else:
+            why = mem.error if mem.status != "ok" else mem.value.get("reason", "")
+            row.notes.append(f"peak memory of {side} not measured ({mem.status}: {why})")
+    return row
+
+
+def _progress(row) -> str:
+    if row.ours_ms is None:
+        return f"{row.status}: {row.reason[:120]}"
+    mem = ""
+    if row.ours_peak_mb is not None and row.torch_peak_mb is not None:
+        mem = f", peak {row.ours_peak_mb:.1f} MB vs {row.torch_peak_mb:.1f} MB"
+    return (f"{row.status} ({row.schedule}, compile {row.compile_s:.1f} s): ours {row.ours_ms:.3g} ms, "
+            f"torch {row.torch_ms:.3g} ms, {row.speedup:.2f}x{mem}")
+
+
+def _machine(limits, load_start: float) -> dict:
+    import torch
+
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": model or platform.processor(), "cores": os.cpu_count(),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "limits": limits.to_dict() if limits else None, "load_start": load_start}
+
+
+def _load() -> float:
+    """The 1-minute load average: other processes compete with the timed ones above ~0.5."""
+    return os.getloadavg()[0]
+
+
+def _busy(machine) -> bool:
+    return machine["load_start"] > 0.5
+
+
+def _write_files(args, rows, machine, settings, *, plot: bool) -> None:
+    from .benchmarks import report
+
+    if args.csv:
+        report.write_csv(rows, args.csv)
+    if args.json:
+        report.write_json(rows, args.json, machine=machine, settings=settings)
+    if plot and args.plot:
+        limits = machine["limits"]
+        title = "lighthouse vs torch eager"
+        if limits:
+            title += (f"\n{machine['cpu']}, {limits['threads']} threads; FMA peak "
+                      f"{limits['fma_gflops']:.0f} GFLOP/s, streaming read "
+                      f"{limits['bandwidth_gbs']:.1f} GB/s")
+        report.write_plot(rows, args.plot, title=title)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""Rows of results and their outputs: the terminal table, CSV, JSON and the bar chart.
+
+Statuses: PASS and FAIL (the compiled kernel ran; FAIL = differs from torch beyond the dtype
+tolerance), UNSUPPORTED (lighthouse cannot take the problem: the reason says why), ERROR (a
+compile error or crash: a bug), TIMEOUT (a child ran past --timeout).
+Speedup is torch's median time / ours (above 1: ours is faster).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from .limits import Limits
+from .suite import Case
+
+FAILING = ("FAIL", "ERROR")
+
+
+@dataclass
+class Row:
+    name: str
+    kernel: str
+    sizes: str
+    backward: bool
+    status: str
+    reason: str = ""
+    schedule: str = ""
+    compile_s: float | None = None
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    ours_ms: float | None = None
+    torch_ms: float | None = None
+    speedup: float | None = None
+    ours_peak_mb: float | None = None
+    torch_peak_mb: float | None = None
+    gflop: float | None = None
+    gbyte: float | None = None
+    bound: str = ""  # "compute" or "memory"
+    ours_rate: float | None = None  # GFLOP/s or GB/s (see rate_unit)
+    torch_rate: float | None = None
+    rate_unit: str = ""
+    ours_limit_pct: float | None = None
+    torch_limit_pct: float | None = None
+    timing_rounds: int | None = None
+    ours_spread: float | None = None
+    torch_spread: float | None = None
+    notes: list[str] = field(default_factory=list)
+    command: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def make_row(case: Case, status: str, reason: str = "") -> Row:
+    return Row(case.name, str(case.path), case.sizes, case.backward, status, reason,
+               command=case.command())
+
+
+def fill_measurement(row: Row, m: dict, limits: Limits | None) -> None:
+    """Copy a child's measurement into the row and derive ratios, rates and fractions."""
+    row.schedule = m["schedule"]
+    row.notes = m["notes"]
+    row.compile_s = m["compile_s"]
+    row.max_abs_err, row.max_rel_err = m["max_abs_err"], m["max_rel_err"]
+    row.ours_ms, row.torch_ms = m["ours_s"] * 1e3, m["torch_s"] * 1e3
+    row.speedup = m["torch_s"] / m["ours_s"]
+    row.timing_rounds = m["timing_rounds"]
+    row.ours_spread, row.torch_spread = m["ours_spread"], m["torch_spread"]
+    row.gflop, row.gbyte = m["flops"] / 1e9, m["bytes"] / 1e9
+    balance = limits.fma_gflops / limits.bandwidth_gbs if limits else 0.0  # FLOP per byte
+    intensity = row.gflop / row.gbyte if row.gbyte else math.inf
+    row.bound = "compute" if row.gflop > 0 and intensity >= balance else "memory"
+    work, limit = ((row.gflop, limits.fma_gflops if limits else None) if row.bound == "compute"
+                   else (row.gbyte, limits.bandwidth_gbs if limits else None))
+    row.rate_unit = "GFLOP/s" if row.bound == "compute" else "GB/s"
+    row.ours_rate = work / m["ours_s"]
+    row.torch_rate = work / m["torch_s"]
+    if limit:
+        row.ours_limit_pct = 100 * row.ours_rate / limit
+        row.torch_limit_pct = 100 * row.torch_rate / limit
+
+
+# ---- terminal table ----------------------------------------------------------------------
+
+def _num(v, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def _ms(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.3g}" if v < 100 else f"{v:.0f}"
+
+
+COLUMNS = [
+    ("kernel", "<", lambda r: r.name),
+    ("schedule", "<", lambda r: r.schedule or "-"),
+    ("compile s", ">", lambda r: _num(r.compile_s, ".2f")),
+    ("max err", ">", lambda r: _num(r.max_abs_err, ".1e")),
+    ("check", "<", lambda r: r.status),
+    ("ours ms", ">", lambda r: _ms(r.ours_ms)),
+    ("torch ms", ">", lambda r: _ms(r.torch_ms)),
+    ("speedup", ">", lambda r: "-" if r.speedup is None else f"{r.speedup:.2f}x"),
+    ("ours MB", ">", lambda r: _num(r.ours_peak_mb, ".1f")),
+    ("torch MB", ">", lambda r: _num(r.torch_peak_mb, ".1f")),
+    ("ours rate", ">", lambda r: "-" if r.ours_rate is None else f"{r.ours_rate:.1f} {r.rate_unit}"),
+    ("% limit", ">", lambda r: _num(r.ours_limit_pct, ".0f")),
+    ("torch % limit", ">", lambda r: _num(r.torch_limit_pct, ".0f")),
+]
+
+
+def table(rows: list[Row]) -> str:
+    cells = [[c[0] for c in COLUMNS]] + [[c[2](r) for c in COLUMNS] for r in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
+
+    def render(line):
+        return "  ".join(format(v, f"{c[1]}{w}") for v, c, w in zip(line, COLUMNS, widths)).rstrip()
+
+    out = [render(cells[0]), "  ".join("-" * w for w in widths)]
+    out += [render(line) for line in cells[1:]]
+    return "\n".join(out)
+
+
+def footnotes(rows: list[Row]) -> str:
+    """Why rows are not PASS, and the schedule fallbacks."""
+    lines = []
+    for r in rows:
+        if r.status != "PASS" and r.reason:
+            lines.append(f"{r.status} {r.name}: {r.reason}")
+        for note in r.notes:
+            lines.append(f"note {r.name}: {note}")
+    return "\n".join(lines)
+
+
+def summary(rows: list[Row]) -> str:
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    order = ["PASS", "FAIL", "ERROR", "TIMEOUT", "UNSUPPORTED"]
+    parts = [f"{counts[s]} {s}" for s in order if s in counts]
+    return f"{len(rows)} kernel{'s' * (len(rows) != 1)}: " + ", ".join(parts)
+
+
+# ---- files ---------------------------------------------------------------------------------
+
+CSV_FIELDS = [f.name for f in fields(Row)]
+
+
+def write_csv(rows: list[Row], path: str | Path) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        for r in rows:
+            d = r.to_dict()
+            d["notes"] = " | ".join(d["notes"])
+            writer.writerow({k: "" if v is None else v for k, v in d.items()})
+
+
+def write_json(rows: list[Row], path: str | Path, *, machine: dict, settings: dict) -> None:
+    """Non-finite numbers (an infinite relative error) are written as null."""
+    def finite(d: dict) -> dict:
+        return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in d.items()}
+
+    doc = {"machine": machine, "settings": settings, "rows": [finite(r.to_dict()) for r in rows]}
+    Path(path).write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def write_plot(rows: list[Row], path: str | Path, *, title: str) -> None:
+    """Two panels: speedup over torch eager (log scale, 1x marked; failing rows in red) and
+    peak memory of a call, ours next to torch's (log scale), for the rows that were timed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    timed = [r for r in rows if r.speedup is not None]
+    xs = list(range(len(timed)))
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(8.0, 0.75 * len(timed) + 3), 8),
+                                   constrained_layout=True)
+    fig.suptitle(title, fontsize=10)
+    colors = ["tab:red" if r.status != "PASS" else "tab:green" if r.speedup >= 1 else "tab:orange"
+              for r in timed]
+    ax1.bar(xs, [r.speedup for r in timed], color=colors)
+    ax1.axhline(1.0, color="black", linewidth=0.8)
+    ax1.set_yscale("log")
+    ax1.set_ylabel("speedup over torch eager (x)")
+    for x, r in zip(xs, timed):
+        label = f"{r.speedup:.2f}" + ("" if r.status == "PASS" else f" {r.status}")
+        ax1.annotate(label, (x, r.speedup), ha="center", va="bottom", fontsize=8)
+    floor = 0.01  # MB: log scale needs positive bars; smaller peaks are drawn at the floor
+    width = 0.4
+    for offset, side, label in ((-width / 2, "ours", "lighthouse"), (width / 2, "torch", "torch eager")):
+        values = [getattr(r, f"{side}_peak_mb") for r in timed]
+        ax2.bar([x + offset for x in xs], [max(v or 0.0, floor) for v in values], width, label=label)
+    ax2.set_yscale("log")
+    ax2.set_ylabel("peak memory of a call (MB)")
+    ax2.legend()
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    for ax in (ax1, ax2):
+        low, high = ax.get_ylim()
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain if high / low < 20 else NullFormatter())
+        ax.set_xticks(xs)
+        ax.set_xticklabels([r.name for r in timed], rotation=35, ha="right")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

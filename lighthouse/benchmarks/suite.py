@@ -1,0 +1,179 @@
+"""What `python -m lighthouse.bench` runs: the default suite, the quick suite, kernel files
+given on the command line, and KernelBench problem files.
+
+A case is a kernel file plus `--set` overrides (module globals) and the direction (forward,
+or the joint forward+backward graph). Causal attention declares the fraction of its
+score matrix that is not masked (`useful_flops`): FLOPs are reported as useful work, the
+convention of flash-attention benchmarks, so a schedule that skips masked blocks gets the
+credit and one that computes them does not.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import KernelFileError
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@dataclass
+class Case:
+    name: str
+    path: Path
+    overrides: dict[str, Any] = field(default_factory=dict)
+    backward: bool = False
+    useful_flops: float = 1.0  # fraction of the graph's matmul FLOPs that is useful work
+
+    @property
+    def sizes(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.overrides.items())
+
+    def command(self) -> str:
+        """The `lighthouse.compile` command line that compiles this case alone."""
+        sets = " ".join(f"--set {k}={v}" for k, v in self.overrides.items())
+        back = " --backward" if self.backward else ""
+        return f"python -m lighthouse.compile {self.path} {sets}{back}".replace("  ", " ")
+
+
+def _example(name: str, file: str, backward: bool = False, **overrides) -> Case:
+    useful = 1.0
+    if overrides.get("IS_CAUSAL"):
+        s = overrides["S"]
+        useful = (s + 1) / (2 * s)  # unmasked entries of an S x S lower triangle
+    return Case(name, EXAMPLES / f"{file}.py", dict(overrides), backward, useful)
+
+
+def _attention(name: str, s: int, causal: bool, h: int = 8) -> Case:
+    overrides = dict(B=1, H=h, S=s, D=64)
+    if causal:
+        overrides["IS_CAUSAL"] = True
+    return _example(name, "attention", **overrides)
+
+
+def default_suite() -> list[Case]:
+    """Realistic sizes for a 2-core host: f32 unless named, forward unless `_bwd`."""
+    mlp = dict(BATCH=512, IN_FEATURES=1024, HIDDEN=4096, OUT_FEATURES=1024)
+    return [
+        _example("matmul_1024", "matmul", N=1024),
+        _example("matmul_2048", "matmul", N=2048),
+        _example("mlp", "mlp", **mlp),
+        _example("softmax", "softmax", N=4096, C=4096),
+        _example("log_softmax", "log_softmax", N=4096, C=4096),
+        _example("layer_norm", "layer_norm", N=4096, D=4096),
+        _attention("attention_1024", 1024, False),
+        _attention("attention_1024_causal", 1024, True),
+        _attention("attention_4096", 4096, False),
+        _attention("attention_4096_causal", 4096, True),
+        _example("cross_entropy", "cross_entropy", N=1023, C=128256),
+        _example("cross_entropy_bwd", "cross_entropy", backward=True, N=1023, C=128256),
+        _example("cross_entropy_bf16", "cross_entropy", N=4096, C=32000, DTYPE="bfloat16"),
+        _example("cross_entropy_bf16_bwd", "cross_entropy", backward=True, N=4096, C=32000,
+                 DTYPE="bfloat16"),
+    ]
+
+
+def quick_suite() -> list[Case]:
+    """The same kinds at small sizes (sizes that do not divide typical tiles on purpose)."""
+    mlp = dict(BATCH=64, IN_FEATURES=128, HIDDEN=384, OUT_FEATURES=96)
+    return [
+        _example("matmul", "matmul", N=192),
+        _example("mlp", "mlp", **mlp),
+        _example("softmax", "softmax", N=96, C=1000),
+        _example("log_softmax", "log_softmax", N=96, C=1000),
+        _example("layer_norm", "layer_norm", N=96, D=768),
+        _attention("attention", 128, False, h=2),
+        _attention("attention_causal", 128, True, h=2),
+        _example("cross_entropy", "cross_entropy", N=63, C=4000),
+        _example("cross_entropy_bwd", "cross_entropy", backward=True, N=63, C=4000),
+        _example("cross_entropy_bf16", "cross_entropy", N=64, C=3200, DTYPE="bfloat16"),
+    ]
+
+
+def file_cases(paths: list[str | Path]) -> list[Case]:
+    """Kernel files named on the command line, at their own sizes; names are file stems."""
+    cases = []
+    for p in paths:
+        path = Path(p)
+        if not path.is_file():
+            raise KernelFileError(f"{path}: no such kernel file")
+        cases.append(Case(path.stem, path))
+    _check_unique(cases)
+    return cases
+
+
+def kernelbench_cases(root: str | Path, level: int, problems: list[int] | None) -> list[Case]:
+    """KernelBench problem files `<root>/level<L>/<n>_<Name>.py` (or under
+    `<root>/KernelBench/`); all problems of the level when `problems` is None."""
+    root = Path(root)
+    candidates = [root / f"level{level}", root / "KernelBench" / f"level{level}"]
+    folder = next((d for d in candidates if d.is_dir()), None)
+    if folder is None:
+        raise KernelFileError(f"{root}: no level{level}/ folder of KernelBench problems")
+    by_number: dict[int, Path] = {}
+    for f in folder.glob("*_*.py"):
+        number = f.name.split("_", 1)[0]
+        if number.isdigit():
+            by_number[int(number)] = f
+    wanted = sorted(by_number) if problems is None else problems
+    missing = [n for n in wanted if n not in by_number]
+    if missing:
+        raise KernelFileError(f"{folder}: no problem file for {', '.join(map(str, missing))} "
+                              f"(expected <n>_<Name>.py)")
+    return [Case(by_number[n].stem, by_number[n]) for n in wanted]
+
+
+def select(cases: list[Case], patterns: list[str] | None) -> list[Case]:
+    """Cases whose name matches one of the patterns (exact names or shell globs)."""
+    if not patterns:
+        return cases
+    unknown = [p for p in patterns if not any(fnmatch.fnmatchcase(c.name, p) for c in cases)]
+    if unknown:
+        raise KernelFileError(f"--only {' '.join(unknown)}: no such kernel "
+                              f"(kernels: {', '.join(c.name for c in cases)})")
+    return [c for c in cases if any(fnmatch.fnmatchcase(c.name, p) for p in patterns)]
+
+
+def apply_overrides(cases: list[Case], overrides: dict[str, Any]) -> list[Case]:
+    """Apply `--set` overrides to every case whose file defines that module global; a name
+    that no selected file defines is an error."""
+    unused = set(overrides)
+    for case in cases:
+        names = module_globals(case.path)
+        for name, value in overrides.items():
+            if name in names:
+                case.overrides[name] = value
+                unused.discard(name)
+    if unused:
+        raise KernelFileError(f"--set {', '.join(sorted(unused))}: no selected kernel file defines "
+                              f"{'this global' if len(unused) == 1 else 'these globals'}")
+    return cases
+
+
+def module_globals(path: Path) -> set[str]:
+    """Names assigned at module level in a kernel file (read without importing it)."""
+    try:
+        tree = ast.parse(Path(path).read_text(), str(path))
+    except SyntaxError as exc:
+        raise KernelFileError(f"{path}: not valid Python: {exc.msg} (line {exc.lineno})") from exc
+    names: set[str] = set()
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else (
+            [node.target] if isinstance(node, ast.AnnAssign) else [])
+        for t in targets:
+            for n in ast.walk(t):
+                if isinstance(n, ast.Name):
+                    names.add(n.id)
+    return names
+
+
+def _check_unique(cases: list[Case]) -> None:
+    seen: set[str] = set()
+    for c in cases:
+        if c.name in seen:
+            raise KernelFileError(f"two kernels are named {c.name!r}; rename one of the files")
+        seen.add(c.name)

@@ -1,0 +1,195 @@
+"""python -m lighthouse.bench: the table and its files, the pass/fail logic (a kernel that
+differs from torch is a FAIL row and exit status 1), KernelBench problem files, argument
+errors, and the pieces (child processes, peak-memory growth, the timing budget).
+Every run is --quick on tiny kernels."""
+
+import csv
+import json
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from lighthouse.bench import main
+from tests.conftest import ROOT
+
+KERNELBENCH = ROOT / "tests" / "lighthouse" / "fixtures" / "kernelbench"
+COLUMNS = ["kernel", "schedule", "compile s", "max err", "check", "ours ms", "torch ms", "speedup",
+           "ours MB", "torch MB", "ours rate", "% limit", "torch % limit"]
+
+
+def run_bench(*args):
+    return subprocess.run([sys.executable, "-m", "lighthouse.bench", *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+def parse_table(stdout: str):
+    """(column names, {kernel: {column: cell}}) of the printed table."""
+    lines = stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("kernel "))
+    spans = [m.span() for m in re.finditer(r"-+", lines[at + 1])]
+    names = [lines[at][a:b].strip() for a, b in spans]
+    rows = {}
+    for line in lines[at + 2:]:
+        if not line.strip():
+            break
+        cells = [line[a:b].strip() for a, b in spans]
+        rows[cells[0]] = dict(zip(names, cells))
+    return names, rows
+
+
+@pytest.fixture(scope="module")
+def suite_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    files = {"csv": out / "b.csv", "json": out / "b.json", "png": out / "b.png"}
+    r = run_bench("--quick", "--only", "softmax", "log_softmax", "--csv", files["csv"],
+                  "--json", files["json"], "--plot", files["png"])
+    return r, files
+
+
+def test_quick_suite_table_columns_and_rows(suite_run):
+    r, _ = suite_run
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"FMA peak \d+ GFLOP/s .* streaming read [\d.]+ GB/s", r.stdout)
+    names, rows = parse_table(r.stdout)
+    assert names == COLUMNS
+    assert sorted(rows) == ["log_softmax", "softmax"]
+    for row in rows.values():
+        assert row["check"] == "PASS"
+        ours, theirs = float(row["ours ms"]), float(row["torch ms"])
+        assert ours > 0 and theirs > 0
+        assert float(row["speedup"].rstrip("x")) == pytest.approx(theirs / ours, rel=0.02, abs=0.01)
+        assert row["ours rate"].endswith("GB/s")  # no matmul: memory-bound
+        assert float(row["max err"]) < 1e-4
+    assert "2 kernels: 2 PASS" in r.stdout
+    assert "[1/2] softmax" in r.stderr and "[2/2] log_softmax" in r.stderr  # progress
+
+
+def test_quick_suite_files(suite_run):
+    r, files = suite_run
+    with open(files["csv"]) as f:
+        rows = list(csv.DictReader(f))
+    assert [row["name"] for row in rows] == ["softmax", "log_softmax"]
+    doc = json.loads(files["json"].read_text())
+    limits = doc["machine"]["limits"]
+    assert limits["fma_gflops"] > 1 and limits["bandwidth_gbs"] > 0.1
+    output_mb = 96 * 1000 * 4 / 2**20  # quick softmax: [96, 1000] f32 out
+    for row in doc["rows"]:
+        assert row["status"] == "PASS" and row["bound"] == "memory"
+        assert row["gbyte"] == pytest.approx(2 * output_mb * 2**20 / 1e9)
+        # each side's call allocates at least its output
+        assert row["ours_peak_mb"] >= 0.9 * output_mb and row["torch_peak_mb"] >= 0.9 * output_mb
+        assert row["ours_limit_pct"] == pytest.approx(
+            100 * row["ours_rate"] / limits["bandwidth_gbs"])
+        assert "--set N=96 --set C=1000" in row["command"]
+    assert files["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_wrong_kernel_is_fail_and_exit_1(kernel_file):
+    wrong = kernel_file("""
+        import torch
+        CALLS = [0]
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                CALLS[0] += 1          # the compiled graph freezes one value, torch moves on
+                return x * CALLS[0]
+        def get_inputs():
+            return [torch.ones(64)]
+        def get_init_inputs():
+            return []
+    """, name="wrong.py")
+    r = run_bench("--quick", wrong)
+    assert r.returncode == 1, r.stdout + r.stderr
+    _, rows = parse_table(r.stdout)
+    assert rows["wrong"]["check"] == "FAIL"
+    assert float(rows["wrong"]["ours ms"]) > 0  # a failing kernel is still timed
+    assert re.search(r"^FAIL wrong: out0: .*MISMATCH", r.stdout, re.M)
+    assert "1 kernel: 1 FAIL" in r.stdout
+    assert "failing: wrong" in r.stderr
+
+
+def test_kernelbench_problem_files():
+    r = run_bench("--quick", "--kernelbench", KERNELBENCH, "--level", "1", "--problems", "97,89",
+                  "--set", "batch_size=2", "--set", "num_heads=2", "--set", "sequence_length=256",
+                  "--set", "embedding_dimension=16")
+    assert r.returncode == 0, r.stdout + r.stderr
+    _, rows = parse_table(r.stdout)
+    assert list(rows) == ["97_ScaledDotProductAttention", "89_cumsum"]
+    assert rows["97_ScaledDotProductAttention"]["check"] == "PASS"
+    assert rows["97_ScaledDotProductAttention"]["ours rate"].endswith("GFLOP/s")
+    assert rows["89_cumsum"]["check"] == "UNSUPPORTED"
+    assert rows["89_cumsum"]["ours ms"] == "-"
+    assert re.search(r"^UNSUPPORTED 89_cumsum: .*89_cumsum.py: .*tm_tensor", r.stdout, re.M)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--quick", "--only", "nonesuch"], "--only nonesuch: no such kernel"),
+    (["--quick", "--set", "NONESUCH=1"], "--set NONESUCH: no selected kernel file defines"),
+    (["--kernelbench", str(KERNELBENCH), "--problems", "23,999"], "no problem file for 999"),
+    (["--kernelbench", str(KERNELBENCH), "--level", "7"], "no level7/ folder"),
+    (["--problems", "23"], "--problems needs --kernelbench"),
+    (["no/such/kernel.py"], "no/such/kernel.py: no such kernel file"),
+])
+def test_argument_errors_are_one_line_exit_2(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+def _sleep_forever():
+    time.sleep(3600)
+
+
+def _abort():
+    import os
+
+    print("about to abort", flush=True)
+    os.abort()
+
+
+def _raise():
+    raise ValueError("bad value")
+
+
+def test_isolated_children_timeout_crash_and_exception():
+    from lighthouse.benchmarks.isolate import run_isolated
+
+    assert run_isolated(pow, 2, 10, timeout=60).value == 1024
+    out = run_isolated(_sleep_forever, timeout=1)
+    assert out.status == "timeout" and "after 1 s" in out.error
+    out = run_isolated(_abort, timeout=60)
+    assert out.status == "crashed" and out.error == "killed by SIGABRT: about to abort"
+    out = run_isolated(_raise, timeout=60)
+    assert out.status == "raised" and out.error.startswith("ValueError: bad value (test_bench.py:")
+
+
+def test_peak_memory_growth_counts_a_calls_allocations():
+    from lighthouse.benchmarks.measure import growth_during
+
+    x = torch.randn(1 << 20)
+    x * 2  # warm-up
+    grown = growth_during(lambda: x * 2)  # a 4 MiB result
+    assert 4 * 2**20 <= grown < 5 * 2**20
+    assert growth_during(lambda: None) < 2**20
+
+
+def test_timing_budget_limits_warmup_and_rounds():
+    from lighthouse.runtime import measure_alternately
+
+    calls = {"ours": 0, "theirs": 0}
+
+    def side(name, seconds):
+        def call():
+            calls[name] += 1
+            time.sleep(seconds)
+        return call
+
+    times = measure_alternately(side("ours", 0.02), side("theirs", 0.04), budget_seconds=0.3,
+                                rounds=10, min_rounds=3)
+    # one warm-up call each (a second would not fit the budget), then 3 rounds of 1 call
+    assert calls == {"ours": 4, "theirs": 4}
+    assert len(times.ours_rounds) == len(times.theirs_rounds) == 3
+    assert 0.02 <= times.ours < times.theirs
