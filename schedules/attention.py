@@ -32,6 +32,7 @@ import transform_ext
 from transform_ext.analysis.classify import reduction_combiner
 from transform_ext.analysis.structure import dim_positions, is_linalg_op, loop_structure
 from transform_ext.common import defining_op
+from transform_ext.drop_broadcast_dims import drop_broadcast_dims
 from transform_ext.drop_unused_results import drop_unused_results
 from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion
 from transform_ext.fold_scalar_or_splat_constant import fold_scalar_or_splat_constant
@@ -106,7 +107,39 @@ def _normalize(payload: ir.Module) -> None:
         canonicalize(f)
 
     run_schedule(payload, body)
+    _fold_shared_collapses(payload)
     run_passes(payload, "linalg-fold-unit-extent-dims, canonicalize, cse")
+
+
+def _fold_shared_collapses(payload: ir.Module, rounds: int = 8) -> None:
+    """Collapses read by several linalg ops (grouped-query attention collapses its
+    [kv heads, group] scores for the softmax) are folded into every reader, so the whole
+    graph runs in the scores' iteration space."""
+    from transform_ext.fold_reshape_ops_by_expansion import CannotFold, plan_fold
+
+    for _ in range(rounds):
+        foldable = []
+
+        def visit(op):
+            if op.name == "tensor.collapse_shape":
+                try:
+                    plan_fold(op, multi_use=True)
+                    foldable.append(op)
+                except CannotFold:
+                    pass
+            return ir.WalkResult.ADVANCE
+
+        payload.operation.walk(visit)
+        if not foldable:
+            return
+        tag_ops(foldable[:1])
+
+        def body(root):
+            fold_reshape_ops_by_expansion(match_id(root, 0))
+            fold_reshape_ops_by_expansion(match(root, "func.func"))
+
+        run_schedule(payload, body)
+        clear_tags(payload)
 
 
 def find_attention(payload: ir.Module) -> AttentionOps:
@@ -203,14 +236,54 @@ def check(payload: ir.Module) -> str | None:
 
 
 def _first_line(exc: Exception) -> str:
-    for line in str(exc).splitlines():
+    import re
+
+    text = str(exc)
+    for line in text.splitlines():
         if "Diagnostic message" in line:
-            return line.split("): ", 1)[-1][:200]
-    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+            text = line.split("): ", 1)[-1]
+            break
+    else:
+        text = (text.splitlines() or [type(exc).__name__])[0]
+    text = re.sub(r" at loc\([^)]*\)", "", text)
+    return text.split("at loc(unknown)")[0].strip()[:240]
+
+
+def _share_kv_heads(payload: ir.Module) -> None:
+    """K and V repeated per query head (grouped-query attention) are read once per kv head:
+    their elementwise chains (repeat, transpose, scale) merge, then the repeated dims go."""
+    ops = find_attention(payload)
+    chain = []
+    for contraction in (ops.scores, ops.values):
+        pending = [defining_op(v) for v in contraction.operands[:2]]
+        while pending:
+            op = pending.pop()
+            if op is None or op in chain or not is_linalg_op(op) or op is ops.row_max:
+                continue
+            if op.name != "linalg.generic" or not loop_structure(op).is_elementwise:
+                continue
+            if _depends_on(op, ops.row_max.results[0]):
+                continue
+            chain.append(op)
+            pending.extend(defining_op(v) for v in op.operands)
+    if not chain:
+        return
+    tag_ops(chain)
+
+    def body(root):
+        handles = [match_id(root, i) for i in range(len(chain))]
+        merged = handles[0] if len(handles) == 1 else transform.merge_handles(handles)
+        fuse_elementwise_producers(merged)
+        drop_broadcast_dims(match(root, "func.func"))
+
+    run_schedule(payload, body)
+    clear_tags(payload)
+    run_passes(payload, "canonicalize, cse")
 
 
 def _prepare_guard(payload: ir.Module) -> None:
     """Steps 2 of the module docstring: sink 1/l past P V, guard read from the max."""
+    _share_kv_heads(payload)
     ops = find_attention(payload)
     tag_ops([ops.values])
     run_schedule(payload, lambda root: sink_normalization_past_contraction(match_id(root, 0)))

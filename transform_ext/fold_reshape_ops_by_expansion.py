@@ -25,8 +25,8 @@ the value's producer and its other users: SDPA's row max, expanded by a unit dim
 expand instead of pushing it onto the scores). Named ops other than linalg.fill become
 linalg.generic (a batch matmul with two batch dims is no named op); fill stays a fill.
 Anything else is left alone. A target that is itself a reshape op the op cannot fold is a
-silenceable failure naming the reason; other targets are containers whose bodies are
-rewritten. The result holds the targets (a folded reshape target is dropped from it).
+silenceable failure naming the reason (a collapse given as a target is folded into each of
+its users, however many); other targets are containers whose bodies are rewritten. The result holds the targets (a folded reshape target is dropped from it).
 """
 
 from dataclasses import dataclass
@@ -129,9 +129,10 @@ def _check_other_inputs(op: ir.Operation, operand: int, expand: dict[int, list[i
             raise CannotFold(f"it would reshape input {i} of {op.name}, which other ops also read")
 
 
-def plan_fold(reshape: ir.Operation) -> list[Fold]:
+def plan_fold(reshape: ir.Operation, multi_use: bool = False) -> list[Fold]:
     """Folds that absorb `reshape` (one per consumer for a collapse; the producer for an
-    expand); raises CannotFold with the reason when there is none."""
+    expand); raises CannotFold with the reason when there is none. `multi_use` allows a
+    collapse with several users (each user absorbs it; used for reshapes given as targets)."""
     if _static_shape(reshape.operands[0].type) is None or _static_shape(reshape.results[0].type) is None:
         raise CannotFold("the reshape is not static")
     groups = reassociation(reshape)
@@ -148,7 +149,7 @@ def plan_fold(reshape: ir.Operation) -> list[Fold]:
         expand = expansion_of(producer, n_in + k, groups, _static_shape(reshape.results[0].type))
         _check_other_inputs(producer, n_in + k, expand)
         return [Fold(producer, n_in + k, reshape)]
-    if len(list(reshape.results[0].uses)) != 1:
+    if len(list(reshape.results[0].uses)) != 1 and not multi_use:
         raise CannotFold("the collapsed value has several users")
     folds = []
     reasons = []
@@ -346,9 +347,9 @@ def fold_reshape_target(reshape: ir.Operation, rewriter) -> None:
     """Fold a reshape given as a target into all its consumers (collapse) or its producer."""
     if _fold_reshape_pair(reshape, rewriter):
         return
-    while not _apply(plan_fold(reshape)[0], rewriter):
+    while not _apply(plan_fold(reshape, multi_use=True)[0], rewriter):
         try:
-            plan_fold(reshape)
+            plan_fold(reshape, multi_use=True)
         except CannotFold:
             return
 
@@ -366,7 +367,7 @@ class FoldReshapeOpsByExpansionOp(TransformExt.Operation, name="fold_reshape_ops
                     for t in targets:
                         if t.name in _RESHAPES:
                             try:
-                                plan_fold(t)
+                                plan_fold(t, multi_use=True)
                             except CannotFold as exc:
                                 raise Illegal(t, f"cannot fold: {exc}") from None
                 except Illegal as illegal:

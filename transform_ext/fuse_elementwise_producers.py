@@ -104,8 +104,10 @@ class FuseElementwiseProducersOp(TransformExt.Operation, name="fuse_elementwise_
                             for index in range(ls.num_inputs):
                                 producer = _fusable(consumer, index)
                                 if producer is not None:
+                                    remaining = [t for t in targets if t != producer]
+                                    was_target = [t == consumer for t in remaining]
                                     new = _fuse(consumer, index, producer, rewriter)
-                                    targets = [new if t == consumer else t for t in targets]
+                                    targets = [new if hit else t for t, hit in zip(remaining, was_target)]
                                     changed = True
                                     break
                             if changed:

@@ -130,15 +130,36 @@ def test_no_sq_by_skv_buffer_after_bufferization(fused_ir):
         assert not (64 in dims and 96 in dims), f"an S_q x S_kv buffer: {shape}"
 
 
-def test_gqa_falls_back_with_a_note_and_strict_refuses(kernel_file):
+def test_gqa_reads_one_copy_of_k_and_v_per_kv_head(kernel_file):
     path = _kernel(kernel_file, "q, k, v, enable_gqa=True",
-                   "[torch.randn(1, 4, 20, 8), torch.randn(1, 2, 20, 8), torch.randn(1, 2, 20, 8)]")
+                   "[torch.randn(2, 6, 40, 16), torch.randn(2, 2, 40, 16), torch.randn(2, 2, 40, 16)]",
+                   config="query_tile=16, key_tile=16")
+    fused = str(compile_kernel(path, stop_after="fuse").module)
+    # K^T (scaled) is materialized per kv head only: [B * Hkv, D, S], never per query head
+    shapes = re.findall(r"tensor<([0-9x]+)xf32>", fused)
+    assert "2x2x16x40" in shapes, shapes                 # K^T once per (batch, kv head)
+    # K^T and its per-(batch, kv head) slices only; no copy per query head (6) or group (3)
+    assert {s for s in shapes if s.endswith("x16x40")} <= {"2x2x16x40", "1x1x16x40"}, shapes
+    _check(compile_kernel(path))
+
+
+def test_a_softmax_variant_it_cannot_fuse_falls_back_with_a_note(kernel_file):
+    path = kernel_file("""
+        import torch
+        class Model(torch.nn.Module):
+            def forward(self, q, k, v):
+                p = torch.softmax(q @ k.transpose(-1, -2), dim=-1)
+                return torch.sin(p) @ v
+        def get_inputs():
+            torch.manual_seed(0)
+            return [torch.randn(2, 20, 8) for _ in range(3)]
+        def get_init_inputs():
+            return []
+    """)
     compiled = compile_kernel(path)
-    if compiled.family.name == "attention":  # GQA handled by the schedule
-        _check(compiled)
-        return
     assert compiled.family.name == "generic"
     assert compiled.notes and compiled.notes[0].startswith("the attention schedule does not apply (")
+    assert "linalg" in compiled.notes[0]  # names the op the schedule could not take
     assert all(r.ok for r in compiled.check())
     with pytest.raises(ScheduleMismatch, match="attention schedule does not apply"):
         compile_kernel(path, strict=True)
