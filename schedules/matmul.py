@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from torch_mlir import ir
-from torch_mlir.dialects import transform
+from torch_mlir.dialects import arith, linalg, tensor, transform
 from torch_mlir.dialects.transform import structured
 from torch_mlir.dialects.transform import tensor as ttensor
 from torch_mlir.dialects.transform import vector as tvec
@@ -53,6 +53,7 @@ from .prepare import split_assertions
 ROLE = "lh.mm_role"            # string attribute: the part of the matmul schedule an op plays
 VECTOR_SIZES = "lh.mm_vector"  # i64 array: vector sizes of the op's nominal tile
 _DONE = "lh.mm_done"           # contraction already scheduled (its kernel op)
+_WIDEN = "lh.mm_widen"          # markers between the tiling and the widening fusion
 _SEQUENTIAL = "lh.sequential"
 
 FLOAT_TYPES = ("f32", "f16", "bf16")
@@ -350,6 +351,66 @@ def _pack(payload: ir.Module, c: Contraction, params: MatmulParams) -> ir.Operat
                 if _DONE in op.attributes and ROLE not in op.attributes)
 
 
+def _elementwise(value, result_type, body) -> ir.Operation:
+    """linalg.generic applying `body(builder args)` elementwise to `value`."""
+    t = value.type
+    rank = len(t.shape)
+    identity = ir.AffineMapAttr.get(ir.AffineMap.get_identity(rank))
+    empty = tensor.EmptyOp(t.shape, result_type)
+    op = linalg.GenericOp([ir.RankedTensorType.get(t.shape, result_type)], [value], [empty.result],
+                          ir.ArrayAttr.get([identity, identity]),
+                          ir.ArrayAttr.get([ir.Attribute.parse("#linalg.iterator_type<parallel>")] * rank))
+    block = op.regions[0].blocks.append(t.element_type, result_type)
+    with ir.InsertionPoint(block):
+        linalg.YieldOp([body(block.arguments[0])])
+    return op.operation
+
+
+def _extend_to_f32(x: ir.Value) -> ir.Value:
+    """x (f16 or bf16) as f32, exactly. bf16 is the upper half of an f32: its bits shifted
+    up by 16 (which vectorizes to a zero-extend and a shift; LLVM's own bf16 extension on
+    this target goes element by element)."""
+    f32 = ir.F32Type.get()
+    if not isinstance(x.type, ir.BF16Type):
+        return arith.ExtFOp(f32, x).result
+    i16, i32 = ir.IntegerType.get_signless(16), ir.IntegerType.get_signless(32)
+    bits = arith.ExtUIOp(i32, arith.BitcastOp(i16, x).result).result
+    shifted = arith.ShLIOp(bits, arith.ConstantOp(i32, 16).result).result
+    return arith.BitcastOp(f32, shifted).result
+
+
+def _widen_operands(c: Contraction) -> dict[str, ir.Operation]:
+    """A contraction of 16-bit operands becomes one of f32 operands, each fed by an
+    elementwise extension (exact), so the kernel and its packed panels are f32 and the
+    extension happens once, while packing. Returns the extensions by operand ("a", "b")."""
+    f32 = ir.F32Type.get()
+    op = c.op
+    if all(v.type.element_type == f32 for v in op.operands):
+        return {}
+    ls = loop_structure(op)
+    with ir.InsertionPoint(op), op.location:
+        inputs, converts = [], {}
+        for index in (0, 1):
+            value = op.operands[index]
+            if value.type.element_type != f32:
+                convert = _elementwise(value, f32, _extend_to_f32)
+                converts["a" if index == c.a_index else "b"] = convert
+                value = convert.results[0]
+            inputs.append(value)
+        maps = ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in ls.maps])
+        iterators = ir.ArrayAttr.get([ir.Attribute.parse(f"#linalg.iterator_type<{it}>")
+                                      for it in ls.iterators])
+        widened = linalg.GenericOp([op.results[0].type], inputs, [op.operands[2]], maps, iterators)
+        block = widened.regions[0].blocks.append(f32, f32, f32)
+        with ir.InsertionPoint(block):
+            product = arith.MulFOp(block.arguments[0], block.arguments[1]).result
+            linalg.YieldOp([arith.AddFOp(block.arguments[2], product).result])
+    op.results[0].replace_all_uses_with(widened.results[0])
+    op.erase()
+    c.op = widened.operation
+    return converts
+
+
 def _kernel_dims(kernel: ir.Operation, c: Contraction, a_index: int) -> dict[str, list[int] | int]:
     """Loop dims of the packed contraction: batch, m1, n1, k, m0, n0."""
     ls = loop_structure(kernel)
@@ -376,6 +437,12 @@ def _schedule_packed(payload: ir.Module, c: Contraction, params: MatmulParams) -
     mr, nr = params.register
     nb = len(c.batch)
     epilogue = find_epilogue(c)
+    ls = loop_structure(c.op)
+    sizes_of = {d: 1 for d in c.batch} | {c.m: mr, c.n: nr, c.k: params.pack_k}
+    converts = _widen_operands(c)
+    for name, convert in converts.items():
+        index = c.a_index if name == "a" else 1 - c.a_index
+        _set_role(convert, f"convert_{name}", [sizes_of[d] for d in dim_positions(ls.maps[index])])
     kernel = _pack(payload, c, params)
     _set_role(kernel, "kernel")
     a_index = c.a_index
@@ -410,7 +477,12 @@ def _schedule_packed(payload: ir.Module, c: Contraction, params: MatmulParams) -
 
     dims = _kernel_dims(kernel, c, a_index)
     rank = dims["rank"]
-    ops = [epilogue, unpack, kernel, pack_b, pack_a, init]
+    # A 16-bit operand is widened to f32 while it is packed (the kernel then runs on f32).
+    for name, pack in (("a", pack_a), ("b", pack_b)):
+        source = _producer(pack.operands[0]) if pack is not None else None
+        if name in converts and (source is None or source.name != "linalg.generic"):
+            del converts[name]  # folded away (e.g. a constant): nothing to fuse
+    ops = [epilogue, unpack, kernel, pack_b, pack_a, init, converts.get("b"), converts.get("a")]
     for i, op in enumerate(ops):
         if op is not None:
             tag_ops([op], start=i)
@@ -455,10 +527,18 @@ def _schedule_packed(payload: ir.Module, c: Contraction, params: MatmulParams) -
         kernel_h, _ = _tile(kernel_h, _sizes(rank, k=(dims["k"], 1)))
         # Pack slices of pack_k rows: A's walk along its rows (k inner); B's walk along
         # B's rows too (k outer, panels inner), not down its columns (a page per row).
+        tiled_packs = {}
         if packs["a"] is not None:
-            _tile(packs["a"], [1] * nb + [1, params.pack_k])
+            tiled_packs["a"], _ = _tile(packs["a"], [1] * nb + [1, params.pack_k])
         if packs["b"] is not None:
-            _tile(packs["b"], [1] * nb + [1, params.pack_k], interchange=list(range(nb)) + [nb + 1, nb])
+            tiled_packs["b"], _ = _tile(packs["b"], [1] * nb + [1, params.pack_k],
+                                        interchange=list(range(nb)) + [nb + 1, nb])
+        if converts:  # the widening is fused level by level below, after cleanup
+            transform.AnnotateOp(forall, f"{_WIDEN}_forall")
+            for loop, name in zip(block_loops, ("m", "k") if m_blocks else ("k",)):
+                transform.AnnotateOp(loop, f"{_WIDEN}_{name}")
+            for name, tiled in tiled_packs.items():
+                transform.AnnotateOp(tiled, f"{_WIDEN}_{name}_pack")
         if init_h is not None:
             _tile(init_h, [1] * nb + [1, 1] + ([0, 0] if init_is_fill else []))
         if epilogue is not None:
@@ -477,6 +557,43 @@ def _schedule_packed(payload: ir.Module, c: Contraction, params: MatmulParams) -
 
     _run(payload, body)
     clear_tags(payload)
+    if converts:
+        _fuse_widening_into_packs(payload, converts)
+
+
+def _fuse_widening_into_packs(payload: ir.Module, converts: dict[str, ir.Operation]) -> None:
+    """Each pack slice widens its own source slice: the extension is fused, level by level
+    (the forall, the k block loop, for A the row block loop, the packing loop), down to
+    the tiled pack, so 16-bit data is read once and written packed as f32."""
+    present = set()
+
+    def visit(op):
+        names = [a if isinstance(a, str) else a.name for a in op.attributes]
+        present.update(n for n in names if n.startswith(_WIDEN))
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit)
+    levels = {"b": ["forall", "k"], "a": ["forall", "k", "m"]}
+    tag_ops(list(converts.values()))
+
+    def marked(root, name):
+        return structured.MatchOp(any_op(), root, op_attrs={f"{_WIDEN}_{name}": ir.UnitAttr.get()}).result
+
+    def body(root):
+        for i, name in enumerate(converts):
+            widen = match_id(root, i)
+            for level in levels[name]:
+                if f"{_WIDEN}_{level}" in present:
+                    widen, _ = _fuse_into(widen, marked(root, level))
+            loop = transform.GetParentOp(any_op(), marked(root, f"{name}_pack"), op_name="scf.for",
+                                         deduplicate=True).result
+            _fuse_into(widen, loop)
+        canonicalize(match(root, "func.func"))
+
+    _run(payload, body)
+    clear_tags(payload)
+    for attr in present:
+        clear_tags(payload, attr)
 
 
 def _schedule_unpacked(payload: ir.Module, c: Contraction, params: MatmulParams) -> None:

@@ -107,16 +107,34 @@ def test_addmm_and_a_softmax_consumer(kernel_file):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_half_inputs_accumulate_in_f32(kernel_file, dtype):
+@pytest.mark.parametrize("m,n,k,b", [(40, 72, 1024, 1), (37, 45, 300, 3)])
+def test_half_inputs_accumulate_in_f32(kernel_file, dtype, m, n, k, b):
     """torch rounds an f32 accumulation once; a 16-bit accumulator over k = 1024 would be
-    off by many ulps. Ours must be within one ulp of torch's result."""
-    compiled = compile_kernel(binary_kernel(kernel_file, 40, 72, 1024, dtype=dtype))
+    off by many ulps. Ours must be within one ulp of torch's result (edges, k blocks and
+    a batch included: the operands are widened to f32 while they are packed)."""
+    expr, a_shape, b_shape = ("torch.bmm(a, b)", "B, M, K", "B, K, N") if b > 1 else ("a @ b", "M, K", "K, N")
+    compiled = compile_kernel(binary_kernel(kernel_file, m, n, k, b=b, dtype=dtype, expr=expr,
+                                            a_shape=a_shape, b_shape=b_shape))
     assert compiled.family.name == "matmul"
     (got,) = compiled.run()
     (want,) = compiled.imported.reference()
     assert got.dtype == want.dtype == getattr(torch, dtype)
     ulp = torch.finfo(want.dtype).eps * want.float().abs().clamp_min(1.0)
     assert ((got.float() - want.float()).abs() <= ulp).all()
+
+
+def test_half_operands_are_widened_while_packing(kernel_file):
+    text = str(compile_kernel(binary_kernel(kernel_file, 64, 64, 64, dtype="bfloat16"),
+                              stop_after="vectorize").module)
+    filecheck(text, """
+        CHECK-DAG: vector.transfer_read {{.*}} : tensor<16x32xbf16>, vector<16x32xbf16>
+        CHECK-DAG: arith.shli {{.*}} : vector<16x32xi32>
+        CHECK-DAG: vector.transfer_write {{.*}} : vector<16x32xf32>, tensor<1x16x32xf32>
+        CHECK-DAG: vector.transfer_read {{.*}} : tensor<8x16xbf16>, vector<8x16xbf16>
+        CHECK-DAG: vector.transfer_write {{.*}} : vector<16x8xf32>, tensor<1x16x8xf32>
+        CHECK: vector.contract {{.*}} : vector<1x8xf32>, vector<1x32xf32> into vector<8x32xf32>
+        CHECK: arith.truncf {{.*}} : vector<8x32xf32> to vector<8x32xbf16>
+        """)
 
 
 def test_ir_after_vectorize_and_bufferize(kernel_file):
