@@ -103,14 +103,16 @@ class MatmulParams:
         `lanes` f32 per vector register, `registers` vector registers).
 
         k blocks of at most max_tile_k (a max_tile_k x NR micro-panel of B stays in L1);
-        output tiles of at most max_tile x max_tile (the accumulator tile stays in L2), both
-        split evenly; then tiles are split further until every thread gets the same number
+        output tiles of at most max_tile x max_tile elements (the accumulator tile stays in
+        L2; up to 2 max_tile wide when there are fewer rows), both split evenly; then tiles are split further until every thread gets the same number
         of tiles (or there are plenty), along N when that repacks less than along M."""
         nr = 2 * lanes
         mr = 8 if registers >= 32 else 4
         pack = m >= mr and n >= lanes
         tile_k = -(-k // -(-k // max_tile_k))
-        counts = [-(-m // max_tile), -(-n // max_tile)]
+        # Few rows (an MLP's batch): wider tiles, so A is repacked for fewer column tiles.
+        wide = min(2 * max_tile, max(max_tile, max_tile * max_tile // _round_up(min(m, max_tile), mr)))
+        counts = [-(-m // max_tile), -(-n // wide)]
 
         def tiles(cm, cn):
             return _round_up(-(-m // cm), mr), _round_up(-(-n // cn), nr)
@@ -439,6 +441,8 @@ def _schedule_packed(payload: ir.Module, c: Contraction, params: MatmulParams) -
     epilogue = find_epilogue(c)
     ls = loop_structure(c.op)
     sizes_of = {d: 1 for d in c.batch} | {c.m: mr, c.n: nr, c.k: params.pack_k}
+    k_contiguous = {"a": dim_positions(ls.maps[c.a_index])[-1] == c.k,
+                    "b": dim_positions(ls.maps[1 - c.a_index])[-1] == c.k}
     converts = _widen_operands(c)
     for name, convert in converts.items():
         index = c.a_index if name == "a" else 1 - c.a_index
@@ -525,14 +529,15 @@ def _schedule_packed(payload: ir.Module, c: Contraction, params: MatmulParams) -
         kernel_h, _ = _tile(kernel_h, _sizes(rank, n1=(dims["n1"], 1)))
         kernel_h, _ = _tile(kernel_h, _sizes(rank, m1=(dims["m1"], 1)))
         kernel_h, _ = _tile(kernel_h, _sizes(rank, k=(dims["k"], 1)))
-        # Pack slices of pack_k rows: A's walk along its rows (k inner); B's walk along
-        # B's rows too (k outer, panels inner), not down its columns (a page per row).
+        # Pack slices of pack_k along k: the slices of one operand are visited in the order
+        # of its memory (k innermost when k is its contiguous dim, else the panel index),
+        # not across rows (a page per row).
         tiled_packs = {}
-        if packs["a"] is not None:
-            tiled_packs["a"], _ = _tile(packs["a"], [1] * nb + [1, params.pack_k])
-        if packs["b"] is not None:
-            tiled_packs["b"], _ = _tile(packs["b"], [1] * nb + [1, params.pack_k],
-                                        interchange=list(range(nb)) + [nb + 1, nb])
+        for name in ("a", "b"):
+            if packs[name] is not None:
+                interchange = list(range(nb)) + [nb + 1, nb] if not k_contiguous[name] else None
+                tiled_packs[name], _ = _tile(packs[name], [1] * nb + [1, params.pack_k],
+                                             interchange=interchange)
         if converts:  # the widening is fused level by level below, after cleanup
             transform.AnnotateOp(forall, f"{_WIDEN}_forall")
             for loop, name in zip(block_loops, ("m", "k") if m_blocks else ("k",)):
