@@ -125,7 +125,44 @@ def _attention_vectorize(module, target):
 ATTENTION = Family("attention", _attention_recognize, _attention_check, _attention_fuse,
                    _attention_vectorize)
 
-SPECIALIZED: list[Family] = [ATTENTION, MATMUL]
+
+def _cross_entropy_params(target):
+    from schedules.cross_entropy import CrossEntropyParams
+
+    options = dict(getattr(target, "options", ()))
+    known = {k: options[k] for k in ("row_tile", "class_tile") if k in options}
+    return CrossEntropyParams(threads=getattr(target, "threads", 1), **known)
+
+
+def _cross_entropy_recognize(module):
+    from schedules.cross_entropy import recognize
+
+    return recognize(module)
+
+
+def _cross_entropy_check(module):
+    from schedules.cross_entropy import check
+
+    return check(module)
+
+
+def _cross_entropy_fuse(module, target):
+    from schedules.cross_entropy import fuse_cross_entropy
+
+    fuse_cross_entropy(module, _cross_entropy_params(target))
+
+
+def _cross_entropy_vectorize(module, target):
+    from schedules.cross_entropy import vectorize_cross_entropy
+
+    vectorize_cross_entropy(module, _generic_params(target))
+
+
+# Before attention: attention's cheap test also accepts a log_softmax with three reductions.
+CROSS_ENTROPY = Family("cross_entropy", _cross_entropy_recognize, _cross_entropy_check,
+                       _cross_entropy_fuse, _cross_entropy_vectorize)
+
+SPECIALIZED: list[Family] = [CROSS_ENTROPY, ATTENTION, MATMUL]
 
 
 def family_names() -> list[str]:

@@ -7,7 +7,8 @@ are frozen into the IR as constants; the function's arguments are the tensors of
 Backward (`import_joint`): the joint forward+backward graph
     (inputs..., params...) -> (outputs..., d inputs..., d params...)
 with every floating-point output seeded by ones (for a scalar loss: d loss / d loss = 1),
-traced by `make_fx` over `torch.func.vjp` under functionalization, decomposed with
+traced by `make_fx` over `torch.func.vjp` under functionalization (float inputs torch cannot
+differentiate through, such as the class weights of nll_loss, get no gradient), decomposed with
 torch-mlir's table minus the backward ops torch-mlir lowers to linalg itself
 (nll_loss_backward, the softmax backwards), plus a local decomposition of the one-hot
 `scatter` into a select, so the result is pure linalg (no `tm_tensor.scatter`).
@@ -79,7 +80,7 @@ def import_forward(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel
         with torch.no_grad():
             return _flatten(model(*inputs), name)
 
-    expected = reference()
+    expected = _run_reference(reference, name)
     names = [f"out{i}" for i in range(len(expected))]
     return _finish(module, tensors, reference, expected, names, name)
 
@@ -91,7 +92,7 @@ def import_joint(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel")
 
     inputs = _distinct(inputs)
     tensor_pos = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor)]
-    grad_pos = [i for i in tensor_pos if inputs[i].is_floating_point()]
+    grad_pos = _differentiable(model, inputs, [i for i in tensor_pos if inputs[i].is_floating_point()])
     params = {k: v.detach() for k, v in model.named_parameters() if v.is_floating_point()}
     param_names = list(params)
     if not grad_pos and not params:
@@ -146,11 +147,22 @@ def import_joint(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel")
         grads = [torch.zeros_like(w) if g is None else g for g, w in zip(grads, wrt)]
         return tuple(o.detach() for o in outs) + tuple(g.detach() for g in grads)
 
-    expected = reference()
+    expected = _run_reference(reference, name)
     n_out = len(expected) - len(grad_pos) - len(param_names)
     names = ([f"out{i}" for i in range(n_out)] + [f"d_input{i}" for i in grad_pos]
              + [f"d_{k}" for k in param_names])
     return _finish(module, flat_args, reference, expected, names, name)
+
+
+def _run_reference(reference, name: str) -> tuple:
+    """torch on the example inputs; inputs torch rejects (a target out of range, ...) are
+    the user's error: one line naming the kernel and torch's reason."""
+    try:
+        return reference()
+    except (IndexError, ValueError, RuntimeError) as exc:
+        reason = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise IngressError(f"{name}: torch rejects the example inputs: "
+                           f"{type(exc).__name__}: {reason}") from exc
 
 
 def _finish(module, args, reference, expected, names, name) -> Imported:
@@ -265,6 +277,27 @@ def _seed_like(out):
     return type(out)(torch.ones_like(t) if t.is_floating_point() else None for t in out)
 
 
+def _differentiable(model, inputs: tuple, positions: list[int]) -> list[int]:
+    """The float inputs torch can differentiate through: some cannot (the class weights of
+    nll_loss raise "not differentiable with respect to argument"). Each is probed by calling
+    the model on meta tensors with only that input requiring grad; an input whose probe
+    fails any other way is kept (the real trace reports the problem)."""
+    keep = []
+    for i in positions:
+        probe = [t.detach().to("meta") if isinstance(t, torch.Tensor) else t for t in inputs]
+        probe[i].requires_grad_(True)
+        try:
+            with torch.enable_grad():
+                model(*probe)
+        except RuntimeError as exc:
+            if "not differentiable with respect to argument" in str(exc):
+                continue
+        except Exception:
+            pass
+        keep.append(i)
+    return keep
+
+
 def _scatter_value_onehot(self, dim, index, value):
     """scatter(self, dim, index, value) with one index per row along `dim` == a select."""
     if index.shape[dim] != 1 or any(index.shape[d] != self.shape[d]
@@ -280,8 +313,8 @@ def _joint_decompositions() -> dict:
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
     aten = torch.ops.aten
-    keep = {aten.nll_loss_backward, aten.nll_loss2d_backward,
-            aten._log_softmax_backward_data, aten._softmax_backward_data}
+    # nll_loss2d_backward (the N-D loss) is decomposed: torch-mlir has no lowering for it.
+    keep = {aten.nll_loss_backward, aten._log_softmax_backward_data, aten._softmax_backward_data}
     table = {op: fn for op, fn in get_decomposition_table().items()
              if getattr(op, "overloadpacket", op) not in keep}
     table[aten.scatter.value] = _scatter_value_onehot

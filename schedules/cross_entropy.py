@@ -1,0 +1,643 @@
+"""Fused cross-entropy: F.cross_entropy imported from torch, one pass over the logits.
+
+Input: the linalg graph torch-mlir makes of `F.cross_entropy` (forward, or the joint
+forward+backward graph): log_softmax over the class dim,
+    m = max_c x,  l = sum_c exp(x - m),  logp = (x - m) - log(l),
+then the loss reads logp (a gather logp[i, y_i], class sums for label smoothing and
+probability targets) and the backward computes
+    d x = G - exp(logp) * sum_c G,   G = d loss / d logp (the one-hot of nll_loss_backward).
+Schedule (`fuse_cross_entropy`), target independent up to vectorization:
+  1. normalize: drop the unused argmax, fold scalar constants into bodies, fold reshapes and
+     unit dims, split the target-bounds assertions out of the gathers;
+  2. restructure so nothing reads an [N, C] intermediate: gathers from elementwise results
+     read what they are made of (logp[i, y] = x[i, y] - m[i] - log l[i]); class sums of an
+     affine function of logp are split into sums of x and of coefficients
+     (sum_c a_c logp_c = sum_c a_c x_c - (m + log l) sum_c a_c); elementwise [N, C] ops are
+     inlined into their readers;
+  3. check the result: every op iterating over the classes is the row max, a class
+     reduction, an elementwise op between them, or the gradient; else the schedule does not
+     apply (the reason names the op);
+  4. tile the rows into an scf.forall (the gradient, or the per-row loss, is the root; every
+     producer over the rows is fused into it);
+  5. inside each row block, fuse_dependent_reduction_ops makes the max, the exp-sum (online,
+     stable exp(m_old - m_new) correction) and every sibling class sum ONE loop over class
+     tiles; the gradient, if any, is a second sweep over the block's logits (still in cache)
+     that writes d x once.
+Forward: the logits are read once, no [N, C] tensor exists. Forward+backward: the logits are
+read once from memory (the second sweep hits the cache), the gradient written once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch_mlir import ir
+from torch_mlir.dialects import arith, tensor, transform
+from torch_mlir.dialects.transform import structured
+
+import transform_ext
+from transform_ext.analysis.classify import reduction_combiner
+from transform_ext.analysis.dims import DimClasses
+from transform_ext.analysis.structure import is_linalg_op, loop_structure
+from transform_ext.common import body_of, clone_body, defining_op, iterator_kinds
+from transform_ext.drop_unused_results import drop_unused_results
+from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion
+from transform_ext.fold_scalar_or_splat_constant import fold_scalar_or_splat_constant
+from transform_ext.fuse_dependent_reduction_ops import fuse_dependent_reduction_ops
+
+from .common import canonicalize, clear_tags, match, match_id, run_passes, run_schedule, tag_ops
+from .class_reductions import split_affine_reduction, split_class_reduction
+from .elementwise_inlining import inline_elementwise_producers, merge_elementwise
+from .gather_folding import (append_input, fold_gathers_through_elementwise,
+                             promote_indexed_extracts)
+from .generic import GenericParams, func_ops, largest_divisor_at_most, vectorize_generic
+from .prepare import split_assertions
+
+
+CLASS_SUM = "lh.class_sum"  # marks the reductions of the fused class loops for vectorization
+
+
+class NotCrossEntropy(Exception):
+    """The payload is not a cross-entropy this schedule takes; the message is the reason."""
+
+
+@dataclass(frozen=True)
+class CrossEntropyParams:
+    """row_tile: rows per scf.forall iteration (0: chosen so a block's logits stay in L2:
+    `block_bytes`); class_tile: classes per step of the fused loop (a remainder tile is
+    handled); threads: row blocks are balanced for this many workers."""
+
+    row_tile: int = 0
+    class_tile: int = 4096
+    threads: int = 2
+    block_bytes: int = 1 << 20
+    vector_tile: int = 64
+
+    def __post_init__(self):
+        for name in ("class_tile", "threads", "block_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"CrossEntropyParams.{name} must be >= 1, got {getattr(self, name)}")
+        if self.row_tile < 0:
+            raise ValueError(f"CrossEntropyParams.row_tile must be >= 0, got {self.row_tile}")
+
+
+@dataclass
+class CrossEntropyOps:
+    """The ops of one restructured cross-entropy (payload ops)."""
+
+    row_max: ir.Operation          # m = max_c x
+    class_sums: list               # reductions over the classes (exp-sum and siblings)
+    gradient: ir.Operation | None  # the [.., C, ..] elementwise op writing d x, if any
+    root: ir.Operation             # the op tiled into the row forall
+    class_dim: int                 # of row_max's iteration space
+    row_dims: list                 # loop dims of `root` running over the rows
+
+
+def _func(payload: ir.Module) -> ir.Operation:
+    funcs = list(func_ops(payload))
+    if len(funcs) != 1:
+        raise NotCrossEntropy(f"expected one function, found {len(funcs)}")
+    return funcs[0]
+
+
+def _block_ops(func: ir.Operation) -> list[ir.Operation]:
+    return [op.operation for op in func.regions[0].blocks[0].operations]
+
+
+def recognize(payload: ir.Module) -> bool:
+    """Cheap test: a log_softmax (max, exp, log) and a result smaller than its input (a loss)."""
+    text = str(payload)
+    return "arith.maximumf" in text and "math.exp" in text and "math.log" in text and \
+        "linalg.batch_matmul" not in text and "linalg.matmul" not in text
+
+
+def normalize(payload: ir.Module) -> None:
+    """Step 1 of the module docstring."""
+    transform_ext.load(payload.context)
+
+    def body(root, fold_reshapes=True):
+        f = match(root, "func.func")
+        f = drop_unused_results(f)
+        f = fold_scalar_or_splat_constant(f)
+        if fold_reshapes:
+            f = fold_reshape_ops_by_expansion(f)
+        canonicalize(f)
+
+    if _has_rank0_reshape(payload):
+        # fold_reshape_ops_by_expansion mistypes reshapes between rank 0 and rank 1 (the
+        # unbatched loss); unit-dim folding removes those on its own.
+        run_schedule(payload, lambda root: body(root, fold_reshapes=False))
+    else:
+        run_schedule(payload, body)
+    run_passes(payload, "linalg-fold-unit-extent-dims, canonicalize, cse")
+    split_assertions(payload)
+
+
+def _has_rank0_reshape(payload: ir.Module) -> bool:
+    found = []
+
+    def visit(op):
+        if op.name in ("tensor.expand_shape", "tensor.collapse_shape") and any(
+                v.type.rank == 0 for v in list(op.operands)[:1] + list(op.results)):
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit)
+    return bool(found)
+
+
+def restructure(payload: ir.Module) -> None:
+    """Step 2 of the module docstring."""
+    func = _func(payload)
+    with payload.context, ir.Location.unknown():
+        fold_gathers_through_elementwise(func)
+        promote_indexed_extracts(func)
+    run_passes(payload, "canonicalize, cse")
+    logits = _logits(func)
+    shape = list(logits.type.shape)
+    with payload.context, ir.Location.unknown():
+        inline_elementwise_producers([func.regions[0].blocks[0]],
+                                     producer=lambda op: list(op.results[0].type.shape) == shape,
+                                     witness=lambda s: logits if s == shape else None)
+    run_passes(payload, "canonicalize, cse")
+    row_max = _row_max(func)
+    m = row_max.results[0]
+    ops = [op for op in _block_ops(func) if is_linalg_op(op)]
+    classes = DimClasses(ops)
+    axis = (row_max, loop_structure(row_max).reduction_dims[0])
+    with payload.context:
+        for op in ops:
+            if op is row_max:
+                continue
+            ls = loop_structure(op)
+            loops = [l for l in ls.reduction_dims if classes.same((op, l), axis)]
+            if len(ls.reduction_dims) > 1 and len(loops) == 1:
+                split_class_reduction(op, loops[0])
+    for op in _class_reductions(func, row_max):
+        split_affine_reduction(op, lambda v: v == m or _depends_on_value(v, m))
+    run_passes(payload, "canonicalize, cse")
+
+
+def _row_max(func: ir.Operation) -> ir.Operation:
+    maxes = [op for op in _block_ops(func) if is_linalg_op(op) and reduction_combiner(op) == "max"
+             and len(loop_structure(op).reduction_dims) == 1]
+    if len(maxes) != 1:
+        raise NotCrossEntropy(f"expected one row max over the classes (log_softmax), found {len(maxes)}")
+    return maxes[0]
+
+
+def _class_reductions(func: ir.Operation, row_max: ir.Operation) -> list[ir.Operation]:
+    """The reductions over row_max's reduced axis, row_max excluded."""
+    ops = [op for op in _block_ops(func) if is_linalg_op(op)]
+    classes = DimClasses(ops)
+    axis = (row_max, loop_structure(row_max).reduction_dims[0])
+    out = []
+    for op in ops:
+        ls = loop_structure(op)
+        if op is not row_max and len(ls.reduction_dims) == 1 and \
+                classes.same((op, ls.reduction_dims[0]), axis):
+            out.append(op)
+    return out
+
+
+def _depends_on_value(value: ir.Value, target: ir.Value) -> bool:
+    op = defining_op(value)
+    return op is not None and _depends_on(op, target)
+
+
+def _logits(func: ir.Operation) -> ir.Value:
+    """The function argument the row max reduces (directly or through elementwise ops)."""
+    value = _row_max(func).operands[0]
+    while not isinstance(value, ir.BlockArgument):
+        op = defining_op(value)
+        if op is None or not is_linalg_op(op) or not loop_structure(op).is_elementwise:
+            raise NotCrossEntropy("the row max does not read a function argument (the logits)")
+        value = op.operands[0]
+    return value
+
+
+def find_cross_entropy(payload: ir.Module) -> CrossEntropyOps:
+    """Locate the row max, the class sums, the gradient and the root (or say why not)."""
+    func = _func(payload)
+    ops = [op for op in _block_ops(func) if is_linalg_op(op)]
+    maxes = [op for op in ops if reduction_combiner(op) == "max"
+             and len(loop_structure(op).reduction_dims) == 1]
+    if len(maxes) != 1:
+        raise NotCrossEntropy(f"expected one row max over the classes (log_softmax), found {len(maxes)}")
+    row_max = maxes[0]
+    class_dim = loop_structure(row_max).reduction_dims[0]
+    classes = DimClasses(ops)
+    axis = (row_max, class_dim)
+    m = row_max.results[0]
+
+    def iterates_classes(op):
+        return any(classes.same((op, l), axis) for l in range(loop_structure(op).num_loops))
+
+    def reduces_classes(op):
+        ls = loop_structure(op)
+        return len(ls.reduction_dims) == 1 and classes.same((op, ls.reduction_dims[0]), axis)
+
+    class_sums = [op for op in ops if op is not row_max and reduces_classes(op)]
+    if not class_sums:
+        raise NotCrossEntropy("no reduction over the classes besides the max")
+    results = _returned_ops(func)
+    x_elements = _numel(row_max.operands[0].type.shape)
+    gradients = []
+    for op in ops:
+        if op is row_max or op in class_sums or not iterates_classes(op):
+            continue
+        ls = loop_structure(op)
+        if _numel(ls.ranges) < x_elements:
+            continue  # a loop over the classes only (weights, indices): no logits pass
+        if op in results and not ls.reduction_dims and all(
+                m.is_permutation for m in ls.maps[ls.num_inputs:]):
+            gradients.append(op)
+            continue
+        raise NotCrossEntropy(f"{op.name} iterates over all the logits outside the fused "
+                              f"pass ({'a reduction over the rows' if ls.reduction_dims else 'not a result'})")
+    if len(gradients) > 1:
+        if len({tuple(loop_structure(g).ranges) for g in gradients}) != 1:
+            raise NotCrossEntropy("the gradients iterate over different spaces")
+        with payload.context:
+            gradients = [merge_elementwise(gradients)]
+    gradient = gradients[0] if gradients else None
+    row_dims = [p for p in range(m.type.rank)]
+    root = gradient if gradient is not None else _last_row_op(ops, row_max, classes)
+    root_rows = []
+    for p in row_dims:
+        for l in range(loop_structure(root).num_loops):
+            if classes.same((root, l), (m, p)):
+                root_rows.append(l)
+    return CrossEntropyOps(row_max, class_sums, gradient, root, class_dim, root_rows)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _returned_ops(func: ir.Operation) -> list[ir.Operation]:
+    ret = _block_ops(func)[-1]
+    return [op for op in (defining_op(v) for v in ret.operands) if op is not None]
+
+
+def _last_row_op(ops, row_max, classes) -> ir.Operation:
+    """The last op over the rows (m's dims, all parallel) that depends on m."""
+    m = row_max.results[0]
+    last = None
+    for op in ops:
+        ls = loop_structure(op)
+        if op is row_max or ls.reduction_dims or ls.num_loops != m.type.rank:
+            continue
+        if all(any(classes.same((op, l), (m, p)) for l in range(ls.num_loops))
+               for p in range(m.type.rank)) and _depends_on(op, m):
+            last = op
+    if last is None:
+        raise NotCrossEntropy("no per-row op reads the log-softmax")
+    return last
+
+
+def _depends_on(op: ir.Operation, value: ir.Value, limit: int = 256) -> bool:
+    seen, pending = [], [op]
+    while pending and len(seen) < limit:
+        cur = pending.pop()
+        if cur in seen:
+            continue
+        seen.append(cur)
+        for v in cur.operands:
+            if v == value:
+                return True
+            p = defining_op(v)
+            if p is not None and p.block == op.block:
+                pending.append(p)
+    return False
+
+
+def _depends_into(consumer: ir.Operation, producer: ir.Operation) -> bool:
+    return any(_depends_on(consumer, r) for r in producer.results)
+
+
+def check(payload: ir.Module) -> str | None:
+    """None when this schedule applies to `payload`, else the one-line reason."""
+    trial = ir.Module.parse(str(payload), payload.context)
+    try:
+        with payload.context, ir.Location.unknown():
+            fuse_cross_entropy(trial)
+    except NotCrossEntropy as exc:
+        return str(exc)
+    except Exception as exc:  # a transform refused the payload: its first line says why
+        return _first_line(exc)
+    return None
+
+
+def _first_line(exc: Exception) -> str:
+    for line in str(exc).splitlines():
+        if "Diagnostic message" in line:
+            return line.split("): ", 1)[-1][:200]
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+
+
+def fuse_cross_entropy(payload: ir.Module, params: CrossEntropyParams = CrossEntropyParams()) -> None:
+    normalize(payload)
+    restructure(payload)
+    ops = find_cross_entropy(payload)
+    for op in [ops.row_max] + ops.class_sums:
+        op.attributes[CLASS_SUM] = ir.UnitAttr.get(op.context)
+    _tie_class_sums_to_logits(payload)
+    ops = find_cross_entropy(payload)
+    if ops.gradient is not None:
+        _guard_row_scales(ops.gradient, ops.row_dims)
+    _sink_other_readers(ops.root)
+    _tile_rows(payload, ops, params)
+    _fuse_class_loop(payload, params)
+    run_passes(payload, "canonicalize, cse")
+
+
+def _guard_row_scales(gradient: ir.Operation, row_loops: list[int]) -> None:
+    """In the gradient, a product with a per-row value s (constant along the classes, e.g. the
+    row sum of d loss / d logp, 0 on ignored rows) becomes select(s == 0, 0, a * s): a row
+    whose scale is zero gets exactly 0 even where a = softmax(x) is not finite (torch gives
+    NaN there). Exact whenever a is finite."""
+    ls = loop_structure(gradient)
+    block = body_of(gradient)
+    row_args = set()
+    for i in range(ls.num_inputs):
+        dims = {e.position for e in ls.maps[i].results if isinstance(e, ir.AffineDimExpr)}
+        if dims <= set(row_loops) and isinstance(block.arguments[i].type, ir.FloatType):
+            row_args.add(i)
+    for inner in list(block.operations):
+        inner = inner.operation
+        if inner.name != "arith.mulf":
+            continue
+        scales = [v for v in inner.operands if isinstance(v, ir.BlockArgument) and
+                  v.owner == block and v.arg_number in row_args]
+        if not scales:
+            continue
+        s = scales[0]
+        with ir.InsertionPoint.after(inner), inner.location:
+            zero = arith.ConstantOp(s.type, ir.FloatAttr.get(s.type, 0.0)).result
+            is_zero = arith.cmpf(arith.CmpFPredicate.OEQ, s, zero)
+            guarded = arith.select(is_zero, zero, inner.results[0])
+        inner.results[0].replace_all_uses_except(guarded, guarded.owner.operation)
+
+
+def _tie_class_sums_to_logits(payload: ir.Module) -> None:
+    """A class reduction whose class loop no operand shares with the logits (the row sum of
+    the one-hot gradient reads only targets and loop indices) gets the logits as an unread
+    input, mapped by the dims they share in the whole graph: the fusion then sees it runs
+    over the logits' classes."""
+    func = _func(payload)
+    x = _logits(func)
+    ops = [op for op in _block_ops(func) if is_linalg_op(op)]
+    classes = DimClasses(ops)
+    for op in ops:
+        if CLASS_SUM not in op.attributes or any(v == x for v in op.operands):
+            continue
+        ls = loop_structure(op)
+        dims = []
+        for p in range(x.type.rank):
+            loop = next((l for l in range(ls.num_loops) if classes.same((op, l), (x, p))), None)
+            if loop is None:
+                raise NotCrossEntropy("a class reduction does not run over the logits' dims")
+            dims.append(ir.AffineDimExpr.get(loop))
+        with op.context:
+            append_input(op, x, ir.AffineMap.get(ls.num_loops, 0, dims))
+
+
+def _sink_other_readers(root: ir.Operation) -> None:
+    """Move the ops before `root` that do not feed it but read what it reads (the per-row
+    loss next to the gradient) after it: the row forall that replaces `root` then returns
+    the shared producers' results (m, l) to them instead of leaving copies outside."""
+    block_ops = [o.operation for o in root.block.operations]
+    position = {op: i for i, op in enumerate(block_ops)}
+    feeds = set()
+    pending = [root]
+    while pending:
+        op = pending.pop()
+        for inner in [op] + ([o.operation for o in body_of(op).operations] if op.regions else []):
+            for v in inner.operands:
+                p = defining_op(v)
+                if p is not None and p in position and p not in feeds:
+                    feeds.add(p)
+                    pending.append(p)
+    moving = []
+    tainted = set(feeds)
+    for op in block_ops[:position[root]]:
+        if op in feeds:
+            continue
+        producers = [p for p in map(defining_op, op.operands) if p is not None]
+        if any(p in tainted or p in moving for p in producers):
+            moving.append(op)
+    after = root
+    for op in moving:
+        op.move_after(after)
+        after = op
+
+
+def _row_tile(ops: CrossEntropyOps, params: CrossEntropyParams) -> tuple[int, list[int]]:
+    ls = loop_structure(ops.root)
+    extents = [ls.ranges[l] for l in ops.row_dims]
+    if not extents:
+        return 0, []
+    last = extents[-1]
+    if params.row_tile:
+        want = params.row_tile
+    else:
+        x = ops.row_max.operands[0]
+        row_bytes = x.type.shape[ops.class_dim] * max(4, x.type.element_type.width // 8)
+        want = max(1, params.block_bytes // row_bytes)
+        total = 1
+        for e in extents:
+            total *= e
+        want = min(want, max(1, total // (4 * params.threads)))
+    return largest_divisor_at_most(last, want), extents
+
+
+def _tile_rows(payload, ops: CrossEntropyOps, params: CrossEntropyParams) -> None:
+    tile, extents = _row_tile(ops, params)
+    if not extents:
+        return
+    func = _func(payload)
+    linalg_ops = [op for op in _block_ops(func) if is_linalg_op(op)]
+    classes = DimClasses(linalg_ops)
+    m = ops.row_max.results[0]
+    producers = _row_producers(ops.root, linalg_ops, classes, m)
+    sizes = [0] * loop_structure(ops.root).num_loops
+    for l in ops.row_dims[:-1]:
+        sizes[l] = 1
+    sizes[ops.row_dims[-1]] = tile
+    tag_ops([ops.root] + producers)
+
+    def body(root):
+        tiled = structured.TileUsingForallOp(match_id(root, 0), tile_sizes=sizes)
+        func = match(root, "func.func")
+        for i in range(len(producers)):
+            # CSE first: equal slices of one producer become one use to fuse into
+            canonicalize(func)
+            structured.FuseIntoContainingOp(match_id(root, i + 1), tiled.forall_op)
+
+    run_schedule(payload, body)
+    clear_tags(payload)
+    run_passes(payload, "canonicalize, cse")
+
+
+def _row_producers(root, linalg_ops, classes, m) -> list[ir.Operation]:
+    """The linalg ops `root` reads through chains of ops that run over the rows in parallel
+    (they can be computed per row block), consumers first."""
+
+    def over_rows(op):
+        ls = loop_structure(op)
+        return any(ls.iterators[l] == "parallel" and classes.same((op, l), (m, p))
+                   for l in range(ls.num_loops) for p in range(m.type.rank))
+
+    found = set()
+    pending = [root]
+    while pending:
+        op = pending.pop()
+        for v in op.operands:
+            p = defining_op(v)
+            if p is None or p in found or p not in linalg_ops or not over_rows(p):
+                continue
+            found.add(p)
+            pending.append(p)
+    return [op for op in reversed(linalg_ops) if op in found]
+
+
+def _fused_regions(payload: ir.Module) -> list[list[ir.Operation]]:
+    """The op lists of every scf.forall body, or of the function when nothing was tiled."""
+    bodies = []
+
+    def visit(op):
+        if op.name == "scf.forall":
+            bodies.append([o.operation for o in op.regions[0].blocks[0].operations])
+            return ir.WalkResult.SKIP
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return bodies or [_block_ops(_func(payload))]
+
+
+def _fuse_class_loop(payload, params: CrossEntropyParams) -> None:
+    for body_ops in _fused_regions(payload):
+        ops = [op for op in body_ops if is_linalg_op(op) and CLASS_SUM in op.attributes]
+        maxes = [op for op in ops if reduction_combiner(op) == "max"]
+        if len(maxes) != 1:
+            raise NotCrossEntropy("a row block does not hold exactly one row max")
+        row_max = maxes[0]
+        ls = loop_structure(row_max)
+        k = ls.reduction_dims[0]
+        consumers = [op for op in ops if op is not row_max]
+        data = _data_producers(row_max)
+        tag_ops([row_max] + consumers + data)
+        ct = _class_tile(ls.ranges[k], params)
+
+        def body(root):
+            handles = [match_id(root, 1 + i) for i in range(len(consumers))]
+            cons = handles[0] if len(handles) == 1 else transform.merge_handles(handles)
+            prods = [match_id(root, 1 + len(consumers) + i) for i in range(len(data))]
+            fuse_dependent_reduction_ops(match_id(root, 0), cons, ct, producers=prods)
+
+        run_schedule(payload, body)
+        clear_tags(payload)
+
+
+def _class_tile(extent: int, params: CrossEntropyParams) -> int:
+    """The fused loop's step: `class_tile`, or when the classes are fewer, the largest
+    multiple of `vector_tile` in them (the rest runs as the remainder tile)."""
+    if extent > params.class_tile:
+        return params.class_tile
+    if extent > params.vector_tile:
+        return extent - extent % params.vector_tile
+    return extent
+
+
+def _data_producers(row_max: ir.Operation) -> list[ir.Operation]:
+    """Elementwise ops (e.g. the f32 copy of bf16 logits) that feed the max its data."""
+    out = []
+    op = defining_op(row_max.operands[0])
+    while op is not None and is_linalg_op(op) and loop_structure(op).is_elementwise and \
+            op.block == row_max.block:
+        out.append(op)
+        op = defining_op(op.operands[0]) if len(op.operands) > 1 else None
+    return out
+
+
+def vectorize_cross_entropy(payload: ir.Module, params: GenericParams,
+                            vector_tile: int = 64) -> None:
+    """Each class reduction of the fused loops reads its elementwise producers in its own
+    body (x - m, exp: nothing per tile is materialized), runs row by row, and accumulates
+    `vector_tile` partial results (lane-wise max / sums, combined once per class tile);
+    everything is then vectorized by the generic schedule."""
+    blocks = []
+    for op in _tagged(payload, CLASS_SUM):
+        if op.block not in blocks:
+            blocks.append(op.block)
+    inline_elementwise_producers(blocks, lambda op: CLASS_SUM in op.attributes)
+    sums = _tagged(payload, CLASS_SUM)
+    plan = []
+    for op in sums:
+        ls = loop_structure(op)
+        k = ls.reduction_dims[0]
+        rows = [1 if it == "parallel" else 0 for it in ls.iterators]
+        lanes = [0] * ls.num_loops
+        lanes[k] = largest_divisor_at_most(ls.ranges[k], vector_tile)
+        plan.append((rows, lanes))
+    tag_ops(sums)
+
+    def body(root):
+        for i, (rows, lanes) in enumerate(plan):
+            target = match_id(root, i)
+            if any(rows):
+                target = structured.TileUsingForOp(target, sizes=rows).tiled_linalg_op
+            any_op = transform.AnyOpType.get()
+            structured.TileReductionUsingForOp([any_op], any_op, any_op, any_op, target,
+                                               tile_sizes=lanes)
+
+    run_schedule(payload, body)
+    clear_tags(payload)
+    clear_tags(payload, CLASS_SUM)
+    _scalarize_rank0_gathers(payload)
+    vectorize_generic(payload, params)
+
+
+def _scalarize_rank0_gathers(payload: ir.Module) -> None:
+    """0-d linalg.generics that gather (the unbatched loss reads x[y]) become scalar code:
+    the vectorizer mixes 0-d vectors and scalars in them."""
+    found = []
+
+    def visit(op):
+        if op.name == "linalg.generic" and not iterator_kinds(op) and any(
+                o.operation.name == "tensor.extract" for o in body_of(op).operations):
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit)
+    for op in found:
+        with op.context, op.location, ir.InsertionPoint(op):
+            body = body_of(op)
+            mapping = {}
+            for i, v in enumerate(op.operands):
+                arg = body.arguments[i]
+                if not list(arg.uses):
+                    continue
+                mapping[arg] = tensor.ExtractOp(v, []).result if isinstance(
+                    v.type, ir.RankedTensorType) else v
+            values = clone_body(op, mapping)
+            results = [tensor.FromElementsOp(r.type, [v]).result for r, v in zip(op.results, values)]
+        for r, new in zip(op.results, results):
+            r.replace_all_uses_with(new)
+        op.erase()
+
+
+def _tagged(payload: ir.Module, attr: str) -> list[ir.Operation]:
+    found = []
+
+    def visit(op):
+        if attr in op.attributes:
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit)
+    return found

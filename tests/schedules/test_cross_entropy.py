@@ -1,0 +1,245 @@
+"""The cross-entropy family against torch: every semantic item of F.cross_entropy (targets,
+weights, ignore_index, reductions, label smoothing, N-D and unbatched inputs, dtypes, edge
+values), forward and forward+backward, on shapes that do not divide the tiles; and that the
+driver picks it (strict) or falls back with a one-line reason."""
+
+import pytest
+import torch
+
+from lighthouse.compile import compile_kernel
+from lighthouse.errors import ScheduleMismatch
+from tests.conftest import EXAMPLES
+from tests.transform_ext.helpers import check as filecheck
+
+KERNEL = """
+import torch
+import torch.nn.functional as F
+N, C = {N}, {C}
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        {init}
+
+    def forward(self, {args}):
+        return {expr}
+
+def get_inputs():
+    g = torch.Generator().manual_seed({seed})
+    {inputs}
+
+def get_init_inputs():
+    return []
+"""
+
+LOGITS = "x = torch.randn(N, C, generator=g) * 3"
+TARGETS = "y = torch.randint(0, C, (N,), generator=g); y[1] = -100"
+
+
+def kernel(kernel_file, expr, inputs, *, args="x, y", init="pass", n=7, c=300, seed=0):
+    return kernel_file(KERNEL.format(N=n, C=c, expr=expr, inputs=inputs, args=args, init=init,
+                                     seed=seed))
+
+
+def compiled(path, backward=False, **kw):
+    c = compile_kernel(path, backward=backward, strict=True, **kw)
+    assert c.family.name == "cross_entropy"
+    return c
+
+
+def assert_matches(c):
+    for report in c.check():
+        assert report.ok, str(report)
+
+
+# (name, expr, inputs, args, init): forward and backward are both checked against torch.
+CASES = [
+    ("mean", "F.cross_entropy(x, y)", f"{LOGITS}; {TARGETS}; return [x, y]", "x, y", "pass"),
+    ("sum_ignore_index_3", "F.cross_entropy(x, y, ignore_index=3, reduction='sum')",
+     f"{LOGITS}; y = torch.randint(0, C, (N,), generator=g); y[0] = 3; return [x, y]", "x, y", "pass"),
+    ("none_weight_input", "F.cross_entropy(x, y, weight=w, reduction='none')",
+     f"{LOGITS}; {TARGETS}; w = torch.rand(C, generator=g); return [x, y, w]", "x, y, w", "pass"),
+    ("weight_buffer_smoothing", "self.loss(x, y)", f"{LOGITS}; {TARGETS}; return [x, y]", "x, y",
+     "self.loss = torch.nn.CrossEntropyLoss(weight=torch.linspace(0.1, 2, C), "
+     "label_smoothing=0.15)"),
+    ("probabilities", "F.cross_entropy(x, t, label_smoothing=0.1)",
+     f"{LOGITS}; t = torch.softmax(torch.randn(N, C, generator=g), 1); return [x, t]", "x, t", "pass"),
+    ("nd_weight_mean", "F.cross_entropy(x, y, weight=w)",
+     "x = torch.randn(2, C, 3, 5, generator=g); y = torch.randint(0, C, (2, 3, 5), generator=g); "
+     "y[0, 1, 2] = -100; w = torch.rand(C, generator=g); return [x, y, w]", "x, y, w", "pass"),
+    ("nd_none", "F.cross_entropy(x, y, reduction='none', ignore_index=-1)",
+     "x = torch.randn(3, C, 4, generator=g); y = torch.randint(0, C, (3, 4), generator=g); "
+     "y[2, 0] = -1; return [x, y]", "x, y", "pass"),
+    ("unbatched", "F.cross_entropy(x, y, label_smoothing=0.05)",
+     "x = torch.randn(C, generator=g); y = torch.tensor(C - 1); return [x, y]", "x, y", "pass"),
+]
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_matches_torch(kernel_file, case, backward):
+    _, expr, inputs, args, init = case
+    path = kernel(kernel_file, expr, inputs, args=args, init=init)
+    c = compiled(path, backward)
+    assert any(n.startswith("d_") for n in c.imported.result_names) == backward
+    assert_matches(c)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_accumulates_in_f32(kernel_file, dtype):
+    """bf16/f16 logits: loss and gradient in the logits' dtype, sums in f32 (C = 3000 terms
+    of exp would lose ~1e-2 relative in bf16)."""
+    path = kernel(kernel_file, "F.cross_entropy(x, y, label_smoothing=0.1)",
+                  f"{LOGITS}; {TARGETS}; return [x.to(torch.{dtype}), y]", n=5, c=3000)
+    c = compiled(path, backward=True)
+    loss, grad = c.run()
+    assert loss.dtype == getattr(torch, dtype) and grad.dtype == getattr(torch, dtype)
+    assert_matches(c)
+
+
+def test_rows_and_classes_that_do_not_divide_the_tiles(kernel_file):
+    """N = 13 (prime: row blocks of 1), C = 8192 + 77 (a class-tile remainder that is no
+    multiple of the vector width), explicit tiles from the kernel file."""
+    path = kernel_file(KERNEL.format(N=13, C=8192 + 77, expr="F.cross_entropy(x, y)",
+                                     inputs=f"{LOGITS}; {TARGETS}; return [x, y]", args="x, y",
+                                     init="pass", seed=1)
+                       + "\nLIGHTHOUSE = dict(class_tile=1000, row_tile=4)\n")
+    assert_matches(compiled(path, backward=True))
+
+
+@pytest.mark.parametrize("c", [8192, 32000])
+def test_vocabulary_sizes(kernel_file, c):
+    path = kernel(kernel_file, "F.cross_entropy(x, y)", f"{LOGITS}; {TARGETS}; return [x, y]",
+                  n=3, c=c)
+    assert_matches(compiled(path, backward=True))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_all_rows_ignored(kernel_file, reduction):
+    """mean is NaN (0/0), sum 0, none zeros, and every gradient exactly 0."""
+    path = kernel(kernel_file, f"F.cross_entropy(x, y, reduction='{reduction}')",
+                  f"{LOGITS}; y = torch.full((N,), -100); return [x, y]", n=4, c=100)
+    c = compiled(path, backward=True)
+    loss, grad = c.run()
+    if reduction == "mean":
+        assert torch.isnan(loss).all()
+    else:
+        assert torch.equal(loss, torch.zeros_like(loss))
+    assert torch.equal(grad, torch.zeros_like(grad))
+    assert_matches(c)
+
+
+def test_non_finite_logits_in_ignored_rows_do_not_leak(kernel_file):
+    """Row 1 is ignored and holds inf and NaN: the loss and the other rows' gradients are
+    torch's, the ignored row's gradient is exactly 0 (torch gives NaN there: its backward
+    multiplies softmax by the row's zero weight)."""
+    path = kernel(kernel_file, "F.cross_entropy(x, y)",
+                  f"{LOGITS}; {TARGETS}; x[1, 3] = float('inf'); x[1, 4] = float('nan'); "
+                  "x[1, 5] = -float('inf'); return [x, y]", n=5, c=200)
+    c = compiled(path, backward=True)
+    loss, grad = c.run()
+    want_loss, want_grad = c.imported.reference()
+    assert torch.isfinite(loss) and torch.allclose(loss, want_loss, rtol=2e-4, atol=2e-4)
+    assert torch.equal(grad[1], torch.zeros_like(grad[1]))
+    keep = [0, 2, 3, 4]
+    torch.testing.assert_close(grad[keep], want_grad[keep], rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("logits, expr", [
+    ("torch.randn(N, C, generator=g) * 1e4", "F.cross_entropy(x, y)"),
+    ("1e4 + torch.randn(N, C, generator=g)", "F.cross_entropy(x, y, label_smoothing=0.2)"),
+], ids=["spread", "offset_smoothing"])
+def test_large_logits_stay_finite(kernel_file, logits, expr):
+    """|x| up to 1e4: a logit gap far past exp's range, and an offset of 1e4 under label
+    smoothing (whose class sum is split into sum_c x_c and sum_c 1, which cancel)."""
+    path = kernel(kernel_file, expr, f"x = {logits}; {TARGETS}; return [x, y]")
+    c = compiled(path, backward=True)
+    loss, grad = c.run()
+    assert torch.isfinite(loss).all() and torch.isfinite(grad).all()
+    assert_matches(c)
+
+
+def test_example_is_chosen_and_falls_back_with_a_reason(kernel_file):
+    c = compile_kernel(EXAMPLES / "cross_entropy.py", overrides={"N": 9, "C": 257})
+    assert c.family.name == "cross_entropy" and not c.notes
+    # probability targets with a float weight input: d weight reduces over the rows
+    path = kernel(kernel_file, "F.cross_entropy(x, t, weight=w)",
+                  f"{LOGITS}; t = torch.softmax(torch.randn(N, C, generator=g), 1); "
+                  "w = torch.rand(C, generator=g); return [x, t, w]", args="x, t, w")
+    c = compile_kernel(path, backward=True)
+    assert c.family.name == "generic"
+    assert len(c.notes) == 1 and "cross_entropy" in c.notes[0] and "rows" in c.notes[0]
+    assert_matches(c)
+    with pytest.raises(ScheduleMismatch, match="cross_entropy"):
+        compile_kernel(path, backward=True, strict=True)
+
+
+# --------------------------------------------------------------------------- the IR
+
+
+def _alloc_sizes(text: str) -> list[int]:
+    """Element counts of the static memref.allocs in bufferized IR."""
+    import re
+
+    sizes = []
+    for shape in re.findall(r"memref\.alloc\(\)(?: \{[^}]*\})? : memref<([0-9x]+)x[a-z]", text):
+        n = 1
+        for d in shape.split("x"):
+            n *= int(d)
+        sizes.append(n)
+    return sizes
+
+
+def test_forward_ir_one_class_loop_and_no_logits_sized_buffer():
+    """Per row block, one loop over the classes (plus the static remainder tile); after
+    bufferization nothing but the per-row statistics is allocated."""
+    c = compile_kernel(EXAMPLES / "cross_entropy.py", overrides={"N": 6, "C": 9000},
+                       stop_after="fuse", strict=True)
+    filecheck(str(c.module), """
+        CHECK: scf.forall
+        CHECK: scf.for %{{.*}} = %c0 to %c8192 step %c4096
+        CHECK-NOT: scf.for %
+        CHECK: scf.forall.in_parallel
+        CHECK-NOT: scf.for %
+        CHECK: return
+    """)
+    c = compile_kernel(EXAMPLES / "cross_entropy.py", overrides={"N": 6, "C": 9000},
+                       stop_after="bufferize", strict=True)
+    text = str(c.module)
+    filecheck(text, """
+        CHECK: func.func @main(%{{.*}}: memref<6x9000xf32>, %{{.*}}: memref<6xi64>, %{{.*}}: memref<f32>)
+        CHECK-NOT: memref.alloc() {{.*}}9000
+    """)
+    sizes = _alloc_sizes(text)
+    assert sizes and max(sizes) <= 6
+
+
+def test_backward_ir_allocates_only_the_gradient():
+    """The gradient is the function's out-parameter, written in the row blocks' second sweep;
+    no other buffer of the logits' size exists."""
+    c = compile_kernel(EXAMPLES / "cross_entropy.py", overrides={"N": 6, "C": 9000},
+                       backward=True, stop_after="bufferize", strict=True)
+    text = str(c.module)
+    filecheck(text, """
+        CHECK: func.func @main(%{{.*}}: memref<6x9000xf32>, %{{.*}}: memref<6xi64>, %{{.*}}: memref<f32>, %[[GRAD:.*]]: memref<6x9000xf32>)
+        CHECK: scf.parallel
+        CHECK: %[[BLOCK:.*]] = memref.subview %[[GRAD]]
+        CHECK: scf.for
+        CHECK: vector.transfer_write {{.*}}, %[[BLOCK]]
+    """)
+    sizes = _alloc_sizes(text)
+    assert sizes and max(sizes) <= 6
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+def test_out_of_range_target_in_the_inputs_is_a_clear_error(kernel_file, backward):
+    """A target outside [0, C) that is not ignore_index: known at compile time when the kernel
+    file's inputs hold it (one line, no traceback). At run time (other inputs) the imported
+    bounds assertion stops the process with "index must be smaller than dim size"."""
+    from lighthouse.errors import IngressError
+
+    path = kernel(kernel_file, "F.cross_entropy(x, y)",
+                  f"{LOGITS}; {TARGETS}; y[2] = C; return [x, y]", n=4, c=10)
+    with pytest.raises(IngressError, match="out of bounds") as info:
+        compile_kernel(path, backward=backward)
+    assert "\n" not in str(info.value)
