@@ -140,7 +140,11 @@ def compile_kernel(path, *, overrides=None, backward=False, target="cpu", thread
     target_obj = make_target(target, threads, **(target_options or {}))
     schedule_options = {k: v for k, v in kernel.config.items() if k != "schedule"}
     if schedule_options and hasattr(target_obj, "options"):
-        target_obj = dataclasses.replace(target_obj, options=tuple(sorted(schedule_options.items())))
+        options = tuple(sorted(schedule_options.items()))
+        if dataclasses.is_dataclass(target_obj):
+            target_obj = dataclasses.replace(target_obj, options=options)
+        else:
+            target_obj.options = options
     importer = import_joint if backward else import_forward
     imported = importer(kernel.model, kernel.inputs, name=str(kernel.path))
     notes: list[str] = []

@@ -87,11 +87,15 @@ MATMUL = Family("matmul", _matmul_recognize, _matmul_check, _matmul_fuse, _matmu
 
 # Specialized families register here, most specific first.
 def _attention_params(target):
+    """Tiles from the kernel file's LIGHTHOUSE dict, else the target's own defaults
+    (`attention_tiles = (query_tile, key_tile)`, e.g. a GPU workgroup's rows), else the
+    schedule's defaults."""
     from schedules.attention import AttentionParams
 
     options = dict(getattr(target, "options", ()))
-    known = {k: options[k] for k in ("query_tile", "key_tile") if k in options}
-    return AttentionParams(threads=target.threads, **known)
+    known = dict(zip(("query_tile", "key_tile"), getattr(target, "attention_tiles", ())))
+    known.update({k: options[k] for k in ("query_tile", "key_tile") if k in options})
+    return AttentionParams(threads=getattr(target, "threads", 1), **known)
 
 
 def _attention_recognize(module):

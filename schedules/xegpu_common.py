@@ -18,7 +18,7 @@ Layouts (workgroup -> subgroup -> instruction) are attached by the kernel schedu
 from __future__ import annotations
 
 from torch_mlir import ir
-from torch_mlir.dialects import arith, transform
+from torch_mlir.dialects import arith, transform, vector
 from torch_mlir.dialects.bufferization import LayoutMapOption
 from torch_mlir.dialects.transform import bufferization as tbuf
 from torch_mlir.dialects.transform import loop, structured, xegpu
@@ -27,11 +27,15 @@ from .common import any_op, canonicalize, foreach, hoist_loop_invariant_subsets,
 
 # gpu-lower-to-xevm-pipeline{xegpu-op-level=workgroup}, spelled out without its
 # xevm-attach-target (the gpu-outline stage attaches the chip's target) and without the
-# final gpu-module-to-binary (the binary stage).
+# final gpu-module-to-binary (the binary stage), and without its two `cse` between the
+# subgroup distribution and the blocking: they merge a loop's -inf initial row maximum with
+# the -inf neutral element the layout propagation gives the row-max reduction, whose layout
+# then decides the loop's blocked iter_args, so two chained key loops (causal attention)
+# disagree on them ("different number of inits and region iter_args").
 XEVM_PIPELINE = ", ".join([
     "cse", "lower-affine", "func.func(gpu-async-region)",
-    "gpu.module(xegpu-propagate-layout{layout-kind=subgroup}, xegpu-wg-to-sg-distribute, cse, "
-    "lower-affine, cse, xegpu-propagate-layout{layout-kind=inst}, xegpu-blocking, cse, "
+    "gpu.module(xegpu-propagate-layout{layout-kind=subgroup}, xegpu-wg-to-sg-distribute, "
+    "lower-affine, xegpu-propagate-layout{layout-kind=inst}, xegpu-blocking, cse, "
     "xegpu-propagate-layout{layout-kind=lane}, xegpu-optimize-peephole, cse, "
     "xegpu-propagate-layout{layout-kind=lane}, xegpu-sg-to-lane-distribute, canonicalize, cse, "
     "loop-invariant-code-motion, cse, xegpu-vector-linearize, canonicalize, cse, arith-expand, "
@@ -51,77 +55,250 @@ DPAS_TYPES = ("f16", "bf16")
 
 
 def vectorize(payload: ir.Module) -> None:
-    """Whole-tile vectorization of every workgroup tile (see the module docstring)."""
+    """Whole-tile vectorization of every workgroup tile (see the module docstring). Loop-
+    carried tiles become vector iter_args (through the unit-dim reshapes of folded tiles),
+    so no loop state lives in memory."""
 
     def body(root):
         func = match(root, "func.func")
         func = structured.VectorizeChildrenAndApplyPatternsOp(
             func, fold_type_extensions_into_contract=True).result
         canonicalize(func)
+
+    run_schedule(payload, body)
+    carry_collapsed_loop_tensors(payload)
+    fold_reads_of_splat_writes(payload)
+    run_passes(payload, "canonicalize, cse")
+
+    def hoist(root):
+        func = match(root, "func.func")
         hoist_loop_invariant_subsets(func)
         canonicalize(func)
 
-    run_schedule(payload, body)
+    run_schedule(payload, hoist)
+    fold_reads_of_splat_writes(payload)
+    canonicalize_contractions(payload)
     narrow_contract_operands(payload)
     run_passes(payload, "canonicalize, cse")
+
+
+def _owner(value: ir.Value):
+    owner = value.owner
+    if isinstance(owner, ir.Block):
+        return None
+    return getattr(owner, "operation", owner)
+
+
+def _users(value: ir.Value) -> list[ir.Operation]:
+    return [getattr(u.owner, "operation", u.owner) for u in value.uses]
+
+
+def carry_collapsed_loop_tensors(payload: ir.Module) -> None:
+    """An scf.for tensor iter_arg read only through one `tensor.collapse_shape` and yielded
+    as `tensor.expand_shape` of the same reassociation (a tile whose unit dims were folded)
+    is carried collapsed: init collapsed before the loop, result expanded after it. Then the
+    subset hoisting sees the tile's reads and writes and carries it as a vector."""
+    from torch_mlir.dialects import tensor
+
+    changed = True
+    while changed:
+        changed = False
+        for loop in _ops_named(payload, "scf.for"):
+            body = loop.regions[0].blocks[0]
+            yielded = body.operations[len(body.operations) - 1]
+            for i in range(len(loop.results)):
+                arg = body.arguments[1 + i]
+                if not isinstance(arg.type, ir.RankedTensorType):
+                    continue
+                uses = _users(arg)
+                if not uses or any(u.name != "tensor.collapse_shape" for u in uses):
+                    continue
+                reassociation = uses[0].attributes["reassociation"]
+                if any(u.attributes["reassociation"] != reassociation for u in uses):
+                    continue
+                expand = _owner(yielded.operands[i])
+                if (expand is None or expand.name != "tensor.expand_shape"
+                        or expand.attributes["reassociation"] != reassociation):
+                    continue
+                collapsed_type = uses[0].results[0].type
+                with ir.InsertionPoint(loop), loop.location:
+                    init = tensor.CollapseShapeOp(collapsed_type, loop.operands[3 + i],
+                                                  reassociation).result
+                loop.operands[3 + i] = init
+                arg.set_type(collapsed_type)
+                for u in uses:
+                    u.results[0].replace_all_uses_with(arg)
+                    u.erase()
+                yielded.operands[i] = expand.operands[0]
+                result = loop.results[i]
+                wide_type = result.type
+                result_uses = list(result.uses)
+                result.set_type(collapsed_type)
+                with ir.InsertionPoint.after(loop), loop.location:
+                    wide = tensor.ExpandShapeOp(wide_type, result, reassociation, [],
+                                                expand.attributes["static_output_shape"]).result
+                for use in result_uses:
+                    use.owner.operands[use.operand_number] = wide
+                changed = True
+
+
+def _splat(value: ir.Value):
+    """The splat attribute of a constant vector/tensor, else None."""
+    owner = _owner(value)
+    if owner is None or owner.name != "arith.constant":
+        return None
+    attr = owner.attributes["value"]
+    if isinstance(attr, ir.DenseElementsAttr) and attr.is_splat:
+        return attr.get_splat_value()
+    return None
+
+
+def fold_reads_of_splat_writes(payload: ir.Module) -> None:
+    """`vector.transfer_read` of a tensor wholly written by `vector.transfer_write` of a
+    splat constant (possibly through unit-dim reshapes) is that splat: the initial values of
+    loop-carried tiles (-inf maxima, zero sums) then need no buffer."""
+    with payload.context:
+        for read in _ops_named(payload, "vector.transfer_read"):
+            source = read.operands[0]
+            owner = _owner(source)
+            while owner is not None and owner.name in ("tensor.collapse_shape", "tensor.expand_shape"):
+                owner = _owner(owner.operands[0])
+            if owner is None or owner.name != "vector.transfer_write":
+                continue
+            splat = _splat(owner.operands[0])
+            written = ir.VectorType(owner.operands[0].type)
+            target = ir.RankedTensorType(owner.results[0].type)
+            if splat is None or list(written.shape) != list(target.shape):
+                continue
+            rtype = ir.VectorType(read.results[0].type)
+            with ir.InsertionPoint(read), read.location:
+                const = arith.ConstantOp(rtype, ir.DenseElementsAttr.get_splat(rtype, splat)).result
+            read.results[0].replace_all_uses_with(const)
+            read.erase()
+
+
+def canonicalize_contractions(payload: ir.Module) -> None:
+    """Every 2-D `vector.contract` in the DPAS form C[m, n] += A[m, k] B[k, n]: an operand
+    indexed the other way round ((n, k) for B: K read as stored, for Q K^T) is transposed by a
+    `vector.transpose` (the 2-D block load then reads it transposed)."""
+    with payload.context:
+        canonical = [ir.AffineMap.get(3, 0, [ir.AffineDimExpr.get(a), ir.AffineDimExpr.get(b)])
+                     for a, b in ((0, 2), (2, 1), (0, 1))]
+        swapped = [ir.AffineMap.get(3, 0, [ir.AffineDimExpr.get(b), ir.AffineDimExpr.get(a)])
+                   for a, b in ((0, 2), (2, 1))]
+        for op in _ops_named(payload, "vector.contract"):
+            maps = [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
+            kinds = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
+            if len(maps) != 3 or maps[2] != canonical[2] or len(kinds) != 3 or "reduction" not in kinds[2]:
+                continue
+            changed = False
+            for i in (0, 1):
+                if maps[i] == swapped[i]:
+                    with ir.InsertionPoint(op), op.location:
+                        op.operands[i] = _transpose(op.operands[i])
+                    maps[i] = canonical[i]
+                    changed = True
+            if changed:
+                op.attributes["indexing_maps"] = ir.ArrayAttr.get([ir.AffineMapAttr.get(a) for a in maps])
 
 
 def narrow_contract_operands(payload: ir.Module) -> None:
     """Give every `vector.contract` f16/bf16 operands with an f32 accumulator (DPAS form).
 
-    An f32 operand that is `arith.extf` of an f16/bf16 vector is replaced by that vector
-    (exact). An f32 operand computed in f32 (e.g. softmax probabilities P in P @ V) is
-    truncated to the other operand's f16/bf16 type, the precision flash attention kernels use
-    for P; an f32 x f32 contraction with no narrow operand has no DPAS form and is an error.
-    Preconditions: accumulator and result f32."""
-    contracts = []
-
-    def visit(op):
-        if op.name == "vector.contract":
-            contracts.append(op)
-        return ir.WalkResult.ADVANCE
-
-    payload.operation.walk(visit)
+    An f32 operand that is `arith.extf` of an f16/bf16 vector, possibly transposed, is
+    replaced by that vector (transposed the same way): exact. Splat factors on the way are
+    pulled out of the contraction too,
+        contract(extf(a) * c1, transpose(extf(b) * c2), acc)
+            = contract(a, transpose(b), 0) * (c1 c2) + acc
+    (SDPA's scale, applied to Q and K; acc its additive mask): exact algebra, the product is
+    scaled in f32 instead of rounding a * c1 to f16. An f32 operand computed in f32 (the softmax probabilities P
+    in P @ V) is truncated to the other operand's f16/bf16 type, the precision flash
+    attention kernels use for P; an f32 x f32 contraction with no narrow operand has no DPAS
+    form and is an error. Preconditions: accumulator and result f32."""
     with payload.context:
-        for op in contracts:
+        for op in _ops_named(payload, "vector.contract"):
             acc = op.operands[2].type
             if not isinstance(acc, ir.VectorType) or str(acc.element_type) != "f32":
                 raise ValueError(f"{op.location}: vector.contract accumulates in {acc}; DPAS "
                                  "accumulates in f32")
-            narrow, computed = {}, []
+            splat = _splat(op.operands[2])
+            zero_acc = isinstance(splat, ir.FloatAttr) and splat.value == 0.0
+            narrow, computed, scale = {}, [], 1.0
             for i in (0, 1):
                 value = op.operands[i]
                 elem = str(ir.VectorType(value.type).element_type)
-                if elem in DPAS_TYPES:
-                    narrow[i] = elem
-                    continue
-                source = _extended_from(value)
-                if source is not None:
-                    op.operands[i] = source
-                    narrow[i] = str(ir.VectorType(source.type).element_type)
-                else:
+                source, transposed, factor = _narrow_source(value, True)
+                if source is None:
                     computed.append(i)
+                    continue
+                if source != value:
+                    with ir.InsertionPoint(op), op.location:
+                        op.operands[i] = _transpose(source) if transposed else source
+                narrow[i] = str(ir.VectorType(source.type).element_type)
+                scale *= factor
             if len(computed) == 2:
                 raise ValueError(f"{op.location}: vector.contract of two {elem} operands has no "
                                  "DPAS form (DPAS multiplies f16 or bf16)")
             for i in computed:
-                other = narrow[1 - i]
                 value = op.operands[i]
                 target = ir.VectorType.get(list(ir.VectorType(value.type).shape),
-                                           ir.Type.parse(other))
+                                           ir.Type.parse(narrow[1 - i]))
                 with ir.InsertionPoint(op), op.location:
                     op.operands[i] = arith.truncf(target, value)
+            if scale != 1.0:
+                result = op.results[0]
+                rtype = ir.VectorType(result.type)
+                uses = list(result.uses)
+                acc = op.operands[2]
+
+                def splat_of(value):
+                    return arith.ConstantOp(rtype, ir.DenseElementsAttr.get_splat(
+                        rtype, ir.FloatAttr.get(rtype.element_type, value))).result
+
+                with ir.InsertionPoint(op), op.location:
+                    if not zero_acc:    # the accumulator (a mask) is added after the scaling
+                        op.operands[2] = splat_of(0.0)
+                with ir.InsertionPoint.after(op), op.location:
+                    scaled = arith.mulf(result, splat_of(scale))
+                    if not zero_acc:
+                        scaled = arith.addf(scaled, acc)
+                for use in uses:
+                    use.owner.operands[use.operand_number] = scaled
 
 
-def _extended_from(value: ir.Value):
-    """The f16/bf16 vector `value` is `arith.extf` of, else None."""
-    owner = value.owner
-    owner = getattr(owner, "operation", owner)
-    if isinstance(owner, ir.Operation) and owner.name == "arith.extf":
+def _transpose(value: ir.Value) -> ir.Value:
+    t = ir.VectorType(value.type)
+    swapped = ir.VectorType.get(list(t.shape)[::-1], t.element_type)
+    return vector.TransposeOp(swapped, value, [1, 0]).result
+
+
+def _narrow_source(value: ir.Value, pull_scales: bool):
+    """(source, transposed, scale) with value = [transpose]((extf(source) [* scale]) and
+    source f16/bf16 (transposes and splat factors in any order); (None, ..) otherwise."""
+    transposed, scale, current = False, 1.0, value
+    while True:
+        owner = _owner(current)
+        if owner is None:
+            break
+        if owner.name == "vector.transpose" and ir.VectorType(current.type).rank == 2:
+            transposed, current = not transposed, owner.operands[0]
+            continue
+        if pull_scales and owner.name == "arith.mulf":
+            factors = [(_splat(owner.operands[b]), owner.operands[a]) for a, b in ((0, 1), (1, 0))]
+            factors = [(f, v) for f, v in factors if isinstance(f, ir.FloatAttr)]
+            if factors:
+                scale *= factors[0][0].value
+                current = factors[0][1]
+                continue
+        break
+    if str(ir.VectorType(current.type).element_type) in DPAS_TYPES:
+        return current, transposed, scale
+    owner = _owner(current)
+    if owner is not None and owner.name == "arith.extf":
         source = owner.operands[0]
         if str(ir.VectorType(source.type).element_type) in DPAS_TYPES:
-            return source
-    return None
+            return source, transposed, scale
+    return None, False, 1.0
 
 
 def bufferize(payload: ir.Module) -> None:
@@ -136,7 +313,57 @@ def bufferize(payload: ir.Module) -> None:
     run_passes(payload, "canonicalize, cse, "
                "buffer-results-to-out-params{hoist-static-allocs=true modify-public-functions=true}, "
                "fold-memref-alias-ops, canonicalize, cse")
+    write_results_in_place(payload)
     allocs_to_device(payload)
+
+
+def write_results_in_place(payload: ir.Module) -> None:
+    """A result computed into a buffer and then copied whole into its out-parameter through
+    a reshape (`memref.copy(memref.expand_shape(%alloc), %out)`: a unit batch dim folded
+    by the schedule) is computed in the out-parameter: %alloc becomes
+    `memref.collapse_shape(%out)` and the copy goes (a host-side copy of device memory
+    would need a kernel of its own). Only for a function-level alloc whose other uses all
+    precede the copy and an %out used by nothing else."""
+    from torch_mlir.dialects import memref
+
+    with payload.context:
+        for func in payload.body.operations:
+            func = func.operation
+            if func.name != "func.func":
+                continue
+            block = func.regions[0].blocks[0]
+            order = [o.operation for o in block.operations]
+            for copy in [o for o in order if o.name == "memref.copy"]:
+                view, out = copy.operands[0], copy.operands[1]
+                reshape = _owner(view)
+                if (reshape is None or reshape.name != "memref.expand_shape"
+                        or not isinstance(out, ir.BlockArgument) or len(_users(out)) != 1
+                        or len(_users(view)) != 1):
+                    continue
+                alloc = _owner(reshape.operands[0])
+                if alloc is None or alloc.name != "memref.alloc" or len(alloc.operands):
+                    continue
+                uses = [_top_level(u, block) for u in _users(alloc.results[0]) if u != reshape]
+                if any(u is None or order.index(u) > order.index(copy) for u in uses):
+                    continue
+                with ir.InsertionPoint(alloc), alloc.location:
+                    in_place = memref.CollapseShapeOp(alloc.results[0].type, out,
+                                                      reshape.attributes["reassociation"]).result
+                alloc.results[0].replace_all_uses_with(in_place)
+                copy.erase()
+                reshape.erase()
+                alloc.erase()
+
+
+def _top_level(op: ir.Operation, block: ir.Block):
+    """The ancestor of `op` directly in `block` (None when there is none)."""
+    while op is not None:
+        parent = op.parent
+        if parent is not None and parent.regions and any(
+                b == block for r in parent.regions for b in r.blocks):
+            return op
+        op = parent
+    return None
 
 
 def allocs_to_device(payload: ir.Module) -> None:
@@ -194,7 +421,8 @@ def outline(payload: ir.Module, threads: list[int], chip: str) -> None:
 
 
 def to_xegpu(payload: ir.Module) -> None:
-    run_passes(payload, "gpu.module(gpu.func(convert-vector-to-xegpu)), cse")
+    run_passes(payload, "gpu.module(gpu.func(convert-vector-to-xegpu)), cse, "
+                        "gpu.module(gpu.func(loop-invariant-code-motion))")
 
 
 def _ops_named(payload: ir.Module, name: str) -> list[ir.Operation]:

@@ -159,12 +159,17 @@ def _element_type(t: ir.Type) -> ir.Type:
     return t.element_type if isinstance(t, ir.VectorType) else t
 
 
-def expand_math(module: ir.Module) -> int:
-    """Rewrite every exp/log/tanh/erf on f32/f16/bf16 (scalar or vector); return the count."""
+def expand_math(module: ir.Module, ops=_EXPANDED) -> int:
+    """Rewrite every op named in `ops` (default: exp, log, tanh and erf) on f32/f16/bf16
+    (scalar or vector) into its polynomial; return the count. A target whose native math
+    lacks only some of them passes those, e.g. `ops=("math.erf",)`."""
+    unknown = set(ops) - set(_EXPANDED)
+    if unknown:
+        raise ValueError(f"expand_math: no expansion of {sorted(unknown)}; known: {list(_EXPANDED)}")
     targets = []
 
     def visit(op):
-        if op.name in _EXPANDED:
+        if op.name in ops:
             if str(_element_type(op.results[0].type)) in ("f32", "f16", "bf16"):
                 targets.append(op)
         return ir.WalkResult.ADVANCE

@@ -122,6 +122,7 @@ def device_llvm_ir(gpu_module: ir.Operation, subgroup_size: int) -> str:
                 continue
             _allocas_to_entry_arrays(func)
             _scalar_unit_vector_loads(func)
+            _legalize_vector_lengths(func)
             if "gpu.kernel" in func.attributes:
                 func.attributes["intel_reqd_sub_group_size"] = ir.IntegerAttr.get(i32, subgroup_size)
         foreign = []
@@ -171,6 +172,184 @@ def _scalar_unit_vector_loads(func: ir.Operation) -> None:
         load.erase()
 
 
+# Vector lengths SPIR-V has (16 with the Vector16 capability every OpenCL device has).
+SPIRV_VECTOR_LENGTHS = (2, 3, 4, 8, 16)
+# Ops whose vector operands are not elementwise (the others map lanes to lanes).
+_NOT_ELEMENTWISE = frozenset({"llvm.extractelement", "llvm.insertelement", "llvm.shufflevector",
+                              "llvm.load", "llvm.store", "llvm.call", "llvm.mlir.poison",
+                              "llvm.mlir.undef", "llvm.mlir.constant", "llvm.mlir.zero",
+                              "llvm.bitcast", "llvm.br", "llvm.cond_br", "llvm.return"})
+
+
+def _is_illegal_vector(t: ir.Type) -> bool:
+    return (isinstance(t, ir.VectorType) and t.rank == 1
+            and t.shape[0] not in SPIRV_VECTOR_LENGTHS)
+
+
+class _Elements:
+    """The scalar SSA values of the lanes of vectors whose length SPIR-V lacks."""
+
+    def __init__(self):
+        self.known: dict = {}
+        self.i64 = ir.IntegerType.get_signless(64)
+
+    def of(self, value: ir.Value) -> list[ir.Value]:
+        from torch_mlir.dialects import llvm as llvm_d
+
+        for known, lanes in self.known.get(hash(value), ()):
+            if known == value:
+                return lanes
+        vtype = ir.VectorType(value.type)
+        n, elem = vtype.shape[0], vtype.element_type
+        owner = value.owner
+        if not isinstance(owner, ir.Operation) and hasattr(owner, "operation"):
+            owner = owner.operation
+        if not isinstance(owner, ir.Operation):
+            raise StageError(f"a {vtype} block argument has no SPIR-V form (vector lengths are "
+                             f"{SPIRV_VECTOR_LENGTHS})")
+        name = owner.name
+        with ir.InsertionPoint(owner), owner.location:
+            if name in ("llvm.mlir.poison", "llvm.mlir.undef"):
+                lanes = [llvm_d.PoisonOp(elem).result] * n
+            elif name in ("llvm.mlir.constant", "llvm.mlir.zero"):
+                lanes = [llvm_d.ExtractElementOp(value, self._index(i)).result for i in range(n)] \
+                    if n in SPIRV_VECTOR_LENGTHS else self._constant_lanes(owner, elem, n)
+            elif name == "llvm.insertelement":
+                lanes = list(self.of(owner.operands[0]))
+                lanes[self._constant(owner.operands[2], owner)] = owner.operands[1]
+            elif name == "llvm.shufflevector":
+                lanes = self._shuffle(owner, elem)
+            elif name not in _NOT_ELEMENTWISE and name.startswith("llvm.") and not owner.regions:
+                lanes = self._elementwise(owner, n)
+            else:
+                raise StageError(f"{owner.location}: {name} producing {vtype} has no SPIR-V form "
+                                 f"(vector lengths are {SPIRV_VECTOR_LENGTHS})")
+        self.known.setdefault(hash(value), []).append((value, lanes))
+        return lanes
+
+    def _index(self, i: int) -> ir.Value:
+        from torch_mlir.dialects import llvm as llvm_d
+
+        return llvm_d.ConstantOp(self.i64, ir.IntegerAttr.get(self.i64, i)).result
+
+    @staticmethod
+    def _constant(value: ir.Value, where: ir.Operation) -> int:
+        owner = value.owner
+        owner = getattr(owner, "operation", owner)
+        if not isinstance(owner, ir.Operation) or owner.name != "llvm.mlir.constant":
+            raise StageError(f"{where.location}: a dynamic lane index into a vector SPIR-V lacks")
+        return ir.IntegerAttr(owner.attributes["value"]).value
+
+    @staticmethod
+    def _constant_lanes(op: ir.Operation, elem: ir.Type, n: int) -> list[ir.Value]:
+        from torch_mlir.dialects import llvm as llvm_d
+
+        if op.name == "llvm.mlir.zero":
+            return [llvm_d.ZeroOp(elem).result] * n
+        attr = op.attributes["value"]
+        if not isinstance(attr, ir.DenseElementsAttr):
+            raise StageError(f"{op.location}: constant {attr} has no scalar form")
+        if attr.is_splat:
+            return [llvm_d.ConstantOp(elem, attr.get_splat_value()).result] * n
+        return [llvm_d.ConstantOp(elem, attr[i]).result for i in range(n)]
+
+    def _shuffle(self, op: ir.Operation, elem: ir.Type) -> list[ir.Value]:
+        from torch_mlir.dialects import llvm as llvm_d
+
+        mask = list(ir.DenseI32ArrayAttr(op.attributes["mask"]))
+        v1, v2 = op.operands[0], op.operands[1]
+        n1 = ir.VectorType(v1.type).shape[0]
+        lanes = []
+        for m in mask:
+            if m < 0:
+                lanes.append(llvm_d.PoisonOp(elem).result)
+                continue
+            source, pos = (v1, m) if m < n1 else (v2, m - n1)
+            lanes.append(self.lane(source, pos))
+        return lanes
+
+    def lane(self, vector: ir.Value, pos: int) -> ir.Value:
+        """Lane `pos` of any vector (an extractelement when its length is legal)."""
+        from torch_mlir.dialects import llvm as llvm_d
+
+        if _is_illegal_vector(vector.type):
+            return self.of(vector)[pos]
+        return llvm_d.ExtractElementOp(vector, self._index(pos)).result
+
+    def _elementwise(self, op: ir.Operation, n: int) -> list[ir.Value]:
+        attributes = {name: op.attributes[name] for name in op.attributes}
+        results = [ir.VectorType(r.type).element_type for r in op.results]
+        lanes = []
+        for i in range(n):
+            operands = [self.lane(v, i) if isinstance(v.type, ir.VectorType) else v
+                        for v in op.operands]
+            lanes.append(ir.Operation.create(op.name, results=results, operands=operands,
+                                             attributes=attributes).results[0])
+        return lanes
+
+
+def _legalize_vector_lengths(func: ir.Operation) -> None:
+    """Vectors of lengths SPIR-V lacks (1, e.g. `llvm.maximum.v1f32` of row reductions where
+    a lane holds one value per row, or 32, the per-lane pieces of a tile assembled by
+    insertelement / shufflevector) are replaced by their scalar lanes: elementwise ops run
+    per lane, insertelement / shufflevector / extractelement become the lane they move,
+    and a legal vector made from them is rebuilt with insertelement. llvm-spirv aborts on
+    such vectors ("Invalid vector size for fixup: 1", "Unsupported vector type with 32
+    elements"). Raises StageError for what has no scalar form (a block argument, a call
+    or memory access of such a vector, a dynamic lane index)."""
+    from torch_mlir.dialects import llvm as llvm_d
+
+    illegal = []
+
+    def visit(op):
+        if len(op.results) == 1 and _is_illegal_vector(op.results[0].type):
+            illegal.append(op)
+        return ir.WalkResult.ADVANCE
+
+    func.walk(visit)
+    if not illegal:
+        return
+    elements = _Elements()
+    boundary = []          # users of such vectors whose own result is legal (or none)
+    for op in illegal:
+        for use in op.results[0].uses:
+            user = use.owner
+            user = getattr(user, "operation", user)
+            if len(user.results) == 1 and _is_illegal_vector(user.results[0].type):
+                continue  # rewritten through its own users
+            if not any(user == b for b in boundary):
+                boundary.append(user)
+    for user in boundary:
+        if user.name == "llvm.extractelement":
+            pos = elements._constant(user.operands[1], user)
+            with ir.InsertionPoint(user), user.location:
+                lane = elements.of(user.operands[0])[pos]
+            user.results[0].replace_all_uses_with(lane)
+            user.erase()
+            continue
+        result = user.results[0].type if len(user.results) == 1 else None
+        if not (user.name == "llvm.shufflevector" or (
+                user.name not in _NOT_ELEMENTWISE and isinstance(result, ir.VectorType))):
+            raise StageError(f"{user.location}: {user.name} of a vector of a length SPIR-V lacks "
+                             f"has no SPIR-V form (vector lengths are {SPIRV_VECTOR_LENGTHS})")
+        result = ir.VectorType(result)
+        with ir.InsertionPoint(user), user.location:
+            if user.name == "llvm.shufflevector":
+                lanes = elements._shuffle(user, result.element_type)
+            else:
+                lanes = elements._elementwise(user, result.shape[0])
+            vector = llvm_d.PoisonOp(result).result
+            for i, lane in enumerate(lanes):
+                vector = llvm_d.InsertElementOp(vector, lane, elements._index(i)).result
+        user.results[0].replace_all_uses_with(vector)
+        user.erase()
+    for op in reversed(illegal):
+        if list(op.results[0].uses):
+            raise StageError(f"{op.location}: {op.name} producing {op.results[0].type} is still "
+                             "used after scalarization")
+        op.erase()
+
+
 def _allocas_to_entry_arrays(func: ir.Operation) -> None:
     """`alloca T, N` (N constant) anywhere -> `alloca [N x T], 1` at the top of the entry block."""
     entry = func.regions[0].blocks[0]
@@ -207,20 +386,21 @@ def _allocas_to_entry_arrays(func: ir.Operation) -> None:
 # ------------------------------------------------------------------------ LLVM IR -> SPIR-V
 
 _FP_TYPE = re.compile(r"\b(half|bfloat|float|double)\b")
-_FP_LITERAL = re.compile(r"(?<![\w.%@\"])(f0x[0-9A-Fa-f]+|[-+]?\d+\.\d*(?:[eE][-+]?\d+)?)(?![\w.])")
+_FP_LITERAL = re.compile(r"(?<![\w.%@\"])(f0x[0-9A-Fa-f]+|[-+]?\d+\.\d*(?:[eE][-+]?\d+)?"
+                         r"|[-+]?(?:inf|q?nan))(?![\w.])")
 
 
 def older_float_syntax(llvm_ir: str) -> str:
     """Write FP constants the way LLVM 20 reads them. Newer LLVM prints `f0x3F800000` (the
     type's own bits) and decimal literals that are not exact in the type (it rounds); LLVM
     20 reads `0x3FF0000000000000` (the value as a double) for float, `0xH3C00` for half,
-    `0xR3F80` for bfloat, and only exact decimals. A literal's type is the nearest FP type
-    named before it on its line."""
+    `0xR3F80` for bfloat, and only exact decimals; infinities and NaNs (`-inf`, `nan`) only
+    in hex. A literal's type is the nearest FP type named before it on its line."""
     return "\n".join(_older_line(line) for line in llvm_ir.split("\n"))
 
 
 def _older_line(line: str) -> str:
-    if "f0x" not in line and "." not in line:
+    if "f0x" not in line and "." not in line and "inf" not in line and "nan" not in line:
         return line
     out, pos = [], 0
     for m in _FP_LITERAL.finditer(line):
@@ -233,10 +413,10 @@ def _older_line(line: str) -> str:
             if kind == "float":
                 value = struct.unpack("<f", struct.pack("<I", bits))[0]
                 bits = struct.unpack("<Q", struct.pack("<d", value))[0]
-        elif kind == "double":
+        elif kind == "double" and token.lstrip("+-")[0].isdigit():
             continue
         else:
-            value = float(token)
+            value = float(token.replace("q", ""))
             if kind == "half":
                 bits = _half_bits(value)
             elif kind == "bfloat":

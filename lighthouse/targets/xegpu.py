@@ -69,20 +69,22 @@ class XeGpuParams:
 
     wg: workgroup tile [m, n] of contraction kernels; sg: subgroup tile [m, n]; k_tile:
     reduction step (elements of K per loop iteration); nb_prefetch: prefetch distance of the
-    k loop in iterations; rows: rows per workgroup of row kernels (softmax, norms)."""
+    k loop in iterations; rows: rows per workgroup of row kernels (softmax, norms);
+    attention_sg_rows: query rows per subgroup of attention kernels."""
 
     wg: tuple[int, int] | None = None
     sg: tuple[int, int] | None = None
     k_tile: int | None = None
     nb_prefetch: int = 1
     rows: int | None = None
+    attention_sg_rows: int = 16
 
     def __post_init__(self):
         for name in ("wg", "sg"):
             v = getattr(self, name)
             if v is not None and (len(v) != 2 or min(v) < 1):
                 raise UnsupportedError(f"xegpu: {name} must be two positive sizes, got {v}")
-        for name in ("k_tile", "rows"):
+        for name in ("k_tile", "rows", "attention_sg_rows"):
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise UnsupportedError(f"xegpu: {name} must be positive, got {v}")
@@ -123,6 +125,10 @@ class XeGpuTarget:
     """chip: 'bmg' (Battlemage, default) or 'pvc' (Ponte Vecchio); params: XeGpuParams."""
 
     name = "xegpu"
+    # (query rows per workgroup, keys per step of the key loop) of the attention schedule:
+    # 8 subgroups of 16 rows; 32 keys keep a subgroup's Q, O, K or V tile, S and P within
+    # the register file for head dims up to 64 (AttentionTiles.register_bytes)
+    attention_tiles = (128, 32)
 
     def __init__(self, chip: str | None = None, params: XeGpuParams | None = None):
         chip = chip or DEFAULT_CHIP
@@ -130,6 +136,8 @@ class XeGpuTarget:
             raise UnsupportedError(f"unknown --chip {chip!r}; chips are: {', '.join(CHIPS)}")
         self.chip = CHIPS[chip]
         self.params = params or XeGpuParams()
+        self.options: tuple = ()          # the kernel file's LIGHTHOUSE dict, as sorted pairs
+        self.family: str | None = None
         self.plans: list[KernelPlan] = []
         self.kernels: list[KernelArtifact] = []
         self.weight_specs: list[dict] = []
@@ -141,6 +149,7 @@ class XeGpuTarget:
         family's CPU one."""
         if family.name == "loops":
             raise UnsupportedError("the loops schedule has no GPU lowering; use the default schedule")
+        self.family = family.name
         by_name = {s.name: s for s in front}
         fuse = by_name["fuse"]
         if family.name in TILING_ONLY_FAMILIES:
@@ -172,9 +181,13 @@ class XeGpuTarget:
             top = [o.operation for o in func.regions[0].blocks[0].operations]
             existing = [o for o in top if o.name == "scf.forall"]
             if existing:
+                self._fused_kernels(module, func, existing)
+                continue
+            if self.family == "attention":
                 raise UnsupportedError(
-                    f"xegpu: the {len(existing)} scf.forall of the fused schedule cannot be mapped "
-                    "to workgroups yet (only unfused payloads are tiled by this target)")
+                    "xegpu: the attention schedule left no query-block forall to map to "
+                    "workgroups (a single query block, B * H * S / query_tile = 1?); lower "
+                    "query_tile in the kernel's LIGHTHOUSE dict")
             work = []
             for group in find_contraction_groups(func):
                 work.append((top.index(group.root), "contraction", group))
@@ -194,6 +207,27 @@ class XeGpuTarget:
                     self.plans.append(KernelPlan(kind, description, tiles, tiles.grid))
         if not self.plans:
             raise UnsupportedError("xegpu: the payload has no linalg op to run on the GPU")
+
+    def _fused_kernels(self, module: ir.Module, func, foralls) -> None:
+        """Foralls of a fused schedule (one per kernel) become workgroup grids as they are;
+        payload ops outside them are refused (they would need kernels of their own)."""
+        from schedules.xegpu_attention import attention_forall, plan_attention, tile_attention
+
+        forall = attention_forall(func)
+        if forall is None or len(foralls) != 1:
+            raise UnsupportedError(
+                f"xegpu: {len(foralls)} scf.forall of a fused schedule that is not attention: no "
+                "GPU mapping for it yet")
+        try:
+            tiles = plan_attention(forall, sg_rows=self.params.attention_sg_rows,
+                                   subgroup_size=self.chip.subgroup_size, dpas=self.chip.dpas,
+                                   max_threads=self.chip.max_workgroup_threads,
+                                   grf_bytes=self.chip.grf_bytes, nb_prefetch=self.params.nb_prefetch)
+        except ValueError as exc:
+            raise UnsupportedError(f"xegpu: {exc}") from exc
+        tile_attention(module, tiles)
+        self.plans.append(KernelPlan("attention", f"attention at {forall.location}", tiles,
+                                     tiles.grid))
 
     def subgroups(self, module: ir.Module) -> None:
         foralls = top_level_foralls(module)
@@ -256,10 +290,20 @@ class XeGpuTarget:
         count = len(funcs)
         if count != len(self.plans):
             raise StageError(f"expected {len(self.plans)} gpu.func kernels, found {count}")
+        from schedules.common import clear_tags
+        from schedules.xegpu_attention import annotate_attention, insert_prefetches, tag_kernel
+
         shapes = []
-        for func, plan in zip(funcs, self.plans):
+        for index, (func, plan) in enumerate(zip(funcs, self.plans)):
             try:
-                shapes.append(inspect_kernel(func) if plan.kind == "contraction" else None)
+                if plan.kind == "contraction":
+                    shapes.append(inspect_kernel(func))
+                elif plan.kind == "attention":
+                    with module.context, func.location:
+                        insert_prefetches(func, plan.tiles)
+                    shapes.append(tag_kernel(func, start=1000 * (index + 1)))
+                else:
+                    shapes.append(None)
             except ValueError as exc:
                 raise StageError(f"{plan.description}: {exc}") from exc
 
@@ -269,10 +313,13 @@ class XeGpuTarget:
             for handle, plan, shape in zip(list(handles), self.plans, shapes):
                 if plan.kind == "contraction":
                     annotate_kernel(handle, plan.tiles, shape)
+                elif plan.kind == "attention":
+                    annotate_attention(handle, plan.tiles, shape)
                 else:
                     annotate_rows(handle, plan.tiles)
 
         run_schedule(module, body)
+        clear_tags(module)
 
     def xevm(self, module: ir.Module) -> None:
         from schedules.common import run_passes
@@ -483,34 +530,11 @@ def constants_to_arguments(module: ir.Module) -> list[dict]:
 
 
 def expand_erf(module: ir.Module) -> None:
-    """math.erf has no XeVM lowering: expand it into the polynomial of the CPU target
-    (exp and the other math ops stay native, lowered by convert-math-to-xevm)."""
-    from torch_mlir.dialects import arith
+    """math.erf has no XeVM lowering: expand it into the CPU target's polynomial (exp and the
+    other math ops stay native, lowered by convert-math-to-xevm)."""
+    from .math_approx import expand_math
 
-    from . import math_approx
-
-    erfs = []
-
-    def visit(op):
-        if op.name == "math.erf":
-            erfs.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    with module.context:
-        for op in erfs:
-            with ir.InsertionPoint(op), op.location:
-                rtype = op.results[0].type
-                b = math_approx._Builder(rtype)
-                wide = op.operands[0]
-                narrow = str(math_approx._element_type(rtype)) != "f32"
-                if narrow:
-                    wide = arith.extf(b.ftype, wide)
-                result = math_approx._erf(b, wide)
-                if narrow:
-                    result = arith.truncf(rtype, result)
-            op.results[0].replace_all_uses_with(result)
-            op.erase()
+    expand_math(module, ops=("math.erf",))
 
 
 def top_level_foralls(module: ir.Module) -> list[ir.Operation]:

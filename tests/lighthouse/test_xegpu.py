@@ -20,6 +20,7 @@ from lighthouse.errors import UnsupportedError
 from lighthouse.targets import spirv
 from lighthouse.targets.xegpu import XeGpuParams
 from tests.conftest import EXAMPLES, run_cli
+from tests.lighthouse.xegpu_helpers import Lowered, dpas_flops, enclosing, walk
 
 STAGES = ["import", "cleanup", "fuse", "workgroups", "subgroups", "vectorize", "bufferize",
           "gpu-outline", "xegpu", "xegpu-layouts", "xevm", "binary"]
@@ -30,20 +31,6 @@ PAYLOADS = {
     "mlp_f16": ("mlp_f16.py", SMALL_MLP, 2),
 }
 MAD = {"f16": "intel_sub_group_f16_f16_matrix_mad_k16", "bf16": "intel_sub_group_bf16_bf16_matrix_mad_k16"}
-
-
-class Lowered:
-    def __init__(self, compiled, dump):
-        self.compiled = compiled
-        self.target = compiled.target
-        self.dump = dump
-        files = sorted(dump.iterdir())
-        self.stage_files = {re.sub(r"^\d+-", "", f.stem): f for f in files}
-
-    def ir(self, stage) -> ir.Module:
-        ctx = ir.Context()
-        ctx.allow_unregistered_dialects = True
-        return ir.Module.parse(self.stage_files[stage].read_text(), ctx)
 
 
 @pytest.fixture(scope="module", params=sorted(PAYLOADS))
@@ -57,46 +44,11 @@ def lowered(request, tmp_path_factory):
 
 
 def _walk(module, name):
-    found = []
-
-    def visit(op):
-        if op.name == name:
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    return found
-
-
-def _const(value) -> int:
-    return ir.IntegerAttr(value.owner.attributes["value"]).value
-
-
-def _trips(op) -> int:
-    """Product of the trip counts of the scf.for loops around `op` (constant bounds)."""
-    trips, parent = 1, op.parent
-    while parent is not None and parent.name != "gpu.func":
-        if parent.name == "scf.for":
-            lb, ub, step = (_const(v) for v in list(parent.operands)[:3])
-            trips *= (ub - lb) // step
-        parent = parent.parent
-    return trips
-
-
-def _grid(gpu_func) -> int:
-    return math.prod(ir.DenseI32ArrayAttr(gpu_func.attributes["known_grid_size"]))
-
-
-def _enclosing(op, name):
-    parent = op.parent
-    while parent is not None and parent.name != name:
-        parent = parent.parent
-    return parent
+    return walk(module, name)
 
 
 def _device_llvm_ir(lowered) -> str:
-    module = lowered.ir("xevm")
-    return "".join(spirv.device_llvm_ir(gm, 16) for gm in spirv.gpu_modules(module))
+    return lowered.device_llvm_ir()
 
 
 def test_every_stage_runs_in_order(lowered):
@@ -115,14 +67,10 @@ def test_every_contraction_is_dpas_with_the_payload_flops(lowered):
     assert not _walk(xe, "vector.contract")
     dpas = _walk(xe, "xegpu.dpas")
     assert len(dpas) == len(contractions) == PAYLOADS[lowered.name][2]
-    got = 0
     for op in dpas:
-        (m, k), (k2, n) = (ir.VectorType(v.type).shape for v in list(op.operands)[:2])
-        assert k == k2
         assert str(ir.VectorType(op.operands[0].type).element_type) in ("f16", "bf16")
         assert str(ir.VectorType(op.results[0].type).element_type) == "f32"
-        got += 2 * m * n * k * _trips(op) * _grid(_enclosing(op, "gpu.func"))
-    assert got == want
+    assert dpas_flops(xe) == want
     dtype = "bf16" if "bf16" in lowered.name else "f16"
     device = _device_llvm_ir(lowered)
     assert device.count(f"@_Z{len(MAD[dtype])}{MAD[dtype]}") >= len(dpas)
@@ -145,7 +93,7 @@ def test_tile_loads_and_stores_are_2d_block_ops(lowered):
 
 def test_reduction_loops_carry_prefetches(lowered):
     xe = lowered.ir("xegpu-layouts")
-    loops = [_enclosing(op, "scf.for") for op in _walk(xe, "xegpu.dpas")]
+    loops = [enclosing(op, "scf.for") for op in _walk(xe, "xegpu.dpas")]
     assert loops and all(loop is not None for loop in loops)
     for loop in loops:
         assert _walk(loop, "xegpu.prefetch_nd"), "a DPAS loop without prefetch"
@@ -250,22 +198,105 @@ def test_newer_attributes_are_dropped_from_groups():
     assert out == "attributes #5 = { nocallback nofree }"
 
 
-def test_softmax_is_one_row_kernel_down_to_xevm(tmp_path):
-    """Softmax: one gpu.func, all its row work (max, exp, sum, div) inside one workgroup,
-    2-D block loads/stores, no N x C intermediate buffer. (Its SPIR-V is not produced yet:
-    the row reductions leave one-element vectors that llvm-spirv rejects.)"""
-    compiled = compile_kernel(EXAMPLES / "softmax.py", overrides={"N": 64, "C": 256},
-                              target="xegpu", stop_after="xevm", dump_dir=tmp_path)
-    low = Lowered(compiled, tmp_path)
+SOFTMAX = """
+import torch
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, dim=-1)
+def get_inputs():
+    return [torch.randn(64, 256, dtype=torch.{dtype})]
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_softmax_is_one_row_kernel_with_validated_spirv(tmp_path, dtype):
+    """Softmax: one gpu.func, all its row work (max, exp, sum, div, in f32) inside one
+    workgroup, 2-D block loads/stores of the input type, no N x C intermediate buffer; the
+    row reductions' one-value-per-lane vectors are scalarized so the SPIR-V validates."""
+    kernel = tmp_path / "softmax.py"
+    kernel.write_text(SOFTMAX.format(dtype=dtype))
+    compiled = compile_kernel(kernel, target="xegpu", dump_dir=tmp_path / "dump")
+    low = Lowered(compiled, tmp_path / "dump")
     xe = low.ir("xegpu-layouts")
     (func,) = _walk(xe, "gpu.func")
     assert len(_walk(func, "vector.multi_reduction")) == 2          # max and sum
     assert _walk(func, "math.exp")
+    narrow = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}[dtype]
     for op in _walk(func, "xegpu.load_nd") + _walk(func, "xegpu.store_nd"):
         desc = [v.type for v in op.operands if "tensor_desc" in str(v.type)][0]
-        assert re.match(r"!xegpu\.tensor_desc<\d+x256xf32", str(desc)), str(desc)
+        assert re.match(rf"!xegpu\.tensor_desc<\d+x256x{narrow}", str(desc)), str(desc)
+    for op in _walk(func, "vector.multi_reduction"):
+        assert str(ir.VectorType(op.results[0].type).element_type) == "f32"
     assert not _walk(xe, "gpu.alloc") and not _walk(xe, "memref.alloc")
-    assert not [op for op in _walk(func, "memref.alloc")]
     assert "intel_sub_group_2d_block_read" in _device_llvm_ir(low)
     (plan,) = compiled.target.plans
     assert plan.kind == "rows" and plan.threads == plan.tiles.sg_layout[0] * 16
+    path = tmp_path / "softmax.spv"
+    compiled.target.write_artifact(compiled, path)
+    spirv.validate(path)
+    (ep,) = spirv.read_spirv(path.read_bytes())["entry_points"]
+    assert ep.local_size == (plan.threads, 1, 1) and ep.subgroup_size == 16
+
+
+def test_expand_math_expands_only_the_named_ops():
+    from lighthouse.targets.math_approx import expand_math
+
+    ctx = ir.Context()
+    module = ir.Module.parse("""
+      func.func @f(%x: vector<16xf32>, %h: f16) -> (vector<16xf32>, vector<16xf32>, f16) {
+        %e = math.exp %x : vector<16xf32>
+        %r = math.erf %x : vector<16xf32>
+        %s = math.erf %h : f16
+        return %e, %r, %s : vector<16xf32>, vector<16xf32>, f16
+      }""", ctx)
+    assert expand_math(module, ops=("math.erf",)) == 2
+    text = str(module)
+    assert "math.erf" not in text and text.count("math.exp") == 1   # exp kept
+    assert "arith.extf" in text and "arith.truncf" in text          # f16 computed in f32
+    with pytest.raises(ValueError, match="no expansion of"):
+        expand_math(module, ops=("math.sin",))
+
+
+def test_vectors_spirv_lacks_become_their_lanes():
+    """One-element vectors (a lane's share of a row reduction) and 32-element ones (a lane's
+    pieces of a tile, gathered by insertelement and read by shufflevector) have no SPIR-V
+    form: elementwise ops run per lane, moves become the lane they move."""
+    ctx = ir.Context()
+    module = ir.Module.parse("""
+      llvm.func @f(%in: vector<2xf32>, %y: f32) -> vector<2xf32> {
+        %a = llvm.shufflevector %in, %in [0] : vector<2xf32>
+        %b = llvm.shufflevector %in, %in [1] : vector<2xf32>
+        %m = llvm.intr.maximum(%a, %b) : (vector<1xf32>, vector<1xf32>) -> vector<1xf32>
+        %e = llvm.intr.exp(%m) : (vector<1xf32>) -> vector<1xf32>
+        %p = llvm.mlir.poison : vector<32xf32>
+        %c0 = llvm.mlir.constant(0 : i64) : i64
+        %c17 = llvm.mlir.constant(17 : i64) : i64
+        %s = llvm.extractelement %e[%c0 : i64] : vector<1xf32>
+        %v0 = llvm.insertelement %s, %p[%c0 : i64] : vector<32xf32>
+        %v1 = llvm.insertelement %y, %v0[%c17 : i64] : vector<32xf32>
+        %z = llvm.mlir.constant(dense<1.0> : vector<32xf32>) : vector<32xf32>
+        %w = llvm.fadd %v1, %z : vector<32xf32>
+        %r = llvm.shufflevector %w, %w [0, 17] : vector<32xf32>
+        llvm.return %r : vector<2xf32>
+      }""", ctx)
+    func = module.body.operations[0].operation
+    with ctx, ir.Location.unknown():
+        spirv._legalize_vector_lengths(func)
+    module.operation.verify()
+    body = str(module).split("{", 1)[1]
+    assert "vector<32x" not in body
+    assert "vector<1x" not in body
+    assert body.count("llvm.intr.maximum") == 1 and body.count("llvm.intr.exp") == 1
+    assert body.count("llvm.fadd") == 32 and "(f32, f32) -> f32" in body  # scalar, per lane
+    with pytest.raises(Exception, match="has no SPIR-V form"):
+        bad = ir.Module.parse("""
+          llvm.func @g(%p: !llvm.ptr) -> f32 {
+            %v = llvm.load %p : !llvm.ptr -> vector<32xf32>
+            %c = llvm.mlir.constant(3 : i64) : i64
+            %s = llvm.extractelement %v[%c : i64] : vector<32xf32>
+            llvm.return %s : f32
+          }""", ctx)
+        with ctx, ir.Location.unknown():
+            spirv._legalize_vector_lengths(bad.body.operations[0].operation)

@@ -1,0 +1,450 @@
+"""XeGPU tail of flash attention: the fused query-block forall as one GPU kernel.
+
+Input: the attention family's `fuse` result (schedules/attention.py), one `scf.forall` over
+(batch..., heads, query blocks of `query_tile` rows) whose body holds the key loop(s): per key
+tile, S = Q K^T, the online softmax update, and O += P V (a causal kernel has two loops: the
+tiles wholly below the diagonal without the mask, then the diagonal band with it, bounded
+by the diagonal). K^T (transposed, scaled) and V (widened to f32) are computed once outside
+the forall, which suits the CPU.
+
+Workgroups (`tile_attention`): one forall iteration = one workgroup. The K and V producer
+chains are fused into the forall and then into each key loop (through the unit-dim reshapes,
+by bubbling the slices up), so a key loop reads K and V tiles straight from the inputs: no
+copy of K or V is written, no S_q x S_kv buffer exists. Unit dims of the tiles are folded, so
+every tile is 2-D [rows, columns].
+Subgroups: `query_tile / sg_rows` subgroups, each owning `sg_rows` query rows of Q, S, P and
+O (sg_layout [n, 1]); the K and V tiles are read whole by every subgroup (sg_layout [1, 1]),
+the row max / sum of S are reductions inside a subgroup.
+Vectorization (xegpu_common): S = Q K^T becomes a DPAS on f16/bf16 Q and K with SDPA's scale
+applied to the f32 product; P is rounded to the input type for the P V DPAS.
+Layouts (`annotate_attention`): anchors on the Q, K (transposed 2-D block read), V loads,
+both DPAS ops of each key loop and the output store; K and V loads carry prefetches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch_mlir import ir
+from torch_mlir.dialects import transform
+from torch_mlir.dialects.transform import structured, tensor as ttensor, xegpu
+
+from transform_ext.analysis.structure import is_linalg_op, loop_structure
+
+from .common import (any_op, apply_patterns, canonicalize, clear_tags, match, match_id,
+                     run_passes, run_schedule, tag_ops)
+from .xegpu_contraction import block_mapping, prefetch_layout
+
+DPAS_TYPES = ("f16", "bf16")
+
+
+@dataclass(frozen=True)
+class AttentionTiles:
+    """One workgroup: `query_tile` query rows against all keys, `key_tile` keys per step,
+    head dims `qk_dim` (Q, K) and `v_dim` (V, O); `sg_rows` rows per subgroup; the DPAS
+    shape; `grid`: workgroups per forall dim (batch..., heads, query blocks)."""
+
+    query_tile: int
+    key_tile: int
+    qk_dim: int
+    v_dim: int
+    sg_rows: int
+    grid: tuple[int, ...]
+    dtype: str
+    dpas: tuple[int, int, int] = (8, 16, 16)
+    subgroup_size: int = 16
+    nb_prefetch: int = 1
+
+    @property
+    def subgroups(self) -> int:
+        return self.query_tile // self.sg_rows
+
+    @property
+    def sg_layout(self) -> list[int]:
+        return [self.subgroups, 1]
+
+    @property
+    def sg_data(self) -> tuple[int, int]:
+        return (self.sg_rows, self.v_dim)
+
+    @property
+    def threads(self) -> int:
+        return self.subgroups * self.subgroup_size
+
+    def register_bytes(self) -> int:
+        """Live registers of a subgroup at the peak of a key step: Q and the f32 O
+        accumulator throughout, with the K tile (read whole) and S (f32) for Q K^T, or the V
+        tile, S (f32, until its row sum) and P for P V; plus the rows' m, l and correction."""
+        narrow = 2
+        q = self.sg_rows * self.qk_dim * narrow
+        o = self.sg_rows * self.v_dim * 4
+        s = self.sg_rows * self.key_tile * 4
+        p = self.sg_rows * self.key_tile * narrow
+        k = self.key_tile * self.qk_dim * narrow
+        v = self.key_tile * self.v_dim * narrow
+        return q + o + max(k + s, v + s + p) + 3 * self.sg_rows * 4
+
+
+# ------------------------------------------------------------------------------ analysis
+
+def _ops(block: ir.Block) -> list[ir.Operation]:
+    return [o.operation for o in block.operations]
+
+
+def _users(value: ir.Value) -> list[ir.Operation]:
+    return [getattr(u.owner, "operation", u.owner) for u in value.uses]
+
+
+def _inside(op: ir.Operation, container: ir.Operation) -> bool:
+    parent = op.parent
+    while parent is not None:
+        if parent == container:
+            return True
+        parent = parent.parent
+    return False
+
+
+def attention_forall(func: ir.Operation) -> ir.Operation | None:
+    """The top-level forall of a fused attention: its body holds scf.for key loops with two
+    contractions each (S = Q K^T and P V)."""
+    for op in _ops(func.regions[0].blocks[0]):
+        if op.name != "scf.forall":
+            continue
+        loops = key_loops(op)
+        if loops and all(len(_contractions(loop)) == 2 for loop in loops):
+            return op
+    return None
+
+
+def key_loops(forall: ir.Operation) -> list[ir.Operation]:
+    return [op for op in _ops(forall.regions[0].blocks[0]) if op.name == "scf.for"]
+
+
+def _contractions(loop: ir.Operation) -> list[ir.Operation]:
+    return [op for op in _ops(loop.regions[0].blocks[0])
+            if is_linalg_op(op) and op.name != "linalg.fill" and loop_structure(op).is_contraction]
+
+
+def _constant_index(value: ir.Value) -> int | None:
+    owner = value.owner
+    owner = getattr(owner, "operation", owner)
+    if isinstance(owner, ir.Operation) and owner.name == "arith.constant":
+        return ir.IntegerAttr(owner.attributes["value"]).value
+    return None
+
+
+def plan_attention(forall: ir.Operation, *, sg_rows: int, subgroup_size: int,
+                   dpas: tuple[int, int, int], max_threads: int, grf_bytes: int,
+                   nb_prefetch: int = 1) -> AttentionTiles:
+    """Tiles of the fused kernel read from its IR, validated against the DPAS shape and the
+    chip (ValueError naming the dimension otherwise)."""
+    where = f"attention at {forall.location}"
+    loops = key_loops(forall)
+    scores, values = _contractions(loops[0])
+    s_ls, v_ls = loop_structure(scores), loop_structure(values)
+    s_dims, v_dims = s_ls.contraction_dims(), v_ls.contraction_dims()
+    if len(s_dims["m"]) != 1 or len(s_dims["n"]) != 1 or len(s_dims["k"]) != 1:
+        raise ValueError(f"{where}: S = Q K^T is not a plain [rows, keys] contraction")
+    query_tile = s_ls.ranges[s_dims["m"][0]]
+    key_tile = s_ls.ranges[s_dims["n"][0]]
+    qk_dim = s_ls.ranges[s_dims["k"][0]]
+    v_dim = v_ls.ranges[v_dims["n"][0]]
+    inputs = [ir.RankedTensorType(v.type).element_type for v in forall.parent.regions[0]
+              .blocks[0].arguments if isinstance(v.type, ir.RankedTensorType)]
+    dtypes = sorted({str(t) for t in inputs if isinstance(t, ir.FloatType)})
+    if not dtypes or any(d not in DPAS_TYPES for d in dtypes):
+        raise ValueError(f"{where}: inputs of type {', '.join(dtypes) or 'none'}: DPAS multiplies "
+                         "f16 or bf16 (with f32 accumulation); give the attention float16 or "
+                         "bfloat16 inputs")
+    if len(dtypes) != 1:
+        raise ValueError(f"{where}: mixed input types {dtypes}")
+    for loop in loops:
+        step = _constant_index(loop.operands[2])
+        if step != key_tile:
+            raise ValueError(f"{where}: key loop step {step} differs from the key tile {key_tile}")
+    body = _ops(forall.regions[0].blocks[0])
+    extra = [op for op in body if is_linalg_op(op) and op.name != "linalg.fill"
+             and loop_structure(op).is_contraction]
+    if extra:
+        raise ValueError(f"{where}: the key length is not a multiple of the key tile "
+                         f"({key_tile}): a remainder tile outside the key loop has no GPU form "
+                         "yet; choose key_tile dividing the key length")
+    bounds = [ir.DenseI64ArrayAttr(forall.attributes["staticUpperBound"])[i]
+              for i in range(len(ir.DenseI64ArrayAttr(forall.attributes["staticUpperBound"])))]
+    if any(b < 0 for b in bounds):
+        raise ValueError(f"{where}: dynamic forall bounds")
+    dm, dn, dk = dpas
+    checks = [("query rows per workgroup", query_tile, sg_rows, "rows per subgroup"),
+              ("rows per subgroup", sg_rows, dm, "DPAS rows"),
+              ("key tile", key_tile, dk, "DPAS depth"),
+              ("key tile", key_tile, dn, "DPAS columns"),
+              ("head dim of Q and K", qk_dim, dk, "DPAS depth"),
+              ("head dim of V", v_dim, dn, "DPAS columns")]
+    for what, extent, tile, tile_name in checks:
+        if extent % tile:
+            raise ValueError(f"{where}: {what} ({extent}) is not a multiple of the {tile_name} ({tile})")
+    tiles = AttentionTiles(query_tile, key_tile, qk_dim, v_dim, sg_rows, tuple(bounds), dtypes[0],
+                           dpas, subgroup_size, nb_prefetch)
+    if tiles.threads > max_threads:
+        raise ValueError(f"{where}: {tiles.threads} threads per workgroup exceed {max_threads}")
+    if tiles.register_bytes() > grf_bytes:
+        raise ValueError(f"{where}: a subgroup's tiles ({tiles.register_bytes()} B) exceed the "
+                         f"register file ({grf_bytes} B); lower query_tile / key_tile")
+    return tiles
+
+
+# -------------------------------------------------------------------------------- tiling
+
+def tile_attention(payload: ir.Module, tiles: AttentionTiles) -> None:
+    """Workgroup form of the fused forall (module docstring): K/V chains fused into the key
+    loops, transposes and copies generalized, unit dims folded, block mapping attached."""
+    from .generic import func_ops
+
+    def forall_now():
+        (func,) = func_ops(payload)
+        return attention_forall(func)
+
+    _fuse_sliced_producers(payload, lambda: (forall_now().parent, forall_now()))
+    count = len(key_loops(forall_now()))
+    # last loop first: fusing a producer that a later loop also reads into the earlier
+    # loop crashes FuseIntoContainingOp (LLVM "SmallVector unable to grow")
+    for k in reversed(range(count)):
+        _fuse_sliced_producers(payload, lambda k=k: (forall_now(), key_loops(forall_now())[k]))
+
+    def fold(root):
+        func = match(root, "func.func")
+        structured.GeneralizeOp(match(func, ["linalg.transpose", "linalg.copy"]))
+        apply_patterns(func, structured.ApplyFoldUnitExtentDimsViaReshapesPatternsOp,
+                       transform.ApplyCanonicalizationPatternsOp)
+        apply_patterns(func, ttensor.ApplyReassociativeReshapeFoldingPatternsOp,
+                       transform.ApplyCanonicalizationPatternsOp)
+
+    run_schedule(payload, fold)
+    run_passes(payload, "canonicalize, cse")
+    forall = forall_now()
+    forall.attributes["mapping"] = block_mapping(len(tiles.grid))
+
+
+def _fuse_sliced_producers(payload: ir.Module, where) -> None:
+    """Fuse into `container` every linalg op of `block` whose result `container` reads through
+    tensor.extract_slice; slices of reshapes are bubbled above them so the chain continues."""
+    for _ in range(16):
+        block_op, container = where()
+        producers = _sliced_producers(block_op, container)
+        if not producers:
+            _bubble_up_slices(payload)
+            block_op, container = where()
+            producers = _sliced_producers(block_op, container)
+            if not producers:
+                return
+        tag_ops(producers + [container])
+        n = len(producers)
+
+        def body(root):
+            target = match_id(root, n)
+            for i in range(n):
+                target = structured.FuseIntoContainingOp(match_id(root, i), target).new_containing_op
+
+        run_schedule(payload, body)
+        clear_tags(payload)
+        run_passes(payload, "canonicalize, cse")
+    raise ValueError("attention: the K/V producer chains did not fuse into the key loop")
+
+
+def _sliced_producers(block_op: ir.Operation, container: ir.Operation) -> list[ir.Operation]:
+    block = block_op.regions[0].blocks[0]
+    out = []
+    for op in _ops(block):
+        if not is_linalg_op(op) or op == container:
+            continue
+        if any(u.name == "tensor.extract_slice" and _inside(u, container)
+               for r in op.results for u in _users(r)):
+            out.append(op)
+    return out
+
+
+def _bubble_up_slices(payload: ir.Module) -> None:
+    def body(root):
+        apply_patterns(match(root, "func.func"), ttensor.ApplyBubbleUpExtractSlicePatternsOp,
+                       transform.ApplyCanonicalizationPatternsOp)
+
+    run_schedule(payload, body)
+
+
+# ------------------------------------------------------------------------------- layouts
+
+@dataclass
+class KernelOps:
+    """Tagged XeGPU ops of one outlined attention kernel (lh.id indices)."""
+
+    q_loads: list[int]
+    k_loads: list[int]
+    v_loads: list[int]
+    qk_dpas: list[int]
+    pv_dpas: list[int]
+    stores: list[int]
+
+
+def _load_of(value: ir.Value) -> ir.Operation | None:
+    """The xegpu.load_nd `value` comes from (through transposes and type conversions)."""
+    while True:
+        owner = value.owner
+        owner = getattr(owner, "operation", owner)
+        if not isinstance(owner, ir.Operation):
+            return None
+        if owner.name == "xegpu.load_nd":
+            return owner
+        if owner.name in ("vector.transpose", "arith.extf", "arith.truncf"):
+            value = owner.operands[0]
+            continue
+        return None
+
+
+def tag_kernel(gpu_func: ir.Operation, start: int) -> KernelOps:
+    """Find and tag (lh.id from `start`) the loads, DPAS ops and stores of an attention
+    gpu.func after convert-vector-to-xegpu. In each key loop the first DPAS is Q K^T, the
+    second P V."""
+    tagged: list[ir.Operation] = []
+
+    def tag(op):
+        for i, t in enumerate(tagged):
+            if t == op:
+                return start + i
+        tagged.append(op)
+        return start + len(tagged) - 1
+
+    ops = KernelOps([], [], [], [], [], [])
+    loops = []
+
+    def visit(op):
+        if op.name == "scf.for":
+            loops.append(op)
+        elif op.name == "xegpu.store_nd":
+            ops.stores.append(tag(op))
+        return ir.WalkResult.ADVANCE
+
+    gpu_func.walk(visit)
+    for loop in loops:
+        dpas = [op for op in _ops(loop.regions[0].blocks[0]) if op.name == "xegpu.dpas"]
+        if len(dpas) != 2:
+            raise ValueError(f"a key loop holds {len(dpas)} xegpu.dpas ops, expected 2")
+        qk, pv = dpas
+        loads = (_load_of(qk.operands[0]), _load_of(qk.operands[1]), _load_of(pv.operands[1]))
+        if any(load is None for load in loads):
+            raise ValueError("an attention DPAS operand is not read by a 2-D block load")
+        for lst, load in zip((ops.q_loads, ops.k_loads, ops.v_loads), loads):
+            index = tag(load)
+            if index not in lst:
+                lst.append(index)
+        ops.qk_dpas.append(tag(qk))
+        ops.pv_dpas.append(tag(pv))
+    if not loops or len(ops.stores) != 1:
+        raise ValueError(f"an attention kernel with {len(loops)} key loops and "
+                         f"{len(ops.stores)} stores")
+    tag_ops(tagged, start=start)
+    return ops
+
+
+def insert_prefetches(gpu_func: ir.Operation, tiles: AttentionTiles) -> int:
+    """Prefetch the K and V tiles of the key loops `nb_prefetch` steps ahead: before each
+    loop the first steps' tiles, in the loop the tile at iv + nb_prefetch * step (2-D block
+    prefetches, spread over all subgroups). Written here rather than with
+    transform.xegpu.insert_prefetch, which refuses loops with dynamic bounds (the causal
+    kernel's). Returns the number of prefetch ops inserted."""
+    from torch_mlir.dialects import arith
+
+    count = 0
+    if tiles.nb_prefetch < 1:
+        return count
+    dm, dn, _ = tiles.dpas
+    loops = []
+
+    def visit(op):
+        if op.name == "scf.for":
+            loops.append(op)
+        return ir.WalkResult.ADVANCE
+
+    gpu_func.walk(visit)
+    hint = ir.Attribute.parse("#xegpu.cache_hint<cached>")
+    for loop in loops:
+        body = loop.regions[0].blocks[0]
+        iv = body.arguments[0]
+        lb, step = loop.operands[0], loop.operands[2]
+        loads = [op for op in _ops(body) if op.name == "xegpu.load_nd"]
+        for load in loads:
+            offsets = list(load.operands)[1:]
+            desc = load.operands[0]
+            if _inside(_owner_op(desc) or loop, loop) or not any(o == iv for o in offsets):
+                continue
+            if any(o != iv and _owner_op(o) is not None and _inside(_owner_op(o), loop)
+                   for o in offsets):
+                continue
+            shape = list(ir.VectorType(load.results[0].type).shape)
+            layout = prefetch_layout(shape[0], shape[1], tiles.subgroups, (dm, dn))
+            layout_attr = ir.Attribute.parse(
+                "#xegpu.layout<" + ", ".join(f"{k} = {v}" for k, v in layout.items()) + ">")
+            attributes = {"const_offsets": load.attributes["const_offsets"], "l1_hint": hint,
+                          "l2_hint": hint, "l3_hint": hint, "layout": layout_attr}
+            index = ir.IndexType.get()
+
+            def prefetch(at_iv):
+                operands = [desc] + [at_iv if o == iv else o for o in offsets]
+                ir.Operation.create("xegpu.prefetch_nd", operands=operands, attributes=attributes)
+
+            with ir.InsertionPoint(loop), loop.location:
+                for d in range(tiles.nb_prefetch):
+                    ahead = arith.muli(step, arith.ConstantOp(index, ir.IntegerAttr.get(index, d)).result)
+                    prefetch(arith.addi(lb, ahead))
+                    count += 1
+            with ir.InsertionPoint(body.operations[0]), loop.location:
+                distance = arith.ConstantOp(index, ir.IntegerAttr.get(index, tiles.nb_prefetch)).result
+                prefetch(arith.addi(iv, arith.muli(step, distance)))
+                count += 1
+    return count
+
+
+def _owner_op(value: ir.Value) -> ir.Operation | None:
+    owner = value.owner
+    if isinstance(owner, ir.Block):
+        return None
+    return getattr(owner, "operation", owner)
+
+
+def _layout(sg_layout, sg_data, inst_data, **extra) -> dict:
+    return {"sg_layout": list(sg_layout), "sg_data": list(sg_data), "inst_data": list(inst_data),
+            **extra}
+
+
+def annotate_attention(gpu_func: ir.Value, tiles: AttentionTiles, ops: KernelOps) -> None:
+    """Anchor layouts (transform IR; `gpu_func` a handle, the ops tagged by `tag_kernel`):
+    rows of Q, S, P and O split over the subgroups, K and V tiles whole in every subgroup,
+    DPAS instruction tiles; K read transposed (order [0, 1]) for the K^T operand."""
+    dm, dn, dk = tiles.dpas
+    n, rows, kt = tiles.subgroups, tiles.sg_rows, tiles.key_tile
+    q = _layout([n, 1], [rows, tiles.qk_dim], [dm, dk])
+    kt_operand = _layout([1, 1], [tiles.qk_dim, kt], [dk, dn], order=[1, 0])
+    k_load = _layout([1, 1], [kt, tiles.qk_dim], [dn, dk], order=[0, 1])
+    s = _layout([n, 1], [rows, kt], [dm, dn])
+    p = _layout([n, 1], [rows, kt], [dm, dk])
+    v = _layout([1, 1], [kt, tiles.v_dim], [dk, dn])
+    o = _layout([n, 1], [rows, tiles.v_dim], [dm, dn])
+
+    def at(i):
+        return match_id(gpu_func, i)
+
+    for i in ops.q_loads:
+        xegpu.set_anchor_layout(at(i), **q)
+    for loads, layout in ((ops.k_loads, k_load), (ops.v_loads, v)):
+        for i in loads:
+            xegpu.set_anchor_layout(at(i), **layout)
+    for i in ops.qk_dpas:
+        xegpu.set_anchor_layout(at(i), index=0, **q)
+        xegpu.set_anchor_layout(at(i), index=1, **kt_operand)
+        xegpu.set_anchor_layout(at(i), index=2, **s)
+    for i in ops.pv_dpas:
+        xegpu.set_anchor_layout(at(i), index=0, **p)
+        xegpu.set_anchor_layout(at(i), index=1, **v)
+        xegpu.set_anchor_layout(at(i), index=2, **o)
+    for i in ops.stores:
+        xegpu.set_anchor_layout(at(i), **o)
+    canonicalize(gpu_func)

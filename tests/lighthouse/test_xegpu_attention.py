@@ -1,0 +1,194 @@
+"""Flash attention on the XeGPU target: the attention family's fused forall as one kernel,
+checked through the IR of every stage and the validated SPIR-V.
+
+For [B, H, S, 64] attention (f16 and bf16; causal and not): every stage runs; both
+contractions of every key loop are xegpu.dpas on 16-bit operands with f32 accumulation,
+and their FLOPs (loop trips evaluated per workgroup from the kernel's own bound
+computations) equal the payload's contraction FLOPs, or for causal attention those of
+the key tiles up to the diagonal (tiles wholly above it are skipped by the loop bound, not
+computed and masked); Q, K, V and O move by 2-D block loads/stores (K read transposed);
+the key loops prefetch their K and V tiles; one gpu.func; no buffer at all besides the
+inputs and the output (no S x S scores); the SPIR-V passes spirv-val.
+(No Intel GPU here: the numerics of the fused schedule are checked on the CPU target.)
+"""
+
+import json
+import math
+
+import pytest
+from torch_mlir import ir
+
+from lighthouse.compile import compile_kernel
+from lighthouse.errors import UnsupportedError
+from lighthouse.targets import spirv
+from tests.lighthouse.xegpu_helpers import (Lowered, dpas_flops, enclosing, payload_contraction_flops,
+                                            tile_descriptor, walk)
+
+STAGES = ["import", "cleanup", "fuse", "workgroups", "subgroups", "vectorize", "bufferize",
+          "gpu-outline", "xegpu", "xegpu-layouts", "xevm", "binary"]
+KERNEL = """
+import torch
+import torch.nn.functional as F
+B, H, S, D = {B}, {H}, {S}, {D}
+LIGHTHOUSE = dict({config})
+class Model(torch.nn.Module):
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal={causal})
+def get_inputs():
+    torch.manual_seed(0)
+    return [torch.randn(B, H, S, D, dtype=torch.{dtype}) for _ in range(3)]
+def get_init_inputs():
+    return []
+"""
+# name: (B, H, S, D, dtype, causal)
+CASES = {
+    "f16": (1, 2, 256, 64, "float16", False),
+    "bf16_causal": (2, 2, 256, 64, "bfloat16", True),
+}
+MAD = {"float16": "f16_f16_matrix_mad_k16", "bfloat16": "bf16_bf16_matrix_mad_k16"}
+
+
+def _write(path, B, H, S, D, dtype, causal, config=""):
+    path.write_text(KERNEL.format(B=B, H=H, S=S, D=D, dtype=dtype, causal=causal, config=config))
+    return path
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def lowered(request, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp(request.param)
+    kernel = _write(tmp / "attention.py", *CASES[request.param])
+    dump = tmp / "dump"
+    compiled = compile_kernel(kernel, target="xegpu", dump_dir=dump)
+    low = Lowered(compiled, dump)
+    low.name = request.param
+    low.shape = CASES[request.param]
+    return low
+
+
+def test_every_stage_runs_and_the_attention_schedule_is_used(lowered):
+    assert lowered.compiled.family.name == "attention"
+    assert lowered.compiled.pipeline.names() == STAGES
+    assert list(lowered.stage_files) == ["input"] + STAGES
+    (plan,) = lowered.target.plans
+    B, H, S, D, _, _ = lowered.shape
+    assert plan.kind == "attention"
+    assert (plan.tiles.query_tile, plan.tiles.key_tile) == lowered.target.attention_tiles
+    assert math.prod(plan.tiles.grid) == B * H * S // plan.tiles.query_tile
+
+
+def test_every_contraction_is_dpas_with_the_payload_flops(lowered):
+    B, H, S, D, dtype, causal = lowered.shape
+    xe = lowered.ir("xegpu-layouts")
+    assert not walk(xe, "vector.contract")
+    dpas = walk(xe, "xegpu.dpas")
+    loops = walk(xe, "scf.for")
+    assert len(dpas) == 2 * len(loops) == (4 if causal else 2)   # causal: unmasked + diagonal loop
+    narrow = {"float16": "f16", "bfloat16": "bf16"}[dtype]
+    for op in dpas:
+        assert str(ir.VectorType(op.operands[0].type).element_type) == narrow
+        assert str(ir.VectorType(op.operands[1].type).element_type) == narrow
+        assert str(ir.VectorType(op.results[0].type).element_type) == "f32"
+    payload = payload_contraction_flops(lowered.ir("cleanup"))
+    assert payload == 2 * (2 * B * H * S * S * D)
+    got = dpas_flops(xe)
+    if not causal:
+        assert got == payload
+    else:
+        # Key tiles [j0, j0 + kt) up to the diagonal of query block [i0, i0 + qt) are
+        # computed (the diagonal band's masked scores included); tiles wholly above it
+        # are not. With kt dividing qt that is min(S, i0 + qt) keys per query row.
+        tiles = lowered.target.plans[0].tiles
+        qt = tiles.query_tile
+        keys = sum(qt * min(S, i0 + qt) for i0 in range(0, S, qt))
+        assert got == 2 * (2 * B * H * D * keys)
+        assert 2 * (2 * B * H * D * S * (S + 1) // 2) <= got < payload
+    device = lowered.device_llvm_ir()
+    assert device.count(f"intel_sub_group_{MAD[dtype]}") > len(dpas)
+
+
+def test_dpas_operands_come_straight_from_block_loads_and_the_scale_is_applied_in_f32(lowered):
+    """S = (Q c)(K c)^T is computed as (Q K^T) c^2: DPAS reads Q and K as loaded (exact),
+    the scale multiplies the f32 product; P is rounded to the input type for P V."""
+    B, H, S, D, dtype, causal = lowered.shape
+    xe = lowered.ir("xegpu-layouts")
+    for loop in walk(xe, "scf.for"):
+        qk, pv = [op for op in walk(loop, "xegpu.dpas")]
+        q_load = qk.operands[0].owner
+        assert q_load.name == "xegpu.load_nd" and enclosing(q_load, "scf.for") is None
+        transpose = qk.operands[1].owner
+        assert transpose.name == "vector.transpose"
+        k_load = transpose.operands[0].owner
+        assert k_load.name == "xegpu.load_nd" and "order = [0, 1]" in str(k_load.attributes["layout"])
+        assert pv.operands[1].owner.name == "xegpu.load_nd"
+        assert pv.operands[0].owner.name == "arith.truncf"
+        scale = [u.owner for u in qk.results[0].uses]
+        assert [op.name for op in scale] == ["arith.mulf"]
+        splat = ir.DenseElementsAttr(scale[0].operands[1].owner.attributes["value"])
+        assert ir.FloatAttr(splat.get_splat_value()).value == pytest.approx(1 / math.sqrt(D), rel=1e-6)
+
+
+def test_tiles_move_by_2d_block_ops_and_the_key_loops_prefetch(lowered):
+    B, H, S, D, dtype, causal = lowered.shape
+    xe = lowered.ir("xegpu-layouts")
+    for func in walk(xe, "gpu.func"):
+        assert not walk(func, "vector.transfer_read") and not walk(func, "vector.transfer_write")
+    narrow = {"float16": "f16", "bfloat16": "bf16"}[dtype]
+    tiles = walk(xe, "xegpu.load_nd") + walk(xe, "xegpu.store_nd") + walk(xe, "xegpu.prefetch_nd")
+    for op in tiles:
+        assert tile_descriptor(op).startswith(f"!xegpu.tensor_desc<") and f"x{narrow}" in tile_descriptor(op)
+    assert len(walk(xe, "xegpu.store_nd")) == 1
+    for loop in walk(xe, "scf.for"):
+        loads = [op for op in walk(loop, "xegpu.load_nd")]
+        prefetched = {str(p.operands[0]) for p in walk(loop, "xegpu.prefetch_nd")}
+        assert len(loads) == 2 and {str(op.operands[0]) for op in loads} == prefetched
+    device = lowered.device_llvm_ir()
+    for builtin in ("2d_block_read", "2d_block_read_transpose", "2d_block_write", "2d_block_prefetch"):
+        assert f"intel_sub_group_{builtin}" in device, builtin
+
+
+def test_one_kernel_and_no_scratch_buffer(lowered):
+    """No buffer but the inputs and the output: no S x S scores, no K^T / V copies, no
+    loop state in memory (running max, sum and O are registers)."""
+    final = lowered.ir("xegpu")
+    assert len(walk(final, "gpu.func")) == 1 and len(walk(final, "gpu.launch_func")) == 1
+    for name in ("memref.alloc", "memref.alloca", "gpu.alloc", "memref.copy"):
+        assert not walk(final, name), name
+    assert not walk(lowered.ir("bufferize"), "memref.alloc")
+
+
+def test_spirv_validates_with_the_recorded_launch(lowered, tmp_path):
+    target = lowered.target
+    path = tmp_path / "attention.spv"
+    target.write_artifact(lowered.compiled, path)
+    spirv.validate(path)
+    info = spirv.read_spirv(path.read_bytes())
+    (ep,) = info["entry_points"]
+    (kernel,) = json.loads(path.with_suffix(".json").read_text())["kernels"]
+    tiles = target.plans[0].tiles
+    assert ep.local_size == (tiles.threads, 1, 1) and list(ep.local_size) == kernel["local_size"]
+    assert ep.subgroup_size == 16 == kernel["subgroup_size"]
+    assert kernel["kind"] == "attention"
+    assert math.prod(kernel["grid"]) == math.prod(tiles.grid)
+
+
+def test_schedule_options_set_the_tiles(tmp_path):
+    kernel = _write(tmp_path / "k.py", 1, 1, 128, 64, "float16", False,
+                    config="query_tile=64, key_tile=16")
+    compiled = compile_kernel(kernel, target="xegpu", stop_after="vectorize")
+    tiles = compiled.target.plans[0].tiles
+    assert (tiles.query_tile, tiles.key_tile, tiles.threads) == (64, 16, 64)
+    contracts = walk(compiled.module, "vector.contract")
+    assert [list(ir.VectorType(op.results[0].type).shape) for op in contracts] == [[64, 16], [64, 64]]
+
+
+@pytest.mark.parametrize("S,config,dtype,message", [
+    (256, "", "float32", r"inputs of type f32: DPAS multiplies f16 or bf16"),
+    (256, "key_tile=128", "float16", r"exceed the register file"),
+    (192, "query_tile=96, key_tile=24", "float16",
+     r"key tile \(24\) is not a multiple of the DPAS depth \(16\)"),
+    (128, "", "float16", r"no query-block forall .* single query block"),
+])
+def test_refusals_name_the_reason(tmp_path, S, config, dtype, message):
+    kernel = _write(tmp_path / "k.py", 1, 1, S, 64, dtype, False, config=config)
+    with pytest.raises(UnsupportedError, match=message):
+        compile_kernel(kernel, target="xegpu", stop_after="workgroups")

@@ -1,0 +1,111 @@
+"""Reading the stage dumps of an XeGPU compile: parsed IR per stage, op walks, DPAS FLOPs
+(with loop trip counts evaluated per workgroup, so loops bounded by the block id count
+right), the device LLVM IR of the kernels."""
+
+import math
+import re
+
+from torch_mlir import ir
+
+from lighthouse.targets import spirv
+
+
+class Lowered:
+    def __init__(self, compiled, dump):
+        self.compiled = compiled
+        self.target = compiled.target
+        self.dump = dump
+        files = sorted(dump.iterdir())
+        self.stage_files = {re.sub(r"^\d+-", "", f.stem): f for f in files}
+
+    def ir(self, stage) -> ir.Module:
+        ctx = ir.Context()
+        ctx.allow_unregistered_dialects = True
+        return ir.Module.parse(self.stage_files[stage].read_text(), ctx)
+
+    def device_llvm_ir(self) -> str:
+        module = self.ir("xevm")
+        return "".join(spirv.device_llvm_ir(gm, 16) for gm in spirv.gpu_modules(module))
+
+
+def walk(module, name):
+    found = []
+
+    def visit(op):
+        if op.name == name:
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    getattr(module, "operation", module).walk(visit)
+    return found
+
+
+def enclosing(op, name):
+    parent = op.parent
+    while parent is not None and parent.name != name:
+        parent = parent.parent
+    return parent
+
+
+def grid(gpu_func) -> tuple[int, int, int]:
+    return tuple(ir.DenseI32ArrayAttr(gpu_func.attributes["known_grid_size"]))
+
+
+def evaluate(value, block_id: dict) -> int:
+    """The integer an index computation of a kernel yields in the workgroup `block_id`
+    ({'x': .., 'y': .., 'z': ..}); constants, block ids and the integer arith ops only."""
+    owner = value.owner
+    owner = getattr(owner, "operation", owner)
+    if not isinstance(owner, ir.Operation):
+        raise AssertionError(f"{value} is not computed from constants and block ids")
+    name = owner.name
+    if name == "arith.constant":
+        return ir.IntegerAttr(owner.attributes["value"]).value
+    if name == "gpu.block_id":
+        return block_id[str(owner.attributes["dimension"]).rstrip(">").split()[-1]]
+    a, b = (evaluate(v, block_id) for v in owner.operands)
+    ops = {"arith.addi": lambda: a + b, "arith.subi": lambda: a - b, "arith.muli": lambda: a * b,
+           "arith.maxsi": lambda: max(a, b), "arith.minsi": lambda: min(a, b),
+           "arith.ceildivsi": lambda: -(-a // b), "arith.divsi": lambda: int(a / b),
+           "arith.floordivsi": lambda: a // b}
+    if name not in ops:
+        raise AssertionError(f"cannot evaluate {name}")
+    return ops[name]()
+
+
+def trips(op, block_id: dict) -> int:
+    """Product of the trip counts of the scf.for loops around `op` in one workgroup."""
+    count, parent = 1, op.parent
+    while parent is not None and parent.name != "gpu.func":
+        if parent.name == "scf.for":
+            lb, ub, step = (evaluate(v, block_id) for v in list(parent.operands)[:3])
+            count *= max(0, -(-(ub - lb) // step))
+        parent = parent.parent
+    return count
+
+
+def dpas_flops(module) -> int:
+    """2 m n k of every workgroup-level xegpu.dpas, times its loop trips, summed over all
+    workgroups of its kernel."""
+    total = 0
+    for op in walk(module, "xegpu.dpas"):
+        (m, k), (k2, n) = (ir.VectorType(v.type).shape for v in list(op.operands)[:2])
+        assert k == k2
+        gx, gy, gz = grid(enclosing(op, "gpu.func"))
+        for x in range(gx):
+            for y in range(gy):
+                for z in range(gz):
+                    total += 2 * m * n * k * trips(op, {"x": x, "y": y, "z": z})
+    return total
+
+
+def payload_contraction_flops(module) -> int:
+    from transform_ext.analysis.structure import loop_structure
+
+    ops = [op for name in ("linalg.matmul", "linalg.batch_matmul", "linalg.generic")
+           for op in walk(module, name) if loop_structure(op).is_contraction]
+    return sum(2 * math.prod(loop_structure(op).ranges) for op in ops)
+
+
+def tile_descriptor(op) -> str:
+    return str([v.type for v in op.operands if "tensor_desc" in str(v.type)][0])
