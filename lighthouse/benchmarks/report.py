@@ -176,7 +176,7 @@ def write_plot(rows: list[Row], path: str | Path, *, title: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, NullFormatter
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
     timed = [r for r in rows if r.speedup is not None]
     xs = list(range(len(timed)))
@@ -188,6 +188,7 @@ def write_plot(rows: list[Row], path: str | Path, *, title: str) -> None:
     ax1.bar(xs, [r.speedup for r in timed], color=colors)
     ax1.axhline(1.0, color="black", linewidth=0.8)
     ax1.set_yscale("log")
+    ax1.margins(y=0.12)
     ax1.set_ylabel("speedup over torch eager (x)")
     for x, r in zip(xs, timed):
         label = f"{r.speedup:.2f}" + ("" if r.status == "PASS" else f" {r.status}")
@@ -200,11 +201,10 @@ def write_plot(rows: list[Row], path: str | Path, *, title: str) -> None:
     ax2.set_yscale("log")
     ax2.set_ylabel("peak memory of a call (MB)")
     ax2.legend()
-    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    ax1.yaxis.set_major_locator(FixedLocator([m * 10.0**e for e in range(-3, 4) for m in (1, 2, 5)]))
     for ax in (ax1, ax2):
-        low, high = ax.get_ylim()
-        ax.yaxis.set_major_formatter(plain)
-        ax.yaxis.set_minor_formatter(plain if high / low < 20 else NullFormatter())
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_xticks(xs)
         ax.set_xticklabels([r.name for r in timed], rotation=35, ha="right")
     fig.savefig(path, dpi=110)

@@ -146,8 +146,14 @@ def _sleep_forever():
 def _abort():
     import os
 
-    print("about to abort", flush=True)
     os.abort()
+
+
+def _exit_early():
+    import os
+
+    print("about to exit", flush=True)
+    os._exit(3)
 
 
 def _raise():
@@ -161,7 +167,10 @@ def test_isolated_children_timeout_crash_and_exception():
     out = run_isolated(_sleep_forever, timeout=1)
     assert out.status == "timeout" and "after 1 s" in out.error
     out = run_isolated(_abort, timeout=60)
-    assert out.status == "crashed" and out.error == "killed by SIGABRT: about to abort"
+    assert out.status == "crashed" and out.error.startswith("killed by SIGABRT")
+    out = run_isolated(_exit_early, timeout=60)
+    assert out.status == "crashed"
+    assert out.error == "exited with status 3 without a result: about to exit"  # the log's tail
     out = run_isolated(_raise, timeout=60)
     assert out.status == "raised" and out.error.startswith("ValueError: bad value (test_bench.py:")
 
