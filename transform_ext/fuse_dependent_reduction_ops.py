@@ -66,6 +66,7 @@ class _Consumer:
 class _Plan:
     r1: ir.Operation
     is_max: bool
+    combiner: str                        # R1's combining op (arith.maximumf, ...)
     k: int                               # R1's reduction loop dim
     extent: int
     tile: int
@@ -199,7 +200,7 @@ def analyze(r1: ir.Operation, consumers: list, producers: list, tile: int,
     classes = DimClasses(ordered)
     axis = classes.find((r1, k))
     extent = loop_structure(r1).ranges[k]
-    plan = _Plan(r1, is_max, k, extent, min(tile, extent), [], chain, producers, ordered,
+    plan = _Plan(r1, is_max, comb, k, extent, min(tile, extent), [], chain, producers, ordered,
                  classes, axis)
     if tile < 1:
         raise Illegal(r1, f"tile size must be >= 1, got {tile}")
@@ -357,6 +358,21 @@ def _elementwise(inputs, input_maps, out_type, build, rank, init=None):
     return op.result
 
 
+def _update(dest, inputs, input_maps, build, rank):
+    """dest[...] = build(inputs..., dest[...]) in place: dest is the generic's only init and
+    is read through the init's block argument (after tiling, every tile reads the element it
+    writes, so bufferization keeps one buffer)."""
+    out_type = dest.type
+    identity = ir.AffineMap.get_identity(rank)
+    maps = [ir.AffineMapAttr.get(m) for m in input_maps] + [ir.AffineMapAttr.get(identity)]
+    iters = ir.ArrayAttr.get([ir.Attribute.parse("#linalg.iterator_type<parallel>")] * rank)
+    op = linalg.GenericOp([out_type], inputs, [dest], ir.ArrayAttr.get(maps), iters)
+    block = op.regions[0].blocks.append(*[v.type.element_type for v in inputs], out_type.element_type)
+    with ir.InsertionPoint(block):
+        linalg.YieldOp([build(list(block.arguments))])
+    return op.result
+
+
 def _const(t, value):
     return arith.ConstantOp(t, ir.FloatAttr.get(t, value)).result
 
@@ -419,13 +435,27 @@ class _Emitter:
         needs_safe = any(c.dependent for c in plan.consumers)
         m_new = None
         m_safe = None
+        factors: dict = {}
         for op in plan.group:
             if op == plan.r1:
-                # m_old stays readable for the corrections: R1 accumulates into a copy, and
-                # m_new is copied back into m_old's tensor last (in place for bufferization).
-                m_copy = linalg.copy(m_old, outs=[tensor.EmptyOp(list(mtype.shape),
-                                                                  mtype.element_type).result])
-                m_new = clone(op, [m_copy]).results[0]
+                # The tile is reduced from the identity into a fresh tensor; the corrections
+                # read m_old and that tile result (before m_old is overwritten); then
+                # m_new = combine(m_old, tile) is written in place over m_old, so the loop
+                # carries m in one buffer (bufferization needs no copy and no allocation).
+                empty = tensor.EmptyOp(list(mtype.shape), mtype.element_type).result
+                start = linalg.fill(_const(mtype.element_type, ident), outs=[empty])
+                tile_red = clone(op, [start]).results[0]
+                combine = self.plan.combiner
+                for c in plan.consumers:
+                    if c.dependent and c.beta not in factors:
+                        factors[c.beta] = self._factor(m_old, tile_red, c.beta, ident)
+
+                def combined(args):
+                    tile, old = args
+                    return ir.Operation.create(combine, results=[old.type],
+                                               operands=[old, tile]).result
+
+                m_new = _update(m_old, [tile_red], [mid], combined, rank_m)
                 if needs_safe:
                     def safe(args):
                         x = args[0]
@@ -441,29 +471,36 @@ class _Emitter:
             i = plan.consumers.index(consumer)
             acc = accs[i]
             if consumer.dependent:
-                acc = self._rescale(acc, m_old, m_new, consumer, ident)
+                acc = self._rescale(acc, factors[consumer.beta], consumer)
             clone(op, [acc])
-        m_out = linalg.copy(m_new, outs=[m_old])
-        return [m_out] + [mapping[c.op.results[0]] for c in plan.consumers]
+        return [m_new] + [mapping[c.op.results[0]] for c in plan.consumers]
 
-    def _rescale(self, acc, m_old, m_new, consumer: _Consumer, ident):
-        plan = self.plan
+    def _factor(self, m_old, tile_red, beta: float, ident: float):
+        """c = (m_old == identity) ? 0 : exp(beta (m_new - m_old)), m_new = combine(m_old,
+        tile), computed in f32 as exp(-beta (m_old - m_new)) (the argument is <= 0)."""
         f32 = self.f32
         mtype = m_old.type
         rank_m = mtype.rank
         mid = ir.AffineMap.get_identity(rank_m)
-        beta = consumer.beta
+        combine = self.plan.combiner
 
         def factor(args):
-            old, new = _to(f32, args[0]), _to(f32, args[1])
+            old, tile = args
+            new = ir.Operation.create(combine, results=[old.type], operands=[old, tile]).result
+            old, new = _to(f32, old), _to(f32, new)
             is_id = arith.cmpf(arith.CmpFPredicate.OEQ, old, _const(f32, ident))
-            delta = arith.subf(old, new)  # beta * (new - old) = -beta * (old - new)
+            delta = arith.subf(old, new)
             if beta != -1.0:
                 delta = arith.mulf(delta, _const(f32, -beta))
             return arith.select(is_id, _const(f32, 0.0), mmath.exp(delta))
 
         ftype = ir.RankedTensorType.get(list(mtype.shape), f32)
-        c = _elementwise([m_old, m_new], [mid, mid], ftype, factor, rank_m)
+        return _elementwise([m_old, tile_red], [mid, mid], ftype, factor, rank_m)
+
+    def _rescale(self, acc, c, consumer: _Consumer):
+        plan = self.plan
+        f32 = self.f32
+        rank_m = plan.r1.results[0].type.rank
         out = consumer.op.results[0]
         rank = out.type.rank
         dims = []
@@ -474,11 +511,10 @@ class _Emitter:
         etype = out.type.element_type
 
         def scale(args):
-            a, f = args
+            f, a = args
             return _to(etype, arith.mulf(_to(f32, a), f))
 
-        return _elementwise([acc, c], [ir.AffineMap.get_identity(rank), bmap], out.type, scale, rank,
-                            init=acc)
+        return _update(acc, [c], [bmap], scale, rank)
 
     @staticmethod
     def _shift_index(op: ir.Operation, loop_dim, offset):

@@ -177,6 +177,10 @@ def lower_to_llvm(payload: ir.Module, threads: int) -> None:
     strided_copies_to_loops(payload)
     run_passes(payload, ", ".join([
         "func.func(convert-linalg-to-loops)",
+        # scratch tiles allocated inside loops: allocate once per loop nest, on the stack
+        # when small (no malloc/free per key tile)
+        "func.func(buffer-loop-hoisting)",
+        "func.func(promote-buffers-to-stack{max-alloc-size-in-bytes=131072 max-rank-of-allocated-memref=8})",
         "buffer-deallocation-pipeline",
         f"convert-scf-to-openmp{{num-threads={threads}}}",
         "convert-vector-to-scf{full-unroll=true}",

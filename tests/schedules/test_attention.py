@@ -110,10 +110,11 @@ def test_one_key_loop_per_query_block_with_the_stable_correction(fused_ir):
     """)
     # the correction factor, in the stable form: m_old == -inf ? 0 : exp(m_old - m_new)
     stable = re.compile(r"\^bb0\(%(\w+): f32, %(\w+): f32, %\w+: f32\):\s*"
+                        r"%(\w+) = arith\.maximumf %\1, %\2 : f32\s*"
                         r"%(\w+) = arith\.cmpf oeq, %\1, %\w+ : f32\s*"
-                        r"%(\w+) = arith\.subf %\1, %\2 : f32\s*"
-                        r"%(\w+) = math\.exp %\4 : f32\s*"
-                        r"%\w+ = arith\.select %\3, %\w+, %\5 : f32")
+                        r"%(\w+) = arith\.subf %\1, %\3 : f32\s*"
+                        r"%(\w+) = math\.exp %\5 : f32\s*"
+                        r"%\w+ = arith\.select %\4, %\w+, %\6 : f32")
     loop = fused.split("scf.for ", 1)[1].split("scf.yield", 1)[0]
     assert len(stable.findall(loop)) >= 1, "the correction of the sum and of P V (CSE may share it)"
     assert "arith.divf" not in loop, "no exp(-m_new) / exp(-m_old) form"

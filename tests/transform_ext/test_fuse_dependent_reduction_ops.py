@@ -116,16 +116,18 @@ def test_softmax_ir_one_loop_with_stable_correction():
         CHECK-LABEL: func.func @main
         CHECK:      %[[LOOP:.*]]:2 = scf.for %[[J:.*]] = %{{.*}} to %{{.*}} step %{{.*}} iter_args(%[[M:.*]] = %{{.*}}, %[[L:.*]] = %{{.*}}) -> (tensor<8xf32>, tensor<8xf32>)
         CHECK:        tensor.extract_slice %{{.*}}[0, %[[J]]] [8, 32] [1, 1] : tensor<8x96xf32> to tensor<8x32xf32>
-        CHECK:        arith.maximumf
-        CHECK:        arith.cmpf oeq, %{{.*}}, %{{.*}} : f32
-        CHECK:        arith.select
-        CHECK:        math.exp
+        CHECK:        %[[TILE:.*]] = linalg.generic {{.*}} iterator_types = ["parallel", "reduction"]
+        CHECK:          arith.maximumf
         CHECK:        linalg.generic
-        CHECK-SAME:     ins(%[[M]], %{{.*}} : tensor<8xf32>, tensor<8xf32>)
-        CHECK:          %[[IS:.*]] = arith.cmpf oeq, %[[OLD:.*]], %{{.*}} : f32
-        CHECK:          %[[D:.*]] = arith.subf %[[OLD]], %[[NEW:.*]] : f32
+        CHECK-SAME:     ins(%[[M]], %[[TILE]] : tensor<8xf32>, tensor<8xf32>)
+        CHECK:          %[[NEW:.*]] = arith.maximumf %[[OLD:.*]], %{{.*}} : f32
+        CHECK:          %[[IS:.*]] = arith.cmpf oeq, %[[OLD]], %{{.*}} : f32
+        CHECK:          %[[D:.*]] = arith.subf %[[OLD]], %[[NEW]] : f32
         CHECK:          %[[X:.*]] = math.exp %[[D]] : f32
         CHECK:          arith.select %[[IS]], %{{.*}}, %[[X]] : f32
+        CHECK:        linalg.generic {{.*}} ins(%[[TILE]] : tensor<8xf32>) outs(%[[M]] : tensor<8xf32>)
+        CHECK:          arith.maximumf
+        CHECK:        math.exp
         CHECK:        arith.mulf
         CHECK:        arith.addf
         CHECK:        scf.yield
