@@ -3,9 +3,10 @@ nn.Linear imports it, MLPs with bias/activation epilogues) on the CPU.
 
 Math, per contraction: C[b, m, n] = sum_k A[b, m, k] B[b, k, n], optionally followed by an
 elementwise epilogue E (bias add, GELU, the f32 -> bf16 rounding torch-mlir emits, ...).
-Preconditions: static shapes, floating-point operands, one m, one n, one k and at most one
-batch dim. f16/bf16 contractions keep torch-mlir's f32 accumulator (torch accumulates in
-f32 and rounds the result once), so only the packed operands are 16-bit.
+Preconditions: static shapes, f32/f16/bf16 operands with an f32 accumulator, one m, one n
+and one k dim of extent > 1, any batch dims. f16/bf16 keep torch-mlir's f32 accumulator
+(torch accumulates in f32 and rounds the result once): a 16-bit operand is widened to f32
+(exactly) while it is packed, so the kernel itself is f32.
 
 fuse (`fuse_matmul`), per contraction, last first:
   1. data tiling (`transform.structured.pack` + `pack_transpose`): A is packed into panels
@@ -33,7 +34,7 @@ does not pay).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from torch_mlir import ir
 from torch_mlir.dialects import arith, linalg, tensor, transform
@@ -104,11 +105,15 @@ class MatmulParams:
 
         k blocks of at most max_tile_k (a max_tile_k x NR micro-panel of B stays in L1);
         output tiles of at most max_tile x max_tile elements (the accumulator tile stays in
-        L2; up to 2 max_tile wide when there are fewer rows), both split evenly; then tiles are split further until every thread gets the same number
-        of tiles (or there are plenty), along N when that repacks less than along M."""
+        L2; up to 2 max_tile wide when there are fewer rows), both split evenly; then tiles
+        are split further until every thread gets the same number of tiles (or there are
+        plenty), along N when that repacks less than along M. Fewer rows than MR or fewer
+        columns than a vector: no packing (it would not pay), one register tile of rows."""
         nr = 2 * lanes
         mr = 8 if registers >= 32 else 4
         pack = m >= mr and n >= lanes
+        if not pack:  # skinny: one register tile covers all rows, without masked rows
+            mr = max(1, min(mr, m))
         tile_k = -(-k // -(-k // max_tile_k))
         # Few rows (an MLP's batch): wider tiles, so A is repacked for fewer column tiles.
         wide = min(2 * max_tile, max(max_tile, max_tile * max_tile // _round_up(min(m, max_tile), mr)))
@@ -151,7 +156,6 @@ class Contraction:
     k: int
     ranges: list[int]
     a_index: int          # the input holding m (A); the other input holds n (B)
-    epilogue: ir.Operation | None = None
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -628,8 +632,8 @@ def _schedule_unpacked(payload: ir.Module, c: Contraction, params: MatmulParams)
             forall = t.forall_op
             mm, forall = _fuse_into(mm, forall)
         else:
-            t = structured.TileUsingForallOp(
-                root_op, tile_sizes=_sizes(rank, batch=(c.batch, 1), m=(c.m, params.tile_m), n=(c.n, params.tile_n)))
+            sizes = _sizes(rank, batch=(c.batch, 1), m=(c.m, params.tile_m), n=(c.n, params.tile_n))
+            t = structured.TileUsingForallOp(root_op, tile_sizes=sizes)
             forall, mm = t.forall_op, t.tiled_op
         fill_h = None
         if init is not None:
