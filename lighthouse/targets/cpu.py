@@ -138,6 +138,7 @@ def bufferize(payload: ir.Module) -> None:
                 lambda f: loop.ForallToParallelOp([transform.AnyOpType.get()], f))
 
     run_schedule(payload, body)
+    tree_reduce_min_max(payload)
     reassociate_vector_reductions(payload)
     run_passes(payload, "canonicalize, cse, "
                "buffer-results-to-out-params{hoist-static-allocs=true modify-public-functions=true}, "
@@ -145,6 +146,56 @@ def bufferize(payload: ir.Module) -> None:
 
 
 _REASSOCIABLE = ("add", "mul", "maximumf", "minimumf", "maxnumf", "minnumf")
+_TREE = {"maximumf": "arith.maximumf", "minimumf": "arith.minimumf",
+         "maxnumf": "arith.maxnumf", "minnumf": "arith.minnumf"}
+
+
+def tree_reduce_min_max(payload: ir.Module, lanes: int = 16) -> int:
+    """`vector.reduction <maximumf>` (and min) on a vector longer than one register become
+    elementwise max/min of register-wide slices, then a log2 shuffle tree: LLVM expands
+    the NaN-propagating max reduction one element after the other otherwise. Exact: max/min
+    are associative and commutative, NaN still propagates. Returns the count."""
+    from torch_mlir.dialects import arith, vector
+
+    targets = []
+
+    def visit(op):
+        if op.name == "vector.reduction":
+            kind = str(op.attributes["kind"]).split("<")[-1].rstrip(">")
+            vtype = op.operands[0].type
+            if kind in _TREE and isinstance(vtype, ir.VectorType) and vtype.rank == 1 \
+                    and vtype.shape[0] > 1 and (vtype.shape[0] & (vtype.shape[0] - 1)) == 0:
+                targets.append((op, _TREE[kind]))
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit)
+    with payload.context:
+        for op, combine in targets:
+            with ir.InsertionPoint(op), op.location:
+                v = op.operands[0]
+                n = v.type.shape[0]
+                etype = v.type.element_type
+
+                def comb(a, b):
+                    return ir.Operation.create(combine, results=[a.type], operands=[a, b]).result
+
+                width = min(n, lanes)
+                part_t = ir.VectorType.get([width], etype)
+                acc = None
+                for start in range(0, n, width):
+                    piece = vector.extract_strided_slice(part_t, v, [start], [width], [1])
+                    acc = piece if acc is None else comb(acc, piece)
+                step = width // 2
+                while step >= 1:
+                    mask = [(i + step) % width for i in range(width)]
+                    acc = comb(acc, vector.shuffle(acc, acc, mask))
+                    step //= 2
+                result = vector.extract(acc, [], [0])
+                if len(op.operands) > 1:  # the accumulator operand
+                    result = comb(result, op.operands[1])
+            op.results[0].replace_all_uses_with(result)
+            op.erase()
+    return len(targets)
 
 
 def reassociate_vector_reductions(payload: ir.Module) -> int:
