@@ -420,12 +420,76 @@ def outline(payload: ir.Module, threads: list[int], chip: str) -> None:
                         f"gpu-kernel-outlining, cse, xevm-attach-target{{O=3 chip={chip}}}")
 
 
+def insert_loop_prefetches(gpu_func: ir.Operation, subgroups: int, inst: tuple[int, int],
+                           nb_prefetch: int = 1) -> int:
+    """Prefetch the tiles that the loops of a kernel read `nb_prefetch` steps ahead: before
+    each loop the first steps' tiles, in the loop the tile at iv + nb_prefetch * step (2-D
+    block prefetches spread over the `subgroups`, in `inst` instruction tiles). For
+    `xegpu.load_nd` ops in a loop whose descriptor is loop-invariant and whose offsets are
+    the induction variable or loop-invariant. (transform.xegpu.insert_prefetch refuses
+    loops with dynamic bounds, e.g. causal attention's.) Returns the prefetches inserted."""
+    from .xegpu_contraction import prefetch_layout
+
+    count = 0
+    if nb_prefetch < 1:
+        return count
+    hint = ir.Attribute.parse("#xegpu.cache_hint<cached>")
+    index = ir.IndexType.get()
+
+    def constant(value):
+        return arith.ConstantOp(index, ir.IntegerAttr.get(index, value)).result
+
+    for loop in _ops_named(gpu_func, "scf.for"):
+        body = loop.regions[0].blocks[0]
+        iv = body.arguments[0]
+        lb, step = loop.operands[0], loop.operands[2]
+
+        def invariant(value):
+            if isinstance(value, ir.BlockArgument):
+                return value.owner != body
+            return not _inside(_owner(value), loop)
+
+        for load in [o.operation for o in body.operations if o.operation.name == "xegpu.load_nd"]:
+            desc, offsets = load.operands[0], list(load.operands)[1:]
+            if not invariant(desc) or not any(o == iv for o in offsets):
+                continue
+            if not all(o == iv or invariant(o) for o in offsets):
+                continue
+            rows, cols = list(ir.VectorType(load.results[0].type).shape)[-2:]
+            layout = prefetch_layout(rows, cols, subgroups, inst)
+            attributes = {"const_offsets": load.attributes["const_offsets"], "l1_hint": hint,
+                          "l2_hint": hint, "l3_hint": hint, "layout": ir.Attribute.parse(
+                              "#xegpu.layout<" + ", ".join(f"{k} = {v}" for k, v in layout.items()) + ">")}
+
+            def prefetch(at):
+                ir.Operation.create("xegpu.prefetch_nd", attributes=attributes,
+                                    operands=[desc] + [at if o == iv else o for o in offsets])
+
+            with ir.InsertionPoint(loop), loop.location:
+                for d in range(nb_prefetch):
+                    prefetch(arith.addi(lb, arith.muli(step, constant(d))))
+                    count += 1
+            with ir.InsertionPoint(body.operations[0]), loop.location:
+                prefetch(arith.addi(iv, arith.muli(step, constant(nb_prefetch))))
+                count += 1
+    return count
+
+
+def _inside(op: ir.Operation, container: ir.Operation) -> bool:
+    parent = op.parent
+    while parent is not None:
+        if parent == container:
+            return True
+        parent = parent.parent
+    return False
+
+
 def to_xegpu(payload: ir.Module) -> None:
     run_passes(payload, "gpu.module(gpu.func(convert-vector-to-xegpu)), cse, "
                         "gpu.module(gpu.func(loop-invariant-code-motion))")
 
 
-def _ops_named(payload: ir.Module, name: str) -> list[ir.Operation]:
+def _ops_named(root, name: str) -> list[ir.Operation]:
     found = []
 
     def visit(op):
@@ -433,5 +497,5 @@ def _ops_named(payload: ir.Module, name: str) -> list[ir.Operation]:
             found.append(op)
         return ir.WalkResult.ADVANCE
 
-    payload.operation.walk(visit)
+    getattr(root, "operation", root).walk(visit)
     return found

@@ -6,9 +6,14 @@ rows. Tiling (`tile_rows`): the root is tiled into an `scf.forall` of `rows` row
 workgroup and the chain is fused in (`transform.structured.fuse`), so every reduction of a
 row (max, sum) runs inside the workgroup that owns the row and no intermediate row is
 written to memory. Decomposition: two rows per subgroup (sg_layout [rows / 2, 1], sg_data
-[2, C]); the row reductions become cross-lane reductions of that subgroup. Layouts
-(`annotate_rows`): the anchor is the store of the result tile; the XeGPU layout
-propagation carries it to the loads and reductions.
+[2, C]); the row reductions become cross-lane reductions of that subgroup.
+Long rows (a subgroup's f32 row pieces beyond `ROW_BYTES` of registers) of a chain with a
+row max (softmax, log-softmax) run in column tiles of `column_tile`: the max and the
+reductions depending on it become one loop over column tiles with the online correction
+(fuse_dependent_reduction_ops), then a second loop recomputes the elementwise chain per
+column tile and writes the result; only per-row values are carried across tiles.
+Layouts (`annotate_rows`): the anchor is the store of the result tile; the XeGPU layout
+propagation carries it to the loads and reductions; loads in column loops are prefetched.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ class RowTiles:
     tile_sizes: tuple[int, ...]     # forall tile sizes over the root's loops (0 = whole)
     grid: tuple[int, ...]
     subgroup_size: int = 16
+    column_tile: int | None = None  # columns per step of the column loops (None: whole rows)
 
     @property
     def sg_layout(self) -> list[int]:
@@ -43,7 +49,7 @@ class RowTiles:
 
     @property
     def sg_data(self) -> tuple[int, int]:
-        return (self.rows_per_subgroup, self.row_shape[-1])
+        return (self.rows_per_subgroup, self.column_tile or self.row_shape[-1])
 
     @property
     def threads(self) -> int:
@@ -69,12 +75,19 @@ def _used_outside(op, ops) -> bool:
     return not any(r in ops for r in readers)
 
 
+# Registers a subgroup may spend on the f32 pieces of its rows (a row tile and a working
+# copy of it): half the register file, the rest is for the compiler.
+ROW_BYTES = 8 * 1024
+
+
 def plan_rows(root: ir.Operation, *, rows: int | None, subgroup_size: int, max_threads: int,
-              min_workgroups: int = 1) -> RowTiles:
+              min_workgroups: int = 1, column_tile: int | None = None) -> RowTiles:
     """Rows per subgroup: 2 (enough for >= 2 elements per lane, few registers for long
     rows). Rows per workgroup: `rows` if given, else the largest of 64 .. 2 dividing the row
-    count that still leaves `min_workgroups` workgroups. Raises ValueError naming the
-    dimension when the rows do not divide it."""
+    count that still leaves `min_workgroups` workgroups. Column tile (chains with a row max
+    only): `column_tile` if given, else none when two f32 copies of a subgroup's rows fit in
+    ROW_BYTES, else the largest multiple of the subgroup size dividing the row that fits.
+    Raises ValueError naming the dimension when a tile does not divide it."""
     ls = loop_structure(root)
     where = f"{root.name} at {root.location}"
     if not ls.is_static:
@@ -106,7 +119,29 @@ def plan_rows(root: ir.Operation, *, rows: int | None, subgroup_size: int, max_t
         sizes[d] = 1
     sizes[row_dim] = rows
     grid = tuple(ls.ranges[d] // sizes[d] for d in outer)
-    return RowTiles(rows, per_subgroup, tuple(ls.ranges), tuple(sizes), grid, subgroup_size)
+    width = ls.ranges[-1]
+    if column_tile is None and _has_row_max(root) and 2 * per_subgroup * width * 4 > ROW_BYTES:
+        fitting = [c for c in range(subgroup_size, width, subgroup_size)
+                   if width % c == 0 and 2 * per_subgroup * c * 4 <= ROW_BYTES]
+        if not fitting:
+            raise ValueError(f"{where}: rows of {width} columns have no column tile (a multiple "
+                             f"of {subgroup_size} dividing them) that fits the registers")
+        column_tile = fitting[-1]
+    if column_tile is not None and (width % column_tile or column_tile % subgroup_size):
+        raise ValueError(f"{where}: dimension {ls.num_loops - 1} ({width} columns) is not a "
+                         f"multiple of the column tile ({column_tile}), or that of the "
+                         f"subgroup size ({subgroup_size})")
+    if column_tile == width:
+        column_tile = None
+    return RowTiles(rows, per_subgroup, tuple(ls.ranges), tuple(sizes), grid, subgroup_size,
+                    column_tile)
+
+
+def _has_row_max(root: ir.Operation) -> bool:
+    from transform_ext.analysis.classify import reduction_combiner
+
+    return any(reduction_combiner(op) == "max" for op in [root] + producer_chain(root)
+               if loop_structure(op).reduction_dims)
 
 
 def tile_rows(payload: ir.Module, root: ir.Operation, tiles: RowTiles) -> None:
@@ -125,6 +160,80 @@ def tile_rows(payload: ir.Module, root: ir.Operation, tiles: RowTiles) -> None:
 
     run_schedule(payload, body)
     clear_tags(payload)
+    if tiles.column_tile:
+        for forall in _foralls_of(payload, tiles):
+            _column_loops(payload, forall, tiles.column_tile)
+
+
+def _foralls_of(payload: ir.Module, tiles: RowTiles) -> list[ir.Operation]:
+    """The row foralls just made (block-mapped, holding a row max), in the order found."""
+    from transform_ext.analysis.classify import reduction_combiner
+
+    found = []
+
+    def visit(op):
+        if op.name == "scf.forall":
+            body = [o.operation for o in op.regions[0].blocks[0].operations]
+            if any(is_linalg_op(o) and loop_structure(o).reduction_dims
+                   and reduction_combiner(o) == "max" for o in body):
+                found.append(op)
+            return ir.WalkResult.SKIP
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return found
+
+
+def _column_loops(payload: ir.Module, forall: ir.Operation, column_tile: int) -> None:
+    """In one row forall: the row max and its dependent reductions as one online loop over
+    column tiles; then the root (and its elementwise producers, recomputed) in a second loop
+    over column tiles."""
+    from torch_mlir.dialects import transform
+    from transform_ext.analysis.classify import reduction_combiner
+    from transform_ext.fuse_dependent_reduction_ops import fuse_dependent_reduction_ops
+
+    from .common import run_passes
+
+    def linalg_ops():
+        return [o.operation for o in forall.regions[0].blocks[0].operations if is_linalg_op(o)]
+
+    ops = linalg_ops()
+    reductions = [o for o in ops if o.name != "linalg.fill" and loop_structure(o).reduction_dims]
+    row_max = next(o for o in reductions if reduction_combiner(o) == "max")
+    dependent = [o for o in reductions if o is not row_max]
+    data = []
+    producer = row_max.operands[0].owner
+    while (isinstance(getattr(producer, "operation", None), ir.Operation) and is_linalg_op(producer)
+           and loop_structure(producer).is_elementwise and producer.operation in ops):
+        data.append(producer.operation)
+        producer = producer.operands[0].owner
+    tag_ops([row_max] + dependent + data)
+
+    def fuse(root):
+        handles = [match_id(root, 1 + i) for i in range(len(dependent))]
+        consumers = handles[0] if len(handles) == 1 else transform.merge_handles(handles)
+        fuse_dependent_reduction_ops(match_id(root, 0), consumers, column_tile,
+                                     producers=[match_id(root, 1 + len(dependent) + i)
+                                                for i in range(len(data))], allow_remainder=False)
+
+    run_schedule(payload, fuse)
+    clear_tags(payload)
+    run_passes(payload, "canonicalize, cse")
+    ops = linalg_ops()
+    root = ops[-1]
+    chain = [o for o in reversed(ops[:-1]) if o.name != "linalg.fill"
+             and loop_structure(o).is_elementwise]
+    tag_ops([root] + chain)
+    sizes = [0] * (loop_structure(root).num_loops - 1) + [column_tile]
+
+    def sweep(r):
+        loop = structured.TileUsingForOp(match_id(r, 0), sizes=sizes).results[1]
+        for i in range(len(chain)):
+            loop = structured.FuseIntoContainingOp(match_id(r, 1 + i), loop).new_containing_op
+
+    run_schedule(payload, sweep)
+    clear_tags(payload)
+    run_passes(payload, "canonicalize, cse")
 
 
 def producer_chain(root: ir.Operation) -> list[ir.Operation]:
@@ -142,8 +251,9 @@ def producer_chain(root: ir.Operation) -> list[ir.Operation]:
 
 
 def annotate_rows(gpu_func: ir.Value, tiles: RowTiles) -> None:
-    """Row tiles [rows_per_subgroup, C] per subgroup on the loads and the store, in block
-    instructions of [rows_per_subgroup, subgroup_size] (transform IR, handle input)."""
+    """Row tiles [rows_per_subgroup, C] (or [.., column_tile]) per subgroup on the loads and
+    the store, in block instructions of [rows_per_subgroup, subgroup_size] (transform IR,
+    handle input)."""
     layout = dict(sg_layout=tiles.sg_layout, sg_data=list(tiles.sg_data),
                   inst_data=[tiles.rows_per_subgroup, tiles.subgroup_size])
     xegpu.set_anchor_layout(match(gpu_func, "xegpu.store_nd"), **layout)

@@ -70,7 +70,9 @@ class XeGpuParams:
     wg: workgroup tile [m, n] of contraction kernels; sg: subgroup tile [m, n]; k_tile:
     reduction step (elements of K per loop iteration); nb_prefetch: prefetch distance of the
     k loop in iterations; rows: rows per workgroup of row kernels (softmax, norms);
-    attention_sg_rows: query rows per subgroup of attention kernels."""
+    attention_sg_rows: query rows per subgroup of attention kernels; column_tile: columns per
+    step of the column loops of long-row kernels (softmax; default: chosen from the
+    registers)."""
 
     wg: tuple[int, int] | None = None
     sg: tuple[int, int] | None = None
@@ -78,13 +80,14 @@ class XeGpuParams:
     nb_prefetch: int = 1
     rows: int | None = None
     attention_sg_rows: int = 16
+    column_tile: int | None = None
 
     def __post_init__(self):
         for name in ("wg", "sg"):
             v = getattr(self, name)
             if v is not None and (len(v) != 2 or min(v) < 1):
                 raise UnsupportedError(f"xegpu: {name} must be two positive sizes, got {v}")
-        for name in ("k_tile", "rows", "attention_sg_rows"):
+        for name in ("k_tile", "rows", "attention_sg_rows", "column_tile"):
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise UnsupportedError(f"xegpu: {name} must be positive, got {v}")
@@ -291,16 +294,24 @@ class XeGpuTarget:
         if count != len(self.plans):
             raise StageError(f"expected {len(self.plans)} gpu.func kernels, found {count}")
         from schedules.common import clear_tags
-        from schedules.xegpu_attention import annotate_attention, insert_prefetches, tag_kernel
+        from schedules.xegpu_attention import annotate_attention, tag_kernel
+        from schedules.xegpu_common import insert_loop_prefetches
 
         shapes = []
         for index, (func, plan) in enumerate(zip(funcs, self.plans)):
             try:
                 if plan.kind == "contraction":
                     shapes.append(inspect_kernel(func))
+                elif plan.kind == "rows":
+                    with module.context, func.location:
+                        insert_loop_prefetches(func, plan.tiles.sg_layout[0],
+                                               (plan.tiles.rows_per_subgroup, self.chip.subgroup_size),
+                                               self.params.nb_prefetch)
+                    shapes.append(None)
                 elif plan.kind == "attention":
                     with module.context, func.location:
-                        insert_prefetches(func, plan.tiles)
+                        insert_loop_prefetches(func, plan.tiles.subgroups, self.chip.dpas[:2],
+                                               plan.tiles.nb_prefetch)
                     shapes.append(tag_kernel(func, start=1000 * (index + 1)))
                 else:
                     shapes.append(None)
@@ -408,7 +419,7 @@ class XeGpuTarget:
         try:
             return plan_rows(root, rows=self.params.rows, subgroup_size=self.chip.subgroup_size,
                              max_threads=self.chip.max_workgroup_threads,
-                             min_workgroups=self.chip.xe_cores)
+                             min_workgroups=self.chip.xe_cores, column_tile=self.params.column_tile)
         except ValueError as exc:
             raise UnsupportedError(f"xegpu: {exc}") from exc
 

@@ -240,6 +240,43 @@ def test_softmax_is_one_row_kernel_with_validated_spirv(tmp_path, dtype):
     assert ep.local_size == (plan.threads, 1, 1) and ep.subgroup_size == 16
 
 
+def test_long_softmax_rows_run_in_column_tiles(tmp_path):
+    """Rows too long for a subgroup's registers (2 x 4096 f32): the max and the exp-sum run
+    as one online loop over column tiles, a second loop writes exp(x - m) / l per column
+    tile; only per-row values cross tiles, the loads are prefetched a tile ahead, and the
+    SPIR-V validates."""
+    kernel = tmp_path / "softmax.py"
+    kernel.write_text(SOFTMAX.format(dtype="float16").replace("64, 256", "64, 4096"))
+    compiled = compile_kernel(kernel, target="xegpu", dump_dir=tmp_path / "dump")
+    low = Lowered(compiled, tmp_path / "dump")
+    (plan,) = compiled.target.plans
+    ct = plan.tiles.column_tile
+    assert ct and 4096 % ct == 0 and 2 * 2 * ct * 4 <= 8 * 1024
+    xe = low.ir("xegpu-layouts")
+    first, second = _walk(xe, "scf.for")
+    assert [str(t) for t in first.results.types] == ["vector<2xf32>", "vector<2xf32>"]   # m, l
+    assert len(second.results) == 0                                   # writes each tile
+    reductions = [op for op in _walk(xe, "vector.multi_reduction")]
+    assert len(reductions) == 2 and all(enclosing(op, "scf.for") == first for op in reductions)
+    assert [enclosing(op, "scf.for") for op in _walk(xe, "xegpu.store_nd")] == [second]
+    for loop in (first, second):
+        (load,) = _walk(loop, "xegpu.load_nd")
+        assert list(ir.VectorType(load.results[0].type).shape)[-1] == ct
+        assert _walk(loop, "xegpu.prefetch_nd")
+    assert not _walk(xe, "gpu.alloc") and not _walk(xe, "memref.alloc")
+    path = tmp_path / "softmax.spv"
+    compiled.target.write_artifact(compiled, path)
+    spirv.validate(path)
+
+
+def test_column_tile_that_does_not_divide_the_row_names_it(tmp_path):
+    kernel = tmp_path / "softmax.py"
+    kernel.write_text(SOFTMAX.format(dtype="float32").replace("64, 256", "64, 4096"))
+    with pytest.raises(UnsupportedError, match=r"4096 columns\) is not a multiple of the column tile \(100\)"):
+        compile_kernel(kernel, target="xegpu", target_options={"params": XeGpuParams(column_tile=100)},
+                       stop_after="workgroups")
+
+
 def test_expand_math_expands_only_the_named_ops():
     from lighthouse.targets.math_approx import expand_math
 
