@@ -94,6 +94,7 @@ class Compiled:
     target: object
     notes: list[str] = field(default_factory=list)
     function: object | None = None  # JitFunction once fully compiled for the CPU
+    result_names: list[str] = field(default_factory=list)  # the model's, then schedule extras
 
     @property
     def module(self):
@@ -153,14 +154,33 @@ def compile_kernel(path, *, overrides=None, backward=False, target="cpu", thread
     pipeline = build_pipeline(family, target_obj)
     pipeline.check_stage(stop_after)
     import_seconds = time.perf_counter() - start
-    pipeline.run(imported.module, stop_after=stop_after, dump_dir=dump_dir)
+    result_specs = list(imported.result_specs)
+
+    def after_stage(name, module):
+        # a schedule may add results (attention's log-sum-exp): read the signature it leaves
+        if name == "vectorize":
+            result_specs[:] = _tensor_result_specs(module, str(kernel.path))
+
+    pipeline.run(imported.module, stop_after=stop_after, dump_dir=dump_dir, on_stage=after_stage)
     pipeline.timings["import"] = import_seconds
     compiled = Compiled(kernel, imported, family, pipeline, target_obj, notes)
+    extra = len(result_specs) - len(imported.result_names)
+    compiled.result_names = imported.result_names + [f"extra{i}" for i in range(max(0, extra))]
     if stop_after in (None, pipeline.names()[-1]) and hasattr(target_obj, "jit"):
         jit_start = time.perf_counter()
-        compiled.function = target_obj.jit(imported.module, imported.arg_specs, imported.result_specs)
+        compiled.function = target_obj.jit(imported.module, imported.arg_specs, result_specs)
         pipeline.timings["jit"] = time.perf_counter() - jit_start
     return compiled
+
+
+def _tensor_result_specs(module, name: str):
+    from torch_mlir import ir
+
+    from .ingress import _spec_of_type
+
+    func = next(op for op in module.body.operations if op.operation.name == "func.func")
+    fn_type = ir.TypeAttr(func.attributes["function_type"]).value
+    return [_spec_of_type(t, name, f"result {i}") for i, t in enumerate(fn_type.results)]
 
 
 def bench(compiled: Compiled, *, rounds: int = 10) -> tuple[float, float]:
@@ -237,7 +257,7 @@ def _main(args) -> int:
             raise StageError(f"target {args.target} cannot run kernels on this machine")
         results = compiled.run()
         if args.run:
-            for name, t in zip(compiled.imported.result_names, results):
+            for name, t in zip(compiled.result_names or compiled.imported.result_names, results):
                 print(f"{name}: {list(t.shape)} {str(t.dtype).removeprefix('torch.')}")
         if args.check:
             reports = compiled.check(results)

@@ -53,11 +53,14 @@ class NotAttention(Exception):
 class AttentionParams:
     """query_tile: query rows per scf.forall iteration; key_tile: keys per step of the fused
     loop (a remainder tile is handled); threads: parallel tiles are balanced for this many
-    workers. Tiles larger than the sequence are clamped to it."""
+    workers. Tiles larger than the sequence are clamped to it. return_lse: the compiled
+    function also returns the per-row log-sum-exp of the scaled, masked scores,
+    lse = m + log(l) ([..., L]; -inf on fully masked rows), after the attention output."""
 
     query_tile: int = 64
     key_tile: int = 64
     threads: int = 2
+    return_lse: bool = False
 
     def __post_init__(self):
         for name in ("query_tile", "key_tile", "threads"):
@@ -210,8 +213,8 @@ def _final_op(func: ir.Operation) -> ir.Operation:
     """The linalg op whose result the function returns (through reshapes)."""
     block_ops = _block_ops(func)
     ret = block_ops[-1]
-    if len(ret.operands) != 1:
-        raise NotAttention(f"expected one result, the function returns {len(ret.operands)}")
+    if len(ret.operands) < 1:
+        raise NotAttention("the function returns nothing")
     op = defining_op(ret.operands[0])
     while op is not None and op.name in ("tensor.expand_shape", "tensor.collapse_shape"):
         op = defining_op(op.operands[0])
@@ -309,6 +312,8 @@ def _has_guard(ops: AttentionOps) -> bool:
 def fuse_attention(payload: ir.Module, params: AttentionParams = AttentionParams()) -> None:
     _normalize(payload)
     _prepare_guard(payload)
+    if params.return_lse:
+        append_lse_result(payload)
     ops = find_attention(payload)
     delta = causal_offset(payload, ops)
     query_tile, query_iv = _tile_query_blocks(payload, ops, params)
@@ -318,6 +323,66 @@ def fuse_attention(payload: ir.Module, params: AttentionParams = AttentionParams
     if delta is not None:
         bound_key_loops(payload, delta, query_tile, query_iv)
     run_passes(payload, "canonicalize, cse")
+
+
+def append_lse_result(payload: ir.Module) -> None:
+    """A second function result: lse = m + log(l) per query row. It is computed by the op
+    that also passes the attention output through (broadcast along the value dim, one
+    row read back), so the query-block forall computes it from each block's final m and l."""
+    import math as pymath
+
+    from torch_mlir.dialects import arith, tensor
+    from torch_mlir.dialects import math as mmath
+
+    from transform_ext.common import build_generic
+
+    ops = find_attention(payload)
+    func = _func(payload)
+    ret = _block_ops(func)[-1]
+    out = ops.output.results[0]
+    m, l = ops.row_max.results[0], ops.row_sum.results[0]
+    shape = list(out.type.shape)
+    if list(m.type.shape) != shape[:-1] or list(l.type.shape) != shape[:-1]:
+        raise NotAttention("the row max and sum are not [..., queries] of the output")
+    rank = len(shape)
+    ident = ir.AffineMap.get_identity(rank)
+    rows = ir.AffineMap.get(rank, 0, [ir.AffineDimExpr.get(d) for d in range(rank - 1)])
+    etype = out.type.element_type
+    with ir.InsertionPoint(ret), ret.location:
+        outs = [tensor.EmptyOp(shape, etype).result, tensor.EmptyOp(shape, etype).result]
+
+        def body(args):
+            o, mv, lv = args[:3]
+            lse = arith.addf(mv, mmath.log(lv))
+            if lse.type != etype:
+                lse = arith.truncf(etype, lse)
+            return [o, lse]
+
+        both = build_generic([out, m, l], outs, [ident, rows, rows, ident, ident],
+                             ["parallel"] * rank, body)
+        sizes = shape[:-1] + [1]
+        lse_type = ir.RankedTensorType.get(shape[:-1], etype)
+        lse = tensor.ExtractSliceOp(lse_type, both.results[1], [], [], [], [0] * rank, sizes,
+                                    [1] * rank).result
+    for i, v in enumerate(ret.operands):
+        if v == out:
+            ret.operands[i] = both.results[0]
+    expand = None
+    # the output may reach the return through reshapes: pass it through them
+    first = defining_op(ret.operands[0])
+    if first is not None and first.name in ("tensor.expand_shape", "tensor.collapse_shape"):
+        expand = first
+    if expand is not None and expand.operands[0] == out:
+        expand.operands[0] = both.results[0]
+    new_ret_operands = list(ret.operands) + [lse]
+    with ir.InsertionPoint(ret), ret.location:
+        from torch_mlir.dialects import func as funcd
+        funcd.ReturnOp(new_ret_operands)
+    ret.erase()
+    block = func.regions[0].blocks[0]
+    fn_type = ir.FunctionType.get([a.type for a in block.arguments], [v.type for v in new_ret_operands])
+    func.attributes["function_type"] = ir.TypeAttr.get(fn_type)
+    del pymath
 
 
 def propagate_loop_dim(output: ir.Operation, query_dim: int) -> dict:

@@ -197,3 +197,25 @@ def test_causal_key_tiles_above_the_diagonal_are_skipped(kernel_file):
         CHECK:   scf.yield
     """)
     _check(compile_kernel(path))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_optional_log_sum_exp_output(kernel_file, dtype):
+    path = _kernel(kernel_file, "q, k, v, attn_mask=m",
+                   f"[torch.randn(2, 3, 40, 16).to(torch.{dtype}), torch.randn(2, 3, 50, 16).to(torch.{dtype}), "
+                   f"torch.randn(2, 3, 50, 16).to(torch.{dtype}), "
+                   "(torch.arange(40)[:, None] < 35) & (torch.rand(40, 50) > 0.3)]",
+                   args="q, k, v, m", config="return_lse=True, query_tile=16, key_tile=16")
+    compiled = _check(compile_kernel(path))
+    assert compiled.result_names == ["out0", "extra0"]
+    q, k, v, m = compiled.imported.args
+    out, lse = compiled.run()
+    scores = (q.float() @ k.float().transpose(-1, -2)) / 4.0
+    ref = torch.logsumexp(scores.masked_fill(~m, float("-inf")), -1)
+    assert lse.shape == (2, 3, 40) and lse.dtype == q.dtype
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref))        # fully masked rows: -inf
+    finite = torch.isfinite(ref)
+    tol = 1e-5 if dtype == "float32" else 2e-2
+    torch.testing.assert_close(lse[finite].float(), ref[finite], rtol=tol, atol=tol)
+    fused = str(compile_kernel(path, stop_after="fuse").module)
+    assert fused.split("scf.forall", 1)[1].count("scf.for ") == 1
