@@ -31,9 +31,9 @@ from torch_mlir.dialects.transform import structured, tensor as ttensor, xegpu
 
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
 
-from .common import (any_op, apply_patterns, canonicalize, clear_tags, match, match_id,
-                     run_passes, run_schedule, tag_ops)
-from .xegpu_contraction import block_mapping, prefetch_layout
+from .common import (apply_patterns, canonicalize, clear_tags, match, match_id, run_passes,
+                     run_schedule, tag_ops)
+from .xegpu_contraction import block_mapping
 
 DPAS_TYPES = ("f16", "bf16")
 

@@ -1,12 +1,15 @@
 """The Intel GPU target: XeGPU workgroup-level code with DPAS, lowered to XeVM and SPIR-V.
 
 Stages after `import` and `cleanup` (each nameable with --emit / --stop-after):
-  fuse           the family's fused schedule (target independent); for the generic family,
-                 the GPU preparation only (unit dims folded, asserts split)
+  fuse           the family's fused schedule (target independent; attention's with the
+                 target's `attention_tiles`); for the generic, matmul and cross_entropy
+                 families the GPU preparation only (unit dims folded, asserts split)
   workgroups     weights frozen as constants become kernel arguments; every kernel becomes
                  one `scf.forall` whose iterations are workgroups: a contraction kernel
                  (matmul + prologue + epilogue) tiled [wg_m, wg_n] with a k loop, a row kernel
-                 (softmax, norms) tiled by rows with its whole producer chain
+                 (softmax, norms) tiled by rows with its whole producer chain (long rows of a
+                 softmax in column loops), the attention family's query-block forall as it is
+                 with the K / V chains fused into its key loops (schedules/xegpu_attention.py)
   subgroups      each workgroup tile is decomposed over subgroups (sg_layout x sg_data, the
                  DPAS instruction tiles, the thread count), validated against the chip
   vectorize      whole-tile vectors, type extensions folded into vector.contract, contract
@@ -27,7 +30,7 @@ validated SPIR-V, and the numerics through the CPU target running the same fused
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from torch_mlir import ir
@@ -57,7 +60,9 @@ CHIPS = {
 DEFAULT_CHIP = "bmg"
 # Families whose fuse stage only tiles for the host CPU (no fusion across reductions): on
 # the GPU the workgroups stage does their tiling, so their fuse is replaced by `prepare`.
-TILING_ONLY_FAMILIES = frozenset({"generic", "matmul"})
+# The cross_entropy family's fused row blocks have no GPU mapping yet: its payloads go the
+# generic way, which takes log-softmax (a row kernel) and refuses a loss (see workgroups).
+TILING_ONLY_FAMILIES = frozenset({"generic", "matmul", "cross_entropy"})
 # Workgroup tiles [m, n] of contraction kernels, largest first.
 WORKGROUP_TILES = ((256, 256), (256, 128), (128, 256), (128, 128), (64, 128), (128, 64),
                    (64, 64), (32, 64), (64, 32), (32, 32), (16, 32), (8, 32), (16, 16), (8, 16))
@@ -180,6 +185,11 @@ class XeGpuTarget:
 
         self.weight_specs = constants_to_arguments(module)
         self.plans = []
+        if self.family == "cross_entropy" and _has_loss_tail(module):
+            raise UnsupportedError(
+                "xegpu: a cross-entropy loss has no GPU lowering yet (its target bounds check, "
+                "per-row losses and mean over rows need kernels of their own); log-softmax "
+                "alone lowers")
         for func in func_ops(module):
             top = [o.operation for o in func.regions[0].blocks[0].operations]
             existing = [o for o in top if o.name == "scf.forall"]
@@ -486,6 +496,20 @@ def _pick(extent: int, candidates) -> int | None:
         if c <= extent and extent % c == 0:
             return c
     return None
+
+
+def _has_loss_tail(module: ir.Module) -> bool:
+    """Does the payload assert on indices (a gather's bounds check) or reduce to a scalar?"""
+    found = []
+
+    def visit(op):
+        if op.name == "cf.assert" or (op.name == "linalg.generic" and any(
+                isinstance(r.type, ir.RankedTensorType) and r.type.rank == 0 for r in op.results)):
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return bool(found)
 
 
 def prepare(module: ir.Module) -> None:

@@ -269,6 +269,26 @@ def test_long_softmax_rows_run_in_column_tiles(tmp_path):
     spirv.validate(path)
 
 
+def test_log_softmax_of_the_cross_entropy_family_is_a_row_kernel(tmp_path):
+    """The cross_entropy family recognizes log-softmax; on the GPU it becomes a row kernel
+    (its CPU row blocks with lane-split sums are no GPU form): column loops, no N x C buffer,
+    validated SPIR-V. A loss (gather bounds check, mean over rows) is refused by name."""
+    compiled = compile_kernel(EXAMPLES / "log_softmax.py", overrides={"N": 64, "C": 2048},
+                              target="xegpu", dump_dir=tmp_path / "dump")
+    assert compiled.family.name == "cross_entropy"
+    (plan,) = compiled.target.plans
+    assert plan.kind == "rows" and plan.tiles.column_tile
+    low = Lowered(compiled, tmp_path / "dump")
+    xe = low.ir("xegpu-layouts")
+    assert len(_walk(xe, "scf.for")) == 2 and not _walk(xe, "gpu.alloc")
+    path = tmp_path / "log_softmax.spv"
+    compiled.target.write_artifact(compiled, path)
+    spirv.validate(path)
+    with pytest.raises(UnsupportedError, match="a cross-entropy loss has no GPU lowering yet"):
+        compile_kernel(EXAMPLES / "cross_entropy.py", overrides={"N": 64, "C": 1024},
+                       target="xegpu", stop_after="workgroups")
+
+
 def test_column_tile_that_does_not_divide_the_row_names_it(tmp_path):
     kernel = tmp_path / "softmax.py"
     kernel.write_text(SOFTMAX.format(dtype="float32").replace("64, 256", "64, 4096"))
