@@ -32,6 +32,9 @@ from .errors import KernelFileError, LighthouseError
 from .kernel import parse_override
 
 
+LIMITS_TIMEOUT = 300.0  # seconds for the machine-limit micro-kernels (a few seconds normally)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lighthouse.bench",
                                 description="Compile, check and time kernels against torch eager.")
@@ -112,7 +115,7 @@ def run(args) -> int:
     print(f"lighthouse.bench: {len(cases)} kernel{'s' * (len(cases) != 1)}"
           f"{' (quick)' if args.quick else ''}; measuring this machine's limits ...",
           file=sys.stderr, flush=True)
-    outcome = run_isolated(measure_limits, args.quick, timeout=timeout)
+    outcome = run_isolated(measure_limits, args.quick, timeout=LIMITS_TIMEOUT)
     limits = outcome.value if outcome.status == "ok" else None
     machine = _machine(limits, load_start)
     print(f"load average {machine['load_start']:.2f} on {machine['cores']} cores at the start"

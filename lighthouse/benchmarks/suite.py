@@ -35,9 +35,10 @@ class Case:
 
     def command(self) -> str:
         """The `lighthouse.compile` command line that compiles this case alone."""
-        sets = " ".join(f"--set {k}={v}" for k, v in self.overrides.items())
-        back = " --backward" if self.backward else ""
-        return f"python -m lighthouse.compile {self.path} {sets}{back}".replace("  ", " ")
+        words = ["python -m lighthouse.compile", str(self.path)]
+        words += [f"--set {k}={v}" for k, v in self.overrides.items()]
+        words += ["--backward"] if self.backward else []
+        return " ".join(words)
 
 
 def _example(name: str, file: str, backward: bool = False, **overrides) -> Case:

@@ -84,7 +84,8 @@ def test_quick_suite_files(suite_run):
         assert row["ours_peak_mb"] >= 0.9 * output_mb and row["torch_peak_mb"] >= 0.9 * output_mb
         assert row["ours_limit_pct"] == pytest.approx(
             100 * row["ours_rate"] / limits["bandwidth_gbs"])
-        assert "--set N=96 --set C=1000" in row["command"]
+        assert row["command"].endswith("softmax.py --set N=96 --set C=1000")
+        assert row["import_s"] > 0 and row["compile_s"] > 0
     assert files["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -109,6 +110,29 @@ def test_wrong_kernel_is_fail_and_exit_1(kernel_file):
     assert re.search(r"^FAIL wrong: out0: .*MISMATCH", r.stdout, re.M)
     assert "1 kernel: 1 FAIL" in r.stdout
     assert "failing: wrong" in r.stderr
+
+
+def test_slow_kernel_is_a_timeout_row(kernel_file):
+    from lighthouse.bench import bench_case
+    from lighthouse.benchmarks.report import footnotes
+    from lighthouse.benchmarks.suite import file_cases
+
+    slow = kernel_file("""
+        import time
+        import torch
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                return x + 1
+        def get_inputs():
+            time.sleep(600)
+            return [torch.ones(4)]
+        def get_init_inputs():
+            return []
+    """, name="slow.py")
+    settings = {"timeout_s": 2.0, "timing_budget_s": 1.0, "timing_rounds": 3}
+    row = bench_case(file_cases([slow])[0], settings, None)
+    assert row.status == "TIMEOUT" and row.ours_ms is None
+    assert footnotes([row]) == "TIMEOUT slow: compile, check and timing: no result after 2 s"
 
 
 def test_kernelbench_problem_files():
