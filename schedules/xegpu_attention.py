@@ -139,6 +139,9 @@ def plan_attention(forall: ir.Operation, *, sg_rows: int, subgroup_size: int,
     """Tiles of the fused kernel read from its IR, validated against the DPAS shape and the
     chip (ValueError naming the dimension otherwise)."""
     where = f"attention at {forall.location}"
+    if len(forall.results) != 1:
+        raise ValueError(f"{where}: {len(forall.results)} results per query block (an extra "
+                         "per-row result such as return_lse has no GPU mapping yet)")
     loops = key_loops(forall)
     scores, values = _contractions(loops[0])
     s_ls, v_ls = loop_structure(scores), loop_structure(values)

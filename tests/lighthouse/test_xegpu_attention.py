@@ -181,14 +181,17 @@ def test_schedule_options_set_the_tiles(tmp_path):
     assert [list(ir.VectorType(op.results[0].type).shape) for op in contracts] == [[64, 16], [64, 64]]
 
 
-@pytest.mark.parametrize("S,config,dtype,message", [
-    (256, "", "float32", r"inputs of type f32: DPAS multiplies f16 or bf16"),
-    (256, "key_tile=128", "float16", r"exceed the register file"),
-    (192, "query_tile=96, key_tile=24", "float16",
+@pytest.mark.parametrize("BH,S,config,dtype,message", [
+    (1, 256, "", "float32", r"inputs of type f32: DPAS multiplies f16 or bf16"),
+    (1, 256, "key_tile=128", "float16", r"exceed the register file"),
+    (1, 192, "query_tile=96, key_tile=24", "float16",
      r"key tile \(24\) is not a multiple of the DPAS depth \(16\)"),
-    (128, "", "float16", r"no query-block forall .* single query block"),
+    (1, 144, "query_tile=48, key_tile=32", "float16",
+     r"key length is not a multiple of the key tile \(32\)"),
+    (1, 128, "", "float16", r"no query-block forall .* single query block"),
+    (2, 256, "return_lse=True", "float16", r"2 results per query block"),
 ])
-def test_refusals_name_the_reason(tmp_path, S, config, dtype, message):
-    kernel = _write(tmp_path / "k.py", 1, 1, S, 64, dtype, False, config=config)
+def test_refusals_name_the_reason(tmp_path, BH, S, config, dtype, message):
+    kernel = _write(tmp_path / "k.py", BH, BH, S, 64, dtype, False, config=config)
     with pytest.raises(UnsupportedError, match=message):
         compile_kernel(kernel, target="xegpu", stop_after="workgroups")
