@@ -220,6 +220,7 @@ def tile_attention(payload: ir.Module, tiles: AttentionTiles) -> None:
         apply_patterns(func, structured.ApplyFoldUnitExtentDimsViaReshapesPatternsOp,
                        transform.ApplyCanonicalizationPatternsOp)
         apply_patterns(func, ttensor.ApplyReassociativeReshapeFoldingPatternsOp,
+                       ttensor.ApplyBubbleUpExtractSlicePatternsOp,
                        transform.ApplyCanonicalizationPatternsOp)
 
     run_schedule(payload, fold)

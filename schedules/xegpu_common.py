@@ -66,6 +66,7 @@ def vectorize(payload: ir.Module) -> None:
         canonicalize(func)
 
     run_schedule(payload, body)
+    forward_reshaped_writes(payload)
     carry_collapsed_loop_tensors(payload)
     fold_reads_of_splat_writes(payload)
     run_passes(payload, "canonicalize, cse")
@@ -154,9 +155,9 @@ def _splat(value: ir.Value):
 
 
 def fold_reads_of_splat_writes(payload: ir.Module) -> None:
-    """`vector.transfer_read` of a tensor wholly written by `vector.transfer_write` of a
-    splat constant (possibly through unit-dim reshapes) is that splat: the initial values of
-    loop-carried tiles (-inf maxima, zero sums) then need no buffer."""
+    """An in-bounds `vector.transfer_read` of a tensor wholly written by
+    `vector.transfer_write` of a splat constant (possibly through reshapes) is that splat:
+    the initial values of loop-carried tiles (-inf maxima, zero sums) then need no buffer."""
     with payload.context:
         for read in _ops_named(payload, "vector.transfer_read"):
             source = read.operands[0]
@@ -168,13 +169,55 @@ def fold_reads_of_splat_writes(payload: ir.Module) -> None:
             splat = _splat(owner.operands[0])
             written = ir.VectorType(owner.operands[0].type)
             target = ir.RankedTensorType(owner.results[0].type)
-            if splat is None or list(written.shape) != list(target.shape):
+            in_bounds = read.attributes["in_bounds"] if "in_bounds" in read.attributes else None
+            if (splat is None or list(written.shape) != list(target.shape) or in_bounds is None
+                    or not all(ir.BoolAttr(b).value for b in ir.ArrayAttr(in_bounds))):
                 continue
             rtype = ir.VectorType(read.results[0].type)
             with ir.InsertionPoint(read), read.location:
                 const = arith.ConstantOp(rtype, ir.DenseElementsAttr.get_splat(rtype, splat)).result
             read.results[0].replace_all_uses_with(const)
             read.erase()
+
+
+def forward_reshaped_writes(payload: ir.Module) -> None:
+    """`vector.transfer_read` of `tensor.expand_shape`/`collapse_shape` of a tensor wholly
+    written by `vector.transfer_write` of a vector of the read's type, both in bounds at
+    index 0 and both covering their whole tensor whose non-unit dims are the vector's: the
+    read is the written vector (the reshapes only add or drop unit dims). Canonicalization
+    forwards writes to reads only without a reshape in between."""
+    def zeros(values):
+        return all(_constant_int(v) == 0 for v in values)
+
+    def covers(vtype, ttype):
+        return [d for d in ttype.shape if d != 1] == [d for d in vtype.shape if d != 1]
+
+    for read in _ops_named(payload, "vector.transfer_read"):
+        owner = _owner(read.operands[0])
+        reshaped = False
+        while owner is not None and owner.name in ("tensor.collapse_shape", "tensor.expand_shape"):
+            owner, reshaped = _owner(owner.operands[0]), True
+        if not reshaped or owner is None or owner.name != "vector.transfer_write":
+            continue
+        value = owner.operands[0]
+        rtype, vtype = ir.VectorType(read.results[0].type), ir.VectorType(value.type)
+        source = ir.RankedTensorType(read.operands[0].type)
+        written = ir.RankedTensorType(owner.results[0].type)
+        indices_read = list(read.operands)[1:1 + source.rank]
+        indices_written = list(owner.operands)[2:2 + written.rank]
+        masked = (len(read.operands) > 2 + source.rank or len(owner.operands) > 2 + written.rank)
+        if (masked or rtype != vtype or not zeros(indices_read) or not zeros(indices_written)
+                or not covers(vtype, written) or not covers(rtype, source)):
+            continue
+        read.results[0].replace_all_uses_with(value)
+        read.erase()
+
+
+def _constant_int(value: ir.Value):
+    owner = _owner(value)
+    if owner is not None and owner.name == "arith.constant" and isinstance(owner.attributes["value"], ir.IntegerAttr):
+        return ir.IntegerAttr(owner.attributes["value"]).value
+    return None
 
 
 def canonicalize_contractions(payload: ir.Module) -> None:
@@ -426,7 +469,8 @@ def insert_loop_prefetches(gpu_func: ir.Operation, subgroups: int, inst: tuple[i
     each loop the first steps' tiles, in the loop the tile at iv + nb_prefetch * step (2-D
     block prefetches spread over the `subgroups`, in `inst` instruction tiles). For
     `xegpu.load_nd` ops in a loop whose descriptor is loop-invariant and whose offsets are
-    the induction variable or loop-invariant. (transform.xegpu.insert_prefetch refuses
+    loop-invariant or index arithmetic on the induction variable (recomputed for the step
+    ahead). (transform.xegpu.insert_prefetch refuses
     loops with dynamic bounds, e.g. causal attention's.) Returns the prefetches inserted."""
     from .xegpu_contraction import prefetch_layout
 
@@ -449,11 +493,35 @@ def insert_loop_prefetches(gpu_func: ir.Operation, subgroups: int, inst: tuple[i
                 return value.owner != body
             return not _inside(_owner(value), loop)
 
+        def of_iv(value) -> bool:
+            """Is `value` the induction variable or pure index arithmetic on it (and on
+            loop invariants)?"""
+            if value == iv:
+                return True
+            owner = _owner(value)
+            if invariant(value) or owner is None or not owner.name.startswith(("arith.", "index.")):
+                return False
+            return all(of_iv(v) or invariant(v) for v in owner.operands) and any(
+                of_iv(v) for v in owner.operands)
+
+        def at(value, next_iv, ip_op):
+            """`value` recomputed for the induction variable `next_iv` (before ip_op)."""
+            if value == iv:
+                return next_iv
+            if not of_iv(value):
+                return value
+            owner = _owner(value)
+            operands = [at(v, next_iv, ip_op) for v in owner.operands]
+            clone = owner.clone(ir.InsertionPoint(ip_op))
+            for i, v in enumerate(operands):
+                clone.operands[i] = v
+            return clone.results[list(owner.results).index(value)]
+
         for load in [o.operation for o in body.operations if o.operation.name == "xegpu.load_nd"]:
             desc, offsets = load.operands[0], list(load.operands)[1:]
-            if not invariant(desc) or not any(o == iv for o in offsets):
+            if not invariant(desc) or not any(of_iv(o) for o in offsets):
                 continue
-            if not all(o == iv or invariant(o) for o in offsets):
+            if not all(of_iv(o) or invariant(o) for o in offsets):
                 continue
             rows, cols = list(ir.VectorType(load.results[0].type).shape)[-2:]
             layout = prefetch_layout(rows, cols, subgroups, inst)
@@ -461,16 +529,17 @@ def insert_loop_prefetches(gpu_func: ir.Operation, subgroups: int, inst: tuple[i
                           "l2_hint": hint, "l3_hint": hint, "layout": ir.Attribute.parse(
                               "#xegpu.layout<" + ", ".join(f"{k} = {v}" for k, v in layout.items()) + ">")}
 
-            def prefetch(at):
+            def prefetch(next_iv, ip_op):
                 ir.Operation.create("xegpu.prefetch_nd", attributes=attributes,
-                                    operands=[desc] + [at if o == iv else o for o in offsets])
+                                    operands=[desc] + [at(o, next_iv, ip_op) for o in offsets])
 
             with ir.InsertionPoint(loop), loop.location:
                 for d in range(nb_prefetch):
-                    prefetch(arith.addi(lb, arith.muli(step, constant(d))))
+                    prefetch(arith.addi(lb, arith.muli(step, constant(d))), loop)
                     count += 1
-            with ir.InsertionPoint(body.operations[0]), loop.location:
-                prefetch(arith.addi(iv, arith.muli(step, constant(nb_prefetch))))
+            first = body.operations[0]
+            with ir.InsertionPoint(first), loop.location:
+                prefetch(arith.addi(iv, arith.muli(step, constant(nb_prefetch))), first)
                 count += 1
     return count
 
