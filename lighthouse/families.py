@@ -134,7 +134,7 @@ def _cross_entropy_params(target):
     from schedules.cross_entropy import CrossEntropyParams
 
     options = dict(getattr(target, "options", ()))
-    known = {k: options[k] for k in ("row_tile", "class_tile") if k in options}
+    known = {k: options[k] for k in ("row_tile", "class_tile", "lanes") if k in options}
     return CrossEntropyParams(threads=getattr(target, "threads", 1), **known)
 
 

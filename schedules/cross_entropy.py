@@ -43,11 +43,15 @@ from transform_ext.common import body_of, clone_body, defining_op, iterator_kind
 from transform_ext.drop_unused_results import drop_unused_results
 from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion
 from transform_ext.fold_scalar_or_splat_constant import fold_scalar_or_splat_constant
+from transform_ext.common import Illegal
+from transform_ext.fuse_dependent_reduction_ops import analyze as fusion_plan
 from transform_ext.fuse_dependent_reduction_ops import fuse_dependent_reduction_ops
 
 from .common import canonicalize, clear_tags, match, match_id, run_passes, run_schedule, tag_ops
 from .class_reductions import split_affine_reduction, split_class_reduction
+from .fast_exp import expand_exps_in
 from .elementwise_inlining import inline_elementwise_producers, merge_elementwise
+from .lane_split import LANE_DIM, lane_split_group
 from .gather_folding import (append_input, fold_gathers_through_elementwise,
                              promote_indexed_extracts)
 from .generic import GenericParams, func_ops, largest_divisor_at_most, vectorize_generic
@@ -63,22 +67,29 @@ class NotCrossEntropy(Exception):
 
 @dataclass(frozen=True)
 class CrossEntropyParams:
-    """row_tile: rows per scf.forall iteration (0: chosen so a block's logits stay in L2:
-    `block_bytes`); class_tile: classes per step of the fused loop (a remainder tile is
-    handled); threads: row blocks are balanced for this many workers."""
+    """row_tile: rows per scf.forall iteration (0: chosen so a block's logits stay in L2,
+    `block_bytes`, with enough blocks for `threads` workers); class_tile: classes per step of
+    the fused loop (0: 4 chunks of `lanes` when the lanes are split, else 4096; a remainder
+    tile is handled); lanes: running maxima and sums per row when the classes are the
+    contiguous dim (halved down to `min_lanes` until it divides them; 1: one per row, as
+    when none does): several vector registers of lanes keep the max chains independent;
+    vector_tile: elements per vector op elsewhere."""
 
     row_tile: int = 0
-    class_tile: int = 4096
+    class_tile: int = 0
     threads: int = 2
+    lanes: int = 64
+    min_lanes: int = 16
     block_bytes: int = 1 << 20
     vector_tile: int = 64
 
     def __post_init__(self):
-        for name in ("class_tile", "threads", "block_bytes"):
+        for name in ("threads", "lanes", "min_lanes", "block_bytes", "vector_tile"):
             if getattr(self, name) < 1:
                 raise ValueError(f"CrossEntropyParams.{name} must be >= 1, got {getattr(self, name)}")
-        if self.row_tile < 0:
-            raise ValueError(f"CrossEntropyParams.row_tile must be >= 0, got {self.row_tile}")
+        for name in ("row_tile", "class_tile"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"CrossEntropyParams.{name} must be >= 0, got {getattr(self, name)}")
 
 
 @dataclass
@@ -505,33 +516,18 @@ def _row_producers(root, linalg_ops, classes, m) -> list[ir.Operation]:
     return [op for op in reversed(linalg_ops) if op in found]
 
 
-def _fused_regions(payload: ir.Module) -> list[list[ir.Operation]]:
-    """The op lists of every scf.forall body, or of the function when nothing was tiled."""
-    bodies = []
-
-    def visit(op):
-        if op.name == "scf.forall":
-            bodies.append([o.operation for o in op.regions[0].blocks[0].operations])
-            return ir.WalkResult.SKIP
-        return ir.WalkResult.ADVANCE
-
-    payload.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
-    return bodies or [_block_ops(_func(payload))]
-
-
 def _fuse_class_loop(payload, params: CrossEntropyParams) -> None:
-    for body_ops in _fused_regions(payload):
-        ops = [op for op in body_ops if is_linalg_op(op) and CLASS_SUM in op.attributes]
-        maxes = [op for op in ops if reduction_combiner(op) == "max"]
-        if len(maxes) != 1:
-            raise NotCrossEntropy("a row block does not hold exactly one row max")
-        row_max = maxes[0]
+    """Step 5 of the module docstring, in every row block (or the function when unbatched)."""
+    for block in _fused_blocks(payload):
+        row_max, consumers = _class_group(block)
+        lanes = _split_lanes(row_max, consumers, params)
+        if lanes > 1:
+            row_max, consumers = _class_group(block)
         ls = loop_structure(row_max)
         k = ls.reduction_dims[0]
-        consumers = [op for op in ops if op is not row_max]
         data = _data_producers(row_max)
         tag_ops([row_max] + consumers + data)
-        ct = _class_tile(ls.ranges[k], params)
+        ct = _class_tile(ls.ranges[k], params, lanes)
 
         def body(root):
             handles = [match_id(root, 1 + i) for i in range(len(consumers))]
@@ -543,11 +539,72 @@ def _fuse_class_loop(payload, params: CrossEntropyParams) -> None:
         clear_tags(payload)
 
 
-def _class_tile(extent: int, params: CrossEntropyParams) -> int:
-    """The fused loop's step: `class_tile`, or when the classes are fewer, the largest
-    multiple of `vector_tile` in them (the rest runs as the remainder tile)."""
-    if extent > params.class_tile:
-        return params.class_tile
+def _fused_blocks(payload: ir.Module) -> list[ir.Block]:
+    """The body block of every row forall, or the function's when nothing was tiled."""
+    blocks = []
+
+    def visit(op):
+        if op.name == "scf.forall":
+            blocks.append(op.regions[0].blocks[0])
+            return ir.WalkResult.SKIP
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return blocks or [_func(payload).regions[0].blocks[0]]
+
+
+def _class_group(block: ir.Block) -> tuple[ir.Operation, list[ir.Operation]]:
+    """The tagged row max of a block and the other tagged class reductions."""
+    ops = [o.operation for o in block.operations
+           if is_linalg_op(o.operation) and CLASS_SUM in o.operation.attributes]
+    maxes = [op for op in ops if reduction_combiner(op) == "max"]
+    if len(maxes) != 1:
+        raise NotCrossEntropy("a row block does not hold exactly one row max")
+    return maxes[0], [op for op in ops if op is not maxes[0]]
+
+
+def _split_lanes(row_max: ir.Operation, consumers: list, params: CrossEntropyParams) -> int:
+    """Give the group one running max and sum per SIMD lane (schedules/lane_split.py) when
+    the classes are the logits' contiguous dim and `lanes` divides them; returns the lane
+    count used (1: not split)."""
+    ls = loop_structure(row_max)
+    k = ls.reduction_dims[0]
+    x = row_max.operands[0]
+    last = ls.maps[0].results[len(ls.maps[0].results) - 1]
+    if params.lanes <= 1 or not isinstance(last, ir.AffineDimExpr) or last.position != k:
+        return 1
+    extent = x.type.shape[-1]
+    lanes = params.lanes
+    while lanes > 1 and (extent % lanes or extent < 2 * lanes) and lanes % 2 == 0 and \
+            lanes > params.min_lanes:
+        lanes //= 2
+    if extent % lanes or extent < 2 * lanes:
+        return 1
+    try:
+        plan = fusion_plan(row_max, consumers, [], x.type.shape[-1], True)
+    except Illegal:
+        return 1
+    betas = {c.op: (c.beta if c.dependent else None) for c in plan.consumers}
+    block = row_max.block
+    if not lane_split_group(row_max, consumers, lanes, reduction_combiner, betas.get):
+        return 1
+    for op in block.operations:
+        if LANE_DIM in op.operation.attributes:
+            op.operation.attributes[CLASS_SUM] = ir.UnitAttr.get(op.context)
+    return lanes
+
+
+def _class_tile(extent: int, params: CrossEntropyParams, lanes: int) -> int:
+    """The fused loop's step along its axis (chunks of `lanes` classes when split): the
+    classes per step are `class_tile` (default: 4 chunks of lanes when split, else 4096);
+    when the classes are fewer, the largest multiple of `vector_tile` in them (the rest runs
+    as the remainder tile)."""
+    if lanes > 1:
+        per_step = params.class_tile or 4 * lanes
+        return max(1, min(extent, per_step // lanes))
+    per_step = params.class_tile or 4096
+    if extent > per_step:
+        return per_step
     if extent > params.vector_tile:
         return extent - extent % params.vector_tile
     return extent
@@ -580,25 +637,34 @@ def vectorize_cross_entropy(payload: ir.Module, params: GenericParams,
     for op in sums:
         ls = loop_structure(op)
         k = ls.reduction_dims[0]
+        if LANE_DIM in op.attributes:
+            # one chunk of lanes at a time: the lane accumulators stay vectors
+            lane = ir.IntegerAttr(op.attributes[LANE_DIM]).value
+            plan.append(([0 if l == lane else 1 for l in range(ls.num_loops)], None))
+            continue
         rows = [1 if it == "parallel" else 0 for it in ls.iterators]
-        lanes = [0] * ls.num_loops
-        lanes[k] = largest_divisor_at_most(ls.ranges[k], vector_tile)
-        plan.append((rows, lanes))
+        partial = [0] * ls.num_loops
+        partial[k] = largest_divisor_at_most(ls.ranges[k], vector_tile)
+        plan.append((rows, partial))
     tag_ops(sums)
 
     def body(root):
-        for i, (rows, lanes) in enumerate(plan):
+        for i, (outer, partial) in enumerate(plan):
             target = match_id(root, i)
-            if any(rows):
-                target = structured.TileUsingForOp(target, sizes=rows).tiled_linalg_op
-            any_op = transform.AnyOpType.get()
-            structured.TileReductionUsingForOp([any_op], any_op, any_op, any_op, target,
-                                               tile_sizes=lanes)
+            if any(outer):
+                target = structured.TileUsingForOp(target, sizes=outer).tiled_linalg_op
+            if partial is not None:
+                any_op = transform.AnyOpType.get()
+                structured.TileReductionUsingForOp([any_op], any_op, any_op, any_op, target,
+                                                   tile_sizes=partial)
 
     run_schedule(payload, body)
     clear_tags(payload)
     clear_tags(payload, CLASS_SUM)
+    clear_tags(payload, LANE_DIM)
     _scalarize_rank0_gathers(payload)
+    with payload.context:
+        expand_exps_in(payload.operation)
     vectorize_generic(payload, params)
 
 

@@ -87,10 +87,10 @@ def test_matches_torch(kernel_file, case, backward):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_half_precision_accumulates_in_f32(kernel_file, dtype):
-    """bf16/f16 logits: loss and gradient in the logits' dtype, sums in f32 (C = 3000 terms
+    """bf16/f16 logits: loss and gradient in the logits' dtype, sums in f32 (C = 3008 terms
     of exp would lose ~1e-2 relative in bf16)."""
     path = kernel(kernel_file, "F.cross_entropy(x, y, label_smoothing=0.1)",
-                  f"{LOGITS}; {TARGETS}; return [x.to(torch.{dtype}), y]", n=5, c=3000)
+                  f"{LOGITS}; {TARGETS}; return [x.to(torch.{dtype}), y]", n=5, c=3008)
     c = compiled(path, backward=True)
     loss, grad = c.run()
     assert loss.dtype == getattr(torch, dtype) and grad.dtype == getattr(torch, dtype)
@@ -143,6 +143,22 @@ def test_non_finite_logits_in_ignored_rows_do_not_leak(kernel_file):
     assert torch.equal(grad[1], torch.zeros_like(grad[1]))
     keep = [0, 2, 3, 4]
     torch.testing.assert_close(grad[keep], want_grad[keep], rtol=2e-4, atol=2e-4)
+
+
+def test_masked_classes_and_rows(kernel_file):
+    """-inf logits: every 64th class (a whole SIMD lane of the running max and sum is -inf)
+    and all of row 3 (ignored). The loss per row and the gradients are torch's; row 3's
+    gradient is exactly 0 (torch: NaN, from softmax of a row of -inf)."""
+    path = kernel(kernel_file, "F.cross_entropy(x, y, reduction='none')",
+                  f"{LOGITS}; {TARGETS}; y[3] = -100; x[:, 5::64] = -float('inf'); "
+                  "x[3] = -float('inf'); return [x, y]", n=6, c=1024)
+    c = compiled(path, backward=True)
+    loss, grad = c.run()
+    want_loss, want_grad = c.imported.reference()
+    torch.testing.assert_close(loss, want_loss, rtol=2e-4, atol=2e-4)
+    keep = [0, 1, 2, 4, 5]
+    torch.testing.assert_close(grad[keep], want_grad[keep], rtol=2e-4, atol=2e-4)
+    assert torch.equal(grad[3], torch.zeros_like(grad[3]))
 
 
 @pytest.mark.parametrize("logits, expr", [
@@ -212,6 +228,21 @@ def test_forward_ir_one_class_loop_and_no_logits_sized_buffer():
     """)
     sizes = _alloc_sizes(text)
     assert sizes and max(sizes) <= 6
+
+
+def test_lane_split_ir():
+    """Classes a multiple of 64: the fused loop steps over chunks of 64 lanes, 4 chunks a
+    step, with 64 running maxima and sums (one vector each per 16 lanes)."""
+    c = compile_kernel(EXAMPLES / "cross_entropy.py", overrides={"N": 6, "C": 8192},
+                       stop_after="fuse", strict=True)
+    filecheck(str(c.module), """
+        CHECK: scf.forall
+        CHECK: tensor.expand_shape {{.*}} into tensor<1x128x64xf32>
+        CHECK: scf.for %{{.*}} = %c0 to %c128 step %c4 iter_args({{.*}}) -> (tensor<1x64xf32>, tensor<1x64xf32>)
+        CHECK-NOT: scf.for %
+        CHECK: iterator_types = ["parallel", "reduction"]
+        CHECK: scf.forall.in_parallel
+    """)
 
 
 def test_backward_ir_allocates_only_the_gradient():

@@ -1,0 +1,355 @@
+"""The payload rewrites the cross-entropy schedule is built from, each on a small payload:
+the IR it produces (FileCheck) and the numbers it computes (against torch)."""
+
+import torch
+from torch_mlir import ir
+
+from schedules.class_reductions import split_affine_reduction, split_class_reduction
+from schedules.common import run_passes
+from schedules.elementwise_inlining import inline_elementwise_producers, merge_elementwise
+from schedules.fast_exp import expand_exps_in
+from schedules.gather_folding import fold_gathers_through_elementwise, promote_indexed_extracts
+from schedules.lane_split import lane_split_group
+from tests.transform_ext.helpers import check, parse
+from tests.transform_ext.numeric import run_module
+from transform_ext.analysis.classify import reduction_combiner
+
+
+def _func(payload):
+    return next(op.operation for op in payload.body.operations if op.operation.name == "func.func")
+
+
+def _ops(payload, name="linalg.generic"):
+    return [op.operation for op in _func(payload).regions[0].blocks[0].operations
+            if op.operation.name == name]
+
+
+EXP = """
+func.func @main(%x: tensor<64xf32>) -> tensor<64xf32> {
+  %e = tensor.empty() : tensor<64xf32>
+  %r = linalg.generic {indexing_maps = [affine_map<(d0) -> (d0)>, affine_map<(d0) -> (d0)>],
+                       iterator_types = ["parallel"]} ins(%x : tensor<64xf32>) outs(%e : tensor<64xf32>) {
+  ^bb0(%a: f32, %o: f32):
+    %y = math.exp %a : f32
+    linalg.yield %y : f32
+  } -> tensor<64xf32>
+  return %r : tensor<64xf32>
+}
+"""
+
+
+def test_fast_exp_accuracy_and_edges():
+    payload = parse(EXP)
+    with payload.context, ir.Location.unknown():
+        assert expand_exps_in(payload.operation) == 1
+    assert "math.exp" not in str(payload)
+    check(str(payload), """
+        CHECK: math.roundeven
+        CHECK-COUNT-8: math.fma
+        CHECK: arith.shli
+        CHECK: arith.cmpf uno
+    """)
+    special = [-float("inf"), -1e4, -104.0, -87.0, -86.7, -86.6, -50.5, -20.25, -1e-3, -1e-30,
+               0.0, 1e-30, 0.5, 1.0, 10.0, 88.0, 88.72, 88.73, 1e4, float("inf"), float("nan")]
+    torch.manual_seed(0)
+    x = torch.cat([torch.tensor(special), torch.linspace(-86.6, 88.7, 64 - len(special))])
+    (got,) = run_module(payload, [x])
+    want = torch.exp(x.double())
+    normal = (x > -86.6) & (x < 88.72)
+    rel = ((got.double() - want) / want).abs()[normal]
+    assert rel.max() < 2e-7
+    assert (got[x < -86.64] == 0).all()             # flushed below 2^-125
+    assert torch.isinf(got[x > 88.73]).all() and torch.isnan(got[x.isnan()]).all()
+    assert got[x == 0].item() == 1.0
+
+
+def test_gather_folds_through_log_softmax_and_becomes_an_operand_read():
+    """logp = (x - m) - log l, gathered at [i, y_i]: the extract reads x itself, m and log l
+    become inputs of the gathering op, logp dies."""
+    payload = parse("""
+    #id = affine_map<(d0, d1) -> (d0, d1)>
+    #row = affine_map<(d0, d1) -> (d0)>
+    #r = affine_map<(d0) -> (d0)>
+    func.func @main(%x: tensor<4x8xf32>, %m: tensor<4xf32>, %l: tensor<4xf32>, %y: tensor<4xi64>) -> tensor<4xf32> {
+      %e = tensor.empty() : tensor<4x8xf32>
+      %lp = linalg.generic {indexing_maps = [#id, #row, #row, #id], iterator_types = ["parallel", "parallel"]}
+          ins(%x, %m, %l : tensor<4x8xf32>, tensor<4xf32>, tensor<4xf32>) outs(%e : tensor<4x8xf32>) {
+      ^bb0(%a: f32, %b: f32, %c: f32, %o: f32):
+        %d = arith.subf %a, %b : f32
+        %g = math.log %c : f32
+        %s = arith.subf %d, %g : f32
+        linalg.yield %s : f32
+      } -> tensor<4x8xf32>
+      %e1 = tensor.empty() : tensor<4xf32>
+      %g = linalg.generic {indexing_maps = [#r, #r], iterator_types = ["parallel"]}
+          ins(%y : tensor<4xi64>) outs(%e1 : tensor<4xf32>) {
+      ^bb0(%t: i64, %o: f32):
+        %i = linalg.index 0 : index
+        %j = arith.index_cast %t : i64 to index
+        %v = tensor.extract %lp[%i, %j] : tensor<4x8xf32>
+        linalg.yield %v : f32
+      } -> tensor<4xf32>
+      return %g : tensor<4xf32>
+    }
+    """)
+    with payload.context, ir.Location.unknown():
+        assert fold_gathers_through_elementwise(_func(payload)) == 1
+        assert promote_indexed_extracts(_func(payload)) == 2
+    run_passes(payload, "canonicalize, cse")
+    check(str(payload), """
+        CHECK-NOT: tensor<4x8xf32> = linalg.generic
+        CHECK: linalg.generic {{.*}} ins(%{{.*}}, %{{.*}}, %{{.*}} : tensor<4xi64>, tensor<4xf32>, tensor<4xf32>)
+        CHECK: tensor.extract %{{.*}}[%{{.*}}, %{{.*}}] : tensor<4x8xf32>
+        CHECK: math.log
+    """)
+    x, m, l, y = torch.randn(4, 8), torch.randn(4), torch.rand(4) + 1, torch.tensor([0, 7, 3, 5])
+    want = (x - m[:, None] - l.log()[:, None]).gather(1, y[:, None])[:, 0]
+    (got,) = run_module(payload, [x, m, l, y])
+    torch.testing.assert_close(got, want)
+
+
+INLINE = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#row = affine_map<(d0, d1) -> (d0)>
+func.func @main(%x: tensor<4x8xf32>, %m: tensor<4xf32>) -> (tensor<4xf32>, tensor<4x8xf32>) {
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<4x8xf32>
+  %d = linalg.generic {indexing_maps = [#id, #row, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%x, %m : tensor<4x8xf32>, tensor<4xf32>) outs(%e : tensor<4x8xf32>) {
+  ^bb0(%a: f32, %b: f32, %o: f32):
+    %s = arith.subf %a, %b : f32
+    linalg.yield %s : f32
+  } -> tensor<4x8xf32>
+  %e1 = tensor.empty() : tensor<4xf32>
+  %z = linalg.fill ins(%zero : f32) outs(%e1 : tensor<4xf32>) -> tensor<4xf32>
+  %sum = linalg.generic {indexing_maps = [#id, #row], iterator_types = ["parallel", "reduction"]}
+      ins(%d : tensor<4x8xf32>) outs(%z : tensor<4xf32>) {
+  ^bb0(%a: f32, %o: f32):
+    %t = math.exp %a : f32
+    %s = arith.addf %t, %o : f32
+    linalg.yield %s : f32
+  } -> tensor<4xf32>
+  %grad = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%d : tensor<4x8xf32>) outs(%e : tensor<4x8xf32>) {
+  ^bb0(%a: f32, %o: f32):
+    %t = arith.mulf %a, %a : f32
+    linalg.yield %t : f32
+  } -> tensor<4x8xf32>
+  return %sum, %grad : tensor<4xf32>, tensor<4x8xf32>
+}
+"""
+
+
+def test_a_producer_read_by_two_ops_is_inlined_into_both():
+    payload = parse(INLINE)
+    with payload.context, ir.Location.unknown():
+        assert inline_elementwise_producers([_func(payload).regions[0].blocks[0]]) == 2
+    assert len(_ops(payload)) == 2
+    check(str(payload), """
+        CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "reduction"]{{.*}} ins(%arg0, %arg1
+        CHECK:   arith.subf
+        CHECK:   math.exp
+        CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "parallel"]{{.*}} ins(%arg0, %arg1
+        CHECK:   arith.subf
+        CHECK:   arith.mulf
+    """)
+    x, m = torch.randn(4, 8), torch.randn(4)
+    s, g = run_module(payload, [x, m])
+    torch.testing.assert_close(s, (x - m[:, None]).exp().sum(1))
+    torch.testing.assert_close(g, (x - m[:, None]) ** 2)
+
+
+def test_two_elementwise_results_merge_into_one_op():
+    """d x and d t of a loss with probability targets: one op writes both (one sweep)."""
+    payload = parse("""
+    #id = affine_map<(d0, d1) -> (d0, d1)>
+    #row = affine_map<(d0, d1) -> (d0)>
+    func.func @main(%x: tensor<4x8xf32>, %m: tensor<4xf32>) -> (tensor<4x8xf32>, tensor<4x8xf32>) {
+      %e = tensor.empty() : tensor<4x8xf32>
+      %a = linalg.generic {indexing_maps = [#id, #row, #id], iterator_types = ["parallel", "parallel"]}
+          ins(%x, %m : tensor<4x8xf32>, tensor<4xf32>) outs(%e : tensor<4x8xf32>) {
+      ^bb0(%p: f32, %q: f32, %o: f32):
+        %s = arith.subf %p, %q : f32
+        linalg.yield %s : f32
+      } -> tensor<4x8xf32>
+      %b = linalg.generic {indexing_maps = [#id, #row, #id], iterator_types = ["parallel", "parallel"]}
+          ins(%x, %m : tensor<4x8xf32>, tensor<4xf32>) outs(%e : tensor<4x8xf32>) {
+      ^bb0(%p: f32, %q: f32, %o: f32):
+        %s = arith.mulf %p, %q : f32
+        linalg.yield %s : f32
+      } -> tensor<4x8xf32>
+      return %a, %b : tensor<4x8xf32>, tensor<4x8xf32>
+    }
+    """)
+    with payload.context, ir.Location.unknown():
+        merged = merge_elementwise(_ops(payload))
+    assert len(_ops(payload)) == 1 and len(merged.results) == 2
+    check(str(payload), """
+        CHECK: %[[R:.*]]:2 = linalg.generic {{.*}} ins(%arg0, %arg1 : tensor<4x8xf32>, tensor<4xf32>)
+        CHECK:   arith.subf
+        CHECK:   arith.mulf
+        CHECK: return %[[R]]#0, %[[R]]#1
+    """)
+    x, m = torch.randn(4, 8), torch.randn(4)
+    a, b = run_module(payload, [x, m])
+    torch.testing.assert_close(a, x - m[:, None])
+    torch.testing.assert_close(b, x * m[:, None])
+
+
+SMOOTHING = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#row = affine_map<(d0, d1) -> (d0)>
+#col = affine_map<(d0, d1) -> (d1)>
+func.func @main(%x: tensor<4x8xf32>, %m: tensor<4xf32>, %ll: tensor<4xf32>, %w: tensor<8xf32>) -> tensor<4xf32> {
+  %zero = arith.constant 0.0 : f32
+  %e1 = tensor.empty() : tensor<4xf32>
+  %z = linalg.fill ins(%zero : f32) outs(%e1 : tensor<4xf32>) -> tensor<4xf32>
+  %s = linalg.generic {indexing_maps = [#id, #row, #row, #col, #row], iterator_types = ["parallel", "reduction"]}
+      ins(%x, %m, %ll, %w : tensor<4x8xf32>, tensor<4xf32>, tensor<4xf32>, tensor<8xf32>) outs(%z : tensor<4xf32>) {
+  ^bb0(%a: f32, %b: f32, %c: f32, %v: f32, %o: f32):
+    %d = arith.subf %a, %b : f32
+    %lp = arith.subf %d, %c : f32
+    %t = arith.mulf %lp, %v : f32
+    %n = arith.negf %t : f32
+    %r = arith.addf %n, %o : f32
+    linalg.yield %r : f32
+  } -> tensor<4xf32>
+  return %s : tensor<4xf32>
+}
+"""
+
+
+def test_affine_class_sum_is_split_into_sums_that_do_not_read_the_row_values():
+    """-sum_c w_c (x_c - m - ll) = -sum_c w_c x_c + m sum_c w_c + ll sum_c w_c."""
+    payload = parse(SMOOTHING)
+    args = list(_func(payload).regions[0].blocks[0].arguments)
+    atoms = {args[1], args[2]}
+    with payload.context, ir.Location.unknown():
+        assert split_affine_reduction(_ops(payload)[0], lambda v: v in atoms)
+    run_passes(payload, "canonicalize, cse")
+    reductions = [op for op in _ops(payload) if "reduction" in str(op.attributes["iterator_types"])]
+    for op in reductions:
+        assert all(v not in atoms for v in op.operands)
+    x, m, ll, w = torch.randn(4, 8) * 10, torch.randn(4), torch.rand(4), torch.rand(8)
+    want = -((x - m[:, None] - ll[:, None]) * w).sum(1)
+    (got,) = run_module(payload, [x, m, ll, w])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_non_affine_sum_is_left_alone():
+    payload = parse(SMOOTHING.replace("%t = arith.mulf %lp, %v : f32", "%t = arith.mulf %lp, %lp : f32"))
+    args = list(_func(payload).regions[0].blocks[0].arguments)
+    with payload.context, ir.Location.unknown():
+        assert not split_affine_reduction(_ops(payload)[0], lambda v: v in (args[1], args[2]))
+    assert len(_ops(payload)) == 1
+
+
+def test_sum_over_rows_and_classes_is_split_per_row():
+    payload = parse("""
+    #id = affine_map<(d0, d1) -> (d0, d1)>
+    #all = affine_map<(d0, d1) -> ()>
+    func.func @main(%x: tensor<4x8xf32>) -> tensor<f32> {
+      %zero = arith.constant 1.5 : f32
+      %e = tensor.empty() : tensor<f32>
+      %z = linalg.fill ins(%zero : f32) outs(%e : tensor<f32>) -> tensor<f32>
+      %s = linalg.generic {indexing_maps = [#id, #all], iterator_types = ["reduction", "reduction"]}
+          ins(%x : tensor<4x8xf32>) outs(%z : tensor<f32>) {
+      ^bb0(%a: f32, %o: f32):
+        %r = arith.addf %a, %o : f32
+        linalg.yield %r : f32
+      } -> tensor<f32>
+      return %s : tensor<f32>
+    }
+    """)
+    with payload.context, ir.Location.unknown():
+        assert split_class_reduction(_ops(payload)[0], 1)
+    check(str(payload), """
+        CHECK: iterator_types = ["parallel", "reduction"]
+        CHECK: iterator_types = ["reduction"]
+    """)
+    x = torch.randn(4, 8)
+    (got,) = run_module(payload, [x])
+    torch.testing.assert_close(got, x.sum() + 1.5)
+
+
+LOGSUMEXP = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#row = affine_map<(d0, d1) -> (d0)>
+func.func @main(%x: tensor<3x{C}xf32>, %y: tensor<3xi64>) -> (tensor<3xf32>, tensor<3xf32>, tensor<3xf32>) {{
+  %zero = arith.constant 0.0 : f32
+  %ninf = arith.constant 0xFF800000 : f32
+  %e1 = tensor.empty() : tensor<3xf32>
+  %m0 = linalg.fill ins(%ninf : f32) outs(%e1 : tensor<3xf32>) -> tensor<3xf32>
+  %m = linalg.generic {{indexing_maps = [#id, #row], iterator_types = ["parallel", "reduction"]}}
+      ins(%x : tensor<3x{C}xf32>) outs(%m0 : tensor<3xf32>) {{
+  ^bb0(%a: f32, %o: f32):
+    %r = arith.maximumf %a, %o : f32
+    linalg.yield %r : f32
+  }} -> tensor<3xf32>
+  %z = linalg.fill ins(%zero : f32) outs(%e1 : tensor<3xf32>) -> tensor<3xf32>
+  %l = linalg.generic {{indexing_maps = [#id, #row, #row], iterator_types = ["parallel", "reduction"]}}
+      ins(%x, %m : tensor<3x{C}xf32>, tensor<3xf32>) outs(%z : tensor<3xf32>) {{
+  ^bb0(%a: f32, %b: f32, %o: f32):
+    %d = arith.subf %a, %b : f32
+    %t = math.exp %d : f32
+    %r = arith.addf %t, %o : f32
+    linalg.yield %r : f32
+  }} -> tensor<3xf32>
+  %g = linalg.generic {{indexing_maps = [#id, #row, #row], iterator_types = ["parallel", "reduction"]}}
+      ins(%x, %y : tensor<3x{C}xf32>, tensor<3xi64>) outs(%z : tensor<3xf32>) {{
+  ^bb0(%a: f32, %t: i64, %o: f32):
+    %j = linalg.index 1 : index
+    %ji = arith.index_cast %j : index to i64
+    %hit = arith.cmpi eq, %ji, %t : i64
+    %v = arith.select %hit, %a, %zero : f32
+    %r = arith.addf %v, %o : f32
+    linalg.yield %r : f32
+  }} -> tensor<3xf32>
+  return %m, %l, %g : tensor<3xf32>, tensor<3xf32>, tensor<3xf32>
+}}
+"""
+
+
+def _split(payload, lanes):
+    ops = _ops(payload)
+    r1, consumers = ops[0], ops[1:]
+    betas = {consumers[0]: -1.0, consumers[1]: None}
+    with payload.context, ir.Location.unknown():
+        return lane_split_group(r1, consumers, lanes, reduction_combiner, betas.get)
+
+
+def test_lane_split_keeps_one_max_and_sum_per_lane():
+    """Per lane: m_l, l_l and the gather's partial sums; combined as max_l m_l,
+    sum_l l_l exp(m_l - m) (0 for an all -inf lane) and sum_l g_l. Lane 5 of row 1 is all
+    -inf, row 2 entirely -inf (its sum is 0, its max -inf, no NaN from the combine)."""
+    c = 256
+    payload = parse(LOGSUMEXP.format(C=c))
+    assert _split(payload, 16)
+    check(str(payload), """
+        CHECK: tensor.expand_shape {{.*}} into tensor<3x16x16xf32>
+        CHECK: iterator_types = ["parallel", "reduction", "parallel"]
+        CHECK: arith.maximumf
+        CHECK: iterator_types = ["parallel", "reduction"]
+        CHECK: iterator_types = ["parallel", "reduction", "parallel"]
+        CHECK: linalg.index 1
+        CHECK: linalg.index 2
+        CHECK: arith.muli
+    """)
+    torch.manual_seed(0)
+    x = torch.randn(3, c) * 30
+    x[1, 5::16] = -float("inf")
+    x[2] = -float("inf")
+    y = torch.tensor([0, 200, 37])
+    m, l, g = run_module(payload, [x, y])
+    torch.testing.assert_close(m, x.amax(1))
+    want_l = torch.exp(x[:2] - x[:2].amax(1, keepdim=True)).sum(1)
+    torch.testing.assert_close(l[:2], want_l, rtol=1e-5, atol=1e-6)
+    assert l[2].item() == 0.0
+    torch.testing.assert_close(g, x.gather(1, y[:, None])[:, 0])
+
+
+def test_lane_split_needs_lanes_that_divide_the_classes():
+    payload = parse(LOGSUMEXP.format(C=250))
+    before = str(payload)
+    assert not _split(payload, 16)
+    assert str(payload) == before
