@@ -439,8 +439,9 @@ def _sink_other_readers(root: ir.Operation) -> None:
         if op in feeds:
             continue
         producers = [p for p in map(defining_op, op.operands) if p is not None]
-        if any(p in tainted or p in moving for p in producers):
-            moving.append(op)
+        if any(p in moving for p in producers) or (
+                len(op.results) and any(p in tainted for p in producers)):
+            moving.append(op)  # result-less ops (target bounds checks) stay unless they must
     after = root
     for op in moving:
         op.move_after(after)
