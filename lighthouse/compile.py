@@ -157,9 +157,11 @@ def compile_kernel(path, *, overrides=None, backward=False, target="cpu", thread
     result_specs = list(imported.result_specs)
 
     def after_stage(name, module):
-        # a schedule may add results (attention's log-sum-exp): read the signature it leaves
+        # a schedule may add results (attention's log-sum-exp): read them from the signature
+        # it leaves (the model's own keep their torch dtypes: bool is stored as i8 by then)
         if name == "vectorize":
-            result_specs[:] = _tensor_result_specs(module, str(kernel.path))
+            scheduled = _tensor_result_specs(module, str(kernel.path))
+            result_specs[len(imported.result_specs):] = scheduled[len(imported.result_specs):]
 
     pipeline.run(imported.module, stop_after=stop_after, dump_dir=dump_dir, on_stage=after_stage)
     pipeline.timings["import"] = import_seconds

@@ -31,10 +31,10 @@ from torch_mlir.dialects.transform import structured
 import transform_ext
 from transform_ext.analysis.classify import reduction_combiner
 from transform_ext.analysis.structure import dim_positions, is_linalg_op, loop_structure
-from transform_ext.common import defining_op
+from transform_ext.common import defining_op, reassociation_attr
 from transform_ext.drop_broadcast_dims import drop_broadcast_dims
 from transform_ext.drop_unused_results import drop_unused_results
-from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion
+from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion, reassociation
 from transform_ext.fold_scalar_or_splat_constant import fold_scalar_or_splat_constant
 from transform_ext.fuse_dependent_reduction_ops import fuse_dependent_reduction_ops
 from transform_ext.fuse_elementwise_producers import fuse_elementwise_producers
@@ -43,6 +43,9 @@ from transform_ext.sink_normalization_past_contraction import sink_normalization
 
 from .common import canonicalize, clear_tags, match, match_id, run_passes, run_schedule, tag_ops
 from .generic import GenericParams, func_ops, largest_divisor_at_most, vectorize_generic
+
+
+DYNAMIC = ir.ShapedType.get_dynamic_stride_or_offset()
 
 
 class NotAttention(Exception):
@@ -374,6 +377,8 @@ def append_lse_result(payload: ir.Module) -> None:
         expand = first
     if expand is not None and expand.operands[0] == out:
         expand.operands[0] = both.results[0]
+        expand.move_after(getattr(both, "operation", both))
+        lse = _reshape_rows_like(expand, lse, ret)
     new_ret_operands = list(ret.operands) + [lse]
     with ir.InsertionPoint(ret), ret.location:
         from torch_mlir.dialects import func as funcd
@@ -383,6 +388,25 @@ def append_lse_result(payload: ir.Module) -> None:
     fn_type = ir.FunctionType.get([a.type for a in block.arguments], [v.type for v in new_ret_operands])
     func.attributes["function_type"] = ir.TypeAttr.get(fn_type)
     del pymath
+
+
+def _reshape_rows_like(reshape: ir.Operation, rows: ir.Value, before: ir.Operation) -> ir.Value:
+    """`rows` ([..., L], the output without its value dim) reshaped the way `reshape`
+    reshapes the output, so it has the model's leading dims (built before `before`)."""
+    from torch_mlir.dialects import tensor
+
+    groups = reassociation(reshape)
+    result = reshape.results[0].type
+    if groups[-1] != [result.rank - 1 if reshape.name == "tensor.expand_shape"
+                      else reshape.operands[0].type.rank - 1]:
+        raise NotAttention("the output's value dim is reshaped on its way to the result")
+    groups = groups[:-1]
+    with ir.InsertionPoint(before), reshape.location:
+        rtype = ir.RankedTensorType.get(list(result.shape)[:-1], rows.type.element_type)
+        if reshape.name == "tensor.expand_shape":
+            return tensor.ExpandShapeOp(rtype, rows, reassociation_attr(groups), [],
+                                        list(result.shape)[:-1]).result
+        return tensor.CollapseShapeOp(rtype, rows, reassociation_attr(groups)).result
 
 
 def propagate_loop_dim(output: ir.Operation, query_dim: int) -> dict:
@@ -424,6 +448,13 @@ def _tile_query_blocks(payload, ops: AttentionOps, params: AttentionParams) -> N
     for l in out_ls.parallel_dims:
         if l < ops.query_dim:
             sizes[l] = 1
+    blocks = extent // qt
+    for l in out_ls.parallel_dims:
+        if l < ops.query_dim:
+            blocks *= out_ls.ranges[l]
+    if blocks == 1 and extent > 1:
+        # a one-iteration forall would be folded away, and the key loop with it
+        qt = largest_divisor_at_most(extent, extent // 2)
     sizes[ops.query_dim] = qt
     tag_ops([ops.output] + producers)
 
@@ -579,6 +610,181 @@ def _fuse_key_loop(payload, params: AttentionParams) -> None:
         clear_tags(payload)
 
 
+def pack_key_tiles(payload: ir.Module) -> int:
+    """Key tiles of the scores contraction read from a tile-packed copy of their operand.
+
+    X [..., A, S] with the keys last (K^T) becomes P [..., S/T, A, T],
+    P[..., t, a, j] = X[..., a, t T + j], made once next to X; the slice X[..., a0:a0+n,
+    k:k+T] of key tile k is then the contiguous block P[..., k/T, a0:a0+n, :] instead of
+    n rows S elements apart (rows 4 KiB apart share cache sets). Preconditions, checked: the
+    key loop has constant step T and starts on a tile (`_starts_on_tile`), and the
+    slice's last dim is (iv, T) over an X
+    of static shape defined outside the query blocks (a remainder S mod T is left to the
+    peeled last tile, which still reads X). Returns the number of slices rewritten."""
+    from torch_mlir.dialects import arith, linalg, tensor
+
+    packed: dict = {}
+    rewritten = 0
+    for forall in _foralls(payload):
+        for loop in _ops_in(forall, "scf.for"):
+            step = _int_const(loop.operands[2])
+            if step is None or loop.parent.operation != forall or \
+                    not _starts_on_tile(loop.operands[0], loop.operands[1], step):
+                continue
+            iv = loop.regions[0].blocks[0].arguments[0]
+            for op in list(loop.regions[0].blocks[0].operations):
+                op = op.operation
+                plan = _key_tile_slice(op, iv, step, forall) if op.name == "tensor.extract_slice" \
+                    else None
+                if plan is None:
+                    continue
+                x, offsets, sizes = plan
+                key = (x, step)
+                if key not in packed:
+                    packed[key] = _packed_copy(x, step)
+                with ir.InsertionPoint(op), op.location:
+                    idx = ir.IndexType.get()
+                    tile = arith.divui(iv, arith.ConstantOp(idx, ir.IntegerAttr.get(idx, step)))
+                    rank = len(sizes)
+                    offs = offsets[:rank - 2] + [tile] + [offsets[rank - 2], 0]
+                    szs = sizes[:rank - 2] + [1] + [sizes[rank - 2], step]
+                    static, dynamic = [], []
+                    for o in offs:
+                        if isinstance(o, int):
+                            static.append(o)
+                        else:
+                            static.append(DYNAMIC)
+                            dynamic.append(o)
+                    new = tensor.ExtractSliceOp(op.results[0].type, packed[key], dynamic, [], [],
+                                                static, szs, [1] * (rank + 1))
+                op.results[0].replace_all_uses_with(new.result)
+                op.erase()
+                rewritten += 1
+    return rewritten
+
+
+def _starts_on_tile(lb: ir.Value, ub: ir.Value, step: int) -> bool:
+    """Is every iteration of a loop from lb to ub a multiple of `step`? lb is a constant
+    multiple, c * step, or min(such, ub) (when ub wins the loop is empty): the starts
+    bound_key_loops gives the key loops."""
+    c = _int_const(lb)
+    if c is not None:
+        return c % step == 0
+    op = defining_op(lb)
+    if op is None:
+        return False
+    if op.name == "arith.muli":
+        return any(_int_const(v) is not None and _int_const(v) % step == 0 for v in op.operands)
+    if op.name == "arith.minsi":
+        return all(v == ub or _starts_on_tile(v, ub, step) for v in op.operands)
+    return False
+
+
+def _ops_in(root: ir.Operation, name: str) -> list[ir.Operation]:
+    found = []
+
+    def visit(op):
+        if op.name == name:
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    root.walk(visit)
+    return found
+
+
+def _slice_parts(op: ir.Operation):
+    """(source, offsets, sizes) of a unit-stride extract_slice with static sizes; offsets are
+    ints or index values. None otherwise."""
+    view = op.opview
+    if any(s != 1 for s in view.static_strides) or any(s == DYNAMIC for s in view.static_sizes):
+        return None
+    dynamic = iter(view.offsets)
+    offsets = [next(dynamic) if o == DYNAMIC else o for o in view.static_offsets]
+    return view.source, offsets, list(view.static_sizes)
+
+
+def _key_tile_slice(op: ir.Operation, iv: ir.Value, step: int, forall: ir.Operation):
+    """For a slice, read by a contraction, of X[..., a0:a0+n, iv:iv+step] (possibly through
+    one slice in the query block): (X, offsets, sizes) in X's coordinates, else None."""
+    from torch_mlir.dialects import arith
+
+    if not any(is_linalg_op(u.owner) and loop_structure(u.owner).is_contraction
+               for u in op.results[0].uses):
+        return None
+    parts = _slice_parts(op)
+    if parts is None or parts[1][-1] != iv or parts[2][-1] != step:
+        return None
+    source, offsets, sizes = parts
+    if len(sizes) != source.type.rank or len(sizes) < 2:
+        return None  # rank-reducing slices are not rewritten
+    outer = defining_op(source)
+    if outer is not None and outer.name == "tensor.extract_slice" and \
+            outer.parent.operation == forall:
+        outer_parts = _slice_parts(outer)
+        if outer_parts is None or outer_parts[1][-1] != 0 or \
+                len(outer_parts[2]) != outer_parts[0].type.rank:
+            return None
+        source = outer_parts[0]
+        combined = []
+        with ir.InsertionPoint(op), op.location:
+            for a, b in zip(outer_parts[1][:-1], offsets[:-1]):
+                if isinstance(a, int) and isinstance(b, int):
+                    combined.append(a + b)
+                elif a == 0 or b == 0:
+                    combined.append(b if a == 0 else a)
+                else:
+                    a = a if not isinstance(a, int) else arith.ConstantOp(
+                        ir.IndexType.get(), ir.IntegerAttr.get(ir.IndexType.get(), a)).result
+                    b = b if not isinstance(b, int) else arith.ConstantOp(
+                        ir.IndexType.get(), ir.IntegerAttr.get(ir.IndexType.get(), b)).result
+                    combined.append(arith.addi(a, b))
+        offsets = combined + [iv]
+    t = source.type
+    if not isinstance(t, ir.RankedTensorType) or not t.has_static_shape or t.shape[-1] < step:
+        return None
+    owner = source.owner
+    if not isinstance(owner, ir.Block):
+        owner = owner.operation
+        if forall.parent is None or _is_ancestor(forall, owner):
+            return None
+    return source, offsets, sizes
+
+
+def _is_ancestor(ancestor: ir.Operation, op: ir.Operation) -> bool:
+    while op is not None:
+        if op == ancestor:
+            return True
+        parent = op.parent
+        op = parent.operation if parent is not None else None
+    return False
+
+
+def _packed_copy(x: ir.Value, tile: int) -> ir.Value:
+    """P [..., S/T, A, T] = X[..., A, :S - S mod T] with its key dim split into tiles, the
+    tile index moved before A (see `pack_key_tiles`)."""
+    from torch_mlir.dialects import linalg, tensor
+
+    t = x.type
+    *lead, a, s = t.shape
+    n = s // tile
+    rank = t.rank
+    owner = x.owner
+    ip = ir.InsertionPoint.at_block_begin(owner) if isinstance(owner, ir.Block) \
+        else ir.InsertionPoint.after(owner.operation)
+    with ip, x.location:
+        if s % tile:
+            x = tensor.ExtractSliceOp(ir.RankedTensorType.get(lead + [a, n * tile], t.element_type),
+                                      x, [], [], [], [0] * rank, lead + [a, n * tile],
+                                      [1] * rank).result
+        groups = [[i] for i in range(rank - 1)] + [[rank - 1, rank]]
+        expanded = tensor.ExpandShapeOp(
+            ir.RankedTensorType.get(lead + [a, n, tile], t.element_type), x, reassociation_attr(groups),
+            [], lead + [a, n, tile]).result
+        init = tensor.EmptyOp(lead + [n, a, tile], t.element_type).result
+        perm = list(range(rank - 2)) + [rank - 1, rank - 2, rank]
+        return linalg.transpose(expanded, outs=[init], permutation=perm)
+
+
 def _is_index_computation(op: ir.Operation) -> bool:
     """An elementwise op whose value derives from loop indices and constants only (iotas and
     the comparisons, selects and casts of a mask computed from them)."""
@@ -592,6 +798,7 @@ def _is_index_computation(op: ir.Operation) -> bool:
 
 
 def vectorize_attention(payload: ir.Module, params: GenericParams, unroll: int = 4) -> None:
+    pack_key_tiles(payload)
     vectorize_generic(payload, params)
     _unroll_register_loops(payload, unroll)
 

@@ -8,8 +8,9 @@ fuse (`fuse_generic`):
      has users outside becomes a root of its own in a later round.
 vectorize (`vectorize_generic`):
   3. every linalg op is tiled with `scf.for` to a vector tile: contractions to an
-     m x n register tile (k = 1, lowered later to outer products / FMAs), every other op to
-     1 x ... x 1 x W along its innermost loop dim;
+     m x n register tile (k = 1, lowered later to outer products / FMAs) that computes its
+     accumulator's producer (a fill, an elementwise op such as a rescale) on the tile, in
+     registers; every other op to 1 x ... x 1 x W along its innermost loop dim;
   4. the function is vectorized (`vectorize_children_and_apply_patterns`) and loop-invariant
      accumulator reads/writes are hoisted out of the loops.
 Tile sizes always divide the extents (the largest divisor not above the target), so every
@@ -23,14 +24,16 @@ from dataclasses import dataclass
 from torch_mlir import ir
 from torch_mlir.dialects.transform import structured
 
-from transform_ext.analysis.structure import is_linalg_op, loop_structure
+from transform_ext.analysis.structure import dim_positions, is_linalg_op, loop_structure
+from transform_ext.common import defining_op
 
 from .prepare import split_assertions
-from .common import (canonicalize, clear_tags, hoist_loop_invariant_subsets, match, match_id,
-                     run_passes, run_schedule, tag_ops)
+from .common import (ID_ATTR, canonicalize, clear_tags, hoist_loop_invariant_subsets, match,
+                     match_id, run_passes, run_schedule, tag_ops)
 
 
 _SEQUENTIAL = "lh.sequential"
+_DYNAMIC = ir.ShapedType.get_dynamic_stride_or_offset()
 
 
 @dataclass(frozen=True)
@@ -176,16 +179,41 @@ def fuse_generic(payload: ir.Module, params: GenericParams = GenericParams()) ->
 
 def vectorize_generic(payload: ir.Module, params: GenericParams = GenericParams()) -> None:
     """Steps 3-4 of the module docstring."""
-    plan = []
-    for op in all_linalg_ops(payload):
+    ops = all_linalg_ops(payload)
+    init_of = {}  # contraction index in ops -> index of its init's producer in ops
+    for c, op in enumerate(ops):
+        producer = register_tile_init_producer(op)
         sizes = vector_tile_sizes(op, params)
-        if sizes is not None:
-            plan.append((op, sizes))
+        if producer is None or sizes is None:
+            continue
+        ls = loop_structure(op)
+        dims = ls.contraction_dims()
+        if dims["m"] and dims["n"] and any(s < r for d, (s, r) in enumerate(zip(sizes, ls.ranges))
+                                           if d in ls.parallel_dims):
+            init_of[c] = next(i for i, o in enumerate(ops) if o == producer)
+    plan, fused, producers = [], [], {}
+    for i, op in enumerate(ops):
+        sizes = vector_tile_sizes(op, params)
+        if sizes is None or i in init_of.values():
+            continue
+        if i in init_of:
+            fused.append(len(plan))
+            producers[len(plan)] = ops[init_of[i]]
+        plan.append((op, sizes))
+    k_dims = {i: loop_structure(plan[i][0]).reduction_dims for i in fused}
     tag_ops([op for op, _ in plan])
+    if fused:
+        # register tiles (m x n) first; each takes its init's producer; then k
+        run_schedule(payload, lambda root: [structured.TileUsingForOp(
+            match_id(root, i), sizes=[0 if d in k_dims[i] else s
+                                      for d, s in enumerate(plan[i][1])]) for i in fused])
+        for i in fused:
+            _fuse_init_into_tile(_tagged(payload, i)[0], producers[i])
+    k_only = {i: [s if d in k_dims[i] else 0 for d, s in enumerate(plan[i][1])] for i in fused}
 
     def body(root):
         for i, (_, sizes) in enumerate(plan):
-            structured.TileUsingForOp(match_id(root, i), sizes=sizes)
+            structured.TileUsingForOp(match_id(root, i), sizes=k_only.get(i, sizes))
         func = match(root, "func.func")
         func = structured.VectorizeChildrenAndApplyPatternsOp(
             func, vectorize_nd_extract=True, fold_type_extensions_into_contract=True).result
@@ -195,3 +223,84 @@ def vectorize_generic(payload: ir.Module, params: GenericParams = GenericParams(
 
     run_schedule(payload, body)
     clear_tags(payload)
+
+
+def _tagged(payload: ir.Module, i: int) -> list[ir.Operation]:
+    found = []
+
+    def visit(op):
+        attr = op.attributes[ID_ATTR] if ID_ATTR in op.attributes else None
+        if attr is not None and ir.IntegerAttr(attr).value == i:
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit)
+    return found
+
+
+def register_tile_init_producer(op: ir.Operation) -> ir.Operation | None:
+    """For a contraction, the op producing its init (accumulator) if it can be computed per
+    register tile instead of in a pass of its own: a linalg.fill, or an elementwise
+    linalg.generic with an identity output map whose inputs are slices of the tile (projected
+    permutations) and not its own init, used only by the contraction."""
+    ls = loop_structure(op)
+    if not ls.is_contraction or ls.num_outputs != 1:
+        return None
+    init = op.operands[ls.num_inputs]
+    producer = defining_op(init)
+    if producer is None or not is_linalg_op(producer) or len(producer.results) != 1 \
+            or len(list(init.uses)) != 1:
+        return None
+    pls = loop_structure(producer)
+    if producer.name == "linalg.fill":
+        return producer
+    if producer.name != "linalg.generic" or not pls.is_elementwise or \
+            not pls.output_map(0).is_permutation or \
+            dim_positions(pls.output_map(0)) != list(range(pls.num_loops)):
+        return None
+    dest = producer.operands[pls.num_inputs]
+    if any(producer.operands[j] == dest for j in range(pls.num_inputs)):
+        return None
+    if any(None in dim_positions(pls.maps[j]) for j in range(pls.num_inputs)
+           if isinstance(producer.operands[j].type, ir.ShapedType)):
+        return None
+    return producer
+
+
+def _fuse_init_into_tile(tiled: ir.Operation, producer: ir.Operation) -> None:
+    """`tiled` (a contraction tiled over its m/n dims) reads its accumulator tile as
+    `extract_slice %iter[offsets][sizes]`; that tile of the accumulator is still the value of
+    `producer`'s destination (tiles are disjoint), so the producer is computed on the tile
+    right there and the loops start from the producer's destination."""
+    from torch_mlir.dialects import tensor
+
+    ls = loop_structure(tiled)
+    acc = tiled.operands[ls.num_inputs]
+    slice_op = defining_op(acc)
+    if slice_op is None or slice_op.name != "tensor.extract_slice":
+        raise AssertionError(f"tiled contraction's accumulator is not a slice: {slice_op}")
+    view = slice_op.opview
+    dynamic = iter(view.offsets)
+    offsets = [next(dynamic) if o == _DYNAMIC else o for o in view.static_offsets]
+    sizes = list(view.static_sizes)
+    pls = loop_structure(producer)
+    with ir.InsertionPoint(tiled), tiled.location:
+        tile = producer.clone()
+        for j in range(pls.num_inputs):
+            value = producer.operands[j]
+            if not isinstance(value.type, ir.ShapedType):
+                continue
+            dims = dim_positions(pls.maps[j])
+            offs = [offsets[d] for d in dims]
+            szs = [sizes[d] for d in dims]
+            static = [o if isinstance(o, int) else _DYNAMIC for o in offs]
+            dyn = [o for o in offs if not isinstance(o, int)]
+            t = value.type
+            tile.operands[j] = tensor.ExtractSliceOp(
+                ir.RankedTensorType.get(szs, t.element_type, t.encoding), value, dyn, [], [],
+                static, szs, [1] * len(szs)).result
+        tile.operands[pls.num_inputs] = acc
+        tile.results[0].set_type(acc.type)
+    tiled.operands[ls.num_inputs] = tile.results[0]
+    producer.results[0].replace_all_uses_with(producer.operands[pls.num_inputs])
+    producer.erase()

@@ -151,6 +151,12 @@ def build_generic(inputs, outputs, maps, iterators, body, *, name_from=None):
     return generic
 
 
+def reassociation_attr(groups: list[list[int]]) -> ir.ArrayAttr:
+    """The reassociation attribute of tensor.expand_shape / collapse_shape."""
+    i64 = ir.IntegerType.get_signless(64)
+    return ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(i64, i) for i in g]) for g in groups])
+
+
 def element_type(t: ir.Type) -> ir.Type:
     return t.element_type if isinstance(t, ir.ShapedType) else t
 

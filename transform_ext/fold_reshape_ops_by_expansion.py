@@ -37,7 +37,7 @@ from torch_mlir.dialects import arith, ext, linalg, tensor, transform
 from .analysis.maps import Const, affine_map, make_map, terms
 from .analysis.structure import loop_structure
 from .common import (Illegal, Success, body_of, build_generic, clone_body, defining_op, fail,
-                     is_linalg, iterator_kinds, walk_ops)
+                     is_linalg, iterator_kinds, reassociation_attr, walk_ops)
 from .dialect import TransformExt
 
 NAME = "transform_ext.fold_reshape_ops_by_expansion"
@@ -185,18 +185,15 @@ def _expand_value(value: ir.Value, groups: list[list[int]], shape: list[int]) ->
     producer = defining_op(value)
     if producer is not None and producer.name == "tensor.empty":
         return tensor.EmptyOp(shape, t.element_type).result
-    return tensor.ExpandShapeOp(result, value, _groups_attr(groups), [], shape).result
+    return tensor.ExpandShapeOp(result, value, reassociation_attr(groups), [], shape).result
 
 
 def _collapse_value(value: ir.Value, groups: list[list[int]], result_type: ir.Type) -> ir.Value:
     if all(len(g) == 1 for g in groups):
         return value
-    return tensor.CollapseShapeOp(result_type, value, _groups_attr(groups)).result
+    return tensor.CollapseShapeOp(result_type, value, reassociation_attr(groups)).result
 
 
-def _groups_attr(groups):
-    i64 = ir.IntegerType.get_signless(64)
-    return ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(i64, i) for i in g]) for g in groups])
 
 
 def _fold_fill(fold: Fold, rewriter) -> bool:

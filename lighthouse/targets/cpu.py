@@ -239,7 +239,7 @@ def lower_to_llvm(payload: ir.Module, threads: int) -> None:
         "arith-expand", "arith-emulate-unsupported-floats{source-types=bf16,f16 target-type=f32}",
         "canonicalize", "cse",
     ]))
-    expand_math(payload)
+    expand_math(payload, ldexp="avx512f" in host_cpu_flags())
     for op in payload.body.operations:
         if op.operation.name == "func.func":
             op.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get(payload.context)

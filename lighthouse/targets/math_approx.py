@@ -5,9 +5,11 @@ This MLIR build has no `math-polynomial-approximation` pass, and LLVM scalarizes
 vector; f16/bf16 are computed in f32) into arith/math ops that vectorize:
 
 exp(x):  k = roundeven(x log2 e), r = x - k ln2 (ln2 split hi/lo, |r| <= ln2/2),
-         exp(r) by its Taylor polynomial to degree 7 (truncation < 2e-9 relative),
-         times 2^k applied as 2^(k>>1) * 2^(k-(k>>1)) so denormal results and overflow to
-         inf come out right. x is clamped to [-104, 88.75]; NaN propagates.
+         exp(r) = 1 + r P(r), P of degree 4 fitted (tools/fit_math_polynomials.py, 1.1e-7
+         relative), times 2^k so denormal results and overflow to inf come out right:
+         ldexp (one vscalefps on AVX-512 hosts, `ldexp=True`) or else
+         2^(k>>1) * 2^(k-(k>>1)) built from exponent bits. x is clamped to [-104, 88.75];
+         NaN propagates.
 log(x):  x = m 2^e with m in [sqrt(1/2), sqrt(2)) (denormals scaled by 2^23 first),
          log(m) = 2 atanh(s), s = (m-1)/(m+1), odd series to s^13; + e ln2 (hi/lo).
          log(0) = -inf, log(x<0) = NaN, log(inf) = inf.
@@ -38,7 +40,8 @@ ERFC_SCALED = (0.2155524795362947, -0.12118879677629996, 0.06469222822120992,
                -0.00027625383701163867, 9.528879688264231e-05, -4.092182463650408e-05,
                2.86539462595492e-05, -9.936216865410205e-06)
 LN2_HI, LN2_LO = 0.693145751953125, 1.428606765330187e-06
-EXP_TAYLOR = tuple(1.0 / math.factorial(n) for n in range(8))
+EXP_POLY = (0.9999995316748532, 0.4999914103323943, 0.16668114265113734, 0.04189873202890767,
+            0.008261531003483287)
 
 _EXPANDED = ("math.exp", "math.log", "math.tanh", "math.erf")
 
@@ -46,7 +49,8 @@ _EXPANDED = ("math.exp", "math.log", "math.tanh", "math.erf")
 class _Builder:
     """Emits f32 arith over a scalar or vector shape, with splat constants."""
 
-    def __init__(self, like: ir.Type):
+    def __init__(self, like: ir.Type, ldexp: bool = False):
+        self.ldexp = ldexp
         self.f32 = ir.F32Type.get()
         self.i32 = ir.IntegerType.get_signless(32)
         self.shape = list(like.shape) if isinstance(like, ir.VectorType) else None
@@ -89,17 +93,35 @@ class _Builder:
         biased = arith.addi(k, self.i(127))
         return arith.bitcast(self.ftype, arith.shli(biased, self.i(23)))
 
+    def scale(self, p, k):
+        """p * 2^k for p in [0.5, 2] and integral f32 k in [-150, 129], rounded once (denormal
+        results and overflow to inf included)."""
+        ki = arith.fptosi(self.itype, k)
+        if not self.ldexp:
+            k1 = arith.shrsi(ki, self.i(1))
+            k2 = arith.subi(ki, k1)
+            return arith.mulf(arith.mulf(p, self.pow2(k1)), self.pow2(k2))
+        from torch_mlir.dialects import llvm, vector
+
+        if self.shape is None:
+            return llvm.call_intrinsic(self.f32, "llvm.ldexp.f32.i32", [p, ki], [], [])
+        n = 1
+        for d in self.shape:
+            n *= d
+        flat_f = ir.VectorType.get([n], self.f32)
+        flat_i = ir.VectorType.get([n], self.i32)
+        r = llvm.call_intrinsic(flat_f, f"llvm.ldexp.v{n}f32.v{n}i32",
+                                [vector.shape_cast(flat_f, p), vector.shape_cast(flat_i, ki)], [], [])
+        return vector.shape_cast(self.ftype, r)
+
 
 def _exp(b: _Builder, x):
     x = arith.minimumf(arith.maximumf(x, b.f(-104.0)), b.f(88.75))
     k = mmath.roundeven(arith.mulf(x, b.f(1.4426950408889634)))
     r = mmath.fma(k, b.f(-LN2_HI), x)
     r = mmath.fma(k, b.f(-LN2_LO), r)
-    p = b.horner(r, EXP_TAYLOR)
-    ki = arith.fptosi(b.itype, k)
-    k1 = arith.shrsi(ki, b.i(1))
-    k2 = arith.subi(ki, k1)
-    return arith.mulf(arith.mulf(p, b.pow2(k1)), b.pow2(k2))
+    p = mmath.fma(r, b.horner(r, EXP_POLY), b.f(1.0))
+    return b.scale(p, k)
 
 
 def _log(b: _Builder, x):
@@ -159,10 +181,11 @@ def _element_type(t: ir.Type) -> ir.Type:
     return t.element_type if isinstance(t, ir.VectorType) else t
 
 
-def expand_math(module: ir.Module, ops=_EXPANDED) -> int:
+def expand_math(module: ir.Module, ops=_EXPANDED, ldexp: bool = False) -> int:
     """Rewrite every op named in `ops` (default: exp, log, tanh and erf) on f32/f16/bf16
     (scalar or vector) into its polynomial; return the count. A target whose native math
-    lacks only some of them passes those, e.g. `ops=("math.erf",)`."""
+    lacks only some of them passes those, e.g. `ops=("math.erf",)`. `ldexp`: scale by
+    powers of two with LLVM's ldexp (for targets where it is one instruction, AVX-512)."""
     unknown = set(ops) - set(_EXPANDED)
     if unknown:
         raise ValueError(f"expand_math: no expansion of {sorted(unknown)}; known: {list(_EXPANDED)}")
@@ -180,7 +203,7 @@ def expand_math(module: ir.Module, ops=_EXPANDED) -> int:
             with ir.InsertionPoint(op), op.location:
                 value = op.operands[0]
                 rtype = op.results[0].type
-                b = _Builder(rtype)
+                b = _Builder(rtype, ldexp)
                 wide = value if str(_element_type(rtype)) == "f32" else arith.extf(b.ftype, value)
                 result = _IMPLS[op.name](b, wide)
                 if str(_element_type(rtype)) != "f32":

@@ -181,6 +181,15 @@ def test_schedule_options_set_the_tiles(tmp_path):
     assert [list(ir.VectorType(op.results[0].type).shape) for op in contracts] == [[64, 16], [64, 64]]
 
 
+def test_a_single_query_block_is_split_in_two(tmp_path):
+    # B = H = 1 and S = the query tile: the attention schedule halves the block so the
+    # query-block forall (one workgroup each) survives canonicalization
+    kernel = _write(tmp_path / "k.py", 1, 1, 128, 64, "float16", False)
+    compiled = compile_kernel(kernel, target="xegpu", stop_after="workgroups")
+    tiles = compiled.target.plans[0].tiles
+    assert tiles.query_tile == 64 and math.prod(tiles.grid) == 2
+
+
 @pytest.mark.parametrize("BH,S,config,dtype,message", [
     (1, 256, "", "float32", r"inputs of type f32: DPAS multiplies f16 or bf16"),
     (1, 256, "key_tile=128", "float16", r"exceed the register file"),
@@ -188,7 +197,6 @@ def test_schedule_options_set_the_tiles(tmp_path):
      r"key tile \(24\) is not a multiple of the DPAS depth \(16\)"),
     (1, 144, "query_tile=48, key_tile=32", "float16",
      r"key length is not a multiple of the key tile \(32\)"),
-    (1, 128, "", "float16", r"no query-block forall .* single query block"),
     (2, 256, "return_lse=True", "float16", r"2 results per query block"),
 ])
 def test_refusals_name_the_reason(tmp_path, BH, S, config, dtype, message):

@@ -199,6 +199,32 @@ def test_causal_key_tiles_above_the_diagonal_are_skipped(kernel_file):
     _check(compile_kernel(path))
 
 
+def test_key_tiles_read_packed_and_register_tiles_start_in_registers(kernel_file):
+    from tests.transform_ext.helpers import check
+
+    # 100 keys in tiles of 32: three packed tiles and a peeled remainder of 4; causal, so
+    # both the mask-free loop (from 0) and the masked loop (from a tile boundary) read them
+    path = _kernel(kernel_file, "q, k, v, is_causal=True", "[torch.randn(1, 2, 100, 16) for _ in range(3)]",
+                   config="query_tile=32, key_tile=32")
+    vectorized = str(compile_kernel(path, stop_after="vectorize").module)
+    check(vectorized, """
+        CHECK: %[[P:.*]] = scf.for {{.*}} -> (tensor<2x3x16x32xf32>)
+        CHECK: scf.forall
+        CHECK:   scf.for %[[J:.*]] = %c0 to %{{.*}} step %c32
+        CHECK:     %[[T:.*]] = arith.divui %[[J]], %c32
+        CHECK:     scf.for {{.*}} iter_args(%{{.*}} = %cst{{.*}}) -> (vector<1x{{[0-9]+}}x32xf32>)
+        CHECK:       vector.transfer_read %[[P]][%{{.*}}, %[[T]], %{{.*}}, %c0]
+        CHECK:   scf.for %[[J2:.*]] = %{{.*}} to %{{.*}} step %c32
+        CHECK:     %[[T2:.*]] = arith.divui %[[J2]], %c32
+        CHECK:       vector.transfer_read %[[P]][%{{.*}}, %[[T2]], %{{.*}}, %c0]
+    """)
+    # the acc rescale exp(m_old - m_new) is applied to each P V register tile as it is loaded
+    assert re.search(r"(%\w+) = arith\.mulf %\w+, %\w+ : vector<1x\d+x16xf32>\s*"
+                     r"(%\w+ = arith.constant 4 : index\s*)?%\w+ = scf\.for .* iter_args\(%\w+ = \1\)",
+                     vectorized)
+    _check(compile_kernel(path))
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_optional_log_sum_exp_output(kernel_file, dtype):
     path = _kernel(kernel_file, "q, k, v, attn_mask=m",
@@ -219,3 +245,27 @@ def test_optional_log_sum_exp_output(kernel_file, dtype):
     torch.testing.assert_close(lse[finite].float(), ref[finite], rtol=tol, atol=tol)
     fused = str(compile_kernel(path, stop_after="fuse").module)
     assert fused.split("scf.forall", 1)[1].count("scf.for ") == 1
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 24, 8), (2, 1, 24, 8), (1, 1, 24, 8)])
+def test_log_sum_exp_with_unit_batch_or_heads(kernel_file, shape):
+    path = _kernel(kernel_file, "q, k, v", f"[torch.randn{shape} for _ in range(3)]",
+                   config="return_lse=True, query_tile=8, key_tile=8")
+    compiled = _check(compile_kernel(path))
+    q, k, _ = compiled.imported.args
+    _, lse = compiled.run()
+    ref = torch.logsumexp((q @ k.transpose(-1, -2)) / 8 ** 0.5, -1)
+    torch.testing.assert_close(lse, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_single_query_block_still_gets_a_key_loop(kernel_file):
+    # B = H = 1 and all 64 query rows fit one block: the block is split so the forall (and the
+    # key loop inside it) survives canonicalization; no 64 x 256 scores buffer
+    path = _kernel(kernel_file, "q, k, v", "[torch.randn(1, 1, 64, 16), torch.randn(1, 1, 256, 16), "
+                   "torch.randn(1, 1, 256, 16)]", config="query_tile=64, key_tile=32")
+    compiled = _check(compile_kernel(path))
+    fused = str(compile_kernel(path, stop_after="fuse").module)
+    assert fused.split("scf.forall", 1)[1].count("scf.for ") == 1
+    bufferized = str(compile_kernel(path, stop_after="bufferize").module)
+    assert "64x256" not in bufferized
+    del compiled
