@@ -69,7 +69,7 @@ class NotCrossEntropy(Exception):
 class CrossEntropyParams:
     """row_tile: rows per scf.forall iteration (0: chosen so a block's logits stay in L2,
     `block_bytes`, with enough blocks for `threads` workers); class_tile: classes per step of
-    the fused loop (0: 4 chunks of `lanes` when the lanes are split, else 4096; a remainder
+    the fused loop (0: 8 chunks of `lanes` when the lanes are split, else 4096; a remainder
     tile is handled); lanes: running maxima and sums per row when the classes are the
     contiguous dim (halved down to `min_lanes` until it divides them; 1: one per row, as
     when none does): several vector registers of lanes keep the max chains independent;
@@ -597,11 +597,11 @@ def _split_lanes(row_max: ir.Operation, consumers: list, params: CrossEntropyPar
 
 def _class_tile(extent: int, params: CrossEntropyParams, lanes: int) -> int:
     """The fused loop's step along its axis (chunks of `lanes` classes when split): the
-    classes per step are `class_tile` (default: 4 chunks of lanes when split, else 4096);
+    classes per step are `class_tile` (default: 8 chunks of lanes when split, else 4096);
     when the classes are fewer, the largest multiple of `vector_tile` in them (the rest runs
     as the remainder tile)."""
     if lanes > 1:
-        per_step = params.class_tile or 4 * lanes
+        per_step = params.class_tile or 8 * lanes
         return max(1, min(extent, per_step // lanes))
     per_step = params.class_tile or 4096
     if extent > per_step:

@@ -231,14 +231,14 @@ def test_forward_ir_one_class_loop_and_no_logits_sized_buffer():
 
 
 def test_lane_split_ir():
-    """Classes a multiple of 64: the fused loop steps over chunks of 64 lanes, 4 chunks a
+    """Classes a multiple of 64: the fused loop steps over chunks of 64 lanes, 8 chunks a
     step, with 64 running maxima and sums (one vector each per 16 lanes)."""
     c = compile_kernel(EXAMPLES / "cross_entropy.py", overrides={"N": 6, "C": 8192},
                        stop_after="fuse", strict=True)
     filecheck(str(c.module), """
         CHECK: scf.forall
         CHECK: tensor.expand_shape {{.*}} into tensor<1x128x64xf32>
-        CHECK: scf.for %{{.*}} = %c0 to %c128 step %c4 iter_args({{.*}}) -> (tensor<1x64xf32>, tensor<1x64xf32>)
+        CHECK: scf.for %{{.*}} = %c0 to %c128 step %c8 iter_args({{.*}}) -> (tensor<1x64xf32>, tensor<1x64xf32>)
         CHECK-NOT: scf.for %
         CHECK: iterator_types = ["parallel", "reduction"]
         CHECK: scf.forall.in_parallel
