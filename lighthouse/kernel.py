@@ -56,6 +56,14 @@ def parse_override(text: str) -> tuple[str, Any]:
     return name, value
 
 
+def _dtype_named(name: str, where: str) -> torch.dtype:
+    """'bfloat16' or 'torch.bfloat16' -> torch.bfloat16 (for globals holding a dtype)."""
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise KernelFileError(f"{where}: {name!r} is not a torch dtype (e.g. float32, bfloat16)")
+    return dtype
+
+
 def load_kernel(path: str | Path, overrides: dict[str, Any] | None = None) -> Kernel:
     """Import a kernel file, apply --set overrides, build the model and its inputs (seeded)."""
     path = Path(path)
@@ -70,11 +78,13 @@ def load_kernel(path: str | Path, overrides: dict[str, Any] | None = None) -> Ke
             )
     for name, value in (overrides or {}).items():
         if not hasattr(module, name):
-            known = sorted(k for k, v in vars(module).items()
-                           if not k.startswith("_") and isinstance(v, (int, float, str, bool, tuple)))
+            known = sorted(k for k, v in vars(module).items() if not k.startswith("_") and
+                           isinstance(v, (int, float, str, bool, tuple, torch.dtype)))
             raise KernelFileError(
                 f"{path}: --set {name}: no such module global (overridable: {', '.join(known) or 'none'})"
             )
+        if isinstance(getattr(module, name), torch.dtype) and isinstance(value, str):
+            value = _dtype_named(value, f"{path}: --set {name}")
         setattr(module, name, value)
 
     torch.manual_seed(SEED)

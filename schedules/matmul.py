@@ -583,6 +583,9 @@ def _fuse_widening_into_packs(payload: ir.Module, converts: dict[str, ir.Operati
 
     payload.operation.walk(visit)
     levels = {"b": ["forall", "k"], "a": ["forall", "k", "m"]}
+    # a packing loop of one iteration (a panel of one slice: tiny shapes) is folded away;
+    # then the widening stays at the outer levels
+    in_loop = {name: _marked_op_in_for(payload, f"{_WIDEN}_{name}_pack") for name in converts}
     tag_ops(list(converts.values()))
 
     def marked(root, name):
@@ -594,6 +597,8 @@ def _fuse_widening_into_packs(payload: ir.Module, converts: dict[str, ir.Operati
             for level in levels[name]:
                 if f"{_WIDEN}_{level}" in present:
                     widen, _ = _fuse_into(widen, marked(root, level))
+            if not in_loop[name]:
+                continue
             loop = transform.GetParentOp(any_op(), marked(root, f"{name}_pack"), op_name="scf.for",
                                          deduplicate=True).result
             _fuse_into(widen, loop)
@@ -603,6 +608,22 @@ def _fuse_widening_into_packs(payload: ir.Module, converts: dict[str, ir.Operati
     clear_tags(payload)
     for attr in present:
         clear_tags(payload, attr)
+
+
+def _marked_op_in_for(payload: ir.Module, attr: str) -> bool:
+    """Does every op carrying the unit attribute `attr` sit inside an scf.for?"""
+    found = []
+
+    def visit(op):
+        if attr in op.attributes:
+            parent = op.parent
+            while parent is not None and parent.name not in ("scf.for", "func.func"):
+                parent = parent.parent
+            found.append(parent is not None and parent.name == "scf.for")
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit)
+    return bool(found) and all(found)
 
 
 def _schedule_unpacked(payload: ir.Module, c: Contraction, params: MatmulParams) -> None:

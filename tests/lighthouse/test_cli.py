@@ -64,6 +64,14 @@ def test_bad_override():
     _one_line_error(run_cli(EXAMPLES / "matmul.py", "--set", "oops"), "NAME=VALUE")
 
 
+def test_dtype_globals_take_dtype_names():
+    r = run_cli(EXAMPLES / "matmul.py", "--set", "N=16", "--set", "DTYPE=bfloat16", "--run", "--check")
+    assert r.returncode == 0, r.stderr
+    assert "out0: [16, 16] bfloat16" in r.stdout
+    _one_line_error(run_cli(EXAMPLES / "matmul.py", "--set", "DTYPE=bfloat61"),
+                    "--set DTYPE", "'bfloat61' is not a torch dtype")
+
+
 def test_op_torch_mlir_cannot_lower(kernel_file):
     path = kernel_file("""
         import torch
