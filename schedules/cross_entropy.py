@@ -1,4 +1,5 @@
-"""Fused cross-entropy: F.cross_entropy imported from torch, one pass over the logits.
+"""Fused cross-entropy (and log-softmax): F.cross_entropy imported from torch, one pass over
+the logits.
 
 Input: the linalg graph torch-mlir makes of `F.cross_entropy` (forward, or the joint
 forward+backward graph): log_softmax over the class dim,
@@ -6,25 +7,40 @@ forward+backward graph): log_softmax over the class dim,
 then the loss reads logp (a gather logp[i, y_i], class sums for label smoothing and
 probability targets) and the backward computes
     d x = G - exp(logp) * sum_c G,   G = d loss / d logp (the one-hot of nll_loss_backward).
+Any payload of that shape qualifies (a bare log_softmax too: its result is the "gradient").
 Schedule (`fuse_cross_entropy`), target independent up to vectorization:
   1. normalize: drop the unused argmax, fold scalar constants into bodies, fold reshapes and
      unit dims, split the target-bounds assertions out of the gathers;
-  2. restructure so nothing reads an [N, C] intermediate: gathers from elementwise results
-     read what they are made of (logp[i, y] = x[i, y] - m[i] - log l[i]); class sums of an
-     affine function of logp are split into sums of x and of coefficients
-     (sum_c a_c logp_c = sum_c a_c x_c - (m + log l) sum_c a_c); elementwise [N, C] ops are
-     inlined into their readers;
-  3. check the result: every op iterating over the classes is the row max, a class
-     reduction, an elementwise op between them, or the gradient; else the schedule does not
-     apply (the reason names the op);
+  2. restructure so nothing reads an [N, C] intermediate (schedules/gather_folding.py,
+     elementwise_inlining.py, class_reductions.py): gathers from elementwise results read
+     what they are made of (logp[i, y] = x[i, y] - m[i] - log l[i]); [N, C] elementwise ops
+     are inlined into every reader; a sum over rows and classes becomes a per-row class sum;
+     class sums affine in per-row values are split
+     (sum_c a_c logp_c = sum_c a_c x_c - (m + log l) sum_c a_c);
+  3. check: every op iterating over all the logits must be the row max, a class reduction
+     or a result computed elementwise (the gradients, merged into one op); anything else
+     (e.g. d weight, a sum over the rows) and the schedule does not apply, with the reason;
+     the gradient's products with a per-row scale are guarded (select(s == 0, 0, a * s)):
+     ignored rows get exactly 0 even when their logits are not finite (torch: NaN);
   4. tile the rows into an scf.forall (the gradient, or the per-row loss, is the root; every
-     producer over the rows is fused into it);
-  5. inside each row block, fuse_dependent_reduction_ops makes the max, the exp-sum (online,
-     stable exp(m_old - m_new) correction) and every sibling class sum ONE loop over class
-     tiles; the gradient, if any, is a second sweep over the block's logits (still in cache)
-     that writes d x once.
+     producer over the rows is fused into it; readers of the row statistics outside the root
+     read them from the forall's results); blocks of rows whose logits fit `block_bytes`;
+  5. inside each row block: with the classes contiguous, the group is split into lanes
+     (schedules/lane_split.py: `lanes` running maxima and sums, combined once per row), then
+     fuse_dependent_reduction_ops makes the max, the exp-sum (online, stable exp(m_old -
+     m_new) correction) and every sibling class sum ONE loop over class tiles; the gradient,
+     if any, is a second sweep over the block's logits (still in cache) writing d x once.
+Vectorization (`vectorize_cross_entropy`, CPU): each class reduction runs one chunk of lanes
+at a time with vector accumulators; exp is expanded by schedules/fast_exp.py.
 Forward: the logits are read once, no [N, C] tensor exists. Forward+backward: the logits are
 read once from memory (the second sweep hits the cache), the gradient written once.
+
+Behaviour at the edges (all as torch unless said): all rows ignored -> mean NaN, sum 0, none
+zeros, gradients 0; non-finite logits in ignored rows -> finite loss, zero gradient rows
+(torch: NaN gradients there); a target outside [0, C) that is not ignore_index -> a clear
+error when the kernel file's inputs hold it (the import runs torch), else the imported
+bounds assertion stops the process ("index must be smaller than dim size") before any
+logit is read for it.
 """
 
 from __future__ import annotations
@@ -39,22 +55,21 @@ import transform_ext
 from transform_ext.analysis.classify import reduction_combiner
 from transform_ext.analysis.dims import DimClasses
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
-from transform_ext.common import body_of, clone_body, defining_op, iterator_kinds
+from transform_ext.common import Illegal, body_of, clone_body, defining_op, iterator_kinds
 from transform_ext.drop_unused_results import drop_unused_results
 from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion
 from transform_ext.fold_scalar_or_splat_constant import fold_scalar_or_splat_constant
-from transform_ext.common import Illegal
 from transform_ext.fuse_dependent_reduction_ops import analyze as fusion_plan
 from transform_ext.fuse_dependent_reduction_ops import fuse_dependent_reduction_ops
 
-from .common import canonicalize, clear_tags, match, match_id, run_passes, run_schedule, tag_ops
 from .class_reductions import split_affine_reduction, split_class_reduction
-from .fast_exp import expand_exps_in
+from .common import canonicalize, clear_tags, match, match_id, run_passes, run_schedule, tag_ops
 from .elementwise_inlining import inline_elementwise_producers, merge_elementwise
-from .lane_split import LANE_DIM, lane_split_group
+from .fast_exp import expand_exps_in
 from .gather_folding import (append_input, fold_gathers_through_elementwise,
                              promote_indexed_extracts)
 from .generic import GenericParams, func_ops, largest_divisor_at_most, vectorize_generic
+from .lane_split import LANE_DIM, lane_split_group
 from .prepare import split_assertions
 
 
@@ -116,7 +131,7 @@ def _block_ops(func: ir.Operation) -> list[ir.Operation]:
 
 
 def recognize(payload: ir.Module) -> bool:
-    """Cheap test: a log_softmax (max, exp, log) and a result smaller than its input (a loss)."""
+    """Cheap test: a log_softmax (max, exp, log) and no matmul."""
     text = str(payload)
     return "arith.maximumf" in text and "math.exp" in text and "math.log" in text and \
         "linalg.batch_matmul" not in text and "linalg.matmul" not in text
@@ -326,10 +341,6 @@ def _depends_on(op: ir.Operation, value: ir.Value, limit: int = 256) -> bool:
     return False
 
 
-def _depends_into(consumer: ir.Operation, producer: ir.Operation) -> bool:
-    return any(_depends_on(consumer, r) for r in producer.results)
-
-
 def check(payload: ir.Module) -> str | None:
     """None when this schedule applies to `payload`, else the one-line reason."""
     trial = ir.Module.parse(str(payload), payload.context)
@@ -526,15 +537,13 @@ def _fuse_class_loop(payload, params: CrossEntropyParams) -> None:
             row_max, consumers = _class_group(block)
         ls = loop_structure(row_max)
         k = ls.reduction_dims[0]
-        data = _data_producers(row_max)
-        tag_ops([row_max] + consumers + data)
+        tag_ops([row_max] + consumers)
         ct = _class_tile(ls.ranges[k], params, lanes)
 
         def body(root):
             handles = [match_id(root, 1 + i) for i in range(len(consumers))]
             cons = handles[0] if len(handles) == 1 else transform.merge_handles(handles)
-            prods = [match_id(root, 1 + len(consumers) + i) for i in range(len(data))]
-            fuse_dependent_reduction_ops(match_id(root, 0), cons, ct, producers=prods)
+            fuse_dependent_reduction_ops(match_id(root, 0), cons, ct)
 
         run_schedule(payload, body)
         clear_tags(payload)
@@ -611,23 +620,13 @@ def _class_tile(extent: int, params: CrossEntropyParams, lanes: int) -> int:
     return extent
 
 
-def _data_producers(row_max: ir.Operation) -> list[ir.Operation]:
-    """Elementwise ops (e.g. the f32 copy of bf16 logits) that feed the max its data."""
-    out = []
-    op = defining_op(row_max.operands[0])
-    while op is not None and is_linalg_op(op) and loop_structure(op).is_elementwise and \
-            op.block == row_max.block:
-        out.append(op)
-        op = defining_op(op.operands[0]) if len(op.operands) > 1 else None
-    return out
-
-
-def vectorize_cross_entropy(payload: ir.Module, params: GenericParams,
-                            vector_tile: int = 64) -> None:
+def vectorize_cross_entropy(payload: ir.Module, params: GenericParams) -> None:
     """Each class reduction of the fused loops reads its elementwise producers in its own
-    body (x - m, exp: nothing per tile is materialized), runs row by row, and accumulates
-    `vector_tile` partial results (lane-wise max / sums, combined once per class tile);
-    everything is then vectorized by the generic schedule."""
+    body (nothing per tile is materialized) and runs row by row: lane-split ones one chunk
+    of lanes at a time (the lanes are the vector), the others into `params.vector_tile`
+    partial results combined once per class tile. exp becomes schedules/fast_exp.py's
+    expansion; everything is then vectorized by the generic schedule."""
+    vector_tile = params.vector_tile
     blocks = []
     for op in _tagged(payload, CLASS_SUM):
         if op.block not in blocks:
