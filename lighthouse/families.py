@@ -94,7 +94,9 @@ def _attention_params(target):
 
     options = dict(getattr(target, "options", ()))
     known = dict(zip(("query_tile", "key_tile"), getattr(target, "attention_tiles", ())))
-    known.update({k: options[k] for k in ("query_tile", "key_tile", "return_lse") if k in options})
+    known["key_major"] = getattr(target, "name", "") == "cpu"
+    known.update({k: options[k] for k in ("query_tile", "key_tile", "return_lse", "key_major")
+                  if k in options})
     return AttentionParams(threads=getattr(target, "threads", 1), **known)
 
 

@@ -15,9 +15,14 @@ Schedule (`fuse_attention`), target independent up to vectorization:
      computed per tile, into one scf.for over key tiles of `key_tile` with the online
      softmax correction (stable exp(m_old - m_new) form): no S_q x S_kv tensor exists;
   5. causal masks (and any mask whose -inf region is a half-plane j > i + c) bound that loop:
-     key tiles wholly above the diagonal are not computed (bound_masked_key_loop).
-vectorize (`vectorize_attention`): K tiles are read from a tile-packed copy of K^T, every op
-of the loop body is tiled to register tiles (contractions as outer products) and vectorized.
+     key tiles wholly above the diagonal are not computed (bound_key_loops), and the tiles
+     wholly below it run in a first loop without the mask.
+  On the CPU (`key_major`), before 3: the scores and the values computed from them are
+  stored [..., keys, queries] and K is read in place (schedules/key_major_scores.py): vector
+  lanes run along the queries, the max and sum over keys are elementwise, no K^T exists.
+vectorize (`vectorize_attention`): every op of the loop body is tiled to register tiles
+(contractions as outer products, each starting from its accumulator's producer in registers)
+and vectorized; with queries-major scores, K^T tiles are first packed (pack_key_tiles).
 """
 
 from __future__ import annotations
@@ -54,20 +59,24 @@ class NotAttention(Exception):
 
 @dataclass(frozen=True)
 class AttentionParams:
-    """query_tile: query rows per scf.forall iteration; key_tile: keys per step of the fused
+    """query_tile: query rows per scf.forall iteration (None: 64, or 128 when one head's K
+    and V hold 1 MiB or more, so they stream from outside L2 half as often); key_tile: keys per step of the fused
     loop (a remainder tile is handled); threads: parallel tiles are balanced for this many
     workers. Tiles larger than the sequence are clamped to it. return_lse: the compiled
     function also returns the per-row log-sum-exp of the scaled, masked scores,
-    lse = m + log(l) ([..., L]; -inf on fully masked rows), after the attention output."""
+    lse = m + log(l) ([..., L]; -inf on fully masked rows), after the attention output.
+    key_major: store the scores [..., keys, queries] (schedules/key_major_scores.py: vector
+    lanes along the queries; what CPU register tiles want)."""
 
-    query_tile: int = 64
+    query_tile: int | None = None
     key_tile: int = 64
     threads: int = 2
     return_lse: bool = False
+    key_major: bool = False
 
     def __post_init__(self):
         for name in ("query_tile", "key_tile", "threads"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"AttentionParams.{name} must be >= 1, got {getattr(self, name)}")
 
 
@@ -317,6 +326,8 @@ def fuse_attention(payload: ir.Module, params: AttentionParams = AttentionParams
     _prepare_guard(payload)
     if params.return_lse:
         append_lse_result(payload)
+    if params.key_major:
+        _store_keys_major(payload)
     ops = find_attention(payload)
     delta = causal_offset(payload, ops)
     query_tile, query_iv = _tile_query_blocks(payload, ops, params)
@@ -325,6 +336,18 @@ def fuse_attention(payload: ir.Module, params: AttentionParams = AttentionParams
     run_schedule(payload, lambda root: fuse_elementwise_producers(match(root, "func.func")))
     if delta is not None:
         bound_key_loops(payload, delta, query_tile, query_iv)
+    run_passes(payload, "canonicalize, cse")
+
+
+def _store_keys_major(payload: ir.Module) -> None:
+    from .key_major_scores import CannotRelayout, fold_key_transpose, store_scores_keys_major
+
+    ops = find_attention(payload)
+    try:
+        store_scores_keys_major(ops.scores)
+    except CannotRelayout:
+        return  # the queries-major layout works for every payload this schedule takes
+    fold_key_transpose(ops.scores)
     run_passes(payload, "canonicalize, cse")
 
 
@@ -443,7 +466,7 @@ def _tile_query_blocks(payload, ops: AttentionOps, params: AttentionParams) -> N
     producers = [op for op in reversed(linalg_ops)
                  if op is not ops.output and op in query and _depends_into(ops.output, op)]
     extent = out_ls.ranges[ops.query_dim]
-    qt = largest_divisor_at_most(extent, params.query_tile)
+    qt = largest_divisor_at_most(extent, params.query_tile or _default_query_tile(ops))
     sizes = [0] * out_ls.num_loops
     for l in out_ls.parallel_dims:
         if l < ops.query_dim:
@@ -469,6 +492,14 @@ def _tile_query_blocks(payload, ops: AttentionOps, params: AttentionParams) -> N
     # forall IVs exist for the dims split into several tiles (canonicalization drops the rest)
     multi = [l for l, size in enumerate(sizes) if size and out_ls.ranges[l] > size]
     return qt, (multi.index(ops.query_dim) if ops.query_dim in multi else None)
+
+
+def _default_query_tile(ops: AttentionOps) -> int:
+    s_ls, v_ls = loop_structure(ops.scores), loop_structure(ops.values)
+    s_dims, v_dims = s_ls.contraction_dims(), v_ls.contraction_dims()
+    keys = s_ls.ranges[s_dims["n"][-1]]
+    kv_bytes = 4 * keys * (s_ls.ranges[s_dims["k"][-1]] + v_ls.ranges[v_dims["n"][-1]])
+    return 128 if kv_bytes >= 1 << 20 else 64
 
 
 def bound_key_loops(payload: ir.Module, delta: int, query_tile: int, query_iv: int | None) -> None:
@@ -957,13 +988,17 @@ def causal_offset(payload: ir.Module, ops: AttentionOps) -> int | None:
     if added is None or added.name != "arith.addf" or not all(
             isinstance(v, ir.BlockArgument) for v in added.operands):
         return None
-    # scores are [..., queries, keys]: the key is the reduced dim, the query the one before
-    r_in = dim_positions(loop_structure(row_max).maps[0])
-    key_pos = r_in.index(loop_structure(row_max).reduction_dims[0])
-    out = dim_positions(ls.output_map(0))
-    if key_pos == 0 or key_pos >= len(out):
+    # in the scores (either layout) the key is the dim m reduces, the query the one m keeps last
+    rls = loop_structure(row_max)
+    r_in = dim_positions(rls.maps[0])
+    m_dims = dim_positions(rls.output_map(0))
+    if not m_dims or m_dims[-1] not in r_in:
         return None
-    key_loop, query_loop = out[key_pos], out[key_pos - 1]
+    key_pos, query_pos = r_in.index(rls.reduction_dims[0]), r_in.index(m_dims[-1])
+    out = dim_positions(ls.output_map(0))
+    if max(key_pos, query_pos) >= len(out):
+        return None
+    key_loop, query_loop = out[key_pos], out[query_pos]
     for i in range(ls.num_inputs):
         try:
             form = _operand_form(producer, i)

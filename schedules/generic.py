@@ -133,7 +133,8 @@ def parallel_tile_sizes(op: ir.Operation, params: GenericParams) -> list[int] | 
 
 
 def vector_tile_sizes(op: ir.Operation, params: GenericParams) -> list[int] | None:
-    """scf.for tile sizes that leave a vector-sized static tile (0 = keep whole)."""
+    """scf.for tile sizes that leave a vector-sized static tile (0 = keep whole). The vector
+    lanes run along the loop dim that is innermost in memory (`lane_dim`)."""
     ls = loop_structure(op)
     if not ls.is_static or ls.num_loops == 0 or ls.num_outputs == 0:
         return None
@@ -141,17 +142,64 @@ def vector_tile_sizes(op: ir.Operation, params: GenericParams) -> list[int] | No
     if ls.is_contraction:
         dims = ls.contraction_dims()
         if len(dims["m"]) and len(dims["n"]):
-            m, n = dims["m"][-1], dims["n"][-1]
-            sizes[m] = largest_divisor_at_most(ls.ranges[m], params.register_tile[0])
-            sizes[n] = largest_divisor_at_most(ls.ranges[n], params.register_tile[1])
+            rows, lanes = dims["m"][-1], dims["n"][-1]
+            out_last = dim_positions(ls.output_map(0))[-1:]
+            if out_last == [rows]:  # the accumulator is stored m-innermost
+                rows, lanes = lanes, rows
+            sizes[rows] = largest_divisor_at_most(ls.ranges[rows], params.register_tile[0])
+            sizes[lanes] = largest_divisor_at_most(ls.ranges[lanes], params.register_tile[1])
             return sizes
-    last = ls.num_loops - 1
-    extent = ls.ranges[last]
-    sizes[last] = extent if extent <= 2 * params.vector_tile else largest_divisor_at_most(
+    lane = lane_dim(ls)
+    extent = ls.ranges[lane]
+    sizes[lane] = extent if extent <= 2 * params.vector_tile else largest_divisor_at_most(
         extent, params.vector_tile)
     if all(s == r for s, r in zip(sizes, ls.ranges)):
         return None
     return sizes
+
+
+def _lane_dims_innermost(payload: ir.Module) -> None:
+    """Interchange the loops of generics (not contractions) whose lane dim is not their last
+    loop dim, so their vector tiles are 1 x ... x 1 x W (an n-D vector whose innermost dim is
+    1 would be computed one element at a time)."""
+    plan = []
+    for op in all_linalg_ops(payload):
+        if op.name != "linalg.generic":
+            continue
+        ls = loop_structure(op)
+        if ls.is_contraction or not ls.is_static or ls.num_loops < 2:
+            continue
+        lane = lane_dim(ls)
+        if lane != ls.num_loops - 1:
+            plan.append((op, [d for d in range(ls.num_loops) if d != lane] + [lane]))
+    if not plan:
+        return
+    tag_ops([op for op, _ in plan])
+    run_schedule(payload, lambda root: [structured.InterchangeOp(
+        match_id(root, i), iterator_interchange=order) for i, (_, order) in enumerate(plan)])
+    clear_tags(payload)
+
+
+def lane_dim(ls) -> int:
+    """The loop dim that is the innermost dim of the op's largest operand (the output on a
+    tie): vector lanes along it read and write contiguous memory. The last loop dim when
+    that operand's innermost index is not a plain dim."""
+    best, best_size = None, -1
+    order = list(range(ls.num_inputs, len(ls.maps))) + list(range(ls.num_inputs))
+    for i in order:
+        t = ls.op.operands[i].type
+        if not isinstance(t, ir.ShapedType) or not t.has_static_shape or t.rank == 0:
+            continue
+        size = 1
+        for d in t.shape:
+            size *= d
+        if size > best_size:
+            best, best_size = i, size
+    if best is not None:
+        last = dim_positions(ls.maps[best])[-1]
+        if last is not None:
+            return last
+    return ls.num_loops - 1
 
 
 def fuse_generic(payload: ir.Module, params: GenericParams = GenericParams()) -> None:
@@ -179,6 +227,7 @@ def fuse_generic(payload: ir.Module, params: GenericParams = GenericParams()) ->
 
 def vectorize_generic(payload: ir.Module, params: GenericParams = GenericParams()) -> None:
     """Steps 3-4 of the module docstring."""
+    _lane_dims_innermost(payload)
     ops = all_linalg_ops(payload)
     init_of = {}  # contraction index in ops -> index of its init's producer in ops
     for c, op in enumerate(ops):

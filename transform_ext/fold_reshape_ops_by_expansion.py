@@ -136,6 +136,8 @@ def plan_fold(reshape: ir.Operation, multi_use: bool = False) -> list[Fold]:
     if _static_shape(reshape.operands[0].type) is None or _static_shape(reshape.results[0].type) is None:
         raise CannotFold("the reshape is not static")
     groups = reassociation(reshape)
+    if reshape.operands[0].type.rank == 0 or reshape.results[0].type.rank == 0:
+        raise CannotFold("it reshapes to or from rank 0 (only unit dims: nothing to fold)")
     if reshape.name == "tensor.expand_shape":
         producer = defining_op(reshape.operands[0])
         if producer is None or not is_linalg(producer):

@@ -100,7 +100,7 @@ def test_one_key_loop_per_query_block_with_the_stable_correction(fused_ir):
     check(fused, """
         CHECK: scf.forall
         CHECK:   scf.for %[[J:.*]] = %{{.*}} to %{{.*}} step %{{.*}} iter_args
-        CHECK:     tensor.extract_slice {{.*}}[0, 0, %[[J]]] [1, 16, 32]
+        CHECK:     tensor.extract_slice {{.*}}[0, %[[J]], 0] [1, 32, 16]
         CHECK:     arith.maximumf
         CHECK:     math.exp
         CHECK:     scf.yield
@@ -199,13 +199,36 @@ def test_causal_key_tiles_above_the_diagonal_are_skipped(kernel_file):
     _check(compile_kernel(path))
 
 
+def test_key_major_scores_on_the_cpu(kernel_file):
+    from tests.transform_ext.helpers import check
+
+    # S^T = K Q^T: K read in place as broadcast scalars (no K^T anywhere), Q^T rows as the
+    # vector operand, the max and sum over keys as elementwise ops on rows of queries
+    path = _kernel(kernel_file, "q, k, v", "[torch.randn(1, 2, 96, 16), torch.randn(1, 2, 64, 16), "
+                   "torch.randn(1, 2, 64, 16)]", config="query_tile=32, key_tile=32")
+    _check(compile_kernel(path))
+    vectorized = str(compile_kernel(path, stop_after="vectorize").module)
+    check(vectorized, """
+        CHECK-NOT: tensor<2x16x64xf32>
+        CHECK: scf.forall
+        CHECK:   scf.for %[[J:.*]] = %c0 to %c64 step %c32
+        CHECK:     scf.for {{.*}} -> (vector<1x8x32xf32>)
+        CHECK-DAG:   vector.transfer_read {{.*}} : tensor<1x16x32xf32>, vector<1x1x32xf32>
+        CHECK-DAG:   vector.transfer_read {{.*}} : tensor<2x64x16xf32>, vector<1x8x1xf32>
+        CHECK:     scf.for {{.*}} iter_args(%[[M:.*]] = %{{.*}}) -> (vector<1x32xf32>)
+        CHECK:       arith.maximumf %[[M]], %{{.*}} : vector<1x32xf32>
+    """)
+    loop = vectorized.split("scf.for %arg6", 1)[1].split("scf.forall.in_parallel", 1)[0]
+    assert "vector.multi_reduction" not in loop and "vector.reduction" not in loop
+
+
 def test_key_tiles_read_packed_and_register_tiles_start_in_registers(kernel_file):
     from tests.transform_ext.helpers import check
 
-    # 100 keys in tiles of 32: three packed tiles and a peeled remainder of 4; causal, so
+    # queries-major scores (the layout when key_major=False): 100 keys in tiles of 32: three packed tiles and a peeled remainder of 4; causal, so
     # both the mask-free loop (from 0) and the masked loop (from a tile boundary) read them
     path = _kernel(kernel_file, "q, k, v, is_causal=True", "[torch.randn(1, 2, 100, 16) for _ in range(3)]",
-                   config="query_tile=32, key_tile=32")
+                   config="query_tile=32, key_tile=32, key_major=False")
     vectorized = str(compile_kernel(path, stop_after="vectorize").module)
     check(vectorized, """
         CHECK: %[[P:.*]] = scf.for {{.*}} -> (tensor<2x3x16x32xf32>)

@@ -295,3 +295,34 @@ def test_split_reduction_dim():
     x, y = torch.randn(3, 2, 4), torch.randn(2, 4, 5)
     got = run_module(payload, [x, y])[0]
     torch.testing.assert_close(got, x.reshape(3, 8) @ y.reshape(8, 5))
+
+
+RANK0 = """
+#id = affine_map<(d0) -> (d0)>
+#s = affine_map<(d0) -> ()>
+func.func @main(%x: tensor<1xf32>, %y: tensor<5xf32>) -> tensor<5xf32> {
+  %c = tensor.collapse_shape %x [] : tensor<1xf32> into tensor<f32>
+  %e = tensor.empty() : tensor<5xf32>
+  %r = linalg.generic {indexing_maps = [#s, #id, #id], iterator_types = ["parallel"]}
+      ins(%c, %y : tensor<f32>, tensor<5xf32>) outs(%e : tensor<5xf32>) {
+  ^bb0(%a: f32, %b: f32, %out: f32):
+    %0 = arith.addf %a, %b : f32
+    linalg.yield %0 : f32
+  } -> tensor<5xf32>
+  return %r : tensor<5xf32>
+}
+"""
+
+
+def test_reshapes_to_or_from_rank_0_are_left_alone():
+    # the unbatched cross-entropy loss has these; folding them once built invalid IR
+    payload = parse(RANK0)
+    _fold(payload)
+    payload.operation.verify()
+    check(payload, """
+        CHECK: tensor.collapse_shape %{{.*}} [] : tensor<1xf32> into tensor<f32>
+        CHECK: linalg.generic
+    """)
+    out = run_module(payload, [torch.tensor([2.0]), torch.arange(5.0)])
+    out = out[0] if isinstance(out, (list, tuple)) else out
+    torch.testing.assert_close(out, torch.arange(5.0) + 2)
