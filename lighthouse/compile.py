@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from .errors import CheckFailed, LighthouseError, StageError
-from .families import Family, choose_family, family_names
+from .errors import CheckFailed, KernelFileError, LighthouseError, StageError
+from .families import SCHEDULE_OPTIONS, Family, choose_family, family_names
 from .ingress import Imported, import_forward, import_joint
 from .kernel import Kernel, load_kernel, parse_override
 from .pipeline import Pipeline, Stage
@@ -144,6 +144,11 @@ def compile_kernel(path, *, overrides=None, backward=False, target="cpu", thread
     kernel = load_kernel(path, overrides or {})
     target_obj = make_target(target, threads, **(target_options or {}))
     schedule_options = {k: v for k, v in kernel.config.items() if k != "schedule"}
+    known = sorted({k for keys in SCHEDULE_OPTIONS.values() for k in keys})
+    for key in schedule_options:
+        if key not in known:
+            raise KernelFileError(f"{kernel.path}: LIGHTHOUSE option {key!r} is not a schedule "
+                                  f"option (known: schedule, {', '.join(known)})")
     if schedule_options and hasattr(target_obj, "options"):
         options = tuple(sorted(schedule_options.items()))
         if dataclasses.is_dataclass(target_obj):

@@ -25,6 +25,13 @@ class Family:
     vectorize: Callable[[object, object], None]
 
 
+# The keys a kernel file's LIGHTHOUSE dict may hold besides "schedule", per family.
+SCHEDULE_OPTIONS = {
+    "attention": ("query_tile", "key_tile", "return_lse", "key_major", "register_tile"),
+    "cross_entropy": ("row_tile", "class_tile", "lanes"),
+}
+
+
 def _generic_params(target):
     from schedules.generic import GenericParams
 

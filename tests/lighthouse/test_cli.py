@@ -72,6 +72,21 @@ def test_dtype_globals_take_dtype_names():
                     "--set DTYPE", "'bfloat61' is not a torch dtype")
 
 
+def test_unknown_schedule_option(kernel_file):
+    path = kernel_file("""
+        import torch
+        LIGHTHOUSE = dict(query_tyle=32)
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                return x + 1
+        def get_inputs():
+            return [torch.randn(4)]
+        def get_init_inputs():
+            return []
+    """)
+    _one_line_error(run_cli(path, "--run"), "LIGHTHOUSE option 'query_tyle'", "query_tile")
+
+
 def test_op_torch_mlir_cannot_lower(kernel_file):
     path = kernel_file("""
         import torch
