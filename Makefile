@@ -8,9 +8,9 @@ STAMP := $(VENV)/.lighthouse-installed
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
-	$(VPY) -m pip install --quiet -e '.[test,xegpu]'
+	$(VPY) -m pip install --quiet -e '.[test,xegpu,bench]'
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -20,7 +20,6 @@ test: $(STAMP)
 	$(VPY) -m pytest -q
 
 bench: $(STAMP)
-	$(VPY) -m pip install --quiet -e '.[test,bench]'
 	$(VPY) -m lighthouse.bench --csv bench.csv --json bench.json --plot bench.png
 
 clean:

@@ -36,7 +36,7 @@ from torch_mlir.dialects.transform import structured
 import transform_ext
 from transform_ext.analysis.classify import reduction_combiner
 from transform_ext.analysis.structure import dim_positions, is_linalg_op, loop_structure
-from transform_ext.common import defining_op, reassociation_attr
+from transform_ext.common import defining_op, reassociation_attr, walk_ops
 from transform_ext.drop_broadcast_dims import drop_broadcast_dims
 from transform_ext.drop_unused_results import drop_unused_results
 from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion, reassociation
@@ -657,7 +657,7 @@ def pack_key_tiles(payload: ir.Module) -> int:
     packed: dict = {}
     rewritten = 0
     for forall in _foralls(payload):
-        for loop in _ops_in(forall, "scf.for"):
+        for loop in walk_ops(forall, lambda op: op.name == "scf.for"):
             step = _int_const(loop.operands[2])
             if step is None or loop.parent.operation != forall or \
                     not _starts_on_tile(loop.operands[0], loop.operands[1], step):
@@ -709,18 +709,6 @@ def _starts_on_tile(lb: ir.Value, ub: ir.Value, step: int) -> bool:
     if op.name == "arith.minsi":
         return all(v == ub or _starts_on_tile(v, ub, step) for v in op.operands)
     return False
-
-
-def _ops_in(root: ir.Operation, name: str) -> list[ir.Operation]:
-    found = []
-
-    def visit(op):
-        if op.name == name:
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    root.walk(visit)
-    return found
 
 
 def _slice_parts(op: ir.Operation):

@@ -25,7 +25,7 @@ from torch_mlir import ir
 from torch_mlir.dialects.transform import structured
 
 from transform_ext.analysis.structure import dim_positions, is_linalg_op, loop_structure
-from transform_ext.common import defining_op
+from transform_ext.common import defining_op, walk_ops
 
 from .prepare import split_assertions
 from .common import (ID_ATTR, canonicalize, clear_tags, hoist_loop_invariant_subsets, match,
@@ -275,16 +275,8 @@ def vectorize_generic(payload: ir.Module, params: GenericParams = GenericParams(
 
 
 def _tagged(payload: ir.Module, i: int) -> list[ir.Operation]:
-    found = []
-
-    def visit(op):
-        attr = op.attributes[ID_ATTR] if ID_ATTR in op.attributes else None
-        if attr is not None and ir.IntegerAttr(attr).value == i:
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    payload.operation.walk(visit)
-    return found
+    return walk_ops(payload, lambda op: ID_ATTR in op.attributes
+                    and ir.IntegerAttr(op.attributes[ID_ATTR]).value == i)
 
 
 def register_tile_init_producer(op: ir.Operation) -> ir.Operation | None:
