@@ -21,7 +21,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import arith, linalg, tensor
 
 from transform_ext.analysis.maps import Const, make_map, terms
-from transform_ext.common import body_of, build_generic, defining_op, iterator_kinds, terminator
+from transform_ext.common import body_of, build_generic, clone_op, defining_op, iterator_kinds, terminator
 
 
 def _elementwise_source(value: ir.Value):
@@ -78,12 +78,7 @@ def _fold_one(extract: ir.Operation, producer: ir.Operation) -> None:
             inner = inner.operation
             if inner.name == "linalg.index":
                 continue
-            clone = inner.clone()
-            for i, v in enumerate(clone.operands):
-                if v in mapping:
-                    clone.operands[i] = mapping[v]
-            for old, new in zip(inner.results, clone.results):
-                mapping[old] = new
+            clone_op(inner, mapping)
         yielded = terminator(body).operands[0]
         value = mapping.get(yielded, yielded)
     extract.results[0].replace_all_uses_with(value)

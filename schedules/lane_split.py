@@ -27,7 +27,7 @@ from torch_mlir.dialects import arith, linalg, tensor
 from torch_mlir.dialects import math as mmath
 
 from transform_ext.analysis.maps import Const, make_map, terms
-from transform_ext.common import body_of, build_generic, iterator_kinds, terminator
+from transform_ext.common import body_of, build_generic, clone_op, iterator_kinds, terminator
 
 _IDENTITY = {"add": 0.0, "max": float("-inf")}
 LANE_DIM = "lh.lane_dim"  # on the split ops: the loop running over the lanes
@@ -57,12 +57,7 @@ def _clone_body(block, mapping, k, lanes):
                 value = linalg.IndexOp(_shift(d, k)).result
             mapping[inner.results[0]] = value
             continue
-        clone = inner.clone()
-        for i, v in enumerate(clone.operands):
-            if v in mapping:
-                clone.operands[i] = mapping[v]
-        for old, new in zip(inner.results, clone.results):
-            mapping[old] = new
+        clone_op(inner, mapping)
     return [mapping.get(v, v) for v in terminator(block).operands]
 
 

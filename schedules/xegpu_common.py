@@ -54,15 +54,20 @@ XEVM_PIPELINE = ", ".join([
 DPAS_TYPES = ("f16", "bf16")
 
 
-def vectorize(payload: ir.Module) -> None:
+def vectorize(payload: ir.Module, *, contractions: bool = True, gathers: bool = False) -> None:
     """Whole-tile vectorization of every workgroup tile (see the module docstring). Loop-
     carried tiles become vector iter_args (through the unit-dim reshapes of folded tiles),
-    so no loop state lives in memory."""
+    so no loop state lives in memory. contractions=False keeps multiply-add reductions as
+    elementwise products and `vector.multi_reduction` (a kernel without DPAS: an f32
+    `vector.contract` has no XeGPU form); gathers=True vectorizes n-D `tensor.extract` at
+    computed indices into `vector.gather` (scattered loads)."""
 
     def body(root):
         func = match(root, "func.func")
         func = structured.VectorizeChildrenAndApplyPatternsOp(
-            func, fold_type_extensions_into_contract=True).result
+            func, fold_type_extensions_into_contract=contractions,
+            disable_multi_reduction_to_contract_patterns=not contractions,
+            vectorize_nd_extract=gathers).result
         canonicalize(func)
 
     run_schedule(payload, body)

@@ -108,12 +108,18 @@ def clone_body(source, mapping: dict, until_terminator: bool = True) -> list[ir.
     block = body_of(source)
     ops = list(block.operations)
     for op in ops[:-1] if until_terminator else ops:
-        op = op.operation
-        clone = op.clone()
-        remap_operands(clone, mapping)
-        for old, new in zip(op.results, clone.results):
-            mapping[old] = new
+        clone_op(op.operation, mapping)
     return [mapping.get(v, v) for v in terminator(block).operands]
+
+
+def clone_op(op: ir.Operation, mapping: dict) -> ir.Operation:
+    """Clone `op` at the current insertion point with its operands (nested ones too) looked
+    up in `mapping`, and record its results' clones there. Returns the clone."""
+    clone = op.clone()
+    remap_operands(clone, mapping)
+    for old, new in zip(op.results, clone.results):
+        mapping[old] = new
+    return clone
 
 
 def remap_operands(op: ir.Operation, mapping: dict) -> None:

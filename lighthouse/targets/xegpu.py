@@ -60,9 +60,12 @@ CHIPS = {
 DEFAULT_CHIP = "bmg"
 # Families whose fuse stage only tiles for the host CPU (no fusion across reductions): on
 # the GPU the workgroups stage does their tiling, so their fuse is replaced by `prepare`.
-# The cross_entropy family's fused row blocks have no GPU mapping yet: its payloads go the
-# generic way, which takes log-softmax (a row kernel) and refuses a loss (see workgroups).
+# The cross_entropy family's CPU row blocks (lane-split sums) are no GPU form: log-softmax
+# goes the generic way (a row kernel), a loss gets kernels of its own
+# (schedules/xegpu_cross_entropy.py, see workgroups).
 TILING_ONLY_FAMILIES = frozenset({"generic", "matmul", "cross_entropy"})
+# Plan kinds of a cross-entropy loss: its row kernel and its reductions over the rows.
+LOSS_KINDS = frozenset({"cross_entropy", "row_sum"})
 # Workgroup tiles [m, n] of contraction kernels, largest first.
 WORKGROUP_TILES = ((256, 256), (256, 128), (128, 256), (128, 128), (64, 128), (128, 64),
                    (64, 64), (32, 64), (64, 32), (32, 32), (16, 32), (8, 32), (16, 16), (8, 16))
@@ -186,10 +189,8 @@ class XeGpuTarget:
         self.weight_specs = constants_to_arguments(module)
         self.plans = []
         if self.family == "cross_entropy" and _has_loss_tail(module):
-            raise UnsupportedError(
-                "xegpu: a cross-entropy loss has no GPU lowering yet (its target bounds check, "
-                "per-row losses and mean over rows need kernels of their own); log-softmax "
-                "alone lowers")
+            self._loss_kernels(module)
+            return
         for func in func_ops(module):
             top = [o.operation for o in func.regions[0].blocks[0].operations]
             existing = [o for o in top if o.name == "scf.forall"]
@@ -220,6 +221,20 @@ class XeGpuTarget:
                     self.plans.append(KernelPlan(kind, description, tiles, tiles.grid))
         if not self.plans:
             raise UnsupportedError("xegpu: the payload has no linalg op to run on the GPU")
+
+    def _loss_kernels(self, module: ir.Module) -> None:
+        """A cross-entropy loss: the host target check, the row kernel and the reductions
+        over the rows (schedules/xegpu_cross_entropy.py)."""
+        from schedules.xegpu_cross_entropy import NotLowerable, lower_loss
+
+        try:
+            kernels = lower_loss(module, subgroup_size=self.chip.subgroup_size,
+                                 max_threads=self.chip.max_workgroup_threads,
+                                 min_workgroups=self.chip.xe_cores, rows=self.params.rows,
+                                 column_tile=self.params.column_tile)
+        except NotLowerable as exc:
+            raise UnsupportedError(f"xegpu: {exc}") from exc
+        self.plans = [KernelPlan(k.kind, k.description, k.tiles, k.tiles.grid) for k in kernels]
 
     def _fused_kernels(self, module: ir.Module, func, foralls) -> None:
         """Foralls of a fused schedule (one per kernel) become workgroup grids as they are;
@@ -260,13 +275,20 @@ class XeGpuTarget:
     def vectorize(self, module: ir.Module) -> None:
         from schedules.xegpu_common import vectorize
 
-        vectorize(module)
+        if any(p.kind in LOSS_KINDS for p in self.plans):
+            # no contraction (no DPAS); the target gathers become scattered loads
+            vectorize(module, contractions=False, gathers=True)
+        else:
+            vectorize(module)
         expand_erf(module)
 
     def bufferize(self, module: ir.Module) -> None:
         from schedules.xegpu_common import bufferize
+        from schedules.xegpu_cross_entropy import finish_bufferized
 
         bufferize(module)
+        if any(p.kind in LOSS_KINDS for p in self.plans):
+            finish_bufferized(module)
 
     def outline(self, module: ir.Module) -> None:
         from schedules.xegpu_common import outline
@@ -306,6 +328,7 @@ class XeGpuTarget:
         from schedules.common import clear_tags
         from schedules.xegpu_attention import annotate_attention, tag_kernel
         from schedules.xegpu_common import insert_loop_prefetches
+        from schedules.xegpu_cross_entropy import annotate_loss_kernel, kernel_anchors, prefetch_shape
 
         shapes = []
         for index, (func, plan) in enumerate(zip(funcs, self.plans)):
@@ -323,6 +346,11 @@ class XeGpuTarget:
                         insert_loop_prefetches(func, plan.tiles.subgroups, self.chip.dpas[:2],
                                                plan.tiles.nb_prefetch)
                     shapes.append(tag_kernel(func, start=1000 * (index + 1)))
+                elif plan.kind in LOSS_KINDS:
+                    with module.context, func.location:
+                        insert_loop_prefetches(func, *prefetch_shape(plan.tiles),
+                                               self.params.nb_prefetch)
+                        shapes.append(kernel_anchors(func, plan.tiles, start=1000 * (index + 1)))
                 else:
                     shapes.append(None)
             except ValueError as exc:
@@ -336,6 +364,8 @@ class XeGpuTarget:
                     annotate_kernel(handle, plan.tiles, shape)
                 elif plan.kind == "attention":
                     annotate_attention(handle, plan.tiles, shape)
+                elif plan.kind in LOSS_KINDS:
+                    annotate_loss_kernel(handle, shape)
                 else:
                     annotate_rows(handle, plan.tiles)
 
