@@ -2,7 +2,8 @@
 
 Stages after a schedule's `vectorize`:
   bufferize  one-shot bufferization (identity layouts at function boundaries), results
-             turned into out-parameters, vector ops lowered to 1-D (contractions to outer
+             turned into out-parameters the kernel writes directly (also through a
+             reshape: write_results_in_place), vector ops lowered to 1-D (contractions to outer
              products and FMAs), scf.forall -> scf.parallel.
   llvm       loops -> OpenMP (libiomp5 from the intel-openmp wheel), exp/log/tanh/erf
              expanded to polynomials, everything to the LLVM dialect.
@@ -143,6 +144,73 @@ def bufferize(payload: ir.Module) -> None:
     run_passes(payload, "canonicalize, cse, "
                "buffer-results-to-out-params{hoist-static-allocs=true modify-public-functions=true}, "
                "canonicalize")
+    write_results_in_place(payload)
+
+
+def write_results_in_place(payload: ir.Module) -> int:
+    """A result computed in a local buffer and returned through a reshape (attention's
+    [B*H, S, D] -> [B, H, S, D]) ends as `memref.copy reshape(alloc), out` into its
+    out-parameter: the buffer becomes the inverse reshape of `out` instead, so the kernel
+    writes the caller's tensor directly (no second result-sized buffer, no copy). Only for
+    a static identity-layout alloc in the entry block that reaches no other copy, and an
+    out-parameter read by nothing else. Returns the number of copies removed."""
+    removed = 0
+    for func in payload.body.operations:
+        if func.operation.name != "func.func" or not func.regions[0].blocks:
+            continue
+        entry = func.regions[0].blocks[0]
+        copies = [op.operation for op in entry.operations if op.operation.name == "memref.copy"]
+        for copy in copies:
+            source, out = copy.operands
+            if not (isinstance(out, ir.BlockArgument) and out.owner == entry
+                    and len(list(out.uses)) == 1):
+                continue
+            chain, value = [], source
+            while (owner := _owner(value)) is not None and owner.name in (
+                    "memref.expand_shape", "memref.collapse_shape") and len(list(value.uses)) == 1:
+                chain.append(owner)
+                value = owner.operands[0]
+            alloc = _owner(value)
+            if not chain or alloc is None or alloc.name != "memref.alloc" or alloc.parent != func \
+                    or not ir.MemRefType(value.type).has_static_shape \
+                    or ir.MemRefType(value.type).affine_map != ir.AffineMap.get_identity(
+                        ir.MemRefType(value.type).rank):
+                continue
+            if any(_owner_name(u) == "memref.copy" for u in value.uses):
+                continue
+            with ir.InsertionPoint(alloc), alloc.location:
+                view = out
+                for reshape in chain:
+                    view = _inverse_reshape(reshape, view)
+            value.replace_all_uses_with(view)
+            copy.erase()
+            for reshape in chain:
+                reshape.erase()
+            alloc.erase()
+            removed += 1
+    return removed
+
+
+def _owner(value: ir.Value):
+    owner = value.owner
+    return getattr(owner, "operation", owner) if not isinstance(owner, ir.Block) else None
+
+
+def _owner_name(use) -> str:
+    return getattr(use.owner, "operation", use.owner).name
+
+
+def _inverse_reshape(reshape: ir.Operation, view: ir.Value) -> ir.Value:
+    """The reshape undoing `reshape` (of a static buffer), applied to `view`."""
+    source = ir.MemRefType(reshape.operands[0].type)
+    attrs = {"reassociation": reshape.attributes["reassociation"]}
+    if reshape.name == "memref.expand_shape":
+        name = "memref.collapse_shape"
+    else:
+        name = "memref.expand_shape"
+        attrs["static_output_shape"] = ir.DenseI64ArrayAttr.get(list(source.shape))
+    result = ir.MemRefType.get(list(source.shape), source.element_type)
+    return ir.Operation.create(name, results=[result], operands=[view], attributes=attrs).result
 
 
 _REASSOCIABLE = ("add", "mul", "maximumf", "minimumf", "maxnumf", "minnumf")
