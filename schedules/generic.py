@@ -3,8 +3,9 @@
 fuse (`fuse_generic`):
   1. elementwise ops are fused into their consumers (`linalg-fuse-elementwise-ops`);
   2. repeatedly, the last untiled linalg op of the function (a root: nothing after it reads
-     it) has its outer parallel dims tiled into an `scf.forall`, and its whole producer chain
-     is fused into the tile (`transform.structured.fuse`, use_forall). A producer that still
+     it) has its outer parallel dims tiled into an `scf.forall` (enough tiles for the
+     threads, and small enough that a tile's intermediates stay in L2), and its whole
+     producer chain is fused into the tile (`transform.structured.fuse`, use_forall). A producer that still
      has users outside becomes a root of its own in a later round.
 vectorize (`vectorize_generic`):
   3. every linalg op is tiled with `scf.for` to a vector tile: contractions to an
@@ -39,19 +40,23 @@ _DYNAMIC = ir.ShapedType.get_dynamic_stride_or_offset()
 @dataclass(frozen=True)
 class GenericParams:
     """threads: parallel tiles are sized for this many workers (times `tiles_per_thread`).
+    tile_bytes: and, over the outer dims, small enough that a tile of the root's result
+    holds at most this many bytes (at the widest element type the root touches), so a
+    fused row block's intermediates stay in the L2 cache between its passes.
     vector_tile: elements of the innermost loop dim per vector tile.
     register_tile: (m, n) accumulator tile of contractions.
     min_parallel_work: ops with fewer output elements than this stay sequential."""
 
     threads: int = 2
     tiles_per_thread: int = 4
+    tile_bytes: int = 128 * 1024
     vector_tile: int = 64
     register_tile: tuple[int, int] = (8, 32)
     min_parallel_work: int = 4096
 
     def __post_init__(self):
-        if self.threads < 1 or self.tiles_per_thread < 1:
-            raise ValueError("threads and tiles_per_thread must be >= 1")
+        if self.threads < 1 or self.tiles_per_thread < 1 or self.tile_bytes < 1:
+            raise ValueError("threads, tiles_per_thread and tile_bytes must be >= 1")
         if self.vector_tile < 1 or min(self.register_tile) < 1:
             raise ValueError("vector_tile and register_tile must be >= 1")
 
@@ -98,7 +103,9 @@ def parallel_tile_sizes(op: ir.Operation, params: GenericParams) -> list[int] | 
     """Forall tile sizes over the loop dims (0 = not tiled), or None to stay sequential.
 
     Outer parallel dims are split first so producers are never recomputed across tiles of
-    the inner dims; the innermost loop dim is split only when the rows alone are too few."""
+    the inner dims: into threads x tiles_per_thread tiles, or more so that a tile's share
+    of the result stays under `tile_bytes`. The innermost loop dim is split only when the
+    rows alone are too few for the threads."""
     ls = loop_structure(op)
     if not ls.is_static or not ls.parallel_dims or ls.num_outputs == 0:
         return None
@@ -107,21 +114,29 @@ def parallel_tile_sizes(op: ir.Operation, params: GenericParams) -> list[int] | 
         work *= ls.ranges[d]
     if work < params.min_parallel_work:
         return None
-    wanted = params.threads * params.tiles_per_thread
+    for_threads = params.threads * params.tiles_per_thread
     sizes = [0] * ls.num_loops
     last = ls.num_loops - 1
     rows = [d for d in ls.parallel_dims if d != last]
+    outer = 1
+    for d in rows:
+        outer *= ls.ranges[d]
+    for_cache = -(-work * _widest_element_bytes(op) // params.tile_bytes)
+    wanted, tiles = max(for_threads, min(for_cache, outer)), 1
     for d in rows:
         if wanted <= 1:
             break
         extent = ls.ranges[d]
         if extent <= wanted:
             sizes[d] = 1
+            tiles *= extent
             wanted = -(-wanted // extent)
         else:
             count = smallest_divisor_at_least(extent, wanted)
             sizes[d] = extent // count
+            tiles *= count
             wanted = 1
+    wanted = -(-for_threads // tiles)
     if wanted > 1 and last in ls.parallel_dims:
         extent = ls.ranges[last]
         chunk = largest_divisor_at_most(extent, max(params.vector_tile, extent // wanted))
@@ -130,6 +145,12 @@ def parallel_tile_sizes(op: ir.Operation, params: GenericParams) -> list[int] | 
     if not any(sizes):
         return None
     return sizes
+
+
+def _widest_element_bytes(op: ir.Operation) -> int:
+    widths = [ir.ShapedType(v.type).element_type for v in list(op.operands) + list(op.results)
+              if isinstance(v.type, ir.ShapedType)]
+    return max([(t.width + 7) // 8 for t in widths if hasattr(t, "width")] or [4])
 
 
 def vector_tile_sizes(op: ir.Operation, params: GenericParams) -> list[int] | None:
