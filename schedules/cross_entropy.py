@@ -39,8 +39,9 @@ Behaviour at the edges (all as torch unless said): all rows ignored -> mean NaN,
 zeros, gradients 0; non-finite logits in ignored rows -> finite loss, zero gradient rows
 (torch: NaN gradients there); a target outside [0, C) that is not ignore_index -> a clear
 error when the kernel file's inputs hold it (the import runs torch), else the imported
-bounds assertion stops the process ("index must be smaller than dim size") before any
-logit is read for it.
+bounds assertion stops the process before any logit is read for it, with the message
+"cross_entropy: a target is out of range: class indices must be in [0, C) or equal
+ignore_index" (`name_target_checks`).
 """
 
 from __future__ import annotations
@@ -361,10 +362,30 @@ def _first_line(exc: Exception) -> str:
     return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
 
 
+def target_check_message(classes: int) -> str:
+    return (f"cross_entropy: a target is out of range: class indices must be in [0, {classes}) "
+            "or equal ignore_index")
+
+
+def name_target_checks(func: ir.Operation, classes: int) -> list[ir.Operation]:
+    """The imported bounds checks of the gathers at the targets (x[i, y_i], w[y_i]; split
+    into result-less generics by `normalize`) say what is wrong in the user's terms.
+    Returns those generics."""
+    checks = [op for op in _block_ops(func) if op.name == "linalg.generic" and not op.results
+              and any(o.operation.name == "cf.assert" for o in body_of(op).operations)]
+    for op in checks:
+        for inner in body_of(op).operations:
+            if inner.operation.name == "cf.assert":
+                inner.operation.attributes["msg"] = ir.StringAttr.get(
+                    target_check_message(classes), op.context)
+    return checks
+
+
 def fuse_cross_entropy(payload: ir.Module, params: CrossEntropyParams = CrossEntropyParams()) -> None:
     normalize(payload)
     restructure(payload)
     ops = find_cross_entropy(payload)
+    name_target_checks(_func(payload), loop_structure(ops.row_max).ranges[ops.class_dim])
     for op in [ops.row_max] + ops.class_sums:
         op.attributes[CLASS_SUM] = ir.UnitAttr.get(op.context)
     _tie_class_sums_to_logits(payload)

@@ -840,18 +840,16 @@ def _kernel_forall(payload: ir.Module, kind: str) -> ir.Operation | None:
 
 def _prepare_host_check(graph: LossGraph) -> None:
     """The target check reads y only (its producers inlined); its assertions say what is
-    wrong in the user's terms."""
+    wrong in the user's terms (cross_entropy.name_target_checks)."""
+    from .cross_entropy import name_target_checks
+
     block = graph.func.regions[0].blocks[0]
     inline_argument_producers(graph, _grouped(block, "host"))
-    message = (f"cross_entropy: a target is out of range: class indices must be in "
-               f"[0, {graph.classes}) or equal ignore_index")
     for op in _grouped(block, "host"):
         if not all(_is_arg(v, block) for v in op.opview.inputs):
             raise NotLowerable(f"cross-entropy: the target check at {op.location} reads values "
                                "computed on the device")
-        for inner in _ops(body_of(op)):
-            if inner.name == "cf.assert":
-                inner.attributes["msg"] = ir.StringAttr.get(message)
+    name_target_checks(graph.func, graph.classes)
 
 
 def _regroup_scalars(block: ir.Block) -> None:

@@ -265,8 +265,8 @@ def test_backward_ir_allocates_only_the_gradient():
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
 def test_out_of_range_target_in_the_inputs_is_a_clear_error(kernel_file, backward):
     """A target outside [0, C) that is not ignore_index: known at compile time when the kernel
-    file's inputs hold it (one line, no traceback). At run time (other inputs) the imported
-    bounds assertion stops the process with "index must be smaller than dim size"."""
+    file's inputs hold it (one line, no traceback). At run time (other inputs): see
+    test_out_of_range_target_at_run_time_stops_with_a_clear_message."""
     from lighthouse.errors import IngressError
 
     path = kernel(kernel_file, "F.cross_entropy(x, y)",
@@ -274,3 +274,40 @@ def test_out_of_range_target_in_the_inputs_is_a_clear_error(kernel_file, backwar
     with pytest.raises(IngressError, match="out of bounds") as info:
         compile_kernel(path, backward=backward)
     assert "\n" not in str(info.value)
+
+
+RUN_BAD_TARGET = """
+import sys
+import torch
+from lighthouse.compile import compile_kernel
+c = compile_kernel(sys.argv[1], backward=sys.argv[2] == "1")
+x, y = c.imported.args
+for t in sys.argv[3:]:
+    y = y.clone()
+    y[1] = int(t)
+    print("loss", t, float(c.function(x, y)[0]), flush=True)
+"""
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+def test_out_of_range_target_at_run_time_stops_with_a_clear_message(kernel_file, tmp_path,
+                                                                    backward):
+    """The compiled kernel, given a target outside [0, C) that is not ignore_index (inputs
+    the import never saw), stops the process with a message naming the valid range; an
+    ignored target (-100) runs."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    path = kernel(kernel_file, "F.cross_entropy(x, y)", f"{LOGITS}; {TARGETS}; return [x, y]",
+                  n=4, c=10)
+    script = tmp_path / "run.py"
+    script.write_text(RUN_BAD_TARGET)
+    for targets in (["-100", "10"], ["-1"]):
+        r = subprocess.run([sys.executable, str(script), str(path), str(int(backward)), *targets],
+                           capture_output=True, text=True, cwd=ROOT, timeout=300)
+        assert r.returncode != 0, r.stdout
+        assert [line.split()[1] for line in r.stdout.splitlines() if line.startswith("loss")] \
+            == targets[:-1]
+        assert "class indices must be in [0, 10) or equal ignore_index" in r.stdout + r.stderr
