@@ -11,11 +11,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+
+if __name__ == "__main__":
+    # As in lighthouse.bench: torch's libgomp threads sleep when a parallel region ends
+    # instead of spinning, so --bench times torch and ours under the same policy. Read
+    # when torch loads libgomp, hence before `import torch`.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 
