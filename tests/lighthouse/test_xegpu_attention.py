@@ -203,3 +203,54 @@ def test_refusals_name_the_reason(tmp_path, BH, S, config, dtype, message):
     kernel = _write(tmp_path / "k.py", BH, BH, S, 64, dtype, False, config=config)
     with pytest.raises(UnsupportedError, match=message):
         compile_kernel(kernel, target="xegpu", stop_after="workgroups")
+
+
+MASKED = """
+import torch
+import torch.nn.functional as F
+B, H, S, D = 1, 2, 256, 64
+class Model(torch.nn.Module):
+    def forward(self, q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+def get_inputs():
+    g = torch.Generator().manual_seed(0)
+    mask = torch.rand(S, S, generator=g) > 0.3
+    return [torch.randn(B, H, S, D, generator=g, dtype=torch.float16) for _ in range(3)] + [mask]
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_boolean_mask_is_read_per_key_tile_in_the_one_kernel(tmp_path):
+    """A broadcast [S, S] boolean mask: still one kernel whose two contractions are DPAS with
+    the payload's FLOPs; the key loop reads the mask's [query_tile, key_tile] tile by a 2-D
+    block load (no S x S buffer is made from it); the SPIR-V validates. (Numerics of masked
+    rows, fully masked ones included: the CPU target's attention tests.)"""
+    path = tmp_path / "masked.py"
+    path.write_text(MASKED)
+    compiled = compile_kernel(path, target="xegpu", dump_dir=tmp_path / "dump")
+    low = Lowered(compiled, tmp_path / "dump")
+    (plan,) = low.target.plans
+    assert plan.kind == "attention"
+    xe = low.ir("xegpu-layouts")
+    assert len(walk(xe, "gpu.func")) == 1
+    assert dpas_flops(xe) == payload_contraction_flops(low.ir("cleanup")) == 2 * (2 * 2 * 256 * 256 * 64)
+    (loop,) = walk(xe, "scf.for")
+    tiles = plan.tiles
+    masks = [op for op in walk(loop, "xegpu.load_nd")
+             if str(ir.VectorType(op.results[0].type).element_type) == "i8"]
+    assert [list(ir.VectorType(op.results[0].type).shape) for op in masks] == \
+        [[tiles.query_tile, tiles.key_tile]]
+    assert not walk(low.ir("bufferize"), "memref.alloc")
+    out = tmp_path / "masked.spv"
+    low.target.write_artifact(compiled, out)
+    spirv.validate(out)
+
+
+def test_grouped_query_attention_is_refused_by_name(tmp_path):
+    path = tmp_path / "gqa.py"
+    path.write_text(MASKED.replace("attn_mask=mask", "enable_gqa=True").replace(
+        "for _ in range(3)] + [mask]", "for _ in range(1)] + [torch.randn(B, 1, S, D, "
+        "generator=g, dtype=torch.float16) for _ in range(2)]").replace(", mask)", ")"))
+    with pytest.raises(UnsupportedError, match=r"S = Q K\^T is not a plain \[rows, keys\] contraction"):
+        compile_kernel(path, target="xegpu", stop_after="workgroups")
