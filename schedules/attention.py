@@ -36,7 +36,7 @@ from torch_mlir.dialects.transform import structured
 import transform_ext
 from transform_ext.analysis.classify import reduction_combiner
 from transform_ext.analysis.structure import dim_positions, is_linalg_op, loop_structure
-from transform_ext.common import defining_op, reassociation_attr, walk_ops
+from transform_ext.common import block_ops, defining_op, reassociation_attr, walk_ops
 from transform_ext.drop_broadcast_dims import drop_broadcast_dims
 from transform_ext.drop_unused_results import drop_unused_results
 from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion, reassociation
@@ -47,7 +47,7 @@ from transform_ext.rewrite_attention_row_mask import rewrite_attention_row_mask
 from transform_ext.sink_normalization_past_contraction import sink_normalization_past_contraction
 
 from .common import canonicalize, clear_tags, match, match_id, run_passes, run_schedule, tag_ops
-from .generic import GenericParams, func_ops, largest_divisor_at_most, vectorize_generic
+from .generic import GenericParams, largest_divisor_at_most, single_func, vectorize_generic
 
 
 DYNAMIC = ir.ShapedType.get_dynamic_stride_or_offset()
@@ -93,14 +93,7 @@ class AttentionOps:
 
 
 def _func(payload: ir.Module) -> ir.Operation:
-    funcs = list(func_ops(payload))
-    if len(funcs) != 1:
-        raise NotAttention(f"expected one function, found {len(funcs)}")
-    return funcs[0]
-
-
-def _block_ops(func: ir.Operation) -> list[ir.Operation]:
-    return [op.operation for op in func.regions[0].blocks[0].operations]
+    return single_func(payload, NotAttention)
 
 
 def recognize(payload: ir.Module) -> bool:
@@ -160,7 +153,7 @@ def _fold_shared_collapses(payload: ir.Module, rounds: int = 8) -> None:
 def find_attention(payload: ir.Module) -> AttentionOps:
     """Locate S, m, l, P V and the output in a normalized payload (or say why not)."""
     func = _func(payload)
-    ops = [op for op in _block_ops(func) if is_linalg_op(op)]
+    ops = [op for op in block_ops(func) if is_linalg_op(op)]
     maxes = [op for op in ops if reduction_combiner(op) == "max"]
     if len(maxes) != 1:
         raise NotAttention(f"expected one row max (softmax), found {len(maxes)}")
@@ -223,8 +216,7 @@ def _depends_on(op: ir.Operation, value: ir.Value, limit: int = 64) -> bool:
 
 def _final_op(func: ir.Operation) -> ir.Operation:
     """The linalg op whose result the function returns (through reshapes)."""
-    block_ops = _block_ops(func)
-    ret = block_ops[-1]
+    ret = block_ops(func)[-1]
     if len(ret.operands) < 1:
         raise NotAttention("the function returns nothing")
     op = defining_op(ret.operands[0])
@@ -364,7 +356,7 @@ def append_lse_result(payload: ir.Module) -> None:
 
     ops = find_attention(payload)
     func = _func(payload)
-    ret = _block_ops(func)[-1]
+    ret = block_ops(func)[-1]
     out = ops.output.results[0]
     m, l = ops.row_max.results[0], ops.row_sum.results[0]
     shape = list(out.type.shape)
@@ -460,7 +452,7 @@ def propagate_loop_dim(output: ir.Operation, query_dim: int) -> dict:
 
 def _tile_query_blocks(payload, ops: AttentionOps, params: AttentionParams) -> None:
     func = _func(payload)
-    linalg_ops = [op for op in _block_ops(func) if is_linalg_op(op)]
+    linalg_ops = [op for op in block_ops(func) if is_linalg_op(op)]
     query = propagate_loop_dim(ops.output, ops.query_dim)
     out_ls = loop_structure(ops.output)
     producers = [op for op in reversed(linalg_ops)
@@ -652,7 +644,7 @@ def pack_key_tiles(payload: ir.Module) -> int:
     slice's last dim is (iv, T) over an X
     of static shape defined outside the query blocks (a remainder S mod T is left to the
     peeled last tile, which still reads X). Returns the number of slices rewritten."""
-    from torch_mlir.dialects import arith, linalg, tensor
+    from torch_mlir.dialects import arith, tensor
 
     packed: dict = {}
     rewritten = 0

@@ -56,7 +56,8 @@ import transform_ext
 from transform_ext.analysis.classify import reduction_combiner
 from transform_ext.analysis.dims import DimClasses
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
-from transform_ext.common import Illegal, body_of, clone_body, defining_op, iterator_kinds
+from transform_ext.common import (Illegal, block_ops, body_of, clone_body, defining_op,
+                                  iterator_kinds)
 from transform_ext.drop_unused_results import drop_unused_results
 from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion
 from transform_ext.fold_scalar_or_splat_constant import fold_scalar_or_splat_constant
@@ -69,7 +70,7 @@ from .elementwise_inlining import inline_elementwise_producers, merge_elementwis
 from .fast_exp import expand_exps_in
 from .gather_folding import (append_input, fold_gathers_through_elementwise,
                              promote_indexed_extracts)
-from .generic import GenericParams, func_ops, largest_divisor_at_most, vectorize_generic
+from .generic import GenericParams, largest_divisor_at_most, single_func, vectorize_generic
 from .lane_split import LANE_DIM, lane_split_group
 from .prepare import split_assertions
 
@@ -121,14 +122,7 @@ class CrossEntropyOps:
 
 
 def _func(payload: ir.Module) -> ir.Operation:
-    funcs = list(func_ops(payload))
-    if len(funcs) != 1:
-        raise NotCrossEntropy(f"expected one function, found {len(funcs)}")
-    return funcs[0]
-
-
-def _block_ops(func: ir.Operation) -> list[ir.Operation]:
-    return [op.operation for op in func.regions[0].blocks[0].operations]
+    return single_func(payload, NotCrossEntropy)
 
 
 def recognize(payload: ir.Module) -> bool:
@@ -189,7 +183,7 @@ def restructure(payload: ir.Module) -> None:
     run_passes(payload, "canonicalize, cse")
     row_max = _row_max(func)
     m = row_max.results[0]
-    ops = [op for op in _block_ops(func) if is_linalg_op(op)]
+    ops = [op for op in block_ops(func) if is_linalg_op(op)]
     classes = DimClasses(ops)
     axis = (row_max, loop_structure(row_max).reduction_dims[0])
     with payload.context:
@@ -206,7 +200,7 @@ def restructure(payload: ir.Module) -> None:
 
 
 def _row_max(func: ir.Operation) -> ir.Operation:
-    maxes = [op for op in _block_ops(func) if is_linalg_op(op) and reduction_combiner(op) == "max"
+    maxes = [op for op in block_ops(func) if is_linalg_op(op) and reduction_combiner(op) == "max"
              and len(loop_structure(op).reduction_dims) == 1]
     if len(maxes) != 1:
         raise NotCrossEntropy(f"expected one row max over the classes (log_softmax), found {len(maxes)}")
@@ -215,7 +209,7 @@ def _row_max(func: ir.Operation) -> ir.Operation:
 
 def _class_reductions(func: ir.Operation, row_max: ir.Operation) -> list[ir.Operation]:
     """The reductions over row_max's reduced axis, row_max excluded."""
-    ops = [op for op in _block_ops(func) if is_linalg_op(op)]
+    ops = [op for op in block_ops(func) if is_linalg_op(op)]
     classes = DimClasses(ops)
     axis = (row_max, loop_structure(row_max).reduction_dims[0])
     out = []
@@ -246,7 +240,7 @@ def _logits(func: ir.Operation) -> ir.Value:
 def find_cross_entropy(payload: ir.Module) -> CrossEntropyOps:
     """Locate the row max, the class sums, the gradient and the root (or say why not)."""
     func = _func(payload)
-    ops = [op for op in _block_ops(func) if is_linalg_op(op)]
+    ops = [op for op in block_ops(func) if is_linalg_op(op)]
     maxes = [op for op in ops if reduction_combiner(op) == "max"
              and len(loop_structure(op).reduction_dims) == 1]
     if len(maxes) != 1:
@@ -306,7 +300,7 @@ def _numel(shape) -> int:
 
 
 def _returned_ops(func: ir.Operation) -> list[ir.Operation]:
-    ret = _block_ops(func)[-1]
+    ret = block_ops(func)[-1]
     return [op for op in (defining_op(v) for v in ret.operands) if op is not None]
 
 
@@ -371,7 +365,7 @@ def name_target_checks(func: ir.Operation, classes: int) -> list[ir.Operation]:
     """The imported bounds checks of the gathers at the targets (x[i, y_i], w[y_i]; split
     into result-less generics by `normalize`) say what is wrong in the user's terms.
     Returns those generics."""
-    checks = [op for op in _block_ops(func) if op.name == "linalg.generic" and not op.results
+    checks = [op for op in block_ops(func) if op.name == "linalg.generic" and not op.results
               and any(o.operation.name == "cf.assert" for o in body_of(op).operations)]
     for op in checks:
         for inner in body_of(op).operations:
@@ -433,7 +427,7 @@ def _tie_class_sums_to_logits(payload: ir.Module) -> None:
     over the logits' classes."""
     func = _func(payload)
     x = _logits(func)
-    ops = [op for op in _block_ops(func) if is_linalg_op(op)]
+    ops = [op for op in block_ops(func) if is_linalg_op(op)]
     classes = DimClasses(ops)
     for op in ops:
         if CLASS_SUM not in op.attributes or any(v == x for v in op.operands):
@@ -453,8 +447,8 @@ def _sink_other_readers(root: ir.Operation) -> None:
     """Move the ops before `root` that do not feed it but read what it reads (the per-row
     loss next to the gradient) after it: the row forall that replaces `root` then returns
     the shared producers' results (m, l) to them instead of leaving copies outside."""
-    block_ops = [o.operation for o in root.block.operations]
-    position = {op: i for i, op in enumerate(block_ops)}
+    ops = block_ops(root.block)
+    position = {op: i for i, op in enumerate(ops)}
     feeds = set()
     pending = [root]
     while pending:
@@ -467,7 +461,7 @@ def _sink_other_readers(root: ir.Operation) -> None:
                     pending.append(p)
     moving = []
     tainted = set(feeds)
-    for op in block_ops[:position[root]]:
+    for op in ops[:position[root]]:
         if op in feeds:
             continue
         producers = [p for p in map(defining_op, op.operands) if p is not None]
@@ -504,7 +498,7 @@ def _tile_rows(payload, ops: CrossEntropyOps, params: CrossEntropyParams) -> Non
     if not extents:
         return
     func = _func(payload)
-    linalg_ops = [op for op in _block_ops(func) if is_linalg_op(op)]
+    linalg_ops = [op for op in block_ops(func) if is_linalg_op(op)]
     classes = DimClasses(linalg_ops)
     m = ops.row_max.results[0]
     producers = _row_producers(ops.root, linalg_ops, classes, m)

@@ -82,6 +82,14 @@ def func_ops(payload: ir.Module):
             yield op.operation
 
 
+def single_func(payload: ir.Module, error: type[Exception] = ValueError) -> ir.Operation:
+    """The payload's one function; `error` when there are none or several."""
+    funcs = list(func_ops(payload))
+    if len(funcs) != 1:
+        raise error(f"expected one function, found {len(funcs)}")
+    return funcs[0]
+
+
 def top_level_linalg_ops(func: ir.Operation) -> list[ir.Operation]:
     return [op.operation for op in func.regions[0].blocks[0].operations if is_linalg_op(op)]
 

@@ -380,8 +380,6 @@ def _promote(op: ir.Operation) -> None:
                     with ir.InsertionPoint(inner), op.location:
                         inner.operands[i] = arith.truncf(v.type, wide[v])
     # outputs: f32 init, f32 result, truncated back after the op
-    from torch_mlir.dialects import linalg, tensor
-
     for k in range(len(op.results)):
         r = op.results[k]
         if str(r.type.element_type) not in _NARROW_FLOATS:

@@ -30,6 +30,7 @@ from torch_mlir.dialects import transform
 from torch_mlir.dialects.transform import structured, tensor as ttensor, xegpu
 
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
+from transform_ext.common import block_ops
 
 from .common import (apply_patterns, canonicalize, clear_tags, match, match_id, run_passes,
                      run_schedule, tag_ops)
@@ -87,10 +88,6 @@ class AttentionTiles:
 
 # ------------------------------------------------------------------------------ analysis
 
-def _ops(block: ir.Block) -> list[ir.Operation]:
-    return [o.operation for o in block.operations]
-
-
 def _users(value: ir.Value) -> list[ir.Operation]:
     return [getattr(u.owner, "operation", u.owner) for u in value.uses]
 
@@ -107,7 +104,7 @@ def _inside(op: ir.Operation, container: ir.Operation) -> bool:
 def attention_forall(func: ir.Operation) -> ir.Operation | None:
     """The top-level forall of a fused attention: its body holds scf.for key loops with two
     contractions each (S = Q K^T and P V)."""
-    for op in _ops(func.regions[0].blocks[0]):
+    for op in block_ops(func.regions[0].blocks[0]):
         if op.name != "scf.forall":
             continue
         loops = key_loops(op)
@@ -117,11 +114,11 @@ def attention_forall(func: ir.Operation) -> ir.Operation | None:
 
 
 def key_loops(forall: ir.Operation) -> list[ir.Operation]:
-    return [op for op in _ops(forall.regions[0].blocks[0]) if op.name == "scf.for"]
+    return [op for op in block_ops(forall.regions[0].blocks[0]) if op.name == "scf.for"]
 
 
 def _contractions(loop: ir.Operation) -> list[ir.Operation]:
-    return [op for op in _ops(loop.regions[0].blocks[0])
+    return [op for op in block_ops(loop.regions[0].blocks[0])
             if is_linalg_op(op) and op.name != "linalg.fill" and loop_structure(op).is_contraction]
 
 
@@ -165,7 +162,7 @@ def plan_attention(forall: ir.Operation, *, sg_rows: int, subgroup_size: int,
         step = _constant_index(loop.operands[2])
         if step != key_tile:
             raise ValueError(f"{where}: key loop step {step} differs from the key tile {key_tile}")
-    body = _ops(forall.regions[0].blocks[0])
+    body = block_ops(forall.regions[0].blocks[0])
     extra = [op for op in body if is_linalg_op(op) and op.name != "linalg.fill"
              and loop_structure(op).is_contraction]
     if extra:
@@ -258,7 +255,7 @@ def _fuse_sliced_producers(payload: ir.Module, where) -> None:
 def _sliced_producers(block_op: ir.Operation, container: ir.Operation) -> list[ir.Operation]:
     block = block_op.regions[0].blocks[0]
     out = []
-    for op in _ops(block):
+    for op in block_ops(block):
         if not is_linalg_op(op) or op == container:
             continue
         if any(u.name == "tensor.extract_slice" and _inside(u, container)
@@ -329,7 +326,7 @@ def tag_kernel(gpu_func: ir.Operation, start: int) -> KernelOps:
 
     gpu_func.walk(visit)
     for loop in loops:
-        dpas = [op for op in _ops(loop.regions[0].blocks[0]) if op.name == "xegpu.dpas"]
+        dpas = [op for op in block_ops(loop.regions[0].blocks[0]) if op.name == "xegpu.dpas"]
         if len(dpas) != 2:
             raise ValueError(f"a key loop holds {len(dpas)} xegpu.dpas ops, expected 2")
         qk, pv = dpas

@@ -57,10 +57,11 @@ from torch_mlir.dialects.transform import structured
 
 from transform_ext.analysis.classify import reduction_combiner
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
-from transform_ext.common import (body_of, build_generic, clone_op, defining_op, iterator_kinds,
-                                  terminator, walk_ops)
+from transform_ext.common import (block_ops, body_of, build_generic, clone_op, defining_op,
+                                  iterator_kinds, ops_named, terminator)
 
 from .common import canonicalize, clear_tags, match_id, run_passes, run_schedule, tag_ops
+from .generic import single_func
 
 LANES = 16                      # lanes of a per-row tile in memory: the subgroup size
 CLASS_REDUCTION = "lh.ce_class_reduction"   # the max and the class sums of the online loop
@@ -137,15 +138,8 @@ class LossKernel:
 
 # ------------------------------------------------------------------------------ helpers
 
-def _ops(block: ir.Block) -> list[ir.Operation]:
-    return [o.operation for o in block.operations]
-
-
 def _func(payload: ir.Module) -> ir.Operation:
-    funcs = [o.operation for o in payload.body.operations if o.operation.name == "func.func"]
-    if len(funcs) != 1:
-        raise NotLowerable(f"expected one function, found {len(funcs)}")
-    return funcs[0]
+    return single_func(payload, NotLowerable)
 
 
 def _users(value: ir.Value) -> list[ir.Operation]:
@@ -269,7 +263,7 @@ def analyze(payload: ir.Module) -> LossGraph:
     if found.gradient is not None:
         found.gradient.attributes[GRADIENT] = ir.UnitAttr.get()
     host, scalar, row_ops = [], [], []
-    for op in _ops(block):
+    for op in block_ops(block):
         if op.name in ("func.return", "arith.constant", "tensor.empty"):
             continue
         if not is_linalg_op(op):
@@ -325,7 +319,7 @@ def _only_arguments(op: ir.Operation, block: ir.Block, gathers: bool = False) ->
     `gathers`, its body may also read function arguments at computed indices (w[y_i])."""
     if op.name != "linalg.generic" or _has_assert(op) or "reduction" in iterator_kinds(op):
         return False
-    for inner in _ops(body_of(op)):
+    for inner in block_ops(body_of(op)):
         if inner.name == "tensor.extract" and not (gathers and _is_arg(inner.operands[0], block)):
             return False
     for v in op.opview.inputs:
@@ -350,7 +344,7 @@ def inline_argument_producers(graph: LossGraph, consumers: list, gathers: bool =
         op.attributes[marker] = ir.UnitAttr.get()
     inline_elementwise_producers([block], consumer=lambda op: marker in op.attributes,
                                  producer=lambda op: _only_arguments(op, block, gathers))
-    out = [op for op in _ops(block) if marker in op.attributes]
+    out = [op for op in block_ops(block) if marker in op.attributes]
     for op in out:
         del op.attributes[marker]
     return out
@@ -369,7 +363,7 @@ def _lane_guarded_body(op: ir.Operation, lane0: ir.Value, mapping: dict) -> list
     combine = producer_in(src, y)
     sides = [strip_casts(src, v, _CASTS) for v in combine.operands]
     other = 1 - [i for i, v in enumerate(sides) if v == acc][0]
-    for inner in _ops(src)[:-1]:
+    for inner in block_ops(src)[:-1]:
         clone = clone_op(inner, mapping)
         if inner == combine:
             t = clone.operands[other]
@@ -489,7 +483,7 @@ def lane_form_gather(op: ir.Operation) -> ir.Operation:
 
         def body(args):
             mapping = {src.arguments[i]: args[i] for i in range(len(inputs) + 1)}
-            for inner in _ops(src)[:-1]:
+            for inner in block_ops(src)[:-1]:
                 clone = clone_op(inner, mapping)
                 if clone.name == "tensor.extract":
                     _clamp_indices(clone)
@@ -519,7 +513,7 @@ def hoist_row_gathers(op: ir.Operation) -> ir.Operation:
         row_args = {i for i in range(n_in)
                     if all(isinstance(e, ir.AffineDimExpr) and e.position == 0
                            for e in maps[i].results)}
-        extracts = [o for o in _ops(block) if o.name == "tensor.extract"]
+        extracts = [o for o in block_ops(block) if o.name == "tensor.extract"]
         if not extracts:
             return op
         extract = extracts[0]
@@ -542,7 +536,7 @@ def hoist_row_gathers(op: ir.Operation) -> ir.Operation:
                                      ["parallel"], body).result
         new = append_input(op, gathered, _map(2, [0]))
         nblock = body_of(new)
-        first = next(o for o in _ops(nblock) if o.name == "tensor.extract")
+        first = next(o for o in block_ops(nblock) if o.name == "tensor.extract")
         first.results[0].replace_all_uses_with(nblock.arguments[n_in])
         first.erase()
         op = new
@@ -567,7 +561,7 @@ def _row_slice(block: ir.Block, values: list, row_args: set, op: ir.Operation) -
                                "that varies along the classes")
         needed.append(owner)
         pending.extend(owner.operands)
-    return [o for o in _ops(block) if o in needed]
+    return [o for o in block_ops(block) if o in needed]
 
 
 def _clamp_indices(extract: ir.Operation) -> None:
@@ -590,7 +584,7 @@ def load_rows_in_lane_form(graph: LossGraph, value: ir.Value, readers: list) -> 
     lane-form gather reduced over the lanes (y_i, held by every lane of row i)."""
     t = ir.RankedTensorType(value.type)
     block = graph.func.regions[0].blocks[0]
-    first = next(op for op in _ops(block) if op in readers)
+    first = next(op for op in block_ops(block) if op in readers)
     with ir.InsertionPoint(first), first.location:
         out = _empty([t.shape[0], LANES], t.element_type)
 
@@ -737,7 +731,7 @@ def _clone_into(op: ir.Operation, mapping: dict, r0, rows) -> None:
     for old, new in zip(op.results, clone.results):
         mapping[old] = new
     if rows is not None and op.name == "linalg.generic":
-        for inner in _ops(body_of(clone)):
+        for inner in block_ops(body_of(clone)):
             if inner.name == "linalg.index" and ir.IntegerAttr(inner.attributes["dim"]).value == 0:
                 with ir.InsertionPoint.after(inner), inner.location:
                     shifted = arith.addi(inner.results[0], r0)
@@ -761,12 +755,12 @@ def _group(op: ir.Operation) -> str | None:
 
 
 def _grouped(block: ir.Block, group: str) -> list:
-    return [op for op in _ops(block) if _group(op) == group]
+    return [op for op in block_ops(block) if _group(op) == group]
 
 
 def _tag_new_ops(block: ir.Block, group: str) -> None:
     """Linalg ops created by a rewrite (no group yet) belong to `group`."""
-    for op in _ops(block):
+    for op in block_ops(block):
         if is_linalg_op(op) and GROUP not in op.attributes:
             _set_group(op, group)
 
@@ -833,7 +827,7 @@ def _describe(kind: str, graph: LossGraph) -> str:
 
 def _kernel_forall(payload: ir.Module, kind: str) -> ir.Operation | None:
     func = _func(payload)
-    return next((op for op in _ops(func.regions[0].blocks[0])
+    return next((op for op in block_ops(func.regions[0].blocks[0])
                  if op.name == "scf.forall" and KERNEL_ATTR in op.attributes
                  and ir.StringAttr(op.attributes[KERNEL_ATTR]).value == kind), None)
 
@@ -855,11 +849,11 @@ def _prepare_host_check(graph: LossGraph) -> None:
 def _regroup_scalars(block: ir.Block) -> None:
     """Rank-0 ops the row kernel reads (transitively) run before it, the others after. A
     fill read by several kernels (a shared zero init) is cloned into each of them."""
-    scalar = [op for op in _ops(block) if _group(op) in ("before", "after")]
+    scalar = [op for op in block_ops(block) if _group(op) in ("before", "after")]
     before = _needed_by(_grouped(block, "rows"), scalar)
     for op in scalar:
         _set_group(op, "before" if op in before else "after")
-    for fill in [op for op in _ops(block) if op.name == "linalg.fill" and _group(op)]:
+    for fill in [op for op in block_ops(block) if op.name == "linalg.fill" and _group(op)]:
         own = _group(fill)
         for use in list(fill.results[0].uses):
             user = getattr(use.owner, "operation", use.owner)
@@ -982,7 +976,7 @@ def _class_loops(payload: ir.Module, column_tile: int) -> None:
 
     forall = _kernel_forall(payload, "cross_entropy")
     body = forall.regions[0].blocks[0]
-    group = [op for op in _ops(body) if CLASS_REDUCTION in op.attributes]
+    group = [op for op in block_ops(body) if CLASS_REDUCTION in op.attributes]
     row_max = [op for op in group if reduction_combiner(op) == "max"]
     if len(row_max) != 1:
         raise NotLowerable("cross-entropy: the row kernel does not hold exactly one row max")
@@ -998,7 +992,7 @@ def _class_loops(payload: ir.Module, column_tile: int) -> None:
     clear_tags(payload)
     run_passes(payload, "canonicalize, cse")
     body = _kernel_forall(payload, "cross_entropy").regions[0].blocks[0]
-    gradients = [op for op in _ops(body) if GRADIENT in op.attributes]
+    gradients = [op for op in block_ops(body) if GRADIENT in op.attributes]
     if not gradients:
         return
     gradient = gradients[0]
@@ -1012,7 +1006,7 @@ def _class_loops(payload: ir.Module, column_tile: int) -> None:
                     and loop_structure(p).is_elementwise and loop_structure(p).ranges == ranges):
                 chain.append(p)
                 pending.append(p)
-    chain.sort(key=lambda op: _ops(body).index(op), reverse=True)
+    chain.sort(key=lambda op: block_ops(body).index(op), reverse=True)
     tag_ops([gradient] + chain)
 
     def sweep(root):
@@ -1033,7 +1027,7 @@ def _row_sum_loops(payload: ir.Module, kind: str, row_tile: int) -> None:
     if forall is None:
         return
     body = forall.regions[0].blocks[0]
-    reductions = [op for op in _ops(body) if op.name == "linalg.generic"
+    reductions = [op for op in block_ops(body) if op.name == "linalg.generic"
                   and iterator_kinds(op) == ["reduction", "reduction"]]
     if not reductions:
         return
@@ -1058,8 +1052,8 @@ def finish_bufferized(payload: ir.Module) -> None:
 
     func = _func(payload)
     block = func.regions[0].blocks[0]
-    checks = [op for op in _ops(block) if op.name == "linalg.generic" and _has_assert(op)]
-    first_kernel = next((op for op in _ops(block) if op.name == "scf.forall"), None)
+    checks = [op for op in block_ops(block) if op.name == "linalg.generic" and _has_assert(op)]
+    first_kernel = next((op for op in block_ops(block) if op.name == "scf.forall"), None)
     with payload.context:
         copies = {}
         for op in checks:
@@ -1076,7 +1070,7 @@ def finish_bufferized(payload: ir.Module) -> None:
         for host in copies.values():
             with ir.InsertionPoint(ret), ret.location:
                 memref.DeallocOp(host)
-        for write in _walk(func, "vector.transfer_write"):
+        for write in ops_named(func, "vector.transfer_write"):
             if ir.VectorType(write.operands[0].type).rank != 0:
                 continue
             with ir.InsertionPoint(write), write.location:
@@ -1096,10 +1090,6 @@ def finish_bufferized(payload: ir.Module) -> None:
         clear_tags(payload)
 
 
-def _walk(root, name: str) -> list[ir.Operation]:
-    return walk_ops(root, lambda op: op.name == name)
-
-
 def kernel_anchors(gpu_func: ir.Operation, tiles, start: int) -> list[tuple[int, dict]]:
     """Tag (lh.id from `start`) the tile loads/stores and the scattered loads of one outlined
     loss kernel after convert-vector-to-xegpu; returns (id, anchor layout) pairs. Row kernel:
@@ -1109,7 +1099,7 @@ def kernel_anchors(gpu_func: ir.Operation, tiles, start: int) -> list[tuple[int,
     anchors = []
     ops = []
     for name in ("xegpu.load_nd", "xegpu.store_nd", "xegpu.load"):
-        ops += _walk(gpu_func, name)
+        ops += ops_named(gpu_func, name)
     for op in ops:
         value = op.results[0] if op.name != "xegpu.store_nd" else op.operands[0]
         shape = list(ir.VectorType(value.type).shape)

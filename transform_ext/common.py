@@ -57,6 +57,25 @@ def walk_ops(root, predicate) -> list[ir.Operation]:
     return found
 
 
+def ops_named(root, name: str) -> list[ir.Operation]:
+    """Ops named `name` under `root` (root included), in post-order (inner ops first)."""
+    found = []
+
+    def visit(op):
+        if op.name == name:
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    getattr(root, "operation", root).walk(visit, ir.WalkOrder.POST_ORDER)
+    return found
+
+
+def block_ops(where) -> list[ir.Operation]:
+    """The ops of a block, or of the entry block of an op's first region (a function)."""
+    block = where if isinstance(where, ir.Block) else where.regions[0].blocks[0]
+    return [op.operation for op in block.operations]
+
+
 def defining_op(value: ir.Value) -> ir.Operation | None:
     owner = value.owner
     if isinstance(owner, ir.OpView):

@@ -20,7 +20,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, tensor, transform
 
 from .analysis.structure import dim_positions, loop_structure
-from .common import Success, build_generic, clone_body, defining_op, walk_ops
+from .common import Success, build_generic, clone_body, walk_ops
 from .dialect import TransformExt
 
 

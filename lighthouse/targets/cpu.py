@@ -25,6 +25,8 @@ from torch_mlir.dialects.transform import bufferization as tbuf
 from torch_mlir.dialects.transform import loop
 from torch_mlir.dialects.transform import vector as tvec
 
+from transform_ext.common import defining_op
+
 from schedules.common import apply_patterns, foreach, match, run_passes, run_schedule
 
 from ..errors import UnsupportedError
@@ -166,17 +168,17 @@ def write_results_in_place(payload: ir.Module) -> int:
                     and len(list(out.uses)) == 1):
                 continue
             chain, value = [], source
-            while (owner := _owner(value)) is not None and owner.name in (
+            while (owner := defining_op(value)) is not None and owner.name in (
                     "memref.expand_shape", "memref.collapse_shape") and len(list(value.uses)) == 1:
                 chain.append(owner)
                 value = owner.operands[0]
-            alloc = _owner(value)
+            alloc = defining_op(value)
             if not chain or alloc is None or alloc.name != "memref.alloc" or alloc.parent != func \
                     or not ir.MemRefType(value.type).has_static_shape \
                     or ir.MemRefType(value.type).affine_map != ir.AffineMap.get_identity(
                         ir.MemRefType(value.type).rank):
                 continue
-            if any(_owner_name(u) == "memref.copy" for u in value.uses):
+            if any(getattr(u.owner, "operation", u.owner).name == "memref.copy" for u in value.uses):
                 continue
             with ir.InsertionPoint(alloc), alloc.location:
                 view = out
@@ -189,15 +191,6 @@ def write_results_in_place(payload: ir.Module) -> int:
             alloc.erase()
             removed += 1
     return removed
-
-
-def _owner(value: ir.Value):
-    owner = value.owner
-    return getattr(owner, "operation", owner) if not isinstance(owner, ir.Block) else None
-
-
-def _owner_name(use) -> str:
-    return getattr(use.owner, "operation", use.owner).name
 
 
 def _inverse_reshape(reshape: ir.Operation, view: ir.Value) -> ir.Value:
@@ -223,7 +216,7 @@ def tree_reduce_min_max(payload: ir.Module, lanes: int = 16) -> int:
     elementwise max/min of register-wide slices, then a log2 shuffle tree: LLVM expands
     the NaN-propagating max reduction one element after the other otherwise. Exact: max/min
     are associative and commutative, NaN still propagates. Returns the count."""
-    from torch_mlir.dialects import arith, vector
+    from torch_mlir.dialects import vector
 
     targets = []
 

@@ -35,6 +35,8 @@ from pathlib import Path
 
 from torch_mlir import ir
 
+from transform_ext.common import ops_named
+
 from ..errors import StageError, UnsupportedError
 from ..pipeline import Stage
 
@@ -309,7 +311,7 @@ class XeGpuTarget:
         from schedules.xegpu_common import to_xegpu
 
         to_xegpu(module)
-        leftover = count_ops(module, "vector.contract")
+        leftover = len(ops_named(module, "vector.contract"))
         if leftover:
             raise StageError(f"{leftover} vector.contract op(s) did not become xegpu.dpas")
 
@@ -609,30 +611,6 @@ def top_level_foralls(module: ir.Module) -> list[ir.Operation]:
     for func in func_ops(module):
         out += [o.operation for o in func.regions[0].blocks[0].operations if o.operation.name == "scf.forall"]
     return out
-
-
-def ops_named(module: ir.Module, name: str) -> list[ir.Operation]:
-    found = []
-
-    def visit(op):
-        if op.name == name:
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    return found
-
-
-def count_ops(module: ir.Module, name: str) -> int:
-    count = 0
-
-    def visit(op):
-        nonlocal count
-        count += op.name == name
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    return count
 
 
 def device_bitcode(module: ir.Module) -> dict[str, bytes]:
