@@ -356,22 +356,18 @@ def _first_line(exc: Exception) -> str:
     return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
 
 
-def target_check_message(classes: int) -> str:
-    return (f"cross_entropy: a target is out of range: class indices must be in [0, {classes}) "
-            "or equal ignore_index")
-
-
 def name_target_checks(func: ir.Operation, classes: int) -> list[ir.Operation]:
     """The imported bounds checks of the gathers at the targets (x[i, y_i], w[y_i]; split
     into result-less generics by `normalize`) say what is wrong in the user's terms.
     Returns those generics."""
+    message = ir.StringAttr.get(f"cross_entropy: a target is out of range: class indices must "
+                                f"be in [0, {classes}) or equal ignore_index", func.context)
     checks = [op for op in block_ops(func) if op.name == "linalg.generic" and not op.results
               and any(o.operation.name == "cf.assert" for o in body_of(op).operations)]
     for op in checks:
         for inner in body_of(op).operations:
             if inner.operation.name == "cf.assert":
-                inner.operation.attributes["msg"] = ir.StringAttr.get(
-                    target_check_message(classes), op.context)
+                inner.operation.attributes["msg"] = message
     return checks
 
 

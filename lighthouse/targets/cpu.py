@@ -172,11 +172,10 @@ def write_results_in_place(payload: ir.Module) -> int:
                     "memref.expand_shape", "memref.collapse_shape") and len(list(value.uses)) == 1:
                 chain.append(owner)
                 value = owner.operands[0]
-            alloc = defining_op(value)
+            alloc, buffer = defining_op(value), ir.MemRefType(value.type)
             if not chain or alloc is None or alloc.name != "memref.alloc" or alloc.parent != func \
-                    or not ir.MemRefType(value.type).has_static_shape \
-                    or ir.MemRefType(value.type).affine_map != ir.AffineMap.get_identity(
-                        ir.MemRefType(value.type).rank):
+                    or not buffer.has_static_shape \
+                    or buffer.affine_map != ir.AffineMap.get_identity(buffer.rank):
                 continue
             if any(getattr(u.owner, "operation", u.owner).name == "memref.copy" for u in value.uses):
                 continue
