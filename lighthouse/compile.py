@@ -26,7 +26,7 @@ if __name__ == "__main__":
 
 import torch
 
-from .errors import CheckFailed, KernelFileError, LighthouseError, StageError
+from .errors import CheckFailed, KernelFileError, LighthouseError, StageError, UnsupportedError
 from .families import SCHEDULE_OPTIONS, Family, choose_family, family_names
 from .ingress import Imported, import_forward, import_joint
 from .kernel import Kernel, load_kernel, parse_override
@@ -44,11 +44,19 @@ TOLERANCES = {
 }
 
 
-def make_target(name: str, threads: int | None = None, **options):
+def make_target(name: str, threads: int | None = None, *, runtime_checks: bool = False,
+                **options):
+    if threads is not None and threads < 1:
+        raise UnsupportedError(f"--threads must be >= 1, got {threads}")
     if name == "cpu":
         from .targets.cpu import CpuTarget
 
-        return CpuTarget(threads=threads) if threads else CpuTarget()
+        if threads is None:
+            return CpuTarget(runtime_checks=runtime_checks)
+        return CpuTarget(threads=threads, runtime_checks=runtime_checks)
+    if runtime_checks:
+        raise UnsupportedError(f"--runtime-checks needs the cpu target (the {name} kernels "
+                               f"cannot run here)")
     if name == "xegpu":
         try:
             from .targets.xegpu import XeGpuTarget
@@ -145,11 +153,13 @@ def compare(name: str, got: torch.Tensor, want: torch.Tensor) -> CheckReport:
 
 def compile_kernel(path, *, overrides=None, backward=False, target="cpu", threads=None,
                    schedule=None, strict=False, stop_after=None, dump_dir=None,
-                   target_options=None) -> Compiled:
-    """Load, import and compile a kernel file; JIT it when the pipeline runs to the end."""
+                   target_options=None, runtime_checks=False) -> Compiled:
+    """Load, import and compile a kernel file; JIT it when the pipeline runs to the end.
+    runtime_checks: bounds and shape checks in the kernel (see CpuTarget)."""
     start = time.perf_counter()
+    target_obj = make_target(target, threads, runtime_checks=runtime_checks,
+                             **(target_options or {}))
     kernel = load_kernel(path, overrides or {})
-    target_obj = make_target(target, threads, **(target_options or {}))
     schedule_options = {k: v for k, v in kernel.config.items() if k != "schedule"}
     known = sorted({k for keys in SCHEDULE_OPTIONS.values() for k in keys})
     for key in schedule_options:
@@ -224,6 +234,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="override a module global of the kernel file (repeatable)")
     p.add_argument("--backward", action="store_true", help="compile the joint forward+backward graph")
     p.add_argument("--threads", type=int, help="CPU threads (default: all cores)")
+    p.add_argument("--runtime-checks", action="store_true",
+                   help="bounds/shape checks in the kernel: a bad access stops with the op and its location")
     p.add_argument("--schedule", help=f"force a schedule family ({', '.join(family_names())})")
     p.add_argument("--strict", action="store_true", help="a schedule that does not apply is an error")
     p.add_argument("--chip", help="xegpu: target chip (bmg or pvc)")
@@ -250,7 +262,7 @@ def _main(args) -> int:
     compiled = compile_kernel(args.kernel, overrides=overrides, backward=args.backward,
                               target=args.target, threads=args.threads, schedule=args.schedule,
                               strict=args.strict, stop_after=stop_after, dump_dir=args.dump_dir,
-                              target_options=target_options)
+                              target_options=target_options, runtime_checks=args.runtime_checks)
     for note in compiled.notes:
         print(f"note: {note}", file=sys.stderr)
     if args.verbose:

@@ -32,6 +32,7 @@ from schedules.common import apply_patterns, foreach, match, run_passes, run_sch
 from ..errors import UnsupportedError
 from ..pipeline import Stage
 from .math_approx import expand_math
+from .runtime_checks import add_vector_bounds_checks
 
 
 @lru_cache(maxsize=1)
@@ -60,11 +61,15 @@ def openmp_runtime() -> str:
 @dataclass(frozen=True)
 class CpuTarget:
     """threads: OpenMP threads of the compiled kernels (default: all cores).
-    options: schedule parameters from the kernel file's LIGHTHOUSE dict, as sorted pairs."""
+    options: schedule parameters from the kernel file's LIGHTHOUSE dict, as sorted pairs.
+    runtime_checks: compile with MLIR's `generate-runtime-verification`: an out-of-bounds
+    load or store, an invalid subview or reshape stops the process with the op and its
+    location instead of corrupting memory (slower; for debugging and fuzzing)."""
 
     threads: int = field(default_factory=lambda: os.cpu_count() or 1)
     name: str = "cpu"
     options: tuple = ()
+    runtime_checks: bool = False
 
     def __post_init__(self):
         if self.threads < 1:
@@ -82,7 +87,8 @@ class CpuTarget:
     def stages(self) -> list[Stage]:
         return [
             Stage("bufferize", bufferize, "one-shot bufferize, out-params, vector lowering"),
-            Stage("llvm", lambda m: lower_to_llvm(m, self.threads), "OpenMP, polynomials, LLVM dialect"),
+            Stage("llvm", lambda m: lower_to_llvm(m, self.threads, runtime_checks=self.runtime_checks),
+                  "OpenMP, polynomials, LLVM dialect"),
         ]
 
     def jit(self, module: ir.Module, arg_specs, result_specs):
@@ -284,8 +290,13 @@ def reassociate_vector_reductions(payload: ir.Module) -> int:
     return flagged
 
 
-def lower_to_llvm(payload: ir.Module, threads: int) -> None:
+def lower_to_llvm(payload: ir.Module, threads: int, *, runtime_checks: bool = False) -> None:
     strided_copies_to_loops(payload)
+    if runtime_checks:
+        # before the memref ops are expanded: each load, store, subview and reshape, and
+        # each vector access, gets a cf.assert naming the op and its location
+        run_passes(payload, "generate-runtime-verification")
+        add_vector_bounds_checks(payload)
     run_passes(payload, ", ".join([
         "func.func(convert-linalg-to-loops)",
         # scratch tiles allocated inside loops: allocate once per loop nest, on the stack

@@ -1,0 +1,139 @@
+"""--runtime-checks: MLIR's runtime verification plus bounds checks of every vector access;
+a bad access stops the process with the op and its location, correct kernels are unchanged."""
+
+import subprocess
+import sys
+import textwrap
+
+from torch_mlir import ir
+
+from lighthouse.compile import compile_kernel
+from lighthouse.targets.runtime_checks import add_vector_bounds_checks
+from tests.conftest import EXAMPLES, ROOT, run_cli
+from tests.transform_ext.helpers import check as filecheck
+
+GATHER = """
+import torch
+class Model(torch.nn.Module):
+    def forward(self, x, i):
+        return x[i]
+def get_inputs():
+    return [torch.randn(10, 4), torch.tensor([1, 3, 2])]
+def get_init_inputs():
+    return []
+"""
+
+
+def _run_with_index(path, index: int, runtime_checks: bool):
+    """Run the compiled gather in a child with one row index the kernel file never saw."""
+    script = textwrap.dedent(f"""
+        import torch
+        from lighthouse.compile import compile_kernel
+        c = compile_kernel({str(path)!r}, runtime_checks={runtime_checks})
+        out = c.run(torch.randn(10, 4), torch.tensor([1, {index}, 2]))[0]
+        print("ran", out.shape)
+    """)
+    return subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_an_out_of_bounds_gather_stops_with_the_op_and_its_location(kernel_file):
+    path = kernel_file(GATHER)
+    r = _run_with_index(path, 10**9, runtime_checks=True)
+    assert r.returncode != 0
+    assert "ran" not in r.stdout
+    out = r.stdout + r.stderr
+    assert "Runtime op verification failed" in out
+    assert "vector.gather" in out and "out-of-bounds access" in out
+    assert f"Location: loc(\"{path}\"" in out
+
+
+def test_in_bounds_indices_run_with_checks_on(kernel_file):
+    path = kernel_file(GATHER)
+    r = _run_with_index(path, 9, runtime_checks=True)
+    assert r.returncode == 0, r.stderr
+    assert "ran torch.Size([3, 4])" in r.stdout
+
+
+def test_examples_pass_with_runtime_checks():
+    """No false alarms on the families' kernels (edges: masked tiles, gathers, packs)."""
+    cases = [("softmax.py", {"N": 7, "C": 100}, False), ("matmul.py", {"N": 77}, False),
+             ("cross_entropy.py", {"N": 13, "C": 300}, True),
+             ("attention.py", {"B": 1, "H": 2, "S": 70, "D": 16, "IS_CAUSAL": True}, False)]
+    for name, overrides, backward in cases:
+        compiled = compile_kernel(EXAMPLES / name, overrides=overrides, backward=backward,
+                                  runtime_checks=True)
+        for report in compiled.check():
+            assert report.ok, f"{name}: {report}"
+
+
+def test_vector_accesses_get_bounds_asserts():
+    with ir.Context(), ir.Location.unknown():
+        module = ir.Module.parse("""
+          func.func @f(%m: memref<8x20xf32>, %i: index, %j: index, %idx: vector<4xindex>,
+                       %mask: vector<4xi1>, %pad: vector<4xf32>) -> (vector<16xf32>, vector<4xf32>) {
+            %c0 = arith.constant 0 : index
+            %p = arith.constant 0.0 : f32
+            %a = vector.load %m[%i, %j] : memref<8x20xf32>, vector<16xf32>
+            %t = vector.transfer_read %m[%i, %j], %p {in_bounds = [true]} : memref<8x20xf32>, vector<16xf32>
+            %u = vector.transfer_read %m[%i, %j], %p {in_bounds = [false]} : memref<8x20xf32>, vector<16xf32>
+            %g = vector.gather %m[%c0, %c0] [%idx], %mask, %pad : memref<8x20xf32>, vector<4xindex>, vector<4xi1>, vector<4xf32> into vector<4xf32>
+            return %a, %g : vector<16xf32>, vector<4xf32>
+          }""")
+        assert add_vector_bounds_checks(module) == 4
+        text = str(module)
+    filecheck(text, """
+        CHECK: cf.assert {{.*}}vector.load
+        CHECK: vector.load
+        CHECK: cf.assert {{.*}}vector.transfer_read
+        CHECK-SAME: in_bounds = [true]
+        CHECK: vector.transfer_read
+        CHECK: cf.assert {{.*}}vector.transfer_read %arg0[%arg1, %arg2], %cst : memref
+        CHECK: vector.transfer_read
+        CHECK: vector.reduction <and>
+        CHECK: cf.assert {{.*}}vector.gather
+        CHECK: vector.gather
+    """)
+
+
+def test_the_in_bounds_condition_is_exact():
+    """vector<16> at column j of 20 columns: j = 4 passes, j = 5 fails (and a negative row)."""
+    import ctypes
+
+    from torch_mlir.execution_engine import ExecutionEngine
+
+    from schedules.common import run_passes
+
+    with ir.Context(), ir.Location.unknown():
+        module = ir.Module.parse("""
+          func.func @ok(%i: index, %j: index) -> i1 attributes {llvm.emit_c_interface} {
+            %m = memref.alloca() : memref<8x20xf32>
+            %v = vector.load %m[%i, %j] : memref<8x20xf32>, vector<16xf32>
+            %t = arith.constant true
+            return %t : i1
+          }""")
+        add_vector_bounds_checks(module)
+        # the assert becomes a branch on the condition; read the condition back instead
+        cond = [op for op in module.body.operations[0].regions[0].blocks[0].operations
+                if op.operation.name == "cf.assert"][0].operands[0]
+        func = module.body.operations[0]
+        ret = func.regions[0].blocks[0].operations[len(func.regions[0].blocks[0].operations) - 1]
+        ret.operation.operands[0] = cond
+        assert_op = [op for op in func.regions[0].blocks[0].operations
+                     if op.operation.name == "cf.assert"][0]
+        assert_op.operation.erase()
+        run_passes(module, "canonicalize, expand-strided-metadata, finalize-memref-to-llvm, "
+                           "convert-vector-to-llvm, convert-arith-to-llvm, convert-func-to-llvm, "
+                           "reconcile-unrealized-casts")
+        engine = ExecutionEngine(module)
+        for (i, j), want in (((0, 4), True), ((7, 4), True), ((0, 5), False), ((-1, 0), False),
+                             ((8, 0), False)):
+            res, ci, cj = ctypes.c_bool(), ctypes.c_int64(i), ctypes.c_int64(j)
+            engine.invoke("ok", ctypes.pointer(ci), ctypes.pointer(cj), ctypes.pointer(res))
+            assert res.value == want, (i, j)
+
+
+def test_runtime_checks_need_the_cpu_target():
+    r = run_cli(EXAMPLES / "matmul_f16.py", "--target", "xegpu", "--runtime-checks")
+    assert r.returncode == 2
+    assert "--runtime-checks needs the cpu target" in r.stderr
