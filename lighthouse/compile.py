@@ -26,8 +26,9 @@ if __name__ == "__main__":
 
 import torch
 
-from .errors import CheckFailed, KernelFileError, LighthouseError, StageError, UnsupportedError
-from .families import SCHEDULE_OPTIONS, Family, choose_family, family_names
+from .errors import (CheckFailed, KernelFileError, LighthouseError, StageError, UnknownStage,
+                     UnsupportedError)
+from .families import SCHEDULE_OPTIONS, Family, choose_family, fallback_family, family_names
 from .ingress import Imported, import_forward, import_joint
 from .kernel import Kernel, load_kernel, parse_override
 from .pipeline import Pipeline, Stage
@@ -68,8 +69,10 @@ def make_target(name: str, threads: int | None = None, *, runtime_checks: bool =
 
 def cleanup(module) -> None:
     from schedules.common import run_passes
-    from schedules.prepare import promote_reductions_to_f32, widen_bool_tensors
+    from schedules.prepare import promote_reductions_to_f32, simplify_imported_ops, widen_bool_tensors
 
+    run_passes(module, "canonicalize, cse")
+    simplify_imported_ops(module)
     run_passes(module, "canonicalize, cse")
     widen_bool_tensors(module)
     promote_reductions_to_f32(module)
@@ -79,7 +82,7 @@ def cleanup(module) -> None:
 def build_pipeline(family: Family, target) -> Pipeline:
     front = [
         Stage("import", lambda m: None, "torch-mlir import (linalg-on-tensors)"),
-        Stage("cleanup", cleanup, "canonicalize, cse, i1 tensors stored as i8"),
+        Stage("cleanup", cleanup, "canonicalize, cse, empty loops folded, integer powers expanded, i1 tensors stored as i8"),
         Stage("fuse", lambda m: family.fuse(m, target), f"{family.name}: fusion and tiling"),
         Stage("vectorize", lambda m: family.vectorize(m, target), f"{family.name}: vectorization"),
     ]
@@ -177,9 +180,35 @@ def compile_kernel(path, *, overrides=None, backward=False, target="cpu", thread
     notes: list[str] = []
     family = choose_family(imported.module, requested=schedule or kernel.config.get("schedule"),
                            strict=strict, notes=notes)
+    import_seconds = time.perf_counter() - start
+    first_failure = None
+    while True:
+        try:
+            return _lower(kernel, imported, family, target_obj, notes, stop_after=stop_after,
+                          dump_dir=dump_dir, import_seconds=import_seconds)
+        except StageError as exc:
+            # A schedule that takes a payload must compile it: a failure is a compiler bug,
+            # reported as a note while the next family compiles the payload (never under
+            # --strict). The payload is imported again: the failed stages rewrote it.
+            first_failure = first_failure or exc
+            fallback = fallback_family(family)
+            if strict or fallback is None or isinstance(exc, UnknownStage):
+                raise first_failure
+            notes.append(f"the {family.name} schedule failed on this payload ({exc}); "
+                         f"using the {fallback.name} schedule")
+            family = fallback
+            imported = importer(kernel.model, kernel.inputs, name=str(kernel.path))
+        except LighthouseError:
+            if first_failure is not None:  # the fallback cannot take it either: the cause
+                raise first_failure from None
+            raise
+
+
+def _lower(kernel, imported, family, target_obj, notes, *, stop_after, dump_dir,
+           import_seconds) -> Compiled:
+    """Run the stages of `family` on the imported payload; JIT it when they all ran."""
     pipeline = build_pipeline(family, target_obj)
     pipeline.check_stage(stop_after)
-    import_seconds = time.perf_counter() - start
     result_specs = list(imported.result_specs)
 
     def after_stage(name, module):
@@ -196,7 +225,13 @@ def compile_kernel(path, *, overrides=None, backward=False, target="cpu", thread
     compiled.result_names = imported.result_names + [f"extra{i}" for i in range(max(0, extra))]
     if stop_after in (None, pipeline.names()[-1]) and hasattr(target_obj, "jit"):
         jit_start = time.perf_counter()
-        compiled.function = target_obj.jit(imported.module, imported.arg_specs, result_specs)
+        try:
+            compiled.function = target_obj.jit(imported.module, imported.arg_specs, result_specs)
+        except LighthouseError:
+            raise
+        except Exception as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            raise StageError(f"the JIT failed: {first}") from exc
         pipeline.timings["jit"] = time.perf_counter() - jit_start
     return compiled
 

@@ -20,7 +20,11 @@ class UnsupportedError(LighthouseError):
 
 
 class StageError(LighthouseError):
-    """An unknown stage name, or a stage that failed on the payload."""
+    """A stage that failed on the payload."""
+
+
+class UnknownStage(StageError):
+    """--emit / --stop-after named a stage the pipeline does not have."""
 
 
 class ScheduleMismatch(LighthouseError):

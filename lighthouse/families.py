@@ -182,27 +182,36 @@ def family_names() -> list[str]:
     return [f.name for f in SPECIALIZED] + [GENERIC.name, LOOPS.name]
 
 
+def family_named(name: str) -> Family:
+    families = {f.name: f for f in SPECIALIZED + [GENERIC, LOOPS]}
+    if name not in families:
+        raise ScheduleMismatch(f"unknown schedule {name!r}; known: {', '.join(families)}")
+    return families[name]
+
+
 def choose_family(module, *, requested: str | None = None, strict: bool = False,
                   notes: list[str] | None = None) -> Family:
+    """The requested family, or the first specialized family that recognizes the payload;
+    when its check fails: the generic family and a note naming the reason (an error under
+    `strict`)."""
     notes = notes if notes is not None else []
-    families = {f.name: f for f in SPECIALIZED + [GENERIC, LOOPS]}
     if requested is not None:
-        if requested not in families:
-            raise ScheduleMismatch(f"unknown schedule {requested!r}; known: {', '.join(families)}")
-        family = families[requested]
-        reason = family.check(module)
-        if reason is not None:
-            raise ScheduleMismatch(f"schedule {requested!r} does not apply: {reason}")
+        family = family_named(requested)
+    else:
+        family = next((f for f in SPECIALIZED if f.recognize(module)), GENERIC)
+    reason = family.check(module)
+    if reason is None:
         return family
-    for family in SPECIALIZED:
-        if not family.recognize(module):
-            continue
-        reason = family.check(module)
-        if reason is None:
-            return family
-        message = f"the {family.name} schedule does not apply ({reason}); using the generic schedule"
-        if strict:
-            raise ScheduleMismatch(message)
-        notes.append(message)
-        break
+    message = f"the {family.name} schedule does not apply ({reason})"
+    if strict:
+        raise ScheduleMismatch(message)
+    notes.append(f"{message}; using the generic schedule")
     return GENERIC
+
+
+def fallback_family(family: Family) -> Family | None:
+    """The family to try when `family`'s compile fails: generic after a specialized one,
+    the scalar loops after generic, nothing after loops."""
+    if family is LOOPS:
+        return None
+    return LOOPS if family is GENERIC else GENERIC

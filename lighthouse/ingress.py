@@ -66,21 +66,27 @@ def import_forward(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel
     """Import `model(*inputs)` to linalg-on-tensors; tensors in `inputs` become arguments."""
     from torch_mlir import fx
 
+    from torch_mlir.extras.fx_decomp_util import get_decomposition_table
+
     inputs = _distinct(inputs)
     tensors = tuple(t for t in inputs if isinstance(t, torch.Tensor))
-    importer, diagnostics = _quiet_importer()
-    try:
-        with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
-            module = fx.export_and_import(model, *inputs, output_type="linalg-on-tensors",
-                                          func_name="main", fx_importer=importer)
-    except Exception as exc:
-        raise IngressError(_describe_import_failure(name, exc, diagnostics)) from exc
 
     def reference():
         with torch.no_grad():
             return _flatten(model(*inputs), name)
 
-    expected = _run_reference(reference, name)
+    expected = _run_reference(reference, name)  # the model's own errors first, in one line
+    importer, diagnostics = _quiet_importer()
+    try:
+        with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+            program = torch.export.export(model, inputs, strict=False)
+            program = program.run_decompositions(get_decomposition_table())
+            empty_tensors_without_work(program.graph_module)
+            module = fx.export_and_import(program, output_type="linalg-on-tensors",
+                                          func_name="main", fx_importer=importer,
+                                          decomposition_table={})
+    except Exception as exc:
+        raise IngressError(_describe_import_failure(name, exc, diagnostics)) from exc
     names = [f"out{i}" for i in range(len(expected))]
     return _finish(module, tensors, reference, expected, names, name)
 
@@ -125,17 +131,6 @@ def import_joint(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel")
         d_inputs, d_params = vjp(seeds)
         return (*outs, *d_inputs, *(d_params[k] for k in param_names))
 
-    flat_args = tuple(inputs[i] for i in tensor_pos) + tuple(params.values())
-    importer, diagnostics = _quiet_importer()
-    try:
-        with sdpa_kernel(SDPBackend.MATH):
-            gm = make_fx(torch.func.functionalize(joint, remove="mutations"),
-                         decomposition_table=_joint_decompositions())(*flat_args)
-        module = fx.stateless_fx_import(gm, output_type="linalg-on-tensors", model_name="main",
-                                        fx_importer=importer)
-    except Exception as exc:
-        raise IngressError(_describe_import_failure(name, exc, diagnostics)) from exc
-
     def reference():
         di = tuple(inputs[i].detach().clone().requires_grad_(True) for i in grad_pos)
         dp = {k: v.clone().requires_grad_(True) for k, v in params.items()}
@@ -147,21 +142,65 @@ def import_joint(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel")
         grads = [torch.zeros_like(w) if g is None else g for g, w in zip(grads, wrt)]
         return tuple(o.detach() for o in outs) + tuple(g.detach() for g in grads)
 
-    expected = _run_reference(reference, name)
+    expected = _run_reference(reference, name)  # the model's own errors first, in one line
+
+    flat_args = tuple(inputs[i] for i in tensor_pos) + tuple(params.values())
+    importer, diagnostics = _quiet_importer()
+    try:
+        with sdpa_kernel(SDPBackend.MATH):
+            gm = make_fx(torch.func.functionalize(joint, remove="mutations"),
+                         decomposition_table=_joint_decompositions())(*flat_args)
+        empty_tensors_without_work(gm)
+        module = fx.stateless_fx_import(gm, output_type="linalg-on-tensors", model_name="main",
+                                        fx_importer=importer)
+    except Exception as exc:
+        raise IngressError(_describe_import_failure(name, exc, diagnostics)) from exc
+
     n_out = len(expected) - len(grad_pos) - len(param_names)
     names = ([f"out{i}" for i in range(n_out)] + [f"d_input{i}" for i in grad_pos]
              + [f"d_{k}" for k in param_names])
     return _finish(module, flat_args, reference, expected, names, name)
 
 
+def empty_tensors_without_work(gm: torch.fx.GraphModule) -> int:
+    """Every op of the FX graph whose result holds no elements becomes `aten.empty` of that
+    shape and dtype: there is nothing to compute, and torch-mlir's lowering of some ops on
+    empty tensors divides by a zero extent (a `view` to [0, 1] stops the process with
+    SIGFPE). Exact; returns the number of ops replaced."""
+    graph = gm.graph
+    empty = torch.ops.aten.empty.memory_format
+    replaced = 0
+    for node in list(graph.nodes):
+        value = node.meta.get("val")
+        if node.op != "call_function" or node.target is empty \
+                or not isinstance(value, torch.Tensor) or value.numel() != 0:
+            continue
+        with graph.inserting_before(node):
+            new = graph.call_function(empty, (list(value.shape),),
+                                      {"dtype": value.dtype, "device": torch.device("cpu")})
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        name = node.name
+        graph.erase_node(node)
+        new._rename(name)  # the exported program's signature names its outputs
+        replaced += 1
+    if replaced:
+        graph.eliminate_dead_code()
+        gm.recompile()
+    return replaced
+
+
 def _run_reference(reference, name: str) -> tuple:
-    """torch on the example inputs; inputs torch rejects (a target out of range, ...) are
-    the user's error: one line naming the kernel and torch's reason."""
+    """torch on the example inputs; a forward that raises (inputs torch rejects such as a
+    target out of range, or the user's own error) is one line naming the kernel and the
+    reason."""
     try:
         return reference()
-    except (IndexError, ValueError, RuntimeError) as exc:
+    except IngressError:
+        raise
+    except Exception as exc:
         reason = (str(exc).strip().splitlines() or [""])[0][:300]
-        raise IngressError(f"{name}: torch rejects the example inputs: "
+        raise IngressError(f"{name}: Model.forward fails on the example inputs: "
                            f"{type(exc).__name__}: {reason}") from exc
 
 
@@ -265,7 +304,12 @@ def _distinct(inputs: tuple) -> tuple:
 def _flatten(out, name: str) -> tuple:
     if isinstance(out, torch.Tensor):
         return (out,)
-    if isinstance(out, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in out):
+    if isinstance(out, (list, tuple)):
+        for i, t in enumerate(out):
+            if not isinstance(t, torch.Tensor):
+                kind = "None" if t is None else type(t).__name__
+                raise IngressError(f"{name}: Model.forward returns {kind} as "
+                                   f"result {i}; every result must be a tensor")
         return tuple(out)
     raise IngressError(f"{name}: Model.forward must return a tensor or a tuple of tensors, "
                        f"got {type(out).__name__}")

@@ -40,7 +40,7 @@ class Kernel:
     def fresh_inputs(self) -> tuple:
         """The same inputs again (same seed), for runs that must not alias earlier ones."""
         torch.manual_seed(SEED)
-        return _as_tuple(self.module.get_inputs(), self.path)
+        return _call(self.module.get_inputs, "get_inputs()", self.path)
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -67,6 +67,8 @@ def _dtype_named(name: str, where: str) -> torch.dtype:
 def load_kernel(path: str | Path, overrides: dict[str, Any] | None = None) -> Kernel:
     """Import a kernel file, apply --set overrides, build the model and its inputs (seeded)."""
     path = Path(path)
+    if path.is_dir():
+        raise KernelFileError(f"{path}: is a directory, not a kernel file")
     if not path.is_file():
         raise KernelFileError(f"{path}: no such kernel file")
     module = _import_file(path)
@@ -83,21 +85,52 @@ def load_kernel(path: str | Path, overrides: dict[str, Any] | None = None) -> Ke
             raise KernelFileError(
                 f"{path}: --set {name}: no such module global (overridable: {', '.join(known) or 'none'})"
             )
-        if isinstance(getattr(module, name), torch.dtype) and isinstance(value, str):
-            value = _dtype_named(value, f"{path}: --set {name}")
-        setattr(module, name, value)
+        setattr(module, name, _typed_override(path, name, getattr(module, name), value))
 
     torch.manual_seed(SEED)
-    init = _as_tuple(module.get_init_inputs(), path) if hasattr(module, "get_init_inputs") else ()
+    init = (_call(module.get_init_inputs, "get_init_inputs()", path)
+            if hasattr(module, "get_init_inputs") else ())
     try:
         model = module.Model(*init)
     except Exception as exc:  # the user's constructor: report it in one line
         raise KernelFileError(f"{path}: Model(*get_init_inputs()) failed: {type(exc).__name__}: {exc}") from exc
     model.eval()
     torch.manual_seed(SEED)
-    inputs = _as_tuple(module.get_inputs(), path)
+    inputs = _call(module.get_inputs, "get_inputs()", path)
     config = dict(getattr(module, "LIGHTHOUSE", {}) or {})
     return Kernel(path=path, module=module, model=model, inputs=inputs, config=config)
+
+
+def _typed_override(path: Path, name: str, current: Any, value: Any) -> Any:
+    """--set NAME=VALUE, checked against the global's type: a dtype global takes a dtype
+    name, a number takes a number (an int global takes only ints), a string any value
+    (as its text)."""
+    where = f"{path}: --set {name}={value!r}"
+    if isinstance(current, torch.dtype):
+        if not isinstance(value, str):
+            raise KernelFileError(f"{where}: {name} holds a torch dtype; give a dtype name")
+        return _dtype_named(value, where)
+    if isinstance(current, str):
+        return value if isinstance(value, str) else repr(value)
+    kinds = [(bool, (bool,)), (int, (int,)), (float, (int, float))]
+    for kind, accepted in kinds:
+        if isinstance(current, kind):
+            if not isinstance(value, accepted) or (kind is not bool and isinstance(value, bool)):
+                raise KernelFileError(f"{where}: {name} is {type(current).__name__} "
+                                      f"{current!r} in the file, the value is "
+                                      f"{type(value).__name__}")
+            return float(value) if kind is float else value
+    return value
+
+
+def _call(fn, what: str, path: Path) -> tuple:
+    """get_inputs() / get_init_inputs() of the user's file: a failure is one line."""
+    try:
+        values = fn()
+    except Exception as exc:
+        reason = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise KernelFileError(f"{path}: {what} failed: {type(exc).__name__}: {reason}") from exc
+    return _as_tuple(values, path)
 
 
 def _import_file(path: Path) -> ModuleType:

@@ -15,7 +15,7 @@ from typing import Callable
 
 from torch_mlir.ir import Location
 
-from .errors import LighthouseError, StageError
+from .errors import LighthouseError, StageError, UnknownStage
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class Pipeline:
 
     def check_stage(self, name: str | None) -> None:
         if name is not None and name not in self.names():
-            raise StageError(f"unknown stage {name!r}; stages are: {', '.join(self.names())}")
+            raise UnknownStage(f"unknown stage {name!r}; stages are: {', '.join(self.names())}")
 
     def replace(self, name: str, run: Callable[[object], None]) -> None:
         """Swap the body of one stage (a hook for experiments and tests)."""

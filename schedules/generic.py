@@ -25,8 +25,10 @@ from dataclasses import dataclass
 from torch_mlir import ir
 from torch_mlir.dialects.transform import structured
 
+import transform_ext
 from transform_ext.analysis.structure import dim_positions, is_linalg_op, loop_structure
 from transform_ext.common import defining_op, walk_ops
+from transform_ext.scalarize_rank0_generics import scalarize_rank0_generics
 
 from .prepare import split_assertions
 from .common import (ID_ATTR, canonicalize, clear_tags, hoist_loop_invariant_subsets, match,
@@ -293,12 +295,14 @@ def vectorize_generic(payload: ir.Module, params: GenericParams = GenericParams(
         for i, (_, sizes) in enumerate(plan):
             structured.TileUsingForOp(match_id(root, i), sizes=k_only.get(i, sizes))
         func = match(root, "func.func")
+        scalarize_rank0_generics(func)
         func = structured.VectorizeChildrenAndApplyPatternsOp(
             func, vectorize_nd_extract=True, fold_type_extensions_into_contract=True).result
         canonicalize(func)
         hoist_loop_invariant_subsets(func)
         canonicalize(func)
 
+    transform_ext.load(payload.context)
     run_schedule(payload, body)
     clear_tags(payload)
 

@@ -409,3 +409,21 @@ def _map_tensor(value: ir.Value, out_type, fn) -> ir.Value:
     with ir.InsertionPoint(block):
         linalg.YieldOp([fn(block.arguments[0])])
     return g.result
+
+
+def simplify_imported_ops(payload: ir.Module) -> None:
+    """linalg ops whose iteration space is empty become their inits
+    (transform_ext.fold_empty_iteration_spaces: zero-size tensors leave no work behind);
+    integer powers become multiplications (transform_ext.expand_integer_powers)."""
+    import transform_ext
+    from transform_ext.expand_integer_powers import expand_integer_powers
+    from transform_ext.fold_empty_iteration_spaces import fold_empty_iteration_spaces
+
+    from .common import match, run_schedule
+
+    def body(root):
+        funcs = fold_empty_iteration_spaces(match(root, "func.func"))
+        expand_integer_powers(funcs)
+
+    transform_ext.load(payload.context)
+    run_schedule(payload, body)

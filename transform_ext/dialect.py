@@ -25,6 +25,9 @@ OP_MODULES: list[str] = [
     "rewrite_attention_row_mask",
     "fuse_elementwise_producers",
     "drop_broadcast_dims",
+    "fold_empty_iteration_spaces",
+    "expand_integer_powers",
+    "scalarize_rank0_generics",
 ]
 
 

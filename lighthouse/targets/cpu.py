@@ -149,10 +149,40 @@ def bufferize(payload: ir.Module) -> None:
     run_schedule(payload, body)
     tree_reduce_min_max(payload)
     reassociate_vector_reductions(payload)
-    run_passes(payload, "canonicalize, cse, "
-               "buffer-results-to-out-params{hoist-static-allocs=true modify-public-functions=true}, "
+    run_passes(payload, "canonicalize, cse")
+    copy_repeated_results(payload)
+    run_passes(payload, "buffer-results-to-out-params{hoist-static-allocs=true modify-public-functions=true}, "
                "canonicalize")
     write_results_in_place(payload)
+
+
+def copy_repeated_results(payload: ir.Module) -> int:
+    """A buffer returned more than once (`return %y, %y`: a model returning one tensor
+    twice) becomes one out-parameter, and each further result gets its own buffer written
+    by a copy (buffer-results-to-out-params cannot give one buffer two out-parameters).
+    Returns the number of copies added."""
+    from torch_mlir.dialects import memref
+
+    added = 0
+    for func in payload.body.operations:
+        if func.operation.name != "func.func" or not func.regions[0].blocks:
+            continue
+        for block in func.regions[0].blocks:
+            ret = block.operations[len(block.operations) - 1].operation
+            if ret.name != "func.return":
+                continue
+            seen = []
+            for i, value in enumerate(list(ret.operands)):
+                if not isinstance(value.type, ir.MemRefType) or not any(value == v for v in seen):
+                    seen.append(value)
+                    continue
+                mtype = ir.MemRefType(value.type)
+                with ir.InsertionPoint(ret), ret.location:
+                    fresh = memref.alloc(ir.MemRefType.get(mtype.shape, mtype.element_type), [], [])
+                    memref.copy(value, fresh)
+                ret.operands[i] = fresh
+                added += 1
+    return added
 
 
 def write_results_in_place(payload: ir.Module) -> int:

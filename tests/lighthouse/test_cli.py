@@ -136,3 +136,62 @@ def test_check_mismatch_exits_1(kernel_file):
     assert r.returncode == 1, r.stderr + r.stdout
     assert "MISMATCH" in r.stdout
     assert "result differs from torch" in r.stderr
+
+
+def test_a_directory_is_not_a_kernel_file(tmp_path):
+    _one_line_error(run_cli(tmp_path), str(tmp_path), "is a directory, not a kernel file")
+
+
+def test_override_of_the_wrong_type():
+    _one_line_error(run_cli(EXAMPLES / "matmul.py", "--set", "N=abc"),
+                    "--set N='abc'", "N is int", "the value is str")
+    _one_line_error(run_cli(EXAMPLES / "matmul.py", "--set", "N=2.5"), "N is int", "float")
+
+
+RAISING = """
+import torch
+class Model(torch.nn.Module):
+    def forward(self, x):
+        {forward}
+def get_inputs():
+    {inputs}
+def get_init_inputs():
+    return []
+"""
+
+
+def test_get_inputs_that_raises(kernel_file):
+    path = kernel_file(RAISING.format(forward="return x", inputs="raise ValueError('no inputs')"))
+    _one_line_error(run_cli(path, "--run"), str(path), "get_inputs() failed: ValueError: no inputs")
+
+
+def test_forward_that_raises(kernel_file):
+    path = kernel_file(RAISING.format(forward="raise ValueError('bad forward')",
+                                      inputs="return [torch.randn(3)]"))
+    for extra in ([], ["--backward"]):
+        r = run_cli(path, "--run", *extra)
+        _one_line_error(r, str(path), "Model.forward fails on the example inputs",
+                        "ValueError: bad forward")
+
+
+def test_forward_returning_none(kernel_file):
+    path = kernel_file(RAISING.format(forward="return x + 1, None", inputs="return [torch.randn(3)]"))
+    _one_line_error(run_cli(path, "--run"), str(path), "returns None as result 1",
+                    "every result must be a tensor")
+
+
+def test_zero_threads_is_an_error():
+    _one_line_error(run_cli(EXAMPLES / "matmul.py", "--set", "N=8", "--threads", "0"),
+                    "--threads must be >= 1, got 0")
+
+
+def test_a_forced_schedule_that_does_not_apply_falls_back_with_a_note():
+    r = run_cli(EXAMPLES / "softmax.py", "--set", "N=8", "--set", "C=40", "--schedule", "matmul",
+                "--check")
+    assert r.returncode == 0, r.stderr
+    assert "note: the matmul schedule does not apply (the payload has no contraction); " \
+           "using the generic schedule" in r.stderr
+    strict = run_cli(EXAMPLES / "softmax.py", "--set", "N=8", "--set", "C=40", "--schedule",
+                     "matmul", "--strict", "--check")
+    _one_line_error(strict, "the matmul schedule does not apply (the payload has no contraction)")
+    assert "using the generic schedule" not in strict.stderr

@@ -1,0 +1,93 @@
+"""fold_empty_iteration_spaces: linalg ops that iterate over nothing become their inits.
+
+A linalg op on tensors computes outs_k = F(ins, outs_k) by running its body once per point
+of its iteration space. When a loop has extent 0 (an operand such as a [0, 16] softmax
+input, cross-entropy with N = 0, a matmul with K = 0), the body never runs and every result
+equals its init operand: `%r = linalg.generic ... outs(%init)` is replaced by `%init`.
+Exact for every kind of linalg op (a reduction over an empty dim keeps its identity, e.g.
+the zeros of a sum; an empty parallel dim gives an empty result), and it leaves no
+zero-size loop nest or zero-length vector for later stages.
+
+Targets: every linalg op nested in the target ops (or equal to them) with a static loop
+extent of 0. Legality: the op has tensor semantics (one result per init); an empty linalg
+op on buffers is a silenceable failure. The result handle holds the targets (a target that
+was folded itself is dropped from it).
+"""
+
+from torch_mlir import ir
+from torch_mlir.dialects import ext, transform
+
+from .analysis.structure import is_linalg_op, loop_structure
+from .common import Illegal, Success, fail, walk_ops
+from .dialect import TransformExt
+
+
+def has_empty_iteration_space(op: ir.Operation) -> bool:
+    return is_linalg_op(op) and 0 in loop_structure(op).ranges
+
+
+def _inits(op: ir.Operation) -> list[ir.Value]:
+    results = list(op.results)
+    if not results:
+        raise Illegal(op, "iterates over an empty space but works on buffers (no results to "
+                          "replace)")
+    inits = list(op.operands)[-len(results):]
+    if [v.type for v in inits] != [r.type for r in results]:
+        raise Illegal(op, "its results do not have the types of its last operands (inits)")
+    return inits
+
+
+class FoldEmptyIterationSpacesOp(TransformExt.Operation, name="fold_empty_iteration_spaces"):
+    target: ext.Operand[transform.AnyOpType]
+    result: ext.Result[transform.AnyOpType[()]] = ext.infer_result()
+
+    class Apply(transform.TransformOpInterface):
+        @staticmethod
+        def apply(op, rewriter, results, state):
+            with op.context:
+                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                plan = []
+                try:
+                    for target in targets:
+                        for empty in walk_ops(target, has_empty_iteration_space):
+                            _inits(empty)
+                            plan.append(empty)
+                except Illegal as illegal:
+                    return fail("transform_ext.fold_empty_iteration_spaces", illegal)
+                # an op nested in a folded one goes with it (decided before rewriting)
+                outermost = [e for e in plan if not any(_inside(e, other) for other in plan)]
+                kept = [t for t in targets if not any(t == e for e in outermost)]
+                # users first: an init produced by another folded op is still there
+                for empty in reversed(outermost):
+                    rewriter.replace_op(empty, _inits(empty))
+                results.set_ops(op.result, kept)
+                return Success
+
+        @staticmethod
+        def allow_repeated_handle_operands(op):
+            return False
+
+    class Effects(ir.MemoryEffectsOpInterface):
+        @staticmethod
+        def get_effects(op, effects):
+            transform.consumes_handle(op.op_operands, effects)
+            transform.produces_handle(op.results, effects)
+            transform.modifies_payload(effects)
+
+
+def _inside(op: ir.Operation, outer: ir.Operation) -> bool:
+    parent = op.parent
+    while parent is not None:
+        if parent == outer:
+            return True
+        parent = parent.parent
+    return False
+
+
+def fold_empty_iteration_spaces(target: ir.Value) -> ir.Value:
+    """Replace the linalg ops in `target` whose iteration space is empty by their inits."""
+    return FoldEmptyIterationSpacesOp(target).result
+
+
+__all__ = ["FoldEmptyIterationSpacesOp", "fold_empty_iteration_spaces",
+           "has_empty_iteration_space"]
