@@ -128,10 +128,23 @@ class Compiled:
         return self.function(*(args or self.imported.args))
 
     def check(self, results: tuple | None = None) -> list[CheckReport]:
+        """Every result against torch: the model's own, then the schedule's extras (their
+        references in lighthouse.extras)."""
         results = results if results is not None else self.run()
-        expected = self.imported.reference()
         return [compare(name, got, want) for name, got, want in
-                zip(self.imported.result_names, results, expected)]
+                zip(self.result_names, results, self.expected())]
+
+    def expected(self) -> list:
+        """torch's value of every result (the model's, then the schedule's extras)."""
+        from .extras import REFERENCES
+
+        expected = list(self.imported.reference())
+        for name in self.result_names[len(expected):]:
+            if name not in REFERENCES:
+                raise CheckFailed(f"{self.kernel.path}: the schedule's result {name!r} has no "
+                                  f"torch reference to check it against")
+            expected.append(REFERENCES[name](self.kernel.model, self.kernel.inputs))
+        return expected
 
 
 def compare(name: str, got: torch.Tensor, want: torch.Tensor) -> CheckReport:
@@ -222,7 +235,9 @@ def _lower(kernel, imported, family, target_obj, notes, *, stop_after, dump_dir,
     pipeline.timings["import"] = import_seconds
     compiled = Compiled(kernel, imported, family, pipeline, target_obj, notes)
     extra = len(result_specs) - len(imported.result_names)
-    compiled.result_names = imported.result_names + [f"extra{i}" for i in range(max(0, extra))]
+    named = list(family.extra_results(target_obj))
+    compiled.result_names = imported.result_names + (
+        named if len(named) == extra else [f"extra{i}" for i in range(max(0, extra))])
     if stop_after in (None, pipeline.names()[-1]) and hasattr(target_obj, "jit"):
         jit_start = time.perf_counter()
         try:

@@ -23,6 +23,9 @@ class Family:
     check: Callable[[object], str | None]  # None when the schedule applies, else the reason
     fuse: Callable[[object, object], None]  # (module, target)
     vectorize: Callable[[object, object], None]
+    # names of the results the schedule appends to the model's, given the target (whose
+    # options hold the kernel file's LIGHTHOUSE dict); lighthouse.extras has their references
+    extra_results: Callable[[object], tuple[str, ...]] = lambda target: ()
 
 
 # The keys a kernel file's LIGHTHOUSE dict may hold besides "schedule", per family.
@@ -135,8 +138,12 @@ def _attention_vectorize(module, target):
     vectorize_attention(module, params)
 
 
+def _attention_extra_results(target) -> tuple[str, ...]:
+    return ("lse",) if dict(getattr(target, "options", ())).get("return_lse") else ()
+
+
 ATTENTION = Family("attention", _attention_recognize, _attention_check, _attention_fuse,
-                   _attention_vectorize)
+                   _attention_vectorize, _attention_extra_results)
 
 
 def _cross_entropy_params(target):

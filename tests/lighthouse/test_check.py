@@ -32,3 +32,33 @@ def test_nan_and_inf_must_sit_where_torch_has_them():
     assert compare("x", want.clone(), want).ok
     assert not compare("x", torch.tensor([1.0, 0.0, float("-inf")]), want).ok
     assert not compare("x", torch.tensor([1.0, float("nan"), 0.0]), want).ok
+
+
+LSE_KERNEL = """
+import torch
+import torch.nn.functional as F
+LIGHTHOUSE = dict(return_lse=True, query_tile=16, key_tile=16)
+class Model(torch.nn.Module):
+    def forward(self, q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.3)
+def get_inputs():
+    m = torch.rand(40, 50) > 0.3
+    m[3] = False                                   # a fully masked row: lse = -inf
+    return [torch.randn(2, 3, 40, 16), torch.randn(2, 3, 50, 16), torch.randn(2, 3, 50, 16), m]
+def get_init_inputs():
+    return []
+"""
+
+
+def test_check_compares_the_schedules_lse_with_torch(kernel_file):
+    from lighthouse.compile import compile_kernel
+
+    compiled = compile_kernel(kernel_file(LSE_KERNEL))
+    assert compiled.result_names == ["out0", "lse"]
+    out, lse = compiled.run()
+    reports = compiled.check((out, lse))
+    assert [r.name for r in reports] == ["out0", "lse"]
+    assert all(r.ok for r in reports), [str(r) for r in reports]
+    assert torch.isinf(lse[:, :, 3]).all()
+    shifted = compiled.check((out, lse + 1e-2))
+    assert shifted[0].ok and not shifted[1].ok
