@@ -42,10 +42,11 @@ def descriptor(t: torch.Tensor):
     if t.dtype not in SUPPORTED_DTYPES:
         raise UnsupportedError(f"tensor dtype {t.dtype} is not supported by the CPU runtime")
     desc = descriptor_type(t.dim())()
-    base = t.data_ptr() - t.storage_offset() * t.element_size()
-    desc.allocated = base
-    desc.aligned = base
-    desc.offset = t.storage_offset()
+    # the kernels' memref types have a static offset of 0 (identity layouts): the tensor's
+    # own first element is the aligned pointer, whatever its offset in its storage
+    desc.allocated = t.data_ptr()
+    desc.aligned = t.data_ptr()
+    desc.offset = 0
     for i, (size, stride) in enumerate(zip(t.shape, t.stride())):
         desc.sizes[i] = size
         desc.strides[i] = stride

@@ -93,3 +93,27 @@ def test_inputs_are_never_overwritten(kernel_file):
     out, twice = c.run(a, b)
     assert torch.equal(a, a0) and torch.equal(b, b0)
     assert torch.equal(out, a0 + b0) and torch.equal(twice, b0 * 2)
+
+
+def test_inputs_that_start_inside_their_storage(kernel_file):
+    """x[3:], a chunk of a fused qkv, a narrowed or transposed view: the kernel reads the
+    tensor's own elements, not the start of its storage."""
+    path = kernel_file("""
+        import torch
+        class Model(torch.nn.Module):
+            def forward(self, a, b, c):
+                return a * 2.0 + b, c.sum(-1)
+        def get_inputs():
+            base = torch.randn(9, 4)
+            qkv = torch.randn(5, 12)
+            return [base[3:8], qkv.chunk(3, dim=-1)[1], torch.randn(3, 7, 5)[1].t()]
+        def get_init_inputs():
+            return []
+    """)
+    compiled = compile_kernel(path)
+    for r in compiled.check():
+        assert r.ok, str(r)
+    a, b, c = torch.randn(10, 4)[5:], torch.randn(5, 8)[:, 2:6], torch.randn(2, 7, 5)[1].t()
+    out, total = compiled.run(a, b, c)
+    assert torch.equal(out, a * 2.0 + b)
+    torch.testing.assert_close(total, c.sum(-1))
