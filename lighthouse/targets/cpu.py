@@ -340,6 +340,7 @@ def lower_to_llvm(payload: ir.Module, threads: int, *, runtime_checks: bool = Fa
         "arith-expand", "arith-emulate-unsupported-floats{source-types=bf16,f16 target-type=f32}",
         "canonicalize", "cse",
     ]))
+    widen_odd_bf16_conversions(payload)
     expand_math(payload, ldexp="avx512f" in host_cpu_flags())
     for op in payload.body.operations:
         if op.operation.name == "func.func":
@@ -350,6 +351,53 @@ def lower_to_llvm(payload: ir.Module, threads: int, *, runtime_checks: bool = Fa
         "convert-index-to-llvm", "convert-func-to-llvm", "convert-cf-to-llvm",
         "convert-ub-to-llvm", "reconcile-unrealized-casts", "canonicalize",
     ]))
+
+
+def widen_odd_bf16_conversions(payload: ir.Module) -> int:
+    """bf16 <-> f32 conversions (arith.extf / truncf) of vectors whose lane count is not a
+    power of two run on the next power of two: the lanes are inserted into a zero vector,
+    converted, and the first ones extracted again. LLVM's x86 backend splits a 9-, 17- or
+    33-lane conversion into power-of-two parts plus a single lane, and cannot legalize that
+    lane (it aborts the process: "Do not know how to soft promote this operator's
+    operand"). Exact: the same conversion of the same lanes. Returns the count rewritten."""
+    from torch_mlir.dialects import arith, vector
+
+    bf16 = ir.BF16Type.get(payload.context)
+    targets = []
+
+    def visit(op):
+        if op.name in ("arith.extf", "arith.truncf"):
+            source, result = op.operands[0].type, op.results[0].type
+            if isinstance(source, ir.VectorType) and bf16 in (source.element_type,
+                                                               result.element_type):
+                n = 1
+                for d in source.shape:
+                    n *= d
+                if n > 1 and n & (n - 1):
+                    targets.append((op, n))
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit)
+    with payload.context:
+        for op, n in targets:
+            source_t, result_t = ir.VectorType(op.operands[0].type), ir.VectorType(op.results[0].type)
+            width = 1 << n.bit_length()
+            with ir.InsertionPoint(op), op.location:
+                flat = vector.shape_cast(ir.VectorType.get([n], source_t.element_type), op.operands[0])
+                wide_t = ir.VectorType.get([width], source_t.element_type)
+                zeros = arith.constant(wide_t, ir.DenseElementsAttr.get_splat(
+                    wide_t, ir.FloatAttr.get(source_t.element_type, 0.0)))
+                wide = vector.insert_strided_slice(flat, zeros, [0], [1])
+                converted_t = ir.VectorType.get([width], result_t.element_type)
+                converted = ir.Operation.create(op.name, results=[converted_t], operands=[wide],
+                                                attributes={a.name: a.attr for a in op.attributes}
+                                                ).result
+                lanes = vector.extract_strided_slice(
+                    ir.VectorType.get([n], result_t.element_type), converted, [0], [n], [1])
+                value = vector.shape_cast(result_t, lanes)
+            op.results[0].replace_all_uses_with(value)
+            op.erase()
+    return len(targets)
 
 
 def strided_copies_to_loops(payload: ir.Module) -> None:

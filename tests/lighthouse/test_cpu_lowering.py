@@ -73,3 +73,25 @@ def test_a_buffer_returned_twice_keeps_its_copies(kernel_file):
     for r in compiled.check():
         assert r.ok, str(r)
 
+
+
+BF16_ROWS = """
+import torch
+N = 17
+class Model(torch.nn.Module):
+    def forward(self, x, y):
+        return x * 2.0, torch.softmax(y, -1), (y.float() + 1).to(torch.bfloat16)
+def get_inputs():
+    return [torch.randn(N, dtype=torch.bfloat16), torch.randn(3, N, dtype=torch.bfloat16)]
+def get_init_inputs():
+    return []
+"""
+
+
+def test_bf16_vectors_of_any_width_convert(kernel_file):
+    """9, 17, 33 lanes: LLVM's x86 backend aborted on the odd lane of a bf16 conversion."""
+    path = kernel_file(BF16_ROWS)
+    for n in (9, 17, 33, 48):
+        compiled = compile_kernel(path, overrides={"N": n})
+        for r in compiled.check():
+            assert r.ok, f"N={n}: {r}"
