@@ -13,7 +13,10 @@ vectorize (`vectorize_generic`):
      accumulator's producer (a fill, an elementwise op such as a rescale) on the tile, in
      registers; every other op to 1 x ... x 1 x W along its innermost loop dim;
   4. the function is vectorized (`vectorize_children_and_apply_patterns`) and loop-invariant
-     accumulator reads/writes are hoisted out of the loops.
+     accumulator reads/writes are hoisted out of the loops. Before that, every
+     tensor.insert_slice that is strided, rank-reducing or larger than a register tile
+     becomes a loop of vector-tile inserts (`transform_ext.tile_insert_slices`): vectorized
+     whole, it would lose its strides or become one vector as large as its source.
 Tile sizes always divide the extents (the largest divisor not above the target), so every
 tile has a static shape and vectorizes; schedules that care about speed peel instead.
 """
@@ -29,6 +32,7 @@ import transform_ext
 from transform_ext.analysis.structure import dim_positions, is_linalg_op, loop_structure
 from transform_ext.common import defining_op, walk_ops
 from transform_ext.scalarize_rank0_generics import scalarize_rank0_generics
+from transform_ext.tile_insert_slices import tile_insert_slices
 
 from .prepare import split_assertions
 from .common import (ID_ATTR, canonicalize, clear_tags, hoist_loop_invariant_subsets, match,
@@ -296,6 +300,8 @@ def vectorize_generic(payload: ir.Module, params: GenericParams = GenericParams(
             structured.TileUsingForOp(match_id(root, i), sizes=k_only.get(i, sizes))
         func = match(root, "func.func")
         scalarize_rank0_generics(func)
+        tile_insert_slices(func, params.vector_tile,
+                           max_elements=params.register_tile[0] * params.register_tile[1])
         func = structured.VectorizeChildrenAndApplyPatternsOp(
             func, vectorize_nd_extract=True, fold_type_extensions_into_contract=True).result
         canonicalize(func)
@@ -356,7 +362,9 @@ def _fuse_init_into_tile(tiled: ir.Operation, producer: ir.Operation) -> None:
     view = slice_op.opview
     dynamic = iter(view.offsets)
     offsets = [next(dynamic) if o == _DYNAMIC else o for o in view.static_offsets]
-    sizes = list(view.static_sizes)
+    sizes, strides = list(view.static_sizes), list(view.static_strides)
+    if _DYNAMIC in strides:
+        raise AssertionError(f"tiled contraction's accumulator slice has dynamic strides: {slice_op}")
     pls = loop_structure(producer)
     with ir.InsertionPoint(tiled), tiled.location:
         tile = producer.clone()
@@ -372,7 +380,7 @@ def _fuse_init_into_tile(tiled: ir.Operation, producer: ir.Operation) -> None:
             t = value.type
             tile.operands[j] = tensor.ExtractSliceOp(
                 ir.RankedTensorType.get(szs, t.element_type, t.encoding), value, dyn, [], [],
-                static, szs, [1] * len(szs)).result
+                static, szs, [strides[d] for d in dims]).result
         tile.operands[pls.num_inputs] = acc
         tile.results[0].set_type(acc.type)
     tiled.operands[ls.num_inputs] = tile.results[0]

@@ -28,6 +28,7 @@ OP_MODULES: list[str] = [
     "fold_empty_iteration_spaces",
     "expand_integer_powers",
     "scalarize_rank0_generics",
+    "tile_insert_slices",
 ]
 
 
