@@ -3,6 +3,9 @@
 Forward: `torch.export` + `torch_mlir.fx.export_and_import(output_type="linalg-on-tensors")`,
 SDPA forced to the math backend (the only one torch-mlir decomposes). Parameters and buffers
 are frozen into the IR as constants; the function's arguments are the tensors of get_inputs().
+Other inputs (a Python float, int or bool: KernelBench's `A * s`) are compile-time constants,
+as torch.export specializes them: the model is traced with them bound, so the function
+takes the tensors only (both directions), and another value needs another compile.
 
 Backward (`import_joint`): the joint forward+backward graph
     (inputs..., params...) -> (outputs..., d inputs..., d params...)
@@ -70,6 +73,7 @@ def import_forward(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel
 
     inputs = _distinct(inputs)
     tensors = tuple(t for t in inputs if isinstance(t, torch.Tensor))
+    traced = model if len(tensors) == len(inputs) else _ConstantsBound(model, inputs)
 
     def reference():
         with torch.no_grad():
@@ -79,7 +83,7 @@ def import_forward(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel
     importer, diagnostics = _quiet_importer()
     try:
         with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
-            program = torch.export.export(model, inputs, strict=False)
+            program = torch.export.export(traced, tensors, strict=False)
             program = program.run_decompositions(get_decomposition_table())
             empty_tensors_without_work(program.graph_module)
             module = fx.export_and_import(program, output_type="linalg-on-tensors",
@@ -89,6 +93,21 @@ def import_forward(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel
         raise IngressError(_describe_import_failure(name, exc, diagnostics)) from exc
     names = [f"out{i}" for i in range(len(expected))]
     return _finish(module, tensors, reference, expected, names, name)
+
+
+class _ConstantsBound(torch.nn.Module):
+    """`model` with its non-tensor inputs bound: forward(*tensors) calls model(*inputs) with
+    the tensors in their places (torch.export would keep an unused argument for each)."""
+
+    def __init__(self, model: torch.nn.Module, inputs: tuple):
+        super().__init__()
+        self.model = model
+        self.is_tensor = [isinstance(x, torch.Tensor) for x in inputs]
+        self.constants = [None if t else x for t, x in zip(self.is_tensor, inputs)]
+
+    def forward(self, *tensors):
+        given = iter(tensors)
+        return self.model(*(next(given) if t else c for t, c in zip(self.is_tensor, self.constants)))
 
 
 def import_joint(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel") -> Imported:
@@ -220,6 +239,7 @@ def _finish(module, args, reference, expected, names, name) -> Imported:
     for i, (spec, t) in enumerate(zip(arg_specs, args)):
         if spec.shape != tuple(t.shape) or spec.dtype != t.dtype:
             raise IngressError(f"{name}: argument {i} imported as {spec}, input is {TensorSpec.of(t)}")
+    lower_scans(module)
     _check_pure_linalg(module, name)
     return Imported(module=module, args=tuple(args), reference=reference, arg_specs=arg_specs,
                     result_specs=result_specs, result_names=names)
@@ -244,6 +264,149 @@ def _spec_of_type(t, name: str, what: str) -> TensorSpec:
     if key not in _DTYPES:
         raise IngressError(f"{name}: {what} has element type {key}, which is not supported")
     return TensorSpec(tuple(rt.shape), _DTYPES[key])
+
+
+def lower_scans(module) -> int:
+    """Rewrite torch-mlir's `tm_tensor.scan` (cumsum, cumprod, logcumsumexp) as an scf.for
+    over the scan dim carrying the output and the running value; returns the number
+    rewritten.
+
+    TMTensor's semantics, with f its region (arg 0 the running value, arg 1 the element):
+    inclusive: out[0] = in[0], out[i] = f(out[i-1], in[i]); exclusive: out[0] = acc,
+    out[i] = f(out[i-1], in[i-1]); the accumulator result is out[n-1] (acc itself when the
+    inclusive scan has one element). Each step is an elementwise linalg.generic over the
+    other dims, on slices that keep the scan dim as a unit dim, so the schedules tile and
+    vectorize it like any elementwise op; the loop itself stays sequential. As torch does,
+    an f16/bf16 scan carries its running value in f32 (f is recomputed in f32) and rounds
+    each output once. Left for the pure-linalg check to report: dynamic shapes, and narrow
+    scans whose f has ops other than arith and math ones."""
+    from transform_ext.common import ops_named
+
+    with module.context:
+        return sum(_lower_scan(op) for op in ops_named(module.operation, "tm_tensor.scan"))
+
+
+_NARROW_FLOATS = ("bf16", "f16")
+
+
+def _lower_scan(op) -> bool:
+    from torch_mlir import ir
+    from torch_mlir.dialects import arith, scf, tensor
+
+    from transform_ext.common import build_generic, reassociation_attr
+
+    source, out_init, acc_init = list(op.operands)
+    source_type, out_type = ir.RankedTensorType(source.type), ir.RankedTensorType(out_init.type)
+    body = op.regions[0].blocks[0]
+    element = out_type.element_type
+    if not source_type.has_static_shape or source_type.element_type != element \
+            or [a.type for a in body.arguments] != [element, element]:
+        return False
+    narrow = str(element) in _NARROW_FLOATS
+    ops = [o.operation for o in body.operations][:-1]
+    if narrow and not all(o.name.startswith(("arith.", "math.")) for o in ops):
+        return False
+    wide = ir.F32Type.get() if narrow else element
+    dim = ir.IntegerAttr(op.attributes["dimension"]).value
+    inclusive = ir.BoolAttr(op.attributes["inclusive"]).value
+    shape = list(source_type.shape)
+    rank, n = len(shape), shape[dim]
+    unit = shape[:dim] + [1] + shape[dim + 1:]
+    groups = [[k] for k in range(rank) if k != dim]  # acc dims -> unit dims
+    if groups:
+        groups[max(dim - 1, 0)].append(dim)
+        groups = [sorted(g) for g in groups]
+    identity = ir.AffineMap.get_identity(rank)
+    parallel = ["parallel"] * rank
+    dynamic = ir.ShapedType.get_dynamic_stride_or_offset()
+    idx = ir.IndexType.get()
+
+    def at(i):
+        return [(dynamic if isinstance(i, ir.Value) else i) if d == dim else 0 for d in range(rank)]
+
+    def row(t, i):
+        return tensor.ExtractSliceOp(ir.RankedTensorType.get(unit, element), t,
+                                     [i] if isinstance(i, ir.Value) else [], [], [], at(i), unit,
+                                     [1] * rank).result
+
+    def put(value, dest, i):
+        return tensor.InsertSliceOp(value, dest, [i] if isinstance(i, ir.Value) else [], [], [],
+                                    at(i), unit, [1] * rank).result
+
+    def empty(elem):
+        return tensor.EmptyOp(unit, elem).result
+
+    with ir.InsertionPoint(op), op.location:
+        if n == 0:
+            results = [out_init, acc_init]
+        else:
+            first = row(source, 0) if inclusive else tensor.ExpandShapeOp(
+                ir.RankedTensorType.get(unit, element), acc_init, reassociation_attr(groups), [],
+                unit).result
+            carry = first if not narrow else build_generic(
+                [first], [empty(wide)], [identity] * 2, parallel,
+                lambda args: [arith.extf(wide, args[0])]).result
+            lb, ub, one = (arith.ConstantOp(idx, ir.IntegerAttr.get(idx, v)).result
+                           for v in (1, n, 1))
+            loop = scf.ForOp(lb, ub, one, [put(first, out_init, 0), carry])
+            with ir.InsertionPoint(loop.body):
+                i = loop.induction_variable
+                x = row(source, i if inclusive else arith.SubIOp(i, one).result)
+
+                def step_body(args):
+                    value = args[1] if not narrow else arith.extf(wide, args[1])
+                    result = _clone_scan_body(body, {body.arguments[0]: args[0],
+                                                     body.arguments[1]: value}, wide)
+                    return [result, arith.truncf(element, result)] if narrow else [result]
+
+                outs = [empty(wide)] + ([empty(element)] if narrow else [])
+                step = build_generic([loop.inner_iter_args[1], x], outs,
+                                     [identity] * (2 + len(outs)), parallel, step_body)
+                scf.YieldOp([put(step.results[-1], loop.inner_iter_args[0], i), step.results[0]])
+            last = loop.results[1] if not narrow else build_generic(
+                [loop.results[1]], [empty(element)], [identity] * 2, parallel,
+                lambda args: [arith.truncf(element, args[0])]).result
+            acc = acc_init if inclusive and n == 1 else tensor.CollapseShapeOp(
+                acc_init.type, last, reassociation_attr(groups)).result
+            results = [loop.results[0], acc]
+    for old, new in zip(op.results, results):
+        old.replace_all_uses_with(new)
+    op.erase()
+    return True
+
+
+def _clone_scan_body(body, mapping: dict, wide):
+    """Clone a scan region's ops at the insertion point with `mapping` for its arguments;
+    returns the yielded value. When `wide` is wider than the region's float type, every
+    float result is computed in `wide` instead (constants widened, extf/truncf between the
+    two dropped)."""
+    from torch_mlir import ir
+    from torch_mlir.dialects import arith
+
+    from transform_ext.common import clone_op
+
+    ops = [o.operation for o in body.operations]
+    for o in ops[:-1]:
+        results = list(o.results)
+        narrow = [r for r in results if str(r.type) in _NARROW_FLOATS]
+        if narrow and str(wide) not in _NARROW_FLOATS:
+            if o.name == "arith.constant":
+                value = ir.FloatAttr(o.attributes["value"]).value
+                mapping[results[0]] = arith.ConstantOp(wide, ir.FloatAttr.get(wide, value)).result
+                continue
+            if o.name == "arith.truncf" and mapping.get(o.operands[0], o.operands[0]).type == wide:
+                mapping[results[0]] = mapping.get(o.operands[0], o.operands[0])
+                continue
+        if o.name == "arith.extf" and mapping.get(o.operands[0], o.operands[0]).type == results[0].type:
+            mapping[results[0]] = mapping.get(o.operands[0], o.operands[0])
+            continue
+        clone = clone_op(o, mapping)
+        if str(wide) not in _NARROW_FLOATS:
+            for r in clone.results:
+                if str(r.type) in _NARROW_FLOATS:
+                    r.set_type(wide)
+    yielded = ops[-1].operands[0]
+    return mapping.get(yielded, yielded)
 
 
 def _check_pure_linalg(module, name: str) -> None:
