@@ -3,6 +3,7 @@
     python -m lighthouse.bench [--quick] [--only NAME...] [--csv F] [--json F] [--plot F.png]
     python -m lighthouse.bench KERNEL.py ...                 # your kernel files instead
     python -m lighthouse.bench --kernelbench DIR --level 1 --problems 23,24,40 --set batch_size=16
+    python -m lighthouse.bench --kernelbench DIR --max-elements 4000000   # a whole level, shrunk
 
 The default suite (`benchmarks.suite`) holds the examples at realistic sizes for this
 machine; `--quick` runs the same kinds at small sizes. Per kernel, in fresh child processes
@@ -48,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kernelbench", metavar="DIR", help="run KernelBench problem files from DIR")
     p.add_argument("--level", type=int, default=1, help="KernelBench level (default 1)")
     p.add_argument("--problems", metavar="N,N,...", help="KernelBench problem numbers (default all)")
+    p.add_argument("--max-elements", type=int, metavar="N",
+                   help="halve each kernel's size globals until its inputs hold at most N "
+                        "elements (the sizes used are shown per row)")
     p.add_argument("--timeout", type=float, metavar="SECONDS",
                    help="per child process (default 900, 120 with --quick)")
     p.add_argument("--csv", metavar="FILE", help="write the rows as CSV")
@@ -89,7 +93,10 @@ def choose_cases(args):
         cases = suite.quick_suite() if args.quick else suite.default_suite()
     cases = suite.select(cases, args.only)
     overrides = dict(parse_override(o) for o in args.overrides)
-    return suite.apply_overrides(cases, overrides)
+    cases = suite.apply_overrides(cases, overrides)
+    if args.max_elements is not None:
+        cases = suite.fit_to_elements(cases, args.max_elements, set(overrides))
+    return cases
 
 
 def run(args) -> int:
@@ -107,7 +114,7 @@ def run(args) -> int:
         if out and not Path(out).resolve().parent.is_dir():
             raise KernelFileError(f"{out}: the folder does not exist")
     timeout = args.timeout or (120.0 if args.quick else 900.0)
-    settings = {"quick": args.quick, "timeout_s": timeout,
+    settings = {"quick": args.quick, "timeout_s": timeout, "max_elements": args.max_elements,
                 "timing_budget_s": 1.0 if args.quick else 10.0,
                 "timing_rounds": 5 if args.quick else 10}
     started = time.perf_counter()
@@ -138,7 +145,7 @@ def run(args) -> int:
         _write_files(args, rows, machine, settings, plot=False)
 
     print()
-    print(report.table(rows))
+    print(report.table(rows, sizes=args.max_elements is not None))
     notes = report.footnotes(rows)
     if notes:
         print()

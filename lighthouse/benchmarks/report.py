@@ -58,13 +58,13 @@ class Row:
 
 def make_row(case: Case, status: str, reason: str = "") -> Row:
     return Row(case.name, str(case.path), case.sizes, case.backward, status, reason,
-               command=case.command())
+               notes=list(case.notes), command=case.command())
 
 
 def fill_measurement(row: Row, m: dict, limits: Limits | None) -> None:
     """Copy a child's measurement into the row and derive ratios, rates and fractions."""
     row.schedule = m["schedule"]
-    row.notes = m["notes"]
+    row.notes += m["notes"]
     row.import_s, row.compile_s = m["import_s"], m["compile_s"]
     row.max_abs_err, row.max_rel_err = m["max_abs_err"], m["max_rel_err"]
     row.ours_ms, row.torch_ms = m["ours_s"] * 1e3, m["torch_s"] * 1e3
@@ -114,12 +114,17 @@ COLUMNS = [
 ]
 
 
-def table(rows: list[Row]) -> str:
-    cells = [[c[0] for c in COLUMNS]] + [[c[2](r) for c in COLUMNS] for r in rows]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
+SIZES_COLUMN = ("sizes (--set)", "<", lambda r: r.sizes or "-")
+
+
+def table(rows: list[Row], *, sizes: bool = False) -> str:
+    """The terminal table; `sizes` adds the --set values of each row (chosen sizes)."""
+    columns = COLUMNS + [SIZES_COLUMN] if sizes else COLUMNS
+    cells = [[c[0] for c in columns]] + [[c[2](r) for c in columns] for r in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
 
     def render(line):
-        return "  ".join(format(v, f"{c[1]}{w}") for v, c, w in zip(line, COLUMNS, widths)).rstrip()
+        return "  ".join(format(v, f"{c[1]}{w}") for v, c, w in zip(line, columns, widths)).rstrip()
 
     out = [render(cells[0]), "  ".join("-" * w for w in widths)]
     out += [render(line) for line in cells[1:]]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,17 +29,27 @@ class Case:
     overrides: dict[str, Any] = field(default_factory=dict)
     backward: bool = False
     useful_flops: float = 1.0  # fraction of the graph's matmul FLOPs that is useful work
+    notes: list[str] = field(default_factory=list)  # how the sizes were chosen, when it matters
 
     @property
     def sizes(self) -> str:
-        return " ".join(f"{k}={v}" for k, v in self.overrides.items())
+        return " ".join(shlex.quote(f"{k}={_literal(v)}") for k, v in self.overrides.items())
 
     def command(self) -> str:
         """The `lighthouse.compile` command line that compiles this case alone."""
-        words = ["python -m lighthouse.compile", str(self.path)]
-        words += [f"--set {k}={v}" for k, v in self.overrides.items()]
+        words = ["python -m lighthouse.compile", shlex.quote(str(self.path))]
+        words += [f"--set {shlex.quote(f'{k}={_literal(v)}')}" for k, v in self.overrides.items()]
         words += ["--backward"] if self.backward else []
         return " ".join(words)
+
+
+def _literal(value) -> str:
+    """A --set value as `parse_override` reads it back (a dtype by its name)."""
+    import torch
+
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    return repr(value) if isinstance(value, (tuple, list)) else str(value)
 
 
 def _example(name: str, file: str, backward: bool = False, **overrides) -> Case:
@@ -152,6 +163,20 @@ def apply_overrides(cases: list[Case], overrides: dict[str, Any]) -> list[Case]:
     if unused:
         raise KernelFileError(f"--set {', '.join(sorted(unused))}: no selected kernel file defines "
                               f"{'this global' if len(unused) == 1 else 'these globals'}")
+    return cases
+
+
+def fit_to_elements(cases: list[Case], max_elements: int, keep: set[str]) -> list[Case]:
+    """Shrink every case's size globals until its inputs hold at most `max_elements`
+    elements (`shrink.fit_to_elements`); the globals in `keep` (the user's --set) stay."""
+    from .shrink import fit_to_elements as fit
+
+    if max_elements < 1:
+        raise KernelFileError(f"--max-elements must be at least 1, got {max_elements}")
+    for case in cases:
+        found = fit(case.path, max_elements, case.overrides, keep & set(case.overrides))
+        case.overrides = found.overrides
+        case.notes += found.notes
     return cases
 
 

@@ -6,6 +6,7 @@ Every run is --quick on tiny kernels."""
 import csv
 import json
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -136,17 +137,144 @@ def test_slow_kernel_is_a_timeout_row(kernel_file):
 
 
 def test_kernelbench_problem_files():
-    r = run_bench("--quick", "--kernelbench", KERNELBENCH, "--level", "1", "--problems", "97,89",
+    r = run_bench("--quick", "--kernelbench", KERNELBENCH, "--level", "1", "--problems", "97,89,101",
                   "--set", "batch_size=2", "--set", "num_heads=2", "--set", "sequence_length=256",
-                  "--set", "embedding_dimension=16")
+                  "--set", "embedding_dimension=16", "--set", "input_shape=(300,)")
     assert r.returncode == 0, r.stdout + r.stderr
-    _, rows = parse_table(r.stdout)
-    assert list(rows) == ["97_ScaledDotProductAttention", "89_cumsum"]
+    names, rows = parse_table(r.stdout)
+    assert names == COLUMNS  # the sizes column comes with --max-elements only
+    assert list(rows) == ["97_ScaledDotProductAttention", "89_cumsum", "101_cummax"]
     assert rows["97_ScaledDotProductAttention"]["check"] == "PASS"
     assert rows["97_ScaledDotProductAttention"]["ours rate"].endswith("GFLOP/s")
-    assert rows["89_cumsum"]["check"] == "UNSUPPORTED"
-    assert rows["89_cumsum"]["ours ms"] == "-"
-    assert re.search(r"^UNSUPPORTED 89_cumsum: .*89_cumsum.py: .*tm_tensor", r.stdout, re.M)
+    assert rows["89_cumsum"]["check"] == "PASS"  # tm_tensor.scan, lowered at the import
+    assert rows["101_cummax"]["check"] == "UNSUPPORTED"
+    assert rows["101_cummax"]["ours ms"] == "-"
+    assert re.search(r"^UNSUPPORTED 101_cummax: .*101_cummax.py: torch-mlir cannot lower "
+                     r"torch.aten.cummax", r.stdout, re.M)
+    assert "'input_shape=(300,)'" in r.stderr  # progress lines show the sizes, shell-quoted
+
+
+def test_max_elements_shrinks_kernelbench_problems(tmp_path):
+    """--max-elements 20000 on the fixtures: each row shows the --set values it ran with,
+    and the row's command compiles the same problem alone and passes --check."""
+    out = tmp_path / "kb.json"
+    r = run_bench("--quick", "--kernelbench", KERNELBENCH, "--problems", "40,89,95",
+                  "--max-elements", "20000", "--json", out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    names, rows = parse_table(r.stdout)
+    assert names == COLUMNS + ["sizes (--set)"]
+    assert {name: (row["check"], row["sizes (--set)"]) for name, row in rows.items()} == {
+        "40_LayerNorm": ("PASS", "batch_size=8 features=8 dim1=16 dim2=16"),
+        "89_cumsum": ("PASS", "'input_shape=(125,)'"),
+        "95_CrossEntropyLoss": ("PASS", "batch_size=1024")}
+    doc = json.loads(out.read_text())
+    assert doc["settings"]["max_elements"] == 20000
+    command = next(row["command"] for row in doc["rows"] if row["name"] == "89_cumsum")
+    assert command.endswith("89_cumsum.py --set 'input_shape=(125,)'")
+    argv = shlex.split(command)
+    assert argv[:3] == ["python", "-m", "lighthouse.compile"]
+    rerun = subprocess.run([sys.executable, *argv[1:], "--check"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=600)
+    assert rerun.returncode == 0 and "check passed" in rerun.stdout, rerun.stdout + rerun.stderr
+
+
+SHRINK = """
+import torch
+{globals}
+class Model(torch.nn.Module):
+    def __init__(self, *args):
+        super().__init__()
+        self.layer = {layer}
+    def forward(self, {args}):
+        return {expr}
+def get_inputs():
+    return {inputs}
+def get_init_inputs():
+    return [{init}]
+"""
+
+
+def _shrink(kernel_file, budget, keep=(), start=None, *, layer="torch.nn.Identity()",
+            init="", args="x", **parts):
+    from lighthouse.benchmarks.shrink import fit_to_elements
+
+    path = kernel_file(SHRINK.format(layer=layer, init=init, args=args, **parts))
+    return path, fit_to_elements(path, budget, start, set(keep))
+
+
+def _runs_for_real(path, overrides):
+    """The chosen sizes make a kernel that loads and runs on real tensors."""
+    from lighthouse.kernel import load_kernel
+
+    kernel = load_kernel(path, overrides)
+    with torch.no_grad():
+        return kernel.model(*kernel.inputs)
+
+
+def test_shrink_halves_the_largest_size_until_the_inputs_fit(kernel_file):
+    path, fit = _shrink(kernel_file, 10_000, globals="B = 64\nN = 1000\ndim = 1\nFLAG = True",
+                        expr="torch.softmax(x, dim=dim) if FLAG else x",
+                        inputs="[torch.randn(B, N)]")
+    assert fit.overrides == {"N": 125}  # N is the largest three times; never dim or FLAG
+    assert fit.elements == 8000 and fit.original == 64_000 and fit.reached and not fit.notes
+    _runs_for_real(path, fit.overrides)
+
+
+def test_shrink_counts_the_outputs_too(kernel_file):
+    """KernelBench 7: a [M, 64] x [64, N] matmul's inputs are small, its output is not."""
+    _, fit = _shrink(kernel_file, 100_000, globals="M = 4096\nN = 4096\nK = 16",
+                     expr="a @ b", args="a, b", inputs="[torch.randn(M, K), torch.randn(K, N)]")
+    assert fit.overrides == {"M": 256, "N": 256}
+    assert fit.elements == 65_536
+
+
+def test_shrink_rederives_globals_defined_from_sizes(kernel_file):
+    """KernelBench 95: input_shape = (num_classes,) follows num_classes, so the targets of
+    randint(0, num_classes) stay valid classes."""
+    path, fit = _shrink(kernel_file, 20_000,
+                        globals="batch_size = 512\nnum_classes = 1000\ninput_shape = (num_classes,)",
+                        expr="torch.nn.functional.cross_entropy(x, t)", args="x, t",
+                        inputs="[torch.randn(batch_size, *input_shape), "
+                               "torch.randint(0, num_classes, (batch_size,))]")
+    assert fit.overrides == {"batch_size": 128, "num_classes": 125, "input_shape": (125,)}
+    _runs_for_real(path, fit.overrides)
+
+
+def test_shrink_keeps_channels_divisible_by_groups_and_kernels_inside_inputs(kernel_file):
+    path, fit = _shrink(kernel_file, 50, globals="in_channels = 64\nlength = 4096\n"
+                                                  "kernel_size = 7\ngroups = 8",
+                        layer="torch.nn.Conv1d(args[0], 16, args[1], groups=args[2])",
+                        init="in_channels, kernel_size, groups", expr="self.layer(x)",
+                        inputs="[torch.randn(1, in_channels, length)]")
+    assert fit.overrides["in_channels"] == 8  # 4 channels in 8 groups cannot be built
+    assert fit.overrides["length"] == 8  # nor a 7-wide kernel on 4 samples
+    assert "kernel_size" not in fit.overrides and "groups" not in fit.overrides
+    assert not fit.reached and fit.elements == 64
+    assert fit.notes == ["--max-elements 50: the inputs or outputs hold 64 elements at the "
+                         "smallest sizes found"]
+    _runs_for_real(path, fit.overrides)
+
+
+def test_shrink_halves_equal_sizes_together_when_one_alone_fails(kernel_file):
+    """KernelBench 100: predictions [B, C] * targets [B] broadcasts only while B == C."""
+    path, fit = _shrink(kernel_file, 5_000, globals="batch_size = 1024\ninput_shape = (1024,)",
+                        expr="torch.clamp(1 - p * t, min=0).mean()", args="p, t",
+                        inputs="[torch.randn(batch_size, *input_shape), torch.randn(batch_size)]")
+    assert fit.overrides == {"batch_size": 64, "input_shape": (64,)}
+    _runs_for_real(path, fit.overrides)
+
+
+def test_shrink_keeps_the_users_sizes(kernel_file):
+    _, fit = _shrink(kernel_file, 1_000, keep={"B"}, start={"B": 5},
+                     globals="B = 64\nN = 1000", expr="x * 2", inputs="[torch.randn(B, N)]")
+    assert fit.overrides == {"B": 5, "N": 125}
+
+
+def test_shrink_without_a_meta_forward_counts_the_inputs(kernel_file):
+    _, fit = _shrink(kernel_file, 1_000, globals="N = 4096", expr="x * x.sum().item()",
+                     inputs="[torch.randn(N)]")
+    assert fit.overrides == {"N": 512}
+    assert "does not run on meta tensors" in fit.notes[0]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -156,6 +284,7 @@ def test_kernelbench_problem_files():
     (["--kernelbench", str(KERNELBENCH), "--level", "7"], "no level7/ folder"),
     (["--problems", "23"], "--problems needs --kernelbench"),
     (["no/such/kernel.py"], "no/such/kernel.py: no such kernel file"),
+    (["--kernelbench", str(KERNELBENCH), "--max-elements", "0"], "--max-elements must be at least 1"),
 ])
 def test_argument_errors_are_one_line_exit_2(argv, message, capsys):
     assert main(argv) == 2
