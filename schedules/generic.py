@@ -30,7 +30,7 @@ from torch_mlir.dialects.transform import structured
 
 import transform_ext
 from transform_ext.analysis.structure import dim_positions, is_linalg_op, loop_structure
-from transform_ext.common import defining_op, walk_ops
+from transform_ext.common import defining_op, largest_divisor_at_most, walk_ops
 from transform_ext.scalarize_rank0_generics import scalarize_rank0_generics
 from transform_ext.tile_insert_slices import tile_insert_slices
 
@@ -65,14 +65,6 @@ class GenericParams:
             raise ValueError("threads, tiles_per_thread and tile_bytes must be >= 1")
         if self.vector_tile < 1 or min(self.register_tile) < 1:
             raise ValueError("vector_tile and register_tile must be >= 1")
-
-
-def largest_divisor_at_most(n: int, limit: int) -> int:
-    limit = max(1, min(n, limit))
-    for d in range(limit, 0, -1):
-        if n % d == 0:
-            return d
-    return 1
 
 
 def smallest_divisor_at_least(n: int, low: int) -> int:

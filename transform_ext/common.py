@@ -26,6 +26,15 @@ class Illegal(Exception):
         self.reason = reason
 
 
+def largest_divisor_at_most(n: int, limit: int) -> int:
+    """The largest divisor of n in [1, limit] (tile sizes that divide their extents)."""
+    limit = max(1, min(n, limit))
+    for d in range(limit, 0, -1):
+        if n % d == 0:
+            return d
+    return 1
+
+
 def describe(op) -> str:
     """'linalg.generic at loc(...)' for messages."""
     op = getattr(op, "operation", op)

@@ -23,51 +23,39 @@ where the insert_slice put them.
 Rewritten: every insert_slice nested in (or equal to) the targets that has a stride other
 than 1 on a dim of size > 1, or is rank-reducing, or whose source holds more than
 `max_elements` elements; the others (the tiles of tiled linalg ops) are left alone.
-Precondition: static sizes and strides (offsets may be dynamic); otherwise a silenceable
-failure names the op and nothing is rewritten.
+Precondition: static sizes, strides and source shape (offsets may be dynamic). A target
+that is itself an insert_slice without them is a silenceable failure (nothing rewritten);
+nested ones are left alone, as the vectorizer leaves them.
 """
 
+
+import math
 
 from torch_mlir import ir
 from torch_mlir.dialects import arith, ext, scf, tensor, transform
 
-from .common import Illegal, Success, fail, reassociation_attr, walk_ops
+from .common import Illegal, Success, fail, largest_divisor_at_most, reassociation_attr, walk_ops
 from .dialect import TransformExt
 
 NAME = "transform_ext.tile_insert_slices"
 DYNAMIC = ir.ShapedType.get_dynamic_stride_or_offset()
 
 
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-def largest_divisor_at_most(n: int, limit: int) -> int:
-    for d in range(max(1, min(n, limit)), 0, -1):
-        if n % d == 0:
-            return d
-    return 1
-
-
-def check(op: ir.Operation) -> None:
-    """Raise Illegal unless `op` (a tensor.insert_slice) can be tiled."""
+def is_static(op: ir.Operation) -> bool:
+    """Static sizes, strides and source shape (offsets may be dynamic)."""
     view = op.opview
-    if any(s == DYNAMIC for s in view.static_sizes) or any(s == DYNAMIC for s in view.static_strides):
-        raise Illegal(op, "dynamic sizes or strides")
-    if not ir.RankedTensorType(view.source.type).has_static_shape:
-        raise Illegal(op, "the source has a dynamic shape")
+    return DYNAMIC not in list(view.static_sizes) + list(view.static_strides) and \
+        ir.RankedTensorType(view.source.type).has_static_shape
 
 
 def needs_tiling(op: ir.Operation, max_elements: int) -> bool:
+    """A static insert_slice the vectorizer would get wrong or make too large a vector of."""
     view = op.opview
     sizes, strides = list(view.static_sizes), list(view.static_strides)
     source = ir.RankedTensorType(view.source.type)
     if any(st != 1 and n > 1 for n, st in zip(sizes, strides)):
         return True
-    return source.rank != len(sizes) or _numel(source.shape) > max_elements
+    return source.rank != len(sizes) or math.prod(source.shape) > max_elements
 
 
 def dropped_dims(sizes: list[int], source_shape: list[int]) -> list[int]:
@@ -161,6 +149,10 @@ def rewrite(op: ir.Operation, lane_tile: int, rewriter) -> None:
     rewriter.replace_op(op, [inserted])
 
 
+def _is_insert_slice(op: ir.Operation) -> bool:
+    return op.name == "tensor.insert_slice"
+
+
 class TileInsertSlicesOp(TransformExt.Operation, name="tile_insert_slices"):
     target: ext.Operand[transform.AnyOpType]
     lane_tile: ir.IntegerAttr
@@ -176,10 +168,10 @@ class TileInsertSlicesOp(TransformExt.Operation, name="tile_insert_slices"):
                 plan = []
                 try:
                     for target in targets:
-                        for found in walk_ops(target, lambda o: o.name == "tensor.insert_slice"):
-                            check(found)
-                            if needs_tiling(found, max_elements):
-                                plan.append(found)
+                        if target.name == "tensor.insert_slice" and not is_static(target):
+                            raise Illegal(target, "dynamic sizes, strides or source shape")
+                        plan += [found for found in walk_ops(target, _is_insert_slice)
+                                 if is_static(found) and needs_tiling(found, max_elements)]
                 except Illegal as illegal:
                     return fail(NAME, illegal)
                 for found in plan:

@@ -35,7 +35,7 @@ import ast
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -119,26 +119,25 @@ class _Problem:
         try:
             inputs = self.inputs()
             if not forward:
-                return _Count(_numel_of(inputs), 0)
+                return _Count.of(_numel_of(inputs), 0)
             with torch.device("meta"), torch.no_grad():
                 init = self.module.get_init_inputs() if hasattr(self.module, "get_init_inputs") else []
                 outputs = self.module.Model(*init)(*inputs)
         except Exception:
             return None
-        return _Count(_numel_of(inputs), _numel_of(outputs))
+        return _Count.of(_numel_of(inputs), _numel_of(outputs))
 
 
-@dataclass(frozen=True, order=True)
-class _Count:
-    """Ordered by the larger count, then by the total (a step that shrinks the smaller side
+class _Count(NamedTuple):
+    """Compared by the larger count, then by the total (a step that shrinks the smaller side
     only is still progress)."""
 
     largest: int
     total: int
 
-    def __init__(self, inputs: int, outputs: int):
-        object.__setattr__(self, "largest", max(inputs, outputs))
-        object.__setattr__(self, "total", inputs + outputs)
+    @staticmethod
+    def of(inputs: int, outputs: int) -> "_Count":
+        return _Count(max(inputs, outputs), inputs + outputs)
 
     def fits(self, budget: int) -> bool:
         return self.largest <= budget
