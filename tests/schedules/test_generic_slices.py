@@ -1,8 +1,9 @@
 """Kernels whose import holds tensor.insert_slice ops (transposed convolutions: the
-zero-stuffed, padded input; padded convolutions and pooling; torch.cat), compiled with the
-generic schedule and compared with torch. Before the insert_slices were tiled, a strided
-one was vectorized as a contiguous write (wrong answers: KernelBench 79 and 81) and a large
-one as a single vector as large as its source (LLVM IR of megabytes)."""
+zero-stuffed, padded input; padded convolutions and pooling; torch.cat, slice_scatter),
+compiled with the generic schedule and compared with torch. Before the insert_slices were
+tiled, a strided one was vectorized as a contiguous write (wrong answers: KernelBench 79 and
+81, strided slice_scatter) and a large one as a single vector as large as its source (LLVM
+IR of megabytes)."""
 
 import re
 
@@ -56,19 +57,35 @@ def test_matches_torch(kernel_file, name):
         assert report.ok, str(report)
 
 
-def test_cat_of_large_slices_matches_torch(kernel_file):
-    path = kernel_file("""
-        import torch
-        class Model(torch.nn.Module):
-            def forward(self, x, y):
-                return torch.cat((x, 2 * y, x[:, ::3]), dim=1), torch.cat((y, x[:5]), dim=0)
-        def get_inputs():
-            g = torch.Generator().manual_seed(0)
-            return [torch.randn(7, 300, generator=g), torch.randn(7, 300, generator=g)]
-        def get_init_inputs():
-            return []
-    """)
-    for report in compile_kernel(path).check():
+TWO_INPUTS = """
+import torch
+class Model(torch.nn.Module):
+    def forward(self, x, y):
+        return {expr}
+def get_inputs():
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn({x}, generator=g), torch.randn({y}, generator=g)]
+def get_init_inputs():
+    return []
+"""
+
+INSERTS = {
+    # strided writes into a copy of y (slice_scatter is x[:, 1::3] = ... functionalized)
+    "slice_scatter_inner_step": ("torch.slice_scatter(y, x, dim=1, start=1, step=3)", "6, 100", "6, 300"),
+    "slice_scatter_outer_step": ("torch.slice_scatter(y, x, dim=0, start=0, step=2) * 2",
+                                 "3, 70", "6, 70"),
+    "select_scatter_middle": ("torch.select_scatter(y, x, 1, 3)", "6, 70", "6, 5, 70"),
+    "select_scatter_last": ("torch.select_scatter(y, x, 2, 3).transpose(0, 2)", "6, 70", "6, 70, 5"),
+    "cat": ("torch.cat((x, 2 * y, x[:, ::3]), dim=1), torch.cat((y, x[:5]), dim=0)", "7, 300", "7, 300"),
+    "cat_of_bools": ("torch.cat((x > 0, y > 0), 1)", "5, 300", "5, 7"),
+    "pad_then_use": ("torch.nn.functional.pad(x, (3, 2, 1, 0)) * y", "40, 300", "41, 305"),
+}
+
+
+@pytest.mark.parametrize("name", INSERTS)
+def test_inserts_match_torch(kernel_file, name):
+    expr, x, y = INSERTS[name]
+    for report in compile_kernel(kernel_file(TWO_INPUTS.format(expr=expr, x=x, y=y))).check():
         assert report.ok, str(report)
 
 
