@@ -36,7 +36,9 @@ from torch_mlir.dialects.transform import structured
 import transform_ext
 from transform_ext.analysis.classify import reduction_combiner
 from transform_ext.analysis.structure import dim_positions, is_linalg_op, loop_structure
-from transform_ext.common import block_ops, defining_op, reassociation_attr, walk_ops
+from transform_ext.common import (block_ops, build_generic, clone_body, defining_op,
+                                  erase_dead_body_ops, iterator_kinds, reassociation_attr,
+                                  walk_ops)
 from transform_ext.drop_broadcast_dims import drop_broadcast_dims
 from transform_ext.drop_unused_results import drop_unused_results
 from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion, reassociation
@@ -175,6 +177,10 @@ def find_attention(payload: ir.Module) -> AttentionOps:
     if len(sums) != 1:
         raise NotAttention(f"expected one row sum of the softmax, found {len(sums)}")
     del dependent
+    rounded = _narrowed_softmax_value(ops, scores, values[0])
+    if rounded is not None:
+        raise NotAttention(f"torch rounds this softmax to {rounded} between its ops (written "
+                           f"by hand in {rounded}), the fused loop would compute it in f32")
     output = _final_op(func)
     # SDPA's output is [..., L, Ev]: the query rows are its second-to-last dim
     out_dims = dim_positions(loop_structure(output).output_map(0))
@@ -184,14 +190,37 @@ def find_attention(payload: ir.Module) -> AttentionOps:
     return AttentionOps(scores, row_max, sums[0], values[0], output, query_dim)
 
 
+def _narrowed_softmax_value(ops, scores: ir.Operation, values: ir.Operation) -> str | None:
+    """The element type (f16, bf16) of a value computed from the scores and read by the
+    P V contraction when it is narrower than the scores (torch rounds a hand-written f16/bf16
+    softmax between its ops; SDPA computes it in f32); None when there is none."""
+    width = ir.FloatType(scores.results[0].type.element_type).width
+    for op in ops:
+        if op is scores or op is values or not op.results or not _depends_into(op, scores) \
+                or not _depends_into(values, op):
+            continue
+        etype = op.results[0].type.element_type
+        if isinstance(etype, ir.FloatType) and etype.width < width:
+            return str(etype)
+    return None
+
+
 def _producing_contraction(value: ir.Value):
-    op = defining_op(value)
-    while op is not None and is_linalg_op(op) and not loop_structure(op).is_contraction:
+    """The one contraction `value` is computed from through elementwise linalg ops (a scale,
+    an added or selected mask: S * c, S + M, select(M, -inf, S)); None when there is none
+    or more than one."""
+    found, seen, pending = [], [], [defining_op(value)]
+    while pending:
+        op = pending.pop()
+        if op is None or not is_linalg_op(op) or op in seen:
+            continue
+        seen.append(op)
         ls = loop_structure(op)
-        if ls.reduction_dims or not op.operands:
-            return None
-        op = defining_op(op.operands[0])
-    return op if op is not None and is_linalg_op(op) else None
+        if ls.is_contraction:
+            found.append(op)
+        elif not ls.reduction_dims:
+            pending.extend(defining_op(v) for v in list(op.operands)[:ls.num_inputs])
+    return found[0] if len(found) == 1 else None
 
 
 def _reads(op: ir.Operation, value: ir.Value) -> bool:
@@ -229,6 +258,8 @@ def _final_op(func: ir.Operation) -> ir.Operation:
 
 def check(payload: ir.Module) -> str | None:
     """None when this schedule applies to `payload`, else the one-line reason."""
+    if _softmax_over_one_key(payload):
+        return "the softmax runs over one key (S_kv = 1): there is no key loop to fuse"
     trial = ir.Module.parse(str(payload), payload.context)
     try:
         with payload.context, ir.Location.unknown():
@@ -240,6 +271,22 @@ def check(payload: ir.Module) -> str | None:
     except Exception as exc:  # a transform refused the payload: its first line says why
         return _first_line(exc)
     return None
+
+
+def _softmax_over_one_key(payload: ir.Module) -> bool:
+    """Is there a max reduction over a dim of extent 1 (it folds away with the unit dim)?"""
+    found = []
+
+    def visit(op):
+        if op.name == "linalg.generic" and any(o.operation.name == "arith.maximumf"
+                                               for o in op.regions[0].blocks[0].operations):
+            ls = loop_structure(op)
+            if ls.reduction_dims and all(ls.ranges[d] == 1 for d in ls.reduction_dims):
+                found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit)
+    return bool(found)
 
 
 def _first_line(exc: Exception) -> str:
@@ -552,23 +599,67 @@ def _split_unmasked_tiles(loop: ir.Operation, i0: ir.Value, delta: int) -> None:
 
 
 def _drop_mask(loop: ir.Operation) -> None:
-    """In `loop`'s body, scores + mask (mask computed from indices) becomes the scores."""
+    """In `loop`'s body, the scores masked by a mask computed from indices (S + M, or
+    select(pred, -inf, S) / select(pred, S, -inf)) become the scores: in the body of the op
+    reading that one mask, the add or select is replaced by its unmasked operand."""
     body = loop.regions[0].blocks[0]
     for op in list(body.operations):
         op = op.operation
         if op.name != "linalg.generic" or len(op.results) != 1:
             continue
-        inner = op.regions[0].blocks[0]
-        added = defining_op(inner.operations[len(inner.operations) - 1].operands[0])
-        if added is None or added.name != "arith.addf":
-            continue
         n_in = loop_structure(op).num_inputs
         masks = [i for i in range(n_in) if defining_op(op.operands[i]) is not None
                  and _is_index_computation(defining_op(op.operands[i]))]
-        others = [i for i in range(n_in) if i not in masks]
-        if len(masks) == 1 and len(others) == 1 and \
-                loop_structure(op).maps[others[0]] == loop_structure(op).output_map(0):
-            op.results[0].replace_all_uses_with(op.operands[others[0]])
+        if len(masks) != 1:
+            continue
+        inner = op.regions[0].blocks[0]
+        mask = inner.arguments[masks[0]]
+        for inner_op in list(inner.operations):
+            inner_op = inner_op.operation
+            unmasked = _unmasked_operand(inner_op, mask)
+            if unmasked is not None:
+                inner_op.results[0].replace_all_uses_with(unmasked)
+                inner_op.erase()
+        erase_dead_body_ops(inner)
+        if not list(mask.uses):
+            _drop_input(op, masks[0])
+
+
+def _drop_input(op: ir.Operation, index: int) -> None:
+    """Rebuild linalg.generic `op` without input `index`, which its body does not read."""
+    ls = loop_structure(op)
+    operands = list(op.operands)
+    keep = [i for i in range(len(operands)) if i != index]
+    old_args = list(op.regions[0].blocks[0].arguments)
+    with ir.InsertionPoint(op), op.location:
+        new = build_generic(operands[:index] + operands[index + 1:ls.num_inputs],
+                            operands[ls.num_inputs:], [ls.maps[i] for i in keep],
+                            iterator_kinds(op), lambda args: clone_body(
+                                op, {old_args[i]: a for i, a in zip(keep, args)}), name_from=op)
+    for old, res in zip(op.results, new.results):
+        old.replace_all_uses_with(res)
+    op.erase()
+
+
+def _unmasked_operand(op: ir.Operation, mask: ir.Value):
+    """x for op = x + mask or op = select(c(mask), -inf, x) / select(c(mask), x, -inf) with
+    c(mask) the mask itself or a cast of it; None otherwise."""
+    if op.name == "arith.addf" and mask in list(op.operands):
+        others = [v for v in op.operands if v != mask]
+        return others[0] if len(others) == 1 else None
+    if op.name != "arith.select":
+        return None
+    cond, on_true, on_false = op.operands
+    while cond != mask:
+        p = defining_op(cond)
+        if p is None or p.name not in ("arith.trunci", "arith.extui") or p.block != op.block:
+            return None
+        cond = p.operands[0]
+    if _is_neg_inf(on_true):
+        return on_false
+    if _is_neg_inf(on_false):
+        return on_true
+    return None
 
 
 def _foralls(payload: ir.Module) -> list[ir.Operation]:
@@ -793,7 +884,7 @@ def _packed_copy(x: ir.Value, tile: int) -> ir.Value:
             [], lead + [a, n, tile]).result
         init = tensor.EmptyOp(lead + [n, a, tile], t.element_type).result
         perm = list(range(rank - 2)) + [rank - 1, rank - 2, rank]
-        return linalg.transpose(expanded, outs=[init], permutation=perm)
+        return linalg.transpose(expanded, outs=[init], permutation=perm).results[0]
 
 
 def _is_index_computation(op: ir.Operation) -> bool:
@@ -954,19 +1045,18 @@ def _operand_form(op: ir.Operation, index: int):
 
 def causal_offset(payload: ir.Module, ops: AttentionOps) -> int | None:
     """delta such that every masked-in score has key <= query + delta (a causal mask, with
-    torch's is_causal delta = 0), read from the index computation added to the scores;
+    torch's is_causal delta = 0), read from the index computation that masks the scores
+    (added, S + M with M = select(pred, 0, -inf), or selected, select(pred, -inf, S));
     None when the scores carry no such mask."""
     row_max = ops.row_max
     producer = defining_op(row_max.operands[0])
     if producer is None or producer is ops.scores or not is_linalg_op(producer):
         return None
     ls = loop_structure(producer)
-    if not ls.is_elementwise or ls.num_inputs != 2:
+    if not ls.is_elementwise:
         return None
-    body = producer.regions[0].blocks[0]
-    added = defining_op(body.operations[len(body.operations) - 1].operands[0])
-    if added is None or added.name != "arith.addf" or not all(
-            isinstance(v, ir.BlockArgument) for v in added.operands):
+    allowed = _allowed_region(producer)
+    if allowed is None:
         return None
     # in the scores (either layout) the key is the dim m reduces, the query the one m keeps last
     rls = loop_structure(row_max)
@@ -979,23 +1069,57 @@ def causal_offset(payload: ir.Module, ops: AttentionOps) -> int | None:
     if max(key_pos, query_pos) >= len(out):
         return None
     key_loop, query_loop = out[key_pos], out[query_pos]
-    for i in range(ls.num_inputs):
+    _, kind, lin = allowed
+    coef = dict(lin.coef)
+    if set(coef) - {key_loop, query_loop}:
+        return None
+    a, b, c = coef.get(query_loop, 0), coef.get(key_loop, 0), lin.const
+    # allowed iff a*i + b*j + c <kind> 0; accept the causal family j - i + c <= 0
+    if kind in ("ge", "gt"):
+        a, b, c = -a, -b, -c
+        kind = "le" if kind == "ge" else "lt"
+    if (a, b) != (-1, 1):
+        return None
+    return -c if kind == "le" else -c - 1
+
+
+_NEGATED = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt"}
+
+
+def _allowed_region(op: ir.Operation):
+    """("pred", kind, lin) of the scores elementwise `op` keeps, when it masks the others
+    to -inf by a predicate computed from loop indices: S + M (M = select(pred, 0, -inf))
+    or select(pred, -inf, S) / select(pred, S, -inf). None otherwise."""
+    body = op.regions[0].blocks[0]
+    last = defining_op(body.operations[len(body.operations) - 1].operands[0])
+    if last is None:
+        return None
+    if last.name == "arith.addf" and all(isinstance(v, ir.BlockArgument) for v in last.operands):
+        for i in range(loop_structure(op).num_inputs):
+            try:
+                form = _operand_form(op, i)
+            except _NotLinear:
+                continue
+            if isinstance(form, tuple) and form[0] == "mask":
+                return form[1]
+        return None
+    if last.name == "arith.select":
+        cond, on_true, on_false = last.operands
         try:
-            form = _operand_form(producer, i)
+            pred = _form(cond, op)
         except _NotLinear:
-            continue
-        if not (isinstance(form, tuple) and form[0] == "mask"):
-            continue
-        _, (_, kind, lin) = form
-        coef = dict(lin.coef)
-        if set(coef) - {key_loop, query_loop}:
             return None
-        a, b, c = coef.get(query_loop, 0), coef.get(key_loop, 0), lin.const
-        # allowed iff a*i + b*j + c <kind> 0; accept the causal family j - i + c <= 0
-        if kind in ("ge", "gt"):
-            a, b, c = -a, -b, -c
-            kind = "le" if kind == "ge" else "lt"
-        if (a, b) != (-1, 1):
+        if not (isinstance(pred, tuple) and pred[0] == "pred"):
             return None
-        return -c if kind == "le" else -c - 1
+        if _is_neg_inf(on_true) and isinstance(on_false, ir.BlockArgument):
+            return ("pred", _NEGATED[pred[1]], pred[2])
+        if _is_neg_inf(on_false) and isinstance(on_true, ir.BlockArgument):
+            return pred
     return None
+
+
+def _is_neg_inf(value: ir.Value) -> bool:
+    p = defining_op(value)
+    return p is not None and p.name == "arith.constant" and \
+        isinstance(p.attributes["value"], ir.FloatAttr) and \
+        ir.FloatAttr(p.attributes["value"]).value == float("-inf")
