@@ -60,9 +60,11 @@ def make_target(name: str, threads: int | None = None, **options):
 
 def cleanup(module) -> None:
     from schedules.common import run_passes
-    from schedules.prepare import promote_reductions_to_f32, widen_bool_tensors
+    from schedules.prepare import (clamp_gather_indices, promote_reductions_to_f32,
+                                   widen_bool_tensors)
 
     run_passes(module, "canonicalize, cse")
+    clamp_gather_indices(module)
     widen_bool_tensors(module)
     promote_reductions_to_f32(module)
     run_passes(module, "canonicalize, cse")
@@ -71,7 +73,7 @@ def cleanup(module) -> None:
 def build_pipeline(family: Family, target) -> Pipeline:
     front = [
         Stage("import", lambda m: None, "torch-mlir import (linalg-on-tensors)"),
-        Stage("cleanup", cleanup, "canonicalize, cse, i1 tensors stored as i8"),
+        Stage("cleanup", cleanup, "canonicalize, cse, gathers clamped, i1 tensors stored as i8"),
         Stage("fuse", lambda m: family.fuse(m, target), f"{family.name}: fusion and tiling"),
         Stage("vectorize", lambda m: family.vectorize(m, target), f"{family.name}: vectorization"),
     ]
