@@ -127,31 +127,29 @@ _NARROW = ("f16", "bf16")
 
 
 def _widen_softmax(payload: ir.Module) -> bool:
-    """A softmax written by hand in f16/bf16 computed in f32, as SDPA's: between the scores
-    contraction (f32 accumulator) and P V, torch rounds each op's result to f16/bf16
-    (S = trunc(Q K^T), trunc(S * c), P = trunc(E / l), P V reading ext(P)); here every
-    value of that chain keeps its f32 value instead. Forward from S, in block order:
+    """The probabilities of a softmax written by hand in f16/bf16 kept in f32, as SDPA's:
+    torch rounds P = E / l to f16/bf16 before P V (which reads it back through extf), a
+    rounding the online softmax cannot reproduce (P is never formed). The scores keep
+    torch's roundings (S = trunc(Q K^T), the scale and mask in bf16: elementwise ops the
+    key loop computes per tile), so the result differs from torch's by P's rounding only.
+    Forward from the row max, in block order:
       - a truncf-only generic of an f32 value has that value as its f32 shadow;
       - an op reading shadowed values only through extf reads the shadow (the extf goes);
       - an elementwise op computing in f16/bf16 from shadowed values is recomputed in f32
         (constants keep their rounded value; unshadowed narrow inputs, a bf16 mask, are
         extended), and its result gets that f32 shadow.
-    Narrow values still read elsewhere keep their ops. Returns whether anything changed.
-    The result differs from torch's by the dropped roundings only (it is more accurate)."""
+    Narrow values still read elsewhere keep their ops. Returns whether anything changed."""
     func = _func(payload)
     maxes = [op for op in block_ops(func) if is_linalg_op(op) and reduction_combiner(op) == "max"]
     if len(maxes) != 1:
         return False
-    scores = _producing_contraction(maxes[0].operands[0])
-    if scores is None or len(scores.results) != 1 or \
-            str(scores.results[0].type.element_type) != "f32":
-        return False
+    row_max = maxes[0]
     f32 = ir.F32Type.get(payload.context)
     shadow: dict = {}
     changed = False
     for op in block_ops(func):
-        if op.name != "linalg.generic" or len(op.results) != 1 or op is scores or \
-                not _depends_into(op, scores):
+        if op.name != "linalg.generic" or len(op.results) != 1 or op is row_max or \
+                not _depends_into(op, row_max):
             continue
         ls = loop_structure(op)
         inputs = list(op.operands)[:ls.num_inputs]
@@ -182,6 +180,16 @@ def _is_truncation(op: ir.Operation) -> bool:
     return loop_structure(op).is_elementwise and loop_structure(op).num_inputs == 1 and \
         len(ops) == 2 and ops[0].name == "arith.truncf" and ops[0].operands[0] == body.arguments[0] \
         and ops[1].operands[0] == ops[0].results[0]
+
+
+def _is_cast(op: ir.Operation) -> bool:
+    """An elementwise generic with identity maps yielding extf or truncf of its one input."""
+    ls = loop_structure(op)
+    body = op.regions[0].blocks[0]
+    ops = [o.operation for o in body.operations]
+    return ls.is_elementwise and ls.num_inputs == 1 and len(ops) == 2 and \
+        ops[0].name in ("arith.extf", "arith.truncf") and ops[0].operands[0] == body.arguments[0] \
+        and all(m == ls.maps[0] for m in ls.maps) and ls.maps[0].is_permutation
 
 
 def _read_through_extf(op: ir.Operation, index: int) -> bool:
@@ -328,10 +336,10 @@ def find_attention(payload: ir.Module) -> AttentionOps:
     if len(sums) != 1:
         raise NotAttention(f"expected one row sum of the softmax, found {len(sums)}")
     del dependent
-    rounded = _narrowed_softmax_value(ops, scores, values[0])
+    rounded = _narrowed_softmax_value(ops, row_max, values[0])
     if rounded is not None:
-        raise NotAttention(f"torch rounds this softmax to {rounded} between its ops (written "
-                           f"by hand in {rounded}), the fused loop would compute it in f32")
+        raise NotAttention(f"torch rounds this softmax's probabilities to {rounded} (written "
+                           f"by hand in {rounded}), which the fused loop never forms")
     output = _final_op(func)
     # SDPA's output is [..., L, Ev]: the query rows are its second-to-last dim
     out_dims = dim_positions(loop_structure(output).output_map(0))
@@ -341,17 +349,17 @@ def find_attention(payload: ir.Module) -> AttentionOps:
     return AttentionOps(scores, row_max, sums[0], values[0], output, query_dim)
 
 
-def _narrowed_softmax_value(ops, scores: ir.Operation, values: ir.Operation) -> str | None:
-    """The element type (f16, bf16) of a value computed from the scores and read by the
-    P V contraction when it is narrower than the scores (torch rounds a hand-written f16/bf16
-    softmax between its ops; SDPA computes it in f32); None when there is none."""
-    width = ir.FloatType(scores.results[0].type.element_type).width
+def _narrowed_softmax_value(ops, row_max: ir.Operation, values: ir.Operation) -> str | None:
+    """The element type (f16, bf16) of a value computed from the row max and read by the
+    P V contraction when it is narrower than f32 (torch rounds the probabilities of a
+    hand-written f16/bf16 softmax; _widen_softmax keeps them in f32 where it can); None when
+    there is none."""
     for op in ops:
-        if op is scores or op is values or not op.results or not _depends_into(op, scores) \
+        if op is row_max or op is values or not op.results or not _depends_into(op, row_max) \
                 or not _depends_into(values, op):
             continue
         etype = op.results[0].type.element_type
-        if isinstance(etype, ir.FloatType) and etype.width < width:
+        if isinstance(etype, ir.FloatType) and etype.width < 32:
             return str(etype)
     return None
 
@@ -1201,6 +1209,8 @@ def causal_offset(payload: ir.Module, ops: AttentionOps) -> int | None:
     None when the scores carry no such mask."""
     row_max = ops.row_max
     producer = defining_op(row_max.operands[0])
+    while producer is not None and producer.name == "linalg.generic" and _is_cast(producer):
+        producer = defining_op(producer.operands[0])  # a bf16 softmax reads ext(masked S)
     if producer is None or producer is ops.scores or not is_linalg_op(producer):
         return None
     ls = loop_structure(producer)
