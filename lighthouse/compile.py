@@ -59,15 +59,9 @@ def make_target(name: str, threads: int | None = None, **options):
 
 
 def cleanup(module) -> None:
-    from schedules.common import run_passes
-    from schedules.prepare import (clamp_gather_indices, promote_reductions_to_f32,
-                                   widen_bool_tensors)
+    from schedules.prepare import cleanup as prepare
 
-    run_passes(module, "canonicalize, cse")
-    clamp_gather_indices(module)
-    widen_bool_tensors(module)
-    promote_reductions_to_f32(module)
-    run_passes(module, "canonicalize, cse")
+    prepare(module)
 
 
 def build_pipeline(family: Family, target) -> Pipeline:

@@ -50,6 +50,7 @@ from transform_ext.sink_normalization_past_contraction import sink_normalization
 
 from .common import canonicalize, clear_tags, match, match_id, run_passes, run_schedule, tag_ops
 from .generic import GenericParams, largest_divisor_at_most, single_func, vectorize_generic
+from .prepare import cleanup
 
 
 DYNAMIC = ir.ShapedType.get_dynamic_stride_or_offset()
@@ -422,6 +423,7 @@ def check(payload: ir.Module) -> str | None:
     trial = ir.Module.parse(str(payload), payload.context)
     try:
         with payload.context, ir.Location.unknown():
+            cleanup(trial)  # the family is chosen on the import: judge what fuse will see
             _normalize(trial)
             _prepare_guard(trial)
             find_attention(trial)
@@ -528,13 +530,35 @@ def fuse_attention(payload: ir.Module, params: AttentionParams = AttentionParams
         _store_keys_major(payload)
     ops = find_attention(payload)
     delta = causal_offset(payload, ops)
+    # the mask-free first loop drops the index-computed mask: only when it is the only one
+    # (a second one, a sliding window, must stay)
+    split = delta is not None and _index_masks(ops) == 1
     query_tile, query_iv = _tile_query_blocks(payload, ops, params)
     _fuse_key_loop(payload, params)
     # s - m and exp become one pass over each tile (single-use producers, no recomputation)
     run_schedule(payload, lambda root: fuse_elementwise_producers(match(root, "func.func")))
     if delta is not None:
-        bound_key_loops(payload, delta, query_tile, query_iv)
+        bound_key_loops(payload, delta, query_tile, query_iv, split)
     run_passes(payload, "canonicalize, cse")
+
+
+def _index_masks(ops: AttentionOps) -> int:
+    """The number of ops between the scores and the row max reading a mask computed from
+    loop indices (a causal mask, a sliding window, ...)."""
+    count, seen, pending = 0, [], [defining_op(ops.row_max.operands[0])]
+    while pending:
+        op = pending.pop()
+        if op is None or op is ops.scores or not is_linalg_op(op) or op in seen:
+            continue
+        seen.append(op)
+        ls = loop_structure(op)
+        if ls.reduction_dims:
+            continue
+        producers = [defining_op(v) for v in list(op.operands)[:ls.num_inputs]]
+        if any(p is not None and _is_index_computation(p) for p in producers):
+            count += 1
+        pending.extend(p for p in producers if p is not None and not _is_index_computation(p))
+    return count
 
 
 def _store_keys_major(payload: ir.Module) -> None:
@@ -700,12 +724,14 @@ def _default_query_tile(ops: AttentionOps) -> int:
     return 128 if kv_bytes >= 1 << 20 else 64
 
 
-def bound_key_loops(payload: ir.Module, delta: int, query_tile: int, query_iv: int | None) -> None:
+def bound_key_loops(payload: ir.Module, delta: int, query_tile: int, query_iv: int | None,
+                    split: bool = True) -> None:
     """Causal tile skipping: in the query block of rows [i0, i0 + query_tile), every score
     with key j > i0 + query_tile - 1 + delta is masked, so the key loop (tiles [j0, j0 + T))
     stops at j0 < i0 + query_tile + delta: those tiles are not computed at all. The bound is
     min(full tiles, max(0, i0 + query_tile + delta)); a remainder tile after the loop still
-    runs (its masked keys contribute exactly 0)."""
+    runs (its masked keys contribute exactly 0). With `split`, the tiles wholly below the
+    diagonal run first without the mask (_split_unmasked_tiles)."""
     from torch_mlir.dialects import arith
 
     idx = ir.IndexType.get()
@@ -727,7 +753,8 @@ def bound_key_loops(payload: ir.Module, delta: int, query_tile: int, query_iv: i
             bound = arith.maxsi(arith.addi(i0, const(query_tile + delta)), const(0))
             full = loop.operands[1]
             loop.operands[1] = arith.minsi(bound, full)
-            _split_unmasked_tiles(loop, i0, delta)
+            if split:
+                _split_unmasked_tiles(loop, i0, delta)
 
 
 def _split_unmasked_tiles(loop: ir.Operation, i0: ir.Value, delta: int) -> None:

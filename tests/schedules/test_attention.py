@@ -440,3 +440,15 @@ def test_hand_written_bf16_scores_keep_torchs_rounding(kernel_file):
                  inputs="[torch.randn(2, 3, 2, 64).to(torch.bfloat16), torch.randn(2, 3, 64, 64).to(torch.bfloat16), "
                         "torch.randn(2, 3, 64, 16).to(torch.bfloat16), torch.rand(2, 3, 2, 64) > 0.3]")
     _check(compile_kernel(path))
+
+
+@pytest.mark.parametrize("order", ["window_then_causal", "causal_then_window"])
+def test_causal_mask_with_a_sliding_window(kernel_file, order):
+    """Two masks computed from indices: the causal one bounds the key loop, but the tiles
+    below the diagonal must keep the window mask (only a lone causal mask is dropped there)."""
+    causal = "s = s.masked_fill(torch.ones(64, 64, dtype=torch.bool).triu(1), float('-inf'))"
+    window = "s = s.masked_fill(torch.ones(64, 64, dtype=torch.bool).tril(-20), float('-inf'))"
+    masks = [window, causal] if order == "window_then_causal" else [causal, window]
+    path = _hand(kernel_file, HAND_SCORES["scores_div"], mask="\n        ".join(masks),
+                 inputs="[torch.randn(1, 2, 64, 16) for _ in range(3)]")
+    _check(compile_kernel(path))
