@@ -98,10 +98,6 @@ def _loop_index_only(value: ir.Value, body_owner: ir.Operation) -> bool:
 KERNEL_ERRORS_ATTR = "lh.kernel_errors"
 
 
-def _asserts(op) -> bool:
-    return any(o.operation.name == "cf.assert" for o in op.operation.regions[0].blocks[0].operations)
-
-
 def kernel_error_messages(payload: ir.Module) -> list[str]:
     """The messages of the kernel-reported error codes (see checks_to_error_code), [] when
     the kernel reports none."""
@@ -129,10 +125,8 @@ def checks_to_error_code(payload: ir.Module) -> int:
             for op in list(block.operations):
                 if op.operation.name == "linalg.generic" and op.operation.results and _asserts(op):
                     _split(op.operation.opview)  # the op's own checks, first split out
-            checks = [op.operation for op in block.operations
-                      if op.operation.name == "linalg.generic" and not op.operation.results
-                      and any(o.operation.name == "cf.assert"
-                              for o in op.operation.regions[0].blocks[0].operations)]
+            checks = [op.operation for op in block.operations if op.operation.name ==
+                      "linalg.generic" and not op.operation.results and _asserts(op)]
             if not checks:
                 continue
             ret = block.operations[len(block.operations) - 1].operation
@@ -189,6 +183,11 @@ def checks_to_error_code(payload: ir.Module) -> int:
             payload.operation.attributes[KERNEL_ERRORS_ATTR] = ir.ArrayAttr.get(
                 [ir.StringAttr.get(m) for m in messages])
     return count
+
+
+def _asserts(op) -> bool:
+    """Does linalg op `op`'s body hold a cf.assert?"""
+    return any(o.operation.name == "cf.assert" for o in op.operation.regions[0].blocks[0].operations)
 
 
 def split_assertions(payload: ir.Module) -> int:
