@@ -59,7 +59,7 @@ from transform_ext.analysis.classify import reduction_combiner
 from transform_ext.analysis.dims import DimClasses
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
 from transform_ext.common import (Illegal, block_ops, body_of, clone_body, defining_op,
-                                  erase_dead_body_ops, iterator_kinds)
+                                  iterator_kinds)
 from transform_ext.drop_unused_results import drop_unused_results
 from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion
 from transform_ext.fold_scalar_or_splat_constant import fold_scalar_or_splat_constant
@@ -204,42 +204,8 @@ def restructure(payload: ir.Module) -> None:
             if len(ls.reduction_dims) > 1 and len(loops) == 1:
                 split_class_reduction(op, loops[0])
     for op in _class_reductions(func, row_max):
-        _keep_terms_in_f32(op)
         split_affine_reduction(op, lambda v: v == m or _depends_on_value(v, m))
     run_passes(payload, "canonicalize, cse")
-
-
-def _keep_terms_in_f32(op: ir.Operation) -> None:
-    """In a class reduction's body, the f16/bf16 arithmetic between a truncf of an f32
-    value and the extf back to f32 is done in f32 on that value (torch rounds each
-    log-probability of a half-precision log_softmax, and its product with a half-precision
-    weight, before the label-smoothing sum): the terms are summed as computed and stay
-    affine in the row values (split_affine_reduction). The sum differs from torch's by those
-    roundings only."""
-    from torch_mlir.dialects import arith
-
-    block = body_of(op)
-    f32 = ir.F32Type.get(op.context)
-    wide: dict = {}
-    for inner in list(block.operations):
-        inner = inner.operation
-        operands = list(inner.operands)
-        if inner.name == "arith.truncf" and operands[0].type == f32:
-            wide[inner.results[0]] = operands[0]
-        elif inner.name == "arith.extf" and operands[0] in wide and inner.results[0].type == f32:
-            inner.results[0].replace_all_uses_with(wide[operands[0]])
-        elif inner.name in ("arith.mulf", "arith.addf", "arith.subf", "arith.divf", "arith.negf",
-                            "arith.select") and any(v in wide for v in operands):
-            with ir.InsertionPoint(inner), inner.location:
-                promoted = [wide[v] if v in wide else
-                            arith.extf(f32, v) if isinstance(v.type, ir.FloatType) else v
-                            for v in operands]
-                clone = inner.clone()
-            for i, v in enumerate(promoted):
-                clone.operands[i] = v
-            clone.results[0].set_type(f32)
-            wide[inner.results[0]] = clone.results[0]
-    erase_dead_body_ops(block)
 
 
 def _row_max(func: ir.Operation) -> ir.Operation:
