@@ -68,21 +68,16 @@ def make_target(name: str, threads: int | None = None, *, runtime_checks: bool =
 
 
 def cleanup(module) -> None:
-    from schedules.common import run_passes
-    from schedules.prepare import promote_reductions_to_f32, simplify_imported_ops, widen_bool_tensors
+    from schedules.prepare import cleanup as prepare
 
-    run_passes(module, "canonicalize, cse")
-    simplify_imported_ops(module)
-    run_passes(module, "canonicalize, cse")
-    widen_bool_tensors(module)
-    promote_reductions_to_f32(module)
-    run_passes(module, "canonicalize, cse")
+    prepare(module)
 
 
 def build_pipeline(family: Family, target) -> Pipeline:
     front = [
         Stage("import", lambda m: None, "torch-mlir import (linalg-on-tensors)"),
-        Stage("cleanup", cleanup, "canonicalize, cse, empty loops folded, integer powers expanded, i1 tensors stored as i8"),
+        Stage("cleanup", cleanup, "canonicalize, cse, empty loops folded, integer powers expanded, "
+              "gathers clamped, i1 tensors stored as i8"),
         Stage("fuse", lambda m: family.fuse(m, target), f"{family.name}: fusion and tiling"),
         Stage("vectorize", lambda m: family.vectorize(m, target), f"{family.name}: vectorization"),
     ]

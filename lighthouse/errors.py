@@ -31,6 +31,11 @@ class ScheduleMismatch(LighthouseError):
     """A kernel-family schedule does not apply to this payload; the message says why."""
 
 
+class KernelError(LighthouseError):
+    """The compiled kernel found its inputs invalid at run time (e.g. a cross-entropy target
+    out of range) and reported it instead of computing (lighthouse.runtime)."""
+
+
 class CheckFailed(LighthouseError):
     """The compiled kernel's result differs from torch's beyond the dtype tolerance."""
 

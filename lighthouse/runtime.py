@@ -6,6 +6,16 @@ Arguments and results are passed as MLIR memref descriptors
     {allocated ptr, aligned ptr, offset, sizes[rank], strides[rank]}
 built from the tensors' storage; f32, f16, bf16, f64, i64, i32, i16, i8 and i1 (torch.bool,
 one byte per element, as LLVM stores i1) are supported.
+
+Kernel-reported errors: a kernel may check its inputs at run time (the cross-entropy targets
+must lie in [0, C) or equal ignore_index) without stopping the process. Its function then
+has one more result after the model's: an error code, a rank-0 i32 that the kernel sets to 0
+when every check holds and to k when check message k - 1 fails. The messages are the module
+attribute `lh.kernel_errors` (schedules/prepare.py: checks_to_error_code turns a schedule's
+`cf.assert` checks into the code). JitFunction, given those `error_messages`, passes a
+buffer for the code after the results and, when the call sets it, raises KernelError with
+the message instead of returning the results (a failing kernel never reads or writes out of
+bounds: the indices it checks are also clamped where they are used).
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from .errors import UnsupportedError
+from .errors import KernelError, UnsupportedError
 from .ingress import TensorSpec
 
 SUPPORTED_DTYPES = {torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64,
@@ -61,6 +71,7 @@ class JitFunction:
     arg_specs: list[TensorSpec]
     result_specs: list[TensorSpec]
     name: str = "main"
+    error_messages: tuple = ()  # the kernel's error code k > 0 means error_messages[k - 1]
 
     def __post_init__(self):
         self._fn = self.engine.lookup(self.name)
@@ -80,7 +91,8 @@ class JitFunction:
         its (freshly written) result tensors. Use it to time without per-call overhead."""
         args = self.check_args(args)
         outs = [torch.empty(spec.shape, dtype=spec.dtype) for spec in self.result_specs]
-        tensors = args + outs
+        code = [torch.zeros((), dtype=torch.int32)] if self.error_messages else []
+        tensors = args + outs + code
         descs = [descriptor(t) for t in tensors]
         ptrs = [ctypes.pointer(d) for d in descs]
         packed = (ctypes.c_void_p * len(ptrs))()
@@ -88,10 +100,15 @@ class JitFunction:
             packed[i] = ctypes.cast(ctypes.pointer(p), ctypes.c_void_p)
         fn = self._fn
         keepalive = (tensors, descs, ptrs)
+        messages = self.error_messages
 
         def call():
             fn(packed)
             _ = keepalive
+            if code and int(code[0]):
+                k = int(code[0])
+                raise KernelError(messages[k - 1] if 0 < k <= len(messages)
+                                  else f"the kernel reported error code {k}")
             return tuple(outs)
 
         return call

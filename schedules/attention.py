@@ -36,7 +36,9 @@ from torch_mlir.dialects.transform import structured
 import transform_ext
 from transform_ext.analysis.classify import reduction_combiner
 from transform_ext.analysis.structure import dim_positions, is_linalg_op, loop_structure
-from transform_ext.common import block_ops, defining_op, reassociation_attr, walk_ops
+from transform_ext.common import (block_ops, build_generic, clone_body, defining_op,
+                                  erase_dead_body_ops, iterator_kinds, reassociation_attr,
+                                  walk_ops)
 from transform_ext.drop_broadcast_dims import drop_broadcast_dims
 from transform_ext.drop_unused_results import drop_unused_results
 from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion, reassociation
@@ -48,6 +50,7 @@ from transform_ext.sink_normalization_past_contraction import sink_normalization
 
 from .common import canonicalize, clear_tags, match, match_id, run_passes, run_schedule, tag_ops
 from .generic import GenericParams, largest_divisor_at_most, single_func, vectorize_generic
+from .prepare import cleanup
 
 
 DYNAMIC = ir.ShapedType.get_dynamic_stride_or_offset()
@@ -117,6 +120,165 @@ def _normalize(payload: ir.Module) -> None:
     run_schedule(payload, body)
     _fold_shared_collapses(payload)
     run_passes(payload, "linalg-fold-unit-extent-dims, canonicalize, cse")
+    if _widen_softmax(payload):
+        run_passes(payload, "canonicalize, cse")
+
+
+_NARROW = ("f16", "bf16")
+
+
+def _widen_softmax(payload: ir.Module) -> bool:
+    """The probabilities of a softmax written by hand in f16/bf16 kept in f32, as SDPA's:
+    torch rounds P = E / l to f16/bf16 before P V (which reads it back through extf), a
+    rounding the online softmax cannot reproduce (P is never formed). The scores keep
+    torch's roundings (S = trunc(Q K^T), the scale and mask in bf16: elementwise ops the
+    key loop computes per tile), so the result differs from torch's by P's rounding only.
+    Forward from the row max, in block order:
+      - a truncf-only generic of an f32 value has that value as its f32 shadow;
+      - an op reading shadowed values only through extf reads the shadow (the extf goes);
+      - an elementwise op computing in f16/bf16 from shadowed values is recomputed in f32
+        (constants keep their rounded value; unshadowed narrow inputs, a bf16 mask, are
+        extended), and its result gets that f32 shadow.
+    Narrow values still read elsewhere keep their ops. Returns whether anything changed."""
+    func = _func(payload)
+    maxes = [op for op in block_ops(func) if is_linalg_op(op) and reduction_combiner(op) == "max"]
+    if len(maxes) != 1:
+        return False
+    row_max = maxes[0]
+    f32 = ir.F32Type.get(payload.context)
+    shadow: dict = {}
+    changed = False
+    for op in block_ops(func):
+        if op.name != "linalg.generic" or len(op.results) != 1 or op is row_max or \
+                not _depends_into(op, row_max):
+            continue
+        ls = loop_structure(op)
+        inputs = list(op.operands)[:ls.num_inputs]
+        if _is_truncation(op) and str(inputs[0].type.element_type) == "f32":
+            shadow[op.results[0]] = inputs[0]
+            continue
+        read = [i for i, v in enumerate(inputs) if v in shadow]
+        if not read:
+            continue
+        with payload.context, op.location:
+            if all(_read_through_extf(op, i) for i in read):
+                new = _read_shadows(op, read, shadow)
+                op.results[0].replace_all_uses_with(new.results[0])
+                op.erase()
+                changed = True
+            elif ls.is_elementwise and str(op.results[0].type.element_type) in _NARROW:
+                wide = _recompute_in_f32(op, read, shadow, f32)
+                if wide is not None:
+                    shadow[op.results[0]] = wide.results[0]
+                    changed = True
+    return changed
+
+
+def _is_truncation(op: ir.Operation) -> bool:
+    """An elementwise generic yielding truncf of its one input (a rounding to f16/bf16)."""
+    body = op.regions[0].blocks[0]
+    ops = [o.operation for o in body.operations]
+    return loop_structure(op).is_elementwise and loop_structure(op).num_inputs == 1 and \
+        len(ops) == 2 and ops[0].name == "arith.truncf" and ops[0].operands[0] == body.arguments[0] \
+        and ops[1].operands[0] == ops[0].results[0]
+
+
+def _is_cast(op: ir.Operation) -> bool:
+    """An elementwise generic with identity maps yielding extf or truncf of its one input."""
+    ls = loop_structure(op)
+    body = op.regions[0].blocks[0]
+    ops = [o.operation for o in body.operations]
+    return ls.is_elementwise and ls.num_inputs == 1 and len(ops) == 2 and \
+        ops[0].name in ("arith.extf", "arith.truncf") and ops[0].operands[0] == body.arguments[0] \
+        and all(m == ls.maps[0] for m in ls.maps) and ls.maps[0].is_permutation
+
+
+def _read_through_extf(op: ir.Operation, index: int) -> bool:
+    """Does `op`'s body read input `index` only as arith.extf to f32?"""
+    arg = op.regions[0].blocks[0].arguments[index]
+    uses = [u.owner for u in arg.uses]
+    return bool(uses) and all(getattr(u, "name", None) == "arith.extf" and
+                              str(u.results[0].type) == "f32" for u in uses)
+
+
+def _read_shadows(op: ir.Operation, read: list[int], shadow: dict) -> ir.Operation:
+    """`op` rebuilt with inputs `read` replaced by their f32 shadows, their extf dropped."""
+    ls = loop_structure(op)
+    operands = list(op.operands)
+    new_inputs = [shadow[v] if i in read else v for i, v in enumerate(operands[:ls.num_inputs])]
+    body = op.regions[0].blocks[0]
+
+    def build(args):
+        mapping = dict(zip(body.arguments, args))
+        for i in read:
+            for use in list(body.arguments[i].uses):
+                mapping[use.owner.results[0]] = args[i]
+        for inner in list(body.operations)[:-1]:
+            inner = inner.operation
+            if inner.name == "arith.extf" and inner.results[0] in mapping:
+                continue
+            clone = inner.clone()
+            for j, v in enumerate(clone.operands):
+                if v in mapping:
+                    clone.operands[j] = mapping[v]
+            for old, res in zip(inner.results, clone.results):
+                mapping[old] = res
+        yielded = body.operations[len(body.operations) - 1].operands
+        return [mapping.get(v, v) for v in yielded]
+
+    with ir.InsertionPoint(op):
+        return build_generic(new_inputs, operands[ls.num_inputs:], ls.maps,
+                             iterator_kinds(op), build, name_from=op)
+
+
+def _recompute_in_f32(op, read: list[int], shadow: dict, f32) -> ir.Operation | None:
+    """Elementwise `op` recomputed in f32 from the shadows of inputs `read` (None when its
+    body holds anything but arith/math ops, or reads its init)."""
+    from torch_mlir.dialects import arith, tensor
+
+    ls = loop_structure(op)
+    body = op.regions[0].blocks[0]
+    if list(body.arguments[ls.num_inputs].uses) or any(
+            not o.operation.name.startswith(("arith.", "math.", "linalg.yield"))
+            for o in body.operations):
+        return None
+    operands = list(op.operands)
+    new_inputs = [shadow[v] if i in read else v for i, v in enumerate(operands[:ls.num_inputs])]
+
+    def is_narrow(v):
+        return str(v.type) in _NARROW
+
+    def build(args):
+        mapping = dict(zip(list(body.arguments)[:ls.num_inputs], args[:ls.num_inputs]))
+        for inner in list(body.operations)[:-1]:
+            inner = inner.operation
+            ins = [mapping.get(v, v) for v in inner.operands]
+            if inner.name == "arith.truncf" and str(ins[0].type) == "f32":
+                mapping[inner.results[0]] = ins[0]
+                continue
+            if inner.name == "arith.extf" and str(ins[0].type) == "f32":
+                mapping[inner.results[0]] = ins[0]
+                continue
+            if inner.name == "arith.constant" and is_narrow(inner.results[0]):
+                value = ir.FloatAttr(inner.attributes["value"]).value
+                mapping[inner.results[0]] = arith.ConstantOp(f32, ir.FloatAttr.get(f32, value)).result
+                continue
+            if any(str(v.type) == "f32" for v in ins):
+                ins = [arith.extf(f32, v) if is_narrow(v) else v for v in ins]
+            clone = inner.clone()
+            for j, v in enumerate(ins):
+                clone.operands[j] = v
+            for old, res in zip(inner.results, clone.results):
+                if is_narrow(res) and any(str(v.type) == "f32" for v in ins):
+                    res.set_type(f32)
+                mapping[old] = res
+        out = mapping.get(body.operations[len(body.operations) - 1].operands[0])
+        return [out if str(out.type) == "f32" else arith.extf(f32, out)]
+
+    t = op.results[0].type
+    with ir.InsertionPoint(op):
+        init = tensor.EmptyOp(list(t.shape), f32).result
+        return build_generic(new_inputs, [init], ls.maps, iterator_kinds(op), build, name_from=op)
 
 
 def _fold_shared_collapses(payload: ir.Module, rounds: int = 8) -> None:
@@ -175,6 +337,10 @@ def find_attention(payload: ir.Module) -> AttentionOps:
     if len(sums) != 1:
         raise NotAttention(f"expected one row sum of the softmax, found {len(sums)}")
     del dependent
+    rounded = _narrowed_softmax_value(ops, row_max, values[0])
+    if rounded is not None:
+        raise NotAttention(f"torch rounds this softmax's probabilities to {rounded} (written "
+                           f"by hand in {rounded}), which the fused loop never forms")
     output = _final_op(func)
     # SDPA's output is [..., L, Ev]: the query rows are its second-to-last dim
     out_dims = dim_positions(loop_structure(output).output_map(0))
@@ -184,14 +350,37 @@ def find_attention(payload: ir.Module) -> AttentionOps:
     return AttentionOps(scores, row_max, sums[0], values[0], output, query_dim)
 
 
+def _narrowed_softmax_value(ops, row_max: ir.Operation, values: ir.Operation) -> str | None:
+    """The element type (f16, bf16) of a value computed from the row max and read by the
+    P V contraction when it is narrower than f32 (torch rounds the probabilities of a
+    hand-written f16/bf16 softmax; _widen_softmax keeps them in f32 where it can); None when
+    there is none."""
+    for op in ops:
+        if op is row_max or op is values or not op.results or not _depends_into(op, row_max) \
+                or not _depends_into(values, op):
+            continue
+        etype = op.results[0].type.element_type
+        if isinstance(etype, ir.FloatType) and etype.width < 32:
+            return str(etype)
+    return None
+
+
 def _producing_contraction(value: ir.Value):
-    op = defining_op(value)
-    while op is not None and is_linalg_op(op) and not loop_structure(op).is_contraction:
+    """The one contraction `value` is computed from through elementwise linalg ops (a scale,
+    an added or selected mask: S * c, S + M, select(M, -inf, S)); None when there is none
+    or more than one."""
+    found, seen, pending = [], [], [defining_op(value)]
+    while pending:
+        op = pending.pop()
+        if op is None or not is_linalg_op(op) or op in seen:
+            continue
+        seen.append(op)
         ls = loop_structure(op)
-        if ls.reduction_dims or not op.operands:
-            return None
-        op = defining_op(op.operands[0])
-    return op if op is not None and is_linalg_op(op) else None
+        if ls.is_contraction:
+            found.append(op)
+        elif not ls.reduction_dims:
+            pending.extend(defining_op(v) for v in list(op.operands)[:ls.num_inputs])
+    return found[0] if len(found) == 1 else None
 
 
 def _reads(op: ir.Operation, value: ir.Value) -> bool:
@@ -229,9 +418,12 @@ def _final_op(func: ir.Operation) -> ir.Operation:
 
 def check(payload: ir.Module) -> str | None:
     """None when this schedule applies to `payload`, else the one-line reason."""
+    if _softmax_over_one_key(payload):
+        return "the softmax runs over one key (S_kv = 1): there is no key loop to fuse"
     trial = ir.Module.parse(str(payload), payload.context)
     try:
         with payload.context, ir.Location.unknown():
+            cleanup(trial)  # the family is chosen on the import: judge what fuse will see
             _normalize(trial)
             _prepare_guard(trial)
             find_attention(trial)
@@ -240,6 +432,22 @@ def check(payload: ir.Module) -> str | None:
     except Exception as exc:  # a transform refused the payload: its first line says why
         return _first_line(exc)
     return None
+
+
+def _softmax_over_one_key(payload: ir.Module) -> bool:
+    """Is there a max reduction over a dim of extent 1 (it folds away with the unit dim)?"""
+    found = []
+
+    def visit(op):
+        if op.name == "linalg.generic" and any(o.operation.name == "arith.maximumf"
+                                               for o in op.regions[0].blocks[0].operations):
+            ls = loop_structure(op)
+            if ls.reduction_dims and all(ls.ranges[d] == 1 for d in ls.reduction_dims):
+                found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit)
+    return bool(found)
 
 
 def _first_line(exc: Exception) -> str:
@@ -322,13 +530,35 @@ def fuse_attention(payload: ir.Module, params: AttentionParams = AttentionParams
         _store_keys_major(payload)
     ops = find_attention(payload)
     delta = causal_offset(payload, ops)
+    # the mask-free first loop drops the index-computed mask: only when it is the only one
+    # (a second one, a sliding window, must stay)
+    split = delta is not None and _index_masks(ops) == 1
     query_tile, query_iv = _tile_query_blocks(payload, ops, params)
     _fuse_key_loop(payload, params)
     # s - m and exp become one pass over each tile (single-use producers, no recomputation)
     run_schedule(payload, lambda root: fuse_elementwise_producers(match(root, "func.func")))
     if delta is not None:
-        bound_key_loops(payload, delta, query_tile, query_iv)
+        bound_key_loops(payload, delta, query_tile, query_iv, split)
     run_passes(payload, "canonicalize, cse")
+
+
+def _index_masks(ops: AttentionOps) -> int:
+    """The number of ops between the scores and the row max reading a mask computed from
+    loop indices (a causal mask, a sliding window, ...)."""
+    count, seen, pending = 0, [], [defining_op(ops.row_max.operands[0])]
+    while pending:
+        op = pending.pop()
+        if op is None or op is ops.scores or not is_linalg_op(op) or op in seen:
+            continue
+        seen.append(op)
+        ls = loop_structure(op)
+        if ls.reduction_dims:
+            continue
+        producers = [defining_op(v) for v in list(op.operands)[:ls.num_inputs]]
+        if any(p is not None and _is_index_computation(p) for p in producers):
+            count += 1
+        pending.extend(p for p in producers if p is not None and not _is_index_computation(p))
+    return count
 
 
 def _store_keys_major(payload: ir.Module) -> None:
@@ -494,12 +724,14 @@ def _default_query_tile(ops: AttentionOps) -> int:
     return 128 if kv_bytes >= 1 << 20 else 64
 
 
-def bound_key_loops(payload: ir.Module, delta: int, query_tile: int, query_iv: int | None) -> None:
+def bound_key_loops(payload: ir.Module, delta: int, query_tile: int, query_iv: int | None,
+                    split: bool = True) -> None:
     """Causal tile skipping: in the query block of rows [i0, i0 + query_tile), every score
     with key j > i0 + query_tile - 1 + delta is masked, so the key loop (tiles [j0, j0 + T))
     stops at j0 < i0 + query_tile + delta: those tiles are not computed at all. The bound is
     min(full tiles, max(0, i0 + query_tile + delta)); a remainder tile after the loop still
-    runs (its masked keys contribute exactly 0)."""
+    runs (its masked keys contribute exactly 0). With `split`, the tiles wholly below the
+    diagonal run first without the mask (_split_unmasked_tiles)."""
     from torch_mlir.dialects import arith
 
     idx = ir.IndexType.get()
@@ -521,7 +753,8 @@ def bound_key_loops(payload: ir.Module, delta: int, query_tile: int, query_iv: i
             bound = arith.maxsi(arith.addi(i0, const(query_tile + delta)), const(0))
             full = loop.operands[1]
             loop.operands[1] = arith.minsi(bound, full)
-            _split_unmasked_tiles(loop, i0, delta)
+            if split:
+                _split_unmasked_tiles(loop, i0, delta)
 
 
 def _split_unmasked_tiles(loop: ir.Operation, i0: ir.Value, delta: int) -> None:
@@ -552,23 +785,67 @@ def _split_unmasked_tiles(loop: ir.Operation, i0: ir.Value, delta: int) -> None:
 
 
 def _drop_mask(loop: ir.Operation) -> None:
-    """In `loop`'s body, scores + mask (mask computed from indices) becomes the scores."""
+    """In `loop`'s body, the scores masked by a mask computed from indices (S + M, or
+    select(pred, -inf, S) / select(pred, S, -inf)) become the scores: in the body of the op
+    reading that one mask, the add or select is replaced by its unmasked operand."""
     body = loop.regions[0].blocks[0]
     for op in list(body.operations):
         op = op.operation
         if op.name != "linalg.generic" or len(op.results) != 1:
             continue
-        inner = op.regions[0].blocks[0]
-        added = defining_op(inner.operations[len(inner.operations) - 1].operands[0])
-        if added is None or added.name != "arith.addf":
-            continue
         n_in = loop_structure(op).num_inputs
         masks = [i for i in range(n_in) if defining_op(op.operands[i]) is not None
                  and _is_index_computation(defining_op(op.operands[i]))]
-        others = [i for i in range(n_in) if i not in masks]
-        if len(masks) == 1 and len(others) == 1 and \
-                loop_structure(op).maps[others[0]] == loop_structure(op).output_map(0):
-            op.results[0].replace_all_uses_with(op.operands[others[0]])
+        if len(masks) != 1:
+            continue
+        inner = op.regions[0].blocks[0]
+        mask = inner.arguments[masks[0]]
+        for inner_op in list(inner.operations):
+            inner_op = inner_op.operation
+            unmasked = _unmasked_operand(inner_op, mask)
+            if unmasked is not None:
+                inner_op.results[0].replace_all_uses_with(unmasked)
+                inner_op.erase()
+        erase_dead_body_ops(inner)
+        if not list(mask.uses):
+            _drop_input(op, masks[0])
+
+
+def _drop_input(op: ir.Operation, index: int) -> None:
+    """Rebuild linalg.generic `op` without input `index`, which its body does not read."""
+    ls = loop_structure(op)
+    operands = list(op.operands)
+    keep = [i for i in range(len(operands)) if i != index]
+    old_args = list(op.regions[0].blocks[0].arguments)
+    with ir.InsertionPoint(op), op.location:
+        new = build_generic(operands[:index] + operands[index + 1:ls.num_inputs],
+                            operands[ls.num_inputs:], [ls.maps[i] for i in keep],
+                            iterator_kinds(op), lambda args: clone_body(
+                                op, {old_args[i]: a for i, a in zip(keep, args)}), name_from=op)
+    for old, res in zip(op.results, new.results):
+        old.replace_all_uses_with(res)
+    op.erase()
+
+
+def _unmasked_operand(op: ir.Operation, mask: ir.Value):
+    """x for op = x + mask or op = select(c(mask), -inf, x) / select(c(mask), x, -inf) with
+    c(mask) the mask itself or a cast of it; None otherwise."""
+    if op.name == "arith.addf" and mask in list(op.operands):
+        others = [v for v in op.operands if v != mask]
+        return others[0] if len(others) == 1 else None
+    if op.name != "arith.select":
+        return None
+    cond, on_true, on_false = op.operands
+    while cond != mask:
+        p = defining_op(cond)
+        if p is None or p.name not in ("arith.trunci", "arith.extui") or p.block != op.block:
+            return None
+        cond = p.operands[0]
+    if _is_neg_inf(on_true):
+        return on_false
+    if _is_neg_inf(on_false):
+        return on_true
+    return None
 
 
 def _foralls(payload: ir.Module) -> list[ir.Operation]:
@@ -793,7 +1070,7 @@ def _packed_copy(x: ir.Value, tile: int) -> ir.Value:
             [], lead + [a, n, tile]).result
         init = tensor.EmptyOp(lead + [n, a, tile], t.element_type).result
         perm = list(range(rank - 2)) + [rank - 1, rank - 2, rank]
-        return linalg.transpose(expanded, outs=[init], permutation=perm)
+        return linalg.transpose(expanded, outs=[init], permutation=perm).results[0]
 
 
 def _is_index_computation(op: ir.Operation) -> bool:
@@ -954,19 +1231,20 @@ def _operand_form(op: ir.Operation, index: int):
 
 def causal_offset(payload: ir.Module, ops: AttentionOps) -> int | None:
     """delta such that every masked-in score has key <= query + delta (a causal mask, with
-    torch's is_causal delta = 0), read from the index computation added to the scores;
+    torch's is_causal delta = 0), read from the index computation that masks the scores
+    (added, S + M with M = select(pred, 0, -inf), or selected, select(pred, -inf, S));
     None when the scores carry no such mask."""
     row_max = ops.row_max
     producer = defining_op(row_max.operands[0])
+    while producer is not None and producer.name == "linalg.generic" and _is_cast(producer):
+        producer = defining_op(producer.operands[0])  # a bf16 softmax reads ext(masked S)
     if producer is None or producer is ops.scores or not is_linalg_op(producer):
         return None
     ls = loop_structure(producer)
-    if not ls.is_elementwise or ls.num_inputs != 2:
+    if not ls.is_elementwise:
         return None
-    body = producer.regions[0].blocks[0]
-    added = defining_op(body.operations[len(body.operations) - 1].operands[0])
-    if added is None or added.name != "arith.addf" or not all(
-            isinstance(v, ir.BlockArgument) for v in added.operands):
+    allowed = _allowed_region(producer)
+    if allowed is None:
         return None
     # in the scores (either layout) the key is the dim m reduces, the query the one m keeps last
     rls = loop_structure(row_max)
@@ -979,23 +1257,57 @@ def causal_offset(payload: ir.Module, ops: AttentionOps) -> int | None:
     if max(key_pos, query_pos) >= len(out):
         return None
     key_loop, query_loop = out[key_pos], out[query_pos]
-    for i in range(ls.num_inputs):
+    _, kind, lin = allowed
+    coef = dict(lin.coef)
+    if set(coef) - {key_loop, query_loop}:
+        return None
+    a, b, c = coef.get(query_loop, 0), coef.get(key_loop, 0), lin.const
+    # allowed iff a*i + b*j + c <kind> 0; accept the causal family j - i + c <= 0
+    if kind in ("ge", "gt"):
+        a, b, c = -a, -b, -c
+        kind = "le" if kind == "ge" else "lt"
+    if (a, b) != (-1, 1):
+        return None
+    return -c if kind == "le" else -c - 1
+
+
+_NEGATED = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt"}
+
+
+def _allowed_region(op: ir.Operation):
+    """("pred", kind, lin) of the scores elementwise `op` keeps, when it masks the others
+    to -inf by a predicate computed from loop indices: S + M (M = select(pred, 0, -inf))
+    or select(pred, -inf, S) / select(pred, S, -inf). None otherwise."""
+    body = op.regions[0].blocks[0]
+    last = defining_op(body.operations[len(body.operations) - 1].operands[0])
+    if last is None:
+        return None
+    if last.name == "arith.addf" and all(isinstance(v, ir.BlockArgument) for v in last.operands):
+        for i in range(loop_structure(op).num_inputs):
+            try:
+                form = _operand_form(op, i)
+            except _NotLinear:
+                continue
+            if isinstance(form, tuple) and form[0] == "mask":
+                return form[1]
+        return None
+    if last.name == "arith.select":
+        cond, on_true, on_false = last.operands
         try:
-            form = _operand_form(producer, i)
+            pred = _form(cond, op)
         except _NotLinear:
-            continue
-        if not (isinstance(form, tuple) and form[0] == "mask"):
-            continue
-        _, (_, kind, lin) = form
-        coef = dict(lin.coef)
-        if set(coef) - {key_loop, query_loop}:
             return None
-        a, b, c = coef.get(query_loop, 0), coef.get(key_loop, 0), lin.const
-        # allowed iff a*i + b*j + c <kind> 0; accept the causal family j - i + c <= 0
-        if kind in ("ge", "gt"):
-            a, b, c = -a, -b, -c
-            kind = "le" if kind == "ge" else "lt"
-        if (a, b) != (-1, 1):
+        if not (isinstance(pred, tuple) and pred[0] == "pred"):
             return None
-        return -c if kind == "le" else -c - 1
+        if _is_neg_inf(on_true) and isinstance(on_false, ir.BlockArgument):
+            return ("pred", _NEGATED[pred[1]], pred[2])
+        if _is_neg_inf(on_false) and isinstance(on_true, ir.BlockArgument):
+            return pred
     return None
+
+
+def _is_neg_inf(value: ir.Value) -> bool:
+    p = defining_op(value)
+    return p is not None and p.name == "arith.constant" and \
+        isinstance(p.attributes["value"], ir.FloatAttr) and \
+        ir.FloatAttr(p.attributes["value"]).value == float("-inf")

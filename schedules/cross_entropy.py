@@ -20,8 +20,6 @@ Schedule (`fuse_cross_entropy`), target independent up to vectorization:
   3. check: every op iterating over all the logits must be the row max, a class reduction
      or a result computed elementwise (the gradients, merged into one op); anything else
      (e.g. d weight, a sum over the rows) and the schedule does not apply, with the reason;
-     the gradient's products with a per-row scale are guarded (select(s == 0, 0, a * s)):
-     ignored rows get exactly 0 even when their logits are not finite (torch: NaN);
   4. tile the rows into an scf.forall (the gradient, or the per-row loss, is the root; every
      producer over the rows is fused into it; readers of the row statistics outside the root
      read them from the forall's results); blocks of rows whose logits fit `block_bytes`;
@@ -35,13 +33,17 @@ at a time with vector accumulators; exp is expanded by schedules/fast_exp.py.
 Forward: the logits are read once, no [N, C] tensor exists. Forward+backward: the logits are
 read once from memory (the second sweep hits the cache), the gradient written once.
 
-Behaviour at the edges (all as torch unless said): all rows ignored -> mean NaN, sum 0, none
-zeros, gradients 0; non-finite logits in ignored rows -> finite loss, zero gradient rows
-(torch: NaN gradients there); a target outside [0, C) that is not ignore_index -> a clear
-error when the kernel file's inputs hold it (the import runs torch), else the imported
-bounds assertion stops the process before any logit is read for it, with the message
-"cross_entropy: a target is out of range: class indices must be in [0, C) or equal
-ignore_index" (`name_target_checks`).
+Behaviour at the edges, all as torch: all rows ignored -> mean NaN, sum 0, none zeros,
+gradients 0; non-finite logits in ignored rows -> finite loss, and the row's gradient
+softmax * 0 (NaN where the row holds NaN or +inf, as torch computes it); one row (N = 1,
+its unit dim folded away) as an unbatched loss. A target outside [0, C) that is not
+ignore_index -> a clear error when the kernel file's inputs hold it (the import runs
+torch), else the imported bounds check, named "cross_entropy: a target is out of range:
+class indices must be in [0, C) or equal ignore_index" (`name_target_checks`), becomes the
+kernel-reported error on the CPU (schedules/prepare.py: checks_to_error_code; the call
+raises lighthouse.errors.KernelError); every gather at a target reads a clamped index
+(clamp_gather_indices, at cleanup), so no access leaves the logits or the weights. The
+schedule refuses an empty input (N = 0) and C = 1 (no class max is left) with the reason.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torch_mlir import ir
-from torch_mlir.dialects import arith, tensor, transform
+from torch_mlir.dialects import tensor, transform
 from torch_mlir.dialects.transform import structured
 
 import transform_ext
@@ -72,7 +74,7 @@ from .gather_folding import (append_input, fold_gathers_through_elementwise,
                              promote_indexed_extracts)
 from .generic import GenericParams, largest_divisor_at_most, single_func, vectorize_generic
 from .lane_split import LANE_DIM, lane_split_group
-from .prepare import split_assertions
+from .prepare import cleanup, split_assertions
 
 
 CLASS_SUM = "lh.class_sum"  # marks the reductions of the fused class loops for vectorization
@@ -154,6 +156,13 @@ def normalize(payload: ir.Module) -> None:
     split_assertions(payload)
 
 
+def _refuse_empty(payload: ir.Module) -> None:
+    """A function argument with a zero-size dim (no rows: N = 0) has nothing to fuse."""
+    for arg in _func(payload).regions[0].blocks[0].arguments:
+        if isinstance(arg.type, ir.RankedTensorType) and 0 in list(arg.type.shape):
+            raise NotCrossEntropy(f"an input is empty ({arg.type})")
+
+
 def _has_rank0_reshape(payload: ir.Module) -> bool:
     found = []
 
@@ -227,10 +236,14 @@ def _depends_on_value(value: ir.Value, target: ir.Value) -> bool:
 
 
 def _logits(func: ir.Operation) -> ir.Value:
-    """The function argument the row max reduces (directly or through elementwise ops)."""
+    """The function argument the row max reduces (directly or through elementwise ops), or
+    its reshape when that is what the ops read (one row: [1, C] folded to [C])."""
     value = _row_max(func).operands[0]
     while not isinstance(value, ir.BlockArgument):
         op = defining_op(value)
+        if op is not None and op.name in ("tensor.collapse_shape", "tensor.expand_shape") and \
+                isinstance(op.operands[0], ir.BlockArgument):
+            return value
         if op is None or not is_linalg_op(op) or not loop_structure(op).is_elementwise:
             raise NotCrossEntropy("the row max does not read a function argument (the logits)")
         value = op.operands[0]
@@ -300,8 +313,16 @@ def _numel(shape) -> int:
 
 
 def _returned_ops(func: ir.Operation) -> list[ir.Operation]:
-    ret = block_ops(func)[-1]
-    return [op for op in (defining_op(v) for v in ret.operands) if op is not None]
+    """The ops computing the function's results (through reshapes: one row's gradient
+    [C] is returned as [1, C])."""
+    found = []
+    for v in block_ops(func)[-1].operands:
+        op = defining_op(v)
+        while op is not None and op.name in ("tensor.expand_shape", "tensor.collapse_shape"):
+            op = defining_op(op.operands[0])
+        if op is not None:
+            found.append(op)
+    return found
 
 
 def _last_row_op(ops, row_max, classes) -> ir.Operation:
@@ -341,6 +362,7 @@ def check(payload: ir.Module) -> str | None:
     trial = ir.Module.parse(str(payload), payload.context)
     try:
         with payload.context, ir.Location.unknown():
+            cleanup(trial)  # the family is chosen on the import: judge what fuse will see
             fuse_cross_entropy(trial)
     except NotCrossEntropy as exc:
         return str(exc)
@@ -350,10 +372,17 @@ def check(payload: ir.Module) -> str | None:
 
 
 def _first_line(exc: Exception) -> str:
+    """The diagnostic's message without its locations (loc(...) is no use to a user)."""
+    import re
+
+    text = (str(exc).splitlines() or [type(exc).__name__])[0]
     for line in str(exc).splitlines():
         if "Diagnostic message" in line:
-            return line.split("): ", 1)[-1][:200]
-    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+            text = line.split("): ", 1)[-1]
+            break
+    text = text.split("at loc(unknown)")[0]
+    text = re.sub(r" ?at loc\((?:[^()]|\([^()]*\))*\)", "", text)
+    return text.strip()[:200]
 
 
 def name_target_checks(func: ir.Operation, classes: int) -> list[ir.Operation]:
@@ -372,6 +401,7 @@ def name_target_checks(func: ir.Operation, classes: int) -> list[ir.Operation]:
 
 
 def fuse_cross_entropy(payload: ir.Module, params: CrossEntropyParams = CrossEntropyParams()) -> None:
+    _refuse_empty(payload)
     normalize(payload)
     restructure(payload)
     ops = find_cross_entropy(payload)
@@ -380,40 +410,10 @@ def fuse_cross_entropy(payload: ir.Module, params: CrossEntropyParams = CrossEnt
         op.attributes[CLASS_SUM] = ir.UnitAttr.get(op.context)
     _tie_class_sums_to_logits(payload)
     ops = find_cross_entropy(payload)
-    if ops.gradient is not None:
-        _guard_row_scales(ops.gradient, ops.row_dims)
     _sink_other_readers(ops.root)
     _tile_rows(payload, ops, params)
     _fuse_class_loop(payload, params)
     run_passes(payload, "canonicalize, cse")
-
-
-def _guard_row_scales(gradient: ir.Operation, row_loops: list[int]) -> None:
-    """In the gradient, a product with a per-row value s (constant along the classes, e.g. the
-    row sum of d loss / d logp, 0 on ignored rows) becomes select(s == 0, 0, a * s): a row
-    whose scale is zero gets exactly 0 even where a = softmax(x) is not finite (torch gives
-    NaN there). Exact whenever a is finite."""
-    ls = loop_structure(gradient)
-    block = body_of(gradient)
-    row_args = set()
-    for i in range(ls.num_inputs):
-        dims = {e.position for e in ls.maps[i].results if isinstance(e, ir.AffineDimExpr)}
-        if dims <= set(row_loops) and isinstance(block.arguments[i].type, ir.FloatType):
-            row_args.add(i)
-    for inner in list(block.operations):
-        inner = inner.operation
-        if inner.name != "arith.mulf":
-            continue
-        scales = [v for v in inner.operands if isinstance(v, ir.BlockArgument) and
-                  v.owner == block and v.arg_number in row_args]
-        if not scales:
-            continue
-        s = scales[0]
-        with ir.InsertionPoint.after(inner), inner.location:
-            zero = arith.ConstantOp(s.type, ir.FloatAttr.get(s.type, 0.0)).result
-            is_zero = arith.cmpf(arith.CmpFPredicate.OEQ, s, zero)
-            guarded = arith.select(is_zero, zero, inner.results[0])
-        inner.results[0].replace_all_uses_except(guarded, guarded.owner.operation)
 
 
 def _tie_class_sums_to_logits(payload: ir.Module) -> None:

@@ -13,8 +13,9 @@ indexing map permuted and computes exactly what it did.
 
 `store_scores_keys_major(S)` relays out S and every elementwise value computed from it of its
 shape (masked scores, E = exp(S - m)), and reads Q transposed; `fold_key_transpose(S)` then
-reads K in place of K^T when K^T is `transpose(K) * c` and Q is `Q * c'` (the scale moves to
-Q as c c', exact when c c' is a power of two, as for head dims 4^n).
+reads K in place of K^T when K^T is `transpose(K)`, possibly scaled by a constant c, and
+moves c and a constant scale of S itself (a hand-written `q @ k^T / sqrt(d)`) to Q^T (exact
+when the product of the scales is a power of two, as for head dims 4^n).
 """
 
 from __future__ import annotations
@@ -165,64 +166,93 @@ def _read_transposed(op: ir.Operation, index: int) -> None:
             empty = tensor.EmptyOp(list(_transposed_type(value.type).shape),
                                    value.type.element_type).result
             perm = list(range(rank - 2)) + [rank - 1, rank - 2]
-            op.operands[index] = linalg.transpose(value, outs=[empty], permutation=perm)
+            op.operands[index] = linalg.transpose(value, outs=[empty], permutation=perm).results[0]
     _set_map(op, index, _swap_last_two(loop_structure(op).maps[index]))
 
 
-def _scale_constant(op: ir.Operation) -> tuple[ir.Operation, int] | None:
-    """For an elementwise generic whose body is `in * c` (c an f32 constant): the mulf and
-    the operand position of c; None otherwise."""
+def _scale_constant(op) -> tuple[ir.Operation, int, str] | None:
+    """For an elementwise generic whose body is `in * c`, `c * in` or `in / c` with c a
+    float constant of the argument's type: (the mulf/divf, the operand position of c,
+    "mul" or "div"); None otherwise."""
     if not _is_generic(op) or len(op.results) != 1 or not loop_structure(op).is_elementwise \
             or loop_structure(op).num_inputs != 1:
         return None
     body = op.regions[0].blocks[0]
     ops = [o.operation for o in body.operations]
-    if len(ops) != 2 or ops[0].name != "arith.mulf":
+    if len(ops) != 2 or ops[0].name not in ("arith.mulf", "arith.divf") or \
+            ops[1].operands[0] != ops[0].results[0]:
         return None
-    mul = ops[0]
-    for pos in (0, 1):
-        c = defining_op(mul.operands[pos])
-        if c is not None and c.name == "arith.constant" and mul.operands[1 - pos] == body.arguments[0]:
-            return mul, pos
+    scale = ops[0]
+    positions = (0, 1) if scale.name == "arith.mulf" else (1,)
+    for pos in positions:
+        c = defining_op(scale.operands[pos])
+        if c is not None and c.name == "arith.constant" and \
+                scale.operands[1 - pos] == body.arguments[0]:
+            return scale, pos, "mul" if scale.name == "arith.mulf" else "div"
     return None
 
 
+def _factor_of(found) -> float:
+    """The multiplier a _scale_constant applies: c, or 1 / c for a division."""
+    scale, pos, kind = found
+    c = ir.FloatAttr(defining_op(scale.operands[pos]).attributes["value"]).value
+    return c if kind == "mul" else 1.0 / c
+
+
+def _key_source(value: ir.Value):
+    """(K, reassociation groups or None, the scale of K^T) when `value` is
+    [c *] [collapse_shape] transpose(K) with the last two dims swapped; None otherwise."""
+    factor = 1.0
+    scale = defining_op(value)
+    found = _scale_constant(scale) if scale is not None else None
+    if found is not None:
+        factor = _factor_of(found)
+        value = scale.operands[0]
+    groups = None
+    reshape = defining_op(value)
+    if reshape is not None and reshape.name == "tensor.collapse_shape":
+        groups = [[ir.IntegerAttr(i).value for i in g] for g in reshape.attributes["reassociation"]]
+        value = reshape.operands[0]
+        if groups[-2:] != [[value.type.rank - 2], [value.type.rank - 1]]:
+            return None
+    transpose = defining_op(value)
+    if transpose is None or transpose.name != "linalg.transpose":
+        return None
+    perm = list(ir.DenseI64ArrayAttr(transpose.attributes["permutation"]))
+    rank = len(perm)
+    if perm != list(range(rank - 2)) + [rank - 1, rank - 2]:
+        return None
+    return transpose.operands[0], groups, factor
+
+
 def fold_key_transpose(scores: ir.Operation) -> bool:
-    """S reads K^T = (transpose(K) * c_k) and Q^T = (Q * c_q)^T: read K itself (its map's
-    last two dims swapped) and scale Q by c_q c_k. Returns whether it applied."""
+    """S^T = K Q^T reading K^T = c_k transpose(K) (through a collapse_shape; c_k a constant
+    or absent) reads K itself, its map's last two dims swapped; c_k and a constant scale of
+    the scores themselves (c_s S or S / c_s, when that is S's only reader, which then goes)
+    move to Q^T: Q^T becomes (c_k c_s) Q^T, by Q^T's own scale constant when it has an f32
+    one, else by a multiply after it (in f32). Exact up to the rounding of the products
+    (exact when the scales are powers of two). Returns whether it applied."""
     ls = loop_structure(scores)
     dims = ls.contraction_dims()
     key, depth = dims["n"][0], dims["k"][0]
     k_index = next((i for i in range(ls.num_inputs)
                     if dim_positions(ls.maps[i])[-2:] == [depth, key]), None)
     q_index = next((i for i in range(ls.num_inputs) if i != k_index), None)
-    if k_index is None or q_index is None:
+    if k_index is None or q_index is None or len(list(scores.operands[k_index].uses)) != 1:
         return False
-    k_scale, q_scale = defining_op(scores.operands[k_index]), defining_op(scores.operands[q_index])
-    k_mul, q_mul = _scale_constant(k_scale), _scale_constant(q_scale)
-    if k_mul is None or q_mul is None or len(list(scores.operands[k_index].uses)) != 1:
+    source = _key_source(scores.operands[k_index])
+    if source is None:
         return False
-    reshape = defining_op(k_scale.operands[0])
-    groups = None
-    source = k_scale.operands[0]
-    if reshape is not None and reshape.name == "tensor.collapse_shape":
-        groups = [[ir.IntegerAttr(i).value for i in g] for g in reshape.attributes["reassociation"]]
-        source = reshape.operands[0]
-        if groups[-2:] != [[source.type.rank - 2], [source.type.rank - 1]]:
-            return False
-    transpose = defining_op(source)
-    if transpose is None or transpose.name != "linalg.transpose":
-        return False
-    perm = list(ir.DenseI64ArrayAttr(transpose.attributes["permutation"]))
-    rank = len(perm)
-    if perm != list(range(rank - 2)) + [rank - 1, rank - 2]:
-        return False
-    k = transpose.operands[0]
-
-    def value_of(mul, pos):
-        return ir.FloatAttr(defining_op(mul.operands[pos]).attributes["value"]).value
-
-    c_k, c_q = value_of(*k_mul), value_of(*q_mul)
+    k, groups, factor = source
+    score_scale = None
+    readers = _uses(scores.results[0])
+    if len(readers) == 1:
+        reader = readers[0][0]
+        found = _scale_constant(reader)
+        if found is not None and loop_structure(reader).maps[0] == \
+                loop_structure(reader).output_map(0) and reader.results[0].type == scores.results[0].type:
+            score_scale = reader
+            factor *= _factor_of(found)
     with ir.InsertionPoint(scores), scores.location:
         if groups is not None:
             from transform_ext.common import reassociation_attr
@@ -232,8 +262,41 @@ def fold_key_transpose(scores: ir.Operation) -> bool:
                                        reassociation_attr(groups)).result
     scores.operands[k_index] = k
     _set_map(scores, k_index, _swap_last_two(ls.maps[k_index]))
-    mul, pos = q_mul
-    with ir.InsertionPoint(mul), mul.location:
-        ftype = mul.operands[pos].type
-        mul.operands[pos] = arith.ConstantOp(ftype, ir.FloatAttr.get(ftype, c_q * c_k)).result
+    if score_scale is not None:
+        score_scale.results[0].replace_all_uses_with(scores.results[0])
+        score_scale.erase()
+    if factor != 1.0:
+        _scale_operand(scores, q_index, factor)
     return True
+
+
+def _scale_operand(op: ir.Operation, index: int, factor: float) -> None:
+    """Operand `index` of `op` (read by `op` only) multiplied by `factor`: in its producer's
+    f32 scale constant when it has one, else by an elementwise generic computing
+    x * factor in f32 (rounded back to x's type)."""
+    value = op.operands[index]
+    producer = defining_op(value)
+    found = _scale_constant(producer) if producer is not None else None
+    f32 = ir.F32Type.get()
+    if found is not None and found[0].results[0].type == f32:
+        scale, pos, kind = found
+        new = _factor_of(found) * factor
+        with ir.InsertionPoint(scale), scale.location:
+            scale.operands[pos] = arith.ConstantOp(f32, ir.FloatAttr.get(
+                f32, new if kind == "mul" else 1.0 / new)).result
+        return
+    from transform_ext.common import build_generic
+
+    t = value.type
+    etype = t.element_type
+    identity = ir.AffineMap.get_identity(t.rank)
+
+    def body(args):
+        x = args[0] if etype == f32 else arith.extf(f32, args[0])
+        y = arith.mulf(x, arith.ConstantOp(f32, ir.FloatAttr.get(f32, factor)).result)
+        return [y if etype == f32 else arith.truncf(etype, y)]
+
+    with ir.InsertionPoint(op), op.location:
+        empty = tensor.EmptyOp(list(t.shape), etype).result
+        scaled = build_generic([value], [empty], [identity, identity], ["parallel"] * t.rank, body)
+    op.operands[index] = scaled.results[0]

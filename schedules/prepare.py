@@ -1,16 +1,195 @@
 """Payload preparation shared by the schedules: rewrites done directly on the payload IR.
 
+clamp_gather_indices: a `tensor.extract` in a linalg body at an index computed from data
+(a target, which may be ignore_index = -100) reads T[clamp(i, 0, n - 1)]: torch-mlir's
+imports read such elements before selecting them away (the one-hot of nll_loss_backward
+reads w[y] for every y), so an unclamped read is out of bounds. Exact wherever the index
+is in bounds; elsewhere the read was undefined and its value is never used (or a bounds
+check reports the target).
+
 split_assertions: torch-mlir guards index reads (e.g. the cross-entropy target gather) with
 `cf.assert` inside linalg.generic bodies, which blocks vectorization of the whole op. Each
 such generic is split in two: a result-less generic over the same inputs and iteration
 space that only evaluates the assertions (a cheap scalar loop), and the original without
 them. The checks still run; the op that does the work vectorizes.
+
+checks_to_error_code: the kernel-reported error. Those result-less checks become one more
+function result, the error code (a rank-0 i32 tensor, always the last result): 0 when every
+assertion holds, else k for the failing message `lh.kernel_errors[k - 1]` (a module
+attribute listing the messages; the largest k when several fail). Nothing aborts: the
+caller reads the code after the call (lighthouse.runtime.JitFunction raises the message as
+a KernelError) and discards the results, which were computed with clamped indices
+(clamp_gather_indices), so no access left the tensors.
 """
 
 from __future__ import annotations
 
 from torch_mlir import ir
 from torch_mlir.dialects import linalg
+
+
+def cleanup(payload: ir.Module) -> None:
+    """The `cleanup` stage (canonicalize, simplify_imported_ops, clamp_gather_indices,
+    widen_bool_tensors, promote_reductions_to_f32); the families' checks run it on their
+    trial copy, so they judge the IR their schedule will see."""
+    from .common import run_passes
+
+    run_passes(payload, "canonicalize, cse")
+    simplify_imported_ops(payload)
+    run_passes(payload, "canonicalize, cse")
+    clamp_gather_indices(payload)
+    widen_bool_tensors(payload)
+    promote_reductions_to_f32(payload)
+    run_passes(payload, "canonicalize, cse")
+
+
+def clamp_gather_indices(payload: ir.Module) -> int:
+    """Clamp every data-dependent index of a tensor.extract inside a linalg body into its
+    dim (see the module docstring); returns the number of indices clamped."""
+    from torch_mlir.dialects import arith
+
+    found = []
+
+    def visit(op):
+        if op.name == "tensor.extract" and _in_linalg_body(op):
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit)
+    count = 0
+    with payload.context:
+        index = ir.IndexType.get()
+        for extract in found:
+            source = extract.operands[0].type
+            for pos, value in enumerate(list(extract.operands)[1:]):
+                size = source.shape[pos]
+                if size <= 0 or _loop_index_only(value, extract.parent):
+                    continue
+                with ir.InsertionPoint(extract), extract.location:
+                    low = arith.ConstantOp(index, ir.IntegerAttr.get(index, 0)).result
+                    high = arith.ConstantOp(index, ir.IntegerAttr.get(index, size - 1)).result
+                    extract.operands[1 + pos] = arith.minsi(arith.maxsi(value, low), high)
+                count += 1
+    return count
+
+
+def _in_linalg_body(op: ir.Operation) -> bool:
+    parent = op.parent
+    return parent is not None and parent.name.startswith("linalg.")
+
+
+def _loop_index_only(value: ir.Value, body_owner: ir.Operation) -> bool:
+    """Is `value` computed from loop indices (linalg.index) and constants only?"""
+    pending, seen = [value], []
+    while pending:
+        v = pending.pop()
+        if v in seen:
+            continue
+        seen.append(v)
+        if isinstance(v, ir.BlockArgument):
+            return False
+        op = v.owner.operation if isinstance(v.owner, ir.OpView) else v.owner
+        if op.name in ("linalg.index", "arith.constant"):
+            continue
+        if op.parent != body_owner or not op.name.startswith("arith.") or op.regions:
+            return False
+        pending.extend(op.operands)
+    return True
+
+
+KERNEL_ERRORS_ATTR = "lh.kernel_errors"
+
+
+def kernel_error_messages(payload: ir.Module) -> list[str]:
+    """The messages of the kernel-reported error codes (see checks_to_error_code), [] when
+    the kernel reports none."""
+    attrs = payload.operation.attributes
+    if KERNEL_ERRORS_ATTR not in attrs:
+        return []
+    return [ir.StringAttr(a).value for a in ir.ArrayAttr(attrs[KERNEL_ERRORS_ATTR])]
+
+
+def checks_to_error_code(payload: ir.Module) -> int:
+    """Replace the assertions of the generics at the top level of the function (split out
+    of result-producing ones first) by the error code result (see the module docstring);
+    returns the number of checks replaced."""
+    from torch_mlir.dialects import arith, tensor
+
+    from transform_ext.common import build_generic, iterator_kinds
+
+    funcs = [op.operation for op in payload.body.operations if op.operation.name == "func.func"]
+    messages = kernel_error_messages(payload)
+    count = 0
+    with payload.context:
+        i32 = ir.IntegerType.get_signless(32)
+        for func in funcs:
+            block = func.regions[0].blocks[0]
+            for op in list(block.operations):
+                if op.operation.name == "linalg.generic" and op.operation.results and _asserts(op):
+                    _split(op.operation.opview)  # the op's own checks, first split out
+            checks = [op.operation for op in block.operations if op.operation.name ==
+                      "linalg.generic" and not op.operation.results and _asserts(op)]
+            if not checks:
+                continue
+            ret = block.operations[len(block.operations) - 1].operation
+            codes = []
+            for check in checks:
+                view = check.opview
+                inputs = list(view.inputs)
+                maps = [m.value for m in view.indexing_maps]
+                n_loops = maps[0].n_dims if maps else len(iterator_kinds(check))
+                body = check.regions[0].blocks[0]
+
+                def code_body(args, body=body, n_in=len(inputs)):
+                    mapping = {body.arguments[i]: args[i] for i in range(n_in)}
+                    code = args[n_in]
+                    for inner in list(body.operations)[:-1]:
+                        inner = inner.operation
+                        if inner.name != "cf.assert":
+                            clone = inner.clone()
+                            for i, v in enumerate(clone.operands):
+                                if v in mapping:
+                                    clone.operands[i] = mapping[v]
+                            for old, new in zip(inner.results, clone.results):
+                                mapping[old] = new
+                            continue
+                        message = ir.StringAttr(inner.attributes["msg"]).value
+                        if message not in messages:
+                            messages.append(message)
+                        ok = mapping.get(inner.operands[0], inner.operands[0])
+                        zero = arith.ConstantOp(i32, ir.IntegerAttr.get(i32, 0)).result
+                        k = arith.ConstantOp(i32, ir.IntegerAttr.get(i32, messages.index(message) + 1)).result
+                        code = arith.maxsi(code, arith.select(ok, zero, k))
+                    return [code]
+
+                with ir.InsertionPoint(check), check.location:
+                    init = linalg.fill(arith.ConstantOp(i32, ir.IntegerAttr.get(i32, 0)).result,
+                                       outs=[tensor.EmptyOp([], i32).result])
+                    scalar = ir.AffineMap.get(n_loops, 0, [])
+                    codes.append(build_generic(inputs, [init], maps + [scalar],
+                                               ["reduction"] * n_loops, code_body).results[0])
+                check.erase()
+                count += 1
+            with ir.InsertionPoint(ret), ret.location:
+                code = codes[0]
+                for other in codes[1:]:
+                    scalar = ir.AffineMap.get(0, 0, [])
+                    code = build_generic([code, other], [tensor.EmptyOp([], i32).result],
+                                         [scalar] * 3, [], lambda a: [arith.maxsi(a[0], a[1])]).results[0]
+                from torch_mlir.dialects import func as func_dialect
+
+                func_dialect.ReturnOp(list(ret.operands) + [code])
+            ret.erase()
+            _refresh_function_type(func)
+        if count:
+            payload.operation.attributes[KERNEL_ERRORS_ATTR] = ir.ArrayAttr.get(
+                [ir.StringAttr.get(m) for m in messages])
+    return count
+
+
+def _asserts(op) -> bool:
+    """Does linalg op `op`'s body hold a cf.assert?"""
+    return any(o.operation.name == "cf.assert" for o in op.operation.regions[0].blocks[0].operations)
 
 
 def split_assertions(payload: ir.Module) -> int:

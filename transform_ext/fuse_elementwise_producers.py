@@ -6,7 +6,8 @@ elementwise generic P whose result has no other user, and where C reads P's resu
 a permutation of all of C's loops (so every element of P is used exactly once: no
 broadcast, no recomputation),
     C(..., P(a, b, ...), ...)  ==  C'(..., a, b, ...)
-with P's input maps composed into C's loop space and P's body inlined in front of C's.
+with P's input maps composed into C's loop space and P's body inlined in front of C's (a P
+that reads its init, out = max(out, x), passes the init in as one more input).
 Repeated until no pair qualifies. Reductions and contractions are never consumers here (a
 producer fused into a contraction would be recomputed per reduction step), and a producer
 with several users stays (upstream's linalg-fuse-elementwise-ops duplicates it instead).
@@ -57,18 +58,22 @@ def _compose(consumer_map: ir.AffineMap, producer_out: ir.AffineMap, producer_in
 
 
 def _fuse(consumer: ir.Operation, index: int, producer: ir.Operation, rewriter) -> ir.Operation:
+    """The fused op; a producer whose body reads its init (out = max(out, x)) passes that
+    init in as one more input, read through P's output map."""
     pls, cls = loop_structure(producer), loop_structure(consumer)
-    p_inputs = list(producer.operands)[: pls.num_inputs]
+    p_block = producer.regions[0].blocks[0]
+    reads_init = bool(list(p_block.arguments[pls.num_inputs].uses))
+    n_read = pls.num_inputs + (1 if reads_init else 0)
+    p_inputs = list(producer.operands)[:n_read]
     c_inputs = list(consumer.operands)[: cls.num_inputs]
     outputs = list(consumer.operands)[cls.num_inputs:]
     new_inputs = c_inputs[:index] + p_inputs + c_inputs[index + 1:]
-    p_maps = [_compose(cls.maps[index], pls.output_map(0), m) for m in pls.maps[: pls.num_inputs]]
+    p_maps = [_compose(cls.maps[index], pls.output_map(0), m) for m in pls.maps[:n_read]]
     maps = cls.maps[:index] + p_maps + cls.maps[index + 1: cls.num_inputs] + cls.maps[cls.num_inputs:]
     n_p = len(p_inputs)
 
     def body(args):
         p_args = args[index: index + n_p]
-        p_block = producer.regions[0].blocks[0]
         mapping = {p_block.arguments[i]: p_args[i] for i in range(n_p)}
         fused_value = clone_body(producer, mapping)[0]
         c_block = consumer.regions[0].blocks[0]

@@ -1,7 +1,8 @@
 """The host CPU target: bufferize, lower to LLVM, JIT with ExecutionEngine(opt_level=3).
 
 Stages after a schedule's `vectorize`:
-  bufferize  one-shot bufferization (identity layouts at function boundaries), results
+  bufferize  run-time checks turned into the kernel-reported error code (lighthouse.runtime),
+             one-shot bufferization (identity layouts at function boundaries), results
              turned into out-parameters the kernel writes directly (also through a
              reshape: write_results_in_place), vector ops lowered to 1-D (contractions to outer
              products and FMAs), scf.forall -> scf.parallel.
@@ -28,6 +29,7 @@ from torch_mlir.dialects.transform import vector as tvec
 from transform_ext.common import defining_op
 
 from schedules.common import apply_patterns, foreach, match, run_passes, run_schedule
+from schedules.prepare import checks_to_error_code, kernel_error_messages
 
 from ..errors import UnsupportedError
 from ..pipeline import Stage
@@ -99,7 +101,8 @@ class CpuTarget:
         os.environ.setdefault("KMP_BLOCKTIME", "0")
         os.environ.setdefault("KMP_WARNINGS", "0")
         engine = ExecutionEngine(module, opt_level=3, shared_libs=[openmp_runtime()])
-        return JitFunction(engine, arg_specs, result_specs)
+        return JitFunction(engine, arg_specs, result_specs,
+                           error_messages=tuple(kernel_error_messages(module)))
 
 
 def protect_arguments(payload: ir.Module) -> None:
@@ -122,6 +125,7 @@ def protect_arguments(payload: ir.Module) -> None:
 
 
 def bufferize(payload: ir.Module) -> None:
+    checks_to_error_code(payload)  # run-time checks report an error code instead of aborting
     protect_arguments(payload)
 
     def body(root):

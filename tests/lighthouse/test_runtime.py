@@ -117,3 +117,71 @@ def test_inputs_that_start_inside_their_storage(kernel_file):
     out, total = compiled.run(a, b, c)
     assert torch.equal(out, a * 2.0 + b)
     torch.testing.assert_close(total, c.sum(-1))
+
+
+CHECKED_GATHER = """
+#v = affine_map<(d0) -> (d0)>
+module {
+  func.func @main(%x: tensor<10xf32>, %i: tensor<4xi64>) -> tensor<4xf32> {
+    %c0 = arith.constant 0 : i64
+    %c10 = arith.constant 10 : i64
+    %c7 = arith.constant 7 : i64
+    linalg.generic {indexing_maps = [#v], iterator_types = ["parallel"]} ins(%i : tensor<4xi64>) {
+    ^bb0(%in: i64):
+      %lo = arith.cmpi sge, %in, %c0 : i64
+      cf.assert %lo, "an index is negative"
+      %hi = arith.cmpi slt, %in, %c10 : i64
+      cf.assert %hi, "an index is 10 or more"
+      linalg.yield
+    }
+    linalg.generic {indexing_maps = [#v], iterator_types = ["parallel"]} ins(%i : tensor<4xi64>) {
+    ^bb0(%in: i64):
+      %ok = arith.cmpi ne, %in, %c7 : i64
+      cf.assert %ok, "seven is not allowed"
+      linalg.yield
+    }
+    %e = tensor.empty() : tensor<4xf32>
+    %r = linalg.generic {indexing_maps = [#v, #v], iterator_types = ["parallel"]} ins(%i : tensor<4xi64>) outs(%e : tensor<4xf32>) {
+    ^bb0(%in: i64, %o: f32):
+      %k = arith.index_cast %in : i64 to index
+      %v = tensor.extract %x[%k] : tensor<10xf32>
+      linalg.yield %v : f32
+    } -> tensor<4xf32>
+    return %r : tensor<4xf32>
+  }
+}
+"""
+
+
+def test_kernel_reported_errors_raise_in_python_instead_of_aborting():
+    """Result-less assertion generics (a schedule's run-time checks) become the error code
+    the CPU kernel returns last; the runtime raises the failing check's message as a
+    KernelError and the process, and the compiled function, live on."""
+    from torch_mlir import ir
+
+    import transform_ext
+    from lighthouse.errors import KernelError
+    from lighthouse.ingress import TensorSpec
+    from lighthouse.targets.cpu import CpuTarget
+    from schedules.prepare import clamp_gather_indices, kernel_error_messages
+
+    ctx = ir.Context()
+    transform_ext.load(ctx)
+    module = ir.Module.parse(CHECKED_GATHER, ctx)
+    target = CpuTarget(threads=1)
+    with ctx, ir.Location.unknown():
+        clamp_gather_indices(module)
+        for stage in target.stages():
+            stage.run(module)
+    assert kernel_error_messages(module) == ["an index is negative", "an index is 10 or more",
+                                             "seven is not allowed"]
+    fn = target.jit(module, [TensorSpec((10,), torch.float32), TensorSpec((4,), torch.int64)],
+                    [TensorSpec((4,), torch.float32)])
+    x = torch.randn(10)
+    good = torch.tensor([0, 9, 3, 3])
+    torch.testing.assert_close(fn(x, good)[0], x[good])
+    for bad, message in (([0, -1, 2, 3], "an index is negative"), ([0, 1, 12, 3], "10 or more"),
+                         ([0, 1, 2, 7], "seven is not allowed"), ([-5, 100, 2, 3], "10 or more")):
+        with pytest.raises(KernelError, match=message):
+            fn(x, torch.tensor(bad))
+    torch.testing.assert_close(fn(x, good)[0], x[good])  # the next good call is unaffected

@@ -292,3 +292,163 @@ def test_a_single_query_block_still_gets_a_key_loop(kernel_file):
     bufferized = str(compile_kernel(path, stop_after="bufferize").module)
     assert "64x256" not in bufferized
     del compiled
+
+
+HAND = """
+import math
+import torch
+LIGHTHOUSE = dict({config})
+class Model(torch.nn.Module):
+    def forward(self, {args}):
+        s = {scores}
+        {mask}
+        return torch.softmax(s, dim=-1) @ v
+def get_inputs():
+    torch.manual_seed(0)
+    return {inputs}
+def get_init_inputs():
+    return []
+"""
+
+HAND_SCORES = {
+    "scores_div": "q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])",
+    "scores_mul": "(q @ k.transpose(-1, -2)) * 0.125",
+    "q_mul": "(q * 0.3) @ k.transpose(-1, -2)",
+    "q_div": "(q / math.sqrt(q.shape[-1])) @ k.transpose(-1, -2)",
+    "k_mul": "q @ (k.transpose(-1, -2) * 0.25)",
+    "unscaled": "q @ k.transpose(-1, -2)",
+    "tensor_scale": "(q @ k.transpose(-1, -2)) / torch.tensor(3.0)",
+}
+
+
+def _hand(kernel_file, scores, mask="", inputs="[torch.randn(1, 2, 40, 16), torch.randn(1, 2, 50, 16), "
+          "torch.randn(1, 2, 50, 24)]", args="q, k, v", config="query_tile=16, key_tile=16"):
+    return kernel_file(HAND.format(scores=scores, mask=mask, inputs=inputs, args=args, config=config))
+
+
+@pytest.mark.parametrize("scale", ["one", "half"])
+def test_sdpa_with_an_explicit_scale_of_one(kernel_file, scale):
+    # scale=1.0 imports with no scale op at all: Q^T is then made by a linalg.transpose (the
+    # key-major relayout used to hand the op, not its result, to the scores' operand list)
+    value = {"one": "1.0", "half": "0.5"}[scale]
+    path = _kernel(kernel_file, f"q, k, v, scale={value}", "[torch.randn(1, 2, 64, 32) for _ in range(3)]")
+    _check(compile_kernel(path))
+
+
+@pytest.mark.parametrize("form", sorted(HAND_SCORES))
+def test_hand_written_attention_runs_the_fused_schedule(kernel_file, form):
+    path = _hand(kernel_file, HAND_SCORES[form])
+    _check(compile_kernel(path))
+    fused = str(compile_kernel(path, stop_after="fuse").module)
+    assert fused.split("scf.forall", 1)[1].count("scf.for ") == 1, "one key loop per query block"
+    if form != "tensor_scale":
+        # K read in place and every constant scale moved to Q^T: no K^T, no scale per score
+        assert "tensor<1x2x16x50xf32>" not in fused and "tensor<2x16x50xf32>" not in fused
+        loop = fused.split("scf.for ", 1)[1].split("scf.yield", 1)[0]
+        assert "arith.divf" not in loop
+
+
+def test_hand_written_attention_with_a_remainder_key_tile(kernel_file):
+    # no fully-masked-row guard (torch.softmax has none): the running max's update, which
+    # reads its init, is fused into its single reader in the peeled last key tile
+    path = _hand(kernel_file, HAND_SCORES["scores_div"],
+                 inputs="[torch.randn(1, 2, 2, 128), torch.randn(1, 2, 100, 128), torch.randn(1, 2, 100, 24)]",
+                 config="")
+    _check(compile_kernel(path))
+
+
+def test_hand_written_causal_mask_skips_key_tiles(kernel_file):
+    from tests.transform_ext.helpers import check
+
+    path = _hand(kernel_file, HAND_SCORES["scores_div"],
+                 mask="s = s.masked_fill(torch.ones(64, 64, dtype=torch.bool).triu(1), float('-inf'))",
+                 inputs="[torch.randn(1, 2, 64, 16) for _ in range(3)]")
+    _check(compile_kernel(path))
+    fused = str(compile_kernel(path, stop_after="fuse").module)
+    # the bound of the key loop follows the diagonal, and the tiles below it run unmasked
+    check(fused, """
+        CHECK: scf.forall (%{{.*}}, %[[QB:.*]]) in
+        CHECK:   %[[I0:.*]] = arith.muli %[[QB]], %c16 : index
+        CHECK:   %[[UB:.*]] = arith.minsi %{{.*}}, %c64 : index
+        CHECK:   %[[SPLIT:.*]] = arith.minsi %{{.*}}, %[[UB]] : index
+        CHECK:   scf.for %{{.*}} = %c0 to %[[SPLIT]] step %c16
+        CHECK-NOT: arith.cmpi
+        CHECK:   scf.yield
+        CHECK:   scf.for %{{.*}} = %[[SPLIT]] to %[[UB]] step %c16
+        CHECK:     arith.cmpi sge
+    """)
+
+
+@pytest.mark.parametrize("mask", ["bool", "bool_fully_masked_rows", "float", "float_broadcast"])
+def test_hand_written_masks(kernel_file, mask):
+    fill = {"bool": "s = s.masked_fill(~m, float('-inf'))",
+            "bool_fully_masked_rows": "s = s.masked_fill(~m, float('-inf'))",
+            "float": "s = s + m", "float_broadcast": "s = s + m"}[mask]
+    m = {"bool": "torch.rand(1, 2, 40, 50) > 0.3",
+         # rows 5, 12, ...: all masked (torch: NaN), rows 3, 10, ...: the first key tile masked
+         "bool_fully_masked_rows": "(torch.arange(40)[:, None] % 7 != 5) & ((torch.arange(40)[:, None] "
+                                   "% 7 != 3) | (torch.arange(50) >= 16)) & (torch.rand(40, 50) > 0.2)",
+         "float": "torch.randn(1, 2, 40, 50) * 3",
+         "float_broadcast": "torch.randn(1, 1, 1, 50) * 3"}[mask]
+    path = _hand(kernel_file, HAND_SCORES["scores_div"], mask=fill, args="q, k, v, m",
+                 inputs=f"[torch.randn(1, 2, 40, 16), torch.randn(1, 2, 50, 16), torch.randn(1, 2, 50, 24), {m}]")
+    compiled = _check(compile_kernel(path))
+    if mask == "bool_fully_masked_rows":
+        out = compiled.run()[0]
+        assert torch.isnan(out[:, :, 5::7]).all() and not torch.isnan(out[:, :, 3::7]).any()
+
+
+@pytest.mark.parametrize("mask", ["none", "float", "causal"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_hand_written_low_precision_softmax_is_computed_in_f32(kernel_file, dtype, mask):
+    """torch rounds each op of a hand-written bf16 softmax to bf16 (S, S / sqrt(d), S + M,
+    P). The key loop computes the scores' roundings per tile, as torch, and keeps the
+    probabilities in f32 (torch rounds P, which the online softmax never forms): nothing is
+    rounded after the exp; the result within the dtype's tolerance of torch's; a causal mask
+    still bounds the key loop."""
+    fill = {"none": "", "float": "s = s + m",
+            "causal": "s = s.masked_fill(torch.ones(40, 64, dtype=torch.bool).triu(1), float('-inf'))"}[mask]
+    args = "q, k, v, m" if mask == "float" else "q, k, v"
+    extra = f", (torch.randn(1, 2, 40, 64) * 2).to(torch.{dtype})" if mask == "float" else ""
+    path = _hand(kernel_file, HAND_SCORES["scores_div"], mask=fill, args=args,
+                 inputs=f"[torch.randn(1, 2, 40, 16).to(torch.{dtype}), torch.randn(1, 2, 64, 16).to(torch.{dtype}), "
+                        f"torch.randn(1, 2, 64, 24).to(torch.{dtype}){extra}]")
+    _check(compile_kernel(path))
+    fused = str(compile_kernel(path, stop_after="fuse").module)
+    loops = [loop.split("scf.yield", 1)[0] for loop in fused.split("scf.for ")[1:]]
+    assert loops and all("arith.truncf" not in loop.split("math.exp", 1)[-1] for loop in loops)
+    if mask == "causal":
+        assert fused.count("arith.minsi") >= 2  # the key loop's bound and the unmasked split
+
+
+def test_a_softmax_over_one_key_falls_back_with_the_reason(kernel_file):
+    path = _kernel(kernel_file, "q, k, v", "[torch.randn(1, 2, 8, 16), torch.randn(1, 2, 1, 16), "
+                   "torch.randn(1, 2, 1, 16)]")
+    compiled = compile_kernel(path)
+    assert compiled.family.name == "generic"
+    assert "one key" in compiled.notes[0]
+    assert all(r.ok for r in compiled.check())
+
+
+def test_hand_written_bf16_scores_keep_torchs_rounding(kernel_file):
+    """Unscaled bf16 scores of D = 64 reach |S| ~ 30, where torch's rounding of S to bf16
+    moves the exponents by up to 0.06: computing S in f32 instead (more accurate) lands
+    0.09 away from torch's result, past the bf16 tolerance. The key loop rounds S as torch
+    does (found by the local fuzzer)."""
+    path = _hand(kernel_file, HAND_SCORES["unscaled"], mask="s = s.masked_fill(~m, float('-inf'))",
+                 args="q, k, v, m", config="",
+                 inputs="[torch.randn(2, 3, 2, 64).to(torch.bfloat16), torch.randn(2, 3, 64, 64).to(torch.bfloat16), "
+                        "torch.randn(2, 3, 64, 16).to(torch.bfloat16), torch.rand(2, 3, 2, 64) > 0.3]")
+    _check(compile_kernel(path))
+
+
+@pytest.mark.parametrize("order", ["window_then_causal", "causal_then_window"])
+def test_causal_mask_with_a_sliding_window(kernel_file, order):
+    """Two masks computed from indices: the causal one bounds the key loop, but the tiles
+    below the diagonal must keep the window mask (only a lone causal mask is dropped there)."""
+    causal = "s = s.masked_fill(torch.ones(64, 64, dtype=torch.bool).triu(1), float('-inf'))"
+    window = "s = s.masked_fill(torch.ones(64, 64, dtype=torch.bool).tril(-20), float('-inf'))"
+    masks = [window, causal] if order == "window_then_causal" else [causal, window]
+    path = _hand(kernel_file, HAND_SCORES["scores_div"], mask="\n        ".join(masks),
+                 inputs="[torch.randn(1, 2, 64, 16) for _ in range(3)]")
+    _check(compile_kernel(path))

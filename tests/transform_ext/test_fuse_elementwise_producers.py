@@ -87,3 +87,48 @@ def test_multi_use_producer_and_reduction_consumer_stay():
     assert "arith.subf" in text and text.count("math.exp") == 1
     # %sub has two users (exp, return): it stays; exp feeds only the sum (a reduction): stays
     assert text.count("linalg.generic") == 4
+
+
+READS_INIT = """
+#id = affine_map<(d0) -> (d0)>
+func.func @main(%m_old: tensor<8xf32>, %tile_max: tensor<8xf32>) -> tensor<8xf32> {
+  %ninf = arith.constant 0xFF800000 : f32
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<8xf32>
+  %m_new = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel"]}
+      ins(%tile_max : tensor<8xf32>) outs(%m_old : tensor<8xf32>) {
+  ^bb0(%t: f32, %o: f32):
+    %r = arith.maximumf %o, %t : f32
+    linalg.yield %r : f32
+  } -> tensor<8xf32>
+  %safe = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel"]}
+      ins(%m_new : tensor<8xf32>) outs(%e : tensor<8xf32>) {
+  ^bb0(%a: f32, %o: f32):
+    %c = arith.cmpf oeq, %a, %ninf : f32
+    %r = arith.select %c, %zero, %a : f32
+    linalg.yield %r : f32
+  } -> tensor<8xf32>
+  return %safe : tensor<8xf32>
+}
+"""
+
+
+def test_a_producer_reading_its_init_passes_the_init_in():
+    # the running max of an online softmax: max(out, tile max) reads its init (the old max);
+    # the fused op reads that init as an input (it used to be left unmapped: a null operand)
+    payload = parse(READS_INIT)
+    apply(payload, lambda root: fuse_elementwise_producers(match(root, "func.func")))
+    payload.operation.verify()
+    check(payload, """
+        CHECK-LABEL: func.func @main
+        CHECK:       linalg.generic {{.*}} ins(%arg1, %arg0 : tensor<8xf32>, tensor<8xf32>)
+        CHECK-NEXT:  ^bb0(%[[T:.*]]: f32, %[[OLD:.*]]: f32, %{{.*}}: f32):
+        CHECK-NEXT:    arith.maximumf %[[OLD]], %[[T]]
+        CHECK:         arith.select
+        CHECK-NOT:   linalg.generic
+    """)
+    old = torch.tensor([float("-inf"), 1.0, -2.0, 3.0, float("-inf"), 0.5, 7.0, -1.0])
+    tile = torch.tensor([float("-inf"), 2.0, -3.0, 1.0, 4.0, 0.5, float("-inf"), -1.5])
+    (after,) = run_module(payload, [old, tile])
+    ref = torch.maximum(old, tile)
+    torch.testing.assert_close(after, torch.where(ref == float("-inf"), torch.zeros(8), ref))
