@@ -4,8 +4,11 @@ clamp_gather_indices: a `tensor.extract` in a linalg body at an index computed f
 (a target, which may be ignore_index = -100) reads T[clamp(i, 0, n - 1)]: torch-mlir's
 imports read such elements before selecting them away (the one-hot of nll_loss_backward
 reads w[y] for every y), so an unclamped read is out of bounds. Exact wherever the index
-is in bounds; elsewhere the read was undefined and its value is never used (or a bounds
-check reports the target).
+is in bounds. Out of bounds, torch raises: a read the body already checks (cf.assert, as
+torch-mlir emits for embedding and gather) or guards (the index compared for equality with
+a constant, the ignore_index of nll_loss) keeps its checks; every other one (x[i],
+index_select) gets `cf.assert 0 <= i < n`, so the kernel reports the bad index
+(checks_to_error_code) instead of returning a clamped read.
 
 split_assertions: torch-mlir guards index reads (e.g. the cross-entropy target gather) with
 `cf.assert` inside linalg.generic bodies, which blocks vectorization of the whole op. Each
@@ -46,7 +49,7 @@ def cleanup(payload: ir.Module) -> None:
 def clamp_gather_indices(payload: ir.Module) -> int:
     """Clamp every data-dependent index of a tensor.extract inside a linalg body into its
     dim (see the module docstring); returns the number of indices clamped."""
-    from torch_mlir.dialects import arith
+    from torch_mlir.dialects import arith, cf
 
     found = []
 
@@ -61,6 +64,7 @@ def clamp_gather_indices(payload: ir.Module) -> int:
         index = ir.IndexType.get()
         for extract in found:
             source = extract.operands[0].type
+            checked = _asserts(extract.parent)
             for pos, value in enumerate(list(extract.operands)[1:]):
                 size = source.shape[pos]
                 if size <= 0 or _loop_index_only(value, extract.parent):
@@ -68,9 +72,33 @@ def clamp_gather_indices(payload: ir.Module) -> int:
                 with ir.InsertionPoint(extract), extract.location:
                     low = arith.ConstantOp(index, ir.IntegerAttr.get(index, 0)).result
                     high = arith.ConstantOp(index, ir.IntegerAttr.get(index, size - 1)).result
+                    if not checked and not _compared_with_constant(value):
+                        shape = "x".join(map(str, source.shape))
+                        ok = arith.andi(arith.cmpi(arith.CmpIPredicate.sge, value, low),
+                                        arith.cmpi(arith.CmpIPredicate.sle, value, high))
+                        cf.AssertOp(ok, f"index out of range: dimension {pos} of a "
+                                        f"{shape} tensor has size {size}")
                     extract.operands[1 + pos] = arith.minsi(arith.maxsi(value, low), high)
                 count += 1
     return count
+
+
+def _compared_with_constant(value: ir.Value) -> bool:
+    """Is `value` (or the integer it was cast from) compared for (in)equality with a constant
+    in its body: a guarded read such as nll_loss's target != ignore_index?"""
+    candidates = [value]
+    owner = value.owner
+    if isinstance(owner, ir.OpView) and owner.operation.name == "arith.index_cast":
+        candidates.append(owner.operation.operands[0])
+    for candidate in candidates:
+        for use in candidate.uses:
+            user = use.owner
+            if user.name != "arith.cmpi" or ir.IntegerAttr(user.attributes["predicate"]).value > 1:
+                continue
+            other = user.operands[1 - use.operand_number]
+            if isinstance(other.owner, ir.OpView) and other.owner.operation.name == "arith.constant":
+                return True
+    return False
 
 
 def _in_linalg_body(op: ir.Operation) -> bool:
@@ -218,9 +246,22 @@ def _split(generic) -> None:
     if any(isinstance(v, ir.BlockArgument) and v.arg_number >= len(inputs)
            for o in needed for v in o.operands):
         return  # the assertions read the accumulator: leave the op alone
+    # The check runs over the loops its inputs index (a loop only the output indexes, e.g.
+    # the columns of a row gather, would repeat the same check and has no extent here).
+    kept = sorted({r.position for m in maps for r in m.value.results
+                   if isinstance(r, ir.AffineDimExpr)})
+    indexed = {ir.IntegerAttr(o.attributes["dim"]).value for o in needed if o.name == "linalg.index"}
+    if not indexed <= set(kept):
+        return  # the assertions read a loop index the inputs do not bound: leave the op alone
+    n_loops = len(generic.iterator_types)
+    renumber = ir.AffineMap.get(len(kept), 0, [
+        ir.AffineDimExpr.get(kept.index(d)) if d in kept else ir.AffineConstantExpr.get(0)
+        for d in range(n_loops)])
+    check_maps = [ir.AffineMapAttr.get(ir.AffineMap.get(len(kept), 0, [
+        r.compose(renumber) for r in m.value.results])) for m in maps]
+    kinds = ir.ArrayAttr.get([generic.iterator_types[d] for d in kept])
     with ir.InsertionPoint(generic.operation), generic.location:
-        check = linalg.GenericOp([], inputs, [], ir.ArrayAttr.get([ir.AffineMapAttr.get(m.value) for m in maps]),
-                                 generic.iterator_types)
+        check = linalg.GenericOp([], inputs, [], ir.ArrayAttr.get(check_maps), kinds)
         block = check.regions[0].blocks.append(*[v.type.element_type for v in inputs])
         mapping = {body.arguments[i]: block.arguments[i] for i in range(len(inputs))}
         with ir.InsertionPoint(block):
@@ -228,6 +269,10 @@ def _split(generic) -> None:
                 if o.operation not in needed:
                     continue
                 clone = o.operation.clone()
+                if clone.name == "linalg.index":
+                    dim = ir.IntegerAttr(clone.attributes["dim"]).value
+                    clone.attributes["dim"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64),
+                                                                 kept.index(dim))
                 for i, v in enumerate(clone.operands):
                     if v in mapping:
                         clone.operands[i] = mapping[v]
