@@ -204,8 +204,11 @@ def analyze_contraction(op: ir.Operation) -> Contraction:
 
 
 def _contraction_ops(payload: ir.Module) -> list[ir.Operation]:
+    """Top-level contractions not scheduled yet. Ops with a role belong to a scheduled
+    contraction (its packs and unpack stay top-level when its forall has one iteration)."""
     return [op for func in func_ops(payload) for op in top_level_linalg_ops(func)
-            if _DONE not in op.attributes and loop_structure(op).is_contraction]
+            if _DONE not in op.attributes and ROLE not in op.attributes
+            and loop_structure(op).is_contraction]
 
 
 def find_contractions(payload: ir.Module) -> list[Contraction]:

@@ -339,3 +339,22 @@ def test_fill_shared_with_a_contraction_scheduled_elsewhere(kernel_file):
             return []
         """)
     assert_matches(compile_kernel(path))
+
+
+def test_contraction_of_one_tile_before_another(kernel_file):
+    """The last contraction is one 8 x 32 tile: its forall folds away and its packs and
+    unpack stay at the top level, where the search for the next contraction must skip
+    them."""
+    path = kernel_file("""
+        import torch
+        class Model(torch.nn.Module):
+            def forward(self, a, b, c):
+                return torch.relu(a @ b) @ c
+        def get_inputs():
+            g = torch.Generator().manual_seed(0)
+            return [torch.randn(8, 16, generator=g), torch.randn(16, 20, generator=g),
+                    torch.randn(20, 32, generator=g)]
+        def get_init_inputs():
+            return []
+        """)
+    assert_matches(compile_kernel(path, strict=True))
