@@ -312,7 +312,10 @@ def _folds_into_unpack(op: ir.Operation) -> bool:
     """A consumer of C that linalg's pack/unpack folding turns into an unpack of its own:
     a transpose, or a slice at offset 0 with unit strides."""
     if op.name == "tensor.extract_slice":
-        return True  # conservatively: offsets and strides are not read here
+        offsets = ir.DenseI64ArrayAttr(op.attributes["static_offsets"])
+        strides = ir.DenseI64ArrayAttr(op.attributes["static_strides"])
+        same_rank = len(op.results[0].type.shape) == len(op.operands[0].type.shape)
+        return same_rank and all(o == 0 for o in offsets) and all(s == 1 for s in strides)
     return is_linalg_op(op) and _is_transpose(op)
 
 
