@@ -315,12 +315,26 @@ def test_backward_of_transposed_view_inputs(kernel_file):
     "(a @ b) * torch.sigmoid(a @ b)",                 # read twice by one epilogue
     "(a @ b, torch.relu(a @ b))",                     # returned twice
     "(a @ b) + (a @ b).t()",
+    "((a @ b)[:, 1:] * 2.0, (a @ b)[:, :5] + 1.0, (a @ b)[2:, ::2])",  # a slice at offset 0
+    "(lambda x, y: x * torch.sigmoid(y))(*(a @ b).chunk(2, dim=1))",  # SwiGLU's halves
 ])
 @pytest.mark.parametrize("m,k,n", [(40, 24, 40), (256, 64, 256)])
 def test_product_used_twice(kernel_file, expr, m, k, n):
     """Two uses of C of which one folds into an unpack would unpack the packed C twice:
     such a contraction reads its operands in place (one unpack otherwise)."""
     assert_matches(compile_kernel(ternary_kernel(kernel_file, expr, "M, K", "K, N", m=m, k=k, n=n)))
+
+
+def test_slices_off_the_origin_keep_the_packed_schedule(kernel_file):
+    """Only a slice at offset 0 folds into an unpack of its own: others leave C's unpack."""
+    path = ternary_kernel(kernel_file, "((a @ b)[:, 1:] * 2.0, (a @ b)[3:7, 2:50])", "M, K", "K, N",
+                          m=64, k=48, n=96)
+    text = str(compile_kernel(path, stop_after="fuse").module)
+    filecheck(text, """
+        CHECK: linalg.generic {{.*}}lh.mm_role = "kernel"
+        CHECK: linalg.unpack {{.*}}lh.mm_role = "unpack"
+        """)
+    assert_matches(compile_kernel(path))
 
 
 def test_fill_shared_with_a_contraction_scheduled_elsewhere(kernel_file):
