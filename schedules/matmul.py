@@ -15,7 +15,8 @@ fuse (`fuse_matmul`), per contraction, last first:
      at the end. The zero fill of C and transposes feeding A or B fold into the packs; a
      transpose consuming C folds into the unpack, which then writes C^T (the tiles below
      follow the dims of the unpack's destination). When C has other uses besides such a
-     transpose, C would be unpacked twice: that contraction is scheduled with pack=False.
+     transpose (or a slice at offset 0), C would be unpacked twice: nothing is folded then
+     (transposes of A or B stay separate ops, C is unpacked once for all its uses).
   2. threads: the epilogue (or the unpack) is tiled into an `scf.forall` of
      tile_m x tile_n output tiles; unpack, contraction, fill and packs are fused into it.
   3. cache blocking inside a tile: for each k block of tile_k, B's panel is packed; for
@@ -320,8 +321,9 @@ def _folds_into_unpack(op: ir.Operation) -> bool:
 
 
 def _packs_to_one_unpack(c: Contraction) -> bool:
-    """Packing C leaves one unpack, its only use, unless C has several uses and one of them
-    folds into an unpack of its own (then the packed C would be unpacked twice)."""
+    """Folding transposes and slices into the packs leaves one unpack of C, its only use,
+    unless C has several uses and one of them folds into an unpack of its own (then the
+    packed C would be unpacked twice)."""
     users = [u.owner.operation if isinstance(u.owner, ir.OpView) else u.owner
              for u in c.op.results[0].uses]
     return len(users) <= 1 or not any(_folds_into_unpack(u) for u in users)
@@ -364,8 +366,9 @@ def _outer_perm(amap, order: dict[int, int]) -> list[int] | None:
     return None if perm == list(range(len(dims))) else perm
 
 
-def _pack(payload: ir.Module, c: Contraction, params: MatmulParams) -> ir.Operation:
-    """Step 1 of the module docstring; returns the packed contraction (the kernel)."""
+def _pack(payload: ir.Module, c: Contraction, params: MatmulParams, fold_transposes: bool) -> ir.Operation:
+    """Step 1 of the module docstring; returns the packed contraction (the kernel).
+    fold_transposes: fold transposes (and zero-offset slices) around the packs into them."""
     mr, nr = params.register
     sizes = [0] * len(c.ranges)
     sizes[c.m], sizes[c.n] = mr, nr
@@ -387,7 +390,8 @@ def _pack(payload: ir.Module, c: Contraction, params: MatmulParams) -> ir.Operat
                 any_op(), pack, kernel, outer_perm=perm).packed_op
         transform.AnnotateOp(kernel, _DONE)
         func = match(root, "func.func")
-        apply_patterns(func, structured.ApplyFoldIntoPackAndUnpackPatternsOp)
+        if fold_transposes:
+            apply_patterns(func, structured.ApplyFoldIntoPackAndUnpackPatternsOp)
         canonicalize(func)
 
     _run(payload, body)
@@ -502,7 +506,7 @@ def _schedule_packed(payload: ir.Module, c: Contraction, params: MatmulParams) -
     for name, convert in converts.items():
         index = c.a_index if name == "a" else 1 - c.a_index
         _set_role(convert, f"convert_{name}", [sizes_of[d] for d in dim_positions(ls.maps[index])])
-    kernel = _pack(payload, c, params)
+    kernel = _pack(payload, c, params, fold_transposes=_packs_to_one_unpack(c))
     _set_role(kernel, "kernel")
     a_index = c.a_index
     pack_a = _producer(kernel.operands[a_index])
@@ -767,7 +771,7 @@ def fuse_matmul(payload: ir.Module, params_for, generic: GenericParams | None = 
             break
         c = found[-1]
         params = params_for(*c.shape)
-        if params.pack and _packs_to_one_unpack(c):
+        if params.pack:
             _schedule_packed(payload, c, params)
         else:
             _schedule_unpacked(payload, c, params)

@@ -213,15 +213,18 @@ def test_check_names_the_reason():
         choose_family(integer, strict=True)
 
 
-def test_requested_on_a_payload_without_contraction_is_an_error():
+def test_requested_on_a_payload_without_contraction_falls_back_with_a_note():
     elementwise = _parse("""
         func.func @main(%a: tensor<16xf32>, %c: tensor<16xf32>) -> tensor<16xf32> {
           %r = linalg.add ins(%a, %a : tensor<16xf32>, tensor<16xf32>) outs(%c : tensor<16xf32>) -> tensor<16xf32>
           return %r : tensor<16xf32>
         }""")
     assert not recognize(elementwise)
+    notes = []
+    assert choose_family(elementwise, requested="matmul", notes=notes).name == "generic"
+    assert "no contraction" in notes[0]
     with pytest.raises(ScheduleMismatch, match="no contraction"):
-        choose_family(elementwise, requested="matmul")
+        choose_family(elementwise, requested="matmul", strict=True)
 
 
 def test_params_are_validated_and_fit_the_shapes():
@@ -321,8 +324,19 @@ def test_backward_of_transposed_view_inputs(kernel_file):
 @pytest.mark.parametrize("m,k,n", [(40, 24, 40), (256, 64, 256)])
 def test_product_used_twice(kernel_file, expr, m, k, n):
     """Two uses of C of which one folds into an unpack would unpack the packed C twice:
-    such a contraction reads its operands in place (one unpack otherwise)."""
+    nothing folds into the packs of such a contraction (one unpack for all uses)."""
     assert_matches(compile_kernel(ternary_kernel(kernel_file, expr, "M, K", "K, N", m=m, k=k, n=n)))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_product_used_twice_with_transposed_operands(kernel_file, dtype):
+    """Nothing folds into the packs: the transposes of A and B stay separate ops (and the
+    16-bit widening still fuses into the packing), C is packed and unpacked once."""
+    path = binary_kernel(kernel_file, 64, 96, 48, dtype=dtype, expr="(lambda c: (c, c.t() * 2))(a.t() @ b.t())",
+                         a_shape="K, M", b_shape="N, K")
+    text = str(compile_kernel(path, stop_after="fuse").module)
+    assert text.count("linalg.unpack") == 1
+    assert_matches(compile_kernel(path))
 
 
 def test_slices_off_the_origin_keep_the_packed_schedule(kernel_file):
