@@ -320,7 +320,7 @@ def _folds_into_unpack(op: ir.Operation) -> bool:
     return is_linalg_op(op) and _is_transpose(op)
 
 
-def _packs_to_one_unpack(c: Contraction) -> bool:
+def _folding_leaves_one_unpack(c: Contraction) -> bool:
     """Folding transposes and slices into the packs leaves one unpack of C, its only use,
     unless C has several uses and one of them folds into an unpack of its own (then the
     packed C would be unpacked twice)."""
@@ -506,7 +506,7 @@ def _schedule_packed(payload: ir.Module, c: Contraction, params: MatmulParams) -
     for name, convert in converts.items():
         index = c.a_index if name == "a" else 1 - c.a_index
         _set_role(convert, f"convert_{name}", [sizes_of[d] for d in dim_positions(ls.maps[index])])
-    kernel = _pack(payload, c, params, fold_transposes=_packs_to_one_unpack(c))
+    kernel = _pack(payload, c, params, fold_transposes=_folding_leaves_one_unpack(c))
     _set_role(kernel, "kernel")
     a_index = c.a_index
     pack_a = _producer(kernel.operands[a_index])
