@@ -12,7 +12,11 @@ fuse (`fuse_matmul`), per contraction, last first:
   1. data tiling (`transform.structured.pack` + `pack_transpose`): A is packed into panels
      A_p[b, m1, k, m0] and B into B_p[b, n1, k, n0] with m = m1 MR + m0, n = n1 NR + n0
      (zero-padded at the edges); C accumulates in C_p[b, m1, n1, m0, n0] and is unpacked
-     at the end. The zero fill of C and transposes feeding A or B fold into the packs.
+     at the end. The zero fill of C and transposes feeding A or B fold into the packs; a
+     transpose consuming C folds into the unpack, which then writes C^T (the tiles below
+     follow the dims of the unpack's destination). When C has other uses besides such a
+     transpose (or a slice at offset 0), C would be unpacked twice: nothing is folded then
+     (transposes of A or B stay separate ops, C is unpacked once for all its uses).
   2. threads: the epilogue (or the unpack) is tiled into an `scf.forall` of
      tile_m x tile_n output tiles; unpack, contraction, fill and packs are fused into it.
   3. cache blocking inside a tile: for each k block of tile_k, B's panel is packed; for
@@ -201,8 +205,11 @@ def analyze_contraction(op: ir.Operation) -> Contraction:
 
 
 def _contraction_ops(payload: ir.Module) -> list[ir.Operation]:
+    """Top-level contractions not scheduled yet. Ops with a role belong to a scheduled
+    contraction (its packs and unpack stay top-level when its forall has one iteration)."""
     return [op for func in func_ops(payload) for op in top_level_linalg_ops(func)
-            if _DONE not in op.attributes and loop_structure(op).is_contraction]
+            if _DONE not in op.attributes and ROLE not in op.attributes
+            and loop_structure(op).is_contraction]
 
 
 def find_contractions(payload: ir.Module) -> list[Contraction]:
@@ -268,24 +275,58 @@ def _single_use(value) -> ir.Operation | None:
     return owner.operation if isinstance(owner, ir.OpView) else owner
 
 
-def find_epilogue(c: Contraction) -> ir.Operation | None:
-    """The elementwise generic consuming C (its only use) over C's iteration space, if any."""
-    user = _single_use(c.op.results[0])
+def find_epilogue(value: ir.Value) -> ir.Operation | None:
+    """The elementwise generic consuming `value` (C, or C's unpack; its only use) over its
+    iteration space with an identity map, if any."""
+    user = _single_use(value)
     if user is None or user.name != "linalg.generic" or len(user.results) != 1:
         return None
     ls = loop_structure(user)
     if ls.reduction_dims or not ls.is_static or not ls.is_elementwise:
         return None
-    out_type = c.op.results[0].type
+    out_type = value.type
     if list(user.results[0].type.shape) != list(out_type.shape):
         return None
     identity = ir.AffineMap.get_identity(len(out_type.shape))
     if ls.output_map(0) != identity:
         return None
     for operand, amap in zip(user.operands[: ls.num_inputs], ls.maps):
-        if operand == c.op.results[0] and amap != identity:
+        if operand == value and amap != identity:
             return None
     return user
+
+
+def _is_transpose(op: ir.Operation) -> bool:
+    """linalg.transpose, or a generic that only permutes its one input (what linalg's
+    unpack folding takes for a transpose)."""
+    if op.name == "linalg.transpose":
+        return True
+    if op.name != "linalg.generic" or len(op.operands) != 2:
+        return False
+    ls = loop_structure(op)
+    body = op.regions[0].blocks[0].operations
+    return (not ls.reduction_dims and all(m.is_permutation for m in ls.maps)
+            and ls.maps[0] != ls.maps[1] and len(body) == 1)
+
+
+def _folds_into_unpack(op: ir.Operation) -> bool:
+    """A consumer of C that linalg's pack/unpack folding turns into an unpack of its own:
+    a transpose, or a slice at offset 0 with unit strides."""
+    if op.name == "tensor.extract_slice":
+        offsets = ir.DenseI64ArrayAttr(op.attributes["static_offsets"])
+        strides = ir.DenseI64ArrayAttr(op.attributes["static_strides"])
+        same_rank = len(op.results[0].type.shape) == len(op.operands[0].type.shape)
+        return same_rank and all(o == 0 for o in offsets) and all(s == 1 for s in strides)
+    return is_linalg_op(op) and _is_transpose(op)
+
+
+def _folding_leaves_one_unpack(c: Contraction) -> bool:
+    """Folding transposes and slices into the packs leaves one unpack of C, its only use,
+    unless C has several uses and one of them folds into an unpack of its own (then the
+    packed C would be unpacked twice)."""
+    users = [u.owner.operation if isinstance(u.owner, ir.OpView) else u.owner
+             for u in c.op.results[0].uses]
+    return len(users) <= 1 or not any(_folds_into_unpack(u) for u in users)
 
 
 # ----------------------------------------------------------------------------- fuse
@@ -325,8 +366,9 @@ def _outer_perm(amap, order: dict[int, int]) -> list[int] | None:
     return None if perm == list(range(len(dims))) else perm
 
 
-def _pack(payload: ir.Module, c: Contraction, params: MatmulParams) -> ir.Operation:
-    """Step 1 of the module docstring; returns the packed contraction (the kernel)."""
+def _pack(payload: ir.Module, c: Contraction, params: MatmulParams, fold_transposes: bool) -> ir.Operation:
+    """Step 1 of the module docstring; returns the packed contraction (the kernel).
+    fold_transposes: fold transposes (and zero-offset slices) around the packs into them."""
     mr, nr = params.register
     sizes = [0] * len(c.ranges)
     sizes[c.m], sizes[c.n] = mr, nr
@@ -348,7 +390,8 @@ def _pack(payload: ir.Module, c: Contraction, params: MatmulParams) -> ir.Operat
                 any_op(), pack, kernel, outer_perm=perm).packed_op
         transform.AnnotateOp(kernel, _DONE)
         func = match(root, "func.func")
-        apply_patterns(func, structured.ApplyFoldIntoPackAndUnpackPatternsOp)
+        if fold_transposes:
+            apply_patterns(func, structured.ApplyFoldIntoPackAndUnpackPatternsOp)
         canonicalize(func)
 
     _run(payload, body)
@@ -438,11 +481,23 @@ def _sizes(rank: int, **dims) -> list[int]:
     return out
 
 
+def _unpack_dest_roles(unpack: ir.Operation, c_dims: list[int], dims: dict) -> list[str]:
+    """"batch", "m" or "n" for each dim of the unpack's destination. Packed C's outer dim j
+    (loop dim c_dims[j] of the kernel) lands on destination dim outer_dims_perm[j]."""
+    rank = len(unpack.results[0].type.shape)
+    perm = (list(ir.DenseI64ArrayAttr(unpack.attributes["outer_dims_perm"]))
+            if "outer_dims_perm" in unpack.attributes else list(range(rank)))
+    role_of = {dims["m1"]: "m", dims["n1"]: "n"}
+    roles = ["batch"] * rank
+    for j, dest_dim in enumerate(perm):
+        roles[dest_dim] = role_of.get(c_dims[j], "batch")
+    return roles
+
+
 def _schedule_packed(payload: ir.Module, c: Contraction, params: MatmulParams) -> None:
     """Steps 1-4 of the module docstring for one contraction."""
     mr, nr = params.register
     nb = len(c.batch)
-    epilogue = find_epilogue(c)
     ls = loop_structure(c.op)
     sizes_of = {d: 1 for d in c.batch} | {c.m: mr, c.n: nr, c.k: params.pack_k}
     k_contiguous = {"a": dim_positions(ls.maps[c.a_index])[-1] == c.k,
@@ -451,7 +506,7 @@ def _schedule_packed(payload: ir.Module, c: Contraction, params: MatmulParams) -
     for name, convert in converts.items():
         index = c.a_index if name == "a" else 1 - c.a_index
         _set_role(convert, f"convert_{name}", [sizes_of[d] for d in dim_positions(ls.maps[index])])
-    kernel = _pack(payload, c, params)
+    kernel = _pack(payload, c, params, fold_transposes=_folding_leaves_one_unpack(c))
     _set_role(kernel, "kernel")
     a_index = c.a_index
     pack_a = _producer(kernel.operands[a_index])
@@ -460,6 +515,13 @@ def _schedule_packed(payload: ir.Module, c: Contraction, params: MatmulParams) -
     unpack = _single_use(kernel.results[0])
     if unpack is None or unpack.name != "linalg.unpack":
         raise NotApplicable(f"packing {kernel.name} at {kernel.location} left no unpack")
+    dims = _kernel_dims(kernel, c, a_index)
+    # C's tile in the packed layout, and the role of each dim of the unpack's destination:
+    # C itself, or C transposed when a transpose of C folded into the unpack.
+    c_dims = dim_positions(loop_structure(kernel).output_map(0))
+    c_tile = [{dims["m0"]: mr, dims["n0"]: nr}.get(d, 1) for d in c_dims]
+    roles = _unpack_dest_roles(unpack, c_dims, dims)
+    epilogue = find_epilogue(unpack.results[0])
     # A packed constant operand is folded to a packed constant: nothing to tile then.
     pack_a = pack_a if pack_a is not None and pack_a.name == "linalg.pack" else None
     pack_b = pack_b if pack_b is not None and pack_b.name == "linalg.pack" else None
@@ -467,23 +529,23 @@ def _schedule_packed(payload: ir.Module, c: Contraction, params: MatmulParams) -
         _set_role(pack_a, "pack_a", [1] * nb + [1, params.pack_k, mr])
     if pack_b is not None:
         _set_role(pack_b, "pack_b", [1] * nb + [1, params.pack_k, nr])
-    _set_role(unpack, "unpack", [1] * nb + [1, 1, mr, nr])
+    _set_role(unpack, "unpack", c_tile)
     init_is_fill = init is not None and init.name == "linalg.fill"
     if init_is_fill:
         _set_role(init, "fill")
     elif init is not None and init.name == "linalg.pack":
-        _set_role(init, "pack_c", [1] * nb + [1, 1, mr, nr])
+        _set_role(init, "pack_c", c_tile)
     else:
         init = None
     # The unpack overwrites all of its destination: do not compute what it writes into.
     dest = _producer(unpack.operands[1])
     if dest is not None and dest.name == "linalg.fill":
         unpack.operands[1] = dest.operands[1]
+    register_tile = [{"m": mr, "n": nr}.get(r, 1) for r in roles]
     if epilogue is not None:
-        _set_role(epilogue, "epilogue", [1] * nb + [mr, nr])
+        _set_role(epilogue, "epilogue", register_tile)
     run_passes(payload, "canonicalize, cse")
 
-    dims = _kernel_dims(kernel, c, a_index)
     rank = dims["rank"]
     # A 16-bit operand is widened to f32 while it is packed (the kernel then runs on f32).
     for name, pack in (("a", pack_a), ("b", pack_b)):
@@ -502,7 +564,7 @@ def _schedule_packed(payload: ir.Module, c: Contraction, params: MatmulParams) -
     def body(root):
         unpack_h, kernel_h, pb, pa = (match_id(root, i) for i in range(1, 5))
         root_op = match_id(root, 0) if epilogue is not None else unpack_h
-        forall_sizes = [1] * nb + [params.tile_m, params.tile_n]
+        forall_sizes = [{"m": params.tile_m, "n": params.tile_n}.get(r, 1) for r in roles]
         t = structured.TileUsingForallOp(root_op, tile_sizes=forall_sizes)
         forall, tiled_root = t.forall_op, t.tiled_op
         if epilogue is not None:
@@ -551,11 +613,11 @@ def _schedule_packed(payload: ir.Module, c: Contraction, params: MatmulParams) -
         if init_h is not None:
             _tile(init_h, [1] * nb + [1, 1] + ([0, 0] if init_is_fill else []))
         if epilogue is not None:
-            _, loops = _tile(tiled_root, [1] * nb + [mr, nr])
+            _, loops = _tile(tiled_root, register_tile)
             if loops:
                 _fuse_into(unpack_h, loops[-1])
         else:
-            _tile(tiled_root, [1] * nb + [mr, nr])
+            _tile(tiled_root, register_tile)
         # One buffer per panel, reused by every block: the packs' destinations become
         # block-sized tensor.empty ops hoisted out of the block loops.
         func = match(root, "func.func")
@@ -630,12 +692,14 @@ def _schedule_unpacked(payload: ir.Module, c: Contraction, params: MatmulParams)
     """pack=False: tiles read A and B in place; edge tiles are masked at vectorization."""
     mr, nr = params.register
     nb = len(c.batch)
-    epilogue = find_epilogue(c)
+    epilogue = find_epilogue(c.op.results[0])
     init = _producer(c.op.operands[2])
     rank = len(c.ranges)
     _set_role(c.op, "register", _sizes(rank, batch=(c.batch, 1), m=(c.m, mr), n=(c.n, nr), k=(c.k, 1)))
     c.op.attributes[_DONE] = ir.UnitAttr.get()
-    if init is not None and init.name == "linalg.fill":
+    # A fill shared with another contraction (CSE merges equal fills) stays whole for it:
+    # fusing would leave the original behind with this tile's role.
+    if init is not None and init.name == "linalg.fill" and _single_use(init.results[0]) is not None:
         _set_role(init, "fill_tile", [1] * nb + [mr, nr])
     else:
         init = None

@@ -29,6 +29,7 @@ from torch_mlir.dialects.transform import structured, xegpu
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
 
 from .common import any_op, canonicalize, clear_tags, match, match_id, run_schedule, tag_ops
+from .xegpu_common import DPAS_TYPES
 
 
 @dataclass
@@ -58,6 +59,22 @@ class ContractionGroup:
             for j, d in enumerate(dims[kind]):
                 out[kind if len(dims[kind]) == 1 else f"{kind}{j}"] = ls.ranges[d]
         return out
+
+    def dpas_problem(self) -> str | None:
+        """Why DPAS cannot multiply this contraction's operands, or None. DPAS takes f16 or
+        bf16: an operand qualifies when it is 16-bit or widened from 16 bits by the prologue;
+        one f32 operand computed in the kernel is rounded to the other's type (attention's P),
+        two f32 operands are refused (rounding both to 16 bits would not be torch's f32
+        product)."""
+        types = []
+        for index in (0, 1):
+            source = _prologue_source(self.contraction.operands[index])
+            types.append((index, source, str(ir.ShapedType(source.type).element_type)))
+        if any(t in DPAS_TYPES for _, _, t in types):
+            return None
+        names = " and ".join(f"{'AB'[i]} ({_value_name(v)}) is {t}" for i, v, t in types)
+        return (f"DPAS multiplies f16 or bf16 operands, but {names}; pass float16 "
+                f"or bfloat16 inputs, or compile for the CPU")
 
     def describe(self) -> str:
         s = self.shape()
@@ -103,6 +120,23 @@ def _producer(value: ir.Value) -> ir.Operation | None:
     owner = value.owner
     owner = getattr(owner, "operation", owner)
     return owner if isinstance(owner, ir.Operation) and is_linalg_op(owner) else None
+
+
+def _prologue_source(value: ir.Value) -> ir.Value:
+    """The value a contraction operand is read from, through its widening/transpose prologue."""
+    p = _producer(value)
+    while p is not None and _is_widening(p):
+        value = p.operands[0]
+        p = _producer(value)
+    return value
+
+
+def _value_name(value: ir.Value) -> str:
+    """'argument N' for a function argument, else the op computing the value."""
+    if isinstance(value, ir.BlockArgument):
+        return f"argument {value.arg_number}"
+    owner = getattr(value.owner, "operation", value.owner)
+    return f"computed by {owner.name}"
 
 
 def _is_widening(op: ir.Operation) -> bool:
@@ -176,14 +210,16 @@ def tile_kernel(payload: ir.Module, group: ContractionGroup, tiles: ContractionT
     c_ls = loop_structure(group.contraction)
     dims = c_ls.contraction_dims()
     root_ls = loop_structure(group.root)
-    # The root's loops are C's parallel loops in C's output order (elementwise, same rank).
-    out_dims = [p for p in _dim_positions(c_ls.output_map())]
     wg_of_dim = {d: 1 for d in dims["batch"]}
     wg_of_dim[dims["m"][-1]] = tiles.wg[0]
     wg_of_dim[dims["n"][-1]] = tiles.wg[1]
     for d in dims["m"][:-1] + dims["n"][:-1]:
         wg_of_dim[d] = 1
-    root_sizes = [wg_of_dim[d] for d in out_dims]
+    if group.epilogue:
+        # The root's loops are C's parallel loops in C's output order (elementwise, same rank).
+        root_sizes = [wg_of_dim[d] for d in _dim_positions(c_ls.output_map())]
+    else:  # the contraction itself: its reduction dims are not tiled here
+        root_sizes = [wg_of_dim.get(d, 0) for d in range(c_ls.num_loops)]
     if len(root_sizes) != root_ls.num_loops:
         raise ValueError(f"{group.describe()}: epilogue rank differs from the contraction's")
     k_sizes = [0] * c_ls.num_loops

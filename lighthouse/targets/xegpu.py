@@ -417,6 +417,9 @@ class XeGpuTarget:
             raise UnsupportedError(f"xegpu: {what}: multiple m/n/k/batch dims are not supported")
         if "batch" in shape:
             raise UnsupportedError(f"xegpu: {what}: batched contractions are not supported yet")
+        problem = group.dpas_problem()
+        if problem:
+            raise UnsupportedError(f"xegpu: {what}: {problem}")
         dm, dn, dk = self.chip.dpas
         p = self.params
         wg = p.wg or self._workgroup_tile(m, n)

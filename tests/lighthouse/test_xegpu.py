@@ -150,6 +150,42 @@ def test_dpas_depth_mismatch_names_k():
                        target="xegpu", stop_after="workgroups")
 
 
+def test_f32_operands_are_refused_naming_them_and_dpas_types():
+    """DPAS multiplies f16/bf16; an f32 x f32 matmul (examples/matmul.py) is refused in one
+    line naming both operands, not with an internal error."""
+    with pytest.raises(UnsupportedError, match=r"DPAS multiplies f16 or bf16 operands, but "
+                       r"A \(argument 0\) is f32 and B \(argument 1\) is f32; pass float16"):
+        compile_kernel(EXAMPLES / "matmul.py", overrides={"N": 64}, target="xegpu",
+                       stop_after="workgroups")
+    r = run_cli(EXAMPLES / "matmul.py", "--set", "N=64", "--target", "xegpu")
+    assert r.returncode == 2 and "DPAS multiplies f16 or bf16" in r.stderr
+    assert "Traceback" not in r.stderr and "epilogue rank" not in r.stderr
+
+
+def test_contraction_without_epilogue_lowers_to_dpas(kernel_file, tmp_path):
+    """16-bit inputs widened to f32 and an f32 result: the contraction itself is the root
+    of the workgroup tiling (no epilogue), one DPAS kernel with validated SPIR-V."""
+    path = kernel_file("""
+        import torch
+        class Model(torch.nn.Module):
+            def forward(self, a, b):
+                return a.float() @ b.float()
+        def get_inputs():
+            return [torch.randn(64, 96, dtype=torch.float16), torch.randn(96, 128, dtype=torch.float16)]
+        def get_init_inputs():
+            return []
+        """)
+    compiled = compile_kernel(path, target="xegpu", dump_dir=tmp_path / "dump")
+    low = Lowered(compiled, tmp_path / "dump")
+    xe = low.ir("xegpu-layouts")
+    (dpas,) = _walk(xe, "xegpu.dpas")
+    assert str(ir.VectorType(dpas.operands[0].type).element_type) == "f16"
+    assert dpas_flops(xe) == 2 * 64 * 96 * 128
+    spv = tmp_path / "k.spv"
+    low.target.write_artifact(compiled, spv)
+    spirv.validate(spv)
+
+
 def test_params_are_validated():
     with pytest.raises(UnsupportedError, match="wg must be two positive sizes"):
         XeGpuParams(wg=(0, 16))

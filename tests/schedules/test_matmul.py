@@ -213,15 +213,18 @@ def test_check_names_the_reason():
         choose_family(integer, strict=True)
 
 
-def test_requested_on_a_payload_without_contraction_is_an_error():
+def test_requested_on_a_payload_without_contraction_falls_back_with_a_note():
     elementwise = _parse("""
         func.func @main(%a: tensor<16xf32>, %c: tensor<16xf32>) -> tensor<16xf32> {
           %r = linalg.add ins(%a, %a : tensor<16xf32>, tensor<16xf32>) outs(%c : tensor<16xf32>) -> tensor<16xf32>
           return %r : tensor<16xf32>
         }""")
     assert not recognize(elementwise)
+    notes = []
+    assert choose_family(elementwise, requested="matmul", notes=notes).name == "generic"
+    assert "no contraction" in notes[0]
     with pytest.raises(ScheduleMismatch, match="no contraction"):
-        choose_family(elementwise, requested="matmul")
+        choose_family(elementwise, requested="matmul", strict=True)
 
 
 def test_params_are_validated_and_fit_the_shapes():
@@ -238,3 +241,148 @@ def test_params_are_validated_and_fit_the_shapes():
     p = MatmulParams.for_shape(1, 127, 255, 63, threads=2)
     assert p.tile_m % 8 == 0 and p.tile_n % 32 == 0 and p.tile_k == 63
     assert MatmulParams.for_shape(8, 64, 64, 64, threads=2).tile_m == 64  # batch feeds threads
+
+
+# A consumer of C that is a transpose (or a zero-offset slice) folds into C's unpack: the
+# unpack then writes C^T, and its output tiles, register tiles and epilogue follow the
+# permuted destination dims. (Tiled as if it wrote C, the 8 x 32 tiles of C^T straddled
+# packed tiles that vectorization read only in part: uninitialized results.)
+TERNARY = """
+import torch
+M, K, N, B = {m}, {k}, {n}, 3
+
+class Model(torch.nn.Module):
+    def forward(self, a, b, c):
+        return {expr}
+
+def get_inputs():
+    g = torch.Generator().manual_seed(0)
+    return [{a}, {b}, {c}]
+
+def get_init_inputs():
+    return []
+"""
+RANDN = "torch.randn({}, generator=g)"
+
+
+def ternary_kernel(kernel_file, expr, a, b, c="1", m=40, k=24, n=72):
+    return kernel_file(TERNARY.format(m=m, k=k, n=n, expr=expr, a=RANDN.format(a),
+                                      b=RANDN.format(b), c=RANDN.format(c)))
+
+
+@pytest.mark.parametrize("expr,a,b,c", [
+    ("(a @ b).t()", "M, K", "K, N", "1"),
+    ("(a @ b).t() + c", "M, K", "K, N", "N, M"),                  # epilogue after the transpose
+    ("torch.nn.functional.linear(a, b).t()", "M, K", "N, K", "1"),  # a linear layer's output
+    ("torch.bmm(a, b).transpose(0, 1).reshape(M, -1)", "B, M, K", "B, K, N", "1"),
+    ("torch.bmm(a, b).permute(2, 0, 1) * 2.0", "B, M, K", "B, K, N", "1"),
+])
+@pytest.mark.parametrize("m,k,n", [(40, 24, 72), (64, 48, 80), (37, 53, 300)])
+def test_transposed_result(kernel_file, expr, a, b, c, m, k, n):
+    assert_matches(compile_kernel(ternary_kernel(kernel_file, expr, a, b, c, m=m, k=k, n=n)))
+
+
+def test_transpose_of_the_result_folds_into_the_unpack_and_the_epilogue_follows(kernel_file):
+    path = ternary_kernel(kernel_file, "(a @ b).t() + c", "M, K", "K, N", "N, M", m=64, k=48, n=96)
+    text = str(compile_kernel(path, stop_after="fuse").module)
+    assert "linalg.transpose" not in text
+    filecheck(text, """
+        CHECK: scf.forall
+        CHECK: linalg.generic {{.*}}lh.mm_role = "kernel"
+        CHECK: linalg.unpack {{.*}} outer_dims_perm = [1, 0] inner_dims_pos = [1, 0] inner_tiles = [8, 32] {{.*}}lh.mm_role = "unpack", lh.mm_vector = array<i64: 1, 1, 8, 32>{{.*}} : tensor<1x1x8x32xf32> -> tensor<{{[?0-9]+}}x8xf32>
+        CHECK: linalg.generic {{.*}}lh.mm_role = "epilogue", lh.mm_vector = array<i64: 32, 8>
+        CHECK: scf.forall.in_parallel
+        """)
+
+
+def test_backward_of_transposed_view_inputs(kernel_file):
+    """The gradients of a @ b for transposed views a, b are matmuls followed by transposes."""
+    path = kernel_file("""
+        import torch
+        class Model(torch.nn.Module):
+            def forward(self, a, b):
+                return a @ b
+        def get_inputs():
+            g = torch.Generator().manual_seed(0)
+            return [torch.randn(48, 64, generator=g).t(), torch.randn(80, 48, generator=g).t()]
+        def get_init_inputs():
+            return []
+        """)
+    assert_matches(compile_kernel(path, backward=True))
+
+
+@pytest.mark.parametrize("expr", [
+    "(a @ b, (a @ b).t())",                           # returned and transposed
+    "(torch.relu(a @ b), (a @ b).t())",
+    "(a @ b).t() * torch.sigmoid(a @ b).t()",
+    "(a @ b) * torch.sigmoid(a @ b)",                 # read twice by one epilogue
+    "(a @ b, torch.relu(a @ b))",                     # returned twice
+    "(a @ b) + (a @ b).t()",
+    "((a @ b)[:, 1:] * 2.0, (a @ b)[:, :5] + 1.0, (a @ b)[2:, ::2])",  # a slice at offset 0
+    "(lambda x, y: x * torch.sigmoid(y))(*(a @ b).chunk(2, dim=1))",  # SwiGLU's halves
+])
+@pytest.mark.parametrize("m,k,n", [(40, 24, 40), (256, 64, 256)])
+def test_product_used_twice(kernel_file, expr, m, k, n):
+    """Two uses of C of which one folds into an unpack would unpack the packed C twice:
+    nothing folds into the packs of such a contraction (one unpack for all uses)."""
+    assert_matches(compile_kernel(ternary_kernel(kernel_file, expr, "M, K", "K, N", m=m, k=k, n=n)))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_product_used_twice_with_transposed_operands(kernel_file, dtype):
+    """Nothing folds into the packs: the transposes of A and B stay separate ops (and the
+    16-bit widening still fuses into the packing), C is packed and unpacked once."""
+    path = binary_kernel(kernel_file, 64, 96, 48, dtype=dtype, expr="(lambda c: (c, c.t() * 2))(a.t() @ b.t())",
+                         a_shape="K, M", b_shape="N, K")
+    text = str(compile_kernel(path, stop_after="fuse").module)
+    assert text.count("linalg.unpack") == 1
+    assert_matches(compile_kernel(path))
+
+
+def test_slices_off_the_origin_keep_the_packed_schedule(kernel_file):
+    """Only a slice at offset 0 folds into an unpack of its own: others leave C's unpack."""
+    path = ternary_kernel(kernel_file, "((a @ b)[:, 1:] * 2.0, (a @ b)[3:7, 2:50])", "M, K", "K, N",
+                          m=64, k=48, n=96)
+    text = str(compile_kernel(path, stop_after="fuse").module)
+    filecheck(text, """
+        CHECK: linalg.generic {{.*}}lh.mm_role = "kernel"
+        CHECK: linalg.unpack {{.*}}lh.mm_role = "unpack"
+        """)
+    assert_matches(compile_kernel(path))
+
+
+def test_fill_shared_with_a_contraction_scheduled_elsewhere(kernel_file):
+    """CSE merges the zero fills of two contractions of one shape; when only one of them
+    is scheduled here (the other has k = 1), the fill stays whole for the other."""
+    path = kernel_file("""
+        import torch
+        class Model(torch.nn.Module):
+            def forward(self, a, b, c, d):
+                return a @ b, c @ d
+        def get_inputs():
+            g = torch.Generator().manual_seed(0)
+            return [torch.randn(3, 20, generator=g), torch.randn(20, 50, generator=g),
+                    torch.randn(3, 1, generator=g), torch.randn(1, 50, generator=g)]
+        def get_init_inputs():
+            return []
+        """)
+    assert_matches(compile_kernel(path))
+
+
+def test_contraction_of_one_tile_before_another(kernel_file):
+    """The last contraction is one 8 x 32 tile: its forall folds away and its packs and
+    unpack stay at the top level, where the search for the next contraction must skip
+    them."""
+    path = kernel_file("""
+        import torch
+        class Model(torch.nn.Module):
+            def forward(self, a, b, c):
+                return torch.relu(a @ b) @ c
+        def get_inputs():
+            g = torch.Generator().manual_seed(0)
+            return [torch.randn(8, 16, generator=g), torch.randn(16, 20, generator=g),
+                    torch.randn(20, 32, generator=g)]
+        def get_init_inputs():
+            return []
+        """)
+    assert_matches(compile_kernel(path, strict=True))
