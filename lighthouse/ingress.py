@@ -142,12 +142,12 @@ def import_joint(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel")
             full = list(fixed)
             for i, t in zip(grad_pos, di):
                 full[i] = t
-            return torch.func.functional_call(model, dp, tuple(full))
+            outs = _flatten(torch.func.functional_call(model, dp, tuple(full)), name)
+            # the floating results are differentiated; integer ones (indices) ride along
+            return tuple(o for o in outs if o.is_floating_point()), outs
 
-        out, vjp = torch.func.vjp(f, diff_inputs, diff_params)
-        outs = _flatten(out, name)
-        seeds = _seed_like(out)
-        d_inputs, d_params = vjp(seeds)
+        floats, vjp, outs = torch.func.vjp(f, diff_inputs, diff_params, has_aux=True)
+        d_inputs, d_params = vjp(tuple(torch.ones_like(o) for o in floats))
         return (*outs, *d_inputs, *(d_params[k] for k in param_names))
 
     def reference():
@@ -157,7 +157,12 @@ def import_joint(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel")
             out = forward(di, dp)
             outs = _flatten(out, name)
             wrt = list(di) + list(dp.values())
-            grads = torch.autograd.grad(outs, wrt, _seed_like(out), allow_unused=True)
+            seeds = _seed_like(out)
+            seeds = [seeds] if isinstance(seeds, torch.Tensor) or seeds is None else list(seeds)
+            # results without a gradient (integer indices, constants) seed nothing
+            pairs = [(o, s) for o, s in zip(outs, seeds) if s is not None and o.requires_grad]
+            grads = (torch.autograd.grad([o for o, _ in pairs], wrt, [s for _, s in pairs],
+                                         allow_unused=True) if pairs else [None] * len(wrt))
         grads = [torch.zeros_like(w) if g is None else g for g, w in zip(grads, wrt)]
         return tuple(o.detach() for o in outs) + tuple(g.detach() for g in grads)
 

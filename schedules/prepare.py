@@ -552,9 +552,11 @@ def _promote(op: ir.Operation) -> None:
         return v
 
     # block arguments: inputs get an extf at the top; outputs become f32 themselves
+    narrow_types = {}  # the narrow type of each value widened in place or beside
     for j, arg in enumerate(body.arguments):
         if str(arg.type) not in _NARROW_FLOATS:
             continue
+        narrow_types[arg] = arg.type
         if j < n_in:
             with ir.InsertionPoint(first), op.location:
                 ext = arith.extf(f32, arg)
@@ -596,13 +598,19 @@ def _promote(op: ir.Operation) -> None:
                     inner.operands[i] = w
             for r in inner.results:
                 if str(r.type) in _NARROW_FLOATS:
+                    narrow_types[r] = r.type
                     r.set_type(f32)
                     wide[r] = r
-        else:
+        elif inner.name == "arith.cmpf":  # exact on the widened operands
             for i, v in enumerate(inner.operands):
-                if v in wide and str(v.type) in _NARROW_FLOATS:
+                w = widened(v)
+                with ir.InsertionPoint(inner), op.location:
+                    inner.operands[i] = w if w.type == f32 else arith.extf(f32, w)
+        else:  # a value retyped in place is truncated back for other users
+            for i, v in enumerate(inner.operands):
+                if v in narrow_types and v.type == f32:
                     with ir.InsertionPoint(inner), op.location:
-                        inner.operands[i] = arith.truncf(v.type, wide[v])
+                        inner.operands[i] = arith.truncf(narrow_types[v], v)
     # outputs: f32 init, f32 result, truncated back after the op
     for k in range(len(op.results)):
         r = op.results[k]

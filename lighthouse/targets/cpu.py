@@ -33,6 +33,7 @@ from schedules.prepare import checks_to_error_code, kernel_error_messages
 
 from ..errors import UnsupportedError
 from ..pipeline import Stage
+from .bf16_vectors import odd_bf16_conversions_as_integer_ops, odd_bf16_vectors_as_i16
 from .math_approx import expand_math
 from .runtime_checks import add_vector_bounds_checks
 
@@ -344,8 +345,8 @@ def lower_to_llvm(payload: ir.Module, threads: int, *, runtime_checks: bool = Fa
         "arith-expand", "arith-emulate-unsupported-floats{source-types=bf16,f16 target-type=f32}",
         "canonicalize", "cse",
     ]))
-    widen_odd_bf16_vector_ops(payload)
     expand_math(payload, ldexp="avx512f" in host_cpu_flags())
+    odd_bf16_conversions_as_integer_ops(payload)
     for op in payload.body.operations:
         if op.operation.name == "func.func":
             op.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get(payload.context)
@@ -355,62 +356,7 @@ def lower_to_llvm(payload: ir.Module, threads: int, *, runtime_checks: bool = Fa
         "convert-index-to-llvm", "convert-func-to-llvm", "convert-cf-to-llvm",
         "convert-ub-to-llvm", "reconcile-unrealized-casts", "canonicalize",
     ]))
-
-
-def widen_odd_bf16_vector_ops(payload: ir.Module) -> int:
-    """Conversions (arith.extf / truncf) and selects of bf16 vectors whose lane count is not a
-    power of two run on the next power of two: each vector operand's lanes are inserted into
-    a zero vector, the op runs on the wide vectors, and its first lanes are extracted again.
-    LLVM's x86 backend splits a 9-, 17- or 33-lane bf16 op into power-of-two parts plus a
-    single lane, and cannot legalize that lane (it aborts the process: "Do not know how to
-    soft promote this operator's operand"). Exact: the same op on the same lanes. Returns
-    the count rewritten."""
-    from torch_mlir.dialects import arith, vector
-
-    bf16 = ir.BF16Type.get(payload.context)
-    targets = []
-
-    def visit(op):
-        if op.name in ("arith.extf", "arith.truncf", "arith.select"):
-            types = [v.type for v in list(op.operands) + list(op.results)]
-            vectors = [ir.VectorType(t) for t in types if isinstance(t, ir.VectorType)]
-            if any(t.element_type == bf16 for t in vectors):
-                n = 1
-                for d in vectors[0].shape:
-                    n *= d
-                if n > 1 and n & (n - 1):
-                    targets.append((op, n))
-        return ir.WalkResult.ADVANCE
-
-    payload.operation.walk(visit)
-    with payload.context:
-        for op, n in targets:
-            width = 1 << n.bit_length()
-            with ir.InsertionPoint(op), op.location:
-                operands = []
-                for value in op.operands:
-                    if not isinstance(value.type, ir.VectorType):
-                        operands.append(value)
-                        continue
-                    element = ir.VectorType(value.type).element_type
-                    wide_t = ir.VectorType.get([width], element)
-                    zero = (ir.FloatAttr.get(element, 0.0) if isinstance(element, ir.FloatType)
-                            else ir.IntegerAttr.get(element, 0))
-                    zeros = arith.constant(wide_t, ir.DenseElementsAttr.get_splat(wide_t, zero))
-                    flat = vector.shape_cast(ir.VectorType.get([n], element), value)
-                    operands.append(vector.insert_strided_slice(flat, zeros, [0], [1]))
-                result_t = ir.VectorType(op.results[0].type)
-                attributes = {op.attributes[i].name: op.attributes[i].attr
-                              for i in range(len(op.attributes))}
-                wide = ir.Operation.create(op.name, operands=operands, attributes=attributes,
-                                           results=[ir.VectorType.get([width], result_t.element_type)]
-                                           ).result
-                lanes = vector.extract_strided_slice(
-                    ir.VectorType.get([n], result_t.element_type), wide, [0], [n], [1])
-                value = vector.shape_cast(result_t, lanes)
-            op.results[0].replace_all_uses_with(value)
-            op.erase()
-    return len(targets)
+    odd_bf16_vectors_as_i16(payload)
 
 
 def strided_copies_to_loops(payload: ir.Module) -> None:

@@ -1,0 +1,228 @@
+"""bf16 vectors of an odd lane count, which LLVM's x86 backend cannot legalize: it splits a
+9-, 17- or 33-lane vector into power-of-two parts plus a single lane and aborts the process
+on that lane ("Do not know how to soft promote this operator's operand") in a conversion, a
+select, or even a plain load or store. Two exact rewrites keep
+such vectors out of LLVM: their conversions to and from f32 become integer ops on the bit
+patterns (odd_bf16_conversions_as_integer_ops, on arith), and the data movement that
+remains moves the bits as i16 (odd_bf16_vectors_as_i16, on the LLVM dialect). Padding the
+odd vectors to a power of two instead does not hold: LLVM's own combines narrow the padded
+ops back to the odd width.
+"""
+
+from __future__ import annotations
+
+from torch_mlir import ir
+
+from ..errors import UnsupportedError
+
+
+def _odd_bf16_vector(t: ir.Type) -> bool:
+    if not isinstance(t, ir.VectorType) or not isinstance(ir.VectorType(t).element_type, ir.BF16Type):
+        return False
+    n = 1
+    for d in ir.VectorType(t).shape:
+        n *= d
+    return n > 1 and n % 2 == 1
+
+
+def odd_bf16_conversions_as_integer_ops(payload: ir.Module) -> int:
+    """Conversions from and to odd-lane bf16 vectors through f32, with the bf16 <-> f32 step
+    as integer ops on the bits: extf(x) = bitcast(zext(bits(x)) << 16); truncf(y) rounds to
+    nearest even, bits = (u + 0x7FFF + ((u >> 16) & 1)) >> 16 for u = bits(y), and a NaN
+    gives the quiet NaN 0x7FC0, as torch's conversion. Other sources and destinations (f64,
+    integers) convert to or from f32 first, as torch's bfloat16 does. Returns the number
+    rewritten."""
+    from torch_mlir.dialects import arith
+
+    targets = []
+
+    def visit(op):
+        if op.name in ("arith.extf", "arith.truncf", "arith.sitofp", "arith.uitofp",
+                       "arith.fptosi", "arith.fptoui") and (
+                _odd_bf16_vector(op.operands[0].type) or _odd_bf16_vector(op.results[0].type)):
+            targets.append(op)
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit)
+    with payload.context:
+        i16, i32, f32 = (ir.IntegerType.get_signless(16), ir.IntegerType.get_signless(32),
+                         ir.F32Type.get())
+        for op in targets:
+            shape = ir.VectorType(op.operands[0].type).shape
+            v16, v32, vf32 = (ir.VectorType.get(shape, t) for t in (i16, i32, f32))
+
+            def splat(value):
+                return arith.constant(v32, ir.DenseElementsAttr.get_splat(v32, ir.IntegerAttr.get(i32, value)))
+
+            def from_bf16(x):
+                wide = arith.extui(v32, arith.bitcast(v16, x))
+                return arith.bitcast(vf32, arith.shli(wide, splat(16)))
+
+            def to_bf16(y, result_t):
+                u = arith.bitcast(v32, y)
+                odd = arith.andi(arith.shrui(u, splat(16)), splat(1))
+                rounded = arith.shrui(arith.addi(u, arith.addi(odd, splat(0x7FFF))), splat(16))
+                nan = arith.cmpf(arith.CmpFPredicate.UNO, y, y)
+                return arith.bitcast(result_t, arith.trunci(v16, arith.select(nan, splat(0x7FC0), rounded)))
+
+            with ir.InsertionPoint(op), op.location:
+                x, result_t = op.operands[0], op.results[0].type
+                if _odd_bf16_vector(x.type):  # bf16 -> f32 -> the destination
+                    y = from_bf16(x)
+                    if op.name == "arith.extf":
+                        value = y if result_t == vf32 else arith.extf(result_t, y)
+                    else:
+                        value = ir.Operation.create(op.name, results=[result_t], operands=[y]).result
+                else:  # the source -> f32 -> bf16
+                    if op.name in ("arith.sitofp", "arith.uitofp"):
+                        y = ir.Operation.create(op.name, results=[vf32], operands=[x]).result
+                    else:
+                        y = x if x.type == vf32 else arith.truncf(vf32, x)
+                    value = to_bf16(y, result_t)
+            op.results[0].replace_all_uses_with(value)
+            op.erase()
+    return len(targets)
+
+
+# LLVM-dialect ops that only move the lanes of a vector (no arithmetic on their values).
+_MOVES = {"llvm.load", "llvm.store", "llvm.shufflevector", "llvm.insertelement",
+          "llvm.extractelement", "llvm.select", "llvm.mlir.poison", "llvm.mlir.undef",
+          "llvm.mlir.zero", "llvm.mlir.constant", "llvm.intr.masked.load",
+          "llvm.intr.masked.store", "llvm.intr.masked.gather", "llvm.intr.masked.scatter",
+          "llvm.bitcast", "llvm.br", "llvm.cond_br"}
+
+
+def odd_bf16_vectors_as_i16(payload: ir.Module) -> int:
+    """Retype every odd-lane bf16 vector value that only loads, stores, shuffles, inserts,
+    extracts, selects, branches carry or constants define to the i16 vector of the same
+    bits; the other bf16 operands and results of those ops (a power-of-two vector that a
+    shuffle narrows, a scalar inserted or extracted) are bitcast at the boundary. Any other
+    op on such a value is an UnsupportedError (LLVM would abort the process), raised before
+    anything is rewritten. Returns the number of values retyped."""
+    odd: list[ir.Value] = []
+    movers: list[ir.Operation] = []
+    others: list[str] = []
+
+    def visit(op):
+        if op.name in ("llvm.func", "builtin.module"):
+            return ir.WalkResult.ADVANCE
+        touches = any(_odd_bf16_vector(v.type) for v in list(op.operands) + list(op.results))
+        for region in op.regions:
+            for block in region.blocks:
+                odd.extend(a for a in block.arguments if _odd_bf16_vector(a.type))
+        if touches:
+            known = op.name in _MOVES or _row_of_constant(op)
+            (movers.append(op) if known else others.append(op.name))
+        odd.extend(v for v in op.results if _odd_bf16_vector(v.type))
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit)
+    if others:
+        raise UnsupportedError(f"bf16 vectors of an odd lane count reach "
+                               f"{', '.join(sorted(set(others)))}, which LLVM's x86 backend "
+                               f"cannot compile")
+    if not odd:
+        return 0
+    from torch_mlir.dialects import llvm
+
+    with payload.context:
+        i16 = ir.IntegerType.get_signless(16)
+        bf16 = ir.BF16Type.get()
+
+        def as_i16(t: ir.Type) -> ir.Type:
+            return ir.VectorType.get(ir.VectorType(t).shape, i16) if isinstance(t, ir.VectorType) else i16
+
+        def is_bf16(t: ir.Type) -> bool:
+            return t == bf16 or (isinstance(t, ir.VectorType) and ir.VectorType(t).element_type == bf16)
+
+        for value in odd:
+            owner = value.owner
+            op = owner.operation if isinstance(owner, ir.OpView) else owner
+            if isinstance(value, ir.OpResult) and (op.name == "llvm.mlir.constant"
+                                                   or _row_of_constant(op)):
+                if op.name == "llvm.mlir.constant":
+                    attr, row = ir.DenseElementsAttr(op.attributes["value"]), 0
+                else:  # one row of a multi-dimensional constant (an llvm.array of vectors)
+                    constant = _defining(op.operands[0])
+                    attr = ir.DenseElementsAttr(constant.attributes["value"])
+                    shape, row = list(attr.type.shape), 0
+                    for d, p in zip(shape, ir.DenseI64ArrayAttr(op.attributes["position"])):
+                        row = row * d + p
+                with ir.InsertionPoint(op), op.location:
+                    bits = _bf16_bits(attr, as_i16(value.type), row)
+                    value.replace_all_uses_with(llvm.ConstantOp(as_i16(value.type), bits).result)
+                movers = [m for m in movers if m != op]
+                op.erase()
+                continue
+            value.set_type(as_i16(value.type))
+        for op in movers:
+            if op.name in ("llvm.br", "llvm.cond_br"):
+                continue  # block arguments were retyped with the values they carry
+            if op.name == "llvm.bitcast" and op.operands[0].type == op.results[0].type:
+                op.results[0].replace_all_uses_with(op.operands[0])  # bf16 <-> i16: now i16 both
+                op.erase()
+                continue
+            with op.location:
+                for i, operand in enumerate(list(op.operands)):
+                    if is_bf16(operand.type):
+                        with ir.InsertionPoint(op):
+                            op.operands[i] = llvm.bitcast(as_i16(operand.type), operand)
+                for result in op.results:
+                    if is_bf16(result.type):
+                        original = result.type
+                        result.set_type(as_i16(original))
+                        with ir.InsertionPoint.after(op):
+                            _replace_uses_except(result, llvm.bitcast(original, result))
+    return len(odd)
+
+
+def _replace_uses_except(value: ir.Value, replacement: ir.Value) -> None:
+    """Every use of `value` except by the op defining `replacement` now uses `replacement`."""
+    keeper = replacement.owner
+    keeper = keeper.operation if isinstance(keeper, ir.OpView) else keeper
+    for use in list(value.uses):
+        if use.owner != keeper:
+            use.owner.operands[use.operand_number] = replacement
+
+
+def _defining(value: ir.Value):
+    owner = value.owner
+    return owner.operation if isinstance(owner, ir.OpView) else owner
+
+
+def _row_of_constant(op) -> bool:
+    """Is `op` an llvm.extractvalue of one odd bf16 vector out of a dense constant?"""
+    if op.name != "llvm.extractvalue" or not _odd_bf16_vector(op.results[0].type):
+        return False
+    source = _defining(op.operands[0])
+    return (isinstance(source, ir.Operation) and source.name == "llvm.mlir.constant"
+            and isinstance(source.attributes["value"], ir.DenseElementsAttr))
+
+
+def _bf16_bits(attr: ir.DenseElementsAttr, wide: ir.VectorType, row: int = 0) -> ir.DenseElementsAttr:
+    """The dense i16 attribute holding the bf16 bit patterns of `attr` (of its row `row`,
+    of as many elements as `wide` holds, when `attr` has more). Read from the attribute's
+    text: the bindings give no bf16 values (decimal literals, 0x bit patterns, or a hex blob
+    of the raw little-endian bits)."""
+    import re
+
+    import numpy as np
+    import torch
+
+    text = str(attr)
+    inner = text[text.index("dense<") + 6:text.rindex(">")]
+    if inner.startswith('"0x'):
+        bits = np.frombuffer(bytes.fromhex(inner[3:inner.rindex('"')]), dtype="<i2").tolist()
+    else:
+        bits = []
+        for token in re.findall(r"0x[0-9A-Fa-f]+|[-+]?[0-9][0-9.]*(?:[eE][-+]?[0-9]+)?", inner):
+            if token.startswith("0x"):
+                bits.append(np.array(int(token, 16), dtype=np.uint16).view(np.int16).item())
+            else:
+                bits.append(torch.tensor(float(token)).to(torch.bfloat16).view(torch.int16).item())
+    i16 = wide.element_type
+    if attr.is_splat or len(bits) == 1:
+        return ir.DenseElementsAttr.get_splat(wide, ir.IntegerAttr.get(i16, bits[0]))
+    n = int(np.prod(wide.shape))
+    row_bits = bits[row * n:(row + 1) * n]
+    return ir.DenseElementsAttr.get(np.array(row_bits, dtype=np.int16).reshape(wide.shape), type=wide)
