@@ -93,6 +93,7 @@ class AttentionOps:
     values: ir.Operation       # E V
     output: ir.Operation       # the op whose result is the attention output
     query_dim: int             # loop dim of `output` running over query rows
+    value_dim: int             # loop dim of `output` running over the value columns
 
 
 def _func(payload: ir.Module) -> ir.Operation:
@@ -341,13 +342,47 @@ def find_attention(payload: ir.Module) -> AttentionOps:
     if rounded is not None:
         raise NotAttention(f"torch rounds this softmax's probabilities to {rounded} (written "
                            f"by hand in {rounded}), which the fused loop never forms")
+    # P V is [..., L, Ev]: the output's query and value dims are the loop dims that run
+    # with P V's rows and columns (the output may permute them: the head merge
+    # o.transpose(1, 2) gives [B, L, H, Ev]). The output is the function's result op, or,
+    # when its dims do not follow P V's through linalg ops (a reshape between), the last
+    # op before it on the way back to P V whose dims do; the ops after it run after the
+    # fused loops.
+    pv_dims = dim_positions(loop_structure(values[0]).output_map(0))
+    if len(pv_dims) < 2 or None in pv_dims[-2:]:
+        raise NotAttention("the P V contraction is not [..., queries, values]")
     output = _final_op(func)
-    # SDPA's output is [..., L, Ev]: the query rows are its second-to-last dim
-    out_dims = dim_positions(loop_structure(output).output_map(0))
-    if len(out_dims) < 2 or out_dims[-2] is None:
-        raise NotAttention("the output is not [..., queries, values]")
-    query_dim = out_dims[-2]
-    return AttentionOps(scores, row_max, sums[0], values[0], output, query_dim)
+    while True:
+        found = _query_and_value_dims(output, values[0], pv_dims[-2], pv_dims[-1])
+        if found is not None or output is values[0]:
+            break
+        output = _reshaped_source(output)
+        if output is None:
+            break
+    if found is None:
+        raise NotAttention("the output's query rows or value columns are not one loop dim each")
+    return AttentionOps(scores, row_max, sums[0], values[0], output, *found)
+
+
+def _query_and_value_dims(output: ir.Operation, values: ir.Operation, row: int, col: int):
+    """`output`'s loop dims running with P V's loop dims `row` and `col`, or None."""
+    ls = loop_structure(output)
+    rows = [d for d in ls.parallel_dims if row in propagate_loop_dim(output, d).get(values, ())]
+    cols = [d for d in ls.parallel_dims if col in propagate_loop_dim(output, d).get(values, ())]
+    return (rows[0], cols[0]) if len(rows) == 1 and len(cols) == 1 else None
+
+
+def _reshaped_source(op: ir.Operation):
+    """The linalg op producing `op`'s only tensor input, through reshapes, or None."""
+    n_in = loop_structure(op).num_inputs
+    inputs = [v for v in list(op.operands)[:n_in] if isinstance(v.type, ir.ShapedType)
+              and ir.ShapedType(v.type).rank > 0]
+    if len(inputs) != 1:
+        return None
+    source = defining_op(inputs[0])
+    while source is not None and source.name in ("tensor.expand_shape", "tensor.collapse_shape"):
+        source = defining_op(source.operands[0])
+    return source if source is not None and is_linalg_op(source) else None
 
 
 def _narrowed_softmax_value(ops, row_max: ir.Operation, values: ir.Operation) -> str | None:
@@ -690,13 +725,12 @@ def _tile_query_blocks(payload, ops: AttentionOps, params: AttentionParams) -> N
     extent = out_ls.ranges[ops.query_dim]
     qt = largest_divisor_at_most(extent, params.query_tile or _default_query_tile(ops))
     sizes = [0] * out_ls.num_loops
-    for l in out_ls.parallel_dims:
-        if l < ops.query_dim:
-            sizes[l] = 1
+    heads = [l for l in out_ls.parallel_dims if l not in (ops.query_dim, ops.value_dim)]
+    for l in heads:  # batch and head dims: one per query block
+        sizes[l] = 1
     blocks = extent // qt
-    for l in out_ls.parallel_dims:
-        if l < ops.query_dim:
-            blocks *= out_ls.ranges[l]
+    for l in heads:
+        blocks *= out_ls.ranges[l]
     if blocks == 1 and extent > 1:
         # a one-iteration forall would be folded away, and the key loop with it
         qt = largest_divisor_at_most(extent, extent // 2)

@@ -452,3 +452,37 @@ def test_causal_mask_with_a_sliding_window(kernel_file, order):
     path = _hand(kernel_file, HAND_SCORES["scores_div"], mask="\n        ".join(masks),
                  inputs="[torch.randn(1, 2, 64, 16) for _ in range(3)]")
     _check(compile_kernel(path))
+
+
+HEAD_MERGE = """
+import torch
+import torch.nn.functional as F
+B, H, S, D = {B}, {H}, {S}, 16
+class Model(torch.nn.Module):
+    def forward(self, q, k, v):
+        o = F.scaled_dot_product_attention(q, k, v, is_causal={causal})
+        return {result}
+def get_inputs():
+    torch.manual_seed(0)
+    return [torch.randn(B, H, S, D, dtype=torch.{dtype}) for _ in range(3)]
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("shape,causal,dtype,result", [
+    ((1, 1, 2), False, "float32", "o.transpose(1, 2).reshape(B, S, H * D)"),
+    ((2, 1, 17), True, "float32", "o.transpose(1, 2).reshape(B, S, H * D)"),
+    ((2, 4, 37), False, "bfloat16", "o.transpose(1, 2).reshape(B, S, H * D)"),
+    ((2, 4, 37), True, "float32", "(o.transpose(1, 2).reshape(B, S, H * D), o)"),
+    ((1, 3, 70), False, "float32", "o.permute(2, 0, 1, 3).reshape(S, B * H * D).relu()"),
+])
+def test_the_head_merge_after_attention_keeps_the_fused_schedule(kernel_file, shape, causal,
+                                                                  dtype, result):
+    """o.transpose(1, 2).reshape(B, S, H * D) permutes the output's dims: the query blocks
+    follow P V's rows, not the result's second-to-last dim (the fuse stage failed, 'the
+    query block does not hold exactly one row max'); with H = 1 the merge is a reshape."""
+    b, h, s = shape
+    path = kernel_file(HEAD_MERGE.format(B=b, H=h, S=s, causal=causal, dtype=dtype,
+                                         result=result))
+    _check(compile_kernel(path))
