@@ -1,0 +1,232 @@
+"""Running one fuzz case and judging it.
+
+`check_kernel(family, source, backward)` writes the kernel file, compiles, runs and checks it
+in a child process (`isolate.run_isolated`: a fork server with torch, torch-mlir and
+lighthouse preloaded) with a timeout, and raises `FuzzFailure` when the case fails:
+  - a result differs from torch by the `--check` rule (forward, or with backward=True);
+  - the child crashed (a signal, an abort from a runtime check) or ran past the timeout;
+  - the compiler raised a Python exception, or a LighthouseError that is not an honest
+    refusal (`child.honest_refusal`: an op torch-mlir truly cannot lower; a StageError never
+    is one), or torch rejected the drawn inputs (a bug of the strategy, not of lighthouse);
+  - a note says a specialized schedule failed on the payload and the driver fell back.
+Each failure has a signature (its class: kind, family, stage, the message with numbers
+dropped); each signature raises its own FuzzFailure subclass, so hypothesis shrinks every
+distinct bug separately, and writes its (last, i.e. smallest) kernel to
+tests/fuzz/failures/<family>_<hash of the signature>.py with a header giving the command
+that reproduces it and the error. On hypothesis' final replay of a failure, a mismatch or
+a crash is also run under `--schedule generic` and `--schedule loops`, to say whose fault
+it is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hypothesis import event
+
+from tests.conftest import ROOT
+
+FUZZ_DIR = Path(__file__).resolve().parent
+FAILURES = Path(os.environ.get("FUZZ_FAILURES", FUZZ_DIR / "failures"))
+TIMEOUT = float(os.environ.get("FUZZ_TIMEOUT", "90"))
+LOG = os.environ.get("FUZZ_LOG")  # a JSON line per case when set
+FALLBACK_CRASH = "failed on this payload"  # the driver's note when a schedule crashed
+
+
+class FuzzFailure(AssertionError):
+    """A fuzz case failed; subclasses, one per signature, tell hypothesis apart the bugs."""
+
+
+_FAILURE_TYPES: dict[str, type] = {}
+
+
+def failure_type(signature: str) -> type:
+    if signature not in _FAILURE_TYPES:
+        digest = hashlib.sha1(signature.encode()).hexdigest()[:10]
+        _FAILURE_TYPES[signature] = type(f"FuzzFailure_{digest}", (FuzzFailure,),
+                                         {"signature": signature})
+    return _FAILURE_TYPES[signature]
+
+
+@dataclass
+class Verdict:
+    ok: bool
+    signature: str = ""
+    detail: str = ""
+    family: str = "?"
+    events: tuple[str, ...] = ()
+
+
+def _scratch() -> Path:
+    global _SCRATCH
+    if _SCRATCH is None:
+        _SCRATCH = Path(tempfile.mkdtemp(prefix="lighthouse-fuzz-"))
+    return _SCRATCH
+
+
+_SCRATCH: Path | None = None
+
+
+def _is_final() -> bool:
+    from hypothesis.control import current_build_context
+
+    try:
+        return current_build_context().is_final
+    except Exception:  # outside a hypothesis test
+        return True
+
+
+def run(source: str, backward: bool, name: str, schedule: str | None = None) -> tuple[Verdict, str]:
+    """Compile, run and check one kernel in a child; returns the verdict and the child's log."""
+    from lighthouse.benchmarks.isolate import run_isolated
+
+    from .child import run_case
+
+    path = _scratch() / f"{name}.py"
+    path.write_text(source)
+    log_path = _scratch() / f"{name}.log"
+    log_path.write_text("")
+    outcome = run_isolated(run_case, str(path), backward, str(log_path), schedule, timeout=TIMEOUT)
+    log = log_path.read_text(errors="replace")
+    return judge(outcome, log, str(path), backward), log
+
+
+def check_kernel(family: str, source: str, backward: bool) -> None:
+    """The fuzz case: raises a FuzzFailure subclass (see the module docstring) on failure."""
+    digest = hashlib.sha1(f"{source}\n{backward}".encode()).hexdigest()[:12]
+    start = time.perf_counter()
+    verdict, log = run(source, backward, f"{family}_{digest}")
+    seconds = time.perf_counter() - start
+    event(f"schedule: {verdict.family}")
+    for what in verdict.events:
+        event(what)
+    if LOG:
+        with open(LOG, "a") as f:
+            f.write(json.dumps({"family": family, "backward": backward, "case": digest,
+                                "schedule": verdict.family, "ok": verdict.ok,
+                                "signature": verdict.signature, "seconds": round(seconds, 2),
+                                "events": list(verdict.events)}) + "\n")
+    if verdict.ok:
+        return
+    triage = []
+    if _is_final() and verdict.signature.split("/")[0] in ("mismatch", "crash", "timeout",
+                                                           "runtime-check"):
+        for schedule in ("generic", "loops"):
+            other, _ = run(source, backward, f"{family}_{digest}_{schedule}", schedule)
+            triage.append(f"--schedule {schedule}: " +
+                          ("check passed" if other.ok else f"{other.signature}: {other.detail}"))
+    written = record_failure(family, source, backward, verdict, triage)
+    raise failure_type(verdict.signature)(
+        f"{verdict.signature}\n{verdict.detail}\n" + "".join(f"{t}\n" for t in triage) +
+        f"kernel file: {written.relative_to(ROOT) if written.is_relative_to(ROOT) else written}")
+
+
+def reproduce_command(path: Path, backward: bool) -> str:
+    from .child import compile_options
+
+    shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    flags = " --backward" if backward else ""
+    if compile_options().get("runtime_checks"):
+        flags += " --runtime-checks"
+    return f"PYTHONPATH=. python -m lighthouse.compile {shown} --check{flags}"
+
+
+def record_failure(family: str, source: str, backward: bool, verdict: Verdict,
+                   triage: list[str]) -> Path:
+    FAILURES.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha1(verdict.signature.encode()).hexdigest()[:10]
+    path = FAILURES / f"{family}_{digest}.py"
+    header = [f"# lighthouse fuzz failure, family {family} ({'forward+backward' if backward else 'forward'})",
+              f"# reproduce: {reproduce_command(path, backward)}",
+              f"# signature: {verdict.signature}"]
+    header += [f"# {line}" for text in [verdict.detail, *triage] for line in text.splitlines()]
+    path.write_text("\n".join(header) + "\n" + source)
+    return path
+
+
+# -- judging an outcome --------------------------------------------------------------------
+
+def _normalize(text: str, kernel_path: str) -> str:
+    text = text.replace(kernel_path, "KERNEL")
+    text = re.sub(r"/\S*/lighthouse-fuzz-\w+/\S+\.py", "KERNEL", text)
+    text = re.sub(r"loc\([^)]*\)", "loc", text)
+    text = re.sub(r"%[\w#]+", "%v", text)
+    text = re.sub(r"\d+(\.\d+)?(e[-+]?\d+)?", "N", text)
+    text = re.sub(r"\s+", " ", text).strip()
+    return text[:110]
+
+
+def _log_facts(log: str) -> tuple[str, str, list[str]]:
+    """(last phase reached, family chosen, the log lines after the last marker)."""
+    phase, family, tail = "start", "?", []
+    for line in log.splitlines():
+        if line.startswith("@@ phase "):
+            phase, tail = line.split()[-1], []
+        elif line.startswith("@@ family "):
+            family = line.split()[-1]
+        elif line.strip():
+            tail.append(line.rstrip())
+    return phase, family, tail
+
+
+def _runtime_check(tail: list[str]) -> str | None:
+    """The op and reason of an MLIR runtime-verification failure in the log, if any."""
+    text = "\n".join(tail)
+    if "verification failed" not in text.lower():
+        return None
+    reason = next((ln.strip().lstrip("^").strip() for ln in tail if ln.strip().startswith("^")), "")
+    op = next((m.group(1) for ln in tail if (m := re.search(r"=\s*\"?([a-z_]+\.[a-z_.]+)", ln))), "?")
+    return f"{op}: {reason}"
+
+
+def judge(outcome, log: str, kernel_path: str, backward: bool) -> Verdict:
+    direction = "backward" if backward else "forward"
+    phase, family, tail = _log_facts(log)
+    shown_tail = "\n".join(ln[:300] for ln in tail[-12:])
+    if outcome.status == "timeout":
+        return Verdict(False, f"timeout/{family}/{phase}", f"{outcome.error} (in phase {phase})",
+                       family)
+    if outcome.status == "crashed":
+        check = _runtime_check(tail)
+        if check is not None:
+            return Verdict(False, f"runtime-check/{family}/{_normalize(check, kernel_path)}",
+                           f"{outcome.error}\n{shown_tail}", family)
+        signal = outcome.error.split(":")[0].replace("killed by ", "")
+        return Verdict(False, f"crash/{family}/{phase}/{signal}",
+                       f"{outcome.error} (in phase {phase})\n{shown_tail}", family)
+    if outcome.status == "raised":
+        return Verdict(False, f"harness/{_normalize(outcome.error, kernel_path)}", outcome.error)
+    r = outcome.value
+    family = r.get("family", family)
+    if r["status"] == "error":
+        message = r["message"]
+        if "torch rejects the example inputs" in message:
+            return Verdict(False, f"invalid-case/{_normalize(message, kernel_path)}", message, family)
+        if r.get("honest"):
+            return Verdict(True, family=family, events=(f"refused: {_normalize(message, kernel_path)}",))
+        return Verdict(False, f"{r['type']}/{r['phase']}/{_normalize(message, kernel_path)}",
+                       message, family)
+    if r["status"] == "exception":
+        return Verdict(False, f"exception/{r['phase']}/{r['type']}/{r['where']}",
+                       f"{r['type']}: {r['message']} (at {r['where']})\n{r['traceback'][-1500:]}",
+                       family)
+    notes = r.get("notes", [])
+    events = tuple(f"note: {_normalize(n, kernel_path)}" for n in notes)
+    crashed = [n for n in notes if FALLBACK_CRASH in n]
+    if crashed:
+        return Verdict(False, f"fallback/{_normalize(crashed[0], kernel_path)}",
+                       "\n".join(crashed), family, events)
+    if r["status"] == "mismatch":
+        kinds = sorted({m["kind"] for m in r["mismatches"]})
+        if r.get("offset_only"):  # right on the same values at storage offset 0
+            kinds = ["input-storage-offset"]
+        return Verdict(False, f"mismatch/{family}/{direction}/{'+'.join(kinds)}",
+                       "\n".join(r["reports"]), family, events)
+    return Verdict(True, family=family, events=events)

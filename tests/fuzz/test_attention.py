@@ -1,0 +1,14 @@
+"""Differential fuzzing of attention kernels against torch (see tests/fuzz/harness.py)."""
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from .harness import check_kernel
+from .profiles import fuzz_settings
+from .programs.attention import attention_kernels
+
+
+@fuzz_settings("attention")
+@given(source=attention_kernels(), backward=st.booleans())
+def test_attention_kernels_match_torch(source, backward):
+    check_kernel("attention", source, backward)
