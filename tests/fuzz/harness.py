@@ -177,13 +177,18 @@ def _log_facts(log: str) -> tuple[str, str, list[str]]:
 
 
 def _runtime_check(tail: list[str]) -> str | None:
-    """The op and reason of an MLIR runtime-verification failure in the log, if any."""
-    text = "\n".join(tail)
-    if "verification failed" not in text.lower():
+    """'<op name>: <reason>' of an MLIR runtime-verification failure in the log, if any:
+        ERROR: Runtime op verification failed
+        %5 = vector.load %arg0[%c0, %4] : memref<...>, vector<16xf32>
+        ^ out-of-bounds access
+        Location: loc(...)"""
+    at = next((i for i, ln in enumerate(tail) if "Runtime op verification failed" in ln), None)
+    if at is None:
         return None
-    reason = next((ln.strip().lstrip("^").strip() for ln in tail if ln.strip().startswith("^")), "")
-    op = next((m.group(1) for ln in tail if (m := re.search(r"=\s*\"?([a-z_]+\.[a-z_.]+)", ln))), "?")
-    return f"{op}: {reason}"
+    op_line = tail[at + 1] if at + 1 < len(tail) else ""
+    found = re.search(r"^\s*(?:%\S+(?:, %\S+)* = )?\"?([a-z_]+\.[a-z_.]+)", op_line)
+    reason = next((ln.strip().lstrip("^").strip() for ln in tail[at:] if ln.strip().startswith("^")), "")
+    return f"{found.group(1) if found else '?'}: {reason}"
 
 
 def judge(outcome, log: str, kernel_path: str, backward: bool) -> Verdict:
