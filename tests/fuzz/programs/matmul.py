@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hypothesis.strategies as st
 
-from .writer import DTYPES, KernelWriter, layouts, randn, scale_for, sizes
+from .writer import AVOID, DTYPES, KernelWriter, allowed, layouts, randn, scale_for, sizes
 
 BATCH = st.sampled_from((1, 2, 3, 4, 5))
 STEPS = ("bias", "gelu", "pow", "tanh", "unary", "residual", "transpose", "reshape", "matmul",
@@ -73,17 +73,18 @@ def epilogue(draw, w: KernelWriter, step: str, y: str, shape: tuple[int, ...],
             b = w.input(randn(bshape, draw(layouts(bshape))))
         return w.let(f"{y} + {b}"), shape
     if step == "gelu":
-        form = draw(st.sampled_from((
+        form = draw(st.sampled_from(allowed((
             "F.gelu({y})", "F.gelu({y}, approximate='tanh')",
             "0.5 * {y} * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * ({y} + 0.044715 * torch.pow({y}, 3.0))))",
             "0.5 * {y} * (1.0 + torch.tanh(0.7978845608 * ({y} + 0.044715 * {y} ** 3)))",
-        )))
+            "0.5 * {y} * (1.0 + torch.tanh(0.7978845608 * ({y} + 0.044715 * {y} * {y} * {y})))",
+        ))))
         return w.let(form.format(y=y)), shape
-    if step == "pow":
+    if step == "pow" and "int-pow" not in AVOID:
         form = draw(st.sampled_from(("{y} ** 2", "{y}.pow(3)", "torch.pow({y}, 2)",
                                      "torch.pow({y}, 3.0)", "{y} * {y} ** 2")))
         return w.let(form.format(y=y)), shape
-    if step == "tanh":
+    if step in ("tanh", "pow"):
         return w.let(f"torch.tanh({y})"), shape
     if step == "unary":
         form = draw(st.sampled_from(("F.relu({y})", "torch.sigmoid({y})", "F.silu({y})",
