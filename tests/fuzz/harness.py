@@ -191,10 +191,22 @@ def _runtime_check(tail: list[str]) -> str | None:
     return f"{found.group(1) if found else '?'}: {reason}"
 
 
+_FAULTHANDLER = re.compile(r"^(Fatal Python error|Current thread|Thread 0x|Stack \(most recent|"
+                          r"Extension modules:|  File |\s*\(total: \d+\))")
+
+
+def _crash_text(tail: list[str]) -> str:
+    """What the dying child printed (an LLVM error, a runtime check), then the innermost
+    three Python frames of faulthandler's traceback."""
+    said = [ln for ln in tail if not _FAULTHANDLER.match(ln)]
+    frames = [ln.strip() for ln in tail if ln.startswith("  File ")][:3]
+    return "\n".join([ln[:300] for ln in said[-12:]] + frames)
+
+
 def judge(outcome, log: str, kernel_path: str, backward: bool) -> Verdict:
     direction = "backward" if backward else "forward"
     phase, family, tail = _log_facts(log)
-    shown_tail = "\n".join(ln[:300] for ln in tail[-12:])
+    shown_tail = _crash_text(tail)
     if outcome.status == "timeout":
         return Verdict(False, f"timeout/{family}/{phase}", f"{outcome.error} (in phase {phase})",
                        family)
@@ -204,6 +216,9 @@ def judge(outcome, log: str, kernel_path: str, backward: bool) -> Verdict:
             return Verdict(False, f"runtime-check/{family}/{_normalize(check, kernel_path)}",
                            f"{outcome.error}\n{shown_tail}", family)
         signal = outcome.error.split(":")[0].replace("killed by ", "")
+        said = [ln for ln in tail if not _FAULTHANDLER.match(ln) and ln.strip()]
+        if said and re.match(r"(LLVM ERROR|Assertion|terminate called)", said[-1]):
+            signal += f"/{_normalize(said[-1], kernel_path)}"
         return Verdict(False, f"crash/{family}/{phase}/{signal}",
                        f"{outcome.error} (in phase {phase})\n{shown_tail}", family)
     if outcome.status == "raised":
