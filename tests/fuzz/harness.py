@@ -37,6 +37,8 @@ FUZZ_DIR = Path(__file__).resolve().parent
 FAILURES = Path(os.environ.get("FUZZ_FAILURES", FUZZ_DIR / "failures"))
 TIMEOUT = float(os.environ.get("FUZZ_TIMEOUT", "90"))
 LOG = os.environ.get("FUZZ_LOG")  # a JSON line per case when set
+SURVEY = os.environ.get("FUZZ_SURVEY") == "1"
+_SURVEYED: dict[str, dict[str, tuple[int, int, Path]]] = {}  # family: signature: (cases, size, file)
 FALLBACK_CRASH = "failed on this payload"  # the driver's note when a schedule crashed
 
 
@@ -115,17 +117,59 @@ def check_kernel(family: str, source: str, backward: bool) -> None:
                                 "events": list(verdict.events)}) + "\n")
     if verdict.ok:
         return
-    triage = []
-    if _is_final() and verdict.signature.split("/")[0] in ("mismatch", "crash", "timeout",
-                                                           "runtime-check"):
-        for schedule in ("generic", "loops"):
-            other, _ = run(source, backward, f"{family}_{digest}_{schedule}", schedule)
-            triage.append(f"--schedule {schedule}: " +
-                          ("check passed" if other.ok else f"{other.signature}: {other.detail}"))
+    if SURVEY:
+        found = _SURVEYED.setdefault(family, {})
+        count, size, written = found.get(verdict.signature, (0, None, None))
+        if size is None or len(source) < size:
+            written = record_failure(family, source, backward, verdict,
+                                     _triage(source, backward, f"{family}_{digest}", verdict))
+            size = len(source)
+        found[verdict.signature] = (count + 1, size, written)
+        return
+    triage = _triage(source, backward, f"{family}_{digest}", verdict) if _is_final() else []
     written = record_failure(family, source, backward, verdict, triage)
     raise failure_type(verdict.signature)(
         f"{verdict.signature}\n{verdict.detail}\n" + "".join(f"{t}\n" for t in triage) +
         f"kernel file: {written.relative_to(ROOT) if written.is_relative_to(ROOT) else written}")
+
+
+def _triage(source: str, backward: bool, name: str, verdict: Verdict) -> list[str]:
+    """For a mismatch, a crash or a timeout: what the generic and loops schedules give."""
+    if verdict.signature.split("/")[0] not in ("mismatch", "crash", "timeout", "runtime-check"):
+        return []
+    lines = []
+    for schedule in ("generic", "loops"):
+        other, _ = run(source, backward, f"{name}_{schedule}", schedule)
+        lines.append(f"--schedule {schedule}: " +
+                     ("check passed" if other.ok else f"{other.signature}: {other.detail}"))
+    return lines
+
+
+def fuzz_test(family: str):
+    """Decorates a family's @given test with its settings; under FUZZ_SURVEY=1 the test runs
+    every case (a failure does not stop it, nothing is shrunk), keeps the smallest kernel of
+    each failure signature, and fails at the end listing them."""
+    from .profiles import fuzz_settings
+
+    def decorate(test):
+        test = fuzz_settings(family)(test)
+        if not SURVEY:
+            return test
+
+        def survey():
+            test()
+            found = _SURVEYED.get(family, {})
+            if found:
+                raise FuzzFailure(f"{sum(c for c, _, _ in found.values())} failing {family} cases, "
+                                  f"{len(found)} signatures:\n" + "\n".join(
+                                      f"  {count:4d}  {signature}  ({path})"
+                                      for signature, (count, _, path) in sorted(found.items())))
+
+        survey.__name__ = survey.__qualname__ = test.__name__
+        survey.__doc__ = test.__doc__
+        return survey
+
+    return decorate
 
 
 def reproduce_command(path: Path, backward: bool) -> str:

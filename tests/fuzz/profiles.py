@@ -6,7 +6,10 @@ written as found), 30 cases per family. FUZZ_PROFILE=fuzz (`make fuzz`): random,
 example database (earlier failures are replayed first) and shrinking, 500 cases per family.
 FUZZ_EXAMPLES=N sets the cases of every family, FUZZ_EXAMPLES_<FAMILY>=N of one (e.g.
 FUZZ_EXAMPLES_ATTENTION); FUZZ_SHRINK=1 shrinks under the ci profile too. FUZZ_TIMEOUT (s,
-default 90) bounds each case; FUZZ_LOG=FILE appends a JSON line per case.
+default 90) bounds each case; FUZZ_LOG=FILE appends a JSON line per case. FUZZ_SURVEY=1 (for
+campaigns: hypothesis stops generating soon after its first failures) runs every case of the
+profile, keeps the smallest kernel of each failure signature unshrunk, and fails at the end
+(see harness.fuzz_test). FUZZ_AVOID=tag,... is read by the strategies (programs/writer.py).
 """
 
 from __future__ import annotations

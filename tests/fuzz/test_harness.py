@@ -8,6 +8,7 @@ import re
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from lighthouse.benchmarks.isolate import Outcome
 from lighthouse.kernel import _import_file
@@ -147,3 +148,27 @@ def test_drawn_programs_are_valid_torch_programs(strategy, tmp_path):
         _run_eagerly(source, tmp_path)
 
     run()
+
+
+def test_a_survey_runs_on_after_failures_and_keeps_the_smallest_kernel(tmp_path, monkeypatch):
+    monkeypatch.setattr(harness, "FAILURES", tmp_path)
+    monkeypatch.setattr(harness, "SURVEY", True)
+    monkeypatch.setattr(harness, "_SURVEYED", {})
+    seen = []
+
+    def failing_run(source, backward, name, schedule=None):
+        seen.append(source)
+        return harness.Verdict(False, "StageError/compile/stage 'fuse' failed", "x", "generic"), ""
+
+    monkeypatch.setattr(harness, "run", failing_run)
+
+    @harness.fuzz_test("fake")
+    @given(source=st.sampled_from(["a longer kernel", "short", "a kernel"]), backward=st.just(False))
+    def test_fake(source, backward):
+        harness.check_kernel("fake", source, backward)
+
+    with pytest.raises(harness.FuzzFailure, match=r"(?s)3 failing fake cases, 1 signatures:.*stage 'fuse'"):
+        test_fake()
+    assert sorted(set(seen)) == ["a kernel", "a longer kernel", "short"]
+    (written,) = tmp_path.iterdir()
+    assert written.read_text().endswith("\nshort")

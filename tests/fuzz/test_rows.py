@@ -4,12 +4,11 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from .harness import check_kernel
-from .profiles import fuzz_settings
+from .harness import check_kernel, fuzz_test
 from .programs.rows import row_kernels
 
 
-@fuzz_settings("rows")
+@fuzz_test("rows")
 @given(source=row_kernels(), backward=st.booleans())
 def test_rows_kernels_match_torch(source, backward):
     check_kernel("rows", source, backward)
