@@ -263,6 +263,9 @@ def judge(outcome, log: str, kernel_path: str, backward: bool) -> Verdict:
         said = [ln for ln in tail if not _FAULTHANDLER.match(ln) and ln.strip()]
         if said and re.match(r"(LLVM ERROR|Assertion|terminate called)", said[-1]):
             signal += f"/{_normalize(said[-1], kernel_path)}"
+        frames = re.findall(r'^  File ".*?([^/]+)\.py", line \d+ in (\w+)', "\n".join(tail), re.M)
+        if frames:  # where in Python the child died: the innermost two frames
+            signal += " in " + " < ".join(f"{mod}.{fn}" for mod, fn in frames[:2])
         return Verdict(False, f"crash/{family}/{phase}/{signal}",
                        f"{outcome.error} (in phase {phase})\n{shown_tail}", family)
     if outcome.status == "raised":

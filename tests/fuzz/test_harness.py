@@ -48,12 +48,15 @@ def test_crashes_timeouts_and_runtime_checks_fail_naming_the_phase():
     log = "@@ phase compile\n@@ family attention\n@@ phase run\nFatal Python error: Segmentation fault\n"
     verdict = judge(Outcome("crashed", error="killed by SIGSEGV"), log)
     assert not verdict.ok and verdict.signature == "crash/attention/run/SIGSEGV"
+    log += '  File "/x/lighthouse/runtime.py", line 92 in call\n  File "/x/lighthouse/runtime.py", line 99 in __call__\n'
+    verdict = judge(Outcome("crashed", error="killed by SIGSEGV"), log)
+    assert verdict.signature == "crash/attention/run/SIGSEGV in runtime.call < runtime.__call__"
     llvm = ("@@ phase compile\n@@ family generic\nLLVM ERROR: Do not know how to soft promote this "
             "operator's operand!\nFatal Python error: Aborted\n\nCurrent thread 0x1 (most recent call "
             "first):\n  File \"/x/lighthouse/targets/cpu.py\", line 102 in jit\n")
     verdict = judge(Outcome("crashed", error="killed by SIGABRT"), llvm)
     assert verdict.signature == ("crash/generic/compile/SIGABRT/LLVM ERROR: Do not know how to "
-                                 "soft promote this operator's operand!")
+                                 "soft promote this operator's operand! in cpu.jit")
     assert verdict.detail.splitlines()[1:] == [
         "LLVM ERROR: Do not know how to soft promote this operator's operand!",
         'File "/x/lighthouse/targets/cpu.py", line 102 in jit']
