@@ -13,6 +13,7 @@ import faulthandler
 import inspect
 import os
 import re
+import resource
 import sys
 import traceback
 
@@ -34,6 +35,14 @@ def _mark(what: str) -> None:
 
 
 def run_case(path: str, backward: bool, log_path: str, schedule: str | None = None) -> dict:
+    """The outcome of one case (see the module docstring), with the CPU seconds it took
+    (`cpu_seconds`: the child's own, whatever else runs on the machine)."""
+    result = _run_case(path, backward, log_path, schedule)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {**result, "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 2)}
+
+
+def _run_case(path: str, backward: bool, log_path: str, schedule: str | None) -> dict:
     log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     sys.stdout.flush()
     sys.stderr.flush()

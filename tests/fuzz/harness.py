@@ -64,6 +64,7 @@ class Verdict:
     detail: str = ""
     family: str = "?"
     events: tuple[str, ...] = ()
+    cpu_seconds: float | None = None  # the child's CPU time, when it returned
 
 
 def _scratch() -> Path:
@@ -97,7 +98,10 @@ def run(source: str, backward: bool, name: str, schedule: str | None = None) -> 
     log_path.write_text("")
     outcome = run_isolated(run_case, str(path), backward, str(log_path), schedule, timeout=TIMEOUT)
     log = log_path.read_text(errors="replace")
-    return judge(outcome, log, str(path), backward), log
+    verdict = judge(outcome, log, str(path), backward)
+    if outcome.status == "ok":
+        verdict.cpu_seconds = outcome.value.get("cpu_seconds")
+    return verdict, log
 
 
 def check_kernel(family: str, source: str, backward: bool) -> None:
@@ -114,6 +118,7 @@ def check_kernel(family: str, source: str, backward: bool) -> None:
             f.write(json.dumps({"family": family, "backward": backward, "case": digest,
                                 "schedule": verdict.family, "ok": verdict.ok,
                                 "signature": verdict.signature, "seconds": round(seconds, 2),
+                                "cpu_seconds": verdict.cpu_seconds,
                                 "events": list(verdict.events)}) + "\n")
     if verdict.ok:
         return
