@@ -70,9 +70,9 @@ def cross_entropy_kernels(draw) -> str:
                                                st.sampled_from(("live", "ignored"))), max_size=2)):
         if count == 0:
             break
-        if where == "ignored" and "nonfinite-ignored" in AVOID:
-            continue
         flat = 0 if where == "ignored" or every == 1 else min(1, count - 1)
+        if "nonfinite-ignored" in AVOID and ignore != "absent" and flat % every == 0:
+            continue  # sample `flat` is ignored (every k-th one, from 0, is)
         sample = _index(flat, samples)
         cls = draw(st.integers(0, c - 1))
         position = sample[:1] + (cls,) + sample[1:] if shape_kind not in ("flatten", "unbatched") \
