@@ -54,18 +54,16 @@ def _run_case(path: str, backward: bool, log_path: str, schedule: str | None) ->
     from lighthouse.errors import LighthouseError
 
     _announce_family(driver)
-    options = compile_options()
-    result: dict = {"schedule_requested": schedule, "runtime_checks": bool(options)}
     _mark("phase compile")
     try:
-        compiled = driver.compile_kernel(path, backward=backward, schedule=schedule, **options)
+        compiled = driver.compile_kernel(path, backward=backward, schedule=schedule,
+                                         **compile_options())
     except LighthouseError as exc:
-        return {**result, "status": "error", "phase": "compile", "type": type(exc).__name__,
+        return {"status": "error", "phase": "compile", "type": type(exc).__name__,
                 "message": str(exc), "honest": honest_refusal(exc, path, backward)}
     except Exception as exc:
-        return {**result, "status": "exception", "phase": "compile", **_describe(exc)}
-    result["family"] = compiled.family.name
-    result["notes"] = list(compiled.notes)
+        return {"status": "exception", "phase": "compile", **_describe(exc)}
+    result = {"family": compiled.family.name, "notes": list(compiled.notes)}
     _mark("phase run")
     try:
         results = compiled.run()
