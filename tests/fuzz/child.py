@@ -84,16 +84,20 @@ def _run_case(path: str, backward: bool, log_path: str, schedule: str | None) ->
     result["status"] = "mismatch" if failing else "ok"
     if failing:
         result["offset_only"] = _passes_without_offsets(compiled)
-        result["exact_agrees"] = _matches_exact_results(compiled, results, backward)
+        result["exact_agrees"] = _matches_exact_results(compiled, results, expected, backward)
     return result
 
 
-def _matches_exact_results(compiled, results, backward: bool) -> bool:
-    """For a kernel with f16/bf16 tensors: whether our results pass the check rule against
-    the exact results (the model and its float inputs in float64, rounded to each result's
-    dtype) although they fail against torch's own f16/bf16 eager results. torch's CPU kernels
-    are not always right in low precision (a bf16 matmul spreads a NaN row into its
-    neighbour), and a result that matches the exact one is right."""
+def _matches_exact_results(compiled, results, expected, backward: bool) -> bool:
+    """For a kernel with f16/bf16 tensors whose results fail the check rule against torch's
+    eager ones: whether each result is as right as torch's, judged against the exact result
+    (the model and its float inputs in float64, rounded to the result's dtype). A result is
+    right when it passes the check rule against the exact one (torch's CPU kernels are not
+    always right in low precision: a bf16 matmul spreads a NaN row into its neighbour), or
+    when it has the exact result's NaN and inf positions, as torch has, and differs from it
+    by at most twice as much as torch does (an ill-conditioned chain, rounded by torch after
+    every op and by us where the schedule stores, differs from both by more than the
+    tolerance)."""
     import copy
 
     import torch
@@ -110,9 +114,30 @@ def _matches_exact_results(compiled, results, backward: bool) -> bool:
         exact = _results_of(model, inputs, backward)
     except Exception:
         return False
-    return len(exact) == len(results) and all(
-        compare(name, got, want.to(got.dtype)).ok
-        for name, got, want in zip(compiled.imported.result_names, results, exact))
+    if len(exact) != len(results):
+        return False
+    for name, got, theirs, want in zip(compiled.imported.result_names, results, expected, exact):
+        want = want.to(got.dtype)
+        if compare(name, got, want).ok:
+            continue
+        if not (got.is_floating_point() and got.shape == want.shape and
+                _same_nonfinite(got, want) and _same_nonfinite(theirs, want)):
+            return False
+        finite = torch.isfinite(want)
+        if finite.any():
+            ours_err = (got.double() - want.double())[finite].abs().max()
+            torch_err = (theirs.double() - want.double())[finite].abs().max()
+            if ours_err > 2 * torch_err:
+                return False
+    return True
+
+
+def _same_nonfinite(a, b) -> bool:
+    import torch
+
+    return (torch.equal(torch.isnan(a), torch.isnan(b)) and
+            torch.equal(torch.isposinf(a), torch.isposinf(b)) and
+            torch.equal(torch.isneginf(a), torch.isneginf(b)))
 
 
 def _results_of(model, inputs: tuple, backward: bool) -> tuple:
