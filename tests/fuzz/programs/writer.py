@@ -20,14 +20,15 @@ DTYPES = ("float32", "float16", "bfloat16")
 
 # FUZZ_AVOID=tag,...: steer away from bug classes known to be open, so that a campaign finds
 # new ones: offset (inputs with a storage offset), int-pow (x ** 2, x.pow(3), torch.pow(x, 3.0),
-# F.gelu(approximate='tanh')),
+# F.gelu(approximate='tanh'), torch.erf),
 # zero-size (a dim of size 0), nonfinite-ignored (NaN/inf logits in ignored cross-entropy rows),
 # return-twice (one value returned as two results).
 AVOID = frozenset(filter(None, os.environ.get("FUZZ_AVOID", "").split(",")))
 KNOWN_TAGS = {"offset", "int-pow", "zero-size", "nonfinite-ignored", "return-twice"}
 if AVOID - KNOWN_TAGS:
     raise ValueError(f"FUZZ_AVOID: unknown tags {sorted(AVOID - KNOWN_TAGS)}; known: {sorted(KNOWN_TAGS)}")
-_POWER = re.compile(r"\*\* ?\d|pow\(|approximate='tanh'")  # tanh-GELU decomposes to x ** 3
+# tanh-GELU decomposes to x ** 3; the gradient of erf has exp(-x ** 2)
+_POWER = re.compile(r"\*\* ?\d|pow\(|approximate='tanh'|erf\(")
 
 
 def allowed(forms: tuple[str, ...]) -> tuple[str, ...]:
