@@ -1,10 +1,10 @@
-# make run / make test / make bench: each bootstraps .venv when missing.
+# make run / make test / make fuzz / make bench: each bootstraps .venv when missing.
 PYTHON ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.lighthouse-installed
 
-.PHONY: run test bench venv clean
+.PHONY: run test fuzz bench venv clean
 
 venv: $(STAMP)
 
@@ -18,6 +18,11 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(VPY) -m pytest -q
+
+# differential fuzzing against torch: 500 cases per family (FUZZ_EXAMPLES=N to change), shrunk
+# failures in tests/fuzz/failures/ (see tests/fuzz/profiles.py for the knobs)
+fuzz: $(STAMP)
+	FUZZ_PROFILE=fuzz $(VPY) -m pytest -q tests/fuzz --hypothesis-show-statistics
 
 bench: $(STAMP)
 	$(VPY) -m lighthouse.bench --csv bench.csv --json bench.json --plot bench.png
