@@ -342,7 +342,9 @@ def lower_to_llvm(payload: ir.Module, threads: int, *, runtime_checks: bool = Fa
         f"convert-scf-to-openmp{{num-threads={threads}}}",
         "convert-vector-to-scf{full-unroll=true}",
         "lower-affine", "expand-strided-metadata", "lower-affine",
-        "arith-expand", "arith-emulate-unsupported-floats{source-types=bf16,f16 target-type=f32}",
+        # f16/bf16 math and arithmetic computed in f32 (LLVM's x86 backend has neither)
+        "arith-expand", "func.func(math-extend-to-supported-types{target-type=f32})",
+        "arith-emulate-unsupported-floats{source-types=bf16,f16 target-type=f32}",
         "canonicalize", "cse",
     ]))
     expand_math(payload, ldexp="avx512f" in host_cpu_flags())
