@@ -521,6 +521,36 @@ def _scatter_value_onehot(self, dim, index, value):
     return torch.where(iota == index, torch.full((), value, dtype=self.dtype), self)
 
 
+def _batch_norm_with_running_stats(input, weight, bias, running_mean, running_var, eps):
+    """Eval-mode batch norm in its affine form (x - mean) * rsqrt(var + eps) * w + b, over
+    the channels (dim 1), computed in f32 for f16/bf16 input as torch does; the saved
+    statistics are empty, as torch's eval kernel returns them. torch's own backward of the
+    eval op reads them with the channels' shape (an import failure)."""
+    shape = [1] * input.dim()
+    shape[1] = input.shape[1]
+    wide = torch.float32 if input.dtype in (torch.float16, torch.bfloat16) else input.dtype
+    out = (input.to(wide) - running_mean.to(wide).view(shape)) * \
+        torch.rsqrt(running_var.to(wide) + eps).view(shape)
+    if weight is not None:
+        out = out * weight.to(wide).view(shape)
+    if bias is not None:
+        out = out + bias.to(wide).view(shape)
+    empty = input.new_empty((0,), dtype=wide)
+    return out.to(input.dtype), empty, empty
+
+
+def _native_batch_norm_eval(input, weight, bias, running_mean, running_var, training,
+                            momentum, eps):
+    if training or running_mean is None or running_var is None:
+        return NotImplemented
+    return _batch_norm_with_running_stats(input, weight, bias, running_mean, running_var, eps)
+
+
+def _native_batch_norm_no_training(input, weight, bias, running_mean, running_var, momentum,
+                                   eps):
+    return _batch_norm_with_running_stats(input, weight, bias, running_mean, running_var, eps)
+
+
 def _joint_decompositions() -> dict:
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
@@ -530,4 +560,6 @@ def _joint_decompositions() -> dict:
     table = {op: fn for op, fn in get_decomposition_table().items()
              if getattr(op, "overloadpacket", op) not in keep}
     table[aten.scatter.value] = _scatter_value_onehot
+    table[aten.native_batch_norm.default] = _native_batch_norm_eval
+    table[aten._native_batch_norm_legit_no_training.default] = _native_batch_norm_no_training
     return table

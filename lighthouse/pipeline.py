@@ -15,6 +15,8 @@ from typing import Callable
 
 from torch_mlir.ir import Location
 
+from transform_ext.common import failure_reason
+
 from .errors import LighthouseError, StageError, UnknownStage
 
 
@@ -55,7 +57,7 @@ class Pipeline:
             diagnostics: list[str] = []
 
             def collect(diag):
-                diagnostics.append(f"{diag.location}: {diag.message}")
+                diagnostics.append(str(diag.message))
                 return True
 
             handler = module.context.attach_diagnostic_handler(collect)
@@ -79,12 +81,9 @@ class Pipeline:
 
 
 def describe_failure(exc: Exception, diagnostics: list[str]) -> str:
-    """The most telling line of an MLIR failure: its first diagnostic, else the exception."""
+    """The most telling line of an MLIR failure, clean of locations: its first diagnostic,
+    else the exception's first line."""
     text = str(exc)
-    for line in text.splitlines():
-        if "Diagnostic message at" in line or line.lstrip().startswith("error:"):
-            return line.split("): ", 1)[-1].strip()[:300]
-    if diagnostics:
-        return diagnostics[0].split(": ", 1)[-1][:300]
-    first = next((ln for ln in text.splitlines() if ln.strip()), type(exc).__name__)
-    return first.strip()[:300]
+    if "Diagnostic message" not in text and "error:" not in text and diagnostics:
+        text = diagnostics[0]
+    return (failure_reason(text) or type(exc).__name__)[:300]

@@ -59,7 +59,7 @@ from transform_ext.analysis.classify import reduction_combiner
 from transform_ext.analysis.dims import DimClasses
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
 from transform_ext.common import (Illegal, block_ops, body_of, clone_body, defining_op,
-                                  iterator_kinds)
+                                  failure_reason, iterator_kinds)
 from transform_ext.drop_unused_results import drop_unused_results
 from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion
 from transform_ext.fold_scalar_or_splat_constant import fold_scalar_or_splat_constant
@@ -372,17 +372,8 @@ def check(payload: ir.Module) -> str | None:
 
 
 def _first_line(exc: Exception) -> str:
-    """The diagnostic's message without its locations (loc(...) is no use to a user)."""
-    import re
-
-    text = (str(exc).splitlines() or [type(exc).__name__])[0]
-    for line in str(exc).splitlines():
-        if "Diagnostic message" in line:
-            text = line.split("): ", 1)[-1]
-            break
-    text = text.split("at loc(unknown)")[0]
-    text = re.sub(r" ?at loc\((?:[^()]|\([^()]*\))*\)", "", text)
-    return text.strip()[:200]
+    """The diagnostic's message on one line, without its locations (no use to a user)."""
+    return (failure_reason(str(exc)) or type(exc).__name__)[:200]
 
 
 def name_target_checks(func: ir.Operation, classes: int) -> list[ir.Operation]:

@@ -41,6 +41,47 @@ def describe(op) -> str:
     return f"{op.name} at {op.location}"
 
 
+def strip_locations(text: str) -> str:
+    """`text` without its ` at loc(...)` parts (nested parentheses and quoted file names
+    included): a location is no use in a one-line reason."""
+    out, i = [], 0
+    while (j := text.find("at loc(", i)) >= 0:
+        out.append(text[i:j].rstrip())
+        k, depth, quoted = j + len("at loc("), 1, False
+        while k < len(text) and depth:
+            c = text[k]
+            if quoted:
+                if c == "\\":
+                    k += 1
+                elif c == '"':
+                    quoted = False
+            elif c == '"':
+                quoted = True
+            elif c in "()":
+                depth += 1 if c == "(" else -1
+            k += 1
+        i = k
+    out.append(text[i:])
+    return "".join(out)
+
+
+def failure_reason(text: str) -> str:
+    """The reason of an MLIR failure as one clean line: the first diagnostic (or the first
+    line), without locations, the "Diagnostic message" prefix, or the notes MLIR appends to
+    a silenceable failure of a Python-defined op ("...at loc(unknown): at loc(unknown):
+    TransformOpInterfaceFallbackModel: silenceable failure")."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    line = next((l for l in lines if "Diagnostic message" in l or l.lstrip().startswith("error:")),
+                lines[0] if lines else "")
+    line = line.split("TransformOpInterfaceFallbackModel", 1)[0]
+    line = strip_locations(line).strip()
+    for prefix in ("Diagnostic message", "error"):
+        if line.startswith(prefix):
+            line = line[len(prefix):]
+    parts = [p.strip() for p in line.split(": ")]
+    return ": ".join(p for p in parts if p.strip(" :")).strip(" :")
+
+
 def fail(transform_op_name: str, illegal: Illegal):
     """Emit the failure message at the payload op and return a silenceable failure."""
     payload = getattr(illegal.payload, "operation", illegal.payload)

@@ -28,7 +28,9 @@ one block; static extents; R1 a max/min reduction with one reduction dim and one
 each consumer has one reduction dim mapped onto the same tensor axis as R1's; index maps of
 the axis are plain dims; a dependent R2's combiner is `acc + t` with t separable and its init
 a zero fill; beta < 0 for max (> 0 for min: otherwise the rescaling would amplify);
-m reaches consumers only through elementwise ops of the group.
+m reaches consumers only through elementwise ops of the group; no group op reads a
+consumer's result (inside the loop it is a partial sum: sum_c g_c e_c / l, the softmax
+backward, must divide by the final l after the loop).
 Mixed precision: the correction is computed in f32; f16/bf16 accumulators are rescaled in
 f32 and rounded once per tile (accumulate in f32 by giving the reduction an f32 init).
 """
@@ -224,6 +226,7 @@ def analyze(r1: ir.Operation, consumers: list, producers: list, tile: int,
         dependent = _depends_on(op.operands[0], m, block, {}) or any(
             _depends_on(v, m, block, {}) for v in op.operands)
         plan.consumers.append(_Consumer(op, dependent, k=kc))
+    _refuse_reads_of_consumers(r1, consumers, producers, block)
     for op in producers:
         l = plan.axis_loop_dim(op)
         if l is None or loop_structure(op).iterators[l] != "parallel":
@@ -249,6 +252,19 @@ def analyze(r1: ir.Operation, consumers: list, producers: list, tile: int,
                            for q in range(c.op.results[0].type.rank)):
                     raise Illegal(c.op, "the consumer's result does not keep the rows of the reduction")
     return plan
+
+
+def _refuse_reads_of_consumers(r1, consumers, producers, block) -> None:
+    """Inside the loop a consumer's result is a running partial value; only m has a
+    correction (the rescaling). A group op reading a consumer's result (the softmax
+    backward's sum_c g_c * e_c / l reads the exp-sum l) would read the partial value."""
+    for consumer in consumers:
+        memo: dict = {}
+        for op in [r1, *consumers, *producers]:
+            if op is not consumer and any(_depends_on(v, consumer.results[0], block, memo)
+                                          for v in op.operands):
+                raise Illegal(op, "it reads another reduction of the group, which the fused "
+                                  "loop holds only as a partial value (final after the loop)")
 
 
 def _mentions(expr, dim: int) -> bool:

@@ -41,3 +41,60 @@ def test_under_strict_the_failure_is_the_error(monkeypatch):
     monkeypatch.setattr(schedules.attention, "fuse_attention", _broken)
     with pytest.raises(StageError, match="stage 'fuse' failed: a bug in the schedule"):
         compile_kernel(EXAMPLES / "attention.py", overrides=ATTENTION, strict=True)
+
+
+SOFTMAX_DIM0 = """
+import torch
+import torch.nn.functional as F
+
+class Model(torch.nn.Module):
+    def forward(self, x0, x1):
+        return F.softmax(torch.log(x0.abs() + 1.0) * x1, dim=0)
+
+def get_inputs():
+    return [torch.randn(130, 8), torch.randn(130, 8)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_transform_failure_note_is_one_clean_line(monkeypatch, kernel_file):
+    """A transform op's silenceable failure reaches the note without its locations and
+    without the notes MLIR appends ("...at loc(unknown): at loc(unknown):
+    TransformOpInterfaceFallbackModel: silenceable failure")."""
+    import schedules.cross_entropy
+
+    monkeypatch.setattr(schedules.cross_entropy, "check", lambda module: None)
+    compiled = compile_kernel(kernel_file(SOFTMAX_DIM0), backward=True)
+    assert compiled.family.name == "generic"
+    assert compiled.notes == [
+        "the cross_entropy schedule failed on this payload (stage 'fuse' failed: "
+        "transform_ext.fuse_dependent_reduction_ops: linalg.generic: it reads another "
+        "reduction of the group, which the fused loop holds only as a partial value (final "
+        "after the loop)); using the generic schedule"]
+    for r in compiled.check():
+        assert r.ok, str(r)
+
+
+def test_the_check_reason_is_one_clean_line(kernel_file):
+    compiled = compile_kernel(kernel_file(SOFTMAX_DIM0), backward=True)
+    assert compiled.notes == [
+        "the cross_entropy schedule does not apply (transform_ext.fuse_dependent_reduction_ops: "
+        "linalg.generic: it reads another reduction of the group, which the fused loop holds "
+        "only as a partial value (final after the loop)); using the generic schedule"]
+
+
+def test_failure_reason_drops_locations_and_appended_notes():
+    from transform_ext.common import failure_reason
+
+    raw = ('Failed to apply named transform sequence.\nDiagnostic message at loc("/k.py":15:0): '
+           'transform_ext.fuse_dependent_reduction_ops: linalg.generic at loc(callsite("/k.py"'
+           ':15:0 at "/m.py":3:1)): E is not separable in the reduction result: its terms '
+           'depend on it additively, not as a factorat loc(unknown): at loc(unknown): '
+           'TransformOpInterfaceFallbackModel: silenceable failure\nat loc(unknown): see '
+           'current operation: %4 = "transform_ext.fuse_dependent_reduction_ops"(%3, %2)')
+    assert failure_reason(raw) == (
+        "transform_ext.fuse_dependent_reduction_ops: linalg.generic: E is not separable in the "
+        "reduction result: its terms depend on it additively, not as a factor")
+    assert failure_reason("error: 'tensor.cast' op is bad\nmore") == "'tensor.cast' op is bad"

@@ -458,6 +458,22 @@ def test_rejects_m_reaching_the_consumer_through_a_reduction():
     assert "cannot join the loop" in message
 
 
+def test_rejects_a_consumer_reading_another_consumer():
+    """sum_c y_c with y = e / l (a softmax backward's sum_c g_c s_c) reads the exp-sum l,
+    which the fused loop holds only as a running partial sum: refused, not fused (fused, it
+    divided the earlier tiles by their partial l: wrong whenever the tile leaves a
+    remainder)."""
+    payload = _variant("  return %y : tensor<4x64xf32>", """  %s = linalg.generic {indexing_maps = [#id, #row], iterator_types = ["parallel", "reduction"]}
+      ins(%y : tensor<4x64xf32>) outs(%l0 : tensor<4xf32>) {
+  ^bb0(%a: f32, %o: f32):
+    %r = arith.addf %a, %o : f32
+    linalg.yield %r : f32
+  } -> tensor<4xf32>
+  return %y : tensor<4x64xf32>""")
+    message = fuse_failure(payload, 1, [3, 5], 16)
+    assert "reads another reduction of the group" in message
+
+
 def test_rejects_a_tile_that_does_not_divide_without_remainder_handling():
     payload = softmax_payload(4, 50)
     message = fuse_failure(payload, 1, [3], 16, allow_remainder=False)
