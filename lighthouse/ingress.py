@@ -14,7 +14,8 @@ traced by `make_fx` over `torch.func.vjp` under functionalization (float inputs 
 differentiate through, such as the class weights of nll_loss, get no gradient), decomposed with
 torch-mlir's table minus the backward ops torch-mlir lowers to linalg itself
 (nll_loss_backward, the softmax backwards), plus a local decomposition of the one-hot
-`scatter` into a select, so the result is pure linalg (no `tm_tensor.scatter`).
+`scatter` into a select. Other scatters and sorts (tm_tensor.scatter / sort) are rewritten
+as loops and linalg (lighthouse/tm_tensor_lowering.py), scans by lower_scans.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .errors import IngressError
+from .tm_tensor_lowering import lower_scatters, lower_sorts
 
 _DTYPES = {
     "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "f64": torch.float64,
@@ -86,6 +88,7 @@ def import_forward(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel
             program = torch.export.export(traced, tensors, strict=False)
             program = program.run_decompositions(get_decomposition_table())
             empty_tensors_without_work(program.graph_module)
+            wrap_index_put_indices(program.graph_module)
             module = fx.export_and_import(program, output_type="linalg-on-tensors",
                                           func_name="main", fx_importer=importer,
                                           decomposition_table={})
@@ -175,6 +178,7 @@ def import_joint(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel")
             gm = make_fx(torch.func.functionalize(joint, remove="mutations"),
                          decomposition_table=_joint_decompositions())(*flat_args)
         empty_tensors_without_work(gm)
+        wrap_index_put_indices(gm)
         module = fx.stateless_fx_import(gm, output_type="linalg-on-tensors", model_name="main",
                                         fx_importer=importer)
     except Exception as exc:
@@ -214,6 +218,56 @@ def empty_tensors_without_work(gm: torch.fx.GraphModule) -> int:
     return replaced
 
 
+_INDEX_PUTS = ("index_put", "index_put_", "_unsafe_index_put", "_index_put_impl_")
+
+
+def wrap_index_put_indices(gm: torch.fx.GraphModule) -> int:
+    """Every integer index tensor i of an index_put (x[i] = v, x.index_put(..., accumulate))
+    for a dim of size n becomes where(i < 0, i + n, i): torch wraps negative indices there,
+    and torch-mlir's scatter reads them as they are (lower_scatters reports an index out of
+    [0, n) as torch's IndexError). Exact; returns the number of indices wrapped."""
+    aten = torch.ops.aten
+    graph = gm.graph
+    wrapped = 0
+    for node in list(graph.nodes):
+        target = getattr(node.target, "overloadpacket", None)
+        if node.op != "call_function" or target is None or target.__name__ not in _INDEX_PUTS:
+            continue
+        size = node.args[0].meta["val"].shape
+        new_indices, dim = [], 0
+        for index in node.args[1]:
+            value = index.meta.get("val") if isinstance(index, torch.fx.Node) else None
+            if value is None or value.dtype in (torch.bool, torch.uint8) \
+                    or value.is_floating_point():
+                new_indices.append(index)
+                dim += value.dim() if value is not None else 1  # a mask covers its dims
+                continue
+            with graph.inserting_before(node):
+                negative = _fx_call(graph, aten.lt.Scalar, index, 0)
+                shifted = _fx_call(graph, aten.add.Scalar, index, size[dim])
+                new_indices.append(_fx_call(graph, aten.where.self, negative, shifted, index))
+            dim += 1
+            wrapped += 1
+        node.args = (node.args[0], new_indices, *node.args[2:])
+    if wrapped:
+        gm.recompile()
+    return wrapped
+
+
+def _fx_call(graph, target, *args):
+    """A call_function node whose meta value is `target` run on its arguments' values."""
+    node = graph.call_function(target, args)
+    values = [a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args]
+    fake_mode = next((v.fake_mode for v in values if hasattr(v, "fake_mode")), None)
+    if fake_mode is not None:
+        with fake_mode:
+            node.meta["val"] = target(*values)
+    else:
+        node.meta["val"] = target(*[v.to("meta") if isinstance(v, torch.Tensor) else v
+                                    for v in values])
+    return node
+
+
 def _run_reference(reference, name: str) -> tuple:
     """torch on the example inputs; a forward that raises (inputs torch rejects such as a
     target out of range, or the user's own error) is one line naming the kernel and the
@@ -245,6 +299,8 @@ def _finish(module, args, reference, expected, names, name) -> Imported:
         if spec.shape != tuple(t.shape) or spec.dtype != t.dtype:
             raise IngressError(f"{name}: argument {i} imported as {spec}, input is {TensorSpec.of(t)}")
     lower_scans(module)
+    lower_scatters(module)
+    lower_sorts(module)
     _check_pure_linalg(module, name)
     return Imported(module=module, args=tuple(args), reference=reference, arg_specs=arg_specs,
                     result_specs=result_specs, result_names=names)
