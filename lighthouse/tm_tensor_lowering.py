@@ -20,7 +20,7 @@ index into [0, size - slice size] so no access leaves the tensor, and reports: a
 linalg.generic over the indices asserts every index is in range, which the CPU target turns
 into the kernel-reported error (schedules/prepare.py checks_to_error_code: a KernelError,
 the clamped results discarded). Negative indices are out of range here; index_put, where
-torch wraps them, gets them wrapped before the import (ingress.wrap_index_put_indices).
+torch wraps them, gets them wrapped before the import (ingress.prepare_index_puts).
 
 Sort (torch.sort, argsort): `outs(values, others...)` sorted along `dimension` by the
 region's comparator of the values (the others, e.g. the index iota, move with them). A
