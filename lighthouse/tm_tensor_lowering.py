@@ -235,9 +235,11 @@ def _lower_sort(op) -> bool:
     else:
         i64, i1 = ir.IntegerType.get_signless(64), ir.IntegerType.get_signless(1)
         outer = [ir.AffineDimExpr.get(d) for d in range(rank)]
-        own = ir.AffineMap.get(rank + 1, 0, outer)  # position `dim` is loop dim
+        # loops: the operand's dims, then one more over the sort dim; `own` reads the sort
+        # dim at loop `dim` (i in the ranks, r in the pick), `other` at the extra loop
+        own = ir.AffineMap.get(rank + 1, 0, outer)
         other = ir.AffineMap.get(rank + 1, 0, outer[:dim] + [ir.AffineDimExpr.get(rank)]
-                                 + outer[dim + 1:])  # position `dim` is the extra loop
+                                 + outer[dim + 1:])
         kinds = ["parallel"] * rank + ["reduction"]
         with ir.InsertionPoint(op), op.location:
             zeros = linalg.fill(arith.ConstantOp(i64, ir.IntegerAttr.get(i64, 0)).result,
@@ -262,7 +264,9 @@ def _lower_sort(op) -> bool:
                 hit = arith.cmpi(arith.CmpIPredicate.eq, args[m], r)
                 return [arith.select(hit, args[q], args[m + 1 + q]) for q in range(m)]
 
-            picked = build_generic(operands + [ranks], operands, [other] * (m + 1) + [own] * m,
+            # the ranks are a permutation: every out[r] is picked once, the init never kept
+            inits = [tensor.EmptyOp(shape, t.element_type).result for t in types]
+            picked = build_generic(operands + [ranks], inits, [other] * (m + 1) + [own] * m,
                                    kinds, pick_body)
             results = list(picked.results)
     for old, new in zip(op.results, results):
