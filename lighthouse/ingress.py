@@ -28,7 +28,8 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .errors import IngressError
-from .tm_tensor_lowering import lower_scatters, lower_sorts
+from .tm_tensor_lowering import (index_decompositions, lower_scatters, lower_sorts,
+                                 prepare_index_puts)
 
 _DTYPES = {
     "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "f64": torch.float64,
@@ -214,65 +215,6 @@ def empty_tensors_without_work(gm: torch.fx.GraphModule) -> int:
         graph.eliminate_dead_code()
         gm.recompile()
     return replaced
-
-
-_INDEX_PUTS = ("index_put", "index_put_", "_unsafe_index_put", "_index_put_impl_")
-
-
-def prepare_index_puts(gm: torch.fx.GraphModule) -> int:
-    """Every integer index tensor i of an index_put (x[i] = v, x.index_put(..., accumulate))
-    for a dim of size n becomes where(i < 0, i + n, i): torch wraps negative indices there,
-    and torch-mlir's scatter reads them as they are (lower_scatters reports an index out of
-    [0, n) as torch's IndexError). An index_put that writes nothing (an index or the values
-    without elements) is its input: torch-mlir's lowering of it divides by the zero extent
-    (SIGFPE). Exact; returns the number of index_puts changed."""
-    aten = torch.ops.aten
-    graph = gm.graph
-    wrapped = 0
-    for node in list(graph.nodes):
-        target = getattr(node.target, "overloadpacket", None)
-        if node.op != "call_function" or target is None or target.__name__ not in _INDEX_PUTS:
-            continue
-        written = [node.args[2]] + [i for i in node.args[1] if isinstance(i, torch.fx.Node)]
-        if any(w.meta["val"].numel() == 0 for w in written):
-            node.replace_all_uses_with(node.args[0])
-            graph.erase_node(node)
-            wrapped += 1
-            continue
-        size = node.args[0].meta["val"].shape
-        new_indices, dim = [], 0
-        for index in node.args[1]:
-            value = index.meta.get("val") if isinstance(index, torch.fx.Node) else None
-            if value is None or value.dtype in (torch.bool, torch.uint8) \
-                    or value.is_floating_point():
-                new_indices.append(index)
-                dim += value.dim() if value is not None else 1  # a mask covers its dims
-                continue
-            with graph.inserting_before(node):
-                negative = _fx_call(graph, aten.lt.Scalar, index, 0)
-                shifted = _fx_call(graph, aten.add.Scalar, index, size[dim])
-                new_indices.append(_fx_call(graph, aten.where.self, negative, shifted, index))
-            dim += 1
-        wrapped += 1
-        node.args = (node.args[0], new_indices, *node.args[2:])
-    if wrapped:
-        graph.eliminate_dead_code()
-        gm.recompile()
-    return wrapped
-
-
-def _fx_call(graph, target, *args):
-    """A call_function node whose meta value is `target` run on its arguments' values."""
-    node = graph.call_function(target, args)
-    values = [a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args]
-    fake_mode = next((v.fake_mode for v in values if hasattr(v, "fake_mode")), None)
-    if fake_mode is not None:
-        with fake_mode:
-            node.meta["val"] = target(*values)
-    else:
-        node.meta["val"] = target(*[v.to("meta") if isinstance(v, torch.Tensor) else v
-                                    for v in values])
-    return node
 
 
 def _run_reference(reference, name: str) -> tuple:
@@ -593,45 +535,11 @@ def _joint_decompositions() -> dict:
     table = {op: fn for op, fn in get_decomposition_table().items()
              if getattr(op, "overloadpacket", op) not in keep}
     table[aten.scatter.value] = _scatter_value_onehot
-    table.update(_local_decompositions())
+    table.update(index_decompositions())
     return table
 
 
 def _forward_decompositions() -> dict:
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
-    return {**get_decomposition_table(), **_local_decompositions()}
-
-
-def _local_decompositions() -> dict:
-    """index_add, index_copy and index_fill as an index_put along `dim`, with torch's
-    negative indices: index_fill wraps them (as index_put does: prepare_index_puts),
-    index_add and index_copy raise, so theirs are moved out of range for the kernel to
-    report (torch's own decompositions would have them wrapped). sort(stable=True) as
-    sort, whose lowering is stable (torch-mlir has none for sort.stable)."""
-    aten = torch.ops.aten
-
-    def stable_sort(x, *, stable=None, dim=-1, descending=False):
-        return aten.sort.default(x, dim, descending)
-
-    def put(x, dim, index, values, accumulate, negatives_raise):
-        if x.dim() == 0 or index.dim() != 1:
-            return NotImplemented
-        dim = dim % x.dim()
-        if negatives_raise:
-            index = torch.where(index < 0, x.shape[dim], index)
-        return aten.index_put(x, [None] * dim + [index], values, accumulate)
-
-    def index_add(x, dim, index, source, *, alpha=1):
-        return put(x, dim, index, source if alpha == 1 else source * alpha, True, True)
-
-    def index_copy(x, dim, index, source):
-        return put(x, dim, index, source, False, True)
-
-    def index_fill(x, dim, index, value):
-        return put(x, dim, index, torch.full((), value, dtype=x.dtype) if not isinstance(
-            value, torch.Tensor) else value.to(x.dtype), False, False)
-
-    return {aten.index_add.default: index_add, aten.index_copy.default: index_copy,
-            aten.index_fill.int_Scalar: index_fill, aten.index_fill.int_Tensor: index_fill,
-            aten.sort.stable: stable_sort}
+    return {**get_decomposition_table(), **index_decompositions()}

@@ -12,7 +12,8 @@ becomes f(updates[n, p], original[starts]). The rewrite is an scf.for over n (se
 so duplicate indices combine in update order, as torch's CPU kernels do; `unique_indices`
 is not needed) carrying the result: the slice of the current value at the indexed starts
 and the update row are combined by an elementwise linalg.generic and inserted back (a
-scalar extract / f / insert when k = 0).
+scalar extract / f / insert when k = 0). f runs in the element type: a bf16 sum rounds at
+each update, as torch's CPU kernels do. Updates without elements write nothing.
 
 Out-of-range indices: TMTensor reads the index as is, but torch raises (scatter_add,
 index_add, index_put, embedding: an IndexError or RuntimeError). The rewrite clamps each
@@ -20,7 +21,7 @@ index into [0, size - slice size] so no access leaves the tensor, and reports: a
 linalg.generic over the indices asserts every index is in range, which the CPU target turns
 into the kernel-reported error (schedules/prepare.py checks_to_error_code: a KernelError,
 the clamped results discarded). Negative indices are out of range here; index_put, where
-torch wraps them, gets them wrapped before the import (ingress.prepare_index_puts).
+torch wraps them, gets them wrapped before the import (prepare_index_puts).
 
 Sort (torch.sort, argsort): `outs(values, others...)` sorted along `dimension` by the
 region's comparator of the values (the others, e.g. the index iota, move with them). A
@@ -30,9 +31,16 @@ ascending, first descending). The rewrite is a rank sort in two linalg reduction
 [..., n, n]: rank[i] = #{j : x[j] before x[i], or equal and j < i}, then
 out[r] = the x[i] with rank[i] = r. O(n^2) per row, vectorized; meant for correctness.
 Any other comparator is left in place (the import then refuses with tm_tensor.sort).
+
+Before the import, on the FX graph, torch's index rules the scatters cannot know:
+prepare_index_puts wraps index_put's negative indices (and drops index_puts that write
+nothing); index_decompositions lowers index_add / index_copy / index_fill to index_put
+keeping each op's own rule for negative indices, and sort(stable=True) to sort.
 """
 
 from __future__ import annotations
+
+import torch
 
 _ELEMENTWISE_PREFIXES = ("arith.", "math.")
 
@@ -55,6 +63,105 @@ def lower_sorts(module) -> int:
 
     with module.context:
         return sum(_lower_sort(op) for op in ops_named(module.operation, "tm_tensor.sort"))
+
+
+# ----------------------------------------------------------------------------- FX graph
+
+
+_INDEX_PUTS = ("index_put", "index_put_", "_unsafe_index_put", "_index_put_impl_")
+
+
+def prepare_index_puts(gm: torch.fx.GraphModule) -> int:
+    """Every integer index tensor i of an index_put (x[i] = v, x.index_put(..., accumulate))
+    for a dim of size n becomes where(i < 0, i + n, i): torch wraps negative indices there,
+    and torch-mlir's scatter reads them as they are (lower_scatters reports an index out of
+    [0, n) as torch's IndexError). An index_put that writes nothing (an index or the values
+    without elements) is its input: torch-mlir's lowering of it divides by the zero extent
+    (SIGFPE). Exact; returns the number of index_puts changed."""
+    aten = torch.ops.aten
+    graph = gm.graph
+    wrapped = 0
+    for node in list(graph.nodes):
+        target = getattr(node.target, "overloadpacket", None)
+        if node.op != "call_function" or target is None or target.__name__ not in _INDEX_PUTS:
+            continue
+        written = [node.args[2]] + [i for i in node.args[1] if isinstance(i, torch.fx.Node)]
+        if any(w.meta["val"].numel() == 0 for w in written):
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
+            wrapped += 1
+            continue
+        size = node.args[0].meta["val"].shape
+        new_indices, dim = [], 0
+        for index in node.args[1]:
+            value = index.meta.get("val") if isinstance(index, torch.fx.Node) else None
+            if value is None or value.dtype in (torch.bool, torch.uint8) \
+                    or value.is_floating_point():
+                new_indices.append(index)
+                dim += value.dim() if value is not None else 1  # a mask covers its dims
+                continue
+            with graph.inserting_before(node):
+                negative = _fx_call(graph, aten.lt.Scalar, index, 0)
+                shifted = _fx_call(graph, aten.add.Scalar, index, size[dim])
+                new_indices.append(_fx_call(graph, aten.where.self, negative, shifted, index))
+            dim += 1
+        wrapped += 1
+        node.args = (node.args[0], new_indices, *node.args[2:])
+    if wrapped:
+        graph.eliminate_dead_code()
+        gm.recompile()
+    return wrapped
+
+
+def _fx_call(graph, target, *args):
+    """A call_function node whose meta value is `target` run on its arguments' values."""
+    node = graph.call_function(target, args)
+    values = [a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args]
+    fake_mode = next((v.fake_mode for v in values if hasattr(v, "fake_mode")), None)
+    if fake_mode is not None:
+        with fake_mode:
+            node.meta["val"] = target(*values)
+    else:
+        node.meta["val"] = target(*[v.to("meta") if isinstance(v, torch.Tensor) else v
+                                    for v in values])
+    return node
+
+
+def index_decompositions() -> dict:
+    """index_add, index_copy and index_fill as an index_put along `dim`, with torch's
+    negative indices: index_fill wraps them (as index_put does: prepare_index_puts),
+    index_add and index_copy raise, so theirs are moved out of range for the kernel to
+    report (torch's own decompositions would have them wrapped). sort(stable=True) as
+    sort, whose lowering is stable (torch-mlir has none for sort.stable)."""
+    aten = torch.ops.aten
+
+    def stable_sort(x, *, stable=None, dim=-1, descending=False):
+        return aten.sort.default(x, dim, descending)
+
+    def put(x, dim, index, values, accumulate, negatives_raise):
+        if x.dim() == 0 or index.dim() != 1:
+            return NotImplemented
+        dim = dim % x.dim()
+        if negatives_raise:
+            index = torch.where(index < 0, x.shape[dim], index)
+        return aten.index_put(x, [None] * dim + [index], values, accumulate)
+
+    def index_add(x, dim, index, source, *, alpha=1):
+        return put(x, dim, index, source if alpha == 1 else source * alpha, True, True)
+
+    def index_copy(x, dim, index, source):
+        return put(x, dim, index, source, False, True)
+
+    def index_fill(x, dim, index, value):
+        return put(x, dim, index, torch.full((), value, dtype=x.dtype) if not isinstance(
+            value, torch.Tensor) else value.to(x.dtype), False, False)
+
+    return {aten.index_add.default: index_add, aten.index_copy.default: index_copy,
+            aten.index_fill.int_Scalar: index_fill, aten.index_fill.int_Tensor: index_fill,
+            aten.sort.stable: stable_sort}
+
+
+# ----------------------------------------------------------------------------- MLIR
 
 
 def _index_constant(value: int):
@@ -80,7 +187,8 @@ def _lower_scatter(op) -> bool:
     update_type, index_type, original_type = types
     element = original_type.element_type
     body = op.regions[0].blocks[0]
-    if update_type.element_type != element or not isinstance(index_type.element_type, ir.IntegerType) \
+    if update_type.element_type != element \
+            or not isinstance(index_type.element_type, ir.IntegerType) \
             or not all(o.operation.name.startswith(_ELEMENTWISE_PREFIXES)
                        for o in list(body.operations)[:-1]):
         return False
@@ -108,11 +216,12 @@ def _lower_scatter(op) -> bool:
         def check_body(args):
             value = arith.index_cast(idx, args[0])
             column = linalg.IndexOp(1).result if len(dimension_map) > 1 else None
+            P = arith.CmpIPredicate
             for c, d in enumerate(dimension_map):
-                ok = arith.andi(arith.cmpi(arith.CmpIPredicate.sge, value, _index_constant(0)),
-                                arith.cmpi(arith.CmpIPredicate.sle, value, _index_constant(highest[d])))
-                if column is not None:
-                    ok = arith.ori(ok, arith.cmpi(arith.CmpIPredicate.ne, column, _index_constant(c)))
+                ok = arith.andi(arith.cmpi(P.sge, value, _index_constant(0)),
+                                arith.cmpi(P.sle, value, _index_constant(highest[d])))
+                if column is not None:  # the check of column c holds in the other columns
+                    ok = arith.ori(ok, arith.cmpi(P.ne, column, _index_constant(c)))
                 dims = "x".join(map(str, shape))
                 cf.AssertOp(ok, f"index out of range: dimension {d} of a {dims} tensor has "
                                 f"size {shape[d]}")
