@@ -14,7 +14,8 @@ traced by `make_fx` over `torch.func.vjp` under functionalization (float inputs 
 differentiate through, such as the class weights of nll_loss, get no gradient), decomposed with
 torch-mlir's table minus the backward ops torch-mlir lowers to linalg itself
 (nll_loss_backward, the softmax backwards), plus a local decomposition of the one-hot
-`scatter` into a select, so the result is pure linalg (no `tm_tensor.scatter`).
+`scatter` into a select. Other scatters and sorts (tm_tensor.scatter / sort) are rewritten
+as loops and linalg (lighthouse/tm_tensor_lowering.py), scans by lower_scans.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .errors import IngressError
+from .tm_tensor_lowering import (index_decompositions, lower_scatters, lower_sorts,
+                                 prepare_index_puts)
 
 _DTYPES = {
     "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "f64": torch.float64,
@@ -69,8 +72,6 @@ def import_forward(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel
     """Import `model(*inputs)` to linalg-on-tensors; tensors in `inputs` become arguments."""
     from torch_mlir import fx
 
-    from torch_mlir.extras.fx_decomp_util import get_decomposition_table
-
     inputs = _distinct(inputs)
     tensors = tuple(t for t in inputs if isinstance(t, torch.Tensor))
     traced = model if len(tensors) == len(inputs) else _ConstantsBound(model, inputs)
@@ -84,8 +85,9 @@ def import_forward(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel
     try:
         with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
             program = torch.export.export(traced, tensors, strict=False)
-            program = program.run_decompositions(get_decomposition_table())
+            program = program.run_decompositions(_forward_decompositions())
             empty_tensors_without_work(program.graph_module)
+            prepare_index_puts(program.graph_module)
             module = fx.export_and_import(program, output_type="linalg-on-tensors",
                                           func_name="main", fx_importer=importer,
                                           decomposition_table={})
@@ -175,6 +177,7 @@ def import_joint(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel")
             gm = make_fx(torch.func.functionalize(joint, remove="mutations"),
                          decomposition_table=_joint_decompositions())(*flat_args)
         empty_tensors_without_work(gm)
+        prepare_index_puts(gm)
         module = fx.stateless_fx_import(gm, output_type="linalg-on-tensors", model_name="main",
                                         fx_importer=importer)
     except Exception as exc:
@@ -245,6 +248,8 @@ def _finish(module, args, reference, expected, names, name) -> Imported:
         if spec.shape != tuple(t.shape) or spec.dtype != t.dtype:
             raise IngressError(f"{name}: argument {i} imported as {spec}, input is {TensorSpec.of(t)}")
     lower_scans(module)
+    lower_scatters(module)
+    lower_sorts(module)
     _check_pure_linalg(module, name)
     return Imported(module=module, args=tuple(args), reference=reference, arg_specs=arg_specs,
                     result_specs=result_specs, result_names=names)
@@ -562,4 +567,11 @@ def _joint_decompositions() -> dict:
     table[aten.scatter.value] = _scatter_value_onehot
     table[aten.native_batch_norm.default] = _native_batch_norm_eval
     table[aten._native_batch_norm_legit_no_training.default] = _native_batch_norm_no_training
+    table.update(index_decompositions())
     return table
+
+
+def _forward_decompositions() -> dict:
+    from torch_mlir.extras.fx_decomp_util import get_decomposition_table
+
+    return {**get_decomposition_table(), **index_decompositions()}

@@ -1,0 +1,384 @@
+"""torch-mlir's `tm_tensor.scatter` and `tm_tensor.sort` rewritten as scf loops and linalg,
+so the import is pure linalg (the scans are in ingress.lower_scans).
+
+Scatter (scatter_add, index_put, index_add, the backward of embedding, max(dim), max_pool).
+TMTensor's semantics: `ins(updates, indices) outs(original)`, updates [N, u...] (k = rank - 1
+update dims), indices [N, depth], `dimension_map` naming, for each index column c, the dim
+of original it indexes; f the region with block args (update, current). For each update n
+and each position p of the update slice, the element of original at
+    starts[d] = (p[d - (rank(original) - k)] if d >= rank(original) - k else 0)
+                + (indices[n, c] if dimension_map[c] == d else 0)
+becomes f(updates[n, p], original[starts]). The rewrite is an scf.for over n (sequential,
+so duplicate indices combine in update order, as torch's CPU kernels do; `unique_indices`
+is not needed) carrying the result: the slice of the current value at the indexed starts
+and the update row are combined by an elementwise linalg.generic and inserted back (a
+scalar extract / f / insert when k = 0). f runs in the element type: a bf16 sum rounds at
+each update, as torch's CPU kernels do. Updates without elements write nothing.
+
+Out-of-range indices: TMTensor reads the index as is, but torch raises (scatter_add,
+index_add, index_put, embedding: an IndexError or RuntimeError). The rewrite clamps each
+index into [0, size - slice size] so no access leaves the tensor, and reports: a result-less
+linalg.generic over the indices asserts every index is in range, which the CPU target turns
+into the kernel-reported error (schedules/prepare.py checks_to_error_code: a KernelError,
+the clamped results discarded). Negative indices are out of range here; index_put, where
+torch wraps them, gets them wrapped before the import (prepare_index_puts).
+
+Sort (torch.sort, argsort): `outs(values, others...)` sorted along `dimension` by the
+region's comparator of the values (the others, e.g. the index iota, move with them). A
+comparator that is one ordered compare of the values (<, <= ascending; >, >= descending)
+is read as torch's order, a stable sort with NaN greater than every number (last
+ascending, first descending). The rewrite is a rank sort in two linalg reductions over
+[..., n, n]: rank[i] = #{j : x[j] before x[i], or equal and j < i}, then
+out[r] = the x[i] with rank[i] = r. O(n^2) per row, vectorized; meant for correctness.
+Any other comparator is left in place (the import then refuses with tm_tensor.sort).
+
+Before the import, on the FX graph, torch's index rules the scatters cannot know:
+prepare_index_puts wraps index_put's negative indices (and drops index_puts that write
+nothing); index_decompositions lowers index_add / index_copy / index_fill to index_put
+keeping each op's own rule for negative indices, and sort(stable=True) to sort.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_ELEMENTWISE_PREFIXES = ("arith.", "math.")
+
+
+def lower_scatters(module) -> int:
+    """Rewrite every tm_tensor.scatter (module docstring); returns the number rewritten.
+    Left in place (the pure-linalg check reports them): dynamic shapes, a region with ops
+    other than arith and math ones, a dim below the update slice that no index column
+    addresses."""
+    from transform_ext.common import ops_named
+
+    with module.context:
+        return sum(_lower_scatter(op) for op in ops_named(module.operation, "tm_tensor.scatter"))
+
+
+def lower_sorts(module) -> int:
+    """Rewrite every tm_tensor.sort with a comparator read as torch's order (module
+    docstring); returns the number rewritten."""
+    from transform_ext.common import ops_named
+
+    with module.context:
+        return sum(_lower_sort(op) for op in ops_named(module.operation, "tm_tensor.sort"))
+
+
+# ----------------------------------------------------------------------------- FX graph
+
+
+_INDEX_PUTS = ("index_put", "index_put_", "_unsafe_index_put", "_index_put_impl_")
+
+
+def prepare_index_puts(gm: torch.fx.GraphModule) -> int:
+    """Every integer index tensor i of an index_put (x[i] = v, x.index_put(..., accumulate))
+    for a dim of size n becomes where(i < 0, i + n, i): torch wraps negative indices there,
+    and torch-mlir's scatter reads them as they are (lower_scatters reports an index out of
+    [0, n) as torch's IndexError). An index_put that writes nothing (an index or the values
+    without elements) is its input: torch-mlir's lowering of it divides by the zero extent
+    (SIGFPE). Exact; returns the number of index_puts changed."""
+    aten = torch.ops.aten
+    graph = gm.graph
+    wrapped = 0
+    for node in list(graph.nodes):
+        target = getattr(node.target, "overloadpacket", None)
+        if node.op != "call_function" or target is None or target.__name__ not in _INDEX_PUTS:
+            continue
+        written = [node.args[2]] + [i for i in node.args[1] if isinstance(i, torch.fx.Node)]
+        if any(w.meta["val"].numel() == 0 for w in written):
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
+            wrapped += 1
+            continue
+        size = node.args[0].meta["val"].shape
+        new_indices, dim = [], 0
+        for index in node.args[1]:
+            value = index.meta.get("val") if isinstance(index, torch.fx.Node) else None
+            if value is None or value.dtype in (torch.bool, torch.uint8) \
+                    or value.is_floating_point():
+                new_indices.append(index)
+                dim += value.dim() if value is not None else 1  # a mask covers its dims
+                continue
+            with graph.inserting_before(node):
+                negative = _fx_call(graph, aten.lt.Scalar, index, 0)
+                shifted = _fx_call(graph, aten.add.Scalar, index, size[dim])
+                new_indices.append(_fx_call(graph, aten.where.self, negative, shifted, index))
+            dim += 1
+        wrapped += 1
+        node.args = (node.args[0], new_indices, *node.args[2:])
+    if wrapped:
+        graph.eliminate_dead_code()
+        gm.recompile()
+    return wrapped
+
+
+def _fx_call(graph, target, *args):
+    """A call_function node whose meta value is `target` run on its arguments' values."""
+    node = graph.call_function(target, args)
+    values = [a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args]
+    fake_mode = next((v.fake_mode for v in values if hasattr(v, "fake_mode")), None)
+    if fake_mode is not None:
+        with fake_mode:
+            node.meta["val"] = target(*values)
+    else:
+        node.meta["val"] = target(*[v.to("meta") if isinstance(v, torch.Tensor) else v
+                                    for v in values])
+    return node
+
+
+def index_decompositions() -> dict:
+    """index_add, index_copy and index_fill as an index_put along `dim`, with torch's
+    negative indices: index_fill wraps them (as index_put does: prepare_index_puts),
+    index_add and index_copy raise, so theirs are moved out of range for the kernel to
+    report (torch's own decompositions would have them wrapped). sort(stable=True) as
+    sort, whose lowering is stable (torch-mlir has none for sort.stable)."""
+    aten = torch.ops.aten
+
+    def stable_sort(x, *, stable=None, dim=-1, descending=False):
+        return aten.sort.default(x, dim, descending)
+
+    def put(x, dim, index, values, accumulate, negatives_raise):
+        if x.dim() == 0 or index.dim() != 1:
+            return NotImplemented
+        dim = dim % x.dim()
+        if negatives_raise:
+            index = torch.where(index < 0, x.shape[dim], index)
+        return aten.index_put(x, [None] * dim + [index], values, accumulate)
+
+    def index_add(x, dim, index, source, *, alpha=1):
+        return put(x, dim, index, source if alpha == 1 else source * alpha, True, True)
+
+    def index_copy(x, dim, index, source):
+        return put(x, dim, index, source, False, True)
+
+    def index_fill(x, dim, index, value):
+        return put(x, dim, index, torch.full((), value, dtype=x.dtype) if not isinstance(
+            value, torch.Tensor) else value.to(x.dtype), False, False)
+
+    return {aten.index_add.default: index_add, aten.index_copy.default: index_copy,
+            aten.index_fill.int_Scalar: index_fill, aten.index_fill.int_Tensor: index_fill,
+            aten.sort.stable: stable_sort}
+
+
+# ----------------------------------------------------------------------------- MLIR
+
+
+def _index_constant(value: int):
+    from torch_mlir import ir
+    from torch_mlir.dialects import arith
+
+    idx = ir.IndexType.get()
+    return arith.ConstantOp(idx, ir.IntegerAttr.get(idx, value)).result
+
+
+def _lower_scatter(op) -> bool:
+    from torch_mlir import ir
+    from torch_mlir.dialects import arith, cf, linalg, scf, tensor
+
+    from transform_ext.common import build_generic, clone_body
+
+    if len(op.operands) != 3 or len(op.results) != 1:
+        return False
+    updates, indices, original = list(op.operands)
+    types = [ir.RankedTensorType(v.type) for v in (updates, indices, original)]
+    if not all(t.has_static_shape for t in types):
+        return False
+    update_type, index_type, original_type = types
+    element = original_type.element_type
+    body = op.regions[0].blocks[0]
+    if update_type.element_type != element \
+            or not isinstance(index_type.element_type, ir.IntegerType) \
+            or not all(o.operation.name.startswith(_ELEMENTWISE_PREFIXES)
+                       for o in list(body.operations)[:-1]):
+        return False
+    dimension_map = list(ir.DenseI64ArrayAttr(op.attributes["dimension_map"]))
+    n, *slice_shape = update_type.shape
+    shape = list(original_type.shape)
+    rank, k = len(shape), len(slice_shape)
+    offset = rank - k  # original dims [offset, rank) hold the update slice
+    if offset < 0 or index_type.shape[1] != len(dimension_map) \
+            or any(d not in dimension_map for d in range(offset)):
+        return False
+    sizes = [1 if d < offset else slice_shape[d - offset] for d in range(rank)]
+    highest = {d: shape[d] - sizes[d] for d in dimension_map}  # the largest valid start
+    slice_elements = 1
+    for s in slice_shape:
+        slice_elements *= s
+    idx = ir.IndexType.get()
+
+    with ir.InsertionPoint(op), op.location:
+        if n == 0 or slice_elements == 0:
+            op.results[0].replace_all_uses_with(original)
+            op.erase()
+            return True
+
+        def check_body(args):
+            value = arith.index_cast(idx, args[0])
+            column = linalg.IndexOp(1).result if len(dimension_map) > 1 else None
+            P = arith.CmpIPredicate
+            for c, d in enumerate(dimension_map):
+                ok = arith.andi(arith.cmpi(P.sge, value, _index_constant(0)),
+                                arith.cmpi(P.sle, value, _index_constant(highest[d])))
+                if column is not None:  # the check of column c holds in the other columns
+                    ok = arith.ori(ok, arith.cmpi(P.ne, column, _index_constant(c)))
+                dims = "x".join(map(str, shape))
+                cf.AssertOp(ok, f"index out of range: dimension {d} of a {dims} tensor has "
+                                f"size {shape[d]}")
+            return []
+
+        build_generic([indices], [], [ir.AffineMap.get_identity(2)], ["parallel"] * 2, check_body)
+        if any(h < 0 for h in highest.values()):  # no index is valid: nothing is written
+            op.results[0].replace_all_uses_with(original)
+            op.erase()
+            return True
+
+        loop = scf.ForOp(_index_constant(0), _index_constant(n), _index_constant(1), [original])
+        with ir.InsertionPoint(loop.body):
+            i, current = loop.induction_variable, loop.inner_iter_args[0]
+            starts = [None] * rank
+            for c, d in enumerate(dimension_map):
+                raw = tensor.extract(indices, [i, _index_constant(c)])
+                value = arith.index_cast(idx, raw)
+                starts[d] = arith.minsi(arith.maxsi(value, _index_constant(0)),
+                                        _index_constant(highest[d]))
+            dynamic = ir.ShapedType.get_dynamic_stride_or_offset()
+            static_starts = [dynamic if s is not None else 0 for s in starts]
+            dynamic_starts = [s for s in starts if s is not None]
+            region_args = body.arguments
+            if k == 0:
+                update = tensor.extract(updates, [i])
+                old = tensor.extract(current, [s if s is not None else _index_constant(0)
+                                               for s in starts])
+                new = clone_body(op, {region_args[0]: update, region_args[1]: old})[0]
+                result = tensor.insert(new, current, [s if s is not None else _index_constant(0)
+                                                      for s in starts])
+            else:
+                slice_type = ir.RankedTensorType.get(slice_shape, element)
+                row = tensor.ExtractSliceOp(slice_type, updates, [i], [], [], [dynamic] + [0] * k,
+                                            [1] + slice_shape, [1] * (k + 1)).result
+                old = tensor.ExtractSliceOp(slice_type, current, dynamic_starts, [], [],
+                                            static_starts, sizes, [1] * rank).result
+                identity = ir.AffineMap.get_identity(k)
+                step = build_generic(
+                    [row, old], [tensor.EmptyOp(slice_shape, element).result], [identity] * 3,
+                    ["parallel"] * k,
+                    lambda args: clone_body(op, {region_args[0]: args[0], region_args[1]: args[1]}))
+                result = tensor.InsertSliceOp(step.result, current, dynamic_starts, [], [],
+                                              static_starts, sizes, [1] * rank).result
+            scf.YieldOp([result])
+    op.results[0].replace_all_uses_with(loop.results[0])
+    op.erase()
+    return True
+
+
+# arith.cmpf / arith.cmpi predicates: the ordered "less" and "greater" ones (strict or not)
+_CMPF_LESS, _CMPF_GREATER = {4, 5, 11, 12}, {2, 3, 9, 10}
+_CMPI_LESS = {2: "s", 3: "s", 6: "u", 7: "u"}  # the signedness of the compare
+_CMPI_GREATER = {4: "s", 5: "s", 8: "u", 9: "u"}
+
+
+def _sort_order(body):
+    """(ascending, "s"/"u" for a signed/unsigned integer compare, None for floats) of a
+    comparator that is one ordered compare of the values' pair (block args 0 and 1), else
+    None."""
+    from torch_mlir import ir
+
+    ops = [o.operation for o in body.operations]
+    if len(ops) != 2 or ops[0].name not in ("arith.cmpf", "arith.cmpi") \
+            or ops[1].operands[0] != ops[0].results[0]:
+        return None
+    lhs, rhs = body.arguments[0], body.arguments[1]
+    operands = list(ops[0].operands)
+    if operands not in ([lhs, rhs], [rhs, lhs]):
+        return None
+    swapped = operands == [rhs, lhs]
+    predicate = ir.IntegerAttr(ops[0].attributes["predicate"]).value
+    if ops[0].name == "arith.cmpf":
+        if predicate not in _CMPF_LESS | _CMPF_GREATER:
+            return None
+        return (predicate in _CMPF_LESS) != swapped, None
+    if predicate in _CMPI_LESS:
+        return not swapped, _CMPI_LESS[predicate]
+    if predicate in _CMPI_GREATER:
+        return swapped, _CMPI_GREATER[predicate]
+    return None
+
+
+def _strictly_before(x, y, ascending: bool, signedness):
+    """x sorts strictly before y in torch's order: NaN above every number."""
+    from torch_mlir.dialects import arith
+
+    if signedness is not None:
+        return arith.cmpi(getattr(arith.CmpIPredicate, signedness + ("lt" if ascending else "gt")),
+                          x, y)
+    F = arith.CmpFPredicate
+    if ascending:  # x < y, or x a number and y NaN
+        return arith.ori(arith.cmpf(F.OLT, x, y),
+                         arith.andi(arith.cmpf(F.ORD, x, x), arith.cmpf(F.UNO, y, y)))
+    return arith.ori(arith.cmpf(F.OGT, x, y),
+                     arith.andi(arith.cmpf(F.UNO, x, x), arith.cmpf(F.ORD, y, y)))
+
+
+def _lower_sort(op) -> bool:
+    from torch_mlir import ir
+    from torch_mlir.dialects import arith, linalg, tensor
+
+    from transform_ext.common import build_generic
+
+    operands = list(op.operands)
+    types = [ir.RankedTensorType(v.type) for v in operands]
+    if not operands or not all(t.has_static_shape for t in types):
+        return False
+    order = _sort_order(op.regions[0].blocks[0])
+    if order is None:
+        return False
+    ascending, signedness = order
+    if signedness is None and not isinstance(types[0].element_type, ir.FloatType):
+        return False
+    dim = ir.IntegerAttr(op.attributes["dimension"]).value
+    shape = list(types[0].shape)
+    rank, n = len(shape), shape[dim]
+    if n <= 1:
+        results = operands
+    else:
+        i64, i1 = ir.IntegerType.get_signless(64), ir.IntegerType.get_signless(1)
+        outer = [ir.AffineDimExpr.get(d) for d in range(rank)]
+        # loops: the operand's dims, then one more over the sort dim; `own` reads the sort
+        # dim at loop `dim` (i in the ranks, r in the pick), `other` at the extra loop
+        own = ir.AffineMap.get(rank + 1, 0, outer)
+        other = ir.AffineMap.get(rank + 1, 0, outer[:dim] + [ir.AffineDimExpr.get(rank)]
+                                 + outer[dim + 1:])
+        kinds = ["parallel"] * rank + ["reduction"]
+        with ir.InsertionPoint(op), op.location:
+            zeros = linalg.fill(arith.ConstantOp(i64, ir.IntegerAttr.get(i64, 0)).result,
+                                outs=[tensor.EmptyOp(shape, i64).result])
+
+            def rank_body(args):  # args: x[i], x[j], count; i = loop `dim`, j = loop `rank`
+                x_i, x_j, count = args
+                i, j = linalg.IndexOp(dim).result, linalg.IndexOp(rank).result
+                true = arith.ConstantOp(i1, ir.IntegerAttr.get(i1, 1)).result
+                tie_first = arith.andi(  # x[j] not after x[i], and j < i
+                    arith.xori(_strictly_before(x_i, x_j, ascending, signedness), true),
+                    arith.cmpi(arith.CmpIPredicate.ult, j, i))
+                before = arith.ori(_strictly_before(x_j, x_i, ascending, signedness), tie_first)
+                return [arith.addi(count, arith.extui(i64, before))]
+
+            ranks = build_generic([operands[0], operands[0]], [zeros], [own, other, own], kinds,
+                                  rank_body).result
+            m = len(operands)
+
+            def pick_body(args):  # args: o_k[i]..., rank[i], out_k[r]...; r = loop `dim`
+                r = arith.index_cast(i64, linalg.IndexOp(dim).result)
+                hit = arith.cmpi(arith.CmpIPredicate.eq, args[m], r)
+                return [arith.select(hit, args[q], args[m + 1 + q]) for q in range(m)]
+
+            # the ranks are a permutation: every out[r] is picked once, the init never kept
+            inits = [tensor.EmptyOp(shape, t.element_type).result for t in types]
+            picked = build_generic(operands + [ranks], inits, [other] * (m + 1) + [own] * m,
+                                   kinds, pick_body)
+            results = list(picked.results)
+    for old, new in zip(op.results, results):
+        old.replace_all_uses_with(new)
+    op.erase()
+    return True
