@@ -128,6 +128,7 @@ def protect_arguments(payload: ir.Module) -> None:
 def bufferize(payload: ir.Module) -> None:
     checks_to_error_code(payload)  # run-time checks report an error code instead of aborting
     protect_arguments(payload)
+    contiguous_gather_sources(payload)
 
     def body(root):
         root = tbuf.OneShotBufferizeOp(
@@ -159,6 +160,81 @@ def bufferize(payload: ir.Module) -> None:
     run_passes(payload, "buffer-results-to-out-params{hoist-static-allocs=true modify-public-functions=true}, "
                "canonicalize")
     write_results_in_place(payload)
+
+
+def narrow_f64_truncations_through_f32(payload: ir.Module) -> int:
+    """arith.truncf from f64 to bf16 or f16 as f64 -> f32 -> bf16/f16, as torch converts a
+    double to its half types (through float): LLVM lowers the direct truncation to a libcall
+    (__truncdfbf2) the JIT does not have. Returns the number rewritten."""
+    from torch_mlir.dialects import arith
+
+    def element(t):
+        return ir.VectorType(t).element_type if isinstance(t, ir.VectorType) else t
+
+    found = []
+
+    def visit(op):
+        if op.name == "arith.truncf" and isinstance(element(op.operands[0].type), ir.F64Type) \
+                and isinstance(element(op.results[0].type), (ir.BF16Type, ir.F16Type)):
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit)
+    with payload.context:
+        f32 = ir.F32Type.get()
+        for op in found:
+            t = op.operands[0].type
+            mid = ir.VectorType.get(ir.VectorType(t).shape, f32) if isinstance(t, ir.VectorType) else f32
+            with ir.InsertionPoint(op), op.location:
+                value = arith.truncf(op.results[0].type, arith.truncf(mid, op.operands[0]))
+            op.results[0].replace_all_uses_with(value)
+            op.erase()
+    return len(found)
+
+
+def contiguous_gather_sources(payload: ir.Module) -> int:
+    """A vector.gather reading a tensor slice that is not contiguous in memory (x[:, :3] of
+    a [5, 9] tensor) reads a dense copy of it instead: the vectorizer linearizes gather
+    indices over the slice's own shape (row * 3 + col), which after bufferization address
+    the strided view's memory (rows 9 apart) and read the wrong elements. Returns the
+    number of sources copied."""
+    from torch_mlir.dialects import tensor
+
+    found = []
+
+    def visit(op):
+        if op.name == "vector.gather" and isinstance(op.operands[0].type, ir.RankedTensorType):
+            source = defining_op(op.operands[0])
+            if source is not None and source.name == "tensor.extract_slice" \
+                    and not _contiguous_slice(source):
+                found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit)
+    with payload.context:
+        for op in found:
+            base = op.operands[0]
+            t = ir.RankedTensorType(base.type)
+            with ir.InsertionPoint(op), op.location:
+                empty = tensor.EmptyOp(list(t.shape), t.element_type).result
+                op.operands[0] = linalg.copy(base, outs=[empty])
+    return len(found)
+
+
+def _contiguous_slice(op: ir.Operation) -> bool:
+    """Does a static tensor.extract_slice select one contiguous run of its source's
+    row-major memory (unit strides; every dim after the first one it cuts is whole; every
+    dim before it of size 1)?"""
+    view = op.opview
+    sizes, strides = list(view.static_sizes), list(view.static_strides)
+    source = ir.RankedTensorType(op.operands[0].type).shape
+    if any(s != 1 for s in strides) or any(s < 0 for s in sizes) or len(sizes) != len(source):
+        return False
+    cut = [d for d in range(len(sizes)) if sizes[d] != source[d]]
+    if not cut:
+        return True
+    last = cut[-1]
+    return all(sizes[d] == 1 for d in range(last))
 
 
 def copy_repeated_results(payload: ir.Module) -> int:
@@ -348,6 +424,7 @@ def lower_to_llvm(payload: ir.Module, threads: int, *, runtime_checks: bool = Fa
         "canonicalize", "cse",
     ]))
     expand_math(payload, ldexp="avx512f" in host_cpu_flags())
+    narrow_f64_truncations_through_f32(payload)
     odd_bf16_conversions_as_integer_ops(payload)
     for op in payload.body.operations:
         if op.operation.name == "func.func":
