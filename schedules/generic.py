@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torch_mlir import ir
-from torch_mlir.dialects.transform import structured
+from torch_mlir.dialects.transform import loop, structured
 
 import transform_ext
 from transform_ext.analysis.structure import dim_positions, is_linalg_op, loop_structure
@@ -35,7 +35,7 @@ from transform_ext.scalarize_rank0_generics import scalarize_rank0_generics
 from transform_ext.tile_insert_slices import tile_insert_slices
 
 from .prepare import split_assertions
-from .common import (ID_ATTR, canonicalize, clear_tags, hoist_loop_invariant_subsets, match,
+from .common import (ID_ATTR, any_op, canonicalize, clear_tags, hoist_loop_invariant_subsets, match,
                      match_id, run_passes, run_schedule, tag_ops)
 
 
@@ -108,10 +108,13 @@ def all_linalg_ops(payload: ir.Module) -> list[ir.Operation]:
 def parallel_tile_sizes(op: ir.Operation, params: GenericParams) -> list[int] | None:
     """Forall tile sizes over the loop dims (0 = not tiled), or None to stay sequential.
 
-    Outer parallel dims are split first so producers are never recomputed across tiles of
-    the inner dims: into threads x tiles_per_thread tiles, or more so that a tile's share
-    of the result stays under `tile_bytes`. The innermost loop dim is split only when the
-    rows alone are too few for the threads."""
+    Only dims whose split recomputes no reduction of the fused producer chain are split
+    (`recomputed_reductions`: splitting the columns of a row-reduction chain would repeat
+    every row's reductions per column tile); with too few such rows for the threads, fewer
+    threads are busy. Outer dims first, into threads x tiles_per_thread tiles, or more so
+    that a tile's share of the result stays under `tile_bytes`; the innermost loop dim then,
+    when the outer dims alone give too few tiles, in chunks of at least `vector_tile` that
+    divide it (forall tiles keep static shapes; a prime extent stays whole)."""
     ls = loop_structure(op)
     if not ls.is_static or not ls.parallel_dims or ls.num_outputs == 0:
         return None
@@ -120,15 +123,17 @@ def parallel_tile_sizes(op: ir.Operation, params: GenericParams) -> list[int] | 
         work *= ls.ranges[d]
     if work < params.min_parallel_work:
         return None
+    splittable = [d for d in ls.parallel_dims if not recomputed_reductions(op, d)]
     for_threads = params.threads * params.tiles_per_thread
     sizes = [0] * ls.num_loops
     last = ls.num_loops - 1
-    rows = [d for d in ls.parallel_dims if d != last]
-    outer = 1
+    rows = [d for d in splittable if d != last]
+    chunks = ls.ranges[last] // params.vector_tile if last in splittable else 1
+    most = max(1, chunks)
     for d in rows:
-        outer *= ls.ranges[d]
+        most *= ls.ranges[d]
     for_cache = -(-work * _widest_element_bytes(op) // params.tile_bytes)
-    wanted, tiles = max(for_threads, min(for_cache, outer)), 1
+    wanted, tiles = max(for_threads, min(for_cache, most)), 1
     for d in rows:
         if wanted <= 1:
             break
@@ -142,15 +147,55 @@ def parallel_tile_sizes(op: ir.Operation, params: GenericParams) -> list[int] | 
             sizes[d] = extent // count
             tiles *= count
             wanted = 1
-    wanted = -(-for_threads // tiles)
-    if wanted > 1 and last in ls.parallel_dims:
+    if wanted > 1 and chunks > 1:
         extent = ls.ranges[last]
         chunk = largest_divisor_at_most(extent, max(params.vector_tile, extent // wanted))
-        if chunk < extent:
+        if params.vector_tile <= chunk < extent:
             sizes[last] = chunk
     if not any(sizes):
         return None
     return sizes
+
+
+def recomputed_reductions(root: ir.Operation, dim: int) -> list[ir.Operation]:
+    """The reductions in `root`'s producer chain (the linalg ops `transform.structured.fuse`
+    pulls into its tiles) whose slice for a tile of `root` does not depend on loop dim
+    `dim`'s tile: tiling `dim` into t tiles computes each of them t times over.
+
+    A tile of `dim` indexes the operand dims whose map results use `dim`; through a
+    producer's output map those are its loop dims tiled in turn. A producer copy with no
+    tiled loop dim is computed whole per tile; one that reduces is returned."""
+    found = []
+    seen = set()
+    stack = [(root, frozenset([dim]))]
+    while stack:
+        op, tiled = stack.pop()
+        if (op, tiled) in seen:
+            continue
+        seen.add((op, tiled))
+        ls = loop_structure(op)
+        for value, amap in zip(op.operands, ls.maps):
+            producer = defining_op(value)
+            if producer is None or not is_linalg_op(producer) \
+                    or not isinstance(value.type, ir.ShapedType):
+                continue
+            axes = [a for a, expr in enumerate(amap.results) if _expr_dims(expr) & tiled]
+            pls = loop_structure(producer)
+            out = dim_positions(pls.output_map(ir.OpResult(value).result_number))
+            ptiled = frozenset(out[a] for a in axes if out[a] is not None)
+            if not ptiled and pls.reduction_dims and producer not in found:
+                found.append(producer)
+            stack.append((producer, ptiled))
+    return found
+
+
+def _expr_dims(expr) -> set[int]:
+    """The loop dims an affine expression reads."""
+    if isinstance(expr, ir.AffineDimExpr):
+        return {expr.position}
+    if isinstance(expr, ir.AffineBinaryExpr):
+        return _expr_dims(expr.lhs) | _expr_dims(expr.rhs)
+    return set()
 
 
 def _widest_element_bytes(op: ir.Operation) -> int:
@@ -177,12 +222,21 @@ def vector_tile_sizes(op: ir.Operation, params: GenericParams) -> list[int] | No
             sizes[lanes] = largest_divisor_at_most(ls.ranges[lanes], params.register_tile[1])
             return sizes
     lane = lane_dim(ls)
-    extent = ls.ranges[lane]
-    sizes[lane] = extent if extent <= 2 * params.vector_tile else largest_divisor_at_most(
-        extent, params.vector_tile)
+    sizes[lane] = lane_tile(ls.ranges[lane], params.vector_tile)
     if all(s == r for s, r in zip(sizes, ls.ranges)):
         return None
     return sizes
+
+
+def lane_tile(extent: int, vector_tile: int) -> int:
+    """Elements of a lane dim of `extent` per vector tile: the whole dim up to twice
+    `vector_tile`; else the largest divisor of the extent in [vector_tile / 2, vector_tile];
+    else (a prime or nearly prime extent) `vector_tile` itself, and the loop's last partial
+    tile is peeled off into a static tile of its own (`_peel_lane_loops`)."""
+    if extent <= 2 * vector_tile:
+        return extent
+    divisor = largest_divisor_at_most(extent, vector_tile)
+    return divisor if 2 * divisor >= vector_tile else vector_tile
 
 
 def _lane_dims_innermost(payload: ir.Module) -> None:
@@ -288,9 +342,15 @@ def vectorize_generic(payload: ir.Module, params: GenericParams = GenericParams(
     k_only = {i: [s if d in k_dims[i] else 0 for d, s in enumerate(plan[i][1])] for i in fused}
 
     def body(root):
-        for i, (_, sizes) in enumerate(plan):
-            structured.TileUsingForOp(match_id(root, i), sizes=k_only.get(i, sizes))
+        peel = []
+        for i, (op, sizes) in enumerate(plan):
+            tiled = structured.TileUsingForOp(match_id(root, i), sizes=k_only.get(i, sizes))
+            peel += _partial_tile_loops(tiled, op, k_only.get(i, sizes))
         func = match(root, "func.func")
+        if peel:
+            for lane_loop in peel:
+                loop.LoopPeelOp(any_op(), any_op(), lane_loop)
+            canonicalize(func)
         scalarize_rank0_generics(func)
         tile_insert_slices(func, params.vector_tile,
                            max_elements=params.register_tile[0] * params.register_tile[1])
@@ -303,6 +363,16 @@ def vectorize_generic(payload: ir.Module, params: GenericParams = GenericParams(
     transform_ext.load(payload.context)
     run_schedule(payload, body)
     clear_tags(payload)
+
+
+def _partial_tile_loops(tiled, op: ir.Operation, sizes: list[int]) -> list[ir.Value]:
+    """The loops of `tiled` (a TileUsingForOp on `op` with `sizes`) whose tile does not
+    divide the extent: their last iteration is a partial tile (of dynamic shape, which would
+    not vectorize) until the loop is peeled."""
+    ranges = loop_structure(op).ranges
+    loops = list(tiled.loops)
+    tiled_dims = [d for d, s in enumerate(sizes) if s]
+    return [loops[k] for k, d in enumerate(tiled_dims) if ranges[d] % sizes[d]]
 
 
 def _tagged(payload: ir.Module, i: int) -> list[ir.Operation]:
