@@ -222,20 +222,24 @@ def vector_tile_sizes(op: ir.Operation, params: GenericParams) -> list[int] | No
             sizes[lanes] = largest_divisor_at_most(ls.ranges[lanes], params.register_tile[1])
             return sizes
     lane = lane_dim(ls)
-    sizes[lane] = lane_tile(ls.ranges[lane], params.vector_tile)
+    sizes[lane] = lane_tile(ls.ranges[lane], params.vector_tile, even=_touches_bf16(op))
     if all(s == r for s, r in zip(sizes, ls.ranges)):
         return None
     return sizes
 
 
-def lane_tile(extent: int, vector_tile: int) -> int:
+def lane_tile(extent: int, vector_tile: int, even: bool = False) -> int:
     """Elements of a lane dim of `extent` per vector tile: the whole dim up to twice
-    `vector_tile`; else the largest divisor of the extent in [vector_tile / 2, vector_tile];
+    `vector_tile`; else the largest divisor of the extent in [vector_tile / 2, vector_tile]
+    (an even one if `even`: odd bf16 vectors are split later, see `_split_odd_bf16_lanes`);
     else (a prime or nearly prime extent) `vector_tile` itself, and the loop's last partial
-    tile is peeled off into a static tile of its own (`_peel_lane_loops`)."""
+    tile is peeled off into a static tile of its own."""
     if extent <= 2 * vector_tile:
         return extent
     divisor = largest_divisor_at_most(extent, vector_tile)
+    if even and divisor % 2:
+        divisor = 2 * largest_divisor_at_most(extent // 2, vector_tile // 2) if extent % 2 == 0 \
+            else 1
     return divisor if 2 * divisor >= vector_tile else vector_tile
 
 
@@ -331,6 +335,7 @@ def vectorize_generic(payload: ir.Module, params: GenericParams = GenericParams(
             producers[len(plan)] = ops[init_of[i]]
         plan.append((op, sizes))
     k_dims = {i: loop_structure(plan[i][0]).reduction_dims for i in fused}
+    extents = [loop_structure(op).ranges for op, _ in plan]  # before register tiling
     tag_ops([op for op, _ in plan])
     if fused:
         # register tiles (m x n) first; each takes its init's producer; then k
@@ -341,16 +346,22 @@ def vectorize_generic(payload: ir.Module, params: GenericParams = GenericParams(
             _fuse_init_into_tile(_tagged(payload, i)[0], producers[i])
     k_only = {i: [s if d in k_dims[i] else 0 for d, s in enumerate(plan[i][1])] for i in fused}
 
-    def body(root):
-        peel = []
-        for i, (op, sizes) in enumerate(plan):
+    def tile(root):
+        peeled = False
+        for i, (_, sizes) in enumerate(plan):
             tiled = structured.TileUsingForOp(match_id(root, i), sizes=k_only.get(i, sizes))
-            peel += _partial_tile_loops(tiled, op, k_only.get(i, sizes))
+            for partial in _partial_tile_loops(tiled, extents[i], k_only.get(i, sizes)):
+                loop.LoopPeelOp(any_op(), any_op(), partial)
+                peeled = True
+        if peeled:  # the partial tiles' sizes fold to constants
+            canonicalize(match(root, "func.func"))
+
+    run_schedule(payload, tile)
+    clear_tags(payload)
+    _split_odd_bf16_lanes(payload)
+
+    def body(root):
         func = match(root, "func.func")
-        if peel:
-            for lane_loop in peel:
-                loop.LoopPeelOp(any_op(), any_op(), lane_loop)
-            canonicalize(func)
         scalarize_rank0_generics(func)
         tile_insert_slices(func, params.vector_tile,
                            max_elements=params.register_tile[0] * params.register_tile[1])
@@ -362,14 +373,45 @@ def vectorize_generic(payload: ir.Module, params: GenericParams = GenericParams(
 
     transform_ext.load(payload.context)
     run_schedule(payload, body)
+
+
+def _split_odd_bf16_lanes(payload: ir.Module) -> None:
+    """LLVM's x86 backend cannot compile bf16 vectors of an odd lane count > 1: a vector
+    tile of an odd lane extent E that touches bf16 is tiled into E - 1 lanes and a peeled
+    single lane."""
+    plan = []
+    for op in all_linalg_ops(payload):
+        ls = loop_structure(op)
+        if ls.is_contraction or not ls.is_static or ls.num_loops == 0 or not _touches_bf16(op):
+            continue
+        lane = lane_dim(ls)
+        if ls.ranges[lane] > 1 and ls.ranges[lane] % 2:
+            plan.append((op, [ls.ranges[lane] - 1 if d == lane else 0
+                              for d in range(ls.num_loops)]))
+    if not plan:
+        return
+    tag_ops([op for op, _ in plan])
+
+    def body(root):
+        for i, (_, sizes) in enumerate(plan):
+            tiled = structured.TileUsingForOp(match_id(root, i), sizes=sizes)
+            loop.LoopPeelOp(any_op(), any_op(), tiled.loops[0])
+        canonicalize(match(root, "func.func"))
+
+    run_schedule(payload, body)
     clear_tags(payload)
 
 
-def _partial_tile_loops(tiled, op: ir.Operation, sizes: list[int]) -> list[ir.Value]:
-    """The loops of `tiled` (a TileUsingForOp on `op` with `sizes`) whose tile does not
-    divide the extent: their last iteration is a partial tile (of dynamic shape, which would
-    not vectorize) until the loop is peeled."""
-    ranges = loop_structure(op).ranges
+def _touches_bf16(op: ir.Operation) -> bool:
+    return any(isinstance(v.type, ir.ShapedType)
+               and isinstance(ir.ShapedType(v.type).element_type, ir.BF16Type)
+               for v in list(op.operands) + list(op.results))
+
+
+def _partial_tile_loops(tiled, ranges: list[int], sizes: list[int]) -> list[ir.Value]:
+    """The loops of `tiled` (a TileUsingForOp with `sizes` on an op of loop `ranges`) whose
+    tile does not divide the extent: their last iteration is a partial tile (of dynamic
+    shape, which would not vectorize) until the loop is peeled."""
     loops = list(tiled.loops)
     tiled_dims = [d for d, s in enumerate(sizes) if s]
     return [loops[k] for k, d in enumerate(tiled_dims) if ranges[d] % sizes[d]]
