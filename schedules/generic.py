@@ -17,8 +17,12 @@ vectorize (`vectorize_generic`):
      tensor.insert_slice that is strided, rank-reducing or larger than a register tile
      becomes a loop of vector-tile inserts (`transform_ext.tile_insert_slices`): vectorized
      whole, it would lose its strides or become one vector as large as its source.
-Tile sizes always divide the extents (the largest divisor not above the target), so every
-tile has a static shape and vectorizes; schedules that care about speed peel instead.
+Forall tiles divide the extents (static shapes), and a dim is never split when a fused
+producer's reduction would be computed once per tile (the row max and sum of a softmax under
+column tiles). Vector tiles divide their extent when a divisor near the target exists; else
+(a prime row length) the last, partial tile of the loop is peeled into a static tile of its
+own; bf16 tiles of an odd lane count are split into an even part and one lane (LLVM's x86
+backend cannot compile odd bf16 vectors).
 """
 
 from __future__ import annotations
