@@ -163,33 +163,42 @@ def parallel_tile_sizes(op: ir.Operation, params: GenericParams) -> list[int] | 
 
 def recomputed_reductions(root: ir.Operation, dim: int) -> list[ir.Operation]:
     """The reductions in `root`'s producer chain (the linalg ops `transform.structured.fuse`
-    pulls into its tiles) whose slice for a tile of `root` does not depend on loop dim
-    `dim`'s tile: tiling `dim` into t tiles computes each of them t times over.
+    pulls into its tiles) that splitting loop dim `dim` into t tiles computes t times over.
 
-    A tile of `dim` indexes the operand dims whose map results use `dim`; through a
-    producer's output map those are its loop dims tiled in turn. A producer copy with no
-    tiled loop dim is computed whole per tile; one that reduces is returned."""
+    A tile of the root indexes the operand dims whose map results use a split dim; through
+    a producer's output map those are its loop dims split in turn. A producer whose slice
+    depends on no split dim is the whole tensor: fuse leaves it outside, computed once. One
+    whose slice depends on the root's other parallel dims (which may be split too) but not
+    on `dim` is computed whole along `dim` once per tile of `dim`: if it reduces, it is
+    returned."""
     found = []
     seen = set()
-    stack = [(root, frozenset([dim]))]
+    others = frozenset(d for d in loop_structure(root).parallel_dims if d != dim)
+    stack = [(root, frozenset([dim]), others)]
     while stack:
-        op, tiled = stack.pop()
-        if (op, tiled) in seen:
+        op, tiled, other = stack.pop()
+        if (op, tiled, other) in seen:
             continue
-        seen.add((op, tiled))
+        seen.add((op, tiled, other))
         ls = loop_structure(op)
         for value, amap in zip(op.operands, ls.maps):
             producer = defining_op(value)
             if producer is None or not is_linalg_op(producer) \
                     or not isinstance(value.type, ir.ShapedType):
                 continue
-            axes = [a for a, expr in enumerate(amap.results) if _expr_dims(expr) & tiled]
             pls = loop_structure(producer)
             out = dim_positions(pls.output_map(ir.OpResult(value).result_number))
-            ptiled = frozenset(out[a] for a in axes if out[a] is not None)
+
+            def through(dims):
+                return frozenset(out[a] for a, expr in enumerate(amap.results)
+                                 if _expr_dims(expr) & dims and out[a] is not None)
+
+            ptiled, pother = through(tiled), through(other)
+            if not ptiled and not pother:
+                continue
             if not ptiled and pls.reduction_dims and producer not in found:
                 found.append(producer)
-            stack.append((producer, ptiled))
+            stack.append((producer, ptiled, pother))
     return found
 
 
