@@ -17,8 +17,12 @@ vectorize (`vectorize_generic`):
      tensor.insert_slice that is strided, rank-reducing or larger than a register tile
      becomes a loop of vector-tile inserts (`transform_ext.tile_insert_slices`): vectorized
      whole, it would lose its strides or become one vector as large as its source.
-Tile sizes always divide the extents (the largest divisor not above the target), so every
-tile has a static shape and vectorizes; schedules that care about speed peel instead.
+Forall tiles divide the extents (static shapes), and a dim is never split when a fused
+producer's reduction would be computed once per tile (the row max and sum of a softmax under
+column tiles). Vector tiles divide their extent when a divisor near the target exists; else
+(a prime row length) the last, partial tile of the loop is peeled into a static tile of its
+own; bf16 tiles of an odd lane count are split into an even part and one lane (LLVM's x86
+backend cannot compile odd bf16 vectors).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torch_mlir import ir
-from torch_mlir.dialects.transform import structured
+from torch_mlir.dialects.transform import loop, structured
 
 import transform_ext
 from transform_ext.analysis.structure import dim_positions, is_linalg_op, loop_structure
@@ -35,7 +39,7 @@ from transform_ext.scalarize_rank0_generics import scalarize_rank0_generics
 from transform_ext.tile_insert_slices import tile_insert_slices
 
 from .prepare import split_assertions
-from .common import (ID_ATTR, canonicalize, clear_tags, hoist_loop_invariant_subsets, match,
+from .common import (ID_ATTR, any_op, canonicalize, clear_tags, hoist_loop_invariant_subsets, match,
                      match_id, run_passes, run_schedule, tag_ops)
 
 
@@ -108,10 +112,13 @@ def all_linalg_ops(payload: ir.Module) -> list[ir.Operation]:
 def parallel_tile_sizes(op: ir.Operation, params: GenericParams) -> list[int] | None:
     """Forall tile sizes over the loop dims (0 = not tiled), or None to stay sequential.
 
-    Outer parallel dims are split first so producers are never recomputed across tiles of
-    the inner dims: into threads x tiles_per_thread tiles, or more so that a tile's share
-    of the result stays under `tile_bytes`. The innermost loop dim is split only when the
-    rows alone are too few for the threads."""
+    Only dims whose split recomputes no reduction of the fused producer chain are split
+    (`recomputed_reductions`: splitting the columns of a row-reduction chain would repeat
+    every row's reductions per column tile); with too few such rows for the threads, fewer
+    threads are busy. Outer dims first, into threads x tiles_per_thread tiles, or more so
+    that a tile's share of the result stays under `tile_bytes`; the innermost loop dim then,
+    when the outer dims alone give too few tiles, in chunks of at least `vector_tile` that
+    divide it (forall tiles keep static shapes; a prime extent stays whole)."""
     ls = loop_structure(op)
     if not ls.is_static or not ls.parallel_dims or ls.num_outputs == 0:
         return None
@@ -120,15 +127,17 @@ def parallel_tile_sizes(op: ir.Operation, params: GenericParams) -> list[int] | 
         work *= ls.ranges[d]
     if work < params.min_parallel_work:
         return None
+    splittable = [d for d in ls.parallel_dims if not recomputed_reductions(op, d)]
     for_threads = params.threads * params.tiles_per_thread
     sizes = [0] * ls.num_loops
     last = ls.num_loops - 1
-    rows = [d for d in ls.parallel_dims if d != last]
-    outer = 1
+    rows = [d for d in splittable if d != last]
+    chunks = ls.ranges[last] // params.vector_tile if last in splittable else 1
+    most = max(1, chunks)
     for d in rows:
-        outer *= ls.ranges[d]
+        most *= ls.ranges[d]
     for_cache = -(-work * _widest_element_bytes(op) // params.tile_bytes)
-    wanted, tiles = max(for_threads, min(for_cache, outer)), 1
+    wanted, tiles = max(for_threads, min(for_cache, most)), 1
     for d in rows:
         if wanted <= 1:
             break
@@ -142,15 +151,64 @@ def parallel_tile_sizes(op: ir.Operation, params: GenericParams) -> list[int] | 
             sizes[d] = extent // count
             tiles *= count
             wanted = 1
-    wanted = -(-for_threads // tiles)
-    if wanted > 1 and last in ls.parallel_dims:
+    if wanted > 1 and chunks > 1:
         extent = ls.ranges[last]
         chunk = largest_divisor_at_most(extent, max(params.vector_tile, extent // wanted))
-        if chunk < extent:
+        if params.vector_tile <= chunk < extent:
             sizes[last] = chunk
     if not any(sizes):
         return None
     return sizes
+
+
+def recomputed_reductions(root: ir.Operation, dim: int) -> list[ir.Operation]:
+    """The reductions in `root`'s producer chain (the linalg ops `transform.structured.fuse`
+    pulls into its tiles) that splitting loop dim `dim` into t tiles computes t times over.
+
+    A tile of the root indexes the operand dims whose map results use a split dim; through
+    a producer's output map those are its loop dims split in turn. A producer whose slice
+    depends on no split dim is the whole tensor: fuse leaves it outside, computed once. One
+    whose slice depends on the root's other parallel dims (which may be split too) but not
+    on `dim` is computed whole along `dim` once per tile of `dim`: if it reduces, it is
+    returned."""
+    found = []
+    seen = set()
+    others = frozenset(d for d in loop_structure(root).parallel_dims if d != dim)
+    stack = [(root, frozenset([dim]), others)]
+    while stack:
+        op, tiled, other = stack.pop()
+        if (op, tiled, other) in seen:
+            continue
+        seen.add((op, tiled, other))
+        ls = loop_structure(op)
+        for value, amap in zip(op.operands, ls.maps):
+            producer = defining_op(value)
+            if producer is None or not is_linalg_op(producer) \
+                    or not isinstance(value.type, ir.ShapedType):
+                continue
+            pls = loop_structure(producer)
+            out = dim_positions(pls.output_map(ir.OpResult(value).result_number))
+
+            def through(dims):
+                return frozenset(out[a] for a, expr in enumerate(amap.results)
+                                 if _expr_dims(expr) & dims and out[a] is not None)
+
+            ptiled, pother = through(tiled), through(other)
+            if not ptiled and not pother:
+                continue
+            if not ptiled and pls.reduction_dims and producer not in found:
+                found.append(producer)
+            stack.append((producer, ptiled, pother))
+    return found
+
+
+def _expr_dims(expr) -> set[int]:
+    """The loop dims an affine expression reads."""
+    if isinstance(expr, ir.AffineDimExpr):
+        return {expr.position}
+    if isinstance(expr, ir.AffineBinaryExpr):
+        return _expr_dims(expr.lhs) | _expr_dims(expr.rhs)
+    return set()
 
 
 def _widest_element_bytes(op: ir.Operation) -> int:
@@ -177,12 +235,25 @@ def vector_tile_sizes(op: ir.Operation, params: GenericParams) -> list[int] | No
             sizes[lanes] = largest_divisor_at_most(ls.ranges[lanes], params.register_tile[1])
             return sizes
     lane = lane_dim(ls)
-    extent = ls.ranges[lane]
-    sizes[lane] = extent if extent <= 2 * params.vector_tile else largest_divisor_at_most(
-        extent, params.vector_tile)
+    sizes[lane] = lane_tile(ls.ranges[lane], params.vector_tile, even=_touches_bf16(op))
     if all(s == r for s, r in zip(sizes, ls.ranges)):
         return None
     return sizes
+
+
+def lane_tile(extent: int, vector_tile: int, even: bool = False) -> int:
+    """Elements of a lane dim of `extent` per vector tile: the whole dim up to twice
+    `vector_tile`; else the largest divisor of the extent in [vector_tile / 2, vector_tile]
+    (an even one if `even`: odd bf16 vectors are split later, see `_split_odd_bf16_lanes`);
+    else (a prime or nearly prime extent) `vector_tile` itself, and the loop's last partial
+    tile is peeled off into a static tile of its own."""
+    if extent <= 2 * vector_tile:
+        return extent
+    divisor = largest_divisor_at_most(extent, vector_tile)
+    if even and divisor % 2:
+        divisor = 2 * largest_divisor_at_most(extent // 2, vector_tile // 2) if extent % 2 == 0 \
+            else 1
+    return divisor if 2 * divisor >= vector_tile else vector_tile
 
 
 def _lane_dims_innermost(payload: ir.Module) -> None:
@@ -277,6 +348,7 @@ def vectorize_generic(payload: ir.Module, params: GenericParams = GenericParams(
             producers[len(plan)] = ops[init_of[i]]
         plan.append((op, sizes))
     k_dims = {i: loop_structure(plan[i][0]).reduction_dims for i in fused}
+    extents = [loop_structure(op).ranges for op, _ in plan]  # before register tiling
     tag_ops([op for op, _ in plan])
     if fused:
         # register tiles (m x n) first; each takes its init's producer; then k
@@ -287,9 +359,21 @@ def vectorize_generic(payload: ir.Module, params: GenericParams = GenericParams(
             _fuse_init_into_tile(_tagged(payload, i)[0], producers[i])
     k_only = {i: [s if d in k_dims[i] else 0 for d, s in enumerate(plan[i][1])] for i in fused}
 
-    def body(root):
+    def tile(root):
+        peeled = False
         for i, (_, sizes) in enumerate(plan):
-            structured.TileUsingForOp(match_id(root, i), sizes=k_only.get(i, sizes))
+            tiled = structured.TileUsingForOp(match_id(root, i), sizes=k_only.get(i, sizes))
+            for partial in _partial_tile_loops(tiled, extents[i], k_only.get(i, sizes)):
+                loop.LoopPeelOp(any_op(), any_op(), partial)
+                peeled = True
+        if peeled:  # the partial tiles' sizes fold to constants
+            canonicalize(match(root, "func.func"))
+
+    run_schedule(payload, tile)
+    clear_tags(payload)
+    _split_odd_bf16_lanes(payload)
+
+    def body(root):
         func = match(root, "func.func")
         scalarize_rank0_generics(func)
         tile_insert_slices(func, params.vector_tile,
@@ -302,7 +386,48 @@ def vectorize_generic(payload: ir.Module, params: GenericParams = GenericParams(
 
     transform_ext.load(payload.context)
     run_schedule(payload, body)
+
+
+def _split_odd_bf16_lanes(payload: ir.Module) -> None:
+    """LLVM's x86 backend cannot compile bf16 vectors of an odd lane count > 1: a vector
+    tile of an odd lane extent E that touches bf16 is tiled into E - 1 lanes and a peeled
+    single lane."""
+    plan = []
+    for op in all_linalg_ops(payload):
+        ls = loop_structure(op)
+        if ls.is_contraction or not ls.is_static or ls.num_loops == 0 or not _touches_bf16(op):
+            continue
+        lane = lane_dim(ls)
+        if ls.ranges[lane] > 1 and ls.ranges[lane] % 2:
+            plan.append((op, [ls.ranges[lane] - 1 if d == lane else 0
+                              for d in range(ls.num_loops)]))
+    if not plan:
+        return
+    tag_ops([op for op, _ in plan])
+
+    def body(root):
+        for i, (_, sizes) in enumerate(plan):
+            tiled = structured.TileUsingForOp(match_id(root, i), sizes=sizes)
+            loop.LoopPeelOp(any_op(), any_op(), tiled.loops[0])
+        canonicalize(match(root, "func.func"))
+
+    run_schedule(payload, body)
     clear_tags(payload)
+
+
+def _touches_bf16(op: ir.Operation) -> bool:
+    return any(isinstance(v.type, ir.ShapedType)
+               and isinstance(ir.ShapedType(v.type).element_type, ir.BF16Type)
+               for v in list(op.operands) + list(op.results))
+
+
+def _partial_tile_loops(tiled, ranges: list[int], sizes: list[int]) -> list[ir.Value]:
+    """The loops of `tiled` (a TileUsingForOp with `sizes` on an op of loop `ranges`) whose
+    tile does not divide the extent: their last iteration is a partial tile (of dynamic
+    shape, which would not vectorize) until the loop is peeled."""
+    loops = list(tiled.loops)
+    tiled_dims = [d for d, s in enumerate(sizes) if s]
+    return [loops[k] for k, d in enumerate(tiled_dims) if ranges[d] % sizes[d]]
 
 
 def _tagged(payload: ir.Module, i: int) -> list[ir.Operation]:

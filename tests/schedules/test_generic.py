@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from lighthouse.compile import compile_kernel
+from tests.transform_ext.helpers import check as filecheck
 
 KERNEL = """
 import torch
@@ -75,3 +76,90 @@ def test_cache_sized_row_blocks_match_torch(kernel_file, rows, cols):
     norm against torch."""
     expr = "torch.softmax(x, -1), torch.nn.functional.layer_norm(x, (x.shape[-1],))"
     _assert_matches(_compile(kernel_file, expr, f"[torch.randn({rows}, {cols}, generator=g)]", "x"))
+
+
+ROW_OPS = ("torch.softmax(x, -1) * w, torch.log_softmax(x, -1) * w, "
+           "torch.nn.functional.layer_norm(x, (x.shape[-1],)) * w, "
+           "x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w")
+
+
+@pytest.mark.parametrize("cols", [1021, 1024])
+def test_row_reductions_are_not_split_over_column_tiles(kernel_file, cols):
+    """Softmax over 6 rows: too few rows for 2 threads x 4 tiles, but splitting the columns
+    would recompute each row's max and sum per column tile (tile 1 on a prime extent: once
+    per element). The forall runs over rows only; each tile reduces its whole row."""
+    fused = str(_compile(kernel_file, "torch.softmax(x, -1)", f"[torch.randn(6, {cols})]", "x",
+                         stop_after="fuse").module)
+    filecheck(fused, """
+        CHECK: scf.forall (%{{[a-z0-9_]+}}) in (6)
+        CHECK: linalg.generic {{.*}} iterator_types = ["parallel", "reduction"]} ins(%{{.*}} : tensor<1xCOLSxf32>)
+        CHECK: linalg.generic {{.*}} iterator_types = ["parallel", "reduction"]} ins(%{{.*}} : tensor<1xCOLSxf32>)
+        CHECK: scf.forall.in_parallel
+        CHECK-NOT: scf.forall
+        """.replace("COLS", str(cols)))
+
+
+def test_prime_columns_vectorize_with_a_peeled_remainder(kernel_file):
+    """1021 columns (prime): vector tiles of 64 lanes and one peeled 61-lane tile per row,
+    not 1021 tiles of one element."""
+    vectorized = str(_compile(kernel_file, "torch.softmax(x, -1)", "[torch.randn(64, 1021)]", "x",
+                              stop_after="vectorize").module)
+    filecheck(vectorized, """
+        CHECK: scf.forall
+        CHECK: scf.for {{.*}} = %c0 to %c960 step %c64
+        CHECK: vector.multi_reduction <maximumf>, {{.*}} : vector<1x64xf32> to vector<1xf32>
+        CHECK: vector.multi_reduction <maximumf>, {{.*}} : vector<1x61xf32> to vector<1xf32>
+        CHECK: math.exp {{.*}} : vector<1x64xf32>
+        CHECK: math.exp {{.*}} : vector<1x61xf32>
+        CHECK: vector.multi_reduction <add>, {{.*}} : vector<1x64xf32> to vector<1xf32>
+        CHECK: vector.multi_reduction <add>, {{.*}} : vector<1x61xf32> to vector<1xf32>
+        CHECK: arith.divf {{.*}} : vector<1x64xf32>
+        CHECK: arith.divf {{.*}} : vector<1x61xf32>
+        """)
+    assert "vector<1x1xf32>" not in vectorized
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("rows, cols", [(6, 1021), (67, 257), (5, 4099), (40, 97), (33, 13)])
+def test_row_ops_on_prime_and_odd_extents_match_torch(kernel_file, rows, cols, dtype, backward):
+    """Softmax, log-softmax, layer norm and RMS norm (each scaled by a weight, so their
+    gradients are not zero) over prime and odd row lengths: peeled vector tiles, few rows."""
+    inputs = (f"[torch.randn({rows}, {cols}, generator=g, dtype=torch.{dtype}), "
+              f"torch.rand({cols}, generator=g, dtype=torch.{dtype}) + 0.5]")
+    compiled = _compile(kernel_file, ROW_OPS, inputs, "x, w", backward=backward)
+    if dtype == "bfloat16" and backward:
+        _assert_as_close_to_float64_as_torch(compiled)
+    else:
+        _assert_matches(compiled)
+
+
+def _assert_as_close_to_float64_as_torch(compiled):
+    """bf16 gradients of these chains differ from torch's bf16 ones by bf16 rounding of
+    either side (both ~0.2 off at 257 columns): each result is judged against the float64
+    result instead, and may be at most twice as far from it as torch's bf16 result is."""
+    results, expected = compiled.run(), compiled.expected()
+    inputs = [t.double().requires_grad_() for t in compiled.kernel.inputs]
+    outs = compiled.kernel.model.double()(*inputs)
+    grads = torch.autograd.grad(outs, inputs, [torch.ones_like(o) for o in outs])
+    for name, ours, theirs, exact in zip(compiled.result_names, results, expected,
+                                         list(outs) + list(grads)):
+        exact = exact.detach()
+        ours_err = (ours.double() - exact).abs().max().item()
+        torch_err = (theirs.double() - exact).abs().max().item()
+        scale = exact.square().mean().sqrt().item()
+        assert ours_err <= 2 * torch_err + 1e-3 * scale, (name, ours_err, torch_err)
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+@pytest.mark.parametrize("expr, x, w", [
+    ("torch.softmax(x, 0)", "torch.randn(257, 1021, generator=g)", "(257, 1021)"),
+    ("torch.softmax(x, -1).t()", "torch.randn(257, 1021, generator=g)", "(1021, 257)"),
+    ("torch.log_softmax(x.t(), -1)", "torch.randn(257, 1021, generator=g)", "(1021, 257)"),
+    ("torch.softmax(x, -1)", "torch.randn(1021, 257, generator=g).t()", "(257, 1021)"),
+])
+def test_row_reductions_over_other_dims_and_views_match_torch(kernel_file, expr, x, w, backward):
+    """Neighbours on 257 x 1021 (both prime): a reduction over the outer dim (its rows must
+    not be split), a transpose after, a transpose before, a transposed-view input."""
+    inputs = f"[{x}, torch.rand{w[:-1]}, generator=g) + 0.5]"
+    _assert_matches(_compile(kernel_file, f"{expr} * w", inputs, "x, w", backward=backward))
