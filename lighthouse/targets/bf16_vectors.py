@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from torch_mlir import ir
 
+from transform_ext.common import defining_op
+
 from ..errors import UnsupportedError
 
 
@@ -143,7 +145,7 @@ def odd_bf16_vectors_as_i16(payload: ir.Module) -> int:
                 if op.name == "llvm.mlir.constant":
                     attr, row = ir.DenseElementsAttr(op.attributes["value"]), 0
                 else:  # one row of a multi-dimensional constant (an llvm.array of vectors)
-                    constant = _defining(op.operands[0])
+                    constant = defining_op(op.operands[0])
                     attr = ir.DenseElementsAttr(constant.attributes["value"])
                     shape, row = list(attr.type.shape), 0
                     for d, p in zip(shape, ir.DenseI64ArrayAttr(op.attributes["position"])):
@@ -172,29 +174,16 @@ def odd_bf16_vectors_as_i16(payload: ir.Module) -> int:
                         original = result.type
                         result.set_type(as_i16(original))
                         with ir.InsertionPoint.after(op):
-                            _replace_uses_except(result, llvm.bitcast(original, result))
+                            cast = llvm.bitcast(original, result)
+                        result.replace_all_uses_except(cast, cast.owner.operation)
     return len(odd)
-
-
-def _replace_uses_except(value: ir.Value, replacement: ir.Value) -> None:
-    """Every use of `value` except by the op defining `replacement` now uses `replacement`."""
-    keeper = replacement.owner
-    keeper = keeper.operation if isinstance(keeper, ir.OpView) else keeper
-    for use in list(value.uses):
-        if use.owner != keeper:
-            use.owner.operands[use.operand_number] = replacement
-
-
-def _defining(value: ir.Value):
-    owner = value.owner
-    return owner.operation if isinstance(owner, ir.OpView) else owner
 
 
 def _row_of_constant(op) -> bool:
     """Is `op` an llvm.extractvalue of one odd bf16 vector out of a dense constant?"""
     if op.name != "llvm.extractvalue" or not _odd_bf16_vector(op.results[0].type):
         return False
-    source = _defining(op.operands[0])
+    source = defining_op(op.operands[0])
     return (isinstance(source, ir.Operation) and source.name == "llvm.mlir.constant"
             and isinstance(source.attributes["value"], ir.DenseElementsAttr))
 
