@@ -556,6 +556,27 @@ def _native_batch_norm_no_training(input, weight, bias, running_mean, running_va
     return _batch_norm_with_running_stats(input, weight, bias, running_mean, running_var, eps)
 
 
+def _softmax_backward_widened(grad_output, output, dim, input_dtype):
+    """dx = y (dy - sum(dy y)) over `dim`, for f16/bf16 computed in f32 and rounded once,
+    as torch's own kernel does (rounding each product and the sum in bf16 doubles the error
+    of an attention's d_q)."""
+    if output.dtype not in (torch.float16, torch.bfloat16):
+        return NotImplemented
+    dy, y = grad_output.float(), output.float()
+    dx = y * (dy - (dy * y).sum(dim, keepdim=True))
+    return dx.to(input_dtype)
+
+
+def _log_softmax_backward_widened(grad_output, output, dim, input_dtype):
+    """dx = dy - exp(y) sum(dy) over `dim` (y = log_softmax), for f16/bf16 computed in f32
+    and rounded once."""
+    if output.dtype not in (torch.float16, torch.bfloat16):
+        return NotImplemented
+    dy, y = grad_output.float(), output.float()
+    dx = dy - torch.exp(y) * dy.sum(dim, keepdim=True)
+    return dx.to(input_dtype)
+
+
 def _joint_decompositions() -> dict:
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
@@ -567,6 +588,8 @@ def _joint_decompositions() -> dict:
     table[aten.scatter.value] = _scatter_value_onehot
     table[aten.native_batch_norm.default] = _native_batch_norm_eval
     table[aten._native_batch_norm_legit_no_training.default] = _native_batch_norm_no_training
+    table[aten._softmax_backward_data.default] = _softmax_backward_widened
+    table[aten._log_softmax_backward_data.default] = _log_softmax_backward_widened
     table.update(index_decompositions())
     return table
 

@@ -112,3 +112,49 @@ def test_python_scalar_inputs_are_constants(kernel_file, name):
 def test_python_scalar_inputs_with_backward(kernel_file):
     _assert_matches(_compile(kernel_file, "(a * s).sum()", "[torch.randn(9, 7, generator=g), 3.0]",
                              "a, s", backward=True))
+
+
+NARROW_SOFTMAX_BACKWARD = {
+    # fuzz finding: hand-written bf16 attention, its d_q twice torch's error when the softmax
+    # backward rounded each product and the row sum to bf16
+    "attention": ("torch.softmax(q @ k.transpose(-2, -1) + m, dim=-1) @ v",
+                  "[(torch.randn(3, 3, 2, 32, generator=g) * 0.375)[..., ::2].to(DT), "
+                  "torch.randn(3, 3, 2, 16, generator=g).to(DT), "
+                  "torch.randn(3, 3, 2, 32, generator=g)[..., ::2].to(DT), "
+                  "torch.randn(1, 1, 1, 2, generator=g).to(DT)]", "q, k, v, m"),
+    "softmax": ("torch.softmax(x * 4, dim=1) * w", "[torch.randn(6, 300, generator=g).to(DT), "
+                "torch.randn(6, 300, generator=g).to(DT)]", "x, w"),
+    "log_softmax": ("torch.log_softmax(x * 4, dim=0) * w", "[torch.randn(300, 6, generator=g).to(DT), "
+                    "torch.randn(300, 6, generator=g).to(DT)]", "x, w"),
+}
+
+
+@pytest.mark.parametrize("schedule", ["generic", "loops"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("name", NARROW_SOFTMAX_BACKWARD)
+def test_narrow_softmax_backward_rounds_once_like_torch(kernel_file, name, dtype, schedule):
+    """(log_)softmax backward of f16/bf16 is computed in f32 and rounded once, as torch's
+    kernel does."""
+    expr, inputs, args = NARROW_SOFTMAX_BACKWARD[name]
+    inputs = inputs.replace("DT", f"torch.{dtype}")
+    compiled = _compile(kernel_file, expr, inputs, args, backward=True, schedule=schedule)
+    _assert_matches(compiled)
+
+
+def test_narrow_softmax_backward_is_computed_in_f32(kernel_file):
+    compiled = _compile(kernel_file, "torch.softmax(x, dim=1) * w",
+                        "[torch.randn(4, 8).bfloat16(), torch.randn(4, 8).bfloat16()]", "x, w",
+                        backward=True, stop_after="import")
+    check(compiled.module, """
+        CHECK-LABEL: func.func @main
+        CHECK: arith.truncf %{{.*}} : f32 to bf16
+        CHECK: arith.extf %{{.*}} : bf16 to f32
+        CHECK: linalg.generic {{.*}}"reduction"]{{.*}} outs(%{{.*}} : tensor<4x1xf32>)
+        CHECK-NEXT: ^bb0
+        CHECK-NEXT: arith.addf %{{.*}} : f32
+        CHECK: arith.subf %{{.*}} : f32
+        CHECK: arith.mulf %{{.*}} : f32
+        CHECK: arith.truncf %{{.*}} : f32 to bf16
+        CHECK-NEXT: linalg.yield
+        CHECK: return
+    """)
