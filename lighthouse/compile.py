@@ -26,14 +26,14 @@ if __name__ == "__main__":
 
 import torch
 
-from .errors import (CheckFailed, KernelFileError, LighthouseError, StageError, UnknownStage,
-                     UnsupportedError)
+from schedules.script import ScriptError, apply_stage, parse_script, stage_text
+
+from .errors import (CheckFailed, KernelFileError, LighthouseError, ScheduleFileError, StageError,
+                     UnknownStage, UnsupportedError)
 from .families import SCHEDULE_OPTIONS, Family, choose_family, fallback_family, family_names
 from .ingress import Imported, import_forward, import_joint
 from .kernel import Kernel, load_kernel, parse_override
 from .pipeline import Pipeline, Stage
-
-FRONT_STAGES = ("import", "cleanup", "fuse", "vectorize")
 
 # (rtol, atol) per result dtype: elementwise |ours - torch| <= atol s + rtol |torch|, where
 # s = max(1, rms(torch)) puts atol on the result's own scale: a sum of K terms carries
@@ -73,13 +73,63 @@ def cleanup(module) -> None:
     prepare(module)
 
 
-def build_pipeline(family: Family, target) -> Pipeline:
+@dataclass
+class ScheduleScript:
+    """The compile's transform script: a user's file (`--schedule-file`), else the family's
+    own, built on first use from the payload after cleanup. A family whose schedule is not
+    yet a script (`family.script` is None) runs its Python stages instead."""
+
+    family: Family
+    target: object
+    path: Path | None = None
+    module: object | None = None  # the script's ir.Module once built or parsed
+
+    @property
+    def scripted(self) -> bool:
+        return self.path is not None or self.family.script is not None
+
+    def get(self, payload):
+        if self.module is None:
+            if self.path is not None:
+                try:
+                    self.module = parse_script(self.path, payload.context)
+                except ScriptError as exc:
+                    raise ScheduleFileError(str(exc)) from None
+            elif self.family.script is None:
+                raise UnsupportedError(f"the {self.family.name} schedule is not a transform "
+                                       f"script yet: it cannot be printed")
+            else:
+                from torch_mlir import ir
+
+                with payload.context, ir.Location.unknown():
+                    self.module = self.family.script(payload, self.target)
+        return self.module
+
+    def stage(self, name: str, python_stage, doc: str) -> Stage:
+        """Stage `name`: the script's sequence @name, else (no script) `python_stage`."""
+        if not self.scripted:
+            return Stage(name, python_stage, doc)
+
+        def run(payload):
+            try:
+                apply_stage(payload, self.get(payload), name)
+            except ScriptError as exc:
+                if self.path is None:
+                    raise StageError(f"stage {name!r} failed: {exc}") from exc
+                raise ScheduleFileError(str(exc)) from None
+
+        return Stage(name, run, doc, script_text=lambda: stage_text(self.module, name))
+
+
+def build_pipeline(family: Family, target, script: ScheduleScript | None = None) -> Pipeline:
+    script = script or ScheduleScript(family, target)
     front = [
         Stage("import", lambda m: None, "torch-mlir import (linalg-on-tensors)"),
         Stage("cleanup", cleanup, "canonicalize, cse, empty loops folded, integer powers expanded, "
               "gathers clamped, i1 tensors stored as i8"),
-        Stage("fuse", lambda m: family.fuse(m, target), f"{family.name}: fusion and tiling"),
-        Stage("vectorize", lambda m: family.vectorize(m, target), f"{family.name}: vectorization"),
+        script.stage("fuse", lambda m: family.fuse(m, target), f"{family.name}: fusion and tiling"),
+        script.stage("vectorize", lambda m: family.vectorize(m, target),
+                     f"{family.name}: vectorization"),
     ]
     adapt = getattr(target, "adapt_front", None)  # a target may remap fuse/vectorize
     if adapt is not None:
@@ -111,6 +161,12 @@ class Compiled:
     notes: list[str] = field(default_factory=list)
     function: object | None = None  # JitFunction once fully compiled for the CPU
     result_names: list[str] = field(default_factory=list)  # the model's, then schedule extras
+    script: ScheduleScript | None = None
+
+    def schedule_text(self) -> str:
+        """The complete transform script of this compile (built from the payload as it is
+        after cleanup: compile with stop_after="cleanup" to print it before it runs)."""
+        return str(self.script.get(self.module))
 
     @property
     def module(self):
@@ -164,9 +220,11 @@ def compare(name: str, got: torch.Tensor, want: torch.Tensor) -> CheckReport:
 
 def compile_kernel(path, *, overrides=None, backward=False, target="cpu", threads=None,
                    schedule=None, strict=False, stop_after=None, dump_dir=None,
-                   target_options=None, runtime_checks=False) -> Compiled:
+                   target_options=None, runtime_checks=False, schedule_file=None) -> Compiled:
     """Load, import and compile a kernel file; JIT it when the pipeline runs to the end.
-    runtime_checks: bounds and shape checks in the kernel (see CpuTarget)."""
+    runtime_checks: bounds and shape checks in the kernel (see CpuTarget).
+    schedule_file: a transform script (as --print-schedule prints it) applied instead of
+    the family's own; its failure is an error, never a fallback."""
     start = time.perf_counter()
     target_obj = make_target(target, threads, runtime_checks=runtime_checks,
                              **(target_options or {}))
@@ -193,14 +251,15 @@ def compile_kernel(path, *, overrides=None, backward=False, target="cpu", thread
     while True:
         try:
             return _lower(kernel, imported, family, target_obj, notes, stop_after=stop_after,
-                          dump_dir=dump_dir, import_seconds=import_seconds)
+                          dump_dir=dump_dir, import_seconds=import_seconds,
+                          schedule_file=schedule_file)
         except StageError as exc:
             # A schedule that takes a payload must compile it: a failure is a compiler bug,
             # reported as a note while the next family compiles the payload (never under
             # --strict). The payload is imported again: the failed stages rewrote it.
             first_failure = first_failure or exc
             fallback = fallback_family(family)
-            if strict or fallback is None or isinstance(exc, UnknownStage):
+            if strict or schedule_file or fallback is None or isinstance(exc, UnknownStage):
                 raise first_failure
             notes.append(f"the {family.name} schedule failed on this payload ({exc}); "
                          f"using the {fallback.name} schedule")
@@ -213,9 +272,10 @@ def compile_kernel(path, *, overrides=None, backward=False, target="cpu", thread
 
 
 def _lower(kernel, imported, family, target_obj, notes, *, stop_after, dump_dir,
-           import_seconds) -> Compiled:
+           import_seconds, schedule_file=None) -> Compiled:
     """Run the stages of `family` on the imported payload; JIT it when they all ran."""
-    pipeline = build_pipeline(family, target_obj)
+    script = ScheduleScript(family, target_obj, Path(schedule_file) if schedule_file else None)
+    pipeline = build_pipeline(family, target_obj, script)
     pipeline.check_stage(stop_after)
     result_specs = list(imported.result_specs)
 
@@ -228,7 +288,7 @@ def _lower(kernel, imported, family, target_obj, notes, *, stop_after, dump_dir,
 
     pipeline.run(imported.module, stop_after=stop_after, dump_dir=dump_dir, on_stage=after_stage)
     pipeline.timings["import"] = import_seconds
-    compiled = Compiled(kernel, imported, family, pipeline, target_obj, notes)
+    compiled = Compiled(kernel, imported, family, pipeline, target_obj, notes, script=script)
     extra = len(result_specs) - len(imported.result_names)
     named = list(family.extra_results(target_obj))
     compiled.result_names = imported.result_names + (
@@ -274,7 +334,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--bench", action="store_true", help="median time of ours and of torch eager")
     p.add_argument("--emit", metavar="STAGE", help="print the IR after STAGE and stop")
     p.add_argument("--stop-after", metavar="STAGE", help="stop after STAGE (no JIT)")
-    p.add_argument("--dump-dir", metavar="DIR", help="write every stage's IR to DIR")
+    p.add_argument("--dump-dir", metavar="DIR",
+                   help="write every stage's IR (and a scheduled stage's script) to DIR")
+    p.add_argument("--print-schedule", action="store_true",
+                   help="print the complete transform script the compile would apply and exit")
+    p.add_argument("--schedule-file", metavar="FILE",
+                   help="apply this transform script (as --print-schedule prints it) instead "
+                        "of the family's")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
                    help="override a module global of the kernel file (repeatable)")
     p.add_argument("--backward", action="store_true", help="compile the joint forward+backward graph")
@@ -303,13 +369,23 @@ def main(argv=None) -> int:
 def _main(args) -> int:
     overrides = dict(parse_override(o) for o in args.overrides)
     stop_after = args.emit or args.stop_after
+    if args.print_schedule:
+        stop_after = "cleanup"
     target_options = {"chip": args.chip} if args.chip else None
     compiled = compile_kernel(args.kernel, overrides=overrides, backward=args.backward,
                               target=args.target, threads=args.threads, schedule=args.schedule,
                               strict=args.strict, stop_after=stop_after, dump_dir=args.dump_dir,
-                              target_options=target_options, runtime_checks=args.runtime_checks)
+                              target_options=target_options, runtime_checks=args.runtime_checks,
+                              schedule_file=args.schedule_file)
     for note in compiled.notes:
         print(f"note: {note}", file=sys.stderr)
+    if args.print_schedule:
+        text = compiled.schedule_text()
+        if args.output:
+            Path(args.output).write_text(text)
+        else:
+            print(text)
+        return 0
     if args.verbose:
         print(f"schedule: {compiled.family.name}", file=sys.stderr)
         for name, seconds in compiled.pipeline.timings.items():
@@ -326,7 +402,6 @@ def _main(args) -> int:
         return 0
     if args.output:
         _write_artifact(compiled, Path(args.output))
-    status = 0
     if args.run or args.check or args.bench:
         if compiled.function is None:
             raise StageError(f"target {args.target} cannot run kernels on this machine")
@@ -345,7 +420,7 @@ def _main(args) -> int:
             ours, theirs = bench(compiled)
             print(f"bench {compiled.kernel.name}: ours {ours * 1e3:.3f} ms, torch {theirs * 1e3:.3f} ms, "
                   f"speedup {theirs / ours:.2f}x")
-    return status
+    return 0
 
 
 def _write_artifact(compiled: Compiled, path: Path) -> None:

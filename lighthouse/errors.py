@@ -23,6 +23,10 @@ class StageError(LighthouseError):
     """A stage that failed on the payload."""
 
 
+class ScheduleFileError(LighthouseError):
+    """A --schedule-file that cannot be read, lacks a stage, or whose transform op fails."""
+
+
 class UnknownStage(StageError):
     """--emit / --stop-after named a stage the pipeline does not have."""
 

@@ -26,6 +26,10 @@ class Family:
     # names of the results the schedule appends to the model's, given the target (whose
     # options hold the kernel file's LIGHTHOUSE dict); lighthouse.extras has their references
     extra_results: Callable[[object], tuple[str, ...]] = lambda target: ()
+    # (payload after cleanup, target) -> the transform script (schedules.script) whose
+    # named sequences are the fuse and vectorize stages; the payload is read, never
+    # rewritten. None while the family's stages are Python (`fuse`, `vectorize`).
+    script: Callable[[object, object], object] | None = None
 
 
 # The keys a kernel file's LIGHTHOUSE dict may hold besides "schedule", per family.
@@ -55,9 +59,16 @@ def _generic_vectorize(module, target):
 
 GENERIC = Family("generic", lambda m: True, lambda m: None, _generic_fuse, _generic_vectorize)
 
+def _loops_script(module, target):
+    from schedules.loops import loops_script
+
+    return loops_script(module, target)
+
+
 # No tiling, no vectorization: linalg straight to scalar loops. A baseline for debugging
 # schedules (`--schedule loops`), never chosen automatically.
-LOOPS = Family("loops", lambda m: False, lambda m: None, lambda m, t: None, lambda m, t: None)
+LOOPS = Family("loops", lambda m: False, lambda m: None, lambda m, t: None, lambda m, t: None,
+               script=_loops_script)
 
 
 def _matmul_fuse(module, target):

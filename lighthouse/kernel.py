@@ -37,11 +37,6 @@ class Kernel:
     def name(self) -> str:
         return self.path.stem
 
-    def fresh_inputs(self) -> tuple:
-        """The same inputs again (same seed), for runs that must not alias earlier ones."""
-        torch.manual_seed(SEED)
-        return _call(self.module.get_inputs, "get_inputs()", self.path)
-
 
 def parse_override(text: str) -> tuple[str, Any]:
     """'N=1024' -> ('N', 1024); the value is a Python literal, or a string when it is not one."""

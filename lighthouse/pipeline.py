@@ -1,7 +1,7 @@
 """Named, ordered compile stages (in the manner of Triton's `add_stages`).
 
-A stage is a function `Module -> None` that rewrites the module in place: a transform schedule
-or a pass pipeline. The pipeline runs them in order, records each stage's wall time, can stop
+A stage is a function `Module -> None` that rewrites the module in place: a named sequence of
+the compile's transform script, or a pass pipeline. The pipeline runs them in order, records each stage's wall time, can stop
 after any stage (`--emit NAME`) and can write every stage's IR to a directory (`--dump-dir`).
 Hooks may inspect or replace a stage by name before running.
 """
@@ -25,6 +25,9 @@ class Stage:
     name: str
     run: Callable[[object], None]
     doc: str = ""
+    # a stage applied from the compile's transform script: the text of its named sequence,
+    # written beside the stage's payload by --dump-dir
+    script_text: Callable[[], str] | None = None
 
 
 @dataclass
@@ -38,11 +41,6 @@ class Pipeline:
     def check_stage(self, name: str | None) -> None:
         if name is not None and name not in self.names():
             raise UnknownStage(f"unknown stage {name!r}; stages are: {', '.join(self.names())}")
-
-    def replace(self, name: str, run: Callable[[object], None]) -> None:
-        """Swap the body of one stage (a hook for experiments and tests)."""
-        self.check_stage(name)
-        self.stages = [Stage(s.name, run, s.doc) if s.name == name else s for s in self.stages]
 
     def run(self, module, *, stop_after: str | None = None, dump_dir: str | Path | None = None,
             on_stage: Callable[[str, object], None] | None = None):
@@ -73,6 +71,9 @@ class Pipeline:
             self.timings[stage.name] = time.perf_counter() - start
             if dump_dir is not None:
                 (dump_dir / f"{index:02d}-{stage.name}.mlir").write_text(str(module))
+                if stage.script_text is not None:
+                    (dump_dir / f"{index:02d}-{stage.name}.transform.mlir").write_text(
+                        stage.script_text())
             if on_stage is not None:
                 on_stage(stage.name, module)
             if stage.name == stop_after:

@@ -81,10 +81,6 @@ def canonicalize(target: ir.Value) -> None:
     apply_patterns(target, transform.ApplyCanonicalizationPatternsOp, apply_cse=True)
 
 
-def apply_pass(target: ir.Value, name: str, options: dict | None = None) -> ir.Value:
-    return transform.apply_registered_pass(any_op(), target, name, options=options)
-
-
 def foreach(handle: ir.Value, body: Callable[[ir.Value], None]) -> None:
     op = transform.ForeachOp([], [handle])
     with ir.InsertionPoint(op.body):

@@ -47,10 +47,6 @@ def dims_of(ts: list) -> list[int]:
     return [t for t in ts if not isinstance(t, Const)]
 
 
-def is_permutation_terms(ts: list, n_dims: int) -> bool:
-    return sorted(dims_of(ts)) == list(range(n_dims)) and len(ts) == n_dims
-
-
 def loop_images(view_in_a: list, view_in_b: list) -> dict[int, object] | None:
     """Op A reads/writes a value V through terms `view_in_a` (over A's loops); op B reads the
     same V through `view_in_b` (over B's loops). For each loop of A that indexes a dim of V,

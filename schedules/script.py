@@ -1,0 +1,154 @@
+"""A compile's schedule as one transform script.
+
+The script is a module `attributes {transform.with_named_sequence}` holding one
+`transform.named_sequence @<stage>(%root: !transform.any_op {transform.consumed})` per
+schedule stage (`fuse`, `vectorize`, ...), applied by the pipeline to the payload module when
+that stage runs. A family builds it with `build_script` by a pure function of the target
+description and its frozen parameters; `--print-schedule` prints it and `--schedule-file`
+parses an edited copy back (`parse_script`), so a printed script replays to the same IR.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Sequence
+
+from torch_mlir import ir
+from torch_mlir.dialects import transform
+from torch_mlir.dialects.transform import interpreter
+
+import transform_ext
+
+StageBody = Callable[[ir.Value], None]
+
+
+class ScriptError(ValueError):
+    """A schedule script that cannot be read or lacks a stage."""
+
+
+def build_script(stages: Sequence[tuple[str, StageBody]]) -> ir.Module:
+    """A script with one named sequence per (stage name, body); `body(root)` emits the
+    stage's transform ops at the current insertion point. Needs an active context."""
+    module = ir.Module.create()
+    module.operation.attributes["transform.with_named_sequence"] = ir.UnitAttr.get()
+    for name, body in stages:
+        with ir.InsertionPoint(module.body):
+            seq = transform.NamedSequenceOp(
+                name, [transform.AnyOpType.get()], [],
+                arg_attrs=[{"transform.consumed": ir.UnitAttr.get()}])
+        with ir.InsertionPoint(seq.body):
+            body(seq.bodyTarget)
+            transform.YieldOp()
+    return module
+
+
+def _sequences(script: ir.Module) -> dict[str, ir.Operation]:
+    found = {}
+    for op in script.body.operations:
+        if op.operation.name == "transform.named_sequence":
+            found[ir.StringAttr(op.operation.attributes["sym_name"]).value] = op.operation
+    return found
+
+
+def stage_names(script: ir.Module) -> list[str]:
+    return list(_sequences(script))
+
+
+def stage_text(script: ir.Module, name: str) -> str:
+    """The named sequence of one stage, as printed in the script."""
+    return str(_sequence(script, name))
+
+
+def _sequence(script: ir.Module, name: str) -> ir.Operation:
+    sequences = _sequences(script)
+    if name not in sequences:
+        raise ScriptError(f"the schedule script has no named sequence @{name} (it has: "
+                          f"{', '.join('@' + n for n in sequences) or 'none'})")
+    return sequences[name]
+
+
+def apply_stage(payload: ir.Module, script: ir.Module, name: str) -> None:
+    """Apply the script's sequence `@name` to the payload module; on failure ScriptError
+    naming the failing transform op, its location in the script and the reason."""
+    sequence = _sequence(script, name)
+    try:
+        interpreter.apply_named_sequence(payload.operation, sequence, script)
+    except Exception as exc:
+        raise ScriptError(describe_failure(script, str(exc))) from exc
+
+
+def describe_failure(script: ir.Module, message: str) -> str:
+    """'file:line:col: <transform op> failed: <reason>' from the interpreter's message
+    ('Diagnostic message at loc("file":line:col): reason ...'); the op is looked up in the
+    script by its location."""
+    marker = "Diagnostic message at "
+    line = next((l for l in message.splitlines() if l.startswith(marker)), None)
+    if line is None:
+        return (message.strip().splitlines() or ["the schedule failed"])[0]
+    loc, _, reason = line[len(marker):].partition("): ")
+    loc += ")"
+    ops = []
+
+    def visit(op):
+        if str(op.location) == loc:
+            ops.append(op.name)
+        return ir.WalkResult.ADVANCE
+
+    script.operation.walk(visit)
+    where = _location(loc) if loc.startswith('loc("') else "the schedule"
+    what = ops[-1] if ops else "a transform op"
+    return f"{where}: {what} failed: {reason.strip()}"
+
+
+def parse_script(path: str | Path, context: ir.Context) -> ir.Module:
+    """The script in `path`, parsed in the payload's context (transform_ext loaded) and
+    verified; ScriptError with the parser's first message otherwise."""
+    path = Path(path)
+    try:
+        path.read_text()
+    except OSError as exc:
+        raise ScriptError(f"{path}: cannot read the schedule file ({exc.strerror})") from None
+    transform_ext.load(context)
+    errors: list[str] = []
+
+    def collect(diagnostic):  # before any handler of the caller's (they may swallow them)
+        if diagnostic.severity == ir.DiagnosticSeverity.ERROR:
+            errors.append(f"{_location(diagnostic.location)}: {diagnostic.message}")
+        return True
+
+    handler = context.attach_diagnostic_handler(collect)
+    try:
+        with context:
+            script = ir.Module.parseFile(str(path))
+    except Exception as exc:  # MLIRError
+        first = errors[0] if errors else _first_diagnostic(exc)
+        raise ScriptError(first if first.startswith(str(path)) else f"{path}: {first}") \
+            from None
+    finally:
+        handler.detach()
+    if "transform.with_named_sequence" not in script.operation.attributes:
+        raise ScriptError(f"{path}: not a schedule script (the module lacks the "
+                          f"transform.with_named_sequence attribute)")
+    return script
+
+
+def _first_diagnostic(exc: Exception) -> str:
+    """'file:line:col: message' of the parser's or verifier's first error."""
+    diagnostics = getattr(exc, "error_diagnostics", None)
+    if diagnostics:
+        d = diagnostics[0]
+        return f"{_location(d.location)}: {d.message}"
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    error = next((l.strip() for l in lines if l.strip().startswith("error: ")), lines[0])
+    error = error.removeprefix("error: ")
+    if error.startswith('"'):  # '"file":line:col: message'
+        error = error[1:].replace('":', ":", 1)
+    return error
+
+
+def _location(loc) -> str:
+    """'file:line:col' of a file location (the text of any other)."""
+    text = str(loc)
+    if text.startswith('loc("') and text.endswith(")"):
+        return text[len('loc("'):-1].replace('":', ":", 1)
+    return text

@@ -1,0 +1,150 @@
+"""Schedules as transform scripts: `--print-schedule` prints the compile's whole script,
+`--schedule-file` applies a script instead of the family's, and a printed script replays to
+byte-identical IR after every stage and to the same results."""
+
+import pytest
+import torch
+
+from lighthouse.compile import compile_kernel
+from lighthouse.errors import ScheduleFileError
+from lighthouse.families import GENERIC, LOOPS, SPECIALIZED, choose_family
+from lighthouse.ingress import import_forward
+from lighthouse.kernel import load_kernel
+from tests.conftest import EXAMPLES, run_cli
+from tests.transform_ext.helpers import check
+
+SMALL = {
+    "matmul": {"N": 96},
+    "matmul_f16": {},
+    "mlp": {"BATCH": 16, "IN_FEATURES": 64, "HIDDEN": 128, "OUT_FEATURES": 48},
+    "mlp_f16": {"BATCH": 16, "IN_FEATURES": 64, "HIDDEN": 128, "OUT_FEATURES": 48},
+    "softmax": {"N": 24, "C": 300},
+    "log_softmax": {"N": 24, "C": 300},
+    "layer_norm": {"N": 24, "D": 200},
+    "attention": {"B": 1, "H": 2, "S": 80, "D": 32},
+    "cross_entropy": {"N": 40, "C": 1000},
+}
+FAMILIES = {f.name: f for f in SPECIALIZED + [GENERIC, LOOPS]}
+
+
+def _chosen_family(name: str) -> str:
+    kernel = load_kernel(EXAMPLES / f"{name}.py", SMALL[name])
+    return choose_family(import_forward(kernel.model, kernel.inputs).module).name
+
+
+def _replay_cases():
+    """Every example with the family chosen for it and with generic and loops forced, where
+    that family's schedule is a script."""
+    cases = []
+    for name in sorted(SMALL):
+        for family in sorted({_chosen_family(name), "generic", "loops"}):
+            if FAMILIES[family].script is not None:
+                cases.append((name, family))
+    return cases
+
+
+def _stage_files(directory):
+    return {p.name: p.read_text() for p in sorted(directory.iterdir())}
+
+
+@pytest.mark.parametrize("name, family", _replay_cases())
+def test_a_printed_script_replays_to_identical_ir_and_results(tmp_path, name, family):
+    path, overrides = EXAMPLES / f"{name}.py", SMALL[name]
+    first = compile_kernel(path, overrides=overrides, schedule=family, strict=True,
+                           dump_dir=tmp_path / "built")
+    script = tmp_path / "schedule.mlir"
+    script.write_text(first.schedule_text())
+    second = compile_kernel(path, overrides=overrides, schedule=family, strict=True,
+                            dump_dir=tmp_path / "replayed", schedule_file=script)
+    built, replayed = _stage_files(tmp_path / "built"), _stage_files(tmp_path / "replayed")
+    assert built.keys() == replayed.keys()
+    assert any(n.endswith(".transform.mlir") for n in built)
+    for stage in built:
+        assert built[stage] == replayed[stage], f"{stage} differs after the replay"
+    for a, b in zip(first.run(), second.run(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_print_schedule_prints_every_stage_and_exits_0(tmp_path):
+    proc = run_cli(EXAMPLES / "softmax.py", "--schedule", "loops", "--print-schedule")
+    assert proc.returncode == 0, proc.stderr
+    check(proc.stdout, """
+        CHECK: module attributes {transform.with_named_sequence}
+        CHECK: transform.named_sequence @fuse(%{{.*}}: !transform.any_op {transform.consumed})
+        CHECK: transform.named_sequence @vectorize(
+    """)
+
+
+MATMUL_TILES = """
+module attributes {transform.with_named_sequence} {
+  transform.named_sequence @fuse(%root: !transform.any_op {transform.consumed}) {
+    %mm = transform.structured.match ops{["linalg.matmul"]} in %root
+      : (!transform.any_op) -> !transform.any_op
+    %tiled, %loop = transform.structured.tile_using_for %mm tile_sizes [TILE]
+      : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    transform.yield
+  }
+  transform.named_sequence @vectorize(%root: !transform.any_op {transform.consumed}) {
+    transform.yield
+  }
+}
+"""
+
+
+@pytest.mark.parametrize("tile", [8, 24])
+def test_an_edited_script_changes_the_schedule(tmp_path, tile):
+    """A user's script replaces the family's: the tile size written in it is the step of the
+    loop it produces, and the kernel still matches torch."""
+    script = tmp_path / "tiles.mlir"
+    script.write_text(MATMUL_TILES.replace("TILE", str(tile)))
+    compiled = compile_kernel(EXAMPLES / "matmul.py", overrides={"N": 96}, schedule_file=script,
+                              dump_dir=tmp_path / "dump")
+    check((tmp_path / "dump" / "03-fuse.mlir").read_text(), f"""
+        CHECK: %[[STEP:.*]] = arith.constant {tile} : index
+        CHECK: scf.for %{{{{.*}}}} = %{{{{.*}}}} to %{{{{.*}}}} step %[[STEP]]
+        CHECK: linalg.matmul {{{{.*}}}} tensor<{tile}x96xf32>
+    """)
+    check((tmp_path / "dump" / "03-fuse.transform.mlir").read_text(), f"""
+        CHECK: transform.named_sequence @fuse
+        CHECK: tile_using_for %{{{{.*}}}} tile_sizes [{tile}]
+    """)
+    for report in compiled.check():
+        assert report.ok, str(report)
+
+
+def _cli_error(tmp_path, text, *extra):
+    script = tmp_path / "bad.mlir"
+    if text is not None:
+        script.write_text(text)
+    proc = run_cli(EXAMPLES / "matmul.py", "--set", "N=32", "--schedule-file", script, *extra)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    return lines[0], script
+
+
+def test_a_failing_transform_op_is_named_with_its_location(tmp_path):
+    line, script = _cli_error(tmp_path, MATMUL_TILES.replace("TILE", "0, 0, 0, 8"), "--check")
+    assert line == (f"error: {script}:6:21: transform.structured.tile_using_for failed: "
+                    f"too many tiles provided, expected at most 3 found 4")
+
+
+@pytest.mark.parametrize("text, expected", [
+    (None, "cannot read the schedule file"),
+    ("module {\n  func.func @f( {\n}\n", "bad.mlir:2:"),
+    ("module {\n}\n", "not a schedule script"),
+    (MATMUL_TILES.replace("TILE", "8").split("  transform.named_sequence @vectorize")[0] + "}\n",
+     "has no named sequence @vectorize (it has: @fuse)"),
+    (MATMUL_TILES.replace("TILE", "8, 8"), "bad.mlir:6:21: 'transform.structured.tile_using_for' "
+     "op expected number of loops to tile (2) to match number of `loops` results (1)"),
+])
+def test_a_bad_schedule_file_is_a_one_line_error(tmp_path, text, expected):
+    line, _ = _cli_error(tmp_path, text)
+    assert expected in line, line
+
+
+def test_a_failing_schedule_file_never_falls_back(tmp_path):
+    script = tmp_path / "bad.mlir"
+    script.write_text(MATMUL_TILES.replace("TILE", "0, 0, 0, 8"))
+    with pytest.raises(ScheduleFileError, match="tile_using_for failed"):
+        compile_kernel(EXAMPLES / "matmul.py", overrides={"N": 32}, schedule_file=script)
