@@ -577,6 +577,41 @@ def _log_softmax_backward_widened(grad_output, output, dim, input_dtype):
     return dx.to(input_dtype)
 
 
+_NARROW = (torch.float16, torch.bfloat16)
+
+
+def _rms_norm_widened(input, normalized_shape, weight=None, eps=None):
+    """x rsqrt(mean(x^2) + eps) w over the trailing `normalized_shape` dims, for f16/bf16
+    computed in f32 and rounded once, as torch's kernel does (a bf16/f16 sum of squares
+    overflows at |x| ~ 30 over 64 elements); eps defaults to f32's epsilon."""
+    if input.dtype not in _NARROW:
+        return NotImplemented
+    x = input.float()
+    dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
+    eps = torch.finfo(torch.float32).eps if eps is None else eps
+    out = x * torch.rsqrt(x.square().mean(dims, keepdim=True) + eps)
+    if weight is not None:
+        out = out * weight.float()
+    return out.to(input.dtype)
+
+
+def _vector_norm_widened(input, ord=2, dim=None, keepdim=False, *, dtype=None):
+    """||x||_ord of an f16/bf16 tensor computed in f32 and rounded once, as torch does."""
+    if input.dtype not in _NARROW or dtype is not None:
+        return NotImplemented
+    return torch.linalg.vector_norm(input.float(), ord, dim, keepdim).to(input.dtype)
+
+
+def _narrow_float_decompositions() -> dict:
+    """Ops torch computes in f32 for f16/bf16 inputs, rounding only the result, that
+    torch-mlir would lower in the narrow type."""
+    aten = torch.ops.aten
+    return {aten.rms_norm.default: _rms_norm_widened,
+            aten.linalg_vector_norm.default: _vector_norm_widened,
+            aten._softmax_backward_data.default: _softmax_backward_widened,
+            aten._log_softmax_backward_data.default: _log_softmax_backward_widened}
+
+
 def _joint_decompositions() -> dict:
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
@@ -588,8 +623,7 @@ def _joint_decompositions() -> dict:
     table[aten.scatter.value] = _scatter_value_onehot
     table[aten.native_batch_norm.default] = _native_batch_norm_eval
     table[aten._native_batch_norm_legit_no_training.default] = _native_batch_norm_no_training
-    table[aten._softmax_backward_data.default] = _softmax_backward_widened
-    table[aten._log_softmax_backward_data.default] = _log_softmax_backward_widened
+    table.update(_narrow_float_decompositions())
     table.update(index_decompositions())
     return table
 
@@ -597,4 +631,5 @@ def _joint_decompositions() -> dict:
 def _forward_decompositions() -> dict:
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
-    return {**get_decomposition_table(), **index_decompositions()}
+    return {**get_decomposition_table(), **_narrow_float_decompositions(),
+            **index_decompositions()}

@@ -594,6 +594,9 @@ def _promote(op: ir.Operation) -> None:
                 ("arith.", "math.")):
             for i, v in enumerate(inner.operands):
                 w = widened(v)
+                if w is v and str(v.type) in _NARROW_FLOATS:  # captured from outside the body
+                    with ir.InsertionPoint(inner), op.location:
+                        w = arith.extf(f32, v)
                 if w is not v:
                     inner.operands[i] = w
             for r in inner.results:

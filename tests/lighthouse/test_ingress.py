@@ -158,3 +158,66 @@ def test_narrow_softmax_backward_is_computed_in_f32(kernel_file):
         CHECK-NEXT: linalg.yield
         CHECK: return
     """)
+
+
+NARROW_NORMS = {
+    # rows of |x| ~ 60: the f16 sum of squares overflows (torch sums in f32)
+    "rms_norm_weight": "F.rms_norm(x, (64,), w, eps=1e-5)",
+    "rms_norm_default_eps": "F.rms_norm(x, (64,))",
+    "normalize": "F.normalize(x, dim=-1)",
+    "divide_by_norm": "x / x.norm(dim=-1, keepdim=True)",
+    "norm_of_all": "x.norm()",
+    "max_norm_columns": "torch.linalg.vector_norm(x, float('inf'), dim=0)",
+}
+
+
+@pytest.mark.parametrize("backward", [False, True])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name", NARROW_NORMS)
+def test_narrow_norms_are_computed_in_f32_like_torch(kernel_file, name, dtype, backward):
+    """rms_norm and vector norms of f16/bf16 sum in f32 and round the result once (in f16
+    they came out 0 where a row's sum of squares overflows; x.norm() failed to compile)."""
+    path = kernel_file(KERNEL.format(
+        expr=NARROW_NORMS[name], args="x, w",
+        inputs=f"[(torch.randn(8, 64, generator=g) * 60).to(torch.{dtype}), "
+               f"torch.randn(64, generator=g).to(torch.{dtype})]").replace(
+        "import torch\n", "import torch\nimport torch.nn.functional as F\n", 1))
+    _assert_matches(compile_kernel(path, backward=backward))
+
+
+def test_a_narrow_reduction_widens_values_captured_from_outside_its_body():
+    from schedules.prepare import promote_reductions_to_f32
+    from tests.transform_ext.helpers import parse
+
+    payload = parse("""
+        func.func @f(%x: tensor<4x8xf16>) -> tensor<4xf16> {
+          %two = arith.constant 2.0 : f16
+          %zero = arith.constant 0.0 : f16
+          %e = tensor.empty() : tensor<4xf16>
+          %init = linalg.fill ins(%zero : f16) outs(%e : tensor<4xf16>) -> tensor<4xf16>
+          %s = linalg.generic {indexing_maps = [affine_map<(i, j) -> (i, j)>, affine_map<(i, j) -> (i)>],
+                               iterator_types = ["parallel", "reduction"]}
+              ins(%x : tensor<4x8xf16>) outs(%init : tensor<4xf16>) {
+          ^bb0(%a: f16, %acc: f16):
+            %p = math.powf %a, %two : f16
+            %t = arith.addf %p, %acc : f16
+            linalg.yield %t : f16
+          } -> tensor<4xf16>
+          return %s : tensor<4xf16>
+        }
+    """)
+    from torch_mlir import ir
+
+    with payload.context, ir.Location.unknown():
+        assert promote_reductions_to_f32(payload) == 1
+    payload.operation.verify()
+    check(payload, """
+        CHECK: %[[TWO:.*]] = arith.constant 2.000000e+00 : f16
+        CHECK: linalg.generic
+        CHECK: ^bb0(%[[A:.*]]: f16, %[[ACC:.*]]: f32):
+        CHECK-DAG: %[[WA:.*]] = arith.extf %[[A]] : f16 to f32
+        CHECK-DAG: %[[W2:.*]] = arith.extf %[[TWO]] : f16 to f32
+        CHECK: math.powf %[[WA]], %[[W2]] : f32
+        CHECK: arith.addf %{{.*}}, %[[ACC]] : f32
+        CHECK: arith.truncf %{{.*}} : f32 to f16
+    """)
