@@ -57,7 +57,15 @@ def _generic_vectorize(module, target):
     vectorize_generic(module, _generic_params(target))
 
 
-GENERIC = Family("generic", lambda m: True, lambda m: None, _generic_fuse, _generic_vectorize)
+def _generic_script(module, target):
+    from schedules.generic import generic_script
+
+    return generic_script(_generic_params(target))
+
+
+GENERIC = Family("generic", lambda m: True, lambda m: None, _generic_fuse, _generic_vectorize,
+                 script=_generic_script)
+
 
 def _loops_script(module, target):
     from schedules.loops import loops_script

@@ -144,6 +144,7 @@ def checks_to_error_code(payload: ir.Module) -> int:
     from torch_mlir.dialects import arith, tensor
 
     from transform_ext.common import build_generic, iterator_kinds
+    from transform_ext.split_assertions import holds_assertions, split, unsplittable_reason
 
     funcs = [op.operation for op in payload.body.operations if op.operation.name == "func.func"]
     messages = kernel_error_messages(payload)
@@ -153,8 +154,8 @@ def checks_to_error_code(payload: ir.Module) -> int:
         for func in funcs:
             block = func.regions[0].blocks[0]
             for op in list(block.operations):
-                if op.operation.name == "linalg.generic" and op.operation.results and _asserts(op):
-                    _split(op.operation.opview)  # the op's own checks, first split out
+                if holds_assertions(op.operation) and unsplittable_reason(op.operation) is None:
+                    split(op.operation)  # the op's own checks, first split out
             checks = [op.operation for op in block.operations if op.operation.name ==
                       "linalg.generic" and not op.operation.results and _asserts(op)]
             if not checks:
@@ -220,84 +221,16 @@ def _asserts(op) -> bool:
     return any(o.operation.name == "cf.assert" for o in op.operation.regions[0].blocks[0].operations)
 
 
-def split_assertions(payload: ir.Module) -> int:
-    """Split every result-producing linalg.generic holding cf.assert; return the count."""
-    found = []
+def split_assertions(payload: ir.Module) -> None:
+    """Split every result-producing linalg.generic holding cf.assert (the
+    `transform_ext.split_assertions` op applied to the module)."""
+    import transform_ext
+    from transform_ext.split_assertions import split_assertions as split_op
 
-    def visit(op):
-        if op.name == "linalg.generic" and len(op.results) and any(
-                inner.operation.name == "cf.assert" for inner in op.regions[0].blocks[0].operations):
-            found.append(op)
-        return ir.WalkResult.ADVANCE
+    from .common import run_schedule
 
-    payload.operation.walk(visit)
-    with payload.context:
-        for op in found:
-            _split(op.opview)
-    return len(found)
-
-
-def _split(generic) -> None:
-    inputs = list(generic.inputs)
-    maps = list(generic.indexing_maps)[: len(inputs)]
-    body = generic.regions[0].blocks[0]
-    asserts = [o for o in body.operations if o.operation.name == "cf.assert"]
-    needed = _backward_slice(asserts, body)
-    if any(isinstance(v, ir.BlockArgument) and v.arg_number >= len(inputs)
-           for o in needed for v in o.operands):
-        return  # the assertions read the accumulator: leave the op alone
-    # The check runs over the loops its inputs index (a loop only the output indexes, e.g.
-    # the columns of a row gather, would repeat the same check and has no extent here).
-    kept = sorted({r.position for m in maps for r in m.value.results
-                   if isinstance(r, ir.AffineDimExpr)})
-    indexed = {ir.IntegerAttr(o.attributes["dim"]).value for o in needed if o.name == "linalg.index"}
-    if not indexed <= set(kept):
-        return  # the assertions read a loop index the inputs do not bound: leave the op alone
-    n_loops = len(generic.iterator_types)
-    renumber = ir.AffineMap.get(len(kept), 0, [
-        ir.AffineDimExpr.get(kept.index(d)) if d in kept else ir.AffineConstantExpr.get(0)
-        for d in range(n_loops)])
-    check_maps = [ir.AffineMapAttr.get(ir.AffineMap.get(len(kept), 0, [
-        r.compose(renumber) for r in m.value.results])) for m in maps]
-    kinds = ir.ArrayAttr.get([generic.iterator_types[d] for d in kept])
-    with ir.InsertionPoint(generic.operation), generic.location:
-        check = linalg.GenericOp([], inputs, [], ir.ArrayAttr.get(check_maps), kinds)
-        block = check.regions[0].blocks.append(*[v.type.element_type for v in inputs])
-        mapping = {body.arguments[i]: block.arguments[i] for i in range(len(inputs))}
-        with ir.InsertionPoint(block):
-            for o in body.operations:
-                if o.operation not in needed:
-                    continue
-                clone = o.operation.clone()
-                if clone.name == "linalg.index":
-                    dim = ir.IntegerAttr(clone.attributes["dim"]).value
-                    clone.attributes["dim"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64),
-                                                                 kept.index(dim))
-                for i, v in enumerate(clone.operands):
-                    if v in mapping:
-                        clone.operands[i] = mapping[v]
-                for old, new in zip(o.operation.results, clone.results):
-                    mapping[old] = new
-            linalg.YieldOp([])
-    for a in asserts:
-        a.operation.erase()
-
-
-def _backward_slice(roots, body) -> list:
-    """The ops of `body` that the `roots` depend on, and the roots (as ir.Operation)."""
-    wanted: list = [r.operation for r in roots]
-    frontier = list(wanted)
-    while frontier:
-        op = frontier.pop()
-        for v in op.operands:
-            owner = v.owner
-            if isinstance(owner, ir.OpView):
-                owner = owner.operation
-            if isinstance(owner, ir.Operation) and owner.parent == body.owner \
-                    and owner not in wanted:
-                wanted.append(owner)
-                frontier.append(owner)
-    return wanted
+    transform_ext.load(payload.context)
+    run_schedule(payload, split_op)
 
 
 # Element-wise touchers of i1 tensors that widen_bool_tensors knows how to fix up; every

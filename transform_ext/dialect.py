@@ -29,6 +29,12 @@ OP_MODULES: list[str] = [
     "expand_integer_powers",
     "scalarize_rank0_generics",
     "tile_insert_slices",
+    "split_assertions",
+    "fuse_roots_into_foralls",
+    "interchange_lane_dims_innermost",
+    "fuse_init_into_register_tile",
+    "tile_to_vector_tiles",
+    "split_odd_bf16_lanes",
 ]
 
 

@@ -163,3 +163,47 @@ def test_row_reductions_over_other_dims_and_views_match_torch(kernel_file, expr,
     not be split), a transpose after, a transpose before, a transposed-view input."""
     inputs = f"[{x}, torch.rand{w[:-1]}, generator=g) + 0.5]"
     _assert_matches(_compile(kernel_file, f"{expr} * w", inputs, "x, w", backward=backward))
+
+
+def test_the_schedule_is_one_script_with_its_parameters_visible():
+    """@fuse and @vectorize in order, the policy ops carrying GenericParams as attributes."""
+    from torch_mlir import ir
+
+    import transform_ext
+    from schedules.generic import GenericParams, generic_script
+
+    with ir.Context() as ctx, ir.Location.unknown():
+        transform_ext.load(ctx)
+        script = str(generic_script(GenericParams(threads=3, vector_tile=32, register_tile=(4, 16))))
+    filecheck(script, """
+        CHECK: transform.named_sequence @fuse
+        CHECK: "transform_ext.split_assertions"
+        CHECK: apply_registered_pass "linalg-fold-unit-extent-dims"
+        CHECK: apply_registered_pass "linalg-fuse-elementwise-ops"
+        CHECK: "transform_ext.fuse_roots_into_foralls"(%{{.*}}) {min_parallel_work = 4096 : i64, threads = 3 : i64, tile_bytes = 131072 : i64, tiles_per_thread = 4 : i64, vector_tile = 32 : i64}
+        CHECK: transform.named_sequence @vectorize
+        CHECK: "transform_ext.interchange_lane_dims_innermost"
+        CHECK: "transform_ext.tile_to_vector_tiles"(%{{.*}}) {register_tile = [4, 16], vector_tile = 32 : i64}
+        CHECK: "transform_ext.split_odd_bf16_lanes"
+        CHECK: "transform_ext.tile_insert_slices"(%{{.*}}) {lane_tile = 32 : i64, max_elements = 64 : i64}
+        CHECK: transform.structured.vectorize_children_and_apply_patterns
+        CHECK: transform.loop.hoist_loop_invariant_subsets
+    """)
+    assert "lh." not in script
+
+
+def test_an_edited_vector_tile_in_the_printed_script_is_applied(kernel_file, tmp_path):
+    """The tile_to_vector_tiles attribute edited to 16 (from 4 x the f32 lanes): the rows of
+    256 vectorize in 16-lane tiles, and the kernel still matches torch."""
+    path = kernel_file(KERNEL.format(expr="torch.softmax(x, dim=-1)", args="x",
+                                     inputs="[torch.randn(8, 256, generator=g)]"))
+    printed = compile_kernel(path, schedule="generic", stop_after="cleanup").schedule_text()
+    edited, count = re.subn(r'("transform_ext.tile_to_vector_tiles"\(%\d+\) \{register_tile = '
+                            r'\[\d+, \d+\], vector_tile = )\d+', r"\g<1>16", printed)
+    assert count == 1, printed
+    script = tmp_path / "generic.mlir"
+    script.write_text(edited)
+    compiled = compile_kernel(path, schedule_file=script, dump_dir=tmp_path / "dump")
+    vectors = set(re.findall(r"vector<(\d+x\d+)xf32>", (tmp_path / "dump" / "04-vectorize.mlir").read_text()))
+    assert vectors == {"1x16"}, vectors
+    _assert_matches(compiled)

@@ -88,3 +88,38 @@ def loop_structure(op) -> LoopStructure:
             if not shaped.is_dynamic_dim(axis):
                 ranges[pos] = shaped.get_dim_size(axis)
     return LoopStructure(op, maps, num_inputs, num_outputs, iterators, ranges)
+
+
+def func_ops(payload: ir.Module):
+    """The top-level func.func ops of a module."""
+    for op in payload.body.operations:
+        if op.operation.name == "func.func":
+            yield op.operation
+
+
+def single_func(payload: ir.Module, error: type[Exception] = ValueError) -> ir.Operation:
+    """The payload's one function; `error` when there are none or several."""
+    funcs = list(func_ops(payload))
+    if len(funcs) != 1:
+        raise error(f"expected one function, found {len(funcs)}")
+    return funcs[0]
+
+
+def top_level_linalg_ops(func: ir.Operation) -> list[ir.Operation]:
+    """The linalg ops directly in a function's body, in order."""
+    return [op.operation for op in func.regions[0].blocks[0].operations if is_linalg_op(op)]
+
+
+def all_linalg_ops(root) -> list[ir.Operation]:
+    """The linalg ops nested in `root` (root included), in pre-order, not looking inside
+    linalg ops."""
+    found = []
+
+    def visit(op):
+        if is_linalg_op(op):
+            found.append(op)
+            return ir.WalkResult.SKIP
+        return ir.WalkResult.ADVANCE
+
+    getattr(root, "operation", root).walk(visit, ir.WalkOrder.PRE_ORDER)
+    return found

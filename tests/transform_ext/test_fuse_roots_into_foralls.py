@@ -1,0 +1,88 @@
+"""fuse_roots_into_foralls: IR (FileCheck) of a row chain tiled into a forall with its
+producer fused, a small op left sequential (and no marker left behind), rejection of a
+target that is not a function; numerics of the chain against torch."""
+
+import torch
+
+from schedules.common import match
+from transform_ext.fuse_roots_into_foralls import fuse_roots_into_foralls
+from tests.transform_ext.helpers import apply, apply_expect_failure, check, parse
+from tests.transform_ext.numeric import run_module
+
+_ROW_SUMS = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#rows = affine_map<(d0, d1) -> (d0)>
+func.func @main(%x: tensor<ROWSxCOLSxf32>) -> tensor<ROWSxf32> {
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<ROWSxCOLSxf32>
+  %exp = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%x : tensor<ROWSxCOLSxf32>) outs(%e : tensor<ROWSxCOLSxf32>) {
+  ^bb0(%a: f32, %out: f32):
+    %y = math.exp %a : f32
+    linalg.yield %y : f32
+  } -> tensor<ROWSxCOLSxf32>
+  %r0 = tensor.empty() : tensor<ROWSxf32>
+  %acc = linalg.fill ins(%zero : f32) outs(%r0 : tensor<ROWSxf32>) -> tensor<ROWSxf32>
+  %sum = linalg.generic {indexing_maps = [#id, #rows], iterator_types = ["parallel", "reduction"]}
+      ins(%exp : tensor<ROWSxCOLSxf32>) outs(%acc : tensor<ROWSxf32>) {
+  ^bb0(%a: f32, %out: f32):
+    %s = arith.addf %a, %out : f32
+    linalg.yield %s : f32
+  } -> tensor<ROWSxf32>
+  return %sum : tensor<ROWSxf32>
+}
+"""
+
+
+def row_sums(rows: int = 64, cols: int = 128) -> str:
+    """sum_j exp(x[i, j]) per row of a rows x cols tensor."""
+    return _ROW_SUMS.replace("ROWS", str(rows)).replace("COLS", str(cols))
+
+
+ROW_SUMS = row_sums()
+
+POLICY = dict(threads=2, tiles_per_thread=4, tile_bytes=1 << 20, vector_tile=16)
+
+
+def test_a_root_is_tiled_into_a_forall_with_its_producers_fused():
+    """64 rows into 2 x 4 = 8 tiles of 8 rows; the exp and the fill are computed per tile."""
+    payload = parse(ROW_SUMS)
+    apply(payload, lambda root: fuse_roots_into_foralls(
+        match(root, "func.func"), min_parallel_work=1, **POLICY))
+    check(payload, """
+        CHECK: func.func @main
+        CHECK: scf.forall (%[[I:.*]]) = (0) to (64) step (8)
+        CHECK: %[[X:.*]] = tensor.extract_slice %{{.*}}[%[[I]], 0] [8, 128] [1, 1]
+        CHECK: %[[EXP:.*]] = linalg.generic {{.*}} ins(%[[X]] : tensor<8x128xf32>)
+        CHECK: math.exp
+        CHECK: %[[ACC:.*]] = linalg.fill {{.*}} -> tensor<8xf32>
+        CHECK: linalg.generic {{.*}} ins(%[[EXP]] : tensor<8x128xf32>) outs(%[[ACC]] : tensor<8xf32>)
+        CHECK: scf.forall.in_parallel
+        CHECK-NOT: linalg.
+        CHECK: return
+    """)
+
+
+def test_too_little_work_stays_sequential_and_unmarked():
+    payload = parse(ROW_SUMS)
+    before = str(payload)
+    apply(payload, lambda root: fuse_roots_into_foralls(
+        match(root, "func.func"), min_parallel_work=1 << 20, **POLICY))
+    assert str(payload) == before
+
+
+def test_the_tiled_chain_matches_torch():
+    """8192 rows: enough work for the generic schedule's forall (min_parallel_work 4096)."""
+    x = torch.randn(8192, 24, generator=torch.Generator().manual_seed(0))
+    got = run_module(parse(row_sums(8192, 24)), [x])[0]
+    torch.testing.assert_close(got, torch.exp(x).sum(dim=1), rtol=1e-5, atol=1e-5)
+
+
+def test_rejects_a_target_that_is_not_a_function():
+    payload = parse(ROW_SUMS)
+    before = str(payload)
+    message = apply_expect_failure(payload, lambda root: fuse_roots_into_foralls(
+        match(root, "linalg.fill"), min_parallel_work=1, **POLICY))
+    assert "transform_ext.fuse_roots_into_foralls: linalg.fill at" in message
+    assert "not a func.func" in message
+    assert str(payload) == before

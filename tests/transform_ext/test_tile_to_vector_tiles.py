@@ -1,0 +1,77 @@
+"""tile_to_vector_tiles: IR (FileCheck) of a matmul's register tiles with its fill inside and
+of a prime row length whose partial tile is peeled, rejection of a target that is not a
+function; numerics through the generic schedule against torch."""
+
+import torch
+
+from schedules.common import match
+from transform_ext.tile_to_vector_tiles import tile_to_vector_tiles
+from tests.transform_ext.helpers import apply, apply_expect_failure, check, parse
+from tests.transform_ext.numeric import run_module
+from tests.transform_ext.test_fuse_init_into_register_tile import FILLED
+
+# y = 2 x over rows of 131 (a prime): tiles of 16 lanes, the last 3 lanes peeled
+PRIME_ROWS = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+func.func @main(%x: tensor<4x131xf32>) -> tensor<4x131xf32> {
+  %two = arith.constant 2.0 : f32
+  %e = tensor.empty() : tensor<4x131xf32>
+  %r = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%x : tensor<4x131xf32>) outs(%e : tensor<4x131xf32>) {
+  ^bb0(%a: f32, %out: f32):
+    %y = arith.mulf %a, %two : f32
+    linalg.yield %y : f32
+  } -> tensor<4x131xf32>
+  return %r : tensor<4x131xf32>
+}
+"""
+
+
+def _tile(vector_tile=16, register_tile=(8, 32)):
+    return lambda root: tile_to_vector_tiles(match(root, "func.func"), vector_tile=vector_tile,
+                                             register_tile=register_tile)
+
+
+def test_a_matmul_gets_register_tiles_that_compute_its_fill():
+    payload = parse(FILLED)
+    apply(payload, _tile())
+    check(payload, """
+        CHECK: func.func @main
+        CHECK-NOT: linalg.fill
+        CHECK: scf.for %[[I:[^ ]+]] = %{{.*}} to %c16 step %c8
+        CHECK: scf.for %[[J:[^ ]+]] = %{{.*}} to %c64 step %c32
+        CHECK: %[[ZERO:[^ ]+]] = linalg.fill {{.*}} -> tensor<8x32xf32>
+        CHECK: scf.for %[[K:[^ ]+]] = %{{.*}} to %c24 step %c1 iter_args(%[[ACC:[^ ]+]] = %[[ZERO]])
+        CHECK: %[[TILE:[^ ]+]] = tensor.extract_slice %[[ACC]][0, 0] [8, 32] [1, 1]
+        CHECK: linalg.matmul ins(%{{.*}}, %{{.*}} : tensor<8x1xf32>, tensor<1x32xf32>) outs(%[[TILE]] : tensor<8x32xf32>)
+    """)
+
+
+def test_the_partial_tile_of_a_prime_row_is_peeled():
+    payload = parse(PRIME_ROWS)
+    apply(payload, _tile())
+    check(payload, """
+        CHECK: func.func @main
+        CHECK: scf.for %{{.*}} = %{{.*}} to %c4 step %c1
+        CHECK: scf.for %{{.*}} = %{{.*}} to %c128 step %c16
+        CHECK: linalg.generic {{.*}} ins(%{{.*}} : tensor<1x16xf32>) outs(%{{.*}} : tensor<1x16xf32>)
+        CHECK: linalg.generic {{.*}} ins(%{{.*}} : tensor<1x3xf32>) outs(%{{.*}} : tensor<1x3xf32>)
+    """)
+    assert "tensor<1x?xf32>" not in str(payload)
+
+
+def test_the_peeled_rows_match_torch():
+    """263 lanes (a prime above twice the default vector tile, 64): 4 x 64 lanes, 7 peeled."""
+    x = torch.randn(4, 263, generator=torch.Generator().manual_seed(0))
+    got = run_module(parse(PRIME_ROWS.replace("4x131", "4x263")), [x])[0]
+    assert torch.equal(got, 2.0 * x)
+
+
+def test_rejects_a_target_that_is_not_a_function():
+    payload = parse(PRIME_ROWS)
+    before = str(payload)
+    message = apply_expect_failure(payload, lambda root: tile_to_vector_tiles(
+        match(root, "linalg.generic"), vector_tile=16, register_tile=(8, 32)))
+    assert "transform_ext.tile_to_vector_tiles: linalg.generic at" in message
+    assert "not a func.func" in message
+    assert str(payload) == before

@@ -1,0 +1,256 @@
+"""Tile sizes of the generic schedule, read from a linalg op's loops and its producers.
+
+`parallel_tile_sizes`: the forall tiles of a root op (threads, cache, recomputed
+reductions); `vector_tile_sizes`: the scf.for tiles that leave one vector-sized static tile
+(a register tile for contractions); `lane_dim`: the loop dim the vector lanes run along;
+`register_tile_init_producer`: a contraction's accumulator producer computed per register
+tile. Their `policy` argument is any object with the fields they read (the transform ops'
+`ForallPolicy` / `VectorPolicy`, or the schedule's GenericParams, which has them all).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch_mlir import ir
+
+from ..common import defining_op, largest_divisor_at_most
+from .structure import dim_positions, is_linalg_op, loop_structure
+
+
+@dataclass(frozen=True)
+class ForallPolicy:
+    """threads x tiles_per_thread forall tiles, a tile's share of the result at most
+    tile_bytes, inner chunks of at least vector_tile elements, ops with fewer than
+    min_parallel_work output elements sequential."""
+
+    threads: int
+    tiles_per_thread: int
+    tile_bytes: int
+    vector_tile: int
+    min_parallel_work: int
+
+
+@dataclass(frozen=True)
+class VectorPolicy:
+    """vector_tile elements along the lane dim; (m, n) register tiles of contractions."""
+
+    vector_tile: int
+    register_tile: tuple[int, int]
+
+
+def smallest_divisor_at_least(n: int, low: int) -> int:
+    for d in range(max(1, low), n + 1):
+        if n % d == 0:
+            return d
+    return n
+
+
+def parallel_tile_sizes(op: ir.Operation, policy) -> list[int] | None:
+    """Forall tile sizes over the loop dims (0 = not tiled), or None to stay sequential.
+
+    Only dims whose split recomputes no reduction of the fused producer chain are split
+    (`recomputed_reductions`: splitting the columns of a row-reduction chain would repeat
+    every row's reductions per column tile); with too few such rows for the threads, fewer
+    threads are busy. Outer dims first, into threads x tiles_per_thread tiles, or more so
+    that a tile's share of the result stays under `tile_bytes`; the innermost loop dim then,
+    when the outer dims alone give too few tiles, in chunks of at least `vector_tile` that
+    divide it (forall tiles keep static shapes; a prime extent stays whole)."""
+    ls = loop_structure(op)
+    if not ls.is_static or not ls.parallel_dims or ls.num_outputs == 0:
+        return None
+    work = 1
+    for d in ls.parallel_dims:
+        work *= ls.ranges[d]
+    if work < policy.min_parallel_work:
+        return None
+    splittable = [d for d in ls.parallel_dims if not recomputed_reductions(op, d)]
+    for_threads = policy.threads * policy.tiles_per_thread
+    sizes = [0] * ls.num_loops
+    last = ls.num_loops - 1
+    rows = [d for d in splittable if d != last]
+    chunks = ls.ranges[last] // policy.vector_tile if last in splittable else 1
+    most = max(1, chunks)
+    for d in rows:
+        most *= ls.ranges[d]
+    for_cache = -(-work * widest_element_bytes(op) // policy.tile_bytes)
+    wanted, tiles = max(for_threads, min(for_cache, most)), 1
+    for d in rows:
+        if wanted <= 1:
+            break
+        extent = ls.ranges[d]
+        if extent <= wanted:
+            sizes[d] = 1
+            tiles *= extent
+            wanted = -(-wanted // extent)
+        else:
+            count = smallest_divisor_at_least(extent, wanted)
+            sizes[d] = extent // count
+            tiles *= count
+            wanted = 1
+    if wanted > 1 and chunks > 1:
+        extent = ls.ranges[last]
+        chunk = largest_divisor_at_most(extent, max(policy.vector_tile, extent // wanted))
+        if policy.vector_tile <= chunk < extent:
+            sizes[last] = chunk
+    if not any(sizes):
+        return None
+    return sizes
+
+
+def recomputed_reductions(root: ir.Operation, dim: int) -> list[ir.Operation]:
+    """The reductions in `root`'s producer chain (the linalg ops `transform.structured.fuse`
+    pulls into its tiles) that splitting loop dim `dim` into t tiles computes t times over.
+
+    A tile of the root indexes the operand dims whose map results use a split dim; through
+    a producer's output map those are its loop dims split in turn. A producer whose slice
+    depends on no split dim is the whole tensor: fuse leaves it outside, computed once. One
+    whose slice depends on the root's other parallel dims (which may be split too) but not
+    on `dim` is computed whole along `dim` once per tile of `dim`: if it reduces, it is
+    returned."""
+    found = []
+    seen = set()
+    others = frozenset(d for d in loop_structure(root).parallel_dims if d != dim)
+    stack = [(root, frozenset([dim]), others)]
+    while stack:
+        op, tiled, other = stack.pop()
+        if (op, tiled, other) in seen:
+            continue
+        seen.add((op, tiled, other))
+        ls = loop_structure(op)
+        for value, amap in zip(op.operands, ls.maps):
+            producer = defining_op(value)
+            if producer is None or not is_linalg_op(producer) \
+                    or not isinstance(value.type, ir.ShapedType):
+                continue
+            pls = loop_structure(producer)
+            out = dim_positions(pls.output_map(ir.OpResult(value).result_number))
+
+            def through(dims):
+                return frozenset(out[a] for a, expr in enumerate(amap.results)
+                                 if expr_dims(expr) & dims and out[a] is not None)
+
+            ptiled, pother = through(tiled), through(other)
+            if not ptiled and not pother:
+                continue
+            if not ptiled and pls.reduction_dims and producer not in found:
+                found.append(producer)
+            stack.append((producer, ptiled, pother))
+    return found
+
+
+def expr_dims(expr) -> set[int]:
+    """The loop dims an affine expression reads."""
+    if isinstance(expr, ir.AffineDimExpr):
+        return {expr.position}
+    if isinstance(expr, ir.AffineBinaryExpr):
+        return expr_dims(expr.lhs) | expr_dims(expr.rhs)
+    return set()
+
+
+def widest_element_bytes(op: ir.Operation) -> int:
+    widths = [ir.ShapedType(v.type).element_type for v in list(op.operands) + list(op.results)
+              if isinstance(v.type, ir.ShapedType)]
+    return max([(t.width + 7) // 8 for t in widths if hasattr(t, "width")] or [4])
+
+
+def vector_tile_sizes(op: ir.Operation, policy) -> list[int] | None:
+    """scf.for tile sizes that leave a vector-sized static tile (0 = keep whole). The vector
+    lanes run along the loop dim that is innermost in memory (`lane_dim`)."""
+    ls = loop_structure(op)
+    if not ls.is_static or ls.num_loops == 0 or ls.num_outputs == 0:
+        return None
+    sizes = [1] * ls.num_loops
+    if ls.is_contraction:
+        dims = ls.contraction_dims()
+        if len(dims["m"]) and len(dims["n"]):
+            rows, lanes = dims["m"][-1], dims["n"][-1]
+            out_last = dim_positions(ls.output_map(0))[-1:]
+            if out_last == [rows]:  # the accumulator is stored m-innermost
+                rows, lanes = lanes, rows
+            sizes[rows] = largest_divisor_at_most(ls.ranges[rows], policy.register_tile[0])
+            sizes[lanes] = largest_divisor_at_most(ls.ranges[lanes], policy.register_tile[1])
+            return sizes
+    lane = lane_dim(ls)
+    sizes[lane] = lane_tile(ls.ranges[lane], policy.vector_tile, even=touches_bf16(op))
+    if all(s == r for s, r in zip(sizes, ls.ranges)):
+        return None
+    return sizes
+
+
+def lane_tile(extent: int, vector_tile: int, even: bool = False) -> int:
+    """Elements of a lane dim of `extent` per vector tile: the whole dim up to twice
+    `vector_tile`; else the largest divisor of the extent in [vector_tile / 2, vector_tile]
+    (an even one if `even`: odd bf16 vectors are split later, see
+    transform_ext.split_odd_bf16_lanes); else (a prime or nearly prime extent) `vector_tile`
+    itself, and the loop's last partial tile is peeled off into a static tile of its own."""
+    if extent <= 2 * vector_tile:
+        return extent
+    divisor = largest_divisor_at_most(extent, vector_tile)
+    if even and divisor % 2:
+        divisor = 2 * largest_divisor_at_most(extent // 2, vector_tile // 2) if extent % 2 == 0 \
+            else 1
+    return divisor if 2 * divisor >= vector_tile else vector_tile
+
+
+def lane_dim(ls) -> int:
+    """The loop dim that is the innermost dim of the op's largest operand (the output on a
+    tie): vector lanes along it read and write contiguous memory. The last loop dim when
+    that operand's innermost index is not a plain dim."""
+    best, best_size = None, -1
+    order = list(range(ls.num_inputs, len(ls.maps))) + list(range(ls.num_inputs))
+    for i in order:
+        t = ls.op.operands[i].type
+        if not isinstance(t, ir.ShapedType) or not t.has_static_shape or t.rank == 0:
+            continue
+        size = 1
+        for d in t.shape:
+            size *= d
+        if size > best_size:
+            best, best_size = i, size
+    if best is not None:
+        last = dim_positions(ls.maps[best])[-1]
+        if last is not None:
+            return last
+    return ls.num_loops - 1
+
+
+def touches_bf16(op: ir.Operation) -> bool:
+    return any(isinstance(v.type, ir.ShapedType)
+               and isinstance(ir.ShapedType(v.type).element_type, ir.BF16Type)
+               for v in list(op.operands) + list(op.results))
+
+
+def register_tile_init_producer(op: ir.Operation) -> ir.Operation | None:
+    """For a contraction, the op producing its init (accumulator) if it can be computed per
+    register tile instead of in a pass of its own: a linalg.fill, or an elementwise
+    linalg.generic with an identity output map whose inputs are slices of the tile (projected
+    permutations) and not its own init, used only by the contraction."""
+    ls = loop_structure(op)
+    if not ls.is_contraction or ls.num_outputs != 1:
+        return None
+    init = op.operands[ls.num_inputs]
+    producer = defining_op(init)
+    if producer is None or len(list(init.uses)) != 1 or not per_tile_producer(producer):
+        return None
+    return producer
+
+
+def per_tile_producer(producer: ir.Operation) -> bool:
+    """A one-result linalg.fill, or an elementwise linalg.generic with an identity output
+    map whose inputs are projected permutations of its loops and not its own init: a tile of
+    its result is the producer applied to the same tile of its operands."""
+    if not is_linalg_op(producer) or len(producer.results) != 1:
+        return False
+    if producer.name == "linalg.fill":
+        return True
+    pls = loop_structure(producer)
+    if producer.name != "linalg.generic" or not pls.is_elementwise or \
+            not pls.output_map(0).is_permutation or \
+            dim_positions(pls.output_map(0)) != list(range(pls.num_loops)):
+        return False
+    dest = producer.operands[pls.num_inputs]
+    if any(producer.operands[j] == dest for j in range(pls.num_inputs)):
+        return False
+    return not any(None in dim_positions(pls.maps[j]) for j in range(pls.num_inputs)
+                   if isinstance(producer.operands[j].type, ir.ShapedType))

@@ -1,0 +1,139 @@
+"""tile_to_vector_tiles: every linalg op is tiled with scf.for to one static vector tile.
+
+Sizes from `vector_tile_sizes` (transform_ext.analysis.tiles):
+- a contraction: an m x n register tile (the largest divisors of its m and n extents up to
+  register_tile), k = 1. When its accumulator's producer (a fill, an elementwise generic) can
+  be computed per register tile (`register_tile_init_producer`) and the tile is smaller
+  than the whole output, the m/n loops come first, the producer is computed in each tile
+  (transform_ext.fuse_init_into_register_tile), then the k loop;
+- any other op: 1 x ... x 1 x W along its lane dim (`lane_dim`), W = `lane_tile`: the whole
+  dim up to 2 vector_tile, else a divisor of the extent in [vector_tile / 2, vector_tile]
+  (even when the op touches bf16), else vector_tile, whose last, partial tile is peeled
+  (`transform.loop.peel`) into a static tile of its own; the function is canonicalized
+  then, so the peeled tiles' sizes fold to constants.
+Ops whose tile is the whole op (or with dynamic shapes) are left alone. Tiling and peeling
+split the iteration space; every element is computed as before.
+
+Targets: func.func ops (the handle is only read). Any other target op is a silenceable
+failure, nothing rewritten.
+"""
+
+
+from torch_mlir import ir
+from torch_mlir.dialects import ext, transform
+from torch_mlir.dialects.transform import loop, structured
+
+from .analysis.structure import all_linalg_ops, loop_structure
+from .analysis.tiles import VectorPolicy, register_tile_init_producer, vector_tile_sizes
+from .common import Illegal, Success, fail
+from .dialect import TransformExt
+from .fuse_init_into_register_tile import fuse_init_into_register_tile
+from .nested import any_op, apply_to, canonicalize
+
+NAME = "transform_ext.tile_to_vector_tiles"
+
+
+def partial_tile_loops(tiled, ranges: list[int], sizes: list[int]) -> list[ir.Value]:
+    """The loops of `tiled` (a TileUsingForOp with `sizes` on an op of loop `ranges`) whose
+    tile does not divide the extent: their last iteration is a partial tile (of dynamic
+    shape, which would not vectorize) until the loop is peeled."""
+    loops = list(tiled.loops)
+    tiled_dims = [d for d, s in enumerate(sizes) if s]
+    return [loops[k] for k, d in enumerate(tiled_dims) if ranges[d] % sizes[d]]
+
+
+def _fuses_init(op: ir.Operation, sizes: list[int]) -> bool:
+    """Is `op` a contraction whose register tile computes its accumulator's producer?"""
+    if register_tile_init_producer(op) is None:
+        return False
+    ls = loop_structure(op)
+    dims = ls.contraction_dims()
+    return bool(dims["m"] and dims["n"]) and any(
+        s < r for d, (s, r) in enumerate(zip(sizes, ls.ranges)) if d in ls.parallel_dims)
+
+
+def tile_plan(func: ir.Operation, policy: VectorPolicy):
+    """(op, sizes, fuses its init) per op to tile; the producers computed per register tile
+    are not tiled on their own."""
+    ops = all_linalg_ops(func)
+    sizes = [vector_tile_sizes(op, policy) for op in ops]
+    fused = [op is not None and s is not None and _fuses_init(op, s) for op, s in zip(ops, sizes)]
+    producers = [register_tile_init_producer(op) for op, f in zip(ops, fused) if f]
+    return [(op, s, f) for op, s, f in zip(ops, sizes, fused)
+            if s is not None and op not in producers]
+
+
+def tile(op: ir.Operation, sizes: list[int], fuses_init: bool) -> bool:
+    """Tile `op` (see the module docstring); True when a partial tile was peeled."""
+    ls = loop_structure(op)
+    ranges, k_dims = ls.ranges, ls.reduction_dims
+    peeled = []
+
+    def body(handle):
+        if fuses_init:
+            register = structured.TileUsingForOp(
+                handle, sizes=[0 if d in k_dims else s for d, s in enumerate(sizes)])
+            handle = register.tiled_linalg_op
+            fuse_init_into_register_tile(handle)
+            step = [s if d in k_dims else 0 for d, s in enumerate(sizes)]
+        else:
+            step = sizes
+        tiled = structured.TileUsingForOp(handle, sizes=step)
+        for partial in partial_tile_loops(tiled, ranges, step):
+            loop.LoopPeelOp(any_op(), any_op(), partial)
+            peeled.append(partial)
+
+    apply_to(op, body)
+    return bool(peeled)
+
+
+class TileToVectorTilesOp(TransformExt.Operation, name="tile_to_vector_tiles"):
+    target: ext.Operand[transform.AnyOpType]
+    vector_tile: ir.IntegerAttr
+    register_tile: ir.ArrayAttr
+
+    class Apply(transform.TransformOpInterface):
+        @staticmethod
+        def apply(op, rewriter, results, state):
+            with op.context:
+                policy = VectorPolicy(ir.IntegerAttr(op.vector_tile).value,
+                                      tuple(ir.IntegerAttr(a).value for a in ir.ArrayAttr(op.register_tile)))
+                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                try:
+                    for target in targets:
+                        if target.name != "func.func":
+                            raise Illegal(target, "not a func.func")
+                    if len(policy.register_tile) != 2:
+                        raise Illegal(targets[0], "register_tile must hold (m, n)")
+                except Illegal as illegal:
+                    return fail(NAME, illegal)
+                plans = [tile_plan(func, policy) for func in targets]
+                peeled = False
+                for plan in plans:
+                    for payload_op, sizes, fuses_init in plan:
+                        peeled |= tile(payload_op, sizes, fuses_init)
+                if peeled:
+                    for func in targets:
+                        apply_to(func, canonicalize)
+                return Success
+
+        @staticmethod
+        def allow_repeated_handle_operands(op):
+            return False
+
+    class Effects(ir.MemoryEffectsOpInterface):
+        @staticmethod
+        def get_effects(op, effects):
+            transform.only_reads_handle(op.op_operands, effects)
+            transform.modifies_payload(effects)
+
+
+def tile_to_vector_tiles(func: ir.Value, *, vector_tile: int,
+                         register_tile: tuple[int, int]) -> TileToVectorTilesOp:
+    """Tile every linalg op in the functions of `func` to a vector tile."""
+    i64 = ir.IntegerType.get_signless(64)
+    return TileToVectorTilesOp(func, ir.IntegerAttr.get(i64, vector_tile),
+                               ir.ArrayAttr.get([ir.IntegerAttr.get(i64, s) for s in register_tile]))
+
+
+__all__ = ["TileToVectorTilesOp", "tile_to_vector_tiles", "partial_tile_loops"]
