@@ -30,6 +30,9 @@ OP_MODULES: list[str] = [
     "scalarize_rank0_generics",
     "tile_insert_slices",
     "match_attention",
+    "store_scores_keys_major",
+    "filter_keys_major_scores",
+    "fold_key_transpose",
 ]
 
 
