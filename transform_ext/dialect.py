@@ -33,6 +33,7 @@ OP_MODULES: list[str] = [
     "store_scores_keys_major",
     "filter_keys_major_scores",
     "fold_key_transpose",
+    "widen_softmax",
 ]
 
 
