@@ -34,6 +34,7 @@ OP_MODULES: list[str] = [
     "filter_keys_major_scores",
     "fold_key_transpose",
     "widen_softmax",
+    "append_lse_result",
 ]
 
 
