@@ -33,6 +33,7 @@ OP_MODULES: list[str] = [
     "store_scores_keys_major",
     "filter_keys_major_scores",
     "fold_key_transpose",
+    "bound_causal_key_loops",
     "widen_softmax",
     "append_lse_result",
 ]
