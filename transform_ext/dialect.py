@@ -33,8 +33,10 @@ OP_MODULES: list[str] = [
     "store_scores_keys_major",
     "filter_keys_major_scores",
     "fold_key_transpose",
+    "match_register_tile_loops",
     "bound_causal_key_loops",
     "widen_softmax",
+    "pack_key_tiles",
     "append_lse_result",
 ]
 
