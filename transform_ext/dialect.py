@@ -38,6 +38,7 @@ OP_MODULES: list[str] = [
     "widen_softmax",
     "pack_key_tiles",
     "append_lse_result",
+    "fuse_key_loops",
 ]
 
 
