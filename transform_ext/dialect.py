@@ -39,6 +39,9 @@ OP_MODULES: list[str] = [
     "pack_key_tiles",
     "append_lse_result",
     "fuse_key_loops",
+    "match_kv_chains",
+    "match_query_block_ops",
+    "match_foldable_collapse",
 ]
 
 
