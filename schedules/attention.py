@@ -36,14 +36,11 @@ from torch_mlir.dialects.transform import structured
 
 import transform_ext
 from transform_ext.analysis.attention import (AttentionOps, NotAttention, attention_in,
-                                             depends_into, depends_on, is_index_computation,
-                                             is_neg_inf, producing_contraction,
-                                             propagate_loop_dim)
-from transform_ext.analysis.classify import reduction_combiner
+                                             is_index_computation, is_neg_inf)
 from transform_ext.analysis.structure import dim_positions, is_linalg_op, loop_structure
 from transform_ext.append_lse_result import append_lse_result
 from transform_ext.bound_causal_key_loops import bound_causal_key_loops
-from transform_ext.common import block_ops, defining_op
+from transform_ext.common import defining_op
 from transform_ext.drop_broadcast_dims import drop_broadcast_dims
 from transform_ext.drop_unused_results import drop_unused_results
 from transform_ext.filter_keys_major_scores import filter_keys_major_scores
@@ -53,6 +50,9 @@ from transform_ext.fold_scalar_or_splat_constant import fold_scalar_or_splat_con
 from transform_ext.fuse_elementwise_producers import fuse_elementwise_producers
 from transform_ext.fuse_key_loops import fuse_key_loops
 from transform_ext.match_attention import match_attention
+from transform_ext.match_foldable_collapse import match_foldable_collapse
+from transform_ext.match_kv_chains import match_kv_chains
+from transform_ext.match_query_block_ops import match_query_block_ops
 from transform_ext.match_register_tile_loops import match_register_tile_loops
 from transform_ext.pack_key_tiles import pack_key_tiles
 from transform_ext.rewrite_attention_row_mask import rewrite_attention_row_mask
@@ -60,7 +60,7 @@ from transform_ext.sink_normalization_past_contraction import sink_normalization
 from transform_ext.store_scores_keys_major import store_scores_keys_major
 from transform_ext.widen_softmax import widen_softmax
 
-from .common import any_op, canonicalize, clear_tags, match, match_id, run_passes, run_schedule, tag_ops
+from .common import any_op, canonicalize, foreach, match, run_passes, run_schedule
 from .generic import GenericParams, largest_divisor_at_most, single_func, vectorize_generic
 from .prepare import cleanup
 
@@ -136,32 +136,17 @@ def _is_cast(op: ir.Operation) -> bool:
 def _fold_shared_collapses(payload: ir.Module, rounds: int = 8) -> None:
     """Collapses read by several linalg ops (grouped-query attention collapses its
     [kv heads, group] scores for the softmax) are folded into every reader, so the whole
-    graph runs in the scores' iteration space."""
-    from transform_ext.fold_reshape_ops_by_expansion import CannotFold, plan_fold
+    graph runs in the scores' iteration space: per round, the first foldable collapse, then
+    the reshapes that fold exposes (in the function holding the collapse: a round without
+    one changes nothing)."""
+    def body(root):
+        for _ in range(rounds):
+            collapse = match_foldable_collapse(match(root, "func.func"))
+            func = transform.GetParentOp(any_op(), collapse, op_name="func.func").result
+            fold_reshape_ops_by_expansion(collapse)
+            fold_reshape_ops_by_expansion(func)
 
-    for _ in range(rounds):
-        foldable = []
-
-        def visit(op):
-            if op.name == "tensor.collapse_shape":
-                try:
-                    plan_fold(op, multi_use=True)
-                    foldable.append(op)
-                except CannotFold:
-                    pass
-            return ir.WalkResult.ADVANCE
-
-        payload.operation.walk(visit)
-        if not foldable:
-            return
-        tag_ops(foldable[:1])
-
-        def body(root):
-            fold_reshape_ops_by_expansion(match_id(root, 0))
-            fold_reshape_ops_by_expansion(match(root, "func.func"))
-
-        run_schedule(payload, body)
-        clear_tags(payload)
+    run_schedule(payload, body)
 
 
 def check(payload: ir.Module) -> str | None:
@@ -214,34 +199,17 @@ def _first_line(exc: Exception) -> str:
 
 def _share_kv_heads(payload: ir.Module) -> None:
     """K and V repeated per query head (grouped-query attention) are read once per kv head:
-    their elementwise chains (repeat, transpose, scale) merge, then the repeated dims go."""
-    ops = find_attention(payload)
-    chain = []
-    for contraction in (ops.scores, ops.values):
-        pending = [defining_op(v) for v in contraction.operands[:2]]
-        while pending:
-            op = pending.pop()
-            if op is None or op in chain or not is_linalg_op(op) or op is ops.row_max:
-                continue
-            if op.name != "linalg.generic" or not loop_structure(op).is_elementwise:
-                continue
-            if depends_on(op, ops.row_max.results[0]):
-                continue
-            chain.append(op)
-            pending.extend(defining_op(v) for v in op.operands)
-    if not chain:
-        return
-    tag_ops(chain)
+    their elementwise chains (repeat, transpose, scale) merge, then the repeated dims go
+    (in the function holding the chains: nothing happens without them)."""
+    find_attention(payload)  # NotAttention says why not
 
     def body(root):
-        handles = [match_id(root, i) for i in range(len(chain))]
-        merged = handles[0] if len(handles) == 1 else transform.merge_handles(handles)
-        fuse_elementwise_producers(merged)
-        drop_broadcast_dims(match(root, "func.func"))
+        chains = match_kv_chains(match(root, "func.func"))
+        func = transform.GetParentOp(any_op(), chains, op_name="func.func", deduplicate=True).result
+        fuse_elementwise_producers(chains)
+        apply_passes(drop_broadcast_dims(func), "canonicalize", "cse")
 
     run_schedule(payload, body)
-    clear_tags(payload)
-    run_passes(payload, "canonicalize, cse")
 
 
 def _prepare_guard(payload: ir.Module) -> None:
@@ -333,13 +301,11 @@ def _store_keys_major(payload: ir.Module) -> None:
     run_schedule(payload, body)
 
 
-def _tile_query_blocks(payload, ops: AttentionOps, params: AttentionParams) -> None:
-    func = _func(payload)
-    linalg_ops = [op for op in block_ops(func) if is_linalg_op(op)]
-    query = propagate_loop_dim(ops.output, ops.query_dim)
+def _tile_query_blocks(payload, ops: AttentionOps, params: AttentionParams) -> tuple[int, int | None]:
+    """Step 3 of the module docstring: the output tiled into an scf.forall over query
+    blocks, the ops computing its query rows fused into it one at a time. Returns the query
+    tile and the forall induction variable of the query blocks (None for one block)."""
     out_ls = loop_structure(ops.output)
-    producers = [op for op in reversed(linalg_ops)
-                 if op is not ops.output and op in query and depends_into(ops.output, op)]
     extent = out_ls.ranges[ops.query_dim]
     qt = largest_divisor_at_most(extent, params.query_tile or _default_query_tile(ops))
     sizes = [0] * out_ls.num_loops
@@ -353,15 +319,13 @@ def _tile_query_blocks(payload, ops: AttentionOps, params: AttentionParams) -> N
         # a one-iteration forall would be folded away, and the key loop with it
         qt = largest_divisor_at_most(extent, extent // 2)
     sizes[ops.query_dim] = qt
-    tag_ops([ops.output] + producers)
 
     def body(root):
-        tiled = structured.TileUsingForallOp(match_id(root, 0), tile_sizes=sizes)
-        for i in range(len(producers)):
-            structured.FuseIntoContainingOp(match_id(root, i + 1), tiled.forall_op)
+        output, producers = match_query_block_ops(match(root, "func.func"))
+        tiled = structured.TileUsingForallOp(output, tile_sizes=sizes)
+        foreach(producers, lambda producer: structured.FuseIntoContainingOp(producer, tiled.forall_op))
 
     run_schedule(payload, body)
-    clear_tags(payload)
     run_passes(payload, "canonicalize, cse")
     # forall IVs exist for the dims split into several tiles (canonicalization drops the rest)
     multi = [l for l, size in enumerate(sizes) if size and out_ls.ranges[l] > size]
