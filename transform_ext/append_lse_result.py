@@ -24,7 +24,8 @@ from torch_mlir.dialects import func as func_dialect
 from torch_mlir.dialects import math as math_dialect
 
 from .analysis.attention import AttentionOps, NotAttention, attention_in
-from .common import Illegal, Success, block_ops, build_generic, defining_op, fail, reassociation_attr
+from .common import (Illegal, Success, block_ops, build_generic, defining_op, fail,
+                     reassociation_attr)
 from .dialect import TransformExt
 from .fold_reshape_ops_by_expansion import reassociation
 

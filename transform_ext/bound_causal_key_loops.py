@@ -10,7 +10,8 @@ induction variable number `query_iv`; i0 = 0 when query_iv < 0, a single query b
           not computed (a remainder tile after the loop still runs; its masked keys
           contribute exp(-inf) = 0).
   split:  a tile is wholly allowed for every row when j0 + T - 1 <= i0 + delta. With `split`,
-          a first copy of the loop runs [lb, s), s = min(ub', T ceil(max(0, i0 + delta - T + 2) / T)),
+          a first copy of the loop runs [lb, s),
+              s = min(ub', T ceil(max(0, i0 + delta - T + 2) / T)),
           with the mask removed from its body; the original loop continues from s with the
           first copy's results as its initial values. Removing the mask: in the body of the
           linalg.generic reading the one mask computed from indices only (iotas, comparisons),

@@ -5,7 +5,8 @@ function."""
 
 import torch
 
-from schedules.attention import AttentionParams, _tile_query_blocks, find_attention
+from schedules.attention import AttentionParams, find_attention
+from schedules.attention.fuse import tile_query_blocks
 from schedules.common import match
 from transform_ext.fuse_key_loops import fuse_key_loops
 from tests.transform_ext.attention_payloads import SHAPES, attention, torch_attention
@@ -17,7 +18,7 @@ def _query_blocks():
     """The attention payload tiled into query blocks of 2 rows by the attention schedule."""
     payload = parse(attention())
     with payload.context:
-        _tile_query_blocks(payload, find_attention(payload), AttentionParams(query_tile=2))
+        tile_query_blocks(payload, find_attention(payload), AttentionParams(query_tile=2))
     return payload
 
 
