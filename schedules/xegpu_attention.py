@@ -1,6 +1,6 @@
 """XeGPU tail of flash attention: the fused query-block forall as one GPU kernel.
 
-Input: the attention family's `fuse` result (schedules/attention.py), one `scf.forall` over
+Input: the attention family's `fuse` result (schedules/attention/fuse.py), one `scf.forall` over
 (batch..., heads, query blocks of `query_tile` rows) whose body holds the key loop(s): per key
 tile, S = Q K^T, the online softmax update, and O += P V (a causal kernel has two loops: the
 tiles wholly below the diagonal without the mask, then the diagonal band with it, bounded

@@ -35,6 +35,19 @@ OP_MODULES: list[str] = [
     "fuse_init_into_register_tile",
     "tile_to_vector_tiles",
     "split_odd_bf16_lanes",
+    "match_attention",
+    "store_scores_keys_major",
+    "filter_keys_major_scores",
+    "fold_key_transpose",
+    "match_register_tile_loops",
+    "bound_causal_key_loops",
+    "widen_softmax",
+    "pack_key_tiles",
+    "append_lse_result",
+    "fuse_key_loops",
+    "match_kv_chains",
+    "match_query_block_ops",
+    "match_foldable_collapse",
 ]
 
 

@@ -1,0 +1,261 @@
+"""Recognizing a softmax attention in a payload and reading its causal mask.
+
+`recognize` is the cheap test the family registry runs on an import; `find_attention` the
+ops of the attention in a normalized payload (transform_ext/analysis/attention.py);
+`causal_offset` reads, from the index computation that masks the scores, the delta with
+every masked-in score at key <= query + delta (a causal mask; torch's is_causal: 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch_mlir import ir
+
+from transform_ext.analysis.attention import (AttentionOps, NotAttention, attention_in,
+                                             is_index_computation, is_neg_inf)
+from transform_ext.analysis.structure import dim_positions, is_linalg_op, loop_structure
+from transform_ext.common import defining_op
+
+from ..generic import single_func
+
+
+def attention_func(payload: ir.Module) -> ir.Operation:
+    return single_func(payload, NotAttention)
+
+
+def find_attention(payload: ir.Module) -> AttentionOps:
+    """The ops of the attention in a normalized payload (or NotAttention saying why not)."""
+    return attention_in(attention_func(payload))
+
+
+def recognize(payload: ir.Module) -> bool:
+    """Cheap test: a max reduction, an exp and two contractions."""
+    text = str(payload)
+    return "arith.maximumf" in text and "math.exp" in text and (
+        text.count("linalg.batch_matmul") + text.count("linalg.matmul") >= 2
+        or text.count("reduction\"]") >= 3)
+
+
+def softmax_over_one_key(payload: ir.Module) -> bool:
+    """Is there a max reduction over a dim of extent 1 (it folds away with the unit dim)?"""
+    found = []
+
+    def visit(op):
+        if op.name == "linalg.generic" and any(o.operation.name == "arith.maximumf"
+                                               for o in op.regions[0].blocks[0].operations):
+            ls = loop_structure(op)
+            if ls.reduction_dims and all(ls.ranges[d] == 1 for d in ls.reduction_dims):
+                found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit)
+    return bool(found)
+
+
+def _is_cast(op: ir.Operation) -> bool:
+    """An elementwise generic with identity maps yielding extf or truncf of its one input."""
+    ls = loop_structure(op)
+    body = op.regions[0].blocks[0]
+    ops = [o.operation for o in body.operations]
+    return ls.is_elementwise and ls.num_inputs == 1 and len(ops) == 2 and \
+        ops[0].name in ("arith.extf", "arith.truncf") and ops[0].operands[0] == body.arguments[0] \
+        and all(m == ls.maps[0] for m in ls.maps) and ls.maps[0].is_permutation
+
+
+def index_masks(ops: AttentionOps) -> int:
+    """The number of ops between the scores and the row max reading a mask computed from
+    loop indices (a causal mask, a sliding window, ...)."""
+    count, seen, pending = 0, [], [defining_op(ops.row_max.operands[0])]
+    while pending:
+        op = pending.pop()
+        if op is None or op is ops.scores or not is_linalg_op(op) or op in seen:
+            continue
+        seen.append(op)
+        ls = loop_structure(op)
+        if ls.reduction_dims:
+            continue
+        producers = [defining_op(v) for v in list(op.operands)[:ls.num_inputs]]
+        if any(p is not None and is_index_computation(p) for p in producers):
+            count += 1
+        pending.extend(p for p in producers if p is not None and not is_index_computation(p))
+    return count
+
+
+@dataclass(frozen=True)
+class _Lin:
+    """a linear form sum_d coef[d] * loop_d + const over a generic's loop dims."""
+
+    coef: tuple = ()
+    const: int = 0
+
+    def add(self, other: "_Lin", sign: int = 1) -> "_Lin":
+        coef = dict(self.coef)
+        for d, c in other.coef:
+            coef[d] = coef.get(d, 0) + sign * c
+        return _Lin(tuple(sorted((d, c) for d, c in coef.items() if c)), self.const + sign * other.const)
+
+    def scale(self, k: int) -> "_Lin":
+        return _Lin(tuple((d, c * k) for d, c in self.coef if c * k), self.const * k)
+
+
+class _NotLinear(Exception):
+    pass
+
+
+_CMP = {"sle": "le", "slt": "lt", "sge": "ge", "sgt": "gt", "ule": "le", "ult": "lt",
+        "uge": "ge", "ugt": "gt"}
+
+
+def _form(value, op: ir.Operation):
+    """The symbolic value of a scalar in `op`'s body: _Lin, ("pred", kind, _Lin) meaning
+    lin <kind> 0, ("mask", pred) for select(pred, 0, -inf), ("bool", True), or a float."""
+    if isinstance(value, ir.BlockArgument) and value.owner.owner == op:
+        return _operand_form(op, value.arg_number)
+    p = defining_op(value)
+    if p is None:
+        raise _NotLinear("value from outside the body")
+    name = p.name
+    if name == "linalg.index":
+        return _Lin(((ir.IntegerAttr(p.attributes["dim"]).value, 1),), 0)
+    if name == "arith.constant":
+        attr = p.attributes["value"]
+        if isinstance(attr, ir.IntegerAttr):
+            return ("bool", bool(attr.value)) if str(attr.type) == "i1" else _Lin((), attr.value)
+        if isinstance(attr, ir.FloatAttr):
+            return attr.value
+        raise _NotLinear(str(attr))
+    args = [_form(v, op) for v in p.operands]
+    if name in ("arith.index_cast", "arith.extsi", "arith.extui", "arith.trunci", "arith.index_castui"):
+        return args[0]
+    if name in ("arith.addi", "arith.subi") and all(isinstance(a, _Lin) for a in args):
+        return args[0].add(args[1], 1 if name == "arith.addi" else -1)
+    if name == "arith.muli" and all(isinstance(a, _Lin) for a in args):
+        a, b = args
+        if not a.coef:
+            return b.scale(a.const)
+        if not b.coef:
+            return a.scale(b.const)
+    if name == "arith.cmpi" and all(isinstance(a, _Lin) for a in args):
+        pred_name = {2: "slt", 3: "sle", 4: "sgt", 5: "sge", 6: "ult", 7: "ule", 8: "ugt", 9: "uge"}.get(
+            ir.IntegerAttr(p.attributes["predicate"]).value)
+        kind = _CMP.get(pred_name)
+        if kind is None:
+            raise _NotLinear("cmpi predicate")
+        return ("pred", kind, args[0].add(args[1], -1))
+    if name == "arith.andi" and len(args) == 2:
+        a, b = args
+        if a == ("bool", True):
+            return b
+        if b == ("bool", True):
+            return a
+    if name == "arith.select":
+        c, x, y = args
+        if isinstance(c, tuple) and c[0] == "pred" and x == 0.0 and y == float("-inf"):
+            return ("mask", c)
+    raise _NotLinear(name)
+
+
+def _operand_form(op: ir.Operation, index: int):
+    """The form of `op`'s operand `index`, in `op`'s loop dims."""
+    value = op.operands[index]
+    producer = defining_op(value)
+    amap = loop_structure(op).maps[index]
+    if producer is None or not is_linalg_op(producer) or not loop_structure(producer).is_elementwise:
+        raise _NotLinear("not computed from indices")
+    body = producer.regions[0].blocks[0]
+    inner = _form(body.operations[len(body.operations) - 1].operands[0], producer)
+    # producer loop dim p is the consumer's loop dim at position p of the operand map
+    out_positions = dim_positions(loop_structure(producer).output_map(0))
+    outer = dim_positions(amap)
+    rename = {pd: outer[pos] for pos, pd in enumerate(out_positions)}
+
+    def relabel(lin: _Lin) -> _Lin:
+        if any(rename.get(d) is None for d, _ in lin.coef):
+            raise _NotLinear("composite map")
+        return _Lin(tuple(sorted((rename[d], c) for d, c in lin.coef)), lin.const)
+
+    if isinstance(inner, _Lin):
+        return relabel(inner)
+    if isinstance(inner, tuple) and inner[0] == "pred":
+        return ("pred", inner[1], relabel(inner[2]))
+    if isinstance(inner, tuple) and inner[0] == "mask":
+        return ("mask", ("pred", inner[1][1], relabel(inner[1][2])))
+    return inner
+
+
+def causal_offset(payload: ir.Module, ops: AttentionOps) -> int | None:
+    """delta such that every masked-in score has key <= query + delta (a causal mask, with
+    torch's is_causal delta = 0), read from the index computation that masks the scores
+    (added, S + M with M = select(pred, 0, -inf), or selected, select(pred, -inf, S));
+    None when the scores carry no such mask."""
+    row_max = ops.row_max
+    producer = defining_op(row_max.operands[0])
+    while producer is not None and producer.name == "linalg.generic" and _is_cast(producer):
+        producer = defining_op(producer.operands[0])  # a bf16 softmax reads ext(masked S)
+    if producer is None or producer is ops.scores or not is_linalg_op(producer):
+        return None
+    ls = loop_structure(producer)
+    if not ls.is_elementwise:
+        return None
+    allowed = _allowed_region(producer)
+    if allowed is None:
+        return None
+    # in the scores (either layout) the key is the dim m reduces, the query the one m keeps last
+    rls = loop_structure(row_max)
+    r_in = dim_positions(rls.maps[0])
+    m_dims = dim_positions(rls.output_map(0))
+    if not m_dims or m_dims[-1] not in r_in:
+        return None
+    key_pos, query_pos = r_in.index(rls.reduction_dims[0]), r_in.index(m_dims[-1])
+    out = dim_positions(ls.output_map(0))
+    if max(key_pos, query_pos) >= len(out):
+        return None
+    key_loop, query_loop = out[key_pos], out[query_pos]
+    _, kind, lin = allowed
+    coef = dict(lin.coef)
+    if set(coef) - {key_loop, query_loop}:
+        return None
+    a, b, c = coef.get(query_loop, 0), coef.get(key_loop, 0), lin.const
+    # allowed iff a*i + b*j + c <kind> 0; accept the causal family j - i + c <= 0
+    if kind in ("ge", "gt"):
+        a, b, c = -a, -b, -c
+        kind = "le" if kind == "ge" else "lt"
+    if (a, b) != (-1, 1):
+        return None
+    return -c if kind == "le" else -c - 1
+
+
+_NEGATED = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt"}
+
+
+def _allowed_region(op: ir.Operation):
+    """("pred", kind, lin) of the scores elementwise `op` keeps, when it masks the others
+    to -inf by a predicate computed from loop indices: S + M (M = select(pred, 0, -inf))
+    or select(pred, -inf, S) / select(pred, S, -inf). None otherwise."""
+    body = op.regions[0].blocks[0]
+    last = defining_op(body.operations[len(body.operations) - 1].operands[0])
+    if last is None:
+        return None
+    if last.name == "arith.addf" and all(isinstance(v, ir.BlockArgument) for v in last.operands):
+        for i in range(loop_structure(op).num_inputs):
+            try:
+                form = _operand_form(op, i)
+            except _NotLinear:
+                continue
+            if isinstance(form, tuple) and form[0] == "mask":
+                return form[1]
+        return None
+    if last.name == "arith.select":
+        cond, on_true, on_false = last.operands
+        try:
+            pred = _form(cond, op)
+        except _NotLinear:
+            return None
+        if not (isinstance(pred, tuple) and pred[0] == "pred"):
+            return None
+        if is_neg_inf(on_true) and isinstance(on_false, ir.BlockArgument):
+            return ("pred", _NEGATED[pred[1]], pred[2])
+        if is_neg_inf(on_false) and isinstance(on_true, ir.BlockArgument):
+            return pred
+    return None

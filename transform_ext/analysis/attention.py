@@ -1,0 +1,229 @@
+"""The ops of a softmax attention, found by walking the IR:
+
+    S = Q K^T [scaled, masked: elementwise ops],  m = max_j S,  E = exp(S - m),  l = sum_j E,
+    O = (E V) / l  [then a head merge: transpose, reshape]
+
+`attention_ops(block owner)`: the row max m (the one max reduction among the block's linalg
+ops), the scores contraction S (the one contraction m reads through elementwise linalg ops)
+and the P V contraction (the one other contraction that depends on m). `attention_in(func)`
+adds the row sum, the op whose result is the attention output and its query and value loop
+dims (AttentionOps). Shared by the transform_ext ops and the attention schedule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch_mlir import ir
+
+from .classify import reduction_combiner
+from .structure import dim_positions, is_linalg_op, loop_structure
+from ..common import block_ops, defining_op
+
+
+class NotAttention(Exception):
+    """The ops are not one attention; the message is the reason."""
+
+
+def producing_contraction(value: ir.Value):
+    """The one contraction `value` is computed from through elementwise linalg ops (a scale,
+    an added or selected mask: S * c, S + M, select(M, -inf, S)); None when there is none
+    or more than one."""
+    found, seen, pending = [], [], [defining_op(value)]
+    while pending:
+        op = pending.pop()
+        if op is None or not is_linalg_op(op) or op in seen:
+            continue
+        seen.append(op)
+        ls = loop_structure(op)
+        if ls.is_contraction:
+            found.append(op)
+        elif not ls.reduction_dims:
+            pending.extend(defining_op(v) for v in list(op.operands)[:ls.num_inputs])
+    return found[0] if len(found) == 1 else None
+
+
+def depends_on(op: ir.Operation, value: ir.Value, limit: int = 64) -> bool:
+    """Does `op` read `value`, directly or through ops of its own block (searching at most
+    `limit` ops)?"""
+    seen, pending = [], [op]
+    while pending and len(seen) < limit:
+        cur = pending.pop()
+        if cur in seen:
+            continue
+        seen.append(cur)
+        for v in cur.operands:
+            if v == value:
+                return True
+            p = defining_op(v)
+            if p is not None and p.block == op.block:
+                pending.append(p)
+    return False
+
+
+def attention_ops(block_owner) -> tuple[ir.Operation, ir.Operation, ir.Operation]:
+    """(row max, scores contraction, P V contraction) among the linalg ops directly in the
+    entry block of `block_owner`'s first region (a function, a query block's forall)."""
+    ops = [op for op in block_ops(block_owner) if is_linalg_op(op)]
+    maxes = [op for op in ops if reduction_combiner(op) == "max"]
+    if len(maxes) != 1:
+        raise NotAttention(f"expected one row max (softmax), found {len(maxes)}")
+    row_max = maxes[0]
+    if len(loop_structure(row_max).reduction_dims) != 1:
+        raise NotAttention("the row max must reduce one dim (the keys)")
+    scores = producing_contraction(row_max.operands[0])
+    if scores is None:
+        raise NotAttention("the row max does not read a contraction (S = Q K^T)")
+    m = row_max.results[0]
+    values = [op for op in ops if op is not scores and loop_structure(op).is_contraction
+              and depends_on(op, m)]
+    if len(values) != 1:
+        raise NotAttention(f"expected one P V contraction after the softmax, found {len(values)}")
+    return row_max, scores, values[0]
+
+
+def is_index_computation(op: ir.Operation) -> bool:
+    """An elementwise op whose value derives from loop indices and constants only (iotas and
+    the comparisons, selects and casts of a mask computed from them)."""
+    if not (is_linalg_op(op) and len(op.results) == 1 and loop_structure(op).is_elementwise):
+        return False
+    for v in list(op.operands)[: loop_structure(op).num_inputs]:
+        p = defining_op(v)
+        if p is None or not is_index_computation(p):
+            return False
+    return True
+
+
+def is_neg_inf(value: ir.Value) -> bool:
+    p = defining_op(value)
+    return p is not None and p.name == "arith.constant" and \
+        isinstance(p.attributes["value"], ir.FloatAttr) and \
+        ir.FloatAttr(p.attributes["value"]).value == float("-inf")
+
+
+def depends_into(consumer: ir.Operation, producer: ir.Operation) -> bool:
+    """Does `consumer` (transitively, within the block) read `producer`'s results?"""
+    return any(depends_on(consumer, r) for r in producer.results)
+
+
+@dataclass
+class AttentionOps:
+    """The ops of one attention after normalization (payload ops)."""
+
+    scores: ir.Operation       # S = Q K^T
+    row_max: ir.Operation      # m
+    row_sum: ir.Operation      # l
+    values: ir.Operation       # E V
+    output: ir.Operation       # the op whose result is the attention output
+    query_dim: int             # loop dim of `output` running over query rows
+    value_dim: int             # loop dim of `output` running over the value columns
+
+
+def attention_in(func: ir.Operation) -> AttentionOps:
+    """Locate S, m, l, P V and the output in a normalized function (or say why not)."""
+    ops = [op for op in block_ops(func) if is_linalg_op(op)]
+    row_max, scores, values = attention_ops(func)
+    m = row_max.results[0]
+    sums = [op for op in ops if reduction_combiner(op) == "add" and not
+            loop_structure(op).is_contraction and depends_on(op, m)]
+    if len(sums) != 1:
+        raise NotAttention(f"expected one row sum of the softmax, found {len(sums)}")
+    rounded = _narrowed_softmax_value(ops, row_max, values)
+    if rounded is not None:
+        raise NotAttention(f"torch rounds this softmax's probabilities to {rounded} (written "
+                           f"by hand in {rounded}), which the fused loop never forms")
+    # P V is [..., L, Ev]: the output's query and value dims are the loop dims that run
+    # with P V's rows and columns (the output may permute them: the head merge
+    # o.transpose(1, 2) gives [B, L, H, Ev]). The output is the function's result op, or,
+    # when its dims do not follow P V's through linalg ops (a reshape between), the last
+    # op before it on the way back to P V whose dims do; the ops after it run after the
+    # fused loops.
+    pv_dims = dim_positions(loop_structure(values).output_map(0))
+    if len(pv_dims) < 2 or None in pv_dims[-2:]:
+        raise NotAttention("the P V contraction is not [..., queries, values]")
+    output = _final_op(func)
+    while True:
+        found = _query_and_value_dims(output, values, pv_dims[-2], pv_dims[-1])
+        if found is not None or output is values:
+            break
+        output = _reshaped_source(output)
+        if output is None:
+            break
+    if found is None:
+        raise NotAttention("the output's query rows or value columns are not one loop dim each")
+    return AttentionOps(scores, row_max, sums[0], values, output, *found)
+
+
+def _query_and_value_dims(output: ir.Operation, values: ir.Operation, row: int, col: int):
+    """`output`'s loop dims running with P V's loop dims `row` and `col`, or None."""
+    ls = loop_structure(output)
+    rows = [d for d in ls.parallel_dims if row in propagate_loop_dim(output, d).get(values, ())]
+    cols = [d for d in ls.parallel_dims if col in propagate_loop_dim(output, d).get(values, ())]
+    return (rows[0], cols[0]) if len(rows) == 1 and len(cols) == 1 else None
+
+
+def _reshaped_source(op: ir.Operation):
+    """The linalg op producing `op`'s only tensor input, through reshapes, or None."""
+    n_in = loop_structure(op).num_inputs
+    inputs = [v for v in list(op.operands)[:n_in] if isinstance(v.type, ir.ShapedType)
+              and ir.ShapedType(v.type).rank > 0]
+    if len(inputs) != 1:
+        return None
+    source = defining_op(inputs[0])
+    while source is not None and source.name in ("tensor.expand_shape", "tensor.collapse_shape"):
+        source = defining_op(source.operands[0])
+    return source if source is not None and is_linalg_op(source) else None
+
+
+def _narrowed_softmax_value(ops, row_max: ir.Operation, values: ir.Operation) -> str | None:
+    """The element type (f16, bf16) of a value computed from the row max and read by the
+    P V contraction when it is narrower than f32 (torch rounds the probabilities of a
+    hand-written f16/bf16 softmax; _widen_softmax keeps them in f32 where it can); None when
+    there is none."""
+    for op in ops:
+        if op is row_max or op is values or not op.results or not depends_into(op, row_max) \
+                or not depends_into(values, op):
+            continue
+        etype = op.results[0].type.element_type
+        if isinstance(etype, ir.FloatType) and etype.width < 32:
+            return str(etype)
+    return None
+
+
+def _final_op(func: ir.Operation) -> ir.Operation:
+    """The linalg op whose result the function returns (through reshapes)."""
+    ret = block_ops(func)[-1]
+    if len(ret.operands) < 1:
+        raise NotAttention("the function returns nothing")
+    op = defining_op(ret.operands[0])
+    while op is not None and op.name in ("tensor.expand_shape", "tensor.collapse_shape"):
+        op = defining_op(op.operands[0])
+    if op is None or not is_linalg_op(op):
+        raise NotAttention("the result is not computed by a linalg op")
+    return op
+
+
+def propagate_loop_dim(output: ir.Operation, query_dim: int) -> dict:
+    """Loop dims running with `output`'s loop dim `query_dim`, per op, propagated to its
+    producers through operand maps (top-down, so a shared input such as one iota read as
+    both the query and the key index cannot tie unrelated dims together)."""
+    found = {output: {query_dim}}
+    pending = [output]
+    while pending:
+        op = pending.pop()
+        ls = loop_structure(op)
+        for value, amap in zip(op.operands, ls.maps):
+            producer = defining_op(value)
+            if producer is None or not is_linalg_op(producer) or producer.block != op.block:
+                continue
+            positions = [p for p, d in enumerate(dim_positions(amap)) if d in found[op]]
+            if not positions:
+                continue
+            pls = loop_structure(producer)
+            index = list(producer.results).index(value) if value in list(producer.results) else 0
+            out_map = pls.output_map(index)
+            dims = {d for p, d in enumerate(dim_positions(out_map)) if p in positions and d is not None}
+            if dims - found.get(producer, set()):
+                found.setdefault(producer, set()).update(dims)
+                pending.append(producer)
+    return found
