@@ -29,7 +29,7 @@ Schedule (`fuse_cross_entropy`), target independent up to vectorization:
      m_new) correction) and every sibling class sum ONE loop over class tiles; the gradient,
      if any, is a second sweep over the block's logits (still in cache) writing d x once.
 Vectorization (`vectorize_cross_entropy`, CPU): each class reduction runs one chunk of lanes
-at a time with vector accumulators; exp is expanded by schedules/fast_exp.py.
+at a time with vector accumulators; exp is expanded by transform_ext/expand_fast_exp.py.
 Forward: the logits are read once, no [N, C] tensor exists. Forward+backward: the logits are
 read once from memory (the second sweep hits the cache), the gradient written once.
 
@@ -61,6 +61,7 @@ from transform_ext.analysis.structure import is_linalg_op, loop_structure
 from transform_ext.common import (Illegal, block_ops, body_of, clone_body, defining_op,
                                   failure_reason, iterator_kinds)
 from transform_ext.drop_unused_results import drop_unused_results
+from transform_ext.expand_fast_exp import expand_fast_exp
 from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion
 from transform_ext.fold_scalar_or_splat_constant import fold_scalar_or_splat_constant
 from transform_ext.fuse_dependent_reduction_ops import analyze as fusion_plan
@@ -69,7 +70,6 @@ from transform_ext.fuse_dependent_reduction_ops import fuse_dependent_reduction_
 from .class_reductions import split_affine_reduction, split_class_reduction
 from .common import canonicalize, clear_tags, match, match_id, run_passes, run_schedule, tag_ops
 from .elementwise_inlining import inline_elementwise_producers, merge_elementwise
-from .fast_exp import expand_exps_in
 from .gather_folding import (append_input, fold_gathers_through_elementwise,
                              promote_indexed_extracts)
 from .generic import GenericParams, largest_divisor_at_most, single_func, vectorize_generic
@@ -626,7 +626,7 @@ def vectorize_cross_entropy(payload: ir.Module, params: GenericParams) -> None:
     """Each class reduction of the fused loops reads its elementwise producers in its own
     body (nothing per tile is materialized) and runs row by row: lane-split ones one chunk
     of lanes at a time (the lanes are the vector), the others into `params.vector_tile`
-    partial results combined once per class tile. exp becomes schedules/fast_exp.py's
+    partial results combined once per class tile. exp becomes transform_ext.expand_fast_exp's
     expansion; everything is then vectorized by the generic schedule."""
     vector_tile = params.vector_tile
     blocks = []
@@ -665,8 +665,7 @@ def vectorize_cross_entropy(payload: ir.Module, params: GenericParams) -> None:
     clear_tags(payload, CLASS_SUM)
     clear_tags(payload, LANE_DIM)
     _scalarize_rank0_gathers(payload)
-    with payload.context:
-        expand_exps_in(payload.operation)
+    run_schedule(payload, expand_fast_exp)
     vectorize_generic(payload, params)
 
 

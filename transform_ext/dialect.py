@@ -29,6 +29,7 @@ OP_MODULES: list[str] = [
     "expand_integer_powers",
     "scalarize_rank0_generics",
     "tile_insert_slices",
+    "expand_fast_exp",
 ]
 
 

@@ -7,7 +7,6 @@ from torch_mlir import ir
 from schedules.class_reductions import split_affine_reduction, split_class_reduction
 from schedules.common import run_passes
 from schedules.elementwise_inlining import inline_elementwise_producers, merge_elementwise
-from schedules.fast_exp import expand_exps_in
 from schedules.gather_folding import fold_gathers_through_elementwise, promote_indexed_extracts
 from schedules.lane_split import lane_split_group
 from tests.transform_ext.helpers import check, parse
@@ -22,45 +21,6 @@ def _func(payload):
 def _ops(payload, name="linalg.generic"):
     return [op.operation for op in _func(payload).regions[0].blocks[0].operations
             if op.operation.name == name]
-
-
-EXP = """
-func.func @main(%x: tensor<64xf32>) -> tensor<64xf32> {
-  %e = tensor.empty() : tensor<64xf32>
-  %r = linalg.generic {indexing_maps = [affine_map<(d0) -> (d0)>, affine_map<(d0) -> (d0)>],
-                       iterator_types = ["parallel"]} ins(%x : tensor<64xf32>) outs(%e : tensor<64xf32>) {
-  ^bb0(%a: f32, %o: f32):
-    %y = math.exp %a : f32
-    linalg.yield %y : f32
-  } -> tensor<64xf32>
-  return %r : tensor<64xf32>
-}
-"""
-
-
-def test_fast_exp_accuracy_and_edges():
-    payload = parse(EXP)
-    with payload.context, ir.Location.unknown():
-        assert expand_exps_in(payload.operation) == 1
-    assert "math.exp" not in str(payload)
-    check(str(payload), """
-        CHECK-COUNT-8: math.fma
-        CHECK: arith.shli
-        CHECK: arith.cmpf olt
-        CHECK-NOT: fptosi
-    """)
-    special = [-float("inf"), -1e4, -104.0, -87.0, -86.7, -86.6, -50.5, -20.25, -1e-3, -1e-30,
-               0.0, 1e-30, 0.5, 1.0, 10.0, 88.0, 88.72, 88.73, 1e4, float("inf"), float("nan")]
-    torch.manual_seed(0)
-    x = torch.cat([torch.tensor(special), torch.linspace(-86.6, 88.7, 64 - len(special))])
-    (got,) = run_module(payload, [x])
-    want = torch.exp(x.double())
-    normal = (x > -86.6) & (x < 88.72)
-    rel = ((got.double() - want) / want).abs()[normal]
-    assert rel.max() < 2e-7
-    assert (got[x < -86.64] == 0).all()             # flushed below 2^-125
-    assert torch.isinf(got[x > 88.73]).all() and torch.isnan(got[x.isnan()]).all()
-    assert got[x == 0].item() == 1.0
 
 
 def test_gather_folds_through_log_softmax_and_becomes_an_operand_read():
