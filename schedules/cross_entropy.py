@@ -58,20 +58,20 @@ import transform_ext
 from transform_ext.analysis.classify import reduction_combiner
 from transform_ext.analysis.dims import DimClasses
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
-from transform_ext.common import (Illegal, block_ops, body_of, clone_body, defining_op,
-                                  failure_reason, iterator_kinds)
+from transform_ext.common import (Illegal, append_input, block_ops, body_of, clone_body,
+                                  defining_op, failure_reason, iterator_kinds)
 from transform_ext.drop_unused_results import drop_unused_results
 from transform_ext.expand_fast_exp import expand_fast_exp
+from transform_ext.fold_gathers_through_elementwise import fold_gathers_through_elementwise
 from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion
 from transform_ext.fold_scalar_or_splat_constant import fold_scalar_or_splat_constant
 from transform_ext.fuse_dependent_reduction_ops import analyze as fusion_plan
 from transform_ext.fuse_dependent_reduction_ops import fuse_dependent_reduction_ops
+from transform_ext.promote_indexed_extracts import promote_indexed_extracts
 
 from .class_reductions import split_affine_reduction, split_class_reduction
 from .common import canonicalize, clear_tags, match, match_id, run_passes, run_schedule, tag_ops
 from .elementwise_inlining import inline_elementwise_producers, merge_elementwise
-from .gather_folding import (append_input, fold_gathers_through_elementwise,
-                             promote_indexed_extracts)
 from .generic import GenericParams, largest_divisor_at_most, single_func, vectorize_generic
 from .lane_split import LANE_DIM, lane_split_group
 from .prepare import cleanup, split_assertions
@@ -178,11 +178,14 @@ def _has_rank0_reshape(payload: ir.Module) -> bool:
 
 def restructure(payload: ir.Module) -> None:
     """Step 2 of the module docstring."""
-    func = _func(payload)
-    with payload.context, ir.Location.unknown():
+    def gathers(root):
+        func = match(root, "func.func")
         fold_gathers_through_elementwise(func)
         promote_indexed_extracts(func)
+
+    run_schedule(payload, gathers)
     run_passes(payload, "canonicalize, cse")
+    func = _func(payload)
     logits = _logits(func)
     shape = list(logits.type.shape)
     with payload.context, ir.Location.unknown():

@@ -30,6 +30,8 @@ OP_MODULES: list[str] = [
     "scalarize_rank0_generics",
     "tile_insert_slices",
     "expand_fast_exp",
+    "fold_gathers_through_elementwise",
+    "promote_indexed_extracts",
 ]
 
 

@@ -7,7 +7,6 @@ from torch_mlir import ir
 from schedules.class_reductions import split_affine_reduction, split_class_reduction
 from schedules.common import run_passes
 from schedules.elementwise_inlining import inline_elementwise_producers, merge_elementwise
-from schedules.gather_folding import fold_gathers_through_elementwise, promote_indexed_extracts
 from schedules.lane_split import lane_split_group
 from tests.transform_ext.helpers import check, parse
 from tests.transform_ext.numeric import run_module
@@ -21,51 +20,6 @@ def _func(payload):
 def _ops(payload, name="linalg.generic"):
     return [op.operation for op in _func(payload).regions[0].blocks[0].operations
             if op.operation.name == name]
-
-
-def test_gather_folds_through_log_softmax_and_becomes_an_operand_read():
-    """logp = (x - m) - log l, gathered at [i, y_i]: the extract reads x itself, m and log l
-    become inputs of the gathering op, logp dies."""
-    payload = parse("""
-    #id = affine_map<(d0, d1) -> (d0, d1)>
-    #row = affine_map<(d0, d1) -> (d0)>
-    #r = affine_map<(d0) -> (d0)>
-    func.func @main(%x: tensor<4x8xf32>, %m: tensor<4xf32>, %l: tensor<4xf32>, %y: tensor<4xi64>) -> tensor<4xf32> {
-      %e = tensor.empty() : tensor<4x8xf32>
-      %lp = linalg.generic {indexing_maps = [#id, #row, #row, #id], iterator_types = ["parallel", "parallel"]}
-          ins(%x, %m, %l : tensor<4x8xf32>, tensor<4xf32>, tensor<4xf32>) outs(%e : tensor<4x8xf32>) {
-      ^bb0(%a: f32, %b: f32, %c: f32, %o: f32):
-        %d = arith.subf %a, %b : f32
-        %g = math.log %c : f32
-        %s = arith.subf %d, %g : f32
-        linalg.yield %s : f32
-      } -> tensor<4x8xf32>
-      %e1 = tensor.empty() : tensor<4xf32>
-      %g = linalg.generic {indexing_maps = [#r, #r], iterator_types = ["parallel"]}
-          ins(%y : tensor<4xi64>) outs(%e1 : tensor<4xf32>) {
-      ^bb0(%t: i64, %o: f32):
-        %i = linalg.index 0 : index
-        %j = arith.index_cast %t : i64 to index
-        %v = tensor.extract %lp[%i, %j] : tensor<4x8xf32>
-        linalg.yield %v : f32
-      } -> tensor<4xf32>
-      return %g : tensor<4xf32>
-    }
-    """)
-    with payload.context, ir.Location.unknown():
-        assert fold_gathers_through_elementwise(_func(payload)) == 1
-        assert promote_indexed_extracts(_func(payload)) == 2
-    run_passes(payload, "canonicalize, cse")
-    check(str(payload), """
-        CHECK-NOT: tensor<4x8xf32> = linalg.generic
-        CHECK: linalg.generic {{.*}} ins(%{{.*}}, %{{.*}}, %{{.*}} : tensor<4xi64>, tensor<4xf32>, tensor<4xf32>)
-        CHECK: tensor.extract %{{.*}}[%{{.*}}, %{{.*}}] : tensor<4x8xf32>
-        CHECK: math.log
-    """)
-    x, m, l, y = torch.randn(4, 8), torch.randn(4), torch.rand(4) + 1, torch.tensor([0, 7, 3, 5])
-    want = (x - m[:, None] - l.log()[:, None]).gather(1, y[:, None])[:, 0]
-    (got,) = run_module(payload, [x, m, l, y])
-    torch.testing.assert_close(got, want)
 
 
 INLINE = """
