@@ -66,12 +66,15 @@ from transform_ext.fold_gathers_through_elementwise import fold_gathers_through_
 from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion
 from transform_ext.fold_scalar_or_splat_constant import fold_scalar_or_splat_constant
 from transform_ext.fuse_dependent_reduction_ops import analyze as fusion_plan
+from transform_ext.filter_ops import filter_reductions
 from transform_ext.fuse_dependent_reduction_ops import fuse_dependent_reduction_ops
+from transform_ext.inline_elementwise_producers import inline_elementwise_producers
+from transform_ext.merge_elementwise import merge as merge_elementwise
 from transform_ext.promote_indexed_extracts import promote_indexed_extracts
+from transform_ext.trace_to_argument import trace_to_argument
 
 from .class_reductions import split_affine_reduction, split_class_reduction
 from .common import canonicalize, clear_tags, match, match_id, run_passes, run_schedule, tag_ops
-from .elementwise_inlining import inline_elementwise_producers, merge_elementwise
 from .generic import GenericParams, largest_divisor_at_most, single_func, vectorize_generic
 from .lane_split import LANE_DIM, lane_split_group
 from .prepare import cleanup, split_assertions
@@ -185,14 +188,16 @@ def restructure(payload: ir.Module) -> None:
 
     run_schedule(payload, gathers)
     run_passes(payload, "canonicalize, cse")
-    func = _func(payload)
-    logits = _logits(func)
-    shape = list(logits.type.shape)
-    with payload.context, ir.Location.unknown():
-        inline_elementwise_producers([func.regions[0].blocks[0]],
-                                     producer=lambda op: list(op.results[0].type.shape) == shape,
-                                     witness=lambda s: logits if s == shape else None)
+    _logits(_func(payload))  # one row max, reading the logits (else: the reason)
+
+    def inline(root):
+        generics = match(match(root, "func.func"), "linalg.generic")
+        logits = trace_to_argument(filter_reductions(generics, combiner="max"), 0)
+        inline_elementwise_producers(generics, witness=logits)
+
+    run_schedule(payload, inline)
     run_passes(payload, "canonicalize, cse")
+    func = _func(payload)
     row_max = _row_max(func)
     m = row_max.results[0]
     ops = [op for op in block_ops(func) if is_linalg_op(op)]
@@ -632,11 +637,7 @@ def vectorize_cross_entropy(payload: ir.Module, params: GenericParams) -> None:
     partial results combined once per class tile. exp becomes transform_ext.expand_fast_exp's
     expansion; everything is then vectorized by the generic schedule."""
     vector_tile = params.vector_tile
-    blocks = []
-    for op in _tagged(payload, CLASS_SUM):
-        if op.block not in blocks:
-            blocks.append(op.block)
-    inline_elementwise_producers(blocks, lambda op: CLASS_SUM in op.attributes)
+    run_schedule(payload, lambda root: inline_elementwise_producers(_match_attr(root, CLASS_SUM)))
     sums = _tagged(payload, CLASS_SUM)
     plan = []
     for op in sums:
@@ -699,6 +700,12 @@ def _scalarize_rank0_gathers(payload: ir.Module) -> None:
         for r, new in zip(op.results, results):
             r.replace_all_uses_with(new)
         op.erase()
+
+
+def _match_attr(target: ir.Value, attr: str) -> ir.Value:
+    """The ops nested in `target` carrying the unit attribute `attr`."""
+    return structured.MatchOp(transform.AnyOpType.get(), target,
+                              op_attrs={attr: ir.UnitAttr.get()}).result
 
 
 def _tagged(payload: ir.Module, attr: str) -> list[ir.Operation]:

@@ -333,14 +333,14 @@ def inline_argument_producers(graph: LossGraph, consumers: list, gathers: bool =
     and the clamped target from y; with `gathers` also the target's weight w[y_i]) are
     inlined into `consumers` (the host check, the reductions over the rows): they then
     read y (and w) themselves. Returns the rewritten consumers."""
-    from .elementwise_inlining import inline_elementwise_producers
+    from transform_ext.inline_elementwise_producers import inline_in_blocks
 
     block = graph.func.regions[0].blocks[0]
     marker = "lh.ce_consumer"
     for op in consumers:
         op.attributes[marker] = ir.UnitAttr.get()
-    inline_elementwise_producers([block], consumer=lambda op: marker in op.attributes,
-                                 producer=lambda op: _only_arguments(op, block, gathers))
+    inline_in_blocks([block], consumer=lambda op: marker in op.attributes,
+                     producer=lambda op: _only_arguments(op, block, gathers))
     out = [op for op in block_ops(block) if marker in op.attributes]
     for op in out:
         del op.attributes[marker]

@@ -32,6 +32,9 @@ OP_MODULES: list[str] = [
     "expand_fast_exp",
     "fold_gathers_through_elementwise",
     "promote_indexed_extracts",
+    "trace_to_argument",
+    "inline_elementwise_producers",
+    "merge_elementwise",
 ]
 
 

@@ -6,7 +6,6 @@ from torch_mlir import ir
 
 from schedules.class_reductions import split_affine_reduction, split_class_reduction
 from schedules.common import run_passes
-from schedules.elementwise_inlining import inline_elementwise_producers, merge_elementwise
 from schedules.lane_split import lane_split_group
 from tests.transform_ext.helpers import check, parse
 from tests.transform_ext.numeric import run_module
@@ -20,94 +19,6 @@ def _func(payload):
 def _ops(payload, name="linalg.generic"):
     return [op.operation for op in _func(payload).regions[0].blocks[0].operations
             if op.operation.name == name]
-
-
-INLINE = """
-#id = affine_map<(d0, d1) -> (d0, d1)>
-#row = affine_map<(d0, d1) -> (d0)>
-func.func @main(%x: tensor<4x8xf32>, %m: tensor<4xf32>) -> (tensor<4xf32>, tensor<4x8xf32>) {
-  %zero = arith.constant 0.0 : f32
-  %e = tensor.empty() : tensor<4x8xf32>
-  %d = linalg.generic {indexing_maps = [#id, #row, #id], iterator_types = ["parallel", "parallel"]}
-      ins(%x, %m : tensor<4x8xf32>, tensor<4xf32>) outs(%e : tensor<4x8xf32>) {
-  ^bb0(%a: f32, %b: f32, %o: f32):
-    %s = arith.subf %a, %b : f32
-    linalg.yield %s : f32
-  } -> tensor<4x8xf32>
-  %e1 = tensor.empty() : tensor<4xf32>
-  %z = linalg.fill ins(%zero : f32) outs(%e1 : tensor<4xf32>) -> tensor<4xf32>
-  %sum = linalg.generic {indexing_maps = [#id, #row], iterator_types = ["parallel", "reduction"]}
-      ins(%d : tensor<4x8xf32>) outs(%z : tensor<4xf32>) {
-  ^bb0(%a: f32, %o: f32):
-    %t = math.exp %a : f32
-    %s = arith.addf %t, %o : f32
-    linalg.yield %s : f32
-  } -> tensor<4xf32>
-  %grad = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
-      ins(%d : tensor<4x8xf32>) outs(%e : tensor<4x8xf32>) {
-  ^bb0(%a: f32, %o: f32):
-    %t = arith.mulf %a, %a : f32
-    linalg.yield %t : f32
-  } -> tensor<4x8xf32>
-  return %sum, %grad : tensor<4xf32>, tensor<4x8xf32>
-}
-"""
-
-
-def test_a_producer_read_by_two_ops_is_inlined_into_both():
-    payload = parse(INLINE)
-    with payload.context, ir.Location.unknown():
-        assert inline_elementwise_producers([_func(payload).regions[0].blocks[0]]) == 2
-    assert len(_ops(payload)) == 2
-    check(str(payload), """
-        CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "reduction"]{{.*}} ins(%arg0, %arg1
-        CHECK:   arith.subf
-        CHECK:   math.exp
-        CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "parallel"]{{.*}} ins(%arg0, %arg1
-        CHECK:   arith.subf
-        CHECK:   arith.mulf
-    """)
-    x, m = torch.randn(4, 8), torch.randn(4)
-    s, g = run_module(payload, [x, m])
-    torch.testing.assert_close(s, (x - m[:, None]).exp().sum(1))
-    torch.testing.assert_close(g, (x - m[:, None]) ** 2)
-
-
-def test_two_elementwise_results_merge_into_one_op():
-    """d x and d t of a loss with probability targets: one op writes both (one sweep)."""
-    payload = parse("""
-    #id = affine_map<(d0, d1) -> (d0, d1)>
-    #row = affine_map<(d0, d1) -> (d0)>
-    func.func @main(%x: tensor<4x8xf32>, %m: tensor<4xf32>) -> (tensor<4x8xf32>, tensor<4x8xf32>) {
-      %e = tensor.empty() : tensor<4x8xf32>
-      %a = linalg.generic {indexing_maps = [#id, #row, #id], iterator_types = ["parallel", "parallel"]}
-          ins(%x, %m : tensor<4x8xf32>, tensor<4xf32>) outs(%e : tensor<4x8xf32>) {
-      ^bb0(%p: f32, %q: f32, %o: f32):
-        %s = arith.subf %p, %q : f32
-        linalg.yield %s : f32
-      } -> tensor<4x8xf32>
-      %b = linalg.generic {indexing_maps = [#id, #row, #id], iterator_types = ["parallel", "parallel"]}
-          ins(%x, %m : tensor<4x8xf32>, tensor<4xf32>) outs(%e : tensor<4x8xf32>) {
-      ^bb0(%p: f32, %q: f32, %o: f32):
-        %s = arith.mulf %p, %q : f32
-        linalg.yield %s : f32
-      } -> tensor<4x8xf32>
-      return %a, %b : tensor<4x8xf32>, tensor<4x8xf32>
-    }
-    """)
-    with payload.context, ir.Location.unknown():
-        merged = merge_elementwise(_ops(payload))
-    assert len(_ops(payload)) == 1 and len(merged.results) == 2
-    check(str(payload), """
-        CHECK: %[[R:.*]]:2 = linalg.generic {{.*}} ins(%arg0, %arg1 : tensor<4x8xf32>, tensor<4xf32>)
-        CHECK:   arith.subf
-        CHECK:   arith.mulf
-        CHECK: return %[[R]]#0, %[[R]]#1
-    """)
-    x, m = torch.randn(4, 8), torch.randn(4)
-    a, b = run_module(payload, [x, m])
-    torch.testing.assert_close(a, x - m[:, None])
-    torch.testing.assert_close(b, x * m[:, None])
 
 
 SMOOTHING = """
