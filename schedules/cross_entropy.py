@@ -24,7 +24,7 @@ Schedule (`fuse_cross_entropy`), target independent up to vectorization:
      producer over the rows is fused into it; readers of the row statistics outside the root
      read them from the forall's results); blocks of rows whose logits fit `block_bytes`;
   5. inside each row block: with the classes contiguous, the group is split into lanes
-     (schedules/lane_split.py: `lanes` running maxima and sums, combined once per row), then
+     (transform_ext/split_reduction_lanes.py: `lanes` running maxima and sums, combined once per row), then
      fuse_dependent_reduction_ops makes the max, the exp-sum (online, stable exp(m_old -
      m_new) correction) and every sibling class sum ONE loop over class tiles; the gradient,
      if any, is a second sweep over the block's logits (still in cache) writing d x once.
@@ -65,18 +65,18 @@ from transform_ext.expand_fast_exp import expand_fast_exp
 from transform_ext.fold_gathers_through_elementwise import fold_gathers_through_elementwise
 from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion
 from transform_ext.fold_scalar_or_splat_constant import fold_scalar_or_splat_constant
-from transform_ext.fuse_dependent_reduction_ops import analyze as fusion_plan
 from transform_ext.filter_ops import filter_reductions
 from transform_ext.fuse_dependent_reduction_ops import fuse_dependent_reduction_ops
 from transform_ext.inline_elementwise_producers import inline_elementwise_producers
 from transform_ext.merge_elementwise import merge as merge_elementwise
 from transform_ext.promote_indexed_extracts import promote_indexed_extracts
+from transform_ext.split_reduction_lanes import LANE_DIM, split_reduction_lanes
+from transform_ext.split_reduction_lanes import check_group as check_lane_split
 from transform_ext.trace_to_argument import trace_to_argument
 
 from .class_reductions import split_affine_reduction, split_class_reduction
 from .common import canonicalize, clear_tags, match, match_id, run_passes, run_schedule, tag_ops
 from .generic import GenericParams, largest_divisor_at_most, single_func, vectorize_generic
-from .lane_split import LANE_DIM, lane_split_group
 from .prepare import cleanup, split_assertions
 
 
@@ -540,10 +540,16 @@ def _row_producers(root, linalg_ops, classes, m) -> list[ir.Operation]:
 
 def _fuse_class_loop(payload, params: CrossEntropyParams) -> None:
     """Step 5 of the module docstring, in every row block (or the function when unbatched)."""
-    for block in _fused_blocks(payload):
+    blocks = _fused_blocks(payload)
+    for position, block in enumerate(blocks):
         row_max, consumers = _class_group(block)
-        lanes = _split_lanes(row_max, consumers, params)
+        lanes = _lane_count(row_max, consumers, params)
         if lanes > 1:
+            def split(root):
+                group = _match_attr(_block_scope(root, position, blocks), CLASS_SUM)
+                split_reduction_lanes(group, lanes)
+
+            run_schedule(payload, split)
             row_max, consumers = _class_group(block)
         ls = loop_structure(row_max)
         k = ls.reduction_dims[0]
@@ -557,6 +563,17 @@ def _fuse_class_loop(payload, params: CrossEntropyParams) -> None:
 
         run_schedule(payload, body)
         clear_tags(payload)
+
+
+def _block_scope(root: ir.Value, position: int, blocks: list) -> ir.Value:
+    """The op whose body is blocks[position] of the fused blocks: a row forall, or the
+    function when nothing was tiled."""
+    if blocks[position].owner.name != "scf.forall":
+        return match(root, "func.func")
+    foralls = match(root, "scf.forall")
+    if len(blocks) == 1:
+        return foralls
+    return transform.SplitHandleOp([transform.AnyOpType.get()] * len(blocks), foralls).results[position]
 
 
 def _fused_blocks(payload: ir.Module) -> list[ir.Block]:
@@ -583,10 +600,10 @@ def _class_group(block: ir.Block) -> tuple[ir.Operation, list[ir.Operation]]:
     return maxes[0], [op for op in ops if op is not maxes[0]]
 
 
-def _split_lanes(row_max: ir.Operation, consumers: list, params: CrossEntropyParams) -> int:
-    """Give the group one running max and sum per SIMD lane (schedules/lane_split.py) when
-    the classes are the logits' contiguous dim and `lanes` divides them; returns the lane
-    count used (1: not split)."""
+def _lane_count(row_max: ir.Operation, consumers: list, params: CrossEntropyParams) -> int:
+    """The lanes to split the group into (transform_ext/split_reduction_lanes.py: one running
+    max and sum per SIMD lane) when the classes are the logits' contiguous dim and `lanes`
+    divides them; 1: not split."""
     ls = loop_structure(row_max)
     k = ls.reduction_dims[0]
     x = row_max.operands[0]
@@ -601,16 +618,9 @@ def _split_lanes(row_max: ir.Operation, consumers: list, params: CrossEntropyPar
     if extent % lanes or extent < 2 * lanes:
         return 1
     try:
-        plan = fusion_plan(row_max, consumers, [], x.type.shape[-1], True)
+        check_lane_split(row_max, consumers, lanes)
     except Illegal:
         return 1
-    betas = {c.op: (c.beta if c.dependent else None) for c in plan.consumers}
-    block = row_max.block
-    if not lane_split_group(row_max, consumers, lanes, reduction_combiner, betas.get):
-        return 1
-    for op in block.operations:
-        if LANE_DIM in op.operation.attributes:
-            op.operation.attributes[CLASS_SUM] = ir.UnitAttr.get(op.context)
     return lanes
 
 

@@ -35,6 +35,7 @@ OP_MODULES: list[str] = [
     "trace_to_argument",
     "inline_elementwise_producers",
     "merge_elementwise",
+    "split_reduction_lanes",
 ]
 
 

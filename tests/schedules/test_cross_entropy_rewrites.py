@@ -6,10 +6,8 @@ from torch_mlir import ir
 
 from schedules.class_reductions import split_affine_reduction, split_class_reduction
 from schedules.common import run_passes
-from schedules.lane_split import lane_split_group
 from tests.transform_ext.helpers import check, parse
 from tests.transform_ext.numeric import run_module
-from transform_ext.analysis.classify import reduction_combiner
 
 
 def _func(payload):
@@ -95,86 +93,3 @@ def test_sum_over_rows_and_classes_is_split_per_row():
     x = torch.randn(4, 8)
     (got,) = run_module(payload, [x])
     torch.testing.assert_close(got, x.sum() + 1.5)
-
-
-LOGSUMEXP = """
-#id = affine_map<(d0, d1) -> (d0, d1)>
-#row = affine_map<(d0, d1) -> (d0)>
-func.func @main(%x: tensor<3x{C}xf32>, %y: tensor<3xi64>) -> (tensor<3xf32>, tensor<3xf32>, tensor<3xf32>) {{
-  %zero = arith.constant 0.0 : f32
-  %ninf = arith.constant 0xFF800000 : f32
-  %e1 = tensor.empty() : tensor<3xf32>
-  %m0 = linalg.fill ins(%ninf : f32) outs(%e1 : tensor<3xf32>) -> tensor<3xf32>
-  %m = linalg.generic {{indexing_maps = [#id, #row], iterator_types = ["parallel", "reduction"]}}
-      ins(%x : tensor<3x{C}xf32>) outs(%m0 : tensor<3xf32>) {{
-  ^bb0(%a: f32, %o: f32):
-    %r = arith.maximumf %a, %o : f32
-    linalg.yield %r : f32
-  }} -> tensor<3xf32>
-  %z = linalg.fill ins(%zero : f32) outs(%e1 : tensor<3xf32>) -> tensor<3xf32>
-  %l = linalg.generic {{indexing_maps = [#id, #row, #row], iterator_types = ["parallel", "reduction"]}}
-      ins(%x, %m : tensor<3x{C}xf32>, tensor<3xf32>) outs(%z : tensor<3xf32>) {{
-  ^bb0(%a: f32, %b: f32, %o: f32):
-    %d = arith.subf %a, %b : f32
-    %t = math.exp %d : f32
-    %r = arith.addf %t, %o : f32
-    linalg.yield %r : f32
-  }} -> tensor<3xf32>
-  %g = linalg.generic {{indexing_maps = [#id, #row, #row], iterator_types = ["parallel", "reduction"]}}
-      ins(%x, %y : tensor<3x{C}xf32>, tensor<3xi64>) outs(%z : tensor<3xf32>) {{
-  ^bb0(%a: f32, %t: i64, %o: f32):
-    %j = linalg.index 1 : index
-    %ji = arith.index_cast %j : index to i64
-    %hit = arith.cmpi eq, %ji, %t : i64
-    %v = arith.select %hit, %a, %zero : f32
-    %r = arith.addf %v, %o : f32
-    linalg.yield %r : f32
-  }} -> tensor<3xf32>
-  return %m, %l, %g : tensor<3xf32>, tensor<3xf32>, tensor<3xf32>
-}}
-"""
-
-
-def _split(payload, lanes):
-    ops = _ops(payload)
-    r1, consumers = ops[0], ops[1:]
-    betas = {consumers[0]: -1.0, consumers[1]: None}
-    with payload.context, ir.Location.unknown():
-        return lane_split_group(r1, consumers, lanes, reduction_combiner, betas.get)
-
-
-def test_lane_split_keeps_one_max_and_sum_per_lane():
-    """Per lane: m_l, l_l and the gather's partial sums; combined as max_l m_l,
-    sum_l l_l exp(m_l - m) (0 for an all -inf lane) and sum_l g_l. Lane 5 of row 1 is all
-    -inf, row 2 entirely -inf (its sum is 0, its max -inf, no NaN from the combine)."""
-    c = 256
-    payload = parse(LOGSUMEXP.format(C=c))
-    assert _split(payload, 16)
-    check(str(payload), """
-        CHECK: tensor.expand_shape {{.*}} into tensor<3x16x16xf32>
-        CHECK: iterator_types = ["parallel", "reduction", "parallel"]
-        CHECK: arith.maximumf
-        CHECK: iterator_types = ["parallel", "reduction"]
-        CHECK: iterator_types = ["parallel", "reduction", "parallel"]
-        CHECK: linalg.index 1
-        CHECK: linalg.index 2
-        CHECK: arith.muli
-    """)
-    torch.manual_seed(0)
-    x = torch.randn(3, c) * 30
-    x[1, 5::16] = -float("inf")
-    x[2] = -float("inf")
-    y = torch.tensor([0, 200, 37])
-    m, l, g = run_module(payload, [x, y])
-    torch.testing.assert_close(m, x.amax(1))
-    want_l = torch.exp(x[:2] - x[:2].amax(1, keepdim=True)).sum(1)
-    torch.testing.assert_close(l[:2], want_l, rtol=1e-5, atol=1e-6)
-    assert l[2].item() == 0.0
-    torch.testing.assert_close(g, x.gather(1, y[:, None])[:, 0])
-
-
-def test_lane_split_needs_lanes_that_divide_the_classes():
-    payload = parse(LOGSUMEXP.format(C=250))
-    before = str(payload)
-    assert not _split(payload, 16)
-    assert str(payload) == before
