@@ -70,11 +70,12 @@ from transform_ext.fuse_dependent_reduction_ops import fuse_dependent_reduction_
 from transform_ext.inline_elementwise_producers import inline_elementwise_producers
 from transform_ext.merge_elementwise import merge as merge_elementwise
 from transform_ext.promote_indexed_extracts import promote_indexed_extracts
+from transform_ext.split_affine_reductions import split_affine_reductions
+from transform_ext.split_class_reductions import split_class_reductions
 from transform_ext.split_reduction_lanes import LANE_DIM, split_reduction_lanes
 from transform_ext.split_reduction_lanes import check_group as check_lane_split
 from transform_ext.trace_to_argument import trace_to_argument
 
-from .class_reductions import split_affine_reduction, split_class_reduction
 from .common import canonicalize, clear_tags, match, match_id, run_passes, run_schedule, tag_ops
 from .generic import GenericParams, largest_divisor_at_most, single_func, vectorize_generic
 from .prepare import cleanup, split_assertions
@@ -197,22 +198,13 @@ def restructure(payload: ir.Module) -> None:
 
     run_schedule(payload, inline)
     run_passes(payload, "canonicalize, cse")
-    func = _func(payload)
-    row_max = _row_max(func)
-    m = row_max.results[0]
-    ops = [op for op in block_ops(func) if is_linalg_op(op)]
-    classes = DimClasses(ops)
-    axis = (row_max, loop_structure(row_max).reduction_dims[0])
-    with payload.context:
-        for op in ops:
-            if op is row_max:
-                continue
-            ls = loop_structure(op)
-            loops = [l for l in ls.reduction_dims if classes.same((op, l), axis)]
-            if len(ls.reduction_dims) > 1 and len(loops) == 1:
-                split_class_reduction(op, loops[0])
-    for op in _class_reductions(func, row_max):
-        split_affine_reduction(op, lambda v: v == m or _depends_on_value(v, m))
+
+    def class_sums(root):
+        row_max = filter_reductions(match(match(root, "func.func"), "linalg.generic"), combiner="max")
+        split_class_reductions(row_max)
+        split_affine_reductions(row_max)
+
+    run_schedule(payload, class_sums)
     run_passes(payload, "canonicalize, cse")
 
 
@@ -222,25 +214,6 @@ def _row_max(func: ir.Operation) -> ir.Operation:
     if len(maxes) != 1:
         raise NotCrossEntropy(f"expected one row max over the classes (log_softmax), found {len(maxes)}")
     return maxes[0]
-
-
-def _class_reductions(func: ir.Operation, row_max: ir.Operation) -> list[ir.Operation]:
-    """The reductions over row_max's reduced axis, row_max excluded."""
-    ops = [op for op in block_ops(func) if is_linalg_op(op)]
-    classes = DimClasses(ops)
-    axis = (row_max, loop_structure(row_max).reduction_dims[0])
-    out = []
-    for op in ops:
-        ls = loop_structure(op)
-        if op is not row_max and len(ls.reduction_dims) == 1 and \
-                classes.same((op, ls.reduction_dims[0]), axis):
-            out.append(op)
-    return out
-
-
-def _depends_on_value(value: ir.Value, target: ir.Value) -> bool:
-    op = defining_op(value)
-    return op is not None and _depends_on(op, target)
 
 
 def _logits(func: ir.Operation) -> ir.Value:

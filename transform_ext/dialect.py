@@ -36,6 +36,8 @@ OP_MODULES: list[str] = [
     "inline_elementwise_producers",
     "merge_elementwise",
     "split_reduction_lanes",
+    "split_class_reductions",
+    "split_affine_reductions",
 ]
 
 
