@@ -51,21 +51,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torch_mlir import ir
-from torch_mlir.dialects import tensor, transform
+from torch_mlir.dialects import transform
 from torch_mlir.dialects.transform import structured
 
 import transform_ext
 from transform_ext.analysis.classify import reduction_combiner
 from transform_ext.analysis.dims import DimClasses
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
-from transform_ext.common import (Illegal, append_input, block_ops, body_of, clone_body,
-                                  defining_op, failure_reason, iterator_kinds)
+from transform_ext.common import Illegal, append_input, block_ops, body_of, defining_op, failure_reason
 from transform_ext.drop_unused_results import drop_unused_results
+from transform_ext.exclude_ops import exclude_ops
 from transform_ext.expand_fast_exp import expand_fast_exp
+from transform_ext.filter_ops import filter_reductions
 from transform_ext.fold_gathers_through_elementwise import fold_gathers_through_elementwise
 from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion
 from transform_ext.fold_scalar_or_splat_constant import fold_scalar_or_splat_constant
-from transform_ext.filter_ops import filter_reductions
 from transform_ext.fuse_dependent_reduction_ops import fuse_dependent_reduction_ops
 from transform_ext.inline_elementwise_producers import inline_elementwise_producers
 from transform_ext.merge_elementwise import merge as merge_elementwise
@@ -525,17 +525,14 @@ def _fuse_class_loop(payload, params: CrossEntropyParams) -> None:
             run_schedule(payload, split)
             row_max, consumers = _class_group(block)
         ls = loop_structure(row_max)
-        k = ls.reduction_dims[0]
-        tag_ops([row_max] + consumers)
-        ct = _class_tile(ls.ranges[k], params, lanes)
+        ct = _class_tile(ls.ranges[ls.reduction_dims[0]], params, lanes)
 
-        def body(root):
-            handles = [match_id(root, 1 + i) for i in range(len(consumers))]
-            cons = handles[0] if len(handles) == 1 else transform.merge_handles(handles)
-            fuse_dependent_reduction_ops(match_id(root, 0), cons, ct)
+        def fuse(root):
+            group = _match_attr(_block_scope(root, position, blocks), CLASS_SUM)
+            row_max = filter_reductions(group, combiner="max")
+            fuse_dependent_reduction_ops(row_max, exclude_ops(group, row_max), ct)
 
-        run_schedule(payload, body)
-        clear_tags(payload)
+        run_schedule(payload, fuse)
 
 
 def _block_scope(root: ir.Value, position: int, blocks: list) -> ir.Value:
@@ -635,11 +632,11 @@ def vectorize_cross_entropy(payload: ir.Module, params: GenericParams) -> None:
         partial = [0] * ls.num_loops
         partial[k] = largest_divisor_at_most(ls.ranges[k], vector_tile)
         plan.append((rows, partial))
-    tag_ops(sums)
 
     def body(root):
-        for i, (outer, partial) in enumerate(plan):
-            target = match_id(root, i)
+        matched = _match_attr(root, CLASS_SUM)
+        targets = transform.SplitHandleOp([transform.AnyOpType.get()] * len(plan), matched).results
+        for target, (outer, partial) in zip(targets, plan):
             if any(outer):
                 target = structured.TileUsingForOp(target, sizes=outer).tiled_linalg_op
             if partial is not None:
@@ -647,42 +644,12 @@ def vectorize_cross_entropy(payload: ir.Module, params: GenericParams) -> None:
                 structured.TileReductionUsingForOp([any_op], any_op, any_op, any_op, target,
                                                    tile_sizes=partial)
 
-    run_schedule(payload, body)
-    clear_tags(payload)
+    if plan:
+        run_schedule(payload, body)
     clear_tags(payload, CLASS_SUM)
     clear_tags(payload, LANE_DIM)
-    _scalarize_rank0_gathers(payload)
     run_schedule(payload, expand_fast_exp)
     vectorize_generic(payload, params)
-
-
-def _scalarize_rank0_gathers(payload: ir.Module) -> None:
-    """0-d linalg.generics that gather (the unbatched loss reads x[y]) become scalar code:
-    the vectorizer mixes 0-d vectors and scalars in them."""
-    found = []
-
-    def visit(op):
-        if op.name == "linalg.generic" and not iterator_kinds(op) and any(
-                o.operation.name == "tensor.extract" for o in body_of(op).operations):
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    payload.operation.walk(visit)
-    for op in found:
-        with op.context, op.location, ir.InsertionPoint(op):
-            body = body_of(op)
-            mapping = {}
-            for i, v in enumerate(op.operands):
-                arg = body.arguments[i]
-                if not list(arg.uses):
-                    continue
-                mapping[arg] = tensor.ExtractOp(v, []).result if isinstance(
-                    v.type, ir.RankedTensorType) else v
-            values = clone_body(op, mapping)
-            results = [tensor.FromElementsOp(r.type, [v]).result for r, v in zip(op.results, values)]
-        for r, new in zip(op.results, results):
-            r.replace_all_uses_with(new)
-        op.erase()
 
 
 def _match_attr(target: ir.Value, attr: str) -> ir.Value:

@@ -38,6 +38,7 @@ OP_MODULES: list[str] = [
     "split_reduction_lanes",
     "split_class_reductions",
     "split_affine_reductions",
+    "exclude_ops",
 ]
 
 
