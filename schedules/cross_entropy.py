@@ -55,10 +55,11 @@ from torch_mlir.dialects import transform
 from torch_mlir.dialects.transform import structured
 
 import transform_ext
+from transform_ext.add_unread_input import add_unread_input
 from transform_ext.analysis.classify import reduction_combiner
 from transform_ext.analysis.dims import DimClasses
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
-from transform_ext.common import Illegal, append_input, block_ops, body_of, defining_op, failure_reason
+from transform_ext.common import Illegal, block_ops, body_of, defining_op, failure_reason
 from transform_ext.drop_unused_results import drop_unused_results
 from transform_ext.exclude_ops import exclude_ops
 from transform_ext.expand_fast_exp import expand_fast_exp
@@ -68,6 +69,7 @@ from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expa
 from transform_ext.fold_scalar_or_splat_constant import fold_scalar_or_splat_constant
 from transform_ext.fuse_dependent_reduction_ops import fuse_dependent_reduction_ops
 from transform_ext.inline_elementwise_producers import inline_elementwise_producers
+from transform_ext.match_class_reductions import match_class_reductions
 from transform_ext.merge_elementwise import merge as merge_elementwise
 from transform_ext.promote_indexed_extracts import promote_indexed_extracts
 from transform_ext.split_affine_reductions import split_affine_reductions
@@ -378,9 +380,7 @@ def fuse_cross_entropy(payload: ir.Module, params: CrossEntropyParams = CrossEnt
     restructure(payload)
     ops = find_cross_entropy(payload)
     name_target_checks(_func(payload), loop_structure(ops.row_max).ranges[ops.class_dim])
-    for op in [ops.row_max] + ops.class_sums:
-        op.attributes[CLASS_SUM] = ir.UnitAttr.get(op.context)
-    _tie_class_sums_to_logits(payload)
+    run_schedule(payload, _mark_class_sums)
     ops = find_cross_entropy(payload)
     _sink_other_readers(ops.root)
     _tile_rows(payload, ops, params)
@@ -388,27 +388,17 @@ def fuse_cross_entropy(payload: ir.Module, params: CrossEntropyParams = CrossEnt
     run_passes(payload, "canonicalize, cse")
 
 
-def _tie_class_sums_to_logits(payload: ir.Module) -> None:
-    """A class reduction whose class loop no operand shares with the logits (the row sum of
-    the one-hot gradient reads only targets and loop indices) gets the logits as an unread
-    input, mapped by the dims they share in the whole graph: the fusion then sees it runs
-    over the logits' classes."""
-    func = _func(payload)
-    x = _logits(func)
-    ops = [op for op in block_ops(func) if is_linalg_op(op)]
-    classes = DimClasses(ops)
-    for op in ops:
-        if CLASS_SUM not in op.attributes or any(v == x for v in op.operands):
-            continue
-        ls = loop_structure(op)
-        dims = []
-        for p in range(x.type.rank):
-            loop = next((l for l in range(ls.num_loops) if classes.same((op, l), (x, p))), None)
-            if loop is None:
-                raise NotCrossEntropy("a class reduction does not run over the logits' dims")
-            dims.append(ir.AffineDimExpr.get(loop))
-        with op.context:
-            append_input(op, x, ir.AffineMap.get(ls.num_loops, 0, dims))
+def _mark_class_sums(root: ir.Value) -> None:
+    """Mark the row max and the class reductions `CLASS_SUM` (the fused loop's group, tiled
+    for vectors later). A class reduction whose class loop no operand shares with the logits
+    (the row sum of the one-hot gradient reads only targets and loop indices) gets the logits
+    as an unread input, mapped by the dims they share in the whole graph: the fusion then
+    sees it runs over the logits' classes."""
+    func = match(root, "func.func")
+    row_max = filter_reductions(match(func, "linalg.generic"), combiner="max")
+    transform.AnnotateOp(row_max, CLASS_SUM)
+    transform.AnnotateOp(match_class_reductions(row_max), CLASS_SUM)
+    add_unread_input(_match_attr(func, CLASS_SUM), trace_to_argument(row_max, 0))
 
 
 def _sink_other_readers(root: ir.Operation) -> None:

@@ -39,6 +39,8 @@ OP_MODULES: list[str] = [
     "split_class_reductions",
     "split_affine_reductions",
     "exclude_ops",
+    "match_class_reductions",
+    "add_unread_input",
 ]
 
 
