@@ -11,8 +11,9 @@ Any payload of that shape qualifies (a bare log_softmax too: its result is the "
 Schedule (`fuse_cross_entropy`), target independent up to vectorization:
   1. normalize: drop the unused argmax, fold scalar constants into bodies, fold reshapes and
      unit dims, split the target-bounds assertions out of the gathers;
-  2. restructure so nothing reads an [N, C] intermediate (schedules/gather_folding.py,
-     elementwise_inlining.py, class_reductions.py): gathers from elementwise results read
+  2. restructure so nothing reads an [N, C] intermediate (transform_ext ops
+     fold_gathers_through_elementwise, promote_indexed_extracts, inline_elementwise_producers,
+     split_class_reductions, split_affine_reductions): gathers from elementwise results read
      what they are made of (logp[i, y] = x[i, y] - m[i] - log l[i]); [N, C] elementwise ops
      are inlined into every reader; a sum over rows and classes becomes a per-row class sum;
      class sums affine in per-row values are split
@@ -24,12 +25,13 @@ Schedule (`fuse_cross_entropy`), target independent up to vectorization:
      producer over the rows is fused into it; readers of the row statistics outside the root
      read them from the forall's results); blocks of rows whose logits fit `block_bytes`;
   5. inside each row block: with the classes contiguous, the group is split into lanes
-     (transform_ext/split_reduction_lanes.py: `lanes` running maxima and sums, combined once per row), then
+     (transform_ext.split_reduction_lanes: `lanes` running maxima and sums, combined once
+     per row), then
      fuse_dependent_reduction_ops makes the max, the exp-sum (online, stable exp(m_old -
      m_new) correction) and every sibling class sum ONE loop over class tiles; the gradient,
      if any, is a second sweep over the block's logits (still in cache) writing d x once.
 Vectorization (`vectorize_cross_entropy`, CPU): each class reduction runs one chunk of lanes
-at a time with vector accumulators; exp is expanded by transform_ext/expand_fast_exp.py.
+at a time with vector accumulators; exp is expanded by transform_ext.expand_fast_exp.
 Forward: the logits are read once, no [N, C] tensor exists. Forward+backward: the logits are
 read once from memory (the second sweep hits the cache), the gradient written once.
 
