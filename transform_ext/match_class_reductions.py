@@ -25,7 +25,7 @@ def class_reductions(target_ops: list) -> list[ir.Operation]:
     found = []
     for op in ops:
         ls = loop_structure(op)
-        if op is not axis and len(ls.reduction_dims) == 1 and \
+        if op != axis and len(ls.reduction_dims) == 1 and \
                 classes.same((op, ls.reduction_dims[0]), (axis, k)):
             found.append(op)
     return found

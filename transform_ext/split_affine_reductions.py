@@ -308,7 +308,7 @@ def plan(target_ops: list) -> list:
     found = []
     for op in ops:
         ls = loop_structure(op)
-        if op is axis or len(ls.reduction_dims) != 1 or \
+        if op == axis or len(ls.reduction_dims) != 1 or \
                 not classes.same((op, ls.reduction_dims[0]), (axis, k)):
             continue
         split = affine_split(op, is_atom)

@@ -25,8 +25,6 @@ from .common import (Illegal, Success, block_ops, body_of, build_generic, defini
 from .dialect import TransformExt
 
 NAME = "transform_ext.split_class_reductions"
-
-
 _ADDITIVE = ("arith.addf",)
 
 
@@ -111,10 +109,8 @@ def split_class_reduction(op: ir.Operation, class_loop: int, rewriter) -> None:
     rewriter.replace_op(op, [outer.results[0]])
 
 
-
-
 def axis_of(target_ops: list) -> tuple:
-    """(the axis op, its reduction dim, DimClasses of its block's linalg ops)."""
+    """(the axis op, its reduction dim, the linalg ops of its block, their DimClasses)."""
     if len(target_ops) != 1:
         raise Illegal(target_ops[0] if target_ops else None,
                       f"the target must be one reduction (the row max), got {len(target_ops)} ops")
@@ -130,7 +126,7 @@ def plan(target_ops: list) -> list:
     axis, k, ops, classes = axis_of(target_ops)
     found = []
     for op in ops:
-        if op is axis:
+        if op == axis:
             continue
         ls = loop_structure(op)
         loops = [l for l in ls.reduction_dims if classes.same((op, l), (axis, k))]

@@ -153,7 +153,7 @@ def split_group(ops: list) -> tuple:
     if len(maxes) != 1:
         raise Illegal(ops[0] if ops else None,
                       f"the group must hold one max reduction, it holds {len(maxes)}")
-    return maxes[0], [op for op in ops if op is not maxes[0]]
+    return maxes[0], [op for op in ops if op != maxes[0]]
 
 
 def check_group(r1, consumers, lanes: int) -> dict:

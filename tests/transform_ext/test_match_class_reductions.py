@@ -69,14 +69,15 @@ def test_the_reductions_over_the_classes_of_the_row_max():
 
     apply(payload, body)
     check(str(payload), """
-        CHECK: arith.maximumf
-        CHECK-NEXT: linalg.yield
-        CHECK-NEXT: } -> tensor<4xf32>
+        CHECK: linalg.generic {{.*}} ins(%arg0 : tensor<4x8xf32>) outs(%arg3 : tensor<4xf32>) {
+        CHECK-NEXT: ^bb0
+        CHECK-NEXT: arith.maximumf
         CHECK: linalg.generic {{.*}} ins(%arg0, %{{.*}} : tensor<4x8xf32>, tensor<4xf32>) {{.*}} attrs = {class_sum}
         CHECK: linalg.generic {{.*}} ins(%arg0, %arg2 : tensor<4x8xf32>, tensor<8xf32>) {{.*}} attrs = {class_sum}
         CHECK: linalg.generic {{.*}} ins(%arg1, %arg2 : tensor<4xi64>, tensor<8xf32>) {{.*}} attrs = {class_sum}
         CHECK: linalg.generic {{.*}} ins(%arg0 : tensor<4x8xf32>) outs(%arg5 : tensor<8xf32>) {
     """)
+    assert str(payload).count("class_sum") == 3
 
 
 def test_a_target_of_several_ops_is_refused():
