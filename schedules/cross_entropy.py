@@ -185,31 +185,33 @@ def _has_rank0_reshape(payload: ir.Module) -> bool:
 
 
 def restructure(payload: ir.Module) -> None:
-    """Step 2 of the module docstring."""
-    def gathers(root):
-        func = match(root, "func.func")
-        fold_gathers_through_elementwise(func)
-        promote_indexed_extracts(func)
-
-    run_schedule(payload, gathers)
-    run_passes(payload, "canonicalize, cse")
+    """Step 2 of the module docstring: one sequence (canonicalize and cse as passes between
+    the rewrites)."""
     _logits(_func(payload))  # one row max, reading the logits (else: the reason)
+    run_schedule(payload, _restructure)
 
-    def inline(root):
-        generics = match(match(root, "func.func"), "linalg.generic")
-        logits = trace_to_argument(filter_reductions(generics, combiner="max"), 0)
-        inline_elementwise_producers(generics, witness=logits)
 
-    run_schedule(payload, inline)
-    run_passes(payload, "canonicalize, cse")
+def _restructure(root: ir.Value) -> None:
+    func = match(root, "func.func")
+    fold_gathers_through_elementwise(func)
+    promote_indexed_extracts(func)
+    root = _canonicalize_and_cse(root)
+    generics = match(match(root, "func.func"), "linalg.generic")
+    logits = trace_to_argument(filter_reductions(generics, combiner="max"), 0)
+    inline_elementwise_producers(generics, witness=logits)
+    root = _canonicalize_and_cse(root)
+    row_max = filter_reductions(match(match(root, "func.func"), "linalg.generic"), combiner="max")
+    split_class_reductions(row_max)
+    split_affine_reductions(row_max)
+    _canonicalize_and_cse(root)
 
-    def class_sums(root):
-        row_max = filter_reductions(match(match(root, "func.func"), "linalg.generic"), combiner="max")
-        split_class_reductions(row_max)
-        split_affine_reductions(row_max)
 
-    run_schedule(payload, class_sums)
-    run_passes(payload, "canonicalize, cse")
+def _canonicalize_and_cse(module: ir.Value) -> ir.Value:
+    """The canonicalize and cse passes on the module (its handle is consumed; returns the
+    new one)."""
+    for name in ("canonicalize", "cse"):
+        module = transform.apply_registered_pass(transform.AnyOpType.get(), module, name)
+    return module
 
 
 def _row_max(func: ir.Operation) -> ir.Operation:
