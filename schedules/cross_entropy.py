@@ -506,23 +506,21 @@ def _row_producers(root, linalg_ops, classes, m) -> list[ir.Operation]:
 
 
 def _fuse_class_loop(payload, params: CrossEntropyParams) -> None:
-    """Step 5 of the module docstring, in every row block (or the function when unbatched)."""
+    """Step 5 of the module docstring, in every row block (or the function when unbatched):
+    one sequence per block, the lane split (when the lanes divide the classes) then the
+    fusion over class tiles of `ct` chunks."""
     blocks = _fused_blocks(payload)
     for position, block in enumerate(blocks):
         row_max, consumers = _class_group(block)
         lanes = _lane_count(row_max, consumers, params)
-        if lanes > 1:
-            def split(root):
-                group = _match_attr(_block_scope(root, position, blocks), CLASS_SUM)
-                split_reduction_lanes(group, lanes)
-
-            run_schedule(payload, split)
-            row_max, consumers = _class_group(block)
         ls = loop_structure(row_max)
-        ct = _class_tile(ls.ranges[ls.reduction_dims[0]], params, lanes)
+        ct = _class_tile(ls.ranges[ls.reduction_dims[0]] // lanes, params, lanes)
 
         def fuse(root):
-            group = _match_attr(_block_scope(root, position, blocks), CLASS_SUM)
+            scope = _block_scope(root, position, blocks)
+            if lanes > 1:
+                split_reduction_lanes(_match_attr(scope, CLASS_SUM), lanes)
+            group = _match_attr(scope, CLASS_SUM)
             row_max = filter_reductions(group, combiner="max")
             fuse_dependent_reduction_ops(row_max, exclude_ops(group, row_max), ct)
 
