@@ -535,7 +535,7 @@ def _block_scope(root: ir.Value, position: int, blocks: list) -> ir.Value:
     foralls = match(root, "scf.forall")
     if len(blocks) == 1:
         return foralls
-    return transform.SplitHandleOp([transform.AnyOpType.get()] * len(blocks), foralls).results[position]
+    return _split(foralls, len(blocks))[position]
 
 
 def _fused_blocks(payload: ir.Module) -> list[ir.Block]:
@@ -609,10 +609,8 @@ def vectorize_cross_entropy(payload: ir.Module, params: GenericParams) -> None:
     partial results combined once per class tile. exp becomes transform_ext.expand_fast_exp's
     expansion; everything is then vectorized by the generic schedule."""
     vector_tile = params.vector_tile
-    run_schedule(payload, lambda root: inline_elementwise_producers(_match_attr(root, CLASS_SUM)))
-    sums = _tagged(payload, CLASS_SUM)
     plan = []
-    for op in sums:
+    for op in _tagged(payload, CLASS_SUM):
         ls = loop_structure(op)
         k = ls.reduction_dims[0]
         if LANE_DIM in op.attributes:
@@ -626,22 +624,27 @@ def vectorize_cross_entropy(payload: ir.Module, params: GenericParams) -> None:
         plan.append((rows, partial))
 
     def body(root):
-        matched = _match_attr(root, CLASS_SUM)
-        targets = transform.SplitHandleOp([transform.AnyOpType.get()] * len(plan), matched).results
-        for target, (outer, partial) in zip(targets, plan):
-            if any(outer):
-                target = structured.TileUsingForOp(target, sizes=outer).tiled_linalg_op
-            if partial is not None:
-                any_op = transform.AnyOpType.get()
-                structured.TileReductionUsingForOp([any_op], any_op, any_op, any_op, target,
-                                                   tile_sizes=partial)
+        inline_elementwise_producers(_match_attr(root, CLASS_SUM))
+        if plan:  # (the inlining keeps the sums' loops: the plan holds for the rebuilt ops)
+            matched = _match_attr(root, CLASS_SUM)
+            for target, (outer, partial) in zip(_split(matched, len(plan)), plan):
+                if any(outer):
+                    target = structured.TileUsingForOp(target, sizes=outer).tiled_linalg_op
+                if partial is not None:
+                    any_op = transform.AnyOpType.get()
+                    structured.TileReductionUsingForOp([any_op], any_op, any_op, any_op, target,
+                                                       tile_sizes=partial)
+        expand_fast_exp(root)
 
-    if plan:
-        run_schedule(payload, body)
+    run_schedule(payload, body)
     clear_tags(payload, CLASS_SUM)
     clear_tags(payload, LANE_DIM)
-    run_schedule(payload, expand_fast_exp)
     vectorize_generic(payload, params)
+
+
+def _split(handle: ir.Value, count: int) -> list[ir.Value]:
+    """One handle per payload op of `handle` (which must hold `count`), in order."""
+    return list(transform.SplitHandleOp([transform.AnyOpType.get()] * count, handle).results)
 
 
 def _match_attr(target: ir.Value, attr: str) -> ir.Value:
