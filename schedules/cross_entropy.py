@@ -80,7 +80,7 @@ from transform_ext.split_reduction_lanes import LANE_DIM, split_reduction_lanes
 from transform_ext.split_reduction_lanes import check_group as check_lane_split
 from transform_ext.trace_to_argument import trace_to_argument
 
-from .common import canonicalize, clear_tags, match, match_id, run_passes, run_schedule, tag_ops
+from .common import canonicalize, clear_tags, match, run_passes, run_schedule
 from .generic import GenericParams, largest_divisor_at_most, single_func, vectorize_generic
 from .prepare import cleanup, split_assertions
 
@@ -468,18 +468,20 @@ def _tile_rows(payload, ops: CrossEntropyOps, params: CrossEntropyParams) -> Non
     for l in ops.row_dims[:-1]:
         sizes[l] = 1
     sizes[ops.row_dims[-1]] = tile
-    tag_ops([ops.root] + producers)
+    names = sorted({op.name for op in [ops.root] + producers})
+    candidates = [op for op in linalg_ops if op.name in names]  # as structured.match finds them
+    position = [candidates.index(op) for op in [ops.root] + producers]
 
     def body(root):
-        tiled = structured.TileUsingForallOp(match_id(root, 0), tile_sizes=sizes)
         func = match(root, "func.func")
-        for i in range(len(producers)):
+        handles = _split(match(func, names), len(candidates))
+        tiled = structured.TileUsingForallOp(handles[position[0]], tile_sizes=sizes)
+        for i in position[1:]:
             # CSE first: equal slices of one producer become one use to fuse into
             canonicalize(func)
-            structured.FuseIntoContainingOp(match_id(root, i + 1), tiled.forall_op)
+            structured.FuseIntoContainingOp(handles[i], tiled.forall_op)
 
     run_schedule(payload, body)
-    clear_tags(payload)
     run_passes(payload, "canonicalize, cse")
 
 
