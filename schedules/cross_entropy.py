@@ -74,6 +74,7 @@ from transform_ext.inline_elementwise_producers import inline_elementwise_produc
 from transform_ext.match_class_reductions import match_class_reductions
 from transform_ext.merge_elementwise import merge as merge_elementwise
 from transform_ext.promote_indexed_extracts import promote_indexed_extracts
+from transform_ext.sink_sibling_readers import sink_sibling_readers
 from transform_ext.split_affine_reductions import split_affine_reductions
 from transform_ext.split_class_reductions import split_class_reductions
 from transform_ext.split_reduction_lanes import LANE_DIM, split_reduction_lanes
@@ -386,7 +387,8 @@ def fuse_cross_entropy(payload: ir.Module, params: CrossEntropyParams = CrossEnt
     name_target_checks(_func(payload), loop_structure(ops.row_max).ranges[ops.class_dim])
     run_schedule(payload, _mark_class_sums)
     ops = find_cross_entropy(payload)
-    _sink_other_readers(ops.root)
+    root = ops.root
+    run_schedule(payload, lambda r: sink_sibling_readers(_handle_of(match(r, "func.func"), root)))
     _tile_rows(payload, ops, params)
     _fuse_class_loop(payload, params)
     run_passes(payload, "canonicalize, cse")
@@ -405,35 +407,11 @@ def _mark_class_sums(root: ir.Value) -> None:
     add_unread_input(_match_attr(func, CLASS_SUM), trace_to_argument(row_max, 0))
 
 
-def _sink_other_readers(root: ir.Operation) -> None:
-    """Move the ops before `root` that do not feed it but read what it reads (the per-row
-    loss next to the gradient) after it: the row forall that replaces `root` then returns
-    the shared producers' results (m, l) to them instead of leaving copies outside."""
-    ops = block_ops(root.block)
-    position = {op: i for i, op in enumerate(ops)}
-    feeds = set()
-    pending = [root]
-    while pending:
-        op = pending.pop()
-        for inner in [op] + ([o.operation for o in body_of(op).operations] if op.regions else []):
-            for v in inner.operands:
-                p = defining_op(v)
-                if p is not None and p in position and p not in feeds:
-                    feeds.add(p)
-                    pending.append(p)
-    moving = []
-    tainted = set(feeds)
-    for op in ops[:position[root]]:
-        if op in feeds:
-            continue
-        producers = [p for p in map(defining_op, op.operands) if p is not None]
-        if any(p in moving for p in producers) or (
-                len(op.results) and any(p in tainted for p in producers)):
-            moving.append(op)  # result-less ops (target bounds checks) stay unless they must
-    after = root
-    for op in moving:
-        op.move_after(after)
-        after = op
+def _handle_of(func: ir.Value, op: ir.Operation) -> ir.Value:
+    """A handle to `op`, an op of the function's block: its place among the ops of its name
+    that structured.match finds there."""
+    same_name = [o for o in block_ops(op.block) if o.name == op.name]
+    return _split(match(func, op.name), len(same_name))[same_name.index(op)]
 
 
 def _row_tile(ops: CrossEntropyOps, params: CrossEntropyParams) -> tuple[int, list[int]]:

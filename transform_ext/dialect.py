@@ -41,6 +41,7 @@ OP_MODULES: list[str] = [
     "exclude_ops",
     "match_class_reductions",
     "add_unread_input",
+    "sink_sibling_readers",
 ]
 
 
