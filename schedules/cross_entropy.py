@@ -11,8 +11,9 @@ Any payload of that shape qualifies (a bare log_softmax too: its result is the "
 Schedule (`fuse_cross_entropy`), target independent up to vectorization:
   1. normalize: drop the unused argmax, fold scalar constants into bodies, fold reshapes and
      unit dims, split the target-bounds assertions out of the gathers;
-  2. restructure so nothing reads an [N, C] intermediate (schedules/gather_folding.py,
-     elementwise_inlining.py, class_reductions.py): gathers from elementwise results read
+  2. restructure so nothing reads an [N, C] intermediate (transform_ext ops
+     fold_gathers_through_elementwise, promote_indexed_extracts, inline_elementwise_producers,
+     split_class_reductions, split_affine_reductions): gathers from elementwise results read
      what they are made of (logp[i, y] = x[i, y] - m[i] - log l[i]); [N, C] elementwise ops
      are inlined into every reader; a sum over rows and classes becomes a per-row class sum;
      class sums affine in per-row values are split
@@ -24,12 +25,13 @@ Schedule (`fuse_cross_entropy`), target independent up to vectorization:
      producer over the rows is fused into it; readers of the row statistics outside the root
      read them from the forall's results); blocks of rows whose logits fit `block_bytes`;
   5. inside each row block: with the classes contiguous, the group is split into lanes
-     (schedules/lane_split.py: `lanes` running maxima and sums, combined once per row), then
+     (transform_ext.split_reduction_lanes: `lanes` running maxima and sums, combined once
+     per row), then
      fuse_dependent_reduction_ops makes the max, the exp-sum (online, stable exp(m_old -
      m_new) correction) and every sibling class sum ONE loop over class tiles; the gradient,
      if any, is a second sweep over the block's logits (still in cache) writing d x once.
 Vectorization (`vectorize_cross_entropy`, CPU): each class reduction runs one chunk of lanes
-at a time with vector accumulators; exp is expanded by schedules/fast_exp.py.
+at a time with vector accumulators; exp is expanded by transform_ext.expand_fast_exp.
 Forward: the logits are read once, no [N, C] tensor exists. Forward+backward: the logits are
 read once from memory (the second sweep hits the cache), the gradient written once.
 
@@ -51,29 +53,36 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torch_mlir import ir
-from torch_mlir.dialects import tensor, transform
+from torch_mlir.dialects import transform
 from torch_mlir.dialects.transform import structured
 
 import transform_ext
+from transform_ext.add_unread_input import add_unread_input
 from transform_ext.analysis.classify import reduction_combiner
 from transform_ext.analysis.dims import DimClasses
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
-from transform_ext.common import (Illegal, block_ops, body_of, clone_body, defining_op,
-                                  failure_reason, iterator_kinds)
+from transform_ext.common import Illegal, block_ops, body_of, defining_op, failure_reason
 from transform_ext.drop_unused_results import drop_unused_results
+from transform_ext.exclude_ops import exclude_ops
+from transform_ext.expand_fast_exp import expand_fast_exp
+from transform_ext.filter_ops import filter_reductions
+from transform_ext.fold_gathers_through_elementwise import fold_gathers_through_elementwise
 from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion
 from transform_ext.fold_scalar_or_splat_constant import fold_scalar_or_splat_constant
-from transform_ext.fuse_dependent_reduction_ops import analyze as fusion_plan
 from transform_ext.fuse_dependent_reduction_ops import fuse_dependent_reduction_ops
+from transform_ext.inline_elementwise_producers import inline_elementwise_producers
+from transform_ext.match_class_reductions import match_class_reductions
+from transform_ext.merge_elementwise import merge as merge_elementwise
+from transform_ext.promote_indexed_extracts import promote_indexed_extracts
+from transform_ext.sink_sibling_readers import sink_sibling_readers
+from transform_ext.split_affine_reductions import split_affine_reductions
+from transform_ext.split_class_reductions import split_class_reductions
+from transform_ext.split_reduction_lanes import LANE_DIM, split_reduction_lanes
+from transform_ext.split_reduction_lanes import check_group as check_lane_split
+from transform_ext.trace_to_argument import trace_to_argument
 
-from .class_reductions import split_affine_reduction, split_class_reduction
-from .common import canonicalize, clear_tags, match, match_id, run_passes, run_schedule, tag_ops
-from .elementwise_inlining import inline_elementwise_producers, merge_elementwise
-from .fast_exp import expand_exps_in
-from .gather_folding import (append_input, fold_gathers_through_elementwise,
-                             promote_indexed_extracts)
+from .common import canonicalize, clear_tags, match, run_passes, run_schedule
 from .generic import GenericParams, largest_divisor_at_most, single_func, vectorize_generic
-from .lane_split import LANE_DIM, lane_split_group
 from .prepare import cleanup, split_assertions
 
 
@@ -177,35 +186,33 @@ def _has_rank0_reshape(payload: ir.Module) -> bool:
 
 
 def restructure(payload: ir.Module) -> None:
-    """Step 2 of the module docstring."""
-    func = _func(payload)
-    with payload.context, ir.Location.unknown():
-        fold_gathers_through_elementwise(func)
-        promote_indexed_extracts(func)
-    run_passes(payload, "canonicalize, cse")
-    logits = _logits(func)
-    shape = list(logits.type.shape)
-    with payload.context, ir.Location.unknown():
-        inline_elementwise_producers([func.regions[0].blocks[0]],
-                                     producer=lambda op: list(op.results[0].type.shape) == shape,
-                                     witness=lambda s: logits if s == shape else None)
-    run_passes(payload, "canonicalize, cse")
-    row_max = _row_max(func)
-    m = row_max.results[0]
-    ops = [op for op in block_ops(func) if is_linalg_op(op)]
-    classes = DimClasses(ops)
-    axis = (row_max, loop_structure(row_max).reduction_dims[0])
-    with payload.context:
-        for op in ops:
-            if op is row_max:
-                continue
-            ls = loop_structure(op)
-            loops = [l for l in ls.reduction_dims if classes.same((op, l), axis)]
-            if len(ls.reduction_dims) > 1 and len(loops) == 1:
-                split_class_reduction(op, loops[0])
-    for op in _class_reductions(func, row_max):
-        split_affine_reduction(op, lambda v: v == m or _depends_on_value(v, m))
-    run_passes(payload, "canonicalize, cse")
+    """Step 2 of the module docstring: one sequence (canonicalize and cse as passes between
+    the rewrites)."""
+    _logits(_func(payload))  # one row max, reading the logits (else: the reason)
+    run_schedule(payload, _restructure)
+
+
+def _restructure(root: ir.Value) -> None:
+    func = match(root, "func.func")
+    fold_gathers_through_elementwise(func)
+    promote_indexed_extracts(func)
+    root = _canonicalize_and_cse(root)
+    generics = match(match(root, "func.func"), "linalg.generic")
+    logits = trace_to_argument(filter_reductions(generics, combiner="max"), 0)
+    inline_elementwise_producers(generics, witness=logits)
+    root = _canonicalize_and_cse(root)
+    row_max = filter_reductions(match(match(root, "func.func"), "linalg.generic"), combiner="max")
+    split_class_reductions(row_max)
+    split_affine_reductions(row_max)
+    _canonicalize_and_cse(root)
+
+
+def _canonicalize_and_cse(module: ir.Value) -> ir.Value:
+    """The canonicalize and cse passes on the module (its handle is consumed; returns the
+    new one)."""
+    for name in ("canonicalize", "cse"):
+        module = transform.apply_registered_pass(transform.AnyOpType.get(), module, name)
+    return module
 
 
 def _row_max(func: ir.Operation) -> ir.Operation:
@@ -214,25 +221,6 @@ def _row_max(func: ir.Operation) -> ir.Operation:
     if len(maxes) != 1:
         raise NotCrossEntropy(f"expected one row max over the classes (log_softmax), found {len(maxes)}")
     return maxes[0]
-
-
-def _class_reductions(func: ir.Operation, row_max: ir.Operation) -> list[ir.Operation]:
-    """The reductions over row_max's reduced axis, row_max excluded."""
-    ops = [op for op in block_ops(func) if is_linalg_op(op)]
-    classes = DimClasses(ops)
-    axis = (row_max, loop_structure(row_max).reduction_dims[0])
-    out = []
-    for op in ops:
-        ls = loop_structure(op)
-        if op is not row_max and len(ls.reduction_dims) == 1 and \
-                classes.same((op, ls.reduction_dims[0]), axis):
-            out.append(op)
-    return out
-
-
-def _depends_on_value(value: ir.Value, target: ir.Value) -> bool:
-    op = defining_op(value)
-    return op is not None and _depends_on(op, target)
 
 
 def _logits(func: ir.Operation) -> ir.Value:
@@ -397,68 +385,33 @@ def fuse_cross_entropy(payload: ir.Module, params: CrossEntropyParams = CrossEnt
     restructure(payload)
     ops = find_cross_entropy(payload)
     name_target_checks(_func(payload), loop_structure(ops.row_max).ranges[ops.class_dim])
-    for op in [ops.row_max] + ops.class_sums:
-        op.attributes[CLASS_SUM] = ir.UnitAttr.get(op.context)
-    _tie_class_sums_to_logits(payload)
+    run_schedule(payload, _mark_class_sums)
     ops = find_cross_entropy(payload)
-    _sink_other_readers(ops.root)
+    root = ops.root
+    run_schedule(payload, lambda r: sink_sibling_readers(_handle_of(match(r, "func.func"), root)))
     _tile_rows(payload, ops, params)
     _fuse_class_loop(payload, params)
     run_passes(payload, "canonicalize, cse")
 
 
-def _tie_class_sums_to_logits(payload: ir.Module) -> None:
-    """A class reduction whose class loop no operand shares with the logits (the row sum of
-    the one-hot gradient reads only targets and loop indices) gets the logits as an unread
-    input, mapped by the dims they share in the whole graph: the fusion then sees it runs
-    over the logits' classes."""
-    func = _func(payload)
-    x = _logits(func)
-    ops = [op for op in block_ops(func) if is_linalg_op(op)]
-    classes = DimClasses(ops)
-    for op in ops:
-        if CLASS_SUM not in op.attributes or any(v == x for v in op.operands):
-            continue
-        ls = loop_structure(op)
-        dims = []
-        for p in range(x.type.rank):
-            loop = next((l for l in range(ls.num_loops) if classes.same((op, l), (x, p))), None)
-            if loop is None:
-                raise NotCrossEntropy("a class reduction does not run over the logits' dims")
-            dims.append(ir.AffineDimExpr.get(loop))
-        with op.context:
-            append_input(op, x, ir.AffineMap.get(ls.num_loops, 0, dims))
+def _mark_class_sums(root: ir.Value) -> None:
+    """Mark the row max and the class reductions `CLASS_SUM` (the fused loop's group, tiled
+    for vectors later). A class reduction whose class loop no operand shares with the logits
+    (the row sum of the one-hot gradient reads only targets and loop indices) gets the logits
+    as an unread input, mapped by the dims they share in the whole graph: the fusion then
+    sees it runs over the logits' classes."""
+    func = match(root, "func.func")
+    row_max = filter_reductions(match(func, "linalg.generic"), combiner="max")
+    transform.AnnotateOp(row_max, CLASS_SUM)
+    transform.AnnotateOp(match_class_reductions(row_max), CLASS_SUM)
+    add_unread_input(_match_attr(func, CLASS_SUM), trace_to_argument(row_max, 0))
 
 
-def _sink_other_readers(root: ir.Operation) -> None:
-    """Move the ops before `root` that do not feed it but read what it reads (the per-row
-    loss next to the gradient) after it: the row forall that replaces `root` then returns
-    the shared producers' results (m, l) to them instead of leaving copies outside."""
-    ops = block_ops(root.block)
-    position = {op: i for i, op in enumerate(ops)}
-    feeds = set()
-    pending = [root]
-    while pending:
-        op = pending.pop()
-        for inner in [op] + ([o.operation for o in body_of(op).operations] if op.regions else []):
-            for v in inner.operands:
-                p = defining_op(v)
-                if p is not None and p in position and p not in feeds:
-                    feeds.add(p)
-                    pending.append(p)
-    moving = []
-    tainted = set(feeds)
-    for op in ops[:position[root]]:
-        if op in feeds:
-            continue
-        producers = [p for p in map(defining_op, op.operands) if p is not None]
-        if any(p in moving for p in producers) or (
-                len(op.results) and any(p in tainted for p in producers)):
-            moving.append(op)  # result-less ops (target bounds checks) stay unless they must
-    after = root
-    for op in moving:
-        op.move_after(after)
-        after = op
+def _handle_of(func: ir.Value, op: ir.Operation) -> ir.Value:
+    """A handle to `op`, an op of the function's block: its place among the ops of its name
+    that structured.match finds there."""
+    same_name = [o for o in block_ops(op.block) if o.name == op.name]
+    return _split(match(func, op.name), len(same_name))[same_name.index(op)]
 
 
 def _row_tile(ops: CrossEntropyOps, params: CrossEntropyParams) -> tuple[int, list[int]]:
@@ -493,18 +446,20 @@ def _tile_rows(payload, ops: CrossEntropyOps, params: CrossEntropyParams) -> Non
     for l in ops.row_dims[:-1]:
         sizes[l] = 1
     sizes[ops.row_dims[-1]] = tile
-    tag_ops([ops.root] + producers)
+    names = sorted({op.name for op in [ops.root] + producers})
+    candidates = [op for op in linalg_ops if op.name in names]  # as structured.match finds them
+    position = [candidates.index(op) for op in [ops.root] + producers]
 
     def body(root):
-        tiled = structured.TileUsingForallOp(match_id(root, 0), tile_sizes=sizes)
         func = match(root, "func.func")
-        for i in range(len(producers)):
+        handles = _split(match(func, names), len(candidates))
+        tiled = structured.TileUsingForallOp(handles[position[0]], tile_sizes=sizes)
+        for i in position[1:]:
             # CSE first: equal slices of one producer become one use to fuse into
             canonicalize(func)
-            structured.FuseIntoContainingOp(match_id(root, i + 1), tiled.forall_op)
+            structured.FuseIntoContainingOp(handles[i], tiled.forall_op)
 
     run_schedule(payload, body)
-    clear_tags(payload)
     run_passes(payload, "canonicalize, cse")
 
 
@@ -531,24 +486,36 @@ def _row_producers(root, linalg_ops, classes, m) -> list[ir.Operation]:
 
 
 def _fuse_class_loop(payload, params: CrossEntropyParams) -> None:
-    """Step 5 of the module docstring, in every row block (or the function when unbatched)."""
-    for block in _fused_blocks(payload):
+    """Step 5 of the module docstring, in every row block (or the function when unbatched):
+    one sequence per block, the lane split (when the lanes divide the classes) then the
+    fusion over class tiles of `ct` chunks."""
+    blocks = _fused_blocks(payload)
+    for position, block in enumerate(blocks):
         row_max, consumers = _class_group(block)
-        lanes = _split_lanes(row_max, consumers, params)
-        if lanes > 1:
-            row_max, consumers = _class_group(block)
+        lanes = _lane_count(row_max, consumers, params)
         ls = loop_structure(row_max)
-        k = ls.reduction_dims[0]
-        tag_ops([row_max] + consumers)
-        ct = _class_tile(ls.ranges[k], params, lanes)
+        ct = _class_tile(ls.ranges[ls.reduction_dims[0]] // lanes, params, lanes)
 
-        def body(root):
-            handles = [match_id(root, 1 + i) for i in range(len(consumers))]
-            cons = handles[0] if len(handles) == 1 else transform.merge_handles(handles)
-            fuse_dependent_reduction_ops(match_id(root, 0), cons, ct)
+        def fuse(root):
+            scope = _block_scope(root, position, blocks)
+            if lanes > 1:
+                split_reduction_lanes(_match_attr(scope, CLASS_SUM), lanes)
+            group = _match_attr(scope, CLASS_SUM)
+            row_max = filter_reductions(group, combiner="max")
+            fuse_dependent_reduction_ops(row_max, exclude_ops(group, row_max), ct)
 
-        run_schedule(payload, body)
-        clear_tags(payload)
+        run_schedule(payload, fuse)
+
+
+def _block_scope(root: ir.Value, position: int, blocks: list) -> ir.Value:
+    """The op whose body is blocks[position] of the fused blocks: a row forall, or the
+    function when nothing was tiled."""
+    if blocks[position].owner.name != "scf.forall":
+        return match(root, "func.func")
+    foralls = match(root, "scf.forall")
+    if len(blocks) == 1:
+        return foralls
+    return _split(foralls, len(blocks))[position]
 
 
 def _fused_blocks(payload: ir.Module) -> list[ir.Block]:
@@ -575,10 +542,10 @@ def _class_group(block: ir.Block) -> tuple[ir.Operation, list[ir.Operation]]:
     return maxes[0], [op for op in ops if op is not maxes[0]]
 
 
-def _split_lanes(row_max: ir.Operation, consumers: list, params: CrossEntropyParams) -> int:
-    """Give the group one running max and sum per SIMD lane (schedules/lane_split.py) when
-    the classes are the logits' contiguous dim and `lanes` divides them; returns the lane
-    count used (1: not split)."""
+def _lane_count(row_max: ir.Operation, consumers: list, params: CrossEntropyParams) -> int:
+    """The lanes to split the group into (transform_ext/split_reduction_lanes.py: one running
+    max and sum per SIMD lane) when the classes are the logits' contiguous dim and `lanes`
+    divides them; 1: not split."""
     ls = loop_structure(row_max)
     k = ls.reduction_dims[0]
     x = row_max.operands[0]
@@ -593,16 +560,9 @@ def _split_lanes(row_max: ir.Operation, consumers: list, params: CrossEntropyPar
     if extent % lanes or extent < 2 * lanes:
         return 1
     try:
-        plan = fusion_plan(row_max, consumers, [], x.type.shape[-1], True)
+        check_lane_split(row_max, consumers, lanes)
     except Illegal:
         return 1
-    betas = {c.op: (c.beta if c.dependent else None) for c in plan.consumers}
-    block = row_max.block
-    if not lane_split_group(row_max, consumers, lanes, reduction_combiner, betas.get):
-        return 1
-    for op in block.operations:
-        if LANE_DIM in op.operation.attributes:
-            op.operation.attributes[CLASS_SUM] = ir.UnitAttr.get(op.context)
     return lanes
 
 
@@ -626,17 +586,11 @@ def vectorize_cross_entropy(payload: ir.Module, params: GenericParams) -> None:
     """Each class reduction of the fused loops reads its elementwise producers in its own
     body (nothing per tile is materialized) and runs row by row: lane-split ones one chunk
     of lanes at a time (the lanes are the vector), the others into `params.vector_tile`
-    partial results combined once per class tile. exp becomes schedules/fast_exp.py's
+    partial results combined once per class tile. exp becomes transform_ext.expand_fast_exp's
     expansion; everything is then vectorized by the generic schedule."""
     vector_tile = params.vector_tile
-    blocks = []
-    for op in _tagged(payload, CLASS_SUM):
-        if op.block not in blocks:
-            blocks.append(op.block)
-    inline_elementwise_producers(blocks, lambda op: CLASS_SUM in op.attributes)
-    sums = _tagged(payload, CLASS_SUM)
     plan = []
-    for op in sums:
+    for op in _tagged(payload, CLASS_SUM):
         ls = loop_structure(op)
         k = ls.reduction_dims[0]
         if LANE_DIM in op.attributes:
@@ -648,55 +602,35 @@ def vectorize_cross_entropy(payload: ir.Module, params: GenericParams) -> None:
         partial = [0] * ls.num_loops
         partial[k] = largest_divisor_at_most(ls.ranges[k], vector_tile)
         plan.append((rows, partial))
-    tag_ops(sums)
 
     def body(root):
-        for i, (outer, partial) in enumerate(plan):
-            target = match_id(root, i)
-            if any(outer):
-                target = structured.TileUsingForOp(target, sizes=outer).tiled_linalg_op
-            if partial is not None:
-                any_op = transform.AnyOpType.get()
-                structured.TileReductionUsingForOp([any_op], any_op, any_op, any_op, target,
-                                                   tile_sizes=partial)
+        inline_elementwise_producers(_match_attr(root, CLASS_SUM))
+        if plan:  # (the inlining keeps the sums' loops: the plan holds for the rebuilt ops)
+            matched = _match_attr(root, CLASS_SUM)
+            for target, (outer, partial) in zip(_split(matched, len(plan)), plan):
+                if any(outer):
+                    target = structured.TileUsingForOp(target, sizes=outer).tiled_linalg_op
+                if partial is not None:
+                    any_op = transform.AnyOpType.get()
+                    structured.TileReductionUsingForOp([any_op], any_op, any_op, any_op, target,
+                                                       tile_sizes=partial)
+        expand_fast_exp(root)
 
     run_schedule(payload, body)
-    clear_tags(payload)
     clear_tags(payload, CLASS_SUM)
     clear_tags(payload, LANE_DIM)
-    _scalarize_rank0_gathers(payload)
-    with payload.context:
-        expand_exps_in(payload.operation)
     vectorize_generic(payload, params)
 
 
-def _scalarize_rank0_gathers(payload: ir.Module) -> None:
-    """0-d linalg.generics that gather (the unbatched loss reads x[y]) become scalar code:
-    the vectorizer mixes 0-d vectors and scalars in them."""
-    found = []
+def _split(handle: ir.Value, count: int) -> list[ir.Value]:
+    """One handle per payload op of `handle` (which must hold `count`), in order."""
+    return list(transform.SplitHandleOp([transform.AnyOpType.get()] * count, handle).results)
 
-    def visit(op):
-        if op.name == "linalg.generic" and not iterator_kinds(op) and any(
-                o.operation.name == "tensor.extract" for o in body_of(op).operations):
-            found.append(op)
-        return ir.WalkResult.ADVANCE
 
-    payload.operation.walk(visit)
-    for op in found:
-        with op.context, op.location, ir.InsertionPoint(op):
-            body = body_of(op)
-            mapping = {}
-            for i, v in enumerate(op.operands):
-                arg = body.arguments[i]
-                if not list(arg.uses):
-                    continue
-                mapping[arg] = tensor.ExtractOp(v, []).result if isinstance(
-                    v.type, ir.RankedTensorType) else v
-            values = clone_body(op, mapping)
-            results = [tensor.FromElementsOp(r.type, [v]).result for r, v in zip(op.results, values)]
-        for r, new in zip(op.results, results):
-            r.replace_all_uses_with(new)
-        op.erase()
+def _match_attr(target: ir.Value, attr: str) -> ir.Value:
+    """The ops nested in `target` carrying the unit attribute `attr`."""
+    return structured.MatchOp(transform.AnyOpType.get(), target,
+                              op_attrs={attr: ir.UnitAttr.get()}).result
 
 
 def _tagged(payload: ir.Module, attr: str) -> list[ir.Operation]:

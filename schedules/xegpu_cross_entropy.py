@@ -57,8 +57,8 @@ from torch_mlir.dialects.transform import structured
 
 from transform_ext.analysis.classify import reduction_combiner
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
-from transform_ext.common import (block_ops, body_of, build_generic, clone_op, defining_op,
-                                  iterator_kinds, ops_named, terminator)
+from transform_ext.common import (append_input, block_ops, body_of, build_generic, clone_op,
+                                  defining_op, iterator_kinds, ops_named, terminator)
 
 from .common import canonicalize, clear_tags, match_id, run_passes, run_schedule, tag_ops
 from .generic import single_func
@@ -333,14 +333,14 @@ def inline_argument_producers(graph: LossGraph, consumers: list, gathers: bool =
     and the clamped target from y; with `gathers` also the target's weight w[y_i]) are
     inlined into `consumers` (the host check, the reductions over the rows): they then
     read y (and w) themselves. Returns the rewritten consumers."""
-    from .elementwise_inlining import inline_elementwise_producers
+    from transform_ext.inline_elementwise_producers import inline_in_blocks
 
     block = graph.func.regions[0].blocks[0]
     marker = "lh.ce_consumer"
     for op in consumers:
         op.attributes[marker] = ir.UnitAttr.get()
-    inline_elementwise_producers([block], consumer=lambda op: marker in op.attributes,
-                                 producer=lambda op: _only_arguments(op, block, gathers))
+    inline_in_blocks([block], consumer=lambda op: marker in op.attributes,
+                     producer=lambda op: _only_arguments(op, block, gathers))
     out = [op for op in block_ops(block) if marker in op.attributes]
     for op in out:
         del op.attributes[marker]
@@ -500,8 +500,6 @@ def hoist_row_gathers(op: ir.Operation) -> ir.Operation:
     target's weight w[y_i] in the gradient) becomes a per-row generic computing it, read by
     the op through (d0, d1) -> (d0): one gather per row instead of one per element, and a
     per-row generic the lane form applies to. Returns the rewritten op."""
-    from .gather_folding import append_input
-
     while True:
         view = op.opview
         block = body_of(op)

@@ -263,3 +263,37 @@ def is_zero(value: ir.Value) -> bool:
     if isinstance(attr, ir.IntegerAttr):
         return attr.value == 0
     return False
+
+
+def append_input(op: ir.Operation, value: ir.Value, amap: ir.AffineMap, rewriter=None) -> ir.Operation:
+    """Rebuild linalg.generic `op` with one more input (`value` through `amap`) that its body
+    does not read, every other attribute kept; the new op replaces `op` (through `rewriter`
+    inside a transform op) and is returned."""
+    view = op.opview
+    inputs = list(view.inputs)
+    outputs = list(view.outputs)
+    maps = [m.value for m in view.indexing_maps]
+    block = body_of(op)
+
+    def body(args):
+        mapping = {block.arguments[i]: args[i] for i in range(len(inputs))}
+        for j in range(len(outputs)):
+            mapping[block.arguments[len(inputs) + j]] = args[len(inputs) + 1 + j]
+        for inner in list(block.operations)[:-1]:
+            clone_op(inner.operation, mapping)
+        return [mapping.get(v, v) for v in terminator(block).operands]
+
+    with op.context, op.location, ir.InsertionPoint(op):
+        new = build_generic(inputs + [value], outputs, maps[:len(inputs)] + [amap] + maps[len(inputs):],
+                            iterator_kinds(op), body, name_from=op)
+    attrs = op.attributes
+    for i in range(len(attrs)):
+        if attrs[i].name not in ("indexing_maps", "iterator_types", "operandSegmentSizes"):
+            new.attributes[attrs[i].name] = attrs[i].attr
+    if rewriter is not None:
+        rewriter.replace_op(op, list(new.results))
+    else:
+        for old, res in zip(op.results, new.results):
+            old.replace_all_uses_with(res)
+        op.erase()
+    return new.operation

@@ -48,6 +48,19 @@ OP_MODULES: list[str] = [
     "match_kv_chains",
     "match_query_block_ops",
     "match_foldable_collapse",
+    "expand_fast_exp",
+    "fold_gathers_through_elementwise",
+    "promote_indexed_extracts",
+    "trace_to_argument",
+    "inline_elementwise_producers",
+    "merge_elementwise",
+    "split_reduction_lanes",
+    "split_class_reductions",
+    "split_affine_reductions",
+    "exclude_ops",
+    "match_class_reductions",
+    "add_unread_input",
+    "sink_sibling_readers",
 ]
 
 

@@ -1,36 +1,44 @@
-"""Split the class axis of an online-softmax group into (chunks, lanes): one running max and
-sum per SIMD lane, combined once at the end.
+"""split_reduction_lanes: the class axis of an online-softmax group split into (chunks,
+lanes): one running max and sum per SIMD lane, combined once at the end.
 
 A group is R1, a max over axis k of x, and reductions over k: dependent ones whose terms are
-A(x) exp(beta m) (beta < 0, m = R1's result broadcast along k), and siblings that do not
-read m. With x viewed as x3[.., k / L, L, ..] (k = L k' + l), every group op is rebuilt over
-(.., k', l, ..) with k' a reduction and l a parallel loop, and reads m_l (the lane's own max)
-where it read m. After the group:
+A(x) exp(beta m) (beta < 0, m = R1's result broadcast along k; beta as
+fuse_dependent_reduction_ops reads it), and siblings that do not read m. With x viewed as
+x3[.., k / L, L, ..] (k = L k' + l), every group op is rebuilt over (.., k', l, ..) with k'
+a reduction and l a parallel loop, and reads m_l (the lane's own max) where it read m.
+After the group:
     m     = max_l m_l
     S_dep = init + sum_l S_l * exp(beta (m - m_l))      (0 for a lane with m_l = -inf)
-    S_sib = init + sum_l S_l
+    S_sib = init + sum_l S_l                             (max_l for a max sibling)
 Exact in real arithmetic (the online fusion's own identity, applied once across lanes);
 floating point sums are reassociated. Fused over k' afterwards, the loop keeps L running
 maxima and sums, so a tile of x is read once and each element costs one max and one exp,
-with no reduction across lanes inside the loop.
+with no reduction across lanes inside the loop. Each lane op carries `lh.lane_dim` (its
+lane loop) and the discardable attributes of the op it replaces.
 
-Preconditions (checked by `lane_split_group`, which returns False and changes nothing
-otherwise): L divides the extent of k; every group op is a linalg.generic with one result and
-k as its only reduction dim; every operand indexed by k is indexed by k alone at one
-position (it is reshaped); m reaches the consumers only as an input.
+Target: the group's ops, R1 (the one max reduction among them) and its consumers. Legality
+first (`check_group`): exactly one max reduction; every op a linalg.generic with one result,
+one reduction dim and an add or max combiner, maps of plain dims and constants; every
+operand indexed by the reduction dim indexed by it alone at one position, L dividing its
+extent (and L <= the extent); the group fusible as fuse_dependent_reduction_ops needs it.
+Else a silenceable failure naming the op (nothing rewritten). The handle is consumed.
 """
 
-from __future__ import annotations
-
 from torch_mlir import ir
-from torch_mlir.dialects import arith, linalg, tensor
+from torch_mlir.dialects import arith, ext, linalg, tensor, transform
 from torch_mlir.dialects import math as mmath
 
-from transform_ext.analysis.maps import Const, make_map, terms
-from transform_ext.common import body_of, build_generic, clone_op, iterator_kinds, terminator
+from .analysis.classify import reduction_combiner
+from .analysis.maps import Const, make_map, terms
+from .common import (Illegal, Success, body_of, build_generic, clone_op, fail, iterator_kinds,
+                     terminator)
+from .dialect import TransformExt
+from .fuse_dependent_reduction_ops import analyze as fusion_plan
 
+NAME = "transform_ext.split_reduction_lanes"
 _IDENTITY = {"add": 0.0, "max": float("-inf")}
 LANE_DIM = "lh.lane_dim"  # on the split ops: the loop running over the lanes
+STRUCTURAL_ATTRS = ("indexing_maps", "iterator_types", "operandSegmentSizes")
 
 
 def _shift(t, k):
@@ -139,51 +147,75 @@ def _lane_reduce(value, init, body_fn, extra=()):
                          lambda args: [body_fn(*args)]).results[0]
 
 
-def lane_split_group(r1, consumers, lanes: int, combiner_of, beta_of) -> bool:
-    """Split the group (see the module docstring); combiner_of(op) -> 'add' | 'max',
-    beta_of(op) -> beta for dependent consumers, None for siblings."""
+def split_group(ops: list) -> tuple:
+    """(R1, its consumers) of a group: R1 is its one max reduction."""
+    maxes = [op for op in ops if reduction_combiner(op) == "max"]
+    if len(maxes) != 1:
+        raise Illegal(ops[0] if ops else None,
+                      f"the group must hold one max reduction, it holds {len(maxes)}")
+    return maxes[0], [op for op in ops if op != maxes[0]]
+
+
+def check_group(r1, consumers, lanes: int) -> dict:
+    """Raise Illegal unless the group can be split into `lanes` lanes; returns beta per
+    consumer (None for a sibling)."""
     ops = [r1] + list(consumers)
     for op in ops:
         if op.name != "linalg.generic" or len(op.results) != 1:
-            return False
-        if [kd for kd in iterator_kinds(op)].count("reduction") != 1:
-            return False
+            raise Illegal(op, "not a linalg.generic with one result")
+        if iterator_kinds(op).count("reduction") != 1:
+            raise Illegal(op, "it does not have exactly one reduction dim")
         if any(t is None for t in (terms(a) for a in linalg.get_indexing_maps(op))):
-            return False
-        if combiner_of(op) not in _IDENTITY:
-            return False
+            raise Illegal(op, "an indexing map is not made of dims and constants")
+        if reduction_combiner(op) not in _IDENTITY:
+            raise Illegal(op, f"its combiner is {reduction_combiner(op)}, not add or max")
     k = iterator_kinds(r1).index("reduction")
-    ks = {op: iterator_kinds(op).index("reduction") for op in ops}
-    m = r1.results[0]
     for op in ops:
-        maps = [terms(a) for a in linalg.get_indexing_maps(op)]
-        kk = ks[op]
-        for v, ts in zip(op.operands, maps):
-            if kk in ts:
-                if ts.count(kk) != 1 or v.type.shape[ts.index(kk)] % lanes:
-                    return False
-    extent = [v.type.shape[t.index(k)] for v, t in zip(r1.operands, (terms(a) for a in linalg.get_indexing_maps(r1)))
-              if k in t][0]
+        kk = iterator_kinds(op).index("reduction")
+        for v, ts in zip(op.operands, (terms(a) for a in linalg.get_indexing_maps(op))):
+            if kk in ts and (ts.count(kk) != 1 or v.type.shape[ts.index(kk)] % lanes):
+                raise Illegal(op, f"an operand is indexed by the reduction dim more than once "
+                                  f"or not in multiples of {lanes}")
+    extent = [v.type.shape[t.index(k)] for v, t in
+              zip(r1.operands, (terms(a) for a in linalg.get_indexing_maps(r1))) if k in t][0]
     if extent % lanes or extent < lanes:
-        return False
+        raise Illegal(r1, f"{lanes} lanes do not divide the {extent} classes")
+    plan = fusion_plan(r1, list(consumers), [], extent, True)
+    return {c.op: (c.beta if c.dependent else None) for c in plan.consumers}
+
+
+def _carry_attributes(old, new) -> None:
+    attrs = old.attributes
+    for i in range(len(attrs)):
+        if attrs[i].name not in STRUCTURAL_ATTRS and attrs[i].name not in new.attributes:
+            new.attributes[attrs[i].name] = attrs[i].attr
+
+
+def split_lanes(r1, consumers, lanes: int, betas: dict, rewriter) -> None:
+    """Rewrite the checked group (see the module docstring)."""
+    ks = {op: iterator_kinds(op).index("reduction") for op in [r1] + list(consumers)}
+    k = ks[r1]
+    m = r1.results[0]
     f32 = ir.F32Type.get()
-    with r1.context, r1.location, ir.InsertionPoint(r1):
+    with ir.InsertionPoint(r1), r1.location:
         cache: dict = {}
         r1_lanes = _lane_op(r1, k, lanes, None, None, float("-inf"), cache)
+        _carry_attributes(r1, r1_lanes)
         m_lanes = r1_lanes.results[0]
         m_final = _lane_reduce(m_lanes, r1.operands[len(r1.operands) - 1],
                                lambda a, acc: arith.maximumf(a, acc))
-    replacements = {r1: m_final}
+    replacements = {}
     for op in consumers:
-        with op.context, op.location, ir.InsertionPoint(op):
-            beta = beta_of(op)
-            identity = _IDENTITY[combiner_of(op)]
+        with ir.InsertionPoint(op), op.location:
+            beta = betas.get(op)
+            identity = _IDENTITY[reduction_combiner(op)]
             new = _lane_op(op, ks[op], lanes, m, m_lanes, identity if beta is None else 0.0, cache)
+            _carry_attributes(op, new)
             s_lanes = new.results[0]
             init = op.operands[len(op.operands) - 1]
             etype = s_lanes.type.element_type
             if beta is None:
-                if combiner_of(op) == "add":
+                if reduction_combiner(op) == "add":
                     combined = _lane_reduce(s_lanes, init, lambda a, acc: arith.addf(a, acc))
                 else:
                     combined = _lane_reduce(s_lanes, init, lambda a, acc: arith.maximumf(a, acc))
@@ -206,10 +238,48 @@ def lane_split_group(r1, consumers, lanes: int, combiner_of, beta_of) -> bool:
                                         extra=[(m_lanes, True), (m_final, False)])
         replacements[op] = combined
     for op, value in replacements.items():
-        if op is r1:
-            continue
-        op.results[0].replace_all_uses_with(value)
-        op.erase()
-    r1.results[0].replace_all_uses_with(m_final)
-    r1.erase()
-    return True
+        rewriter.replace_op(op, [value])
+    rewriter.replace_op(r1, [m_final])
+
+
+class SplitReductionLanesOp(TransformExt.Operation, name="split_reduction_lanes"):
+    target: ext.Operand[transform.AnyOpType]
+    lanes: ir.IntegerAttr
+
+    class Apply(transform.TransformOpInterface):
+        @staticmethod
+        def apply(op, rewriter, results, state):
+            with op.context:
+                lanes = ir.IntegerAttr(op.lanes).value
+                ops = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                try:
+                    if not ops:
+                        raise Illegal(op.operation, "the group is empty")
+                    r1, consumers = split_group(ops)
+                    betas = check_group(r1, consumers, lanes)
+                except Illegal as illegal:
+                    return fail(NAME, illegal)
+                split_lanes(r1, consumers, lanes, betas, rewriter)
+                return Success
+
+        @staticmethod
+        def allow_repeated_handle_operands(op):
+            return False
+
+    class Effects(ir.MemoryEffectsOpInterface):
+        @staticmethod
+        def get_effects(op, effects):
+            transform.consumes_handle(op.op_operands, effects)
+            transform.modifies_payload(effects)
+
+
+def split_reduction_lanes(target: ir.Value, lanes: int) -> SplitReductionLanesOp:
+    """Split the group in `target` into `lanes` lanes (see the module docstring)."""
+    if lanes < 2:
+        raise ValueError(f"lanes must be >= 2, got {lanes}")
+    i64 = ir.IntegerType.get_signless(64)
+    return SplitReductionLanesOp(target, ir.IntegerAttr.get(i64, lanes))
+
+
+__all__ = ["SplitReductionLanesOp", "split_reduction_lanes", "check_group", "split_group",
+           "LANE_DIM"]

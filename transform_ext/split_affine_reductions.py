@@ -1,55 +1,39 @@
-"""Rewrites of additive reductions over the classes, so they can join the fused class loop.
+"""split_affine_reductions: a class sum affine in per-row values is split into sums that do
+not read them, so it can join the fused class loop with the reductions producing them.
 
-split_class_reduction: a sum over the rows and the classes at once (the mean of a loss with
-probability targets) becomes a sum over the classes per row, then a sum over the rows:
-    init + sum_{r, c} t_{r, c} = init + sum_r (sum_c t_{r, c}).
-
-split_affine_reduction: a reduction over axis c of terms t_c that depend on values a_k constant along c (inputs
+A reduction over axis c of terms t_c that depend on values a_k constant along c (inputs
 whose maps do not use c: per-row values such as m and log l of a log_softmax) as
     t_c = f_c + sum_k g_{k,c} * a_k          (f, g not reading any a_k)
 is rewritten
     init + sum_c t_c  =  (init + sum_c f_c) + sum_k a_k * (sum_c g_{k,c}).
-The new reductions read no a_k, so they can run in the same loop as the reductions that
-produce the a_k (a label-smoothing sum of w_c * logp_c = w_c * (x_c - m - log l) becomes
-sum_c w_c x_c and sum_c w_c). The decomposition is read off the body: a_k itself, values
-free of every a_k, addf, subf, negf, mulf and divf by a free value, select on a free
-condition; anything else applied to an a_k-dependent value is not affine and the reduction
-is left alone. Mathematically exact; in floating point the sums are reassociated.
+(a label-smoothing sum of w_c * logp_c = w_c * (x_c - m - log l) becomes sum_c w_c x_c and
+sum_c w_c). The decomposition is read off the body: a_k itself, values free of every a_k,
+addf, subf, negf, mulf and divf by a free value, select on a free condition; anything else
+applied to an a_k-dependent value is not affine and the reduction is left alone.
+Mathematically exact; in floating point the sums are reassociated.
+
+Target: the axis op, a reduction with one reduction dim (the row max m of a log_softmax).
+Rewritten: every additive float reduction of its block with one reduction dim that runs
+with the axis's (transform_ext/analysis/dims.py), the axis excluded, whose term is affine
+in its atoms: the inputs constant along that dim that are m or are computed from m in the
+block. Legality first: the target holds one op with one reduction dim; else a silenceable
+failure (nothing rewritten). The handle is only read.
 """
 
-from __future__ import annotations
-
 from torch_mlir import ir
-from torch_mlir.dialects import arith, linalg, tensor
+from torch_mlir.dialects import arith, ext, linalg, tensor, transform
 
-from transform_ext.analysis.maps import Const, make_map, terms
-from transform_ext.common import (body_of, build_generic, defining_op, iterator_kinds,
-                                  terminator)
+from .analysis.maps import Const, make_map, terms
+from .analysis.structure import loop_structure
+from .common import Illegal, Success, body_of, build_generic, defining_op, fail, iterator_kinds
+from .dialect import TransformExt
+from .split_class_reductions import axis_of, combiner_term
+
+NAME = "transform_ext.split_affine_reductions"
 
 
 class NotAffine(Exception):
     pass
-
-
-_ADDITIVE = ("arith.addf",)
-
-
-def _combiner_term(op: ir.Operation):
-    """(term, accumulator) when the body yields addf(term, acc), else None."""
-    block = body_of(op)
-    y = terminator(block).operands
-    if len(y) != 1:
-        return None
-    add = defining_op(y[0])
-    acc = block.arguments[len(block.arguments) - 1]
-    if add is None or add.name not in _ADDITIVE or add.block != block:
-        return None
-    a, b = add.operands
-    if b == acc and a != acc:
-        return a, acc
-    if a == acc and b != acc:
-        return b, acc
-    return None
 
 
 class _Decomposer:
@@ -176,62 +160,6 @@ class _Emitter:
         return arith.addf(a, b)
 
 
-def split_class_reduction(op: ir.Operation, class_loop: int) -> bool:
-    """Rewrite an additive reduction over `class_loop` and other loops as described in the
-    module docstring; False (and no change) when it is not one."""
-    if op.name != "linalg.generic" or len(op.results) != 1 or _combiner_term(op) is None:
-        return False
-    kinds = iterator_kinds(op)
-    red = [d for d, k in enumerate(kinds) if k == "reduction"]
-    if class_loop not in red or len(red) < 2:
-        return False
-    ftype = op.results[0].type.element_type
-    if not isinstance(ftype, ir.FloatType):
-        return False
-    view = op.opview
-    maps = [terms(m.value) for m in view.indexing_maps]
-    n_loops = len(kinds)
-    kept = [d for d in range(n_loops) if d != class_loop]
-    shape = []
-    for d in kept:
-        for v, t in zip(list(view.inputs) + list(view.outputs), maps):
-            if isinstance(v.type, ir.RankedTensorType) and d in t:
-                shape.append(v.type.shape[t.index(d)])
-                break
-        else:
-            return False
-    block = body_of(op)
-    with op.context, op.location, ir.InsertionPoint(op):
-        empty = tensor.EmptyOp(shape, ftype).result
-        zero = arith.ConstantOp(ftype, ir.FloatAttr.get(ftype, 0.0)).result
-        init = linalg.fill(zero, outs=[empty])
-        row_map = make_map(n_loops, kept)
-
-        def inner_body(args):
-            mapping = {a: b for a, b in zip(block.arguments, args)}
-            for inner in list(block.operations)[:-1]:
-                clone = inner.operation.clone()
-                for i, v in enumerate(clone.operands):
-                    if v in mapping:
-                        clone.operands[i] = mapping[v]
-                for r_old, r_new in zip(inner.operation.results, clone.results):
-                    mapping[r_old] = r_new
-            return [mapping.get(v, v) for v in terminator(block).operands]
-
-        in_maps = [m.value for m in view.indexing_maps][:len(view.inputs)]
-        inner_kinds = ["reduction" if d == class_loop else "parallel" for d in range(n_loops)]
-        inner = build_generic(list(view.inputs), [init], in_maps + [row_map], inner_kinds,
-                              inner_body, name_from=op)
-        position = {d: i for i, d in enumerate(kept)}
-        out_map = make_map(len(kept), [t if isinstance(t, Const) else position[t] for t in maps[-1]])
-        outer = build_generic([inner.results[0]], [view.outputs[0]],
-                              [ir.AffineMap.get_identity(len(kept)), out_map],
-                              [kinds[d] for d in kept], lambda a: [arith.addf(a[0], a[1])])
-    op.results[0].replace_all_uses_with(outer.results[0])
-    op.erase()
-    return True
-
-
 def affine_atoms(op: ir.Operation, is_atom_operand) -> list[int]:
     """Inputs of reduction `op` constant along its reduction dim that are atoms."""
     maps = [terms(m) for m in linalg.get_indexing_maps(op)]
@@ -248,44 +176,47 @@ def affine_atoms(op: ir.Operation, is_atom_operand) -> list[int]:
     return out
 
 
-def split_affine_reduction(op: ir.Operation, is_atom_operand) -> bool:
-    """Rewrite `op` as described in the module docstring; False (and no change) when it
-    has no atoms, is not an additive reduction with one reduction dim, or is not affine."""
+def affine_split(op: ir.Operation, is_atom_operand):
+    """(decomposer, term, atoms) when `op` is an additive float reduction with one reduction
+    dim whose term is affine in its atoms, else None."""
     if op.name != "linalg.generic" or len(op.results) != 1:
-        return False
+        return None
     kinds = iterator_kinds(op)
     red = [d for d, k in enumerate(kinds) if k == "reduction"]
     if len(red) != 1:
-        return False
-    ct = _combiner_term(op)
+        return None
+    ct = combiner_term(op)
     if ct is None:
-        return False
+        return None
     term, _ = ct
     atoms = affine_atoms(op, is_atom_operand)
     block = body_of(op)
     dec = _Decomposer(block, atoms)
     if not atoms or not dec.depends(term):
-        return False
-    ftype = term.type
-    if not isinstance(ftype, ir.FloatType):
-        return False
+        return None
+    if not isinstance(term.type, ir.FloatType):
+        return None
     try:
         dec.check(term)
     except NotAffine:
-        return False
-    with op.context, op.location, ir.InsertionPoint(op):
+        return None
+    return dec, term, atoms
+
+
+def split_affine_reduction(op: ir.Operation, dec, term, atoms, rewriter) -> None:
+    """Rewrite `op` as described in the module docstring."""
+    ftype = term.type
+    with op.location, ir.InsertionPoint(op):
         sums = []
         for atom in [None] + atoms:
-            s = _component_reduction(op, dec, term, atom, ftype)
+            s = _component_reduction(op, dec, term, atom, ftype, rewriter)
             if s is not None:
                 sums.append((atom, s))
         result = _combine(op, sums)
-    op.results[0].replace_all_uses_with(result)
-    op.erase()
-    return True
+    rewriter.replace_op(op, [result])
 
 
-def _component_reduction(op, dec, term, atom, ftype):
+def _component_reduction(op, dec, term, atom, ftype, rewriter):
     """sum_c (component `atom` of term) into op's init (free part) or a zero init; None for
     a zero coefficient (the init itself for a zero free part)."""
     view = op.opview
@@ -313,7 +244,7 @@ def _component_reduction(op, dec, term, atom, ftype):
 
     new = build_generic(inputs, [init], maps, iterator_kinds(op), body, name_from=op)
     if state["zero"]:
-        new.operation.erase()
+        rewriter.erase_op(new.operation)
         return view.outputs[0] if atom is None else None
     return new.results[0]
 
@@ -344,3 +275,81 @@ def _combine(op, sums) -> ir.Value:
 
     new = build_generic(inputs, [init], in_maps + [identity], ["parallel"] * rank, body)
     return new.results[0]
+
+
+def depends_on(op: ir.Operation, value: ir.Value, limit: int = 256) -> bool:
+    """`op` reads `value` through ops of its block (at most `limit` ops looked at)."""
+    seen, pending = [], [op]
+    while pending and len(seen) < limit:
+        cur = pending.pop()
+        if cur in seen:
+            continue
+        seen.append(cur)
+        for v in cur.operands:
+            if v == value:
+                return True
+            p = defining_op(v)
+            if p is not None and p.block == op.block:
+                pending.append(p)
+    return False
+
+
+def plan(target_ops: list) -> list:
+    """(op, decomposer, term, atoms) of every reduction to split; raises Illegal."""
+    axis, k, ops, classes = axis_of(target_ops)
+    m = axis.results[0]
+
+    def is_atom(v):
+        if v == m:
+            return True
+        p = defining_op(v)
+        return p is not None and depends_on(p, m)
+
+    found = []
+    for op in ops:
+        ls = loop_structure(op)
+        if op == axis or len(ls.reduction_dims) != 1 or \
+                not classes.same((op, ls.reduction_dims[0]), (axis, k)):
+            continue
+        split = affine_split(op, is_atom)
+        if split is not None:
+            found.append((op, *split))
+    return found
+
+
+class SplitAffineReductionsOp(TransformExt.Operation, name="split_affine_reductions"):
+    target: ext.Operand[transform.AnyOpType]
+
+    class Apply(transform.TransformOpInterface):
+        @staticmethod
+        def apply(op, rewriter, results, state):
+            with op.context:
+                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                try:
+                    todo = plan(targets)
+                except Illegal as illegal:
+                    if illegal.payload is None:
+                        illegal.payload = op.operation
+                    return fail(NAME, illegal)
+                for reduction, dec, term, atoms in todo:
+                    split_affine_reduction(reduction, dec, term, atoms, rewriter)
+                return Success
+
+        @staticmethod
+        def allow_repeated_handle_operands(op):
+            return False
+
+    class Effects(ir.MemoryEffectsOpInterface):
+        @staticmethod
+        def get_effects(op, effects):
+            transform.only_reads_handle(op.op_operands, effects)
+            transform.modifies_payload(effects)
+
+
+def split_affine_reductions(target: ir.Value) -> SplitAffineReductionsOp:
+    """Split the class sums of `target`'s block that are affine in values computed from
+    `target`'s result (see the module docstring); `target`: the row max."""
+    return SplitAffineReductionsOp(target)
+
+
+__all__ = ["SplitAffineReductionsOp", "split_affine_reductions"]

@@ -1,0 +1,48 @@
+"""exclude_ops: the payload ops of `target` that are not in `excluded`, in target order.
+
+    %consumers = transform_ext.exclude_ops %class_sums, %row_max   # the sums but the max
+
+A set difference of handles (upstream has merge_handles for the union): the result may be
+empty, matching never fails. Read-only: both handles stay valid.
+"""
+
+from torch_mlir import ir
+from torch_mlir.dialects import ext, transform
+
+from .common import Success
+from .dialect import TransformExt
+
+
+class ExcludeOpsOp(TransformExt.Operation, name="exclude_ops"):
+    target: ext.Operand[transform.AnyOpType]
+    excluded: ext.Operand[transform.AnyOpType]
+    result: ext.Result[transform.AnyOpType[()]] = ext.infer_result()
+
+    class Apply(transform.TransformOpInterface):
+        @staticmethod
+        def apply(op, rewriter, results, state):
+            with op.context:
+                excluded = [getattr(e, "operation", e) for e in state.get_payload_ops(op.excluded)]
+                kept = [t for t in (getattr(t, "operation", t) for t in state.get_payload_ops(op.target))
+                        if t not in excluded]
+                results.set_ops(op.result, kept)
+                return Success
+
+        @staticmethod
+        def allow_repeated_handle_operands(op):
+            return True
+
+    class Effects(ir.MemoryEffectsOpInterface):
+        @staticmethod
+        def get_effects(op, effects):
+            transform.only_reads_handle(op.op_operands, effects)
+            transform.produces_handle(op.results, effects)
+            transform.only_reads_payload(effects)
+
+
+def exclude_ops(target: ir.Value, excluded: ir.Value) -> ir.Value:
+    """The ops of `target` not in `excluded`."""
+    return ExcludeOpsOp(target, excluded).result
+
+
+__all__ = ["ExcludeOpsOp", "exclude_ops"]
