@@ -61,7 +61,8 @@ from transform_ext.add_unread_input import add_unread_input
 from transform_ext.analysis.classify import reduction_combiner
 from transform_ext.analysis.dims import DimClasses
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
-from transform_ext.common import Illegal, block_ops, body_of, defining_op, failure_reason
+from transform_ext.common import (Illegal, block_ops, body_of, defining_op, depends_on,
+                                  failure_reason)
 from transform_ext.drop_unused_results import drop_unused_results
 from transform_ext.exclude_ops import exclude_ops
 from transform_ext.expand_fast_exp import expand_fast_exp
@@ -322,27 +323,12 @@ def _last_row_op(ops, row_max, classes) -> ir.Operation:
         if op is row_max or ls.reduction_dims or ls.num_loops != m.type.rank:
             continue
         if all(any(classes.same((op, l), (m, p)) for l in range(ls.num_loops))
-               for p in range(m.type.rank)) and _depends_on(op, m):
+               for p in range(m.type.rank)) and depends_on(op, m):
             last = op
     if last is None:
         raise NotCrossEntropy("no per-row op reads the log-softmax")
     return last
 
-
-def _depends_on(op: ir.Operation, value: ir.Value, limit: int = 256) -> bool:
-    seen, pending = [], [op]
-    while pending and len(seen) < limit:
-        cur = pending.pop()
-        if cur in seen:
-            continue
-        seen.append(cur)
-        for v in cur.operands:
-            if v == value:
-                return True
-            p = defining_op(v)
-            if p is not None and p.block == op.block:
-                pending.append(p)
-    return False
 
 
 def check(payload: ir.Module) -> str | None:

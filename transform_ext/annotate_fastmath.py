@@ -32,7 +32,7 @@ from torch_mlir.dialects import arith as _arith  # noqa: F401  (registers the op
 from torch_mlir.dialects import ext, transform
 from torch_mlir.dialects import math as _math  # noqa: F401
 
-from .common import Illegal, Success, constant_value, fail, is_linalg, walk_ops
+from .common import Illegal, RewritesTargets, Success, constant_value, fail, is_linalg, walk_ops
 from .dialect import TransformExt
 
 NAME = "transform_ext.annotate_fastmath"
@@ -129,11 +129,7 @@ class AnnotateFastmathOp(TransformExt.Operation, name="annotate_fastmath"):
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.modifies_payload(effects)
+    Effects = RewritesTargets
 
 
 def annotate_fastmath(target: ir.Value, flags) -> None:

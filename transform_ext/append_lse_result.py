@@ -24,8 +24,8 @@ from torch_mlir.dialects import func as func_dialect
 from torch_mlir.dialects import math as math_dialect
 
 from .analysis.attention import AttentionOps, NotAttention, attention_in
-from .common import (Illegal, Success, block_ops, build_generic, defining_op, fail,
-                     reassociation_attr)
+from .common import (Illegal, RewritesTargets, Success, block_ops, build_generic, defining_op,
+                     fail, reassociation_attr)
 from .dialect import TransformExt
 from .fold_reshape_ops_by_expansion import reassociation
 
@@ -133,11 +133,7 @@ class AppendLseResultOp(TransformExt.Operation, name="append_lse_result"):
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.modifies_payload(effects)
+    Effects = RewritesTargets
 
 
 def append_lse_result(func: ir.Value) -> None:

@@ -30,8 +30,8 @@ from torch_mlir.dialects import arith, ext, transform
 
 from .analysis.attention import is_index_computation, is_neg_inf
 from .analysis.structure import loop_structure
-from .common import (Illegal, Success, build_generic, clone_body, defining_op, erase_dead_body_ops,
-                     fail, iterator_kinds)
+from .common import (Illegal, RewritesTargets, Success, build_generic, clone_body, defining_op,
+                     erase_dead_body_ops, fail, iterator_kinds)
 from .dialect import TransformExt
 
 NAME = "transform_ext.bound_causal_key_loops"
@@ -172,11 +172,7 @@ class BoundCausalKeyLoopsOp(TransformExt.Operation, name="bound_causal_key_loops
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.modifies_payload(effects)
+    Effects = RewritesTargets
 
 
 def bound_causal_key_loops(query_blocks: ir.Value, *, delta: int, query_tile: int,

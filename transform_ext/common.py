@@ -17,6 +17,38 @@ Success = transform.DiagnosedSilenceableFailure.Success
 SilenceableFailure = transform.DiagnosedSilenceableFailure.SilenceableFailure
 
 
+class RewritesTargets(ir.MemoryEffectsOpInterface):
+    """Memory effects of an op that rewrites the payload under the handles it reads (the
+    targets' own ops stay) and returns handles it produces, if any."""
+
+    @staticmethod
+    def get_effects(op, effects):
+        transform.only_reads_handle(op.op_operands, effects)
+        transform.produces_handle(op.results, effects)
+        transform.modifies_payload(effects)
+
+
+class ReplacesTargets(ir.MemoryEffectsOpInterface):
+    """Memory effects of an op that replaces the payload ops of the handles it consumes and
+    returns handles to what replaced them."""
+
+    @staticmethod
+    def get_effects(op, effects):
+        transform.consumes_handle(op.op_operands, effects)
+        transform.produces_handle(op.results, effects)
+        transform.modifies_payload(effects)
+
+
+class MatchesPayload(ir.MemoryEffectsOpInterface):
+    """Memory effects of a matcher: reads its handles and the payload, returns handles."""
+
+    @staticmethod
+    def get_effects(op, effects):
+        transform.only_reads_handle(op.op_operands, effects)
+        transform.produces_handle(op.results, effects)
+        transform.only_reads_payload(effects)
+
+
 class Illegal(Exception):
     """Raised by legality checks: `payload` is the op at fault, the message the reason."""
 
@@ -131,6 +163,24 @@ def defining_op(value: ir.Value) -> ir.Operation | None:
     if isinstance(owner, ir.OpView):
         owner = owner.operation
     return owner if isinstance(owner, ir.Operation) else None
+
+
+
+def depends_on(op: ir.Operation, value: ir.Value, limit: int = 256) -> bool:
+    """`op` reads `value` through ops of its block (at most `limit` ops looked at)."""
+    seen, pending = [], [op]
+    while pending and len(seen) < limit:
+        cur = pending.pop()
+        if cur in seen:
+            continue
+        seen.append(cur)
+        for v in cur.operands:
+            if v == value:
+                return True
+            p = defining_op(v)
+            if p is not None and p.block == op.block:
+                pending.append(p)
+    return False
 
 
 def erase_dead_body_ops(block: ir.Block) -> None:

@@ -20,7 +20,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, tensor, transform
 
 from .analysis.structure import dim_positions, loop_structure
-from .common import Success, build_generic, clone_body, walk_ops
+from .common import ReplacesTargets, Success, build_generic, clone_body, walk_ops
 from .dialect import TransformExt
 
 
@@ -165,12 +165,7 @@ class DropBroadcastDimsOp(TransformExt.Operation, name="drop_broadcast_dims"):
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.consumes_handle(op.op_operands, effects)
-            transform.produces_handle(op.results, effects)
-            transform.modifies_payload(effects)
+    Effects = ReplacesTargets
 
 
 def drop_broadcast_dims(target: ir.Value) -> ir.Value:

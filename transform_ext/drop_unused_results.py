@@ -17,7 +17,7 @@ rewritten generics replaced by their new versions.
 from torch_mlir import ir
 from torch_mlir.dialects import ext, linalg, transform
 
-from .common import Illegal, Success, erase_dead_body_ops, fail, walk_ops
+from .common import Illegal, ReplacesTargets, Success, erase_dead_body_ops, fail, walk_ops
 from .dialect import TransformExt
 
 
@@ -124,12 +124,7 @@ class DropUnusedResultsOp(TransformExt.Operation, name="drop_unused_results"):
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.consumes_handle(op.op_operands, effects)
-            transform.produces_handle(op.results, effects)
-            transform.modifies_payload(effects)
+    Effects = ReplacesTargets
 
 
 def drop_unused_results(target: ir.Value) -> ir.Value:

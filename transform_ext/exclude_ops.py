@@ -9,7 +9,7 @@ empty, matching never fails. Read-only: both handles stay valid.
 from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
-from .common import Success
+from .common import MatchesPayload, Success
 from .dialect import TransformExt
 
 
@@ -32,12 +32,7 @@ class ExcludeOpsOp(TransformExt.Operation, name="exclude_ops"):
         def allow_repeated_handle_operands(op):
             return True
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.produces_handle(op.results, effects)
-            transform.only_reads_payload(effects)
+    Effects = MatchesPayload
 
 
 def exclude_ops(target: ir.Value, excluded: ir.Value) -> ir.Value:

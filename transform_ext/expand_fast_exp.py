@@ -28,7 +28,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import arith, ext, transform
 from torch_mlir.dialects import math as mmath
 
-from .common import Illegal, Success, fail, walk_ops
+from .common import Illegal, RewritesTargets, Success, fail, walk_ops
 from .dialect import TransformExt
 
 NAME = "transform_ext.expand_fast_exp"
@@ -99,11 +99,7 @@ class ExpandFastExpOp(TransformExt.Operation, name="expand_fast_exp"):
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.modifies_payload(effects)
+    Effects = RewritesTargets
 
 
 def expand_fast_exp(target: ir.Value) -> ExpandFastExpOp:

@@ -21,7 +21,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import arith, ext, transform
 from torch_mlir.dialects import math as mmath
 
-from .common import Success, constant_value, walk_ops
+from .common import RewritesTargets, Success, constant_value, walk_ops
 from .dialect import TransformExt
 
 MAX_UNROLLED = 64
@@ -85,11 +85,7 @@ class ExpandIntegerPowersOp(TransformExt.Operation, name="expand_integer_powers"
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.modifies_payload(effects)
+    Effects = RewritesTargets
 
 
 def expand_integer_powers(target: ir.Value) -> ExpandIntegerPowersOp:

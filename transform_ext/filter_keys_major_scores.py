@@ -12,7 +12,7 @@ attention, elsewhere. Read-only: the target handle stays valid.
 from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
-from .common import Illegal, Success
+from .common import Illegal, MatchesPayload, Success
 from .dialect import TransformExt
 from .store_scores_keys_major import plan
 
@@ -41,12 +41,7 @@ class FilterKeysMajorScoresOp(TransformExt.Operation, name="filter_keys_major_sc
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.produces_handle(op.results, effects)
-            transform.only_reads_payload(effects)
+    Effects = MatchesPayload
 
 
 def filter_keys_major_scores(scores: ir.Value) -> ir.Value:

@@ -21,7 +21,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
 from .analysis.classify import COMBINERS, is_contraction, is_elementwise, reduction_combiner
-from .common import Success
+from .common import MatchesPayload, Success
 from .dialect import TransformExt
 
 STRUCTURES = ("", "elementwise", "contraction", "reduction")
@@ -64,12 +64,7 @@ class FilterOpsOp(TransformExt.Operation, name="filter_ops"):
         def allow_repeated_handle_operands(op):
             return True
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.produces_handle(op.results, effects)
-            transform.only_reads_payload(effects)
+    Effects = MatchesPayload
 
 
 def filter_ops(target: ir.Value, *, names: Sequence[str] = (), structure: str = "",

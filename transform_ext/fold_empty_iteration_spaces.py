@@ -18,7 +18,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
 from .analysis.structure import is_linalg_op, loop_structure
-from .common import Illegal, Success, fail, walk_ops
+from .common import Illegal, ReplacesTargets, Success, fail, walk_ops
 from .dialect import TransformExt
 
 
@@ -67,12 +67,7 @@ class FoldEmptyIterationSpacesOp(TransformExt.Operation, name="fold_empty_iterat
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.consumes_handle(op.op_operands, effects)
-            transform.produces_handle(op.results, effects)
-            transform.modifies_payload(effects)
+    Effects = ReplacesTargets
 
 
 def _inside(op: ir.Operation, outer: ir.Operation) -> bool:

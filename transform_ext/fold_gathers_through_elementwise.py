@@ -21,8 +21,8 @@ from torch_mlir import ir
 from torch_mlir.dialects import arith, ext, linalg, tensor, transform
 
 from .analysis.maps import Const, terms
-from .common import (Illegal, Success, body_of, clone_op, defining_op, fail, iterator_kinds,
-                     terminator)
+from .common import (Illegal, RewritesTargets, Success, body_of, clone_op, defining_op, fail,
+                     iterator_kinds, terminator)
 from .dialect import TransformExt
 
 NAME = "transform_ext.fold_gathers_through_elementwise"
@@ -165,11 +165,7 @@ class FoldGathersThroughElementwiseOp(TransformExt.Operation,
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.modifies_payload(effects)
+    Effects = RewritesTargets
 
 
 def fold_gathers_through_elementwise(target: ir.Value) -> FoldGathersThroughElementwiseOp:

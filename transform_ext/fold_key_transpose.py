@@ -24,7 +24,8 @@ from torch_mlir import ir
 from torch_mlir.dialects import arith, ext, tensor, transform
 
 from .analysis.structure import dim_positions, loop_structure
-from .common import Illegal, Success, build_generic, defining_op, fail, reassociation_attr
+from .common import (Illegal, RewritesTargets, Success, build_generic, defining_op, fail,
+                     reassociation_attr)
 from .dialect import TransformExt
 from .store_scores_keys_major import is_generic, set_map, swap_last_two, transposed_type, uses
 
@@ -184,11 +185,7 @@ class FoldKeyTransposeOp(TransformExt.Operation, name="fold_key_transpose"):
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.modifies_payload(effects)
+    Effects = RewritesTargets
 
 
 def fold_key_transpose(scores: ir.Value) -> None:

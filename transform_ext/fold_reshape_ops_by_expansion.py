@@ -36,8 +36,8 @@ from torch_mlir.dialects import arith, ext, linalg, tensor, transform
 
 from .analysis.maps import Const, affine_map, make_map, terms
 from .analysis.structure import loop_structure
-from .common import (Illegal, Success, body_of, build_generic, clone_body, defining_op, fail,
-                     is_linalg, iterator_kinds, reassociation_attr, walk_ops)
+from .common import (Illegal, ReplacesTargets, Success, body_of, build_generic, clone_body,
+                     defining_op, fail, is_linalg, iterator_kinds, reassociation_attr, walk_ops)
 from .dialect import TransformExt
 
 NAME = "transform_ext.fold_reshape_ops_by_expansion"
@@ -386,12 +386,7 @@ class FoldReshapeOpsByExpansionOp(TransformExt.Operation, name="fold_reshape_ops
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.consumes_handle(op.op_operands, effects)
-            transform.produces_handle(op.results, effects)
-            transform.modifies_payload(effects)
+    Effects = ReplacesTargets
 
 
 def fold_reshape_ops_by_expansion(target: ir.Value) -> ir.Value:

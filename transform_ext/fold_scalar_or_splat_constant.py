@@ -24,8 +24,8 @@ from torch_mlir import ir
 from torch_mlir.dialects import arith, ext, transform
 
 from .analysis.maps import terms
-from .common import (Illegal, Success, body_of, build_generic, clone_body, constant_value,
-                     defining_op, element_type, fail, iterator_kinds, walk_ops)
+from .common import (Illegal, ReplacesTargets, Success, body_of, build_generic, clone_body,
+                     constant_value, defining_op, element_type, fail, iterator_kinds, walk_ops)
 from .dialect import TransformExt
 
 NAME = "transform_ext.fold_scalar_or_splat_constant"
@@ -191,12 +191,7 @@ class FoldScalarOrSplatConstantOp(TransformExt.Operation, name="fold_scalar_or_s
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.consumes_handle(op.op_operands, effects)
-            transform.produces_handle(op.results, effects)
-            transform.modifies_payload(effects)
+    Effects = ReplacesTargets
 
 
 def fold_scalar_or_splat_constant(target: ir.Value) -> ir.Value:

@@ -45,7 +45,7 @@ from torch_mlir.dialects import math as mmath
 from .analysis.dims import DimClasses
 from .analysis.separability import Form, FormAnalysis, NotSeparable
 from .analysis.structure import dim_positions, loop_structure
-from .common import Illegal, Success, defining_op, fail, is_linalg
+from .common import Illegal, ReplacesTargets, Success, defining_op, fail, is_linalg
 from .dialect import TransformExt
 
 _MAX = ("arith.maximumf", "arith.maxnumf")
@@ -679,12 +679,7 @@ class FuseDependentReductionOpsOp(TransformExt.Operation, name="fuse_dependent_r
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.consumes_handle(op.op_operands, effects)
-            transform.produces_handle(op.results, effects)
-            transform.modifies_payload(effects)
+    Effects = ReplacesTargets
 
 
 def fuse_dependent_reduction_ops(reduction: ir.Value, consumers: ir.Value, tile_size: int,

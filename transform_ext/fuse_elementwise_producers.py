@@ -20,7 +20,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
 from .analysis.structure import loop_structure
-from .common import Success, build_generic, clone_body, defining_op, walk_ops
+from .common import ReplacesTargets, Success, build_generic, clone_body, defining_op, walk_ops
 from .dialect import TransformExt
 
 
@@ -126,12 +126,7 @@ class FuseElementwiseProducersOp(TransformExt.Operation, name="fuse_elementwise_
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.consumes_handle(op.op_operands, effects)
-            transform.produces_handle(op.results, effects)
-            transform.modifies_payload(effects)
+    Effects = ReplacesTargets
 
 
 def fuse_elementwise_producers(target: ir.Value) -> ir.Value:

@@ -27,7 +27,7 @@ from torch_mlir.dialects import ext, tensor, transform
 
 from .analysis.structure import dim_positions, is_linalg_op, loop_structure
 from .analysis.tiles import per_tile_producer
-from .common import Illegal, Success, defining_op, fail
+from .common import Illegal, RewritesTargets, Success, defining_op, fail
 from .dialect import TransformExt
 
 NAME = "transform_ext.fuse_init_into_register_tile"
@@ -118,11 +118,7 @@ class FuseInitIntoRegisterTileOp(TransformExt.Operation, name="fuse_init_into_re
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.modifies_payload(effects)
+    Effects = RewritesTargets
 
 
 def fuse_init_into_register_tile(tiled: ir.Value) -> FuseInitIntoRegisterTileOp:

@@ -24,7 +24,7 @@ from .analysis.attention import (depends_on, is_index_computation, producing_con
                                  propagate_loop_dim)
 from .analysis.classify import reduction_combiner
 from .analysis.structure import is_linalg_op, loop_structure
-from .common import Illegal, Success, block_ops, fail
+from .common import Illegal, RewritesTargets, Success, block_ops, fail
 from .dialect import TransformExt
 from .fuse_dependent_reduction_ops import analyze, rewrite
 from .pack_key_tiles import top_level_foralls
@@ -82,11 +82,7 @@ class FuseKeyLoopsOp(TransformExt.Operation, name="fuse_key_loops"):
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.modifies_payload(effects)
+    Effects = RewritesTargets
 
 
 def fuse_key_loops(func: ir.Value, key_tile: int) -> None:

@@ -24,7 +24,7 @@ from torch_mlir.dialects.transform import structured
 
 from .analysis.structure import top_level_linalg_ops
 from .analysis.tiles import ForallPolicy, parallel_tile_sizes
-from .common import Illegal, Success, fail
+from .common import Illegal, RewritesTargets, Success, fail
 from .dialect import TransformExt
 from .nested import apply_to
 
@@ -75,11 +75,7 @@ class FuseRootsIntoForallsOp(TransformExt.Operation, name="fuse_roots_into_foral
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.modifies_payload(effects)
+    Effects = RewritesTargets
 
 
 def fuse_roots_into_foralls(func: ir.Value, *, threads: int, tiles_per_thread: int,

@@ -21,7 +21,7 @@ from torch_mlir.dialects.transform import structured
 
 from .analysis.structure import all_linalg_ops, loop_structure
 from .analysis.tiles import lane_dim
-from .common import Illegal, Success, fail
+from .common import Illegal, RewritesTargets, Success, fail
 from .dialect import TransformExt
 from .nested import apply_to
 
@@ -67,11 +67,7 @@ class InterchangeLaneDimsInnermostOp(TransformExt.Operation,
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.modifies_payload(effects)
+    Effects = RewritesTargets
 
 
 def interchange_lane_dims_innermost(target: ir.Value) -> InterchangeLaneDimsInnermostOp:

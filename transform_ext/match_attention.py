@@ -13,7 +13,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
 from .analysis.attention import NotAttention, attention_ops
-from .common import Illegal, Success, fail
+from .common import Illegal, MatchesPayload, Success, fail
 from .dialect import TransformExt
 
 NAME = "transform_ext.match_attention"
@@ -49,12 +49,7 @@ class MatchAttentionOp(TransformExt.Operation, name="match_attention"):
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.produces_handle(op.results, effects)
-            transform.only_reads_payload(effects)
+    Effects = MatchesPayload
 
 
 def match_attention(target: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:

@@ -13,7 +13,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
 from .analysis.structure import loop_structure
-from .common import Illegal, Success, fail
+from .common import Illegal, MatchesPayload, Success, fail
 from .dialect import TransformExt
 from .split_class_reductions import axis_of
 
@@ -53,12 +53,7 @@ class MatchClassReductionsOp(TransformExt.Operation, name="match_class_reduction
         def allow_repeated_handle_operands(op):
             return True
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.produces_handle(op.results, effects)
-            transform.only_reads_payload(effects)
+    Effects = MatchesPayload
 
 
 def match_class_reductions(row_max: ir.Value) -> ir.Value:

@@ -12,7 +12,7 @@ left. Read-only.
 from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
-from .common import Success
+from .common import MatchesPayload, Success
 from .dialect import TransformExt
 from .fold_reshape_ops_by_expansion import CannotFold, plan_fold
 
@@ -50,12 +50,7 @@ class MatchFoldableCollapseOp(TransformExt.Operation, name="match_foldable_colla
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.produces_handle(op.results, effects)
-            transform.only_reads_payload(effects)
+    Effects = MatchesPayload
 
 
 def match_foldable_collapse(target: ir.Value) -> ir.Value:

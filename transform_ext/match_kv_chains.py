@@ -15,7 +15,7 @@ from torch_mlir.dialects import ext, transform
 
 from .analysis.attention import NotAttention, attention_ops, depends_on
 from .analysis.structure import is_linalg_op, loop_structure
-from .common import Illegal, Success, defining_op, fail
+from .common import Illegal, MatchesPayload, Success, defining_op, fail
 from .dialect import TransformExt
 
 NAME = "transform_ext.match_kv_chains"
@@ -63,12 +63,7 @@ class MatchKvChainsOp(TransformExt.Operation, name="match_kv_chains"):
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.produces_handle(op.results, effects)
-            transform.only_reads_payload(effects)
+    Effects = MatchesPayload
 
 
 def match_kv_chains(target: ir.Value) -> ir.Value:

@@ -14,7 +14,7 @@ from torch_mlir.dialects import ext, transform
 
 from .analysis.attention import NotAttention, attention_in, depends_into, propagate_loop_dim
 from .analysis.structure import is_linalg_op
-from .common import Illegal, Success, block_ops, fail
+from .common import Illegal, MatchesPayload, Success, block_ops, fail
 from .dialect import TransformExt
 
 NAME = "transform_ext.match_query_block_ops"
@@ -56,12 +56,7 @@ class MatchQueryBlockOpsOp(TransformExt.Operation, name="match_query_block_ops")
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.produces_handle(op.results, effects)
-            transform.only_reads_payload(effects)
+    Effects = MatchesPayload
 
 
 def match_query_block_ops(func: ir.Value) -> tuple[ir.Value, ir.Value]:

@@ -10,7 +10,7 @@ The result may be empty: matching never fails. Read-only: the target handle stay
 from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
-from .common import Success
+from .common import MatchesPayload, Success
 from .dialect import TransformExt
 
 
@@ -52,12 +52,7 @@ class MatchRegisterTileLoopsOp(TransformExt.Operation, name="match_register_tile
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.produces_handle(op.results, effects)
-            transform.only_reads_payload(effects)
+    Effects = MatchesPayload
 
 
 def match_register_tile_loops(target: ir.Value) -> ir.Value:

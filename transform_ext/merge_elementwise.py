@@ -18,8 +18,8 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
 from .analysis.structure import loop_structure
-from .common import (Illegal, Success, body_of, build_generic, clone_op, defining_op, fail,
-                     iterator_kinds, terminator)
+from .common import (Illegal, ReplacesTargets, Success, body_of, build_generic, clone_op,
+                     defining_op, fail, iterator_kinds, terminator)
 from .dialect import TransformExt
 
 NAME = "transform_ext.merge_elementwise"
@@ -133,12 +133,7 @@ class MergeElementwiseOp(TransformExt.Operation, name="merge_elementwise"):
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.consumes_handle(op.op_operands, effects)
-            transform.produces_handle(op.results, effects)
-            transform.modifies_payload(effects)
+    Effects = ReplacesTargets
 
 
 def merge_elementwise(target: ir.Value) -> ir.Value:

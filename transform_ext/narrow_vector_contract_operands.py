@@ -22,7 +22,7 @@ left as they are. Contracts are updated in place (handles to them stay valid).
 from torch_mlir import ir
 from torch_mlir.dialects import arith, ext, transform
 
-from .common import Illegal, Success, defining_op, fail, walk_ops
+from .common import Illegal, RewritesTargets, Success, defining_op, fail, walk_ops
 from .dialect import TransformExt
 
 NAME = "transform_ext.narrow_vector_contract_operands"
@@ -117,11 +117,7 @@ class NarrowVectorContractOperandsOp(TransformExt.Operation, name="narrow_vector
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.modifies_payload(effects)
+    Effects = RewritesTargets
 
 
 def narrow_vector_contract_operands(target: ir.Value) -> None:

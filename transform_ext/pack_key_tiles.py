@@ -22,7 +22,8 @@ from torch_mlir import ir
 from torch_mlir.dialects import arith, ext, linalg, tensor, transform
 
 from .analysis.structure import is_linalg_op, loop_structure
-from .common import Illegal, Success, defining_op, fail, reassociation_attr, walk_ops
+from .common import (Illegal, RewritesTargets, Success, defining_op, fail, reassociation_attr,
+                     walk_ops)
 from .dialect import TransformExt
 
 NAME = "transform_ext.pack_key_tiles"
@@ -214,11 +215,7 @@ class PackKeyTilesOp(TransformExt.Operation, name="pack_key_tiles"):
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.modifies_payload(effects)
+    Effects = RewritesTargets
 
 
 def pack_key_tiles(func: ir.Value) -> None:

@@ -17,7 +17,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
 from .analysis.maps import Const, make_map
-from .common import (Illegal, Success, body_of, build_generic, defining_op, fail,
+from .common import (Illegal, RewritesTargets, Success, body_of, build_generic, defining_op, fail,
                      iterator_kinds, remap_operands, terminator)
 from .dialect import TransformExt
 from .fold_gathers_through_elementwise import check_has_body, extracts_in, linalg_ops_of
@@ -119,11 +119,7 @@ class PromoteIndexedExtractsOp(TransformExt.Operation, name="promote_indexed_ext
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.modifies_payload(effects)
+    Effects = RewritesTargets
 
 
 def promote_indexed_extracts(target: ir.Value) -> PromoteIndexedExtractsOp:

@@ -26,7 +26,7 @@ from torch_mlir.dialects import arith, ext, linalg, tensor, transform
 
 from .analysis.dims import DimClasses
 from .analysis.structure import loop_structure
-from .common import Illegal, Success, defining_op, fail, is_linalg
+from .common import Illegal, RewritesTargets, Success, defining_op, fail, is_linalg
 from .dialect import TransformExt
 
 NAME = "transform_ext.rewrite_attention_row_mask"
@@ -331,12 +331,7 @@ class RewriteAttentionRowMaskOp(TransformExt.Operation, name="rewrite_attention_
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.produces_handle(op.results, effects)
-            transform.modifies_payload(effects)
+    Effects = RewritesTargets
 
 
 def rewrite_attention_row_mask(reduction: ir.Value, contraction: ir.Value) -> ir.Value:

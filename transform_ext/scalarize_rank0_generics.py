@@ -20,7 +20,7 @@ failure. The target handle is only read.
 from torch_mlir import ir
 from torch_mlir.dialects import ext, tensor, transform
 
-from .common import Illegal, Success, clone_op, fail, walk_ops
+from .common import Illegal, RewritesTargets, Success, clone_op, fail, walk_ops
 from .dialect import TransformExt
 
 NAME = "transform_ext.scalarize_rank0_generics"
@@ -78,11 +78,7 @@ class ScalarizeRank0GenericsOp(TransformExt.Operation, name="scalarize_rank0_gen
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.modifies_payload(effects)
+    Effects = RewritesTargets
 
 
 def scalarize_rank0_generics(target: ir.Value) -> ScalarizeRank0GenericsOp:

@@ -41,9 +41,9 @@ from torch_mlir.dialects import arith, ext, linalg, tensor, transform
 from .analysis.body import Slice, block_arg_number, body_slice, producer_in, strip_casts
 from .analysis.maps import Const, affine_map, loop_images, make_map, substitute, terms
 from .analysis.structure import loop_structure
-from .common import (Illegal, Success, body_of, build_generic, clone_body, constant_value,
-                     defining_op, erase_dead_body_ops, fail, is_linalg, is_zero, iterator_kinds,
-                     remap_operands, terminator)
+from .common import (Illegal, ReplacesTargets, Success, body_of, build_generic, clone_body,
+                     constant_value, defining_op, erase_dead_body_ops, fail, is_linalg, is_zero,
+                     iterator_kinds, remap_operands, terminator)
 from .dialect import TransformExt
 
 NAME = "transform_ext.sink_normalization_past_contraction"
@@ -467,12 +467,7 @@ class SinkNormalizationPastContractionOp(TransformExt.Operation,
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.consumes_handle(op.op_operands, effects)
-            transform.produces_handle(op.results, effects)
-            transform.modifies_payload(effects)
+    Effects = ReplacesTargets
 
 
 def sink_normalization_past_contraction(contraction: ir.Value) -> tuple[ir.Value, ir.Value]:

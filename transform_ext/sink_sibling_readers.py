@@ -18,7 +18,7 @@ handle is only read.
 from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
-from .common import Illegal, Success, block_ops, body_of, defining_op, fail
+from .common import Illegal, RewritesTargets, Success, block_ops, body_of, defining_op, fail
 from .dialect import TransformExt
 
 NAME = "transform_ext.sink_sibling_readers"
@@ -75,11 +75,7 @@ class SinkSiblingReadersOp(TransformExt.Operation, name="sink_sibling_readers"):
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.modifies_payload(effects)
+    Effects = RewritesTargets
 
 
 def sink_sibling_readers(target: ir.Value) -> SinkSiblingReadersOp:

@@ -25,7 +25,8 @@ from torch_mlir.dialects import arith, ext, linalg, tensor, transform
 
 from .analysis.maps import Const, make_map, terms
 from .analysis.structure import loop_structure
-from .common import Illegal, Success, body_of, build_generic, defining_op, fail, iterator_kinds
+from .common import (Illegal, RewritesTargets, Success, body_of, build_generic, defining_op,
+                     depends_on, fail, iterator_kinds)
 from .dialect import TransformExt
 from .split_class_reductions import axis_of, combiner_term
 
@@ -277,23 +278,6 @@ def _combine(op, sums) -> ir.Value:
     return new.results[0]
 
 
-def depends_on(op: ir.Operation, value: ir.Value, limit: int = 256) -> bool:
-    """`op` reads `value` through ops of its block (at most `limit` ops looked at)."""
-    seen, pending = [], [op]
-    while pending and len(seen) < limit:
-        cur = pending.pop()
-        if cur in seen:
-            continue
-        seen.append(cur)
-        for v in cur.operands:
-            if v == value:
-                return True
-            p = defining_op(v)
-            if p is not None and p.block == op.block:
-                pending.append(p)
-    return False
-
-
 def plan(target_ops: list) -> list:
     """(op, decomposer, term, atoms) of every reduction to split; raises Illegal."""
     axis, k, ops, classes = axis_of(target_ops)
@@ -339,11 +323,7 @@ class SplitAffineReductionsOp(TransformExt.Operation, name="split_affine_reducti
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.modifies_payload(effects)
+    Effects = RewritesTargets
 
 
 def split_affine_reductions(target: ir.Value) -> SplitAffineReductionsOp:

@@ -24,7 +24,7 @@ itself one is a silenceable failure (nothing rewritten). The target handle is on
 from torch_mlir import ir
 from torch_mlir.dialects import ext, linalg, transform
 
-from .common import Illegal, Success, clone_op, fail, walk_ops
+from .common import Illegal, RewritesTargets, Success, clone_op, fail, walk_ops
 from .dialect import TransformExt
 
 NAME = "transform_ext.split_assertions"
@@ -139,11 +139,7 @@ class SplitAssertionsOp(TransformExt.Operation, name="split_assertions"):
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.modifies_payload(effects)
+    Effects = RewritesTargets
 
 
 def split_assertions(target: ir.Value) -> SplitAssertionsOp:

@@ -20,8 +20,8 @@ from torch_mlir.dialects import arith, ext, linalg, tensor, transform
 from .analysis.dims import DimClasses
 from .analysis.maps import Const, make_map, terms
 from .analysis.structure import is_linalg_op, loop_structure
-from .common import (Illegal, Success, block_ops, body_of, build_generic, defining_op, fail,
-                     iterator_kinds, terminator)
+from .common import (Illegal, RewritesTargets, Success, block_ops, body_of, build_generic,
+                     defining_op, fail, iterator_kinds, terminator)
 from .dialect import TransformExt
 
 NAME = "transform_ext.split_class_reductions"
@@ -158,11 +158,7 @@ class SplitClassReductionsOp(TransformExt.Operation, name="split_class_reduction
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.modifies_payload(effects)
+    Effects = RewritesTargets
 
 
 def split_class_reductions(target: ir.Value) -> SplitClassReductionsOp:

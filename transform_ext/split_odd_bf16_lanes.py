@@ -21,7 +21,7 @@ from torch_mlir.dialects.transform import loop, structured
 
 from .analysis.structure import all_linalg_ops, loop_structure
 from .analysis.tiles import lane_dim, touches_bf16
-from .common import Illegal, Success, fail
+from .common import Illegal, RewritesTargets, Success, fail
 from .dialect import TransformExt
 from .nested import any_op, apply_to, canonicalize
 
@@ -72,11 +72,7 @@ class SplitOddBf16LanesOp(TransformExt.Operation, name="split_odd_bf16_lanes"):
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.modifies_payload(effects)
+    Effects = RewritesTargets
 
 
 def split_odd_bf16_lanes(func: ir.Value) -> SplitOddBf16LanesOp:

@@ -28,7 +28,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, linalg, tensor, transform
 
 from .analysis.structure import dim_positions, is_linalg_op, loop_structure
-from .common import Illegal, Success, defining_op, fail
+from .common import Illegal, RewritesTargets, Success, defining_op, fail
 from .dialect import TransformExt
 
 NAME = "transform_ext.store_scores_keys_major"
@@ -190,11 +190,7 @@ class StoreScoresKeysMajorOp(TransformExt.Operation, name="store_scores_keys_maj
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.modifies_payload(effects)
+    Effects = RewritesTargets
 
 
 def store_scores_keys_major(scores: ir.Value) -> None:

@@ -34,7 +34,8 @@ import math
 from torch_mlir import ir
 from torch_mlir.dialects import arith, ext, scf, tensor, transform
 
-from .common import Illegal, Success, fail, largest_divisor_at_most, reassociation_attr, walk_ops
+from .common import (Illegal, RewritesTargets, Success, fail, largest_divisor_at_most,
+                     reassociation_attr, walk_ops)
 from .dialect import TransformExt
 
 NAME = "transform_ext.tile_insert_slices"
@@ -182,11 +183,7 @@ class TileInsertSlicesOp(TransformExt.Operation, name="tile_insert_slices"):
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.modifies_payload(effects)
+    Effects = RewritesTargets
 
 
 def tile_insert_slices(target: ir.Value, lane_tile: int, max_elements: int) -> None:

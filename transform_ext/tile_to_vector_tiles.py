@@ -25,7 +25,7 @@ from torch_mlir.dialects.transform import loop, structured
 
 from .analysis.structure import all_linalg_ops, loop_structure
 from .analysis.tiles import VectorPolicy, register_tile_init_producer, vector_tile_sizes
-from .common import Illegal, Success, fail
+from .common import Illegal, RewritesTargets, Success, fail
 from .dialect import TransformExt
 from .fuse_init_into_register_tile import fuse_init_into_register_tile
 from .nested import any_op, apply_to, canonicalize
@@ -121,11 +121,7 @@ class TileToVectorTilesOp(TransformExt.Operation, name="tile_to_vector_tiles"):
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.modifies_payload(effects)
+    Effects = RewritesTargets
 
 
 def tile_to_vector_tiles(func: ir.Value, *, vector_tile: int,

@@ -15,7 +15,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
 from .analysis.structure import is_linalg_op, loop_structure
-from .common import Illegal, Success, defining_op, fail
+from .common import Illegal, MatchesPayload, Success, defining_op, fail
 from .dialect import TransformExt
 
 NAME = "transform_ext.trace_to_argument"
@@ -59,12 +59,7 @@ class TraceToArgumentOp(TransformExt.Operation, name="trace_to_argument"):
         def allow_repeated_handle_operands(op):
             return True
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.produces_handle(op.results, effects)
-            transform.only_reads_payload(effects)
+    Effects = MatchesPayload
 
 
 def trace_to_argument(target: ir.Value, operand_number: int = 0) -> ir.Value:

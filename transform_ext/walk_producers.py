@@ -13,7 +13,7 @@ from typing import Sequence
 from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
-from .common import Illegal, Success, defining_op, fail
+from .common import Illegal, MatchesPayload, Success, defining_op, fail
 from .dialect import TransformExt
 
 NAME = "transform_ext.walk_producers"
@@ -64,12 +64,7 @@ class WalkProducersOp(TransformExt.Operation, name="walk_producers"):
         def allow_repeated_handle_operands(op):
             return True
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.produces_handle(op.results, effects)
-            transform.only_reads_payload(effects)
+    Effects = MatchesPayload
 
 
 def walk_producers(target: ir.Value, operand_number: int,

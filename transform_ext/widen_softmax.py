@@ -24,7 +24,8 @@ from torch_mlir.dialects import arith, ext, tensor, transform
 from .analysis.attention import depends_into
 from .analysis.classify import reduction_combiner
 from .analysis.structure import is_linalg_op, loop_structure
-from .common import Illegal, Success, block_ops, build_generic, fail, iterator_kinds
+from .common import (Illegal, RewritesTargets, Success, block_ops, build_generic, fail,
+                     iterator_kinds)
 from .dialect import TransformExt
 
 NAME = "transform_ext.widen_softmax"
@@ -174,11 +175,7 @@ class WidenSoftmaxOp(TransformExt.Operation, name="widen_softmax"):
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.only_reads_handle(op.op_operands, effects)
-            transform.modifies_payload(effects)
+    Effects = RewritesTargets
 
 
 def widen_softmax(func: ir.Value) -> None:

@@ -18,7 +18,7 @@ from torch_mlir import ir
 
 from .classify import reduction_combiner
 from .structure import dim_positions, is_linalg_op, loop_structure
-from ..common import block_ops, defining_op
+from ..common import block_ops, defining_op, depends_on
 
 
 class NotAttention(Exception):
@@ -42,23 +42,6 @@ def producing_contraction(value: ir.Value):
             pending.extend(defining_op(v) for v in list(op.operands)[:ls.num_inputs])
     return found[0] if len(found) == 1 else None
 
-
-def depends_on(op: ir.Operation, value: ir.Value, limit: int = 64) -> bool:
-    """Does `op` read `value`, directly or through ops of its own block (searching at most
-    `limit` ops)?"""
-    seen, pending = [], [op]
-    while pending and len(seen) < limit:
-        cur = pending.pop()
-        if cur in seen:
-            continue
-        seen.append(cur)
-        for v in cur.operands:
-            if v == value:
-                return True
-            p = defining_op(v)
-            if p is not None and p.block == op.block:
-                pending.append(p)
-    return False
 
 
 def attention_ops(block_owner) -> tuple[ir.Operation, ir.Operation, ir.Operation]:
