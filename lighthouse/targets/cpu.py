@@ -401,26 +401,6 @@ def reassociate_vector_reductions(payload: ir.Module) -> int:
     return flagged
 
 
-def round_every_emulated_op(payload: ir.Module) -> int:
-    """Each f16/bf16 op computed in f32 rounds its result to f16/bf16, as torch's eager ops
-    do: the emulation marks its casts `contract`, which lets canonicalization fold
-    extf(truncf(x)) to x and skip the rounding between two fused ops (x * 3 + 1 in bf16
-    then differed from torch by an ulp, and a layer norm's backward amplified it). The
-    flag is dropped from those casts. Returns the number of casts changed."""
-    changed = 0
-
-    def visit(op):
-        nonlocal changed
-        if op.name in ("arith.extf", "arith.truncf") and "fastmath" in op.attributes:
-            if "contract" in str(op.attributes["fastmath"]):
-                del op.attributes["fastmath"]
-                changed += 1
-        return ir.WalkResult.ADVANCE
-
-    payload.operation.walk(visit)
-    return changed
-
-
 def lower_to_llvm(payload: ir.Module, threads: int, *, runtime_checks: bool = False) -> None:
     strided_copies_to_loops(payload)
     if runtime_checks:
@@ -441,9 +421,8 @@ def lower_to_llvm(payload: ir.Module, threads: int, *, runtime_checks: bool = Fa
         # f16/bf16 math and arithmetic computed in f32 (LLVM's x86 backend has neither)
         "arith-expand", "func.func(math-extend-to-supported-types{target-type=f32})",
         "arith-emulate-unsupported-floats{source-types=bf16,f16 target-type=f32}",
+        "canonicalize", "cse",
     ]))
-    round_every_emulated_op(payload)
-    run_passes(payload, "canonicalize, cse")
     expand_math(payload, ldexp="avx512f" in host_cpu_flags())
     narrow_f64_truncations_through_f32(payload)
     odd_bf16_conversions_as_integer_ops(payload)

@@ -144,33 +144,3 @@ def test_odd_bf16_vectors_move_as_i16():
           CHECK: llvm.store %[[B]], %{{.*}} : vector<16xbf16>
           CHECK-NOT: 9xbf16
         """)
-
-
-CHAIN = """
-import torch
-import torch.nn.functional as F
-class Model(torch.nn.Module):
-    def forward(self, x, y):
-        return {expr}
-def get_inputs():
-    torch.manual_seed(0)
-    return [torch.randn(64, 3).to(torch.{dtype}), torch.randn(1, 3).to(torch.{dtype})]
-def get_init_inputs():
-    return []
-"""
-
-
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("expr", [
-    "x * 3.0 + 1.0",
-    "torch.sqrt((x * y).abs() + 1.0)",
-    # a layer norm over three elements turns an ulp of its input into 0.1 of its output
-    "F.layer_norm(torch.sqrt((x * y).abs() + 1.0), (3,))",
-])
-def test_fused_narrow_float_ops_round_each_result_like_torch(kernel_file, expr, dtype):
-    """Fused f16/bf16 elementwise ops, computed in f32, round after every op as torch's
-    eager ops do: the results are torch's bit for bit."""
-    compiled = compile_kernel(kernel_file(CHAIN.format(expr=expr, dtype=dtype)), schedule="generic")
-    (got,) = compiled.run()
-    (want,) = compiled.expected()
-    assert torch.equal(got, want), (got.double() - want.double()).abs().max().item()
