@@ -144,7 +144,8 @@ def import_joint(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel")
             full = list(fixed)
             for i, t in zip(grad_pos, di):
                 full[i] = t
-            outs = _flatten(torch.func.functional_call(model, dp, tuple(full)), name)
+            with _GroupNormInF32():
+                outs = _flatten(torch.func.functional_call(model, dp, tuple(full)), name)
             # the floating results are differentiated; integer ones (indices) ride along
             return tuple(o for o in outs if o.is_floating_point()), outs
 
@@ -595,6 +596,15 @@ def _rms_norm_widened(input, normalized_shape, weight=None, eps=None):
     return out.to(input.dtype)
 
 
+def _mean_widened(input, dim=None, keepdim=False, *, dtype=None):
+    """The mean of an f16/bf16 tensor summed and divided in f32, rounded once, as torch's
+    CPU kernel does (torch-mlir divides the rounded sum in the narrow type: an f16 sum past
+    65504 is inf, and 1001 is 1000 in bf16)."""
+    if input.dtype not in _NARROW or dtype is not None:
+        return NotImplemented
+    return torch.mean(input.float(), dim, keepdim).to(input.dtype)
+
+
 def _vector_norm_widened(input, ord=2, dim=None, keepdim=False, *, dtype=None):
     """||x||_ord of an f16/bf16 tensor computed in f32 and rounded once, as torch does."""
     if input.dtype not in _NARROW or dtype is not None:
@@ -606,10 +616,29 @@ def _narrow_float_decompositions() -> dict:
     """Ops torch computes in f32 for f16/bf16 inputs, rounding only the result, that
     torch-mlir would lower in the narrow type."""
     aten = torch.ops.aten
-    return {aten.rms_norm.default: _rms_norm_widened,
+    return {aten.mean.dim: _mean_widened,
+            aten.mean.default: _mean_widened,
+            aten.rms_norm.default: _rms_norm_widened,
             aten.linalg_vector_norm.default: _vector_norm_widened,
             aten._softmax_backward_data.default: _softmax_backward_widened,
             aten._log_softmax_backward_data.default: _log_softmax_backward_widened}
+
+
+class _GroupNormInF32(torch.overrides.TorchFunctionMode):
+    """`F.group_norm` of an f16/bf16 tensor traced as the f32 group norm rounded once. Under
+    torch.func.vjp autograd differentiates group norm with its own composite formula in the
+    input's type, whose f16 sums of dy x overflow (a finite group's gradient became NaN);
+    torch's eager kernel computes them in f32."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (torch.nn.functional.group_norm, torch.group_norm) and args[0].dtype in _NARROW:
+            def wide(a):
+                return a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+
+            out = func(*map(wide, args), **{k: wide(v) for k, v in kwargs.items()})
+            return out.to(args[0].dtype)
+        return func(*args, **kwargs)
 
 
 def _joint_decompositions() -> dict:

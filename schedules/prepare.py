@@ -471,82 +471,11 @@ def _generalize_narrow_reductions(payload: ir.Module) -> None:
 
 def _promote(op: ir.Operation) -> None:
     from torch_mlir.dialects import arith
+    from transform_ext.compute_elementwise_in_f32 import widen_body
 
     f32 = ir.F32Type.get()
-    view = op.opview
-    n_in = len(view.inputs)
-    body = op.regions[0].blocks[0]
-    first = body.operations[0]
-    wide: dict = {}
-
-    def widened(v):
-        if v in wide:
-            return wide[v]
-        return v
-
-    # block arguments: inputs get an extf at the top; outputs become f32 themselves
-    narrow_types = {}  # the narrow type of each value widened in place or beside
-    for j, arg in enumerate(body.arguments):
-        if str(arg.type) not in _NARROW_FLOATS:
-            continue
-        narrow_types[arg] = arg.type
-        if j < n_in:
-            with ir.InsertionPoint(first), op.location:
-                ext = arith.extf(f32, arg)
-            wide[arg] = ext
-        else:
-            arg.set_type(f32)
-            wide[arg] = arg
-    for inner in list(body.operations):
-        inner = inner.operation
-        if inner.name == "linalg.yield":
-            with ir.InsertionPoint(inner), op.location:
-                for k, v in enumerate(inner.operands):
-                    r = op.results[k]
-                    if str(r.type.element_type) in _NARROW_FLOATS:
-                        w = widened(v)
-                        inner.operands[k] = w if w.type == f32 else arith.extf(f32, w)
-            continue
-        if inner.name == "arith.extf" and str(inner.results[0].type) == "f32":
-            src = inner.operands[0]
-            if src in wide:
-                inner.results[0].replace_all_uses_with(wide[src])
-                wide[inner.results[0]] = wide[src]
-            continue
-        if inner.name == "arith.truncf" and str(inner.results[0].type) in _NARROW_FLOATS:
-            src = widened(inner.operands[0])
-            if src.type == f32:
-                wide[inner.results[0]] = src
-            continue
-        if inner.name == "arith.constant" and str(inner.results[0].type) in _NARROW_FLOATS:
-            value = ir.FloatAttr(inner.attributes["value"]).value
-            with ir.InsertionPoint(inner), op.location:
-                wide[inner.results[0]] = arith.ConstantOp(f32, ir.FloatAttr.get(f32, value)).result
-            continue
-        if any(str(r.type) in _NARROW_FLOATS for r in inner.results) and inner.name.startswith(
-                ("arith.", "math.")):
-            for i, v in enumerate(inner.operands):
-                w = widened(v)
-                if w is v and str(v.type) in _NARROW_FLOATS:  # captured from outside the body
-                    with ir.InsertionPoint(inner), op.location:
-                        w = arith.extf(f32, v)
-                if w is not v:
-                    inner.operands[i] = w
-            for r in inner.results:
-                if str(r.type) in _NARROW_FLOATS:
-                    narrow_types[r] = r.type
-                    r.set_type(f32)
-                    wide[r] = r
-        elif inner.name == "arith.cmpf":  # exact on the widened operands
-            for i, v in enumerate(inner.operands):
-                w = widened(v)
-                with ir.InsertionPoint(inner), op.location:
-                    inner.operands[i] = w if w.type == f32 else arith.extf(f32, w)
-        else:  # a value retyped in place is truncated back for other users
-            for i, v in enumerate(inner.operands):
-                if v in narrow_types and v.type == f32:
-                    with ir.InsertionPoint(inner), op.location:
-                        inner.operands[i] = arith.truncf(narrow_types[v], v)
+    n_in = len(op.opview.inputs)
+    widen_body(op, round_results=False)
     # outputs: f32 init, f32 result, truncated back after the op
     for k in range(len(op.results)):
         r = op.results[k]
@@ -582,8 +511,11 @@ def _map_tensor(value: ir.Value, out_type, fn) -> ir.Value:
 def simplify_imported_ops(payload: ir.Module) -> None:
     """linalg ops whose iteration space is empty become their inits
     (transform_ext.fold_empty_iteration_spaces: zero-size tensors leave no work behind);
-    integer powers become multiplications (transform_ext.expand_integer_powers)."""
+    integer powers become multiplications (transform_ext.expand_integer_powers); f16/bf16
+    elementwise ops compute in f32 and round once, as torch's eager ops
+    (transform_ext.compute_elementwise_in_f32)."""
     import transform_ext
+    from transform_ext.compute_elementwise_in_f32 import compute_elementwise_in_f32
     from transform_ext.expand_integer_powers import expand_integer_powers
     from transform_ext.fold_empty_iteration_spaces import fold_empty_iteration_spaces
 
@@ -592,6 +524,7 @@ def simplify_imported_ops(payload: ir.Module) -> None:
     def body(root):
         funcs = fold_empty_iteration_spaces(match(root, "func.func"))
         expand_integer_powers(funcs)
+        compute_elementwise_in_f32(funcs)
 
     transform_ext.load(payload.context)
     run_schedule(payload, body)

@@ -27,6 +27,7 @@ OP_MODULES: list[str] = [
     "drop_broadcast_dims",
     "fold_empty_iteration_spaces",
     "expand_integer_powers",
+    "compute_elementwise_in_f32",
     "scalarize_rank0_generics",
     "tile_insert_slices",
     "split_assertions",

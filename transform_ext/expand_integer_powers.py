@@ -8,6 +8,9 @@ lower; and powi is a libm-style call per lane anyway. With n a constant:
          x^(2^b) = x^(2^(b-1)) * x^(2^(b-1)); n = 2 is x * x and n = 3 is (x * x) * x,
          bitwise what torch's CPU kernel computes for those exponents;
   n < 0: 1 / x^|n| (n = -1: 1 / x and n = -2: 1 / (x * x), again torch's own formulas).
+An f16/bf16 x is raised in f32 and rounded once, as torch's kernels do, except bf16 with
+n = 3 or -2, where torch multiplies in bf16, rounding each product (so does this: the
+rounding is an explicit truncf/extf pair, which compute_elementwise_in_f32 keeps).
 Other exponents go through a few roundings (one per multiply), like torch's std::pow
 within a few ulp. A non-constant exponent, or one beyond +-64 (a long chain), becomes
 `math.powf(x, sitofp(n))` (libm's pow is exact for integral exponents and takes negative
@@ -62,6 +65,22 @@ def _expand(op: ir.Operation) -> ir.Value:
         return mmath.powf(x, arith.sitofp(ftype, exponent))
     if n == 0:
         return _one(x.type)
+    narrow = x.type.element_type if isinstance(x.type, ir.VectorType) else x.type
+    if not isinstance(narrow, (ir.F16Type, ir.BF16Type)):
+        return _integral_power(x, n)
+    wide = ir.F32Type.get()
+    if isinstance(x.type, ir.VectorType):
+        wide = ir.VectorType.get(ir.VectorType(x.type).shape, wide)
+    xw = arith.extf(wide, x)
+    if isinstance(narrow, ir.BF16Type) and n in (3, -2):
+        square = arith.extf(wide, arith.truncf(x.type, arith.mulf(xw, xw)))
+        power = arith.mulf(xw, square) if n == 3 else arith.divf(_one(wide), square)
+    else:
+        power = _integral_power(xw, n)
+    return arith.truncf(x.type, power)
+
+
+def _integral_power(x: ir.Value, n: int) -> ir.Value:
     power = _power(x, abs(n))
     return power if n > 0 else arith.divf(_one(x.type), power)
 

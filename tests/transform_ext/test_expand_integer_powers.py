@@ -2,6 +2,7 @@
 against torch (negative bases, NaN, inf, 16-bit types, forward and backward)."""
 
 import pytest
+import torch
 
 from lighthouse.compile import compile_kernel
 from schedules.common import match
@@ -94,3 +95,57 @@ def test_powers_backward_match_torch(kernel_file):
     compiled = compile_kernel(path, backward=True)
     for r in compiled.check():
         assert r.ok, str(r)
+
+
+NARROW_POWERS = """
+import torch
+DTYPE = torch.float16
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return x ** 2, x.pow(3), x ** 4, x ** 5, x ** -1, x ** -2, torch.pow(x, 3.0) - x
+def get_inputs():
+    torch.manual_seed(0)
+    return [(torch.randn(16, 67) * 30).to(DTYPE)]
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_narrow_powers_are_torchs_bits(kernel_file, dtype):
+    """f16/bf16 powers round as torch's kernels: once from f32 (bf16 x^3 and x^-2: after
+    each bf16 multiply), also when fused with the ops around them."""
+    compiled = compile_kernel(kernel_file(NARROW_POWERS), overrides={"DTYPE": dtype})
+    for got, want in zip(compiled.run(), compiled.expected(), strict=True):
+        assert torch.equal(got, want), (got.double() - want.double()).abs().max().item()
+
+
+def test_a_half_precision_power_is_raised_in_f32():
+    payload = parse("""
+        func.func @f(%x: f16, %y: bf16) -> (f16, bf16, bf16) {
+          %c3 = arith.constant 3 : i64
+          %c4 = arith.constant 4 : i64
+          %a = math.fpowi %x, %c3 : f16, i64
+          %b = math.fpowi %y, %c4 : bf16, i64
+          %c = math.fpowi %y, %c3 : bf16, i64
+          return %a, %b, %c : f16, bf16, bf16
+        }
+    """)
+    apply(payload, lambda root: expand_integer_powers(match(root, "func.func")))
+    check(payload, """
+        CHECK: %[[X:.*]] = arith.extf %arg0 : f16 to f32
+        CHECK: %[[X2:.*]] = arith.mulf %[[X]], %[[X]] : f32
+        CHECK: %[[X3:.*]] = arith.mulf %[[X]], %[[X2]] : f32
+        CHECK: %[[A:.*]] = arith.truncf %[[X3]] : f32 to f16
+        CHECK: %[[Y:.*]] = arith.extf %arg1 : bf16 to f32
+        CHECK: %[[Y2:.*]] = arith.mulf %[[Y]], %[[Y]] : f32
+        CHECK: %[[Y4:.*]] = arith.mulf %[[Y2]], %[[Y2]] : f32
+        CHECK: %[[B:.*]] = arith.truncf %[[Y4]] : f32 to bf16
+        CHECK: %[[Z:.*]] = arith.extf %arg1 : bf16 to f32
+        CHECK: %[[Z2:.*]] = arith.mulf %[[Z]], %[[Z]] : f32
+        CHECK: %[[Z2R:.*]] = arith.truncf %[[Z2]] : f32 to bf16
+        CHECK: %[[Z2W:.*]] = arith.extf %[[Z2R]] : bf16 to f32
+        CHECK: %[[Z3:.*]] = arith.mulf %[[Z]], %[[Z2W]] : f32
+        CHECK: %[[C:.*]] = arith.truncf %[[Z3]] : f32 to bf16
+        CHECK: return %[[A]], %[[B]], %[[C]]
+    """)
