@@ -25,9 +25,63 @@ def kernel_file(tmp_path):
 
 
 def run_cli(*args, env=None):
+    """`python -m lighthouse.compile ARGS`: its exit code and what it wrote to stdout and
+    stderr (file descriptors 1 and 2, so MLIR's native diagnostics are caught too). It runs
+    in this process (an interpreter start and the torch import cost seconds a call), or in a
+    child when `env` sets environment variables."""
     import subprocess
 
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "lighthouse.compile", *map(str, args)],
-                          cwd=ROOT, capture_output=True, text=True, env=full_env, timeout=600)
+    argv = [str(a) for a in args]
+    if env:
+        return subprocess.run([sys.executable, "-m", "lighthouse.compile", *argv], cwd=ROOT,
+                              capture_output=True, text=True, env={**os.environ, **env},
+                              timeout=600)
+    from lighthouse.compile import main
+
+    return run_in_process(main, argv)
+
+
+def run_in_process(main, argv: list[str]):
+    """A command-line `main(argv) -> exit code` run here, as a CompletedProcess."""
+    import subprocess
+
+    captured = _CapturedFds()
+    with captured:
+        try:
+            code = main(argv)
+        except SystemExit as exc:  # argparse's usage errors
+            code = exc.code if isinstance(exc.code, int) else 1
+    return subprocess.CompletedProcess(argv, code, captured.stdout, captured.stderr)
+
+
+class _CapturedFds:
+    """File descriptors 1 and 2 (and sys.stdout/stderr) written to files while inside; their
+    text in `stdout` and `stderr` after."""
+
+    def __enter__(self):
+        import tempfile
+
+        self.dir = tempfile.TemporaryDirectory()
+        self.paths = [Path(self.dir.name) / "stdout", Path(self.dir.name) / "stderr"]
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.saved = [os.dup(1), os.dup(2)]
+        self.streams = (sys.stdout, sys.stderr)
+        self.files = [open(p, "w") for p in self.paths]
+        for fd, f in zip((1, 2), self.files):
+            os.dup2(f.fileno(), fd)
+        sys.stdout, sys.stderr = self.files
+        return self
+
+    def __exit__(self, *exc):
+        for f in self.files:
+            f.flush()
+        for fd, saved in zip((1, 2), self.saved):
+            os.dup2(saved, fd)
+            os.close(saved)
+        sys.stdout, sys.stderr = self.streams
+        for f in self.files:
+            f.close()
+        self.stdout, self.stderr = (p.read_text() for p in self.paths)
+        self.dir.cleanup()
+        return False

@@ -7,7 +7,6 @@ import csv
 import json
 import re
 import shlex
-import subprocess
 import sys
 import time
 
@@ -15,7 +14,7 @@ import pytest
 import torch
 
 from lighthouse.bench import main
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_cli, run_in_process
 
 KERNELBENCH = ROOT / "tests" / "lighthouse" / "fixtures" / "kernelbench"
 COLUMNS = ["kernel", "schedule", "compile s", "max err", "check", "ours ms", "torch ms", "speedup",
@@ -23,8 +22,8 @@ COLUMNS = ["kernel", "schedule", "compile s", "max err", "check", "ours ms", "to
 
 
 def run_bench(*args):
-    return subprocess.run([sys.executable, "-m", "lighthouse.bench", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    """`python -m lighthouse.bench ARGS`, run in this process (its cases run in children)."""
+    return run_in_process(main, [str(a) for a in args])
 
 
 def parse_table(stdout: str):
@@ -173,8 +172,7 @@ def test_max_elements_shrinks_kernelbench_problems(tmp_path):
     assert command.endswith("89_cumsum.py --set 'input_shape=(125,)'")
     argv = shlex.split(command)
     assert argv[:3] == ["python", "-m", "lighthouse.compile"]
-    rerun = subprocess.run([sys.executable, *argv[1:], "--check"], cwd=ROOT, capture_output=True,
-                           text=True, timeout=600)
+    rerun = run_cli(*argv[3:], "--check")
     assert rerun.returncode == 0 and "check passed" in rerun.stdout, rerun.stdout + rerun.stderr
 
 
