@@ -21,7 +21,7 @@ from torch_mlir.dialects import ext, transform
 
 from .analysis.dims import DimClasses
 from .analysis.structure import is_linalg_op, loop_structure
-from .common import Illegal, Success, append_input, block_ops, fail
+from .common import Illegal, Success, append_input, block_ops, fail, payload_ops
 from .dialect import TransformExt
 
 NAME = "transform_ext.add_unread_input"
@@ -48,7 +48,7 @@ class AddUnreadInputOp(TransformExt.Operation, name="add_unread_input"):
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 values = list(state.get_payload_values(op.value))
                 plan = []
                 try:

@@ -32,7 +32,8 @@ from torch_mlir.dialects import arith as _arith  # noqa: F401  (registers the op
 from torch_mlir.dialects import ext, transform
 from torch_mlir.dialects import math as _math  # noqa: F401
 
-from .common import Illegal, RewritesTargets, Success, constant_value, fail, is_linalg, walk_ops
+from .common import (Illegal, RewritesTargets, Success, constant_value, fail, is_linalg,
+                     payload_ops, walk_ops)
 from .dialect import TransformExt
 
 NAME = "transform_ext.annotate_fastmath"
@@ -105,7 +106,7 @@ class AnnotateFastmathOp(TransformExt.Operation, name="annotate_fastmath"):
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 ops = []
                 try:
                     flags = parse_flags(ir.StringAttr(op.flags).value)

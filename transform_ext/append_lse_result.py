@@ -25,7 +25,7 @@ from torch_mlir.dialects import math as math_dialect
 
 from .analysis.attention import AttentionOps, NotAttention, attention_in
 from .common import (Illegal, RewritesTargets, Success, block_ops, build_generic, defining_op,
-                     fail, reassociation_attr)
+                     fail, payload_ops, reassociation_attr)
 from .dialect import TransformExt
 from .fold_reshape_ops_by_expansion import reassociation
 
@@ -120,7 +120,7 @@ class AppendLseResultOp(TransformExt.Operation, name="append_lse_result"):
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 try:
                     plans = [plan(t) for t in targets]
                 except Illegal as illegal:

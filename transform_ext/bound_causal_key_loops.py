@@ -31,7 +31,7 @@ from torch_mlir.dialects import arith, ext, transform
 from .analysis.attention import is_index_computation, is_neg_inf
 from .analysis.structure import loop_structure
 from .common import (Illegal, RewritesTargets, Success, build_generic, clone_body, defining_op,
-                     erase_dead_body_ops, fail, iterator_kinds)
+                     erase_dead_body_ops, fail, iterator_kinds, payload_ops)
 from .dialect import TransformExt
 
 NAME = "transform_ext.bound_causal_key_loops"
@@ -159,7 +159,7 @@ class BoundCausalKeyLoopsOp(TransformExt.Operation, name="bound_causal_key_loops
                 query_tile = ir.IntegerAttr(op.query_tile).value
                 query_iv = ir.IntegerAttr(op.query_iv).value
                 split = bool(ir.IntegerAttr(op.split).value)
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 try:
                     loops = [key_loop(t, query_iv, split) for t in targets]
                 except Illegal as illegal:

@@ -58,6 +58,11 @@ class Illegal(Exception):
         self.reason = reason
 
 
+def payload_ops(state, handle) -> list[ir.Operation]:
+    """The payload ops `handle` maps to in the interpreter `state`, as ir.Operation."""
+    return [getattr(t, "operation", t) for t in state.get_payload_ops(handle)]
+
+
 def largest_divisor_at_most(n: int, limit: int) -> int:
     """The largest divisor of n in [1, limit] (tile sizes that divide their extents)."""
     limit = max(1, min(n, limit))

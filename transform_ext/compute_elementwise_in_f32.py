@@ -31,7 +31,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import arith, ext, transform
 
 from .common import (RewritesTargets, Success, constant_value, erase_dead_body_ops, iterator_kinds,
-                     walk_ops)
+                     payload_ops, walk_ops)
 from .dialect import TransformExt
 
 NARROW_FLOATS = ("bf16", "f16")
@@ -152,7 +152,7 @@ class ComputeElementwiseInF32Op(TransformExt.Operation, name="compute_elementwis
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 found = [g for t in targets for g in walk_ops(
                     t, lambda o: o.name == "linalg.generic"
                     and all(k == "parallel" for k in iterator_kinds(o))

@@ -20,7 +20,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, tensor, transform
 
 from .analysis.structure import dim_positions, loop_structure
-from .common import ReplacesTargets, Success, build_generic, clone_body, walk_ops
+from .common import ReplacesTargets, Success, build_generic, clone_body, payload_ops, walk_ops
 from .dialect import TransformExt
 
 
@@ -137,7 +137,7 @@ class DropBroadcastDimsOp(TransformExt.Operation, name="drop_broadcast_dims"):
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 kept = list(targets)
                 while True:
                     found = None

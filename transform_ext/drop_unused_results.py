@@ -17,7 +17,8 @@ rewritten generics replaced by their new versions.
 from torch_mlir import ir
 from torch_mlir.dialects import ext, linalg, transform
 
-from .common import Illegal, ReplacesTargets, Success, erase_dead_body_ops, fail, walk_ops
+from .common import (Illegal, ReplacesTargets, Success, erase_dead_body_ops, fail, payload_ops,
+                     walk_ops)
 from .dialect import TransformExt
 
 
@@ -100,7 +101,7 @@ class DropUnusedResultsOp(TransformExt.Operation, name="drop_unused_results"):
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 plan = []
                 try:
                     for target in targets:

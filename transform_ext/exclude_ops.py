@@ -9,7 +9,7 @@ empty, matching never fails. Read-only: both handles stay valid.
 from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
-from .common import MatchesPayload, Success
+from .common import MatchesPayload, Success, payload_ops
 from .dialect import TransformExt
 
 
@@ -22,9 +22,8 @@ class ExcludeOpsOp(TransformExt.Operation, name="exclude_ops"):
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                excluded = [getattr(e, "operation", e) for e in state.get_payload_ops(op.excluded)]
-                kept = [t for t in (getattr(t, "operation", t) for t in state.get_payload_ops(op.target))
-                        if t not in excluded]
+                excluded = payload_ops(state, op.excluded)
+                kept = [t for t in payload_ops(state, op.target) if t not in excluded]
                 results.set_ops(op.result, kept)
                 return Success
 

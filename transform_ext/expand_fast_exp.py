@@ -28,7 +28,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import arith, ext, transform
 from torch_mlir.dialects import math as mmath
 
-from .common import Illegal, RewritesTargets, Success, fail, walk_ops
+from .common import Illegal, RewritesTargets, Success, fail, payload_ops, walk_ops
 from .dialect import TransformExt
 
 NAME = "transform_ext.expand_fast_exp"
@@ -80,7 +80,7 @@ class ExpandFastExpOp(TransformExt.Operation, name="expand_fast_exp"):
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 try:
                     for target in targets:
                         if target.name == "math.exp" and not is_scalar_f32_exp(target):

@@ -24,7 +24,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import arith, ext, transform
 from torch_mlir.dialects import math as mmath
 
-from .common import RewritesTargets, Success, constant_value, walk_ops
+from .common import RewritesTargets, Success, constant_value, payload_ops, walk_ops
 from .dialect import TransformExt
 
 MAX_UNROLLED = 64
@@ -92,7 +92,7 @@ class ExpandIntegerPowersOp(TransformExt.Operation, name="expand_integer_powers"
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 found = [p for t in targets for p in walk_ops(t, lambda o: o.name == "math.fpowi")]
                 for p in found:
                     with ir.InsertionPoint(p), p.location:

@@ -12,7 +12,7 @@ attention, elsewhere. Read-only: the target handle stays valid.
 from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
-from .common import Illegal, MatchesPayload, Success
+from .common import Illegal, MatchesPayload, Success, payload_ops
 from .dialect import TransformExt
 from .store_scores_keys_major import plan
 
@@ -33,7 +33,7 @@ class FilterKeysMajorScoresOp(TransformExt.Operation, name="filter_keys_major_sc
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 results.set_ops(op.result, [t for t in targets if accepts(t)])
                 return Success
 

@@ -21,7 +21,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
 from .analysis.classify import COMBINERS, is_contraction, is_elementwise, reduction_combiner
-from .common import MatchesPayload, Success
+from .common import MatchesPayload, Success, payload_ops
 from .dialect import TransformExt
 
 STRUCTURES = ("", "elementwise", "contraction", "reduction")
@@ -55,7 +55,7 @@ class FilterOpsOp(TransformExt.Operation, name="filter_ops"):
                 names = [n for n in ir.StringAttr(op.names).value.split(",") if n]
                 structure = ir.StringAttr(op.structure).value
                 combiner = ir.StringAttr(op.combiner).value
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 kept = [t for t in targets if matches(t, names, structure, combiner)]
                 results.set_ops(op.result, kept)
                 return Success

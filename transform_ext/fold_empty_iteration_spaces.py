@@ -18,7 +18,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
 from .analysis.structure import is_linalg_op, loop_structure
-from .common import Illegal, ReplacesTargets, Success, fail, walk_ops
+from .common import Illegal, ReplacesTargets, Success, fail, payload_ops, walk_ops
 from .dialect import TransformExt
 
 
@@ -45,7 +45,7 @@ class FoldEmptyIterationSpacesOp(TransformExt.Operation, name="fold_empty_iterat
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 plan = []
                 try:
                     for target in targets:

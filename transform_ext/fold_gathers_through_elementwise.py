@@ -22,7 +22,7 @@ from torch_mlir.dialects import arith, ext, linalg, tensor, transform
 
 from .analysis.maps import Const, terms
 from .common import (Illegal, RewritesTargets, Success, body_of, clone_op, defining_op, fail,
-                     iterator_kinds, terminator)
+                     iterator_kinds, payload_ops, terminator)
 from .dialect import TransformExt
 
 NAME = "transform_ext.fold_gathers_through_elementwise"
@@ -151,7 +151,7 @@ class FoldGathersThroughElementwiseOp(TransformExt.Operation,
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 try:
                     for target in targets:
                         check_has_body(target)

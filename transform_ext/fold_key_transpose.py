@@ -25,7 +25,7 @@ from torch_mlir.dialects import arith, ext, tensor, transform
 
 from .analysis.structure import dim_positions, loop_structure
 from .common import (Illegal, RewritesTargets, Success, build_generic, defining_op, fail,
-                     reassociation_attr)
+                     payload_ops, reassociation_attr)
 from .dialect import TransformExt
 from .store_scores_keys_major import is_generic, set_map, swap_last_two, transposed_type, uses
 
@@ -171,7 +171,7 @@ class FoldKeyTransposeOp(TransformExt.Operation, name="fold_key_transpose"):
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 try:
                     for target in targets:
                         check(target)

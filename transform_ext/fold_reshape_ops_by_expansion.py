@@ -37,7 +37,8 @@ from torch_mlir.dialects import arith, ext, linalg, tensor, transform
 from .analysis.maps import Const, affine_map, make_map, terms
 from .analysis.structure import loop_structure
 from .common import (Illegal, ReplacesTargets, Success, body_of, build_generic, clone_body,
-                     defining_op, fail, is_linalg, iterator_kinds, reassociation_attr, walk_ops)
+                     defining_op, fail, is_linalg, iterator_kinds, payload_ops, reassociation_attr,
+                     walk_ops)
 from .dialect import TransformExt
 
 NAME = "transform_ext.fold_reshape_ops_by_expansion"
@@ -361,7 +362,7 @@ class FoldReshapeOpsByExpansionOp(TransformExt.Operation, name="fold_reshape_ops
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 try:
                     for t in targets:
                         if t.name in _RESHAPES:

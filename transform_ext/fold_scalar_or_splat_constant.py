@@ -25,7 +25,8 @@ from torch_mlir.dialects import arith, ext, transform
 
 from .analysis.maps import terms
 from .common import (Illegal, ReplacesTargets, Success, body_of, build_generic, clone_body,
-                     constant_value, defining_op, element_type, fail, iterator_kinds, walk_ops)
+                     constant_value, defining_op, element_type, fail, iterator_kinds, payload_ops,
+                     walk_ops)
 from .dialect import TransformExt
 
 NAME = "transform_ext.fold_scalar_or_splat_constant"
@@ -163,7 +164,7 @@ class FoldScalarOrSplatConstantOp(TransformExt.Operation, name="fold_scalar_or_s
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 plan = []
                 try:
                     for target in targets:

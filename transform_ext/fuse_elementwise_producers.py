@@ -20,7 +20,8 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
 from .analysis.structure import loop_structure
-from .common import ReplacesTargets, Success, build_generic, clone_body, defining_op, walk_ops
+from .common import (ReplacesTargets, Success, build_generic, clone_body, defining_op, payload_ops,
+                     walk_ops)
 from .dialect import TransformExt
 
 
@@ -97,7 +98,7 @@ class FuseElementwiseProducersOp(TransformExt.Operation, name="fuse_elementwise_
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 changed = True
                 while changed:
                     changed = False

@@ -27,7 +27,7 @@ from torch_mlir.dialects import ext, tensor, transform
 
 from .analysis.structure import dim_positions, is_linalg_op, loop_structure
 from .analysis.tiles import per_tile_producer
-from .common import Illegal, RewritesTargets, Success, defining_op, fail
+from .common import Illegal, RewritesTargets, Success, defining_op, fail, payload_ops
 from .dialect import TransformExt
 
 NAME = "transform_ext.fuse_init_into_register_tile"
@@ -105,7 +105,7 @@ class FuseInitIntoRegisterTileOp(TransformExt.Operation, name="fuse_init_into_re
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 try:
                     plans = [(t, *plan(t)) for t in targets]
                 except Illegal as illegal:

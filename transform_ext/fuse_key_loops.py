@@ -24,7 +24,7 @@ from .analysis.attention import (depends_on, is_index_computation, producing_con
                                  propagate_loop_dim)
 from .analysis.classify import reduction_combiner
 from .analysis.structure import is_linalg_op, loop_structure
-from .common import Illegal, RewritesTargets, Success, block_ops, fail
+from .common import Illegal, RewritesTargets, Success, block_ops, fail, payload_ops
 from .dialect import TransformExt
 from .fuse_dependent_reduction_ops import analyze, rewrite
 from .pack_key_tiles import top_level_foralls
@@ -65,7 +65,7 @@ class FuseKeyLoopsOp(TransformExt.Operation, name="fuse_key_loops"):
         def apply(op, rewriter, results, state):
             with op.context:
                 key_tile = ir.IntegerAttr(op.key_tile).value
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 try:
                     for target in targets:
                         if target.name != "func.func":

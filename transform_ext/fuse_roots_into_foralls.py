@@ -24,7 +24,7 @@ from torch_mlir.dialects.transform import structured
 
 from .analysis.structure import top_level_linalg_ops
 from .analysis.tiles import ForallPolicy, parallel_tile_sizes
-from .common import Illegal, RewritesTargets, Success, fail
+from .common import Illegal, RewritesTargets, Success, fail, payload_ops
 from .dialect import TransformExt
 from .nested import apply_to
 
@@ -60,7 +60,7 @@ class FuseRootsIntoForallsOp(TransformExt.Operation, name="fuse_roots_into_foral
         def apply(op, rewriter, results, state):
             with op.context:
                 policy = ForallPolicy(*(ir.IntegerAttr(getattr(op, f)).value for f in _FIELDS))
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 try:
                     for target in targets:
                         if target.name != "func.func":

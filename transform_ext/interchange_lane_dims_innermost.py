@@ -21,7 +21,7 @@ from torch_mlir.dialects.transform import structured
 
 from .analysis.structure import all_linalg_ops, loop_structure
 from .analysis.tiles import lane_dim
-from .common import Illegal, RewritesTargets, Success, fail
+from .common import Illegal, RewritesTargets, Success, fail, payload_ops
 from .dialect import TransformExt
 from .nested import apply_to
 
@@ -49,7 +49,7 @@ class InterchangeLaneDimsInnermostOp(TransformExt.Operation,
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 try:
                     for target in targets:
                         if target.name == "linalg.generic" and not loop_structure(target).is_static:

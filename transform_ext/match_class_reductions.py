@@ -13,7 +13,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
 from .analysis.structure import loop_structure
-from .common import Illegal, MatchesPayload, Success, fail
+from .common import Illegal, MatchesPayload, Success, fail, payload_ops
 from .dialect import TransformExt
 from .split_class_reductions import axis_of
 
@@ -39,7 +39,7 @@ class MatchClassReductionsOp(TransformExt.Operation, name="match_class_reduction
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 try:
                     found = class_reductions(targets)
                 except Illegal as illegal:

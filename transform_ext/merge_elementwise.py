@@ -19,7 +19,7 @@ from torch_mlir.dialects import ext, transform
 
 from .analysis.structure import loop_structure
 from .common import (Illegal, ReplacesTargets, Success, body_of, build_generic, clone_op,
-                     defining_op, fail, iterator_kinds, terminator)
+                     defining_op, fail, iterator_kinds, payload_ops, terminator)
 from .dialect import TransformExt
 
 NAME = "transform_ext.merge_elementwise"
@@ -119,7 +119,7 @@ class MergeElementwiseOp(TransformExt.Operation, name="merge_elementwise"):
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                ops = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                ops = payload_ops(state, op.target)
                 try:
                     check_mergeable(ops)
                 except Illegal as illegal:

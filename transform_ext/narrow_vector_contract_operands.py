@@ -22,7 +22,7 @@ left as they are. Contracts are updated in place (handles to them stay valid).
 from torch_mlir import ir
 from torch_mlir.dialects import arith, ext, transform
 
-from .common import Illegal, RewritesTargets, Success, defining_op, fail, walk_ops
+from .common import Illegal, RewritesTargets, Success, defining_op, fail, payload_ops, walk_ops
 from .dialect import TransformExt
 
 NAME = "transform_ext.narrow_vector_contract_operands"
@@ -92,7 +92,7 @@ class NarrowVectorContractOperandsOp(TransformExt.Operation, name="narrow_vector
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 plans = []
                 try:
                     for target in targets:

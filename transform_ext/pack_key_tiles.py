@@ -22,8 +22,8 @@ from torch_mlir import ir
 from torch_mlir.dialects import arith, ext, linalg, tensor, transform
 
 from .analysis.structure import is_linalg_op, loop_structure
-from .common import (Illegal, RewritesTargets, Success, defining_op, fail, reassociation_attr,
-                     walk_ops)
+from .common import (Illegal, RewritesTargets, Success, defining_op, fail, payload_ops,
+                     reassociation_attr, walk_ops)
 from .dialect import TransformExt
 
 NAME = "transform_ext.pack_key_tiles"
@@ -203,7 +203,7 @@ class PackKeyTilesOp(TransformExt.Operation, name="pack_key_tiles"):
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 for target in targets:
                     if target.name != "func.func":
                         return fail(NAME, Illegal(target, "not a function"))

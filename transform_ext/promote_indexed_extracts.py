@@ -18,7 +18,7 @@ from torch_mlir.dialects import ext, transform
 
 from .analysis.maps import Const, make_map
 from .common import (Illegal, RewritesTargets, Success, body_of, build_generic, defining_op, fail,
-                     iterator_kinds, remap_operands, terminator)
+                     iterator_kinds, payload_ops, remap_operands, terminator)
 from .dialect import TransformExt
 from .fold_gathers_through_elementwise import check_has_body, extracts_in, linalg_ops_of
 
@@ -100,7 +100,7 @@ class PromoteIndexedExtractsOp(TransformExt.Operation, name="promote_indexed_ext
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 try:
                     for target in targets:
                         check_has_body(target)

@@ -20,7 +20,7 @@ failure. The target handle is only read.
 from torch_mlir import ir
 from torch_mlir.dialects import ext, tensor, transform
 
-from .common import Illegal, RewritesTargets, Success, clone_op, fail, walk_ops
+from .common import Illegal, RewritesTargets, Success, clone_op, fail, payload_ops, walk_ops
 from .dialect import TransformExt
 
 NAME = "transform_ext.scalarize_rank0_generics"
@@ -63,7 +63,7 @@ class ScalarizeRank0GenericsOp(TransformExt.Operation, name="scalarize_rank0_gen
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 found = [g for t in targets for g in walk_ops(t, is_rank0_generic)]
                 try:
                     for g in found:

@@ -43,7 +43,7 @@ from .analysis.maps import Const, affine_map, loop_images, make_map, substitute,
 from .analysis.structure import loop_structure
 from .common import (Illegal, ReplacesTargets, Success, body_of, build_generic, clone_body,
                      constant_value, defining_op, erase_dead_body_ops, fail, is_linalg, is_zero,
-                     iterator_kinds, remap_operands, terminator)
+                     iterator_kinds, payload_ops, remap_operands, terminator)
 from .dialect import TransformExt
 
 NAME = "transform_ext.sink_normalization_past_contraction"
@@ -449,7 +449,7 @@ class SinkNormalizationPastContractionOp(TransformExt.Operation,
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.contraction)]
+                targets = payload_ops(state, op.contraction)
                 try:
                     plans = [plan(t) for t in targets]
                 except Illegal as illegal:

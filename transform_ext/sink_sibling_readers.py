@@ -18,7 +18,8 @@ handle is only read.
 from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
-from .common import Illegal, RewritesTargets, Success, block_ops, body_of, defining_op, fail
+from .common import (Illegal, RewritesTargets, Success, block_ops, body_of, defining_op, fail,
+                     payload_ops)
 from .dialect import TransformExt
 
 NAME = "transform_ext.sink_sibling_readers"
@@ -56,7 +57,7 @@ class SinkSiblingReadersOp(TransformExt.Operation, name="sink_sibling_readers"):
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 try:
                     if len(targets) != 1:
                         raise Illegal(targets[0] if targets else op.operation,

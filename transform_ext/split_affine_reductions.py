@@ -26,7 +26,7 @@ from torch_mlir.dialects import arith, ext, linalg, tensor, transform
 from .analysis.maps import Const, make_map, terms
 from .analysis.structure import loop_structure
 from .common import (Illegal, RewritesTargets, Success, body_of, build_generic, defining_op,
-                     depends_on, fail, iterator_kinds)
+                     depends_on, fail, iterator_kinds, payload_ops)
 from .dialect import TransformExt
 from .split_class_reductions import axis_of, combiner_term
 
@@ -308,7 +308,7 @@ class SplitAffineReductionsOp(TransformExt.Operation, name="split_affine_reducti
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 try:
                     todo = plan(targets)
                 except Illegal as illegal:

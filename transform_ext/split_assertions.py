@@ -24,7 +24,7 @@ itself one is a silenceable failure (nothing rewritten). The target handle is on
 from torch_mlir import ir
 from torch_mlir.dialects import ext, linalg, transform
 
-from .common import Illegal, RewritesTargets, Success, clone_op, fail, walk_ops
+from .common import Illegal, RewritesTargets, Success, clone_op, fail, payload_ops, walk_ops
 from .dialect import TransformExt
 
 NAME = "transform_ext.split_assertions"
@@ -122,7 +122,7 @@ class SplitAssertionsOp(TransformExt.Operation, name="split_assertions"):
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 try:
                     for target in targets:
                         if holds_assertions(target) and (reason := unsplittable_reason(target)):

@@ -21,7 +21,7 @@ from .analysis.dims import DimClasses
 from .analysis.maps import Const, make_map, terms
 from .analysis.structure import is_linalg_op, loop_structure
 from .common import (Illegal, RewritesTargets, Success, block_ops, body_of, build_generic,
-                     defining_op, fail, iterator_kinds, terminator)
+                     defining_op, fail, iterator_kinds, payload_ops, terminator)
 from .dialect import TransformExt
 
 NAME = "transform_ext.split_class_reductions"
@@ -143,7 +143,7 @@ class SplitClassReductionsOp(TransformExt.Operation, name="split_class_reduction
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 try:
                     todo = plan(targets)
                 except Illegal as illegal:

@@ -21,7 +21,7 @@ from torch_mlir.dialects.transform import loop, structured
 
 from .analysis.structure import all_linalg_ops, loop_structure
 from .analysis.tiles import lane_dim, touches_bf16
-from .common import Illegal, RewritesTargets, Success, fail
+from .common import Illegal, RewritesTargets, Success, fail, payload_ops
 from .dialect import TransformExt
 from .nested import any_op, apply_to, canonicalize
 
@@ -51,7 +51,7 @@ class SplitOddBf16LanesOp(TransformExt.Operation, name="split_odd_bf16_lanes"):
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 try:
                     for target in targets:
                         if target.name != "func.func":

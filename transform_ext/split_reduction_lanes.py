@@ -31,7 +31,7 @@ from torch_mlir.dialects import math as mmath
 from .analysis.classify import reduction_combiner
 from .analysis.maps import Const, make_map, terms
 from .common import (Illegal, Success, body_of, build_generic, clone_op, fail, iterator_kinds,
-                     terminator)
+                     payload_ops, terminator)
 from .dialect import TransformExt
 from .fuse_dependent_reduction_ops import analyze as fusion_plan
 
@@ -251,7 +251,7 @@ class SplitReductionLanesOp(TransformExt.Operation, name="split_reduction_lanes"
         def apply(op, rewriter, results, state):
             with op.context:
                 lanes = ir.IntegerAttr(op.lanes).value
-                ops = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                ops = payload_ops(state, op.target)
                 try:
                     if not ops:
                         raise Illegal(op.operation, "the group is empty")

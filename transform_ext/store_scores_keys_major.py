@@ -28,7 +28,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, linalg, tensor, transform
 
 from .analysis.structure import dim_positions, is_linalg_op, loop_structure
-from .common import Illegal, RewritesTargets, Success, defining_op, fail
+from .common import Illegal, RewritesTargets, Success, defining_op, fail, payload_ops
 from .dialect import TransformExt
 
 NAME = "transform_ext.store_scores_keys_major"
@@ -177,7 +177,7 @@ class StoreScoresKeysMajorOp(TransformExt.Operation, name="store_scores_keys_maj
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 try:
                     plans = [plan(t) for t in targets]
                 except Illegal as illegal:

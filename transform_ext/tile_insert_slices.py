@@ -34,7 +34,7 @@ import math
 from torch_mlir import ir
 from torch_mlir.dialects import arith, ext, scf, tensor, transform
 
-from .common import (Illegal, RewritesTargets, Success, fail, largest_divisor_at_most,
+from .common import (Illegal, RewritesTargets, Success, fail, largest_divisor_at_most, payload_ops,
                      reassociation_attr, walk_ops)
 from .dialect import TransformExt
 
@@ -165,7 +165,7 @@ class TileInsertSlicesOp(TransformExt.Operation, name="tile_insert_slices"):
             with op.context:
                 lane_tile = ir.IntegerAttr(op.lane_tile).value
                 max_elements = ir.IntegerAttr(op.max_elements).value
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 plan = []
                 try:
                     for target in targets:

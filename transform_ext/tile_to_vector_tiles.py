@@ -25,7 +25,7 @@ from torch_mlir.dialects.transform import loop, structured
 
 from .analysis.structure import all_linalg_ops, loop_structure
 from .analysis.tiles import VectorPolicy, register_tile_init_producer, vector_tile_sizes
-from .common import Illegal, RewritesTargets, Success, fail
+from .common import Illegal, RewritesTargets, Success, fail, payload_ops
 from .dialect import TransformExt
 from .fuse_init_into_register_tile import fuse_init_into_register_tile
 from .nested import any_op, apply_to, canonicalize
@@ -98,7 +98,7 @@ class TileToVectorTilesOp(TransformExt.Operation, name="tile_to_vector_tiles"):
             with op.context:
                 policy = VectorPolicy(ir.IntegerAttr(op.vector_tile).value,
                                       tuple(ir.IntegerAttr(a).value for a in ir.ArrayAttr(op.register_tile)))
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 try:
                     for target in targets:
                         if target.name != "func.func":

@@ -25,7 +25,7 @@ from .analysis.attention import depends_into
 from .analysis.classify import reduction_combiner
 from .analysis.structure import is_linalg_op, loop_structure
 from .common import (Illegal, RewritesTargets, Success, block_ops, build_generic, fail,
-                     iterator_kinds)
+                     iterator_kinds, payload_ops)
 from .dialect import TransformExt
 
 NAME = "transform_ext.widen_softmax"
@@ -163,7 +163,7 @@ class WidenSoftmaxOp(TransformExt.Operation, name="widen_softmax"):
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                targets = [getattr(t, "operation", t) for t in state.get_payload_ops(op.target)]
+                targets = payload_ops(state, op.target)
                 for target in targets:
                     if target.name != "func.func" or not len(target.regions[0].blocks):
                         return fail(NAME, Illegal(target, "not a function with a body"))
