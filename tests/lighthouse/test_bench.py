@@ -331,8 +331,8 @@ def test_peak_memory_growth_counts_a_calls_allocations():
 
     x = torch.randn(1 << 20)
     x * 2  # warm-up
-    grown = growth_during(lambda: x * 2)  # a 4 MiB result
-    assert 4 * 2**20 <= grown < 5 * 2**20
+    grown = growth_during(lambda: x * 2)  # a 4 MiB result (a few pages may be reused ones)
+    assert 4 * 2**20 - 2**16 <= grown < 5 * 2**20
     assert growth_during(lambda: None) < 2**20
 
 
