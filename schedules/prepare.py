@@ -30,6 +30,8 @@ from __future__ import annotations
 from torch_mlir import ir
 from torch_mlir.dialects import linalg
 
+from transform_ext.compute_elementwise_in_f32 import is_narrow, widen_body
+
 
 def cleanup(payload: ir.Module) -> None:
     """The `cleanup` stage (canonicalize, simplify_imported_ops, clamp_gather_indices,
@@ -404,9 +406,6 @@ def _generalize_named_ops_on(payload: ir.Module, predicate) -> None:
     clear_tags(payload)
 
 
-_NARROW_FLOATS = ("bf16", "f16")
-
-
 def promote_reductions_to_f32(payload: ir.Module) -> int:
     """Reductions (sums, contractions, max...) over bf16/f16 accumulate in f32 and round
     once at the end, as torch's CPU kernels do; returns the number of rewritten ops.
@@ -421,7 +420,7 @@ def promote_reductions_to_f32(payload: ir.Module) -> int:
             view = op.opview
             kinds = [str(a) for a in view.iterator_types]
             if any("reduction" in k for k in kinds) and any(
-                    str(r.type.element_type) in _NARROW_FLOATS for r in op.results):
+                    is_narrow(r.type.element_type) for r in op.results):
                 found.append(op)
             return ir.WalkResult.SKIP
         return ir.WalkResult.ADVANCE
@@ -444,7 +443,7 @@ def _generalize_narrow_reductions(payload: ir.Module) -> None:
         except Exception:
             return False
         return bool(ls.reduction_dims) and any(
-            str(r.type.element_type) in _NARROW_FLOATS for r in op.results)
+            is_narrow(r.type.element_type) for r in op.results)
 
     named = []
 
@@ -471,7 +470,6 @@ def _generalize_narrow_reductions(payload: ir.Module) -> None:
 
 def _promote(op: ir.Operation) -> None:
     from torch_mlir.dialects import arith
-    from transform_ext.compute_elementwise_in_f32 import widen_body
 
     f32 = ir.F32Type.get()
     n_in = len(op.opview.inputs)
@@ -479,7 +477,7 @@ def _promote(op: ir.Operation) -> None:
     # outputs: f32 init, f32 result, truncated back after the op
     for k in range(len(op.results)):
         r = op.results[k]
-        if str(r.type.element_type) not in _NARROW_FLOATS:
+        if not is_narrow(r.type.element_type):
             continue
         narrow_t = r.type
         wide_t = ir.RankedTensorType.get(list(narrow_t.shape), f32, narrow_t.encoding)
