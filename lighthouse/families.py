@@ -21,8 +21,10 @@ class Family:
     name: str
     recognize: Callable[[object], bool]
     check: Callable[[object], str | None]  # None when the schedule applies, else the reason
-    fuse: Callable[[object, object], None]  # (module, target)
-    vectorize: Callable[[object, object], None]
+    # (module, target): the Python stages of a family whose schedule is not a script (None
+    # for one that is)
+    fuse: Callable[[object, object], None] | None
+    vectorize: Callable[[object, object], None] | None
     # names of the results the schedule appends to the model's, given the target (whose
     # options hold the kernel file's LIGHTHOUSE dict); lighthouse.extras has their references
     extra_results: Callable[[object], tuple[str, ...]] = lambda target: ()
@@ -141,28 +143,26 @@ def _attention_check(module):
     return check(module)
 
 
-def _attention_fuse(module, target):
-    from schedules.attention import fuse_attention
+def _attention_script(module, target):
+    """The plan read from the payload after cleanup, @vectorize on the CPU only (the XeGPU
+    target vectorizes its own way)."""
+    from schedules.attention import attention_script, plan_attention
 
-    fuse_attention(module, _attention_params(target))
-
-
-def _attention_vectorize(module, target):
-    from schedules.attention import vectorize_attention
-
-    options = dict(getattr(target, "options", ()))
-    params = _generic_params(target)
-    if "register_tile" in options:
-        params = dataclasses.replace(params, register_tile=tuple(options["register_tile"]))
-    vectorize_attention(module, params)
+    vector = None
+    if getattr(target, "name", "cpu") == "cpu":
+        options = dict(getattr(target, "options", ()))
+        vector = _generic_params(target)
+        if "register_tile" in options:
+            vector = dataclasses.replace(vector, register_tile=tuple(options["register_tile"]))
+    return attention_script(plan_attention(module, _attention_params(target)), vector)
 
 
 def _attention_extra_results(target) -> tuple[str, ...]:
     return ("lse",) if dict(getattr(target, "options", ())).get("return_lse") else ()
 
 
-ATTENTION = Family("attention", _attention_recognize, _attention_check, _attention_fuse,
-                   _attention_vectorize, _attention_extra_results)
+ATTENTION = Family("attention", _attention_recognize, _attention_check, None, None,
+                   _attention_extra_results, script=_attention_script)
 
 
 def _cross_entropy_params(target):

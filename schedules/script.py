@@ -3,13 +3,16 @@
 The script is a module `attributes {transform.with_named_sequence}` holding one
 `transform.named_sequence @<stage>(%root: !transform.any_op {transform.consumed})` per
 schedule stage (`fuse`, `vectorize`, ...), applied by the pipeline to the payload module when
-that stage runs. A family builds it with `build_script` by a pure function of the target
+that stage runs. A stage may call named steps of the schedule (`transform.include @step`):
+`@step(%root {transform.consumed}) -> !transform.any_op` returns the handle to the payload root
+the next step starts from, so a stage reads as its algorithm, one step per line. A family builds it with `build_script` by a pure function of the target
 description and its frozen parameters; `--print-schedule` prints it and `--schedule-file`
 parses an edited copy back (`parse_script`), so a printed script replays to the same IR.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -18,28 +21,46 @@ from torch_mlir.dialects import transform
 from torch_mlir.dialects.transform import interpreter
 
 import transform_ext
+from transform_ext.common import failure_reason
 
 StageBody = Callable[[ir.Value], None]
+StepBody = Callable[[ir.Value], ir.Value]
 
 
 class ScriptError(ValueError):
     """A schedule script that cannot be read or lacks a stage."""
 
 
-def build_script(stages: Sequence[tuple[str, StageBody]]) -> ir.Module:
+def build_script(stages: Sequence[tuple[str, StageBody]],
+                 steps: Sequence[tuple[str, StepBody]] = ()) -> ir.Module:
     """A script with one named sequence per (stage name, body); `body(root)` emits the
-    stage's transform ops at the current insertion point. Needs an active context."""
+    stage's transform ops at the current insertion point. `steps` are the named steps the
+    stages call with `include_step` (defined first, in the order given); a step's body
+    returns the root handle it leaves. Needs an active context."""
     module = ir.Module.create()
     module.operation.attributes["transform.with_named_sequence"] = ir.UnitAttr.get()
+    any_op = transform.AnyOpType.get()
+    for name, body in steps:
+        with ir.InsertionPoint(module.body):
+            seq = transform.NamedSequenceOp(
+                name, [any_op], [any_op], arg_attrs=[{"transform.consumed": ir.UnitAttr.get()}])
+        with ir.InsertionPoint(seq.body):
+            transform.YieldOp([body(seq.bodyTarget)])
     for name, body in stages:
         with ir.InsertionPoint(module.body):
             seq = transform.NamedSequenceOp(
-                name, [transform.AnyOpType.get()], [],
-                arg_attrs=[{"transform.consumed": ir.UnitAttr.get()}])
+                name, [any_op], [], arg_attrs=[{"transform.consumed": ir.UnitAttr.get()}])
         with ir.InsertionPoint(seq.body):
             body(seq.bodyTarget)
             transform.YieldOp()
     return module
+
+
+def include_step(name: str, root: ir.Value) -> ir.Value:
+    """`transform.include @name` of a step on `root` (consumed); returns the step's root."""
+    any_op = transform.AnyOpType.get()
+    return transform.IncludeOp([any_op], name, transform.FailurePropagationMode.Propagate,
+                               [root]).results[0]
 
 
 def _sequences(script: ir.Module) -> dict[str, ir.Operation]:
@@ -50,13 +71,26 @@ def _sequences(script: ir.Module) -> dict[str, ir.Operation]:
     return found
 
 
-def stage_names(script: ir.Module) -> list[str]:
-    return list(_sequences(script))
-
-
 def stage_text(script: ir.Module, name: str) -> str:
-    """The named sequence of one stage, as printed in the script."""
-    return str(_sequence(script, name))
+    """The named sequence of one stage, as printed in the script, after the steps it
+    includes (directly or through other steps)."""
+    sequences = _sequences(script)
+    order: list[str] = []
+
+    def visit(seq_name: str) -> None:
+        def callee(op):
+            if op.name == "transform.include":
+                target = ir.FlatSymbolRefAttr(op.attributes["target"]).value
+                if target in sequences and target not in order:
+                    visit(target)
+                    order.append(target)
+            return ir.WalkResult.ADVANCE
+
+        sequences[seq_name].walk(callee)
+
+    stage = _sequence(script, name)
+    visit(name)
+    return "\n".join([str(sequences[n]) for n in order] + [str(stage)])
 
 
 def _sequence(script: ir.Module, name: str) -> ir.Operation:
@@ -79,25 +113,28 @@ def apply_stage(payload: ir.Module, script: ir.Module, name: str) -> None:
 
 def describe_failure(script: ir.Module, message: str) -> str:
     """'file:line:col: <transform op> failed: <reason>' from the interpreter's message
-    ('Diagnostic message at loc("file":line:col): reason ...'); the op is looked up in the
-    script by its location."""
+    ('Diagnostic message at loc(...): reason ...'): the op is the first script op whose
+    location the message names (a Python-defined op reports at the payload op it refused,
+    and names its own location after the reason)."""
     marker = "Diagnostic message at "
     line = next((l for l in message.splitlines() if l.startswith(marker)), None)
     if line is None:
         return (message.strip().splitlines() or ["the schedule failed"])[0]
-    loc, _, reason = line[len(marker):].partition("): ")
-    loc += ")"
-    ops = []
+    ops_at: dict[str, str] = {}
 
     def visit(op):
-        if str(op.location) == loc:
-            ops.append(op.name)
+        ops_at.setdefault(str(op.location), op.name)
         return ir.WalkResult.ADVANCE
 
     script.operation.walk(visit)
-    where = _location(loc) if loc.startswith('loc("') else "the schedule"
-    what = ops[-1] if ops else "a transform op"
-    return f"{where}: {what} failed: {reason.strip()}"
+    locations = re.findall(r'loc\("[^"]*":\d+:\d+\)', line)
+    loc = next((l for l in locations if l in ops_at), None)
+    what = ops_at.get(loc, "a transform op")
+    where = _location(loc) if loc else "the schedule"
+    reason = failure_reason(line)
+    if reason.startswith(what + ": "):
+        reason = reason[len(what) + 2:]
+    return f"{where}: {what} failed: {reason}"
 
 
 def parse_script(path: str | Path, context: ir.Context) -> ir.Module:

@@ -21,7 +21,9 @@ induction variable number `query_iv`; i0 = 0 when query_iv < 0, a single query b
 
 Preconditions (checked on every target first; a violation is a silenceable failure naming
 the op): the target is an scf.forall whose body holds exactly one scf.for, with `query_iv`
-one of its induction variables, and (with `split`) a constant step. The targets and the
+one of its induction variables, every result slice inserted at an offset computed from it
+starting at query_tile * iv (so the block's rows are those the bound assumes), and (with
+`split`) a constant step. The targets and the
 loops stay in place: the target handle stays valid.
 """
 
@@ -42,7 +44,7 @@ def _index(v: int) -> ir.Value:
     return arith.ConstantOp(idx, ir.IntegerAttr.get(idx, v)).result
 
 
-def key_loop(forall: ir.Operation, query_iv: int, split: bool) -> ir.Operation:
+def key_loop(forall: ir.Operation, query_iv: int, query_tile: int, split: bool) -> ir.Operation:
     """The one key loop of a query block (raises Illegal when the preconditions fail)."""
     if forall.name != "scf.forall":
         raise Illegal(forall, "not an scf.forall (a query block)")
@@ -52,10 +54,58 @@ def key_loop(forall: ir.Operation, query_iv: int, split: bool) -> ir.Operation:
         raise Illegal(forall, f"the query block holds {len(loops)} key loops, not one")
     if query_iv >= 0 and query_iv >= len(body.arguments):
         raise Illegal(forall, f"has no induction variable {query_iv}")
+    if query_iv >= 0:
+        _check_query_rows(forall, body.arguments[query_iv], query_iv, query_tile)
     step = defining_op(loops[0].operands[2])
     if split and (step is None or step.name != "arith.constant"):
         raise Illegal(loops[0], "the key loop's step is not a constant")
     return loops[0]
+
+
+def _iv_multiple(value: ir.Value, iv: ir.Value) -> int | None:
+    """k when `value` is iv * k (iv itself, arith.muli by a constant, or affine.apply of
+    (d0) -> (d0 * k)), else None."""
+    if value == iv:
+        return 1
+    op = defining_op(value)
+    if op is None:
+        return None
+    if op.name == "arith.muli":
+        a, b = op.operands
+        other = b if a == iv else a if b == iv else None
+        const = defining_op(other) if other is not None else None
+        if const is not None and const.name == "arith.constant":
+            return ir.IntegerAttr(const.attributes["value"]).value
+    if op.name == "affine.apply" and list(op.operands) == [iv]:
+        amap = ir.AffineMapAttr(op.attributes["map"]).value
+        if amap.n_dims == 1 and len(amap.results) == 1:
+            for k in (str(amap.results[0]).replace(" ", ""),):
+                if k == "d0":
+                    return 1
+                if k.startswith("d0*") and k[3:].isdigit():
+                    return int(k[3:])
+    return None
+
+
+def _check_query_rows(forall: ir.Operation, iv: ir.Value, query_iv: int, query_tile: int) -> None:
+    """The block's rows are [iv * query_tile, ...): every result slice the forall inserts at
+    an offset computed from `iv` starts at iv * query_tile (an edited tile size without the
+    matching query_tile would bound the loop at the wrong rows)."""
+    body = forall.regions[0].blocks[0]
+    terminator = body.operations[len(body.operations) - 1].operation
+    multiples = []
+    for insert in terminator.regions[0].blocks[0].operations:
+        if insert.operation.name != "tensor.parallel_insert_slice":
+            continue
+        for offset in insert.opview.offsets:
+            k = _iv_multiple(offset, iv)
+            reads_iv = k is not None or iv in list(getattr(defining_op(offset), "operands", []))
+            if reads_iv:
+                multiples.append(k)
+    if not multiples or any(k != query_tile for k in multiples):
+        found = ", ".join("?" if k is None else str(k) for k in multiples) or "none"
+        raise Illegal(forall, f"induction variable {query_iv} does not index blocks of "
+                              f"{query_tile} query rows (its result offsets step by {found})")
 
 
 def bound(forall: ir.Operation, loop: ir.Operation, delta: int, query_tile: int,
@@ -161,7 +211,7 @@ class BoundCausalKeyLoopsOp(TransformExt.Operation, name="bound_causal_key_loops
                 split = bool(ir.IntegerAttr(op.split).value)
                 targets = payload_ops(state, op.target)
                 try:
-                    loops = [key_loop(t, query_iv, split) for t in targets]
+                    loops = [key_loop(t, query_iv, query_tile, split) for t in targets]
                 except Illegal as illegal:
                     return fail(NAME, illegal)
                 for forall, loop in zip(targets, loops):

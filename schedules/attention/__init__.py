@@ -1,12 +1,13 @@
 """Flash attention (see fuse.py for the schedule): recognition (recognize.py), the fuse
-stage for every target (fuse.py) and the CPU vectorize stage (cpu.py); the XeGPU tail is
+stage for every target (fuse.py), the CPU vectorize stage (cpu.py), both as one transform
+script (script.py); the XeGPU tail is
 schedules/xegpu_attention.py."""
 
 from transform_ext.analysis.attention import AttentionOps, NotAttention
 
-from .cpu import vectorize_attention
-from .fuse import AttentionParams, check, fuse_attention
+from .fuse import AttentionParams, AttentionPlan, check, plan_attention
 from .recognize import causal_offset, find_attention, recognize
+from .script import attention_script
 
-__all__ = ["AttentionOps", "AttentionParams", "NotAttention", "causal_offset", "check",
-           "find_attention", "fuse_attention", "recognize", "vectorize_attention"]
+__all__ = ["AttentionOps", "AttentionParams", "AttentionPlan", "NotAttention", "attention_script",
+           "causal_offset", "check", "find_attention", "plan_attention", "recognize"]

@@ -58,9 +58,10 @@ from transform_ext.sink_normalization_past_contraction import sink_normalization
 from transform_ext.store_scores_keys_major import store_scores_keys_major
 from transform_ext.widen_softmax import widen_softmax
 
-from ..common import any_op, canonicalize, foreach, match, run_passes, run_schedule
+from ..common import any_op, canonicalize, foreach, match, run_schedule
 from ..generic import largest_divisor_at_most
 from ..prepare import cleanup
+from ..script import include_step
 from .recognize import causal_offset, find_attention, index_masks, softmax_over_one_key
 
 
@@ -87,6 +88,35 @@ class AttentionParams:
                 raise ValueError(f"AttentionParams.{name} must be >= 1, got {getattr(self, name)}")
 
 
+@dataclass(frozen=True)
+class AttentionPlan:
+    """What the script is built from: the parameters and what the normalized payload shows.
+    row_guard: a select guards the fully masked rows (SDPA's math backend), read from the
+    row max after normalization; tile_sizes: the output's tile_using_forall sizes (1 per
+    batch/head dim, `query_tile` rows of the query dim, 0 for the value dim); query_iv: the
+    forall induction variable of the query blocks (None: one block); causal_delta: every
+    masked-in score has key <= query + delta (None: no such mask); split_unmasked: the tiles
+    below the diagonal run without the mask (the index-computed mask is the only one)."""
+
+    params: AttentionParams
+    row_guard: bool
+    tile_sizes: tuple[int, ...]
+    query_tile: int
+    query_iv: int | None
+    causal_delta: int | None
+    split_unmasked: bool
+
+
+class _Normalized:
+    """The last payload normalized on a copy (payload text after cleanup -> the copy's text
+    after steps 1-2 up to the row guard, and whether it has the guard): `check` and the
+    script's plan read the same payload, so that prefix runs once on a copy per compile."""
+
+    source: str | None = None
+    text: str = ""
+    row_guard: bool = False
+
+
 def check(payload: ir.Module) -> str | None:
     """None when this schedule applies to `payload`, else the one-line reason."""
     if softmax_over_one_key(payload):
@@ -95,9 +125,7 @@ def check(payload: ir.Module) -> str | None:
     try:
         with payload.context, ir.Location.unknown():
             cleanup(trial)  # the family is chosen on the import: judge what fuse will see
-            _normalize(trial)
-            _prepare_guard(trial)
-            find_attention(trial)
+            plan_attention(trial, AttentionParams())
     except NotAttention as exc:
         return str(exc)
     except Exception as exc:  # a transform refused the payload: its first line says why
@@ -119,66 +147,149 @@ def _first_line(exc: Exception) -> str:
     return text.split("at loc(unknown)")[0].strip()[:240]
 
 
-def _normalize(payload: ir.Module) -> None:
+def plan_attention(payload: ir.Module, params: AttentionParams) -> AttentionPlan:
+    """The plan of `payload` (after cleanup; read, not rewritten): the schedule's
+    normalization applied to a copy, then the attention read from it (NotAttention, or the
+    failing transform's error, when the schedule does not apply). Needs an active context."""
     transform_ext.load(payload.context)
+    source = str(payload)
+    if _Normalized.source != source:
+        trial = ir.Module.parse(source, payload.context)
+        _apply_steps(trial, [_normalize_layout])
+        find_attention(trial)  # NotAttention says why not
+        _apply_steps(trial, [_share_kv_heads, _sink_normalization])
+        _Normalized.source, _Normalized.text = source, str(trial)
+        _Normalized.row_guard = _has_guard(find_attention(trial))
+    row_guard = _Normalized.row_guard
+    trial = ir.Module.parse(_Normalized.text, payload.context)
+    _apply_steps(trial, [_masked_rows(row_guard, params)])
+    ops = find_attention(trial)
+    delta = causal_offset(trial, ops)
+    sizes, query_tile, query_iv = query_block_tiles(ops, params)
+    # the mask-free first loop drops the index-computed mask: only when it is the only one
+    # (a second one, a sliding window, must stay)
+    return AttentionPlan(params, row_guard, tuple(sizes), query_tile, query_iv, delta,
+                         delta is not None and index_masks(ops) == 1)
 
+
+def _apply_steps(payload: ir.Module, steps) -> None:
     def body(root):
-        f = match(root, "func.func")
-        f = drop_unused_results(f)
-        f = fold_scalar_or_splat_constant(f)
-        f = fold_reshape_ops_by_expansion(f)
-        canonicalize(f)
-
-    run_schedule(payload, body)
-    _fold_shared_collapses(payload)
-    run_passes(payload, "linalg-fold-unit-extent-dims, canonicalize, cse")
-    run_schedule(payload, lambda root: widen_softmax(match(root, "func.func")))
-    run_passes(payload, "canonicalize, cse")
-
-
-def _fold_shared_collapses(payload: ir.Module, rounds: int = 8) -> None:
-    """Collapses read by several linalg ops (grouped-query attention collapses its
-    [kv heads, group] scores for the softmax) are folded into every reader, so the whole
-    graph runs in the scores' iteration space: per round, the first foldable collapse, then
-    the reshapes that fold exposes (in the function holding the collapse: a round without
-    one changes nothing)."""
-    def body(root):
-        for _ in range(rounds):
-            collapse = match_foldable_collapse(match(root, "func.func"))
-            func = transform.GetParentOp(any_op(), collapse, op_name="func.func").result
-            fold_reshape_ops_by_expansion(collapse)
-            fold_reshape_ops_by_expansion(func)
+        for step in steps:
+            root = step(root)
 
     run_schedule(payload, body)
 
 
-def _share_kv_heads(payload: ir.Module) -> None:
+def _passes(root: ir.Value, *names: str) -> ir.Value:
+    return apply_passes(root, *names)
+
+
+def _fold_constants_and_reshapes(root: ir.Value) -> ir.Value:
+    """Step 1: the unused argmax dropped, scalar/splat constants folded into bodies, the
+    4-D <-> 3-D reshapes around the batch matmuls folded."""
+    f = match(root, "func.func")
+    f = drop_unused_results(f)
+    f = fold_scalar_or_splat_constant(f)
+    f = fold_reshape_ops_by_expansion(f)
+    canonicalize(f)
+    return root
+
+
+def _fold_shared_collapse(root: ir.Value) -> ir.Value:
+    """Step 1: the first collapse read by several linalg ops and foldable into all of them
+    (grouped-query attention collapses its [kv heads, group] scores for the softmax), then
+    the reshapes that fold exposes, in the function holding it (nothing when none is left)."""
+    collapse = match_foldable_collapse(match(root, "func.func"))
+    func = transform.GetParentOp(any_op(), collapse, op_name="func.func").result
+    fold_reshape_ops_by_expansion(collapse)
+    fold_reshape_ops_by_expansion(func)
+    return root
+
+
+_COLLAPSE_ROUNDS = 8
+
+
+def _fold_unit_dims(root: ir.Value) -> ir.Value:
+    """Step 1: unit dims folded, and an f16/bf16 softmax's probabilities kept in f32."""
+    root = _passes(root, "linalg-fold-unit-extent-dims", "canonicalize", "cse")
+    widen_softmax(match(root, "func.func"))
+    return _passes(root, "canonicalize", "cse")
+
+
+def _normalize_layout(root: ir.Value) -> ir.Value:
+    """Step 1 (for the plan's trial: the same ops as @normalize's first steps)."""
+    root = _fold_constants_and_reshapes(root)
+    for _ in range(_COLLAPSE_ROUNDS):
+        root = _fold_shared_collapse(root)
+    return _fold_unit_dims(root)
+
+
+def _share_kv_heads(root: ir.Value) -> ir.Value:
     """K and V repeated per query head (grouped-query attention) are read once per kv head:
     their elementwise chains (repeat, transpose, scale) merge, then the repeated dims go
     (in the function holding the chains: nothing happens without them)."""
-    find_attention(payload)  # NotAttention says why not
-
-    def body(root):
-        chains = match_kv_chains(match(root, "func.func"))
-        func = transform.GetParentOp(any_op(), chains, op_name="func.func", deduplicate=True).result
-        fuse_elementwise_producers(chains)
-        apply_passes(drop_broadcast_dims(func), "canonicalize", "cse")
-
-    run_schedule(payload, body)
+    chains = match_kv_chains(match(root, "func.func"))
+    func = transform.GetParentOp(any_op(), chains, op_name="func.func", deduplicate=True).result
+    fuse_elementwise_producers(chains)
+    apply_passes(drop_broadcast_dims(func), "canonicalize", "cse")
+    return root
 
 
-def _prepare_guard(payload: ir.Module) -> None:
-    """Steps 2 of the module docstring: sink 1/l past P V, guard read from the max."""
-    _share_kv_heads(payload)
-    run_schedule(payload, lambda root: sink_normalization_past_contraction(
-        match_attention(match(root, "func.func"))[2]))
-    if _has_guard(find_attention(payload)):
-        def guard_from_max(root):
-            row_max, _, values = match_attention(match(root, "func.func"))
-            rewrite_attention_row_mask(row_max, values)
+def _sink_normalization(root: ir.Value) -> ir.Value:
+    """Step 2: 1/l sunk past P V: O = (E V) / l."""
+    sink_normalization_past_contraction(match_attention(match(root, "func.func"))[2])
+    return root
 
-        run_schedule(payload, guard_from_max)
-    run_passes(payload, "canonicalize, cse")
+
+def _guard_from_row_max(root: ir.Value) -> ir.Value:
+    """Step 2: the fully-masked-row guard read from the max: O = select(m == -inf, 0, ...)."""
+    row_max, _, values = match_attention(match(root, "func.func"))
+    rewrite_attention_row_mask(row_max, values)
+    return root
+
+
+def _append_lse(root: ir.Value) -> ir.Value:
+    """return_lse: lse = m + log(l) as one more result."""
+    append_lse_result(match(root, "func.func"))
+    return root
+
+
+def _store_scores_keys_major(root: ir.Value) -> ir.Value:
+    """key_major: the scores stored keys-major and K read in place where the scores allow
+    it (the queries-major layout works for every payload, so other scores stay as they
+    are, and their function is not canonicalized again)."""
+    _, scores, _ = match_attention(match(root, "func.func"))
+    relayable = filter_keys_major_scores(scores)
+    store_scores_keys_major(relayable)
+    fold_key_transpose(relayable)
+    func = transform.GetParentOp(any_op(), relayable, op_name="func.func").result
+    apply_passes(func, "canonicalize", "cse")
+    return root
+
+
+def _normalize_steps(row_guard: bool, params: AttentionParams) -> list[tuple[str, object]]:
+    """The steps @normalize includes after the layout is normalized (see `_masked_rows`)."""
+    steps = [("share_kv_heads", _share_kv_heads), ("sink_normalization", _sink_normalization)]
+    if row_guard:
+        steps.append(("guard_from_row_max", _guard_from_row_max))
+    steps.append(("canonicalize", lambda root: _passes(root, "canonicalize", "cse")))
+    if params.return_lse:
+        steps.append(("append_lse", _append_lse))
+    if params.key_major:
+        steps.append(("store_scores_keys_major", _store_scores_keys_major))
+    return steps
+
+
+def _masked_rows(row_guard: bool, params: AttentionParams):
+    """Steps 2 after the 1/l sink, for the plan's trial: as @normalize runs them."""
+    steps = _normalize_steps(row_guard, params)[2:]
+
+    def body(root: ir.Value) -> ir.Value:
+        for _, step in steps:
+            root = step(root)
+        return root
+
+    return body
 
 
 def _has_guard(ops: AttentionOps) -> bool:
@@ -190,27 +301,81 @@ def _has_guard(ops: AttentionOps) -> bool:
     return False
 
 
-def fuse_attention(payload: ir.Module, params: AttentionParams = AttentionParams()) -> None:
-    _normalize(payload)
-    _prepare_guard(payload)
-    if params.return_lse:
-        run_schedule(payload, lambda root: append_lse_result(match(root, "func.func")))
-    if params.key_major:
-        _store_keys_major(payload)
-    ops = find_attention(payload)
-    delta = causal_offset(payload, ops)
-    # the mask-free first loop drops the index-computed mask: only when it is the only one
-    # (a second one, a sliding window, must stay)
-    split = delta is not None and index_masks(ops) == 1
-    query_tile, query_iv = tile_query_blocks(payload, ops, params)
-    run_schedule(payload, lambda root: fuse_key_loops(match(root, "func.func"), params.key_tile))
-    # s - m and exp become one pass over each tile (single-use producers, no recomputation)
-    run_schedule(payload, lambda root: fuse_elementwise_producers(match(root, "func.func")))
-    if delta is not None:
-        run_schedule(payload, lambda root: bound_causal_key_loops(
-            match(root, "scf.forall"), delta=delta, query_tile=query_tile, query_iv=query_iv,
-            split=split))
-    run_passes(payload, "canonicalize, cse")
+def _normalize(plan: AttentionPlan):
+    """Steps 1-2 (see the module docstring), one named step each."""
+    def body(root: ir.Value) -> ir.Value:
+        root = include_step("fold_constants_and_reshapes", root)
+        for _ in range(_COLLAPSE_ROUNDS):
+            root = include_step("fold_shared_collapse", root)
+        root = include_step("fold_unit_dims", root)
+        for name, _ in _normalize_steps(plan.row_guard, plan.params):
+            root = include_step(name, root)
+        return root
+
+    return body
+
+
+def tile_query_blocks(plan: AttentionPlan):
+    """Step 3: the output tiled into an scf.forall over query blocks, the ops computing its
+    query rows fused into it one at a time."""
+    def body(root: ir.Value) -> ir.Value:
+        output, producers = match_query_block_ops(match(root, "func.func"))
+        tiled = structured.TileUsingForallOp(output, tile_sizes=list(plan.tile_sizes))
+        foreach(producers,
+                lambda producer: structured.FuseIntoContainingOp(producer, tiled.forall_op))
+        return _passes(root, "canonicalize", "cse")
+
+    return body
+
+
+def _online_softmax(plan: AttentionPlan):
+    """Step 4: per query block, max, sum and P V in one loop over key tiles (the online
+    softmax correction), then s - m and exp as one pass over each tile."""
+    def body(root: ir.Value) -> ir.Value:
+        fuse_key_loops(match(root, "func.func"), plan.params.key_tile)
+        fuse_elementwise_producers(match(root, "func.func"))
+        return root
+
+    return body
+
+
+def _causal_bounds(plan: AttentionPlan):
+    """Step 5: key tiles above the diagonal skipped, those below it without the mask."""
+    def body(root: ir.Value) -> ir.Value:
+        bound_causal_key_loops(match(root, "scf.forall"), delta=plan.causal_delta,
+                               query_tile=plan.query_tile, query_iv=plan.query_iv,
+                               split=plan.split_unmasked)
+        return root
+
+    return body
+
+
+def fuse_steps(plan: AttentionPlan) -> list[tuple[str, object]]:
+    """The named steps of the fuse stage, each before the steps that include it:
+    (name, body(root) -> root)."""
+    steps = [("fold_constants_and_reshapes", _fold_constants_and_reshapes),
+             ("fold_shared_collapse", _fold_shared_collapse), ("fold_unit_dims", _fold_unit_dims)]
+    steps += _normalize_steps(plan.row_guard, plan.params)
+    steps += [("normalize", _normalize(plan)), ("tile_query_blocks", tile_query_blocks(plan)),
+              ("online_softmax", _online_softmax(plan))]
+    if plan.causal_delta is not None:
+        steps.append(("causal_bounds", _causal_bounds(plan)))
+    return steps
+
+
+def fuse_stage(plan: AttentionPlan):
+    """@fuse: normalize, tile_query_blocks, online_softmax, causal_bounds (with a causal
+    mask), then canonicalization and CSE."""
+    names = ["normalize", "tile_query_blocks", "online_softmax"]
+    if plan.causal_delta is not None:
+        names.append("causal_bounds")
+
+    def body(root: ir.Value) -> None:
+        for name in names:
+            root = include_step(name, root)
+        _passes(root, "canonicalize", "cse")
+
+    return body
 
 
 def apply_passes(target: ir.Value, *names: str) -> ir.Value:
@@ -221,27 +386,10 @@ def apply_passes(target: ir.Value, *names: str) -> ir.Value:
     return target
 
 
-def _store_keys_major(payload: ir.Module) -> None:
-    """Scores stored keys-major and K read in place (transform_ext/store_scores_keys_major.py,
-    fold_key_transpose.py) where the scores allow it: the queries-major layout works for
-    every payload this schedule takes, so other scores are left as they are (and their
-    function is not canonicalized again)."""
-    def body(root):
-        _, scores, _ = match_attention(match(root, "func.func"))
-        relayable = filter_keys_major_scores(scores)
-        store_scores_keys_major(relayable)
-        fold_key_transpose(relayable)
-        func = transform.GetParentOp(any_op(), relayable, op_name="func.func").result
-        apply_passes(func, "canonicalize", "cse")
-
-    run_schedule(payload, body)
-
-
-def tile_query_blocks(payload: ir.Module, ops: AttentionOps,
-                      params: AttentionParams) -> tuple[int, int | None]:
-    """Step 3 of the module docstring: the output tiled into an scf.forall over query
-    blocks, the ops computing its query rows fused into it one at a time. Returns the query
-    tile and the forall induction variable of the query blocks (None for one block)."""
+def query_block_tiles(ops: AttentionOps, params: AttentionParams
+                       ) -> tuple[list[int], int, int | None]:
+    """Step 3's tile sizes of the output (see AttentionPlan), its query tile and the forall
+    induction variable of the query blocks."""
     out_ls = loop_structure(ops.output)
     extent = out_ls.ranges[ops.query_dim]
     qt = largest_divisor_at_most(extent, params.query_tile or _default_query_tile(ops))
@@ -256,18 +404,9 @@ def tile_query_blocks(payload: ir.Module, ops: AttentionOps,
         # a one-iteration forall would be folded away, and the key loop with it
         qt = largest_divisor_at_most(extent, extent // 2)
     sizes[ops.query_dim] = qt
-
-    def body(root):
-        output, producers = match_query_block_ops(match(root, "func.func"))
-        tiled = structured.TileUsingForallOp(output, tile_sizes=sizes)
-        foreach(producers,
-                lambda producer: structured.FuseIntoContainingOp(producer, tiled.forall_op))
-
-    run_schedule(payload, body)
-    run_passes(payload, "canonicalize, cse")
     # forall IVs exist for the dims split into several tiles (canonicalization drops the rest)
     multi = [l for l, size in enumerate(sizes) if size and out_ls.ranges[l] > size]
-    return qt, (multi.index(ops.query_dim) if ops.query_dim in multi else None)
+    return sizes, qt, (multi.index(ops.query_dim) if ops.query_dim in multi else None)
 
 
 def _default_query_tile(ops: AttentionOps) -> int:

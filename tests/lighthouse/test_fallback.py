@@ -18,7 +18,7 @@ def _broken(*args, **kwargs):
 
 
 def test_a_failing_specialized_schedule_falls_back_to_generic(monkeypatch):
-    monkeypatch.setattr(schedules.attention, "fuse_attention", _broken)
+    monkeypatch.setattr(schedules.attention, "attention_script", _broken)
     compiled = compile_kernel(EXAMPLES / "attention.py", overrides=ATTENTION)
     assert compiled.family.name == "generic"
     assert compiled.notes == ["the attention schedule failed on this payload (stage 'fuse' "
@@ -39,7 +39,7 @@ def test_a_failing_generic_schedule_falls_back_to_loops(monkeypatch):
 
 
 def test_under_strict_the_failure_is_the_error(monkeypatch):
-    monkeypatch.setattr(schedules.attention, "fuse_attention", _broken)
+    monkeypatch.setattr(schedules.attention, "attention_script", _broken)
     with pytest.raises(StageError, match="stage 'fuse' failed: a bug in the schedule"):
         compile_kernel(EXAMPLES / "attention.py", overrides=ATTENTION, strict=True)
 

@@ -22,13 +22,19 @@ SMALL = {
     "log_softmax": {"N": 24, "C": 300},
     "layer_norm": {"N": 24, "D": 200},
     "attention": {"B": 1, "H": 2, "S": 80, "D": 32},
+    "attention_causal": {"B": 1, "H": 2, "S": 80, "D": 32, "IS_CAUSAL": True},
     "cross_entropy": {"N": 40, "C": 1000},
 }
 FAMILIES = {f.name: f for f in SPECIALIZED + [GENERIC, LOOPS]}
 
 
+def _example(name: str):
+    """The example file of a SMALL entry (`attention_causal`: attention.py, other sizes)."""
+    return EXAMPLES / f"{name.split('_causal')[0]}.py"
+
+
 def _chosen_family(name: str) -> str:
-    kernel = load_kernel(EXAMPLES / f"{name}.py", SMALL[name])
+    kernel = load_kernel(_example(name), SMALL[name])
     return choose_family(import_forward(kernel.model, kernel.inputs).module).name
 
 
@@ -49,7 +55,7 @@ def _stage_files(directory):
 
 @pytest.mark.parametrize("name, family", _replay_cases())
 def test_a_printed_script_replays_to_identical_ir_and_results(tmp_path, name, family):
-    path, overrides = EXAMPLES / f"{name}.py", SMALL[name]
+    path, overrides = _example(name), SMALL[name]
     first = compile_kernel(path, overrides=overrides, schedule=family, strict=True,
                            dump_dir=tmp_path / "built")
     script = tmp_path / "schedule.mlir"
@@ -73,6 +79,69 @@ def test_print_schedule_prints_every_stage_and_exits_0(tmp_path):
         CHECK: transform.named_sequence @fuse(%{{.*}}: !transform.any_op {transform.consumed})
         CHECK: transform.named_sequence @vectorize(
     """)
+
+
+def test_the_attention_script_reads_as_the_algorithm():
+    """--print-schedule of causal attention: normalization, query-block tiling, the online
+    softmax over key tiles, the causal bounds, then vectorization, each a named step."""
+    proc = run_cli(EXAMPLES / "attention.py", "--set", "S=128", "--set", "IS_CAUSAL=True",
+                   "--print-schedule")
+    assert proc.returncode == 0, proc.stderr
+    check(proc.stdout, """
+        CHECK: transform.named_sequence @normalize(
+        CHECK: transform.include @fold_constants_and_reshapes
+        CHECK: transform.include @sink_normalization
+        CHECK: transform.include @guard_from_row_max
+        CHECK: transform.named_sequence @tile_query_blocks(
+        CHECK: tile_using_forall %{{.*}} tile_sizes [1, 64, 0]
+        CHECK: transform.named_sequence @online_softmax(
+        CHECK: "transform_ext.fuse_key_loops"(%{{.*}}) {key_tile = 64 : i64}
+        CHECK: transform.named_sequence @causal_bounds(
+        CHECK: "transform_ext.bound_causal_key_loops"(%{{.*}}) {delta = 0 : i64, query_iv = 1 : i64, query_tile = 64 : i64, split = true}
+        CHECK: transform.named_sequence @fuse(
+        CHECK-NEXT: transform.include @normalize
+        CHECK-NEXT: transform.include @tile_query_blocks
+        CHECK-NEXT: transform.include @online_softmax
+        CHECK-NEXT: transform.include @causal_bounds
+        CHECK: transform.named_sequence @vectorize(
+        CHECK: "transform_ext.pack_key_tiles"
+        CHECK: transform.structured.vectorize_children_and_apply_patterns
+        CHECK: transform.loop.unroll %{{.*}} {factor = 4 : i64}
+    """)
+
+
+def test_an_edited_attention_tile_replays_to_torch(tmp_path):
+    """The query tile edited in the printed attention script: the query blocks have the
+    new size and the causal bounds still give torch's result."""
+    args = ("--set", "S=128", "--set", "IS_CAUSAL=True")
+    text = run_cli(EXAMPLES / "attention.py", *args, "--print-schedule").stdout
+    assert "tile_sizes [1, 64, 0]" in text and "query_tile = 64" in text
+    script = tmp_path / "edited.mlir"
+    script.write_text(text.replace("tile_sizes [1, 64, 0]", "tile_sizes [1, 16, 0]")
+                      .replace("query_tile = 64", "query_tile = 16"))
+    compiled = compile_kernel(EXAMPLES / "attention.py", overrides={"S": 128, "IS_CAUSAL": True},
+                              schedule_file=script, dump_dir=tmp_path / "dump")
+    check((tmp_path / "dump" / "03-fuse.mlir").read_text(), """
+        CHECK: scf.forall (%{{.*}}, %{{.*}}) in (4, 8)
+    """)
+    for report in compiled.check():
+        assert report.ok, str(report)
+
+
+def test_an_attention_tile_edited_without_its_causal_bound_is_refused(tmp_path):
+    """The query tile changed in tile_using_forall but not in bound_causal_key_loops: the
+    bound would skip keys the rows need; the compile stops naming the op and the mismatch."""
+    args = ("--set", "S=128", "--set", "IS_CAUSAL=True")
+    text = run_cli(EXAMPLES / "attention.py", *args, "--print-schedule").stdout
+    script = tmp_path / "edited.mlir"
+    script.write_text(text.replace("tile_sizes [1, 64, 0]", "tile_sizes [1, 16, 0]"))
+    line = next(i for i, l in enumerate(text.splitlines(), 1) if "bound_causal_key_loops" in l)
+    proc = run_cli(EXAMPLES / "attention.py", *args, "--schedule-file", script, "--check")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == (
+        f"error: {script}:{line}:5: transform_ext.bound_causal_key_loops failed: scf.forall: "
+        f"induction variable 1 does not index blocks of 64 query rows (its result offsets step "
+        f"by 16)")
 
 
 MATMUL_TILES = """

@@ -68,7 +68,8 @@ def lowered(request, tmp_path_factory):
 def test_every_stage_runs_and_the_attention_schedule_is_used(lowered):
     assert lowered.compiled.family.name == "attention"
     assert lowered.compiled.pipeline.names() == STAGES
-    assert list(lowered.stage_files) == ["input"] + STAGES
+    # the fuse stage is the attention script's @fuse, written beside its payload
+    assert list(lowered.stage_files) == ["input", "import", "cleanup", "fuse", "fuse.transform"] + STAGES[3:]
     (plan,) = lowered.target.plans
     B, H, S, D, _, _ = lowered.shape
     assert plan.kind == "attention"

@@ -123,3 +123,14 @@ def test_rejects_a_target_that_is_not_a_query_block():
     assert "transform_ext.bound_causal_key_loops: func.func" in message
     assert "not an scf.forall (a query block)" in message
     assert str(payload) == before
+
+
+def test_a_query_tile_that_is_not_the_blocks_step_is_refused():
+    """Blocks of 16 rows bounded as blocks of 32 would cut off allowed keys."""
+    payload = _payload(0)
+    before = str(payload)
+    message = apply_expect_failure(payload, lambda root: bound_causal_key_loops(
+        match(root, "scf.forall"), delta=0, query_tile=32, query_iv=0, split=True))
+    assert "induction variable 0 does not index blocks of 32 query rows (its result offsets " \
+           "step by 16)" in message
+    assert str(payload) == before

@@ -5,8 +5,8 @@ function."""
 
 import torch
 
-from schedules.attention import AttentionParams, find_attention
-from schedules.attention.fuse import tile_query_blocks
+from schedules.attention import AttentionParams, AttentionPlan, find_attention
+from schedules.attention.fuse import query_block_tiles, tile_query_blocks
 from schedules.common import match
 from transform_ext.fuse_key_loops import fuse_key_loops
 from tests.transform_ext.attention_payloads import SHAPES, attention, torch_attention
@@ -17,8 +17,10 @@ from tests.transform_ext.numeric import run_module
 def _query_blocks():
     """The attention payload tiled into query blocks of 2 rows by the attention schedule."""
     payload = parse(attention())
-    with payload.context:
-        tile_query_blocks(payload, find_attention(payload), AttentionParams(query_tile=2))
+    params = AttentionParams(query_tile=2)
+    sizes, query_tile, query_iv = query_block_tiles(find_attention(payload), params)
+    plan = AttentionPlan(params, False, tuple(sizes), query_tile, query_iv, None, False)
+    apply(payload, tile_query_blocks(plan))
     return payload
 
 
