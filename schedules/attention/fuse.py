@@ -3,7 +3,8 @@
 Input: the linalg graph torch-mlir makes of `F.scaled_dot_product_attention` (math backend):
     S = (Q c) (K^T c) [+ mask],  m = max_j S,  E = exp(S - m),  l = sum_j E,
     P = select(all_j(S == -inf), 0, E / l),  O = P V
-Schedule (`fuse_attention`), target independent up to vectorization:
+Schedule (the script's @fuse, one named step per item), target independent up to
+vectorization:
   1. normalize: drop the unused argmax, fold scalar/splat constants into bodies, fold the
      4-D <-> 3-D reshapes around the batch matmuls, fold unit dims;
   2. sink the 1/l normalization past P V and read the fully-masked-row guard from m
@@ -23,8 +24,11 @@ Schedule (`fuse_attention`), target independent up to vectorization:
   fold_key_transpose): vector lanes run along the queries, the max and sum over keys are
   elementwise, no K^T exists.
 Every payload rewrite is a transform_ext op; the ops are found by transform_ext matchers
-(match_attention, match_kv_chains, match_query_block_ops, match_foldable_collapse). The CPU
-vectorize stage is cpu.py.
+(match_attention, match_kv_chains, match_query_block_ops, match_foldable_collapse). What the
+steps cannot decide by matching (the guard, the tile sizes, the causal offset) is read once
+from a normalized copy of the payload into a frozen AttentionPlan (`plan_attention`), whose
+values appear in the script as attributes. The CPU vectorize stage is cpu.py; script.py
+assembles both.
 """
 
 from __future__ import annotations
