@@ -14,6 +14,8 @@ from torch_mlir import ir
 from torch_mlir.dialects import transform
 from torch_mlir.dialects.transform import interpreter, loop, structured
 
+from transform_ext.nested import main_sequence
+
 ID_ATTR = "lh.id"
 
 
@@ -23,16 +25,7 @@ def any_op() -> ir.Type:
 
 def build_schedule(body: Callable[[ir.Value], None]) -> tuple[ir.Module, object]:
     """A module holding `@__transform_main(%root: !transform.any_op {transform.consumed})`."""
-    module = ir.Module.create()
-    module.operation.attributes["transform.with_named_sequence"] = ir.UnitAttr.get()
-    with ir.InsertionPoint(module.body):
-        seq = transform.NamedSequenceOp(
-            "__transform_main", [any_op()], [],
-            arg_attrs=[{"transform.consumed": ir.UnitAttr.get()}])
-    with ir.InsertionPoint(seq.body):
-        body(seq.bodyTarget)
-        transform.YieldOp()
-    return module, seq
+    return main_sequence(body)
 
 
 def apply_schedule(payload: ir.Module, schedule: tuple[ir.Module, object],

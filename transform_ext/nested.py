@@ -20,18 +20,25 @@ def any_op() -> ir.Type:
     return transform.AnyOpType.get()
 
 
+def main_sequence(body: Callable[[ir.Value], None]) -> tuple[ir.Module, object]:
+    """A module holding `@__transform_main(%root: !transform.any_op {transform.consumed})`
+    whose body `body(%root)` emits (needs an active context and location)."""
+    module = ir.Module.create()
+    module.operation.attributes["transform.with_named_sequence"] = ir.UnitAttr.get()
+    with ir.InsertionPoint(module.body):
+        seq = transform.NamedSequenceOp(
+            "__transform_main", [any_op()], [],
+            arg_attrs=[{"transform.consumed": ir.UnitAttr.get()}])
+    with ir.InsertionPoint(seq.body):
+        body(seq.bodyTarget)
+        transform.YieldOp()
+    return module, seq
+
+
 def apply_to(payload_op: ir.Operation, body: Callable[[ir.Value], None]) -> None:
     """Apply the sequence `body(handle)` to `payload_op` (its handle is consumed)."""
     with payload_op.context, ir.Location.unknown():
-        module = ir.Module.create()
-        module.operation.attributes["transform.with_named_sequence"] = ir.UnitAttr.get()
-        with ir.InsertionPoint(module.body):
-            seq = transform.NamedSequenceOp(
-                "__transform_main", [any_op()], [],
-                arg_attrs=[{"transform.consumed": ir.UnitAttr.get()}])
-        with ir.InsertionPoint(seq.body):
-            body(seq.bodyTarget)
-            transform.YieldOp()
+        module, seq = main_sequence(body)
         interpreter.apply_named_sequence(payload_op, seq, module)
 
 
