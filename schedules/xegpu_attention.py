@@ -30,7 +30,8 @@ from torch_mlir.dialects import transform
 from torch_mlir.dialects.transform import structured, tensor as ttensor, xegpu
 
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
-from transform_ext.common import block_ops
+from transform_ext.common import Illegal, block_ops
+from transform_ext.match_attention_kernel_ops import attention_kernel_ops, match_attention_kernel_ops
 
 from .common import (apply_patterns, canonicalize, clear_tags, match, match_id, run_passes,
                      run_schedule, tag_ops)
@@ -274,76 +275,13 @@ def _bubble_up_slices(payload: ir.Module) -> None:
 
 # ------------------------------------------------------------------------------- layouts
 
-@dataclass
-class KernelOps:
-    """Tagged XeGPU ops of one outlined attention kernel (lh.id indices)."""
-
-    q_loads: list[int]
-    k_loads: list[int]
-    v_loads: list[int]
-    qk_dpas: list[int]
-    pv_dpas: list[int]
-    stores: list[int]
-
-
-def _load_of(value: ir.Value) -> ir.Operation | None:
-    """The xegpu.load_nd `value` comes from (through transposes and type conversions)."""
-    while True:
-        owner = value.owner
-        owner = getattr(owner, "operation", owner)
-        if not isinstance(owner, ir.Operation):
-            return None
-        if owner.name == "xegpu.load_nd":
-            return owner
-        if owner.name in ("vector.transpose", "arith.extf", "arith.truncf"):
-            value = owner.operands[0]
-            continue
-        return None
-
-
-def tag_kernel(gpu_func: ir.Operation, start: int) -> KernelOps:
-    """Find and tag (lh.id from `start`) the loads, DPAS ops and stores of an attention
-    gpu.func after convert-vector-to-xegpu. In each key loop the first DPAS is Q K^T, the
-    second P V."""
-    tagged: list[ir.Operation] = []
-
-    def tag(op):
-        for i, t in enumerate(tagged):
-            if t == op:
-                return start + i
-        tagged.append(op)
-        return start + len(tagged) - 1
-
-    ops = KernelOps([], [], [], [], [], [])
-    loops = []
-
-    def visit(op):
-        if op.name == "scf.for":
-            loops.append(op)
-        elif op.name == "xegpu.store_nd":
-            ops.stores.append(tag(op))
-        return ir.WalkResult.ADVANCE
-
-    gpu_func.walk(visit)
-    for loop in loops:
-        dpas = [op for op in block_ops(loop.regions[0].blocks[0]) if op.name == "xegpu.dpas"]
-        if len(dpas) != 2:
-            raise ValueError(f"a key loop holds {len(dpas)} xegpu.dpas ops, expected 2")
-        qk, pv = dpas
-        loads = (_load_of(qk.operands[0]), _load_of(qk.operands[1]), _load_of(pv.operands[1]))
-        if any(load is None for load in loads):
-            raise ValueError("an attention DPAS operand is not read by a 2-D block load")
-        for lst, load in zip((ops.q_loads, ops.k_loads, ops.v_loads), loads):
-            index = tag(load)
-            if index not in lst:
-                lst.append(index)
-        ops.qk_dpas.append(tag(qk))
-        ops.pv_dpas.append(tag(pv))
-    if not loops or len(ops.stores) != 1:
-        raise ValueError(f"an attention kernel with {len(loops)} key loops and "
-                         f"{len(ops.stores)} stores")
-    tag_ops(tagged, start=start)
-    return ops
+def check_kernel(gpu_func: ir.Operation) -> None:
+    """ValueError naming what is missing when `gpu_func` (after convert-vector-to-xegpu) does
+    not hold the layout anchors of an attention kernel (match_attention_kernel_ops)."""
+    try:
+        attention_kernel_ops(gpu_func)
+    except Illegal as exc:
+        raise ValueError(exc.reason) from None
 
 
 def _layout(sg_layout, sg_data, inst_data, **extra) -> dict:
@@ -351,10 +289,11 @@ def _layout(sg_layout, sg_data, inst_data, **extra) -> dict:
             **extra}
 
 
-def annotate_attention(gpu_func: ir.Value, tiles: AttentionTiles, ops: KernelOps) -> None:
-    """Anchor layouts (transform IR; `gpu_func` a handle, the ops tagged by `tag_kernel`):
-    rows of Q, S, P and O split over the subgroups, K and V tiles whole in every subgroup,
-    DPAS instruction tiles; K read transposed (order [0, 1]) for the K^T operand."""
+def annotate_attention(gpu_func: ir.Value, tiles: AttentionTiles) -> None:
+    """Anchor layouts (transform IR; `gpu_func` a handle, the anchors matched by
+    match_attention_kernel_ops): rows of Q, S, P and O split over the subgroups, K and V
+    tiles whole in every subgroup, DPAS instruction tiles; K read transposed (order [0, 1])
+    for the K^T operand."""
     dm, dn, dk = tiles.dpas
     n, rows, kt = tiles.subgroups, tiles.sg_rows, tiles.key_tile
     q = _layout([n, 1], [rows, tiles.qk_dim], [dm, dk])
@@ -364,23 +303,15 @@ def annotate_attention(gpu_func: ir.Value, tiles: AttentionTiles, ops: KernelOps
     p = _layout([n, 1], [rows, kt], [dm, dk])
     v = _layout([1, 1], [kt, tiles.v_dim], [dk, dn])
     o = _layout([n, 1], [rows, tiles.v_dim], [dm, dn])
-
-    def at(i):
-        return match_id(gpu_func, i)
-
-    for i in ops.q_loads:
-        xegpu.set_anchor_layout(at(i), **q)
-    for loads, layout in ((ops.k_loads, k_load), (ops.v_loads, v)):
-        for i in loads:
-            xegpu.set_anchor_layout(at(i), **layout)
-    for i in ops.qk_dpas:
-        xegpu.set_anchor_layout(at(i), index=0, **q)
-        xegpu.set_anchor_layout(at(i), index=1, **kt_operand)
-        xegpu.set_anchor_layout(at(i), index=2, **s)
-    for i in ops.pv_dpas:
-        xegpu.set_anchor_layout(at(i), index=0, **p)
-        xegpu.set_anchor_layout(at(i), index=1, **v)
-        xegpu.set_anchor_layout(at(i), index=2, **o)
-    for i in ops.stores:
-        xegpu.set_anchor_layout(at(i), **o)
+    q_loads, k_loads, v_loads, qk_dpas, pv_dpas, stores = match_attention_kernel_ops(gpu_func)
+    xegpu.set_anchor_layout(q_loads, **q)
+    xegpu.set_anchor_layout(k_loads, **k_load)
+    xegpu.set_anchor_layout(v_loads, **v)
+    xegpu.set_anchor_layout(qk_dpas, index=0, **q)
+    xegpu.set_anchor_layout(qk_dpas, index=1, **kt_operand)
+    xegpu.set_anchor_layout(qk_dpas, index=2, **s)
+    xegpu.set_anchor_layout(pv_dpas, index=0, **p)
+    xegpu.set_anchor_layout(pv_dpas, index=1, **v)
+    xegpu.set_anchor_layout(pv_dpas, index=2, **o)
+    xegpu.set_anchor_layout(stores, **o)
     canonicalize(gpu_func)

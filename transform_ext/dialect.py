@@ -62,6 +62,7 @@ OP_MODULES: list[str] = [
     "match_class_reductions",
     "add_unread_input",
     "sink_sibling_readers",
+    "match_attention_kernel_ops",
 ]
 
 
