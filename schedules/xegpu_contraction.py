@@ -261,6 +261,14 @@ def block_mapping(n: int) -> ir.ArrayAttr:
     return ir.ArrayAttr.get([ir.Attribute.parse(f"#gpu.block<{d}>") for d in names])
 
 
+def split(handle: ir.Value, count: int) -> list[ir.Value]:
+    """`count` handles, one per payload op of `handle` in its order (the handle itself when
+    `count` is 1); a handle of another size fails the schedule."""
+    if count == 1:
+        return [handle]
+    return list(transform.SplitHandleOp([any_op()] * count, handle).results)
+
+
 def _dim_positions(amap) -> list[int]:
     return [e.position for e in amap.results]
 

@@ -63,6 +63,8 @@ OP_MODULES: list[str] = [
     "add_unread_input",
     "sink_sibling_readers",
     "match_attention_kernel_ops",
+    "match_attention_forall",
+    "match_sliced_producers",
 ]
 
 
