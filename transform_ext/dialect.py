@@ -65,6 +65,7 @@ OP_MODULES: list[str] = [
     "match_attention_kernel_ops",
     "match_attention_forall",
     "match_sliced_producers",
+    "match_contraction_group",
 ]
 
 
