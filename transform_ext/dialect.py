@@ -66,6 +66,9 @@ OP_MODULES: list[str] = [
     "match_attention_forall",
     "match_sliced_producers",
     "match_contraction_group",
+    "match_row_kernel",
+    "match_row_max_reductions",
+    "match_column_sweep_ops",
 ]
 
 
