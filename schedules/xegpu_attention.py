@@ -30,11 +30,14 @@ from torch_mlir.dialects import transform
 from torch_mlir.dialects.transform import structured, tensor as ttensor, xegpu
 
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
-from transform_ext.common import block_ops
+from transform_ext.common import Illegal, block_ops, defining_op
+from transform_ext.match_attention_forall import (attention_forall, contractions, key_loops,
+                                                  match_attention_forall)
+from transform_ext.match_attention_kernel_ops import attention_kernel_ops, match_attention_kernel_ops
+from transform_ext.match_sliced_producers import match_sliced_producers, sliced_producers
 
-from .common import (apply_patterns, canonicalize, clear_tags, match, match_id, run_passes,
-                     run_schedule, tag_ops)
-from .xegpu_contraction import block_mapping
+from .common import apply_patterns, canonicalize, match, run_passes, run_schedule
+from .xegpu_contraction import block_mapping, split
 
 DPAS_TYPES = ("f16", "bf16")
 
@@ -88,44 +91,9 @@ class AttentionTiles:
 
 # ------------------------------------------------------------------------------ analysis
 
-def _users(value: ir.Value) -> list[ir.Operation]:
-    return [getattr(u.owner, "operation", u.owner) for u in value.uses]
-
-
-def _inside(op: ir.Operation, container: ir.Operation) -> bool:
-    parent = op.parent
-    while parent is not None:
-        if parent == container:
-            return True
-        parent = parent.parent
-    return False
-
-
-def attention_forall(func: ir.Operation) -> ir.Operation | None:
-    """The top-level forall of a fused attention: its body holds scf.for key loops with two
-    contractions each (S = Q K^T and P V)."""
-    for op in block_ops(func.regions[0].blocks[0]):
-        if op.name != "scf.forall":
-            continue
-        loops = key_loops(op)
-        if loops and all(len(_contractions(loop)) == 2 for loop in loops):
-            return op
-    return None
-
-
-def key_loops(forall: ir.Operation) -> list[ir.Operation]:
-    return [op for op in block_ops(forall.regions[0].blocks[0]) if op.name == "scf.for"]
-
-
-def _contractions(loop: ir.Operation) -> list[ir.Operation]:
-    return [op for op in block_ops(loop.regions[0].blocks[0])
-            if is_linalg_op(op) and op.name != "linalg.fill" and loop_structure(op).is_contraction]
-
-
 def _constant_index(value: ir.Value) -> int | None:
-    owner = value.owner
-    owner = getattr(owner, "operation", owner)
-    if isinstance(owner, ir.Operation) and owner.name == "arith.constant":
+    owner = defining_op(value)
+    if owner is not None and owner.name == "arith.constant":
         return ir.IntegerAttr(owner.attributes["value"]).value
     return None
 
@@ -140,7 +108,7 @@ def plan_attention(forall: ir.Operation, *, sg_rows: int, subgroup_size: int,
         raise ValueError(f"{where}: {len(forall.results)} results per query block (an extra "
                          "per-row result such as return_lse has no GPU mapping yet)")
     loops = key_loops(forall)
-    scores, values = _contractions(loops[0])
+    scores, values = contractions(loops[0])
     s_ls, v_ls = loop_structure(scores), loop_structure(values)
     s_dims, v_dims = s_ls.contraction_dims(), v_ls.contraction_dims()
     if len(s_dims["m"]) != 1 or len(s_dims["n"]) != 1 or len(s_dims["k"]) != 1:
@@ -204,12 +172,13 @@ def tile_attention(payload: ir.Module, tiles: AttentionTiles) -> None:
         (func,) = func_ops(payload)
         return attention_forall(func)
 
-    _fuse_sliced_producers(payload, lambda: (forall_now().parent, forall_now()))
+    _fuse_sliced_producers(payload, forall_now, lambda func: match_attention_forall(func)[0])
     count = len(key_loops(forall_now()))
     # last loop first: fusing a producer that a later loop also reads into the earlier
     # loop crashes FuseIntoContainingOp (LLVM "SmallVector unable to grow")
     for k in reversed(range(count)):
-        _fuse_sliced_producers(payload, lambda k=k: (forall_now(), key_loops(forall_now())[k]))
+        _fuse_sliced_producers(payload, lambda k=k: key_loops(forall_now())[k],
+                               lambda func, k=k: split(match_attention_forall(func)[1], count)[k])
 
     def fold(root):
         func = match(root, "func.func")
@@ -222,46 +191,36 @@ def tile_attention(payload: ir.Module, tiles: AttentionTiles) -> None:
 
     run_schedule(payload, fold)
     run_passes(payload, "canonicalize, cse")
-    forall = forall_now()
-    forall.attributes["mapping"] = block_mapping(len(tiles.grid))
+
+    def map_to_blocks(root):
+        forall, _ = match_attention_forall(match(root, "func.func"))
+        mapping = transform.ParamConstantOp(transform.AnyParamType.get(), block_mapping(len(tiles.grid)))
+        transform.AnnotateOp(forall, "mapping", param=mapping)
+
+    run_schedule(payload, map_to_blocks)
 
 
-def _fuse_sliced_producers(payload: ir.Module, where) -> None:
-    """Fuse into `container` every linalg op of `block` whose result `container` reads through
-    tensor.extract_slice; slices of reshapes are bubbled above them so the chain continues."""
+def _fuse_sliced_producers(payload: ir.Module, container_now, container_of) -> None:
+    """Fuse into the container (`container_now()` the payload op, `container_of(func)` its
+    handle) every linalg op of its block whose result it reads through tensor.extract_slice
+    (match_sliced_producers); slices of reshapes are bubbled above them so the chain
+    continues."""
     for _ in range(16):
-        block_op, container = where()
-        producers = _sliced_producers(block_op, container)
-        if not producers:
+        n = len(sliced_producers(container_now()))
+        if not n:
             _bubble_up_slices(payload)
-            block_op, container = where()
-            producers = _sliced_producers(block_op, container)
-            if not producers:
+            n = len(sliced_producers(container_now()))
+            if not n:
                 return
-        tag_ops(producers + [container])
-        n = len(producers)
 
         def body(root):
-            target = match_id(root, n)
-            for i in range(n):
-                target = structured.FuseIntoContainingOp(match_id(root, i), target).new_containing_op
+            target = container_of(match(root, "func.func"))
+            for producer in split(match_sliced_producers(target), n):
+                target = structured.FuseIntoContainingOp(producer, target).new_containing_op
 
         run_schedule(payload, body)
-        clear_tags(payload)
         run_passes(payload, "canonicalize, cse")
     raise ValueError("attention: the K/V producer chains did not fuse into the key loop")
-
-
-def _sliced_producers(block_op: ir.Operation, container: ir.Operation) -> list[ir.Operation]:
-    block = block_op.regions[0].blocks[0]
-    out = []
-    for op in block_ops(block):
-        if not is_linalg_op(op) or op == container:
-            continue
-        if any(u.name == "tensor.extract_slice" and _inside(u, container)
-               for r in op.results for u in _users(r)):
-            out.append(op)
-    return out
 
 
 def _bubble_up_slices(payload: ir.Module) -> None:
@@ -274,76 +233,13 @@ def _bubble_up_slices(payload: ir.Module) -> None:
 
 # ------------------------------------------------------------------------------- layouts
 
-@dataclass
-class KernelOps:
-    """Tagged XeGPU ops of one outlined attention kernel (lh.id indices)."""
-
-    q_loads: list[int]
-    k_loads: list[int]
-    v_loads: list[int]
-    qk_dpas: list[int]
-    pv_dpas: list[int]
-    stores: list[int]
-
-
-def _load_of(value: ir.Value) -> ir.Operation | None:
-    """The xegpu.load_nd `value` comes from (through transposes and type conversions)."""
-    while True:
-        owner = value.owner
-        owner = getattr(owner, "operation", owner)
-        if not isinstance(owner, ir.Operation):
-            return None
-        if owner.name == "xegpu.load_nd":
-            return owner
-        if owner.name in ("vector.transpose", "arith.extf", "arith.truncf"):
-            value = owner.operands[0]
-            continue
-        return None
-
-
-def tag_kernel(gpu_func: ir.Operation, start: int) -> KernelOps:
-    """Find and tag (lh.id from `start`) the loads, DPAS ops and stores of an attention
-    gpu.func after convert-vector-to-xegpu. In each key loop the first DPAS is Q K^T, the
-    second P V."""
-    tagged: list[ir.Operation] = []
-
-    def tag(op):
-        for i, t in enumerate(tagged):
-            if t == op:
-                return start + i
-        tagged.append(op)
-        return start + len(tagged) - 1
-
-    ops = KernelOps([], [], [], [], [], [])
-    loops = []
-
-    def visit(op):
-        if op.name == "scf.for":
-            loops.append(op)
-        elif op.name == "xegpu.store_nd":
-            ops.stores.append(tag(op))
-        return ir.WalkResult.ADVANCE
-
-    gpu_func.walk(visit)
-    for loop in loops:
-        dpas = [op for op in block_ops(loop.regions[0].blocks[0]) if op.name == "xegpu.dpas"]
-        if len(dpas) != 2:
-            raise ValueError(f"a key loop holds {len(dpas)} xegpu.dpas ops, expected 2")
-        qk, pv = dpas
-        loads = (_load_of(qk.operands[0]), _load_of(qk.operands[1]), _load_of(pv.operands[1]))
-        if any(load is None for load in loads):
-            raise ValueError("an attention DPAS operand is not read by a 2-D block load")
-        for lst, load in zip((ops.q_loads, ops.k_loads, ops.v_loads), loads):
-            index = tag(load)
-            if index not in lst:
-                lst.append(index)
-        ops.qk_dpas.append(tag(qk))
-        ops.pv_dpas.append(tag(pv))
-    if not loops or len(ops.stores) != 1:
-        raise ValueError(f"an attention kernel with {len(loops)} key loops and "
-                         f"{len(ops.stores)} stores")
-    tag_ops(tagged, start=start)
-    return ops
+def check_kernel(gpu_func: ir.Operation) -> None:
+    """ValueError naming what is missing when `gpu_func` (after convert-vector-to-xegpu) does
+    not hold the layout anchors of an attention kernel (match_attention_kernel_ops)."""
+    try:
+        attention_kernel_ops(gpu_func)
+    except Illegal as exc:
+        raise ValueError(exc.reason) from None
 
 
 def _layout(sg_layout, sg_data, inst_data, **extra) -> dict:
@@ -351,10 +247,11 @@ def _layout(sg_layout, sg_data, inst_data, **extra) -> dict:
             **extra}
 
 
-def annotate_attention(gpu_func: ir.Value, tiles: AttentionTiles, ops: KernelOps) -> None:
-    """Anchor layouts (transform IR; `gpu_func` a handle, the ops tagged by `tag_kernel`):
-    rows of Q, S, P and O split over the subgroups, K and V tiles whole in every subgroup,
-    DPAS instruction tiles; K read transposed (order [0, 1]) for the K^T operand."""
+def annotate_attention(gpu_func: ir.Value, tiles: AttentionTiles) -> None:
+    """Anchor layouts (transform IR; `gpu_func` a handle, the anchors matched by
+    match_attention_kernel_ops): rows of Q, S, P and O split over the subgroups, K and V
+    tiles whole in every subgroup, DPAS instruction tiles; K read transposed (order [0, 1])
+    for the K^T operand."""
     dm, dn, dk = tiles.dpas
     n, rows, kt = tiles.subgroups, tiles.sg_rows, tiles.key_tile
     q = _layout([n, 1], [rows, tiles.qk_dim], [dm, dk])
@@ -364,23 +261,15 @@ def annotate_attention(gpu_func: ir.Value, tiles: AttentionTiles, ops: KernelOps
     p = _layout([n, 1], [rows, kt], [dm, dk])
     v = _layout([1, 1], [kt, tiles.v_dim], [dk, dn])
     o = _layout([n, 1], [rows, tiles.v_dim], [dm, dn])
-
-    def at(i):
-        return match_id(gpu_func, i)
-
-    for i in ops.q_loads:
-        xegpu.set_anchor_layout(at(i), **q)
-    for loads, layout in ((ops.k_loads, k_load), (ops.v_loads, v)):
-        for i in loads:
-            xegpu.set_anchor_layout(at(i), **layout)
-    for i in ops.qk_dpas:
-        xegpu.set_anchor_layout(at(i), index=0, **q)
-        xegpu.set_anchor_layout(at(i), index=1, **kt_operand)
-        xegpu.set_anchor_layout(at(i), index=2, **s)
-    for i in ops.pv_dpas:
-        xegpu.set_anchor_layout(at(i), index=0, **p)
-        xegpu.set_anchor_layout(at(i), index=1, **v)
-        xegpu.set_anchor_layout(at(i), index=2, **o)
-    for i in ops.stores:
-        xegpu.set_anchor_layout(at(i), **o)
+    q_loads, k_loads, v_loads, qk_dpas, pv_dpas, stores = match_attention_kernel_ops(gpu_func)
+    xegpu.set_anchor_layout(q_loads, **q)
+    xegpu.set_anchor_layout(k_loads, **k_load)
+    xegpu.set_anchor_layout(v_loads, **v)
+    xegpu.set_anchor_layout(qk_dpas, index=0, **q)
+    xegpu.set_anchor_layout(qk_dpas, index=1, **kt_operand)
+    xegpu.set_anchor_layout(qk_dpas, index=2, **s)
+    xegpu.set_anchor_layout(pv_dpas, index=0, **p)
+    xegpu.set_anchor_layout(pv_dpas, index=1, **v)
+    xegpu.set_anchor_layout(pv_dpas, index=2, **o)
+    xegpu.set_anchor_layout(stores, **o)
     canonicalize(gpu_func)

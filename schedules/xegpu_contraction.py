@@ -20,35 +20,26 @@ prefetches spread over all subgroups.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from torch_mlir import ir
 from torch_mlir.dialects import transform
 from torch_mlir.dialects.transform import structured, xegpu
 
-from transform_ext.analysis.structure import is_linalg_op, loop_structure
+from transform_ext.analysis.structure import loop_structure
+from transform_ext.common import defining_op
+from transform_ext.match_contraction_group import (ContractionOps, contraction_groups,
+                                                   is_widening, linalg_producer,
+                                                   match_contraction_group,
+                                                   next_contraction_group)
 
-from .common import any_op, canonicalize, clear_tags, match, match_id, run_schedule, tag_ops
+from .common import any_op, canonicalize, match, run_schedule
 from .xegpu_common import DPAS_TYPES
 
 
-@dataclass
-class ContractionGroup:
-    """The payload ops of one contraction kernel (see the module docstring)."""
-
-    contraction: ir.Operation
-    fill: ir.Operation | None
-    prologue: list[ir.Operation] = field(default_factory=list)   # closest to C first
-    epilogue: list[ir.Operation] = field(default_factory=list)   # in execution order
-    side: list[ir.Operation] = field(default_factory=list)       # producers of epilogue inputs
-
-    @property
-    def root(self) -> ir.Operation:
-        return self.epilogue[-1] if self.epilogue else self.contraction
-
-    def ops(self) -> list[ir.Operation]:
-        return ([self.contraction] + ([self.fill] if self.fill else []) + self.prologue
-                + self.epilogue + self.side)
+class ContractionGroup(ContractionOps):
+    """The payload ops of one contraction kernel (see the module docstring and
+    transform_ext/match_contraction_group.py)."""
 
     def shape(self) -> dict[str, int]:
         """Extents of the contraction's m, n, k (and batch) dims."""
@@ -112,22 +103,12 @@ class ContractionTiles:
 
 # ------------------------------------------------------------------------------- analysis
 
-def _users(value: ir.Value) -> list[ir.Operation]:
-    return [u.owner.operation if hasattr(u.owner, "operation") else u.owner for u in value.uses]
-
-
-def _producer(value: ir.Value) -> ir.Operation | None:
-    owner = value.owner
-    owner = getattr(owner, "operation", owner)
-    return owner if isinstance(owner, ir.Operation) and is_linalg_op(owner) else None
-
-
 def _prologue_source(value: ir.Value) -> ir.Value:
     """The value a contraction operand is read from, through its widening/transpose prologue."""
-    p = _producer(value)
-    while p is not None and _is_widening(p):
+    p = linalg_producer(value)
+    while p is not None and is_widening(p):
         value = p.operands[0]
-        p = _producer(value)
+        p = linalg_producer(value)
     return value
 
 
@@ -135,72 +116,13 @@ def _value_name(value: ir.Value) -> str:
     """'argument N' for a function argument, else the op computing the value."""
     if isinstance(value, ir.BlockArgument):
         return f"argument {value.arg_number}"
-    owner = getattr(value.owner, "operation", value.owner)
-    return f"computed by {owner.name}"
-
-
-def _is_widening(op: ir.Operation) -> bool:
-    """A one-input, all-parallel generic whose body is a single arith.extf, or a transpose."""
-    if op.name == "linalg.transpose":
-        return True
-    if op.name != "linalg.generic" or len(op.results) != 1 or len(op.operands) != 2:
-        return False
-    ls = loop_structure(op)
-    if ls.reduction_dims or not ls.is_elementwise:
-        return False
-    body = [o.operation.name for o in op.regions[0].blocks[0].operations]
-    return body == ["arith.extf", "linalg.yield"]
-
-
-def _is_elementwise(op: ir.Operation) -> bool:
-    if op.name == "linalg.fill" or not is_linalg_op(op) or len(op.results) != 1:
-        return False
-    ls = loop_structure(op)
-    return ls.is_static and not ls.reduction_dims and ls.is_elementwise
+    return f"computed by {defining_op(value).name}"
 
 
 def find_contraction_groups(func: ir.Operation) -> list[ContractionGroup]:
     """Contraction kernels of a function's top-level linalg ops, in program order."""
-    ops = [o.operation for o in func.regions[0].blocks[0].operations if is_linalg_op(o)]
-    contractions = [o for o in ops if o.name != "linalg.fill" and loop_structure(o).is_contraction]
-    groups = []
-    taken: set = set()
-    prologue_of: dict = {}
-    for c in contractions:
-        group = ContractionGroup(c, None)
-        init = c.operands[len(c.operands) - 1]
-        fill = _producer(init)
-        if fill is not None and fill.name == "linalg.fill" and len(_users(init)) == 1:
-            group.fill = fill
-        for operand in list(c.operands)[:len(c.operands) - 1]:
-            p = _producer(operand)
-            while p is not None and _is_widening(p) and len(_users(p.results[0])) == 1:
-                group.prologue.append(p)
-                prologue_of[p] = c
-                p = _producer(p.operands[0])
-        groups.append(group)
-    for group in groups:
-        value = group.contraction.results[0]
-        out_rank = len(ir.ShapedType(value.type).shape)
-        while True:
-            users = _users(value)
-            if len(users) != 1:
-                break
-            u = users[0]
-            if not _is_elementwise(u) or u in prologue_of or u in taken:
-                break
-            if len(ir.ShapedType(u.results[0].type).shape) != out_rank:
-                break
-            group.epilogue.append(u)
-            value = u.results[0]
-        for e in group.epilogue:
-            for operand in list(e.operands)[:len(e.operands) - 1]:
-                p = _producer(operand)
-                if (p is not None and p not in group.epilogue and p is not group.contraction
-                        and _is_elementwise(p) and len(_users(p.results[0])) == 1):
-                    group.side.append(p)
-        taken.update(group.ops())
-    return groups
+    return [ContractionGroup(g.contraction, g.fill, g.prologue, g.epilogue, g.side)
+            for g in contraction_groups(func)]
 
 
 # --------------------------------------------------------------------------------- tiling
@@ -225,33 +147,34 @@ def tile_kernel(payload: ir.Module, group: ContractionGroup, tiles: ContractionT
     k_sizes = [0] * c_ls.num_loops
     k_sizes[dims["k"][-1]] = tiles.k_tile
 
-    order = ([group.root] + list(reversed(group.epilogue[:-1])) + group.side
-             + ([group.contraction] if group.epilogue else []) + ([group.fill] if group.fill else []))
-    tagged = order + group.prologue
-    tag_ops(tagged)
-    index = {id(op): i for i, op in enumerate(tagged)}
+    func = group.contraction.parent
+    if next_contraction_group(func).ops() != group.ops():
+        raise ValueError(f"{group.describe()}: not the next contraction kernel of its function")
 
     def body(root):
-        tiled = structured.TileUsingForallOp(match_id(root, 0), tile_sizes=root_sizes,
+        root_op, epilogue, side, contraction_op, fill, prologue = \
+            match_contraction_group(func_named(root, func))
+        tiled = structured.TileUsingForallOp(root_op, tile_sizes=root_sizes,
                                              mapping=block_mapping(sum(1 for s in root_sizes if s)))
         forall = tiled.results[1]
         contraction = tiled.results[0]
-        for op in order[1:]:
-            fused = structured.FuseIntoContainingOp(match_id(root, index[id(op)]), forall)
+        fused_ops = (split(epilogue, max(len(group.epilogue) - 1, 0)) + split(side, len(group.side))
+                     + ([contraction_op] if group.epilogue else []) + ([fill] if group.fill else []))
+        for op in fused_ops:
+            fused = structured.FuseIntoContainingOp(op, forall)
             forall = fused.new_containing_op
-            if op is group.contraction:
+            if op is contraction_op:
                 contraction = fused.fused_op
         tiled_k = structured.TileUsingForOp(contraction, sizes=k_sizes)
         k_loop = tiled_k.results[1]
-        for op in group.prologue:
-            fused = structured.FuseIntoContainingOp(match_id(root, index[id(op)]), forall)
+        for op in split(prologue, len(group.prologue)):
+            fused = structured.FuseIntoContainingOp(op, forall)
             forall = fused.new_containing_op
             fused = structured.FuseIntoContainingOp(fused.fused_op, k_loop)
             k_loop = fused.new_containing_op
         canonicalize(match(root, "func.func"))
 
     run_schedule(payload, body)
-    clear_tags(payload)
 
 
 def block_mapping(n: int) -> ir.ArrayAttr:
@@ -259,6 +182,20 @@ def block_mapping(n: int) -> ir.ArrayAttr:
     from being folded away)."""
     names = ["x", "y", "z"][:n][::-1]
     return ir.ArrayAttr.get([ir.Attribute.parse(f"#gpu.block<{d}>") for d in names])
+
+
+def split(handle: ir.Value, count: int) -> list[ir.Value]:
+    """`count` handles, one per payload op of `handle` in its order (the handle itself when
+    `count` is 1, none when 0); a handle of another size fails the schedule."""
+    if count <= 1:
+        return [handle][:count]
+    return list(transform.SplitHandleOp([any_op()] * count, handle).results)
+
+
+def func_named(root: ir.Value, func: ir.Operation) -> ir.Value:
+    """The func.func under `root` with the symbol name of the payload function `func`."""
+    return structured.MatchOp(any_op(), root, ops=["func.func"],
+                              op_attrs={"sym_name": func.attributes["sym_name"]}).result
 
 
 def _dim_positions(amap) -> list[int]:
@@ -322,8 +259,8 @@ def inspect_kernel(gpu_func: ir.Operation) -> KernelShape:
     dpas = found["dpas"][0]
 
     def transposed(value):
-        owner = getattr(value.owner, "operation", value.owner)
-        return isinstance(owner, ir.Operation) and owner.name == "vector.transpose"
+        owner = defining_op(value)
+        return owner is not None and owner.name == "vector.transpose"
 
     rows = 0
     for load in found["load"]:

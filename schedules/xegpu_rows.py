@@ -23,10 +23,15 @@ from dataclasses import dataclass
 from torch_mlir import ir
 from torch_mlir.dialects.transform import structured, xegpu
 
-from transform_ext.analysis.structure import is_linalg_op, loop_structure
+from transform_ext.analysis.structure import loop_structure
+from transform_ext.fuse_dependent_reduction_ops import fuse_dependent_reduction_ops
+from transform_ext.match_column_sweep_ops import column_sweep_ops, match_column_sweep_ops
+from transform_ext.match_row_kernel import (find_row_roots, match_row_kernel, next_row_kernel,
+                                            producer_chain)
+from transform_ext.match_row_max_reductions import match_row_max_reductions, row_foralls
 
-from .xegpu_contraction import block_mapping
-from .common import canonicalize, clear_tags, match, match_id, run_schedule, tag_ops
+from .common import canonicalize, match, run_passes, run_schedule
+from .xegpu_contraction import block_mapping, func_named, split
 
 
 @dataclass(frozen=True)
@@ -54,25 +59,6 @@ class RowTiles:
     @property
     def threads(self) -> int:
         return self.sg_layout[0] * self.subgroup_size
-
-
-def find_row_roots(func: ir.Operation, exclude: list[ir.Operation]) -> list[ir.Operation]:
-    """Top-level linalg ops outside `exclude` whose results no other such op reads."""
-    ops = [o.operation for o in func.regions[0].blocks[0].operations
-           if is_linalg_op(o) and o.operation not in exclude]
-    ops = [o for o in ops if o.name != "linalg.fill" or _used_outside(o, ops)]
-    roots = []
-    for op in ops:
-        readers = [u.owner for r in op.results for u in r.uses]
-        readers = [getattr(u, "operation", u) for u in readers]
-        if not any(r in ops for r in readers):
-            roots.append(op)
-    return roots
-
-
-def _used_outside(op, ops) -> bool:
-    readers = [getattr(u.owner, "operation", u.owner) for u in op.results[0].uses]
-    return not any(r in ops for r in readers)
 
 
 # Registers a subgroup may spend on the f32 pieces of its rows (a row tile and a working
@@ -146,108 +132,55 @@ def _has_row_max(root: ir.Operation) -> bool:
 
 def tile_rows(payload: ir.Module, root: ir.Operation, tiles: RowTiles) -> None:
     """The root tiled into a workgroup forall, its producer chain fused in (latest first)."""
-    chain = producer_chain(root)
-    tag_ops([root] + chain)
+    func = root.parent
+    if next_row_kernel(func)[0] != root:
+        raise ValueError(f"{root.name} at {root.location}: not the next row kernel of its function")
+    count = len(producer_chain(root))
     tiled_dims = sum(1 for s in tiles.tile_sizes if s)
 
     def body(r):
-        tiled = structured.TileUsingForallOp(match_id(r, 0), tile_sizes=list(tiles.tile_sizes),
+        root_op, chain = match_row_kernel(func_named(r, func))
+        tiled = structured.TileUsingForallOp(root_op, tile_sizes=list(tiles.tile_sizes),
                                              mapping=block_mapping(tiled_dims))
         forall = tiled.results[1]
-        for i in range(1, len(chain) + 1):
-            forall = structured.FuseIntoContainingOp(match_id(r, i), forall).new_containing_op
+        for producer in split(chain, count):
+            forall = structured.FuseIntoContainingOp(producer, forall).new_containing_op
         canonicalize(match(r, "func.func"))
 
     run_schedule(payload, body)
-    clear_tags(payload)
     if tiles.column_tile:
-        for forall in _foralls_of(payload, tiles):
-            _column_loops(payload, forall, tiles.column_tile)
+        for _ in row_foralls(payload):
+            _column_loops(payload, tiles.column_tile)
 
 
-def _foralls_of(payload: ir.Module, tiles: RowTiles) -> list[ir.Operation]:
-    """The row foralls just made (block-mapped, holding a row max), in the order found."""
-    from transform_ext.analysis.classify import reduction_combiner
-
-    found = []
-
-    def visit(op):
-        if op.name == "scf.forall":
-            body = [o.operation for o in op.regions[0].blocks[0].operations]
-            if any(is_linalg_op(o) and loop_structure(o).reduction_dims
-                   and reduction_combiner(o) == "max" for o in body):
-                found.append(op)
-            return ir.WalkResult.SKIP
-        return ir.WalkResult.ADVANCE
-
-    payload.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
-    return found
-
-
-def _column_loops(payload: ir.Module, forall: ir.Operation, column_tile: int) -> None:
-    """In one row forall: the row max and its dependent reductions as one online loop over
-    column tiles; then the root (and its elementwise producers, recomputed) in a second loop
-    over column tiles."""
-    from torch_mlir.dialects import transform
-    from transform_ext.analysis.classify import reduction_combiner
-    from transform_ext.fuse_dependent_reduction_ops import fuse_dependent_reduction_ops
-
-    from .common import run_passes
-
-    def linalg_ops():
-        return [o.operation for o in forall.regions[0].blocks[0].operations if is_linalg_op(o)]
-
-    ops = linalg_ops()
-    reductions = [o for o in ops if o.name != "linalg.fill" and loop_structure(o).reduction_dims]
-    row_max = next(o for o in reductions if reduction_combiner(o) == "max")
-    dependent = [o for o in reductions if o is not row_max]
-    data = []
-    producer = row_max.operands[0].owner
-    while (isinstance(getattr(producer, "operation", None), ir.Operation) and is_linalg_op(producer)
-           and loop_structure(producer).is_elementwise and producer.operation in ops):
-        data.append(producer.operation)
-        producer = producer.operands[0].owner
-    tag_ops([row_max] + dependent + data)
+def _column_loops(payload: ir.Module, column_tile: int) -> None:
+    """In the first row forall (match_row_max_reductions): the row max and its dependent
+    reductions as one online loop over column tiles; then the root (and its elementwise
+    producers, recomputed) in a second loop over column tiles (match_column_sweep_ops)."""
+    (forall, *_) = row_foralls(payload)
 
     def fuse(root):
-        handles = [match_id(root, 1 + i) for i in range(len(dependent))]
-        consumers = handles[0] if len(handles) == 1 else transform.merge_handles(handles)
-        fuse_dependent_reduction_ops(match_id(root, 0), consumers, column_tile,
-                                     producers=[match_id(root, 1 + len(dependent) + i)
-                                                for i in range(len(data))], allow_remainder=False)
+        row_max, dependent, data = match_row_max_reductions(root)
+        fuse_dependent_reduction_ops(row_max, dependent, column_tile, producers=[data],
+                                     allow_remainder=False)
 
     run_schedule(payload, fuse)
-    clear_tags(payload)
     run_passes(payload, "canonicalize, cse")
-    ops = linalg_ops()
-    root = ops[-1]
-    chain = [o for o in reversed(ops[:-1]) if o.name != "linalg.fill"
-             and loop_structure(o).is_elementwise]
-    tag_ops([root] + chain)
+    found = column_sweep_ops(payload)
+    if found is None or found[0].parent != forall:
+        raise ValueError(f"row kernel at {forall.location}: no elementwise tail after its "
+                         "column loop")
+    root, chain = found
     sizes = [0] * (loop_structure(root).num_loops - 1) + [column_tile]
 
     def sweep(r):
-        loop = structured.TileUsingForOp(match_id(r, 0), sizes=sizes).results[1]
-        for i in range(len(chain)):
-            loop = structured.FuseIntoContainingOp(match_id(r, 1 + i), loop).new_containing_op
+        root_op, producers = match_column_sweep_ops(r)
+        loop = structured.TileUsingForOp(root_op, sizes=sizes).results[1]
+        for producer in split(producers, len(chain)):
+            loop = structured.FuseIntoContainingOp(producer, loop).new_containing_op
 
     run_schedule(payload, sweep)
-    clear_tags(payload)
     run_passes(payload, "canonicalize, cse")
-
-
-def producer_chain(root: ir.Operation) -> list[ir.Operation]:
-    """Linalg ops `root` depends on in its block, latest first (fusion order)."""
-    block_ops = [o.operation for o in root.parent.regions[0].blocks[0].operations]
-    seen, stack = [], [root]
-    while stack:
-        op = stack.pop()
-        for v in op.operands:
-            owner = getattr(v.owner, "operation", v.owner)
-            if isinstance(owner, ir.Operation) and is_linalg_op(owner) and owner not in seen:
-                seen.append(owner)
-                stack.append(owner)
-    return sorted(seen, key=block_ops.index, reverse=True)
 
 
 def annotate_rows(gpu_func: ir.Value, tiles: RowTiles) -> None:

@@ -62,6 +62,13 @@ OP_MODULES: list[str] = [
     "match_class_reductions",
     "add_unread_input",
     "sink_sibling_readers",
+    "match_attention_kernel_ops",
+    "match_attention_forall",
+    "match_sliced_producers",
+    "match_contraction_group",
+    "match_row_kernel",
+    "match_row_max_reductions",
+    "match_column_sweep_ops",
 ]
 
 
