@@ -250,7 +250,7 @@ def analyze(payload: ir.Module) -> LossGraph:
             raise NotLowerable(f"cross-entropy: {op.name} at {op.location} has no GPU kernel here")
         if not len(op.results) and not _has_assert(op):
             raise NotLowerable(f"cross-entropy: a result-less {op.name} at {op.location}")
-    for op in grouped(block, "rows"):
+    for op in grouped(block, "rows", kernel_groups(block, fills_by_readers=False)):
         _check_row_op(op, rows)
     return LossGraph(func, x, rows, classes, row_max, found.gradient)
 

@@ -209,11 +209,7 @@ class LaneFormRowReductionsOp(TransformExt.Operation, name="lane_form_row_reduct
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.consumes_handle(op.op_operands, effects)
-            transform.modifies_payload(effects)
+    Effects = ReplacesTargets
 
 
 def lane_form_row_reductions(row_sums: ir.Value, rows: int, lanes: int) -> LaneFormRowReductionsOp:

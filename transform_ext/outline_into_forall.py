@@ -26,8 +26,8 @@ from torch_mlir import ir
 from torch_mlir.dialects import arith, ext, scf, tensor, transform
 
 from .analysis.structure import is_linalg_op, loop_structure
-from .common import (Illegal, Success, block_ops, body_of, defining_op, fail, payload_ops,
-                     terminator)
+from .common import (Illegal, ReplacesTargets, Success, block_ops, body_of, defining_op, fail,
+                     payload_ops, terminator)
 from .dialect import TransformExt
 from .lane_form import empty, index_constant
 
@@ -196,12 +196,7 @@ class OutlineIntoForallOp(TransformExt.Operation, name="outline_into_forall"):
         def allow_repeated_handle_operands(op):
             return False
 
-    class Effects(ir.MemoryEffectsOpInterface):
-        @staticmethod
-        def get_effects(op, effects):
-            transform.consumes_handle(op.op_operands, effects)
-            transform.produces_handle(op.results, effects)
-            transform.modifies_payload(effects)
+    Effects = ReplacesTargets
 
 
 def outline_into_forall(ops: ir.Value, *, rows: int, total_rows: int,

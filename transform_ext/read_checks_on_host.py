@@ -8,7 +8,8 @@ directly in its block whose body holds a cf.assert (the cross-entropy's 0 <= y <
 counted targets). Each input buffer B of a check is copied once to a host buffer H:
     H = memref.alloc() ; gpu.memcpy H, B         (before the first check reading B)
 the checks read H instead, and each H is freed (memref.dealloc) before the function's
-return; a check placed after the function's first scf.forall (a kernel) moves before it.
+return; a check placed after the function's first scf.forall (a kernel) moves before it
+first (its buffers must not depend on a kernel: they are the function's arguments).
 The check then asserts on the same values on the host, before any kernel runs, so a bad
 target stops the program with its message. Functions without checks are left alone.
 
@@ -45,6 +46,8 @@ def read_on_host(func: ir.Operation, checks: list) -> None:
     first_kernel = next((op for op in block_ops(block) if op.name == "scf.forall"), None)
     copies = {}
     for op in checks:
+        if first_kernel is not None and not op.is_before_in_block(first_kernel):
+            op.move_before(first_kernel)
         with ir.InsertionPoint(op), op.location:
             for i, v in enumerate(list(op.opview.inputs)):
                 if v not in copies:
@@ -52,8 +55,6 @@ def read_on_host(func: ir.Operation, checks: list) -> None:
                     gpu.MemcpyOp(None, [], host, v)
                     copies[v] = host
                 op.operands[i] = copies[v]
-        if first_kernel is not None and not op.is_before_in_block(first_kernel):
-            op.move_before(first_kernel)
     ret = terminator(block)
     for host in copies.values():
         with ir.InsertionPoint(ret), ret.location:
