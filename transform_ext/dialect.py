@@ -69,6 +69,18 @@ OP_MODULES: list[str] = [
     "match_row_kernel",
     "match_row_max_reductions",
     "match_column_sweep_ops",
+    "match_loss_kernels",
+    "split_shared_fills",
+    "inline_argument_producers",
+    "lane_form_row_reductions",
+    "load_rows_in_lane_form",
+    "hoist_row_gathers",
+    "lane_form_gathers",
+    "outline_into_forall",
+    "match_elementwise_producers",
+    "filter_iterators",
+    "read_checks_on_host",
+    "scalarize_rank0_writes",
 ]
 
 

@@ -177,16 +177,6 @@ def inline_all(consumer: ir.Operation, producer=lambda op: True, witness=None,
             return consumer
 
 
-def inline_in_blocks(blocks, consumer=lambda op: True, producer=lambda op: True) -> None:
-    """For Python callers (the XeGPU cross-entropy): every linalg.generic of `blocks`
-    satisfying `consumer(op)` inlines its producers satisfying `producer(op)`, in block
-    order."""
-    for block in blocks:
-        for op in [o.operation for o in block.operations]:
-            if op.name == "linalg.generic" and consumer(op):
-                inline_all(op, producer)
-
-
 def _check_consumer(op: ir.Operation) -> None:
     if op.name != "linalg.generic":
         raise Illegal(op, "not a linalg.generic")
@@ -249,4 +239,4 @@ def inline_elementwise_producers(consumers: ir.Value, witness: ir.Value | None =
 
 
 __all__ = ["InlineElementwiseProducersOp", "inline_elementwise_producers", "inline_producer",
-           "inline_all", "inline_in_blocks", "inlinable_operand", "is_elementwise_producer"]
+           "inline_all", "inlinable_operand", "is_elementwise_producer"]

@@ -353,7 +353,7 @@ class XeGpuTarget:
                     with module.context, func.location:
                         insert_loop_prefetches(func, *prefetch_shape(plan.tiles),
                                                self.params.nb_prefetch)
-                        shapes.append(kernel_anchors(func, plan.tiles, start=1000 * (index + 1)))
+                        shapes.append(kernel_anchors(func, plan.tiles))
                 else:
                     shapes.append(None)
             except ValueError as exc:
