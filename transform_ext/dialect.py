@@ -62,6 +62,15 @@ OP_MODULES: list[str] = [
     "match_class_reductions",
     "add_unread_input",
     "sink_sibling_readers",
+    "forward_reshaped_writes",
+    "carry_collapsed_loop_tensors",
+    "fold_reads_of_splat_writes",
+    "transpose_contract_operands",
+    "narrow_contracts_for_dpas",
+    "write_results_in_place",
+    "allocs_to_device",
+    "drop_forall_mapping",
+    "insert_loop_prefetches",
 ]
 
 
