@@ -31,8 +31,7 @@ from transform_ext.common import ops_named
 from transform_ext.drop_forall_mapping import drop_forall_mapping
 from transform_ext.fold_reads_of_splat_writes import fold_reads_of_splat_writes
 from transform_ext.forward_reshaped_writes import forward_reshaped_writes
-from transform_ext.insert_loop_prefetches import insert_loop_prefetches as prefetch_loop_loads
-from transform_ext.insert_loop_prefetches import tile_key
+from transform_ext import insert_loop_prefetches as loop_prefetches
 from transform_ext.narrow_contracts_for_dpas import DPAS_TYPES, narrow_contracts_for_dpas
 from transform_ext.transpose_contract_operands import transpose_contract_operands
 from transform_ext.write_results_in_place import write_results_in_place
@@ -172,9 +171,10 @@ def insert_loop_prefetches(gpu_func: ir.Operation, subgroups: int, inst: tuple[i
     layouts = {}
     for rows, cols in sorted(shapes):
         layout = prefetch_layout(rows, cols, subgroups, inst)
-        layouts[tile_key(rows, cols)] = ir.Attribute.parse(
+        layouts[loop_prefetches.tile_key(rows, cols)] = ir.Attribute.parse(
             "#xegpu.layout<" + ", ".join(f"{k} = {v}" for k, v in layout.items()) + ">")
-    run_schedule(gpu_func, lambda root: prefetch_loop_loads(root, nb_prefetch, layouts))
+    run_schedule(gpu_func,
+                 lambda root: loop_prefetches.insert_loop_prefetches(root, nb_prefetch, layouts))
 
 
 def to_xegpu(payload: ir.Module) -> None:

@@ -45,7 +45,7 @@ def collapsed_iter_arg(loop: ir.Operation, i: int):
     else None."""
     body = loop.regions[0].blocks[0]
     arg = body.arguments[1 + i]
-    if not isinstance(arg.type, ir.RankedTensorType) or not ir.RankedTensorType(arg.type).has_static_shape:
+    if not isinstance(arg.type, ir.RankedTensorType) or not arg.type.has_static_shape:
         return None
     uses = _users(arg)
     if not uses or any(u.name != "tensor.collapse_shape" for u in uses):

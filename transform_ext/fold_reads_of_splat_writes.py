@@ -91,7 +91,8 @@ class FoldReadsOfSplatWritesOp(TransformExt.Operation, name="fold_reads_of_splat
                             continue
                         rtype = ir.VectorType(read.results[0].type)
                         with ir.InsertionPoint(read), read.location:
-                            const = arith.ConstantOp(rtype, ir.DenseElementsAttr.get_splat(rtype, splat))
+                            const = arith.ConstantOp(
+                                rtype, ir.DenseElementsAttr.get_splat(rtype, splat))
                         rewriter.replace_op(read, [const.result])
                 return Success
 

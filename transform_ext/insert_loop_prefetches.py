@@ -13,11 +13,10 @@
       ..
     }
 
-A prefetch only warms the caches (cached at L1, L2 and L3; a prefetch past the end of the
-tensor reads nothing), so the kernel computes the same. It keeps the load's constant offsets
-and gets the layout that `layouts` gives the load's [R, C] tile, which spreads the prefetch
-over the workgroup's subgroups; the index arithmetic on %iv is recomputed for the step
-ahead. (transform.xegpu.insert_prefetch refuses loops with dynamic bounds, e.g. causal
+A prefetch only moves data toward the caches (cached at L1, L2 and L3), so the kernel
+computes the same values. It keeps the load's constant offsets and gets the layout that
+`layouts` gives the load's [R, C] tile, which spreads the prefetch over the workgroup's
+subgroups; the index arithmetic on %iv is recomputed for the step ahead. (transform.xegpu.insert_prefetch refuses loops with dynamic bounds, e.g. causal
 attention's.)
 
 Sites: the xegpu.load_nd ops directly in the body of an scf.for nested in (or equal to) the
@@ -70,7 +69,8 @@ class _Loop:
         if value == self.iv:
             return True
         owner = defining_op(value)
-        if self.invariant(value) or owner is None or not owner.name.startswith(("arith.", "index.")):
+        if (self.invariant(value) or owner is None
+                or not owner.name.startswith(("arith.", "index."))):
             return False
         return all(self.of_iv(v) or self.invariant(v) for v in owner.operands) and any(
             self.of_iv(v) for v in owner.operands)
@@ -90,7 +90,8 @@ class _Loop:
 
     def sites(self) -> list[ir.Operation]:
         found = []
-        for load in [o.operation for o in self.body.operations if o.operation.name == "xegpu.load_nd"]:
+        loads = [o.operation for o in self.body.operations if o.operation.name == "xegpu.load_nd"]
+        for load in loads:
             desc, offsets = load.operands[0], list(load.operands)[1:]
             if not self.invariant(desc) or not any(self.of_iv(o) for o in offsets):
                 continue

@@ -62,7 +62,8 @@ def narrow_source(value: ir.Value):
             transposed, current = not transposed, owner.operands[0]
             continue
         if owner.name == "arith.mulf":
-            factors = [(_float_splat(owner.operands[b]), owner.operands[a]) for a, b in ((0, 1), (1, 0))]
+            factors = [(_float_splat(owner.operands[b]), owner.operands[a])
+                       for a, b in ((0, 1), (1, 0))]
             factors = [(f, v) for f, v in factors if f is not None]
             if factors:
                 scale *= factors[0][0].value
