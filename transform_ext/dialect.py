@@ -81,6 +81,15 @@ OP_MODULES: list[str] = [
     "filter_iterators",
     "read_checks_on_host",
     "scalarize_rank0_writes",
+    "forward_reshaped_writes",
+    "carry_collapsed_loop_tensors",
+    "fold_reads_of_splat_writes",
+    "transpose_contract_operands",
+    "narrow_contracts_for_dpas",
+    "write_results_in_place",
+    "allocs_to_device",
+    "drop_forall_mapping",
+    "insert_loop_prefetches",
 ]
 
 

@@ -4,8 +4,8 @@ Stages after a schedule's `vectorize`:
   bufferize  run-time checks turned into the kernel-reported error code (lighthouse.runtime),
              one-shot bufferization (identity layouts at function boundaries), results
              turned into out-parameters the kernel writes directly (also through a
-             reshape: write_results_in_place), vector ops lowered to 1-D (contractions to outer
-             products and FMAs), scf.forall -> scf.parallel.
+             reshape: transform_ext.write_results_in_place), vector ops lowered to 1-D
+             (contractions to outer products and FMAs), scf.forall -> scf.parallel.
   llvm       loops -> OpenMP (libiomp5 from the intel-openmp wheel), exp/log/tanh/erf
              expanded to polynomials, everything to the LLVM dialect.
 The JIT targets the host CPU, so AVX-512 is used where the machine has it.
@@ -26,7 +26,9 @@ from torch_mlir.dialects.transform import bufferization as tbuf
 from torch_mlir.dialects.transform import loop
 from torch_mlir.dialects.transform import vector as tvec
 
+import transform_ext
 from transform_ext.common import defining_op
+from transform_ext.write_results_in_place import write_results_in_place
 
 from schedules.common import apply_patterns, foreach, match, run_passes, run_schedule
 from schedules.prepare import checks_to_error_code, kernel_error_messages
@@ -159,7 +161,8 @@ def bufferize(payload: ir.Module) -> None:
     copy_repeated_results(payload)
     run_passes(payload, "buffer-results-to-out-params{hoist-static-allocs=true modify-public-functions=true}, "
                "canonicalize")
-    write_results_in_place(payload)
+    transform_ext.load(payload.context)
+    run_schedule(payload, lambda root: write_results_in_place(match(root, "func.func")))
 
 
 def narrow_f64_truncations_through_f32(payload: ir.Module) -> int:
@@ -264,62 +267,6 @@ def copy_repeated_results(payload: ir.Module) -> int:
                 ret.operands[i] = fresh
                 added += 1
     return added
-
-
-def write_results_in_place(payload: ir.Module) -> int:
-    """A result computed in a local buffer and returned through a reshape (attention's
-    [B*H, S, D] -> [B, H, S, D]) ends as `memref.copy reshape(alloc), out` into its
-    out-parameter: the buffer becomes the inverse reshape of `out` instead, so the kernel
-    writes the caller's tensor directly (no second result-sized buffer, no copy). Only for
-    a static identity-layout alloc in the entry block that reaches no other copy, and an
-    out-parameter read by nothing else. Returns the number of copies removed."""
-    removed = 0
-    for func in payload.body.operations:
-        if func.operation.name != "func.func" or not func.regions[0].blocks:
-            continue
-        entry = func.regions[0].blocks[0]
-        copies = [op.operation for op in entry.operations if op.operation.name == "memref.copy"]
-        for copy in copies:
-            source, out = copy.operands
-            if not (isinstance(out, ir.BlockArgument) and out.owner == entry
-                    and len(list(out.uses)) == 1):
-                continue
-            chain, value = [], source
-            while (owner := defining_op(value)) is not None and owner.name in (
-                    "memref.expand_shape", "memref.collapse_shape") and len(list(value.uses)) == 1:
-                chain.append(owner)
-                value = owner.operands[0]
-            alloc, buffer = defining_op(value), ir.MemRefType(value.type)
-            if not chain or alloc is None or alloc.name != "memref.alloc" or alloc.parent != func \
-                    or not buffer.has_static_shape \
-                    or buffer.affine_map != ir.AffineMap.get_identity(buffer.rank):
-                continue
-            if any(getattr(u.owner, "operation", u.owner).name == "memref.copy" for u in value.uses):
-                continue
-            with ir.InsertionPoint(alloc), alloc.location:
-                view = out
-                for reshape in chain:
-                    view = _inverse_reshape(reshape, view)
-            value.replace_all_uses_with(view)
-            copy.erase()
-            for reshape in chain:
-                reshape.erase()
-            alloc.erase()
-            removed += 1
-    return removed
-
-
-def _inverse_reshape(reshape: ir.Operation, view: ir.Value) -> ir.Value:
-    """The reshape undoing `reshape` (of a static buffer), applied to `view`."""
-    source = ir.MemRefType(reshape.operands[0].type)
-    attrs = {"reassociation": reshape.attributes["reassociation"]}
-    if reshape.name == "memref.expand_shape":
-        name = "memref.collapse_shape"
-    else:
-        name = "memref.expand_shape"
-        attrs["static_output_shape"] = ir.DenseI64ArrayAttr.get(list(source.shape))
-    result = ir.MemRefType.get(list(source.shape), source.element_type)
-    return ir.Operation.create(name, results=[result], operands=[view], attributes=attrs).result
 
 
 _REASSOCIABLE = ("add", "mul", "maximumf", "minimumf", "maxnumf", "minnumf")
