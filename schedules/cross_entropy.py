@@ -356,12 +356,16 @@ def name_target_checks(func: ir.Operation, classes: int) -> list[ir.Operation]:
     Returns those generics."""
     message = ir.StringAttr.get(f"cross_entropy: a target is out of range: class indices must "
                                 f"be in [0, {classes}) or equal ignore_index", func.context)
-    checks = [op for op in block_ops(func) if op.name == "linalg.generic" and not op.results
-              and any(o.operation.name == "cf.assert" for o in body_of(op).operations)]
-    for op in checks:
-        for inner in body_of(op).operations:
-            if inner.operation.name == "cf.assert":
-                inner.operation.attributes["msg"] = message
+    from transform_ext.match_assertion_checks import assertion_checks, match_assertion_checks
+    from transform_ext.nested import apply_to
+
+    def annotate(f):
+        text = transform.ParamConstantOp(transform.AnyParamType.get(), message).param
+        transform.AnnotateOp(match(match_assertion_checks(f), "cf.assert"), "msg", param=text)
+
+    checks = assertion_checks(func)
+    transform_ext.load(func.context)
+    apply_to(func, annotate)
     return checks
 
 

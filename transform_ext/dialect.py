@@ -62,6 +62,11 @@ OP_MODULES: list[str] = [
     "match_class_reductions",
     "add_unread_input",
     "sink_sibling_readers",
+    "refresh_function_type",
+    "match_assertion_checks",
+    "checks_to_error_code",
+    "filter_by_element_type",
+    "widen_bool_tensors",
 ]
 
 
