@@ -67,6 +67,9 @@ OP_MODULES: list[str] = [
     "checks_to_error_code",
     "filter_by_element_type",
     "widen_bool_tensors",
+    "widen_contraction_operands",
+    "drop_unpack_destination_fill",
+    "remove_annotation",
 ]
 
 
