@@ -359,9 +359,12 @@ def name_target_checks(func: ir.Operation, classes: int) -> list[ir.Operation]:
     from transform_ext.match_assertion_checks import assertion_checks, match_assertion_checks
     from transform_ext.nested import apply_to
 
+    from .common import foreach
+
     def annotate(f):
         text = transform.ParamConstantOp(transform.AnyParamType.get(), message).param
-        transform.AnnotateOp(match(match_assertion_checks(f), "cf.assert"), "msg", param=text)
+        foreach(match_assertion_checks(f),
+                lambda check: transform.AnnotateOp(match(check, "cf.assert"), "msg", param=text))
 
     checks = assertion_checks(func)
     transform_ext.load(func.context)

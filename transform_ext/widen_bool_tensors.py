@@ -171,7 +171,7 @@ class WidenBoolTensorsOp(TransformExt.Operation, name="widen_bool_tensors"):
     class Apply(transform.TransformOpInterface):
         @staticmethod
         def apply(op, rewriter, results, state):
-            with op.context:
+            with op.context, op.location:
                 funcs = payload_ops(state, op.target)
                 try:
                     for f in funcs:
