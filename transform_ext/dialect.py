@@ -70,6 +70,9 @@ OP_MODULES: list[str] = [
     "widen_contraction_operands",
     "drop_unpack_destination_fill",
     "remove_annotation",
+    "clamp_gather_indices",
+    "match_narrow_reductions",
+    "promote_reductions_to_f32",
 ]
 
 
