@@ -357,9 +357,10 @@ def _target_check_message(classes: int) -> str:
             f"or equal ignore_index")
 
 
-def _name_target_checks(classes: int):
+def name_target_checks(classes: int):
     """The imported bounds checks of the gathers at the targets (x[i, y_i], w[y_i]; split
-    into result-less generics by step 1) say what is wrong in the user's terms."""
+    into result-less generics by step 1) say what is wrong in the user's terms: a step
+    (body(root) -> root) annotating the message on their cf.assert ops."""
     def body(root: ir.Value) -> ir.Value:
         message = ir.StringAttr.get(_target_check_message(classes))
         text = transform.ParamConstantOp(transform.AnyParamType.get(), message).param
@@ -441,12 +442,12 @@ def plan_cross_entropy(payload: ir.Module, params: CrossEntropyParams) -> CrossE
         _apply(trial, _merge_gradients(gradients))
     ops = find_cross_entropy(trial)
     classes = loop_structure(ops.row_max).ranges[ops.class_dim]
-    _apply(trial, _name_target_checks(classes))
+    _apply(trial, name_target_checks(classes))
     _apply(trial, _mark_class_sums)
     ops = find_cross_entropy(trial)
     root = _place(ops.root)
     _apply(trial, _sink_root_readers(root))
-    rows = _row_tiling(trial, find_cross_entropy(trial), params)
+    rows = _row_tiling(trial, ops, params)  # the root as chosen before its readers moved
     if rows is not None:
         _apply(trial, _tile_rows(rows))
     blocks = _fused_blocks(trial)
@@ -700,7 +701,7 @@ def fuse_steps(plan: CrossEntropyPlan) -> list[tuple[str, object]]:
     steps = [("normalize", _normalize(plan.fold_reshapes)), ("restructure", _restructure)]
     if plan.gradients:
         steps.append(("merge_gradients", _merge_gradients(plan.gradients)))
-    steps += [("name_target_checks", _name_target_checks(plan.classes)),
+    steps += [("name_target_checks", name_target_checks(plan.classes)),
               ("mark_class_sums", _mark_class_sums),
               ("sink_root_readers", _sink_root_readers(plan.root))]
     if plan.rows is not None:

@@ -830,6 +830,8 @@ def _kernel_forall(payload: ir.Module, kind: str) -> ir.Operation | None:
 def _prepare_host_check(graph: LossGraph) -> None:
     """The target check reads y only (its producers inlined); its assertions say what is
     wrong in the user's terms (cross_entropy.name_target_checks)."""
+    from transform_ext.nested import apply_to
+
     from .cross_entropy import name_target_checks
 
     block = graph.func.regions[0].blocks[0]
@@ -838,7 +840,7 @@ def _prepare_host_check(graph: LossGraph) -> None:
         if not all(_is_arg(v, block) for v in op.opview.inputs):
             raise NotLowerable(f"cross-entropy: the target check at {op.location} reads values "
                                "computed on the device")
-    name_target_checks(graph.func, graph.classes)
+    apply_to(graph.func, name_target_checks(graph.classes))
 
 
 def _regroup_scalars(block: ir.Block) -> None:

@@ -69,6 +69,17 @@ OP_MODULES: list[str] = [
     "match_row_kernel",
     "match_row_max_reductions",
     "match_column_sweep_ops",
+    "refresh_function_type",
+    "match_assertion_checks",
+    "checks_to_error_code",
+    "filter_by_element_type",
+    "widen_bool_tensors",
+    "widen_contraction_operands",
+    "drop_unpack_destination_fill",
+    "remove_annotation",
+    "clamp_gather_indices",
+    "match_narrow_reductions",
+    "promote_reductions_to_f32",
 ]
 
 
