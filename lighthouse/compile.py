@@ -245,7 +245,7 @@ def compile_kernel(path, *, overrides=None, backward=False, target="cpu", thread
     imported = importer(kernel.model, kernel.inputs, name=str(kernel.path))
     notes: list[str] = []
     family = choose_family(imported.module, requested=schedule or kernel.config.get("schedule"),
-                           strict=strict, notes=notes)
+                           strict=strict, notes=notes, target=target_obj)
     import_seconds = time.perf_counter() - start
     first_failure = None
     while True:

@@ -20,7 +20,8 @@ from .errors import ScheduleMismatch
 class Family:
     name: str
     recognize: Callable[[object], bool]
-    check: Callable[[object], str | None]  # None when the schedule applies, else the reason
+    # (module, target or None): None when the schedule applies, else the reason
+    check: Callable[[object, object], str | None]
     # (module, target): the Python stages of a family whose schedule is not a script (None
     # for one that is)
     fuse: Callable[[object, object], None] | None
@@ -65,7 +66,7 @@ def _generic_script(module, target):
     return generic_script(_generic_params(target))
 
 
-GENERIC = Family("generic", lambda m: True, lambda m: None, _generic_fuse, _generic_vectorize,
+GENERIC = Family("generic", lambda m: True, lambda m, t=None: None, _generic_fuse, _generic_vectorize,
                  script=_generic_script)
 
 
@@ -77,7 +78,7 @@ def _loops_script(module, target):
 
 # No tiling, no vectorization: linalg straight to scalar loops. A baseline for debugging
 # schedules (`--schedule loops`), never chosen automatically.
-LOOPS = Family("loops", lambda m: False, lambda m: None, lambda m, t: None, lambda m, t: None,
+LOOPS = Family("loops", lambda m: False, lambda m, t=None: None, lambda m, t: None, lambda m, t: None,
                script=_loops_script)
 
 
@@ -106,7 +107,7 @@ def _matmul_recognize(module):
     return recognize(module)
 
 
-def _matmul_check(module):
+def _matmul_check(module, target=None):
     from schedules.matmul import check
 
     return check(module)
@@ -137,10 +138,10 @@ def _attention_recognize(module):
     return recognize(module)
 
 
-def _attention_check(module):
+def _attention_check(module, target=None):
     from schedules.attention import check
 
-    return check(module)
+    return check(module, _attention_params(target))
 
 
 def _attention_script(module, target):
@@ -179,27 +180,24 @@ def _cross_entropy_recognize(module):
     return recognize(module)
 
 
-def _cross_entropy_check(module):
+def _cross_entropy_check(module, target=None):
     from schedules.cross_entropy import check
 
-    return check(module)
+    return check(module, _cross_entropy_params(target))
 
 
-def _cross_entropy_fuse(module, target):
-    from schedules.cross_entropy import fuse_cross_entropy
+def _cross_entropy_script(module, target):
+    """The plan read from the payload after cleanup (the check's, with the same params),
+    @vectorize on the CPU only."""
+    from schedules.cross_entropy import cross_entropy_script, plan_cross_entropy
 
-    fuse_cross_entropy(module, _cross_entropy_params(target))
-
-
-def _cross_entropy_vectorize(module, target):
-    from schedules.cross_entropy import vectorize_cross_entropy
-
-    vectorize_cross_entropy(module, _generic_params(target))
+    vector = _generic_params(target) if getattr(target, "name", "cpu") == "cpu" else None
+    return cross_entropy_script(plan_cross_entropy(module, _cross_entropy_params(target)), vector)
 
 
 # Before attention: attention's cheap test also accepts a log_softmax with three reductions.
-CROSS_ENTROPY = Family("cross_entropy", _cross_entropy_recognize, _cross_entropy_check,
-                       _cross_entropy_fuse, _cross_entropy_vectorize)
+CROSS_ENTROPY = Family("cross_entropy", _cross_entropy_recognize, _cross_entropy_check, None, None,
+                       script=_cross_entropy_script)
 
 SPECIALIZED: list[Family] = [CROSS_ENTROPY, ATTENTION, MATMUL]
 
@@ -216,7 +214,7 @@ def family_named(name: str) -> Family:
 
 
 def choose_family(module, *, requested: str | None = None, strict: bool = False,
-                  notes: list[str] | None = None) -> Family:
+                  notes: list[str] | None = None, target=None) -> Family:
     """The requested family, or the first specialized family that recognizes the payload;
     when its check fails: the generic family and a note naming the reason (an error under
     `strict`)."""
@@ -225,7 +223,7 @@ def choose_family(module, *, requested: str | None = None, strict: bool = False,
         family = family_named(requested)
     else:
         family = next((f for f in SPECIALIZED if f.recognize(module)), GENERIC)
-    reason = family.check(module)
+    reason = family.check(module, target)
     if reason is None:
         return family
     message = f"the {family.name} schedule does not apply ({reason})"

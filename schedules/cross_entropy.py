@@ -73,18 +73,23 @@ from transform_ext.fold_scalar_or_splat_constant import fold_scalar_or_splat_con
 from transform_ext.fuse_dependent_reduction_ops import fuse_dependent_reduction_ops
 from transform_ext.inline_elementwise_producers import inline_elementwise_producers
 from transform_ext.match_class_reductions import match_class_reductions
-from transform_ext.merge_elementwise import merge as merge_elementwise
+from transform_ext.match_assertion_checks import match_assertion_checks
+from transform_ext.merge_elementwise import check_mergeable, merge_elementwise
 from transform_ext.promote_indexed_extracts import promote_indexed_extracts
+from transform_ext.remove_annotation import remove_annotation
 from transform_ext.sink_sibling_readers import sink_sibling_readers
 from transform_ext.split_affine_reductions import split_affine_reductions
 from transform_ext.split_class_reductions import split_class_reductions
+from transform_ext.split_assertions import split_assertions
 from transform_ext.split_reduction_lanes import LANE_DIM, split_reduction_lanes
 from transform_ext.split_reduction_lanes import check_group as check_lane_split
 from transform_ext.trace_to_argument import trace_to_argument
 
-from .common import canonicalize, clear_tags, match, run_passes, run_schedule
-from .generic import GenericParams, largest_divisor_at_most, single_func, vectorize_generic
-from .prepare import cleanup, split_assertions
+from .common import canonicalize, foreach, match, run_schedule
+from .generic import GenericParams, largest_divisor_at_most, single_func
+from .generic import vectorize_stage as generic_vectorize_stage
+from .prepare import cleanup
+from .script import build_script, include_step
 
 
 CLASS_SUM = "lh.class_sum"  # marks the reductions of the fused class loops for vectorization
@@ -131,6 +136,8 @@ class CrossEntropyOps:
     root: ir.Operation             # the op tiled into the row forall
     class_dim: int                 # of row_max's iteration space
     row_dims: list                 # loop dims of `root` running over the rows
+    gradients: list                # every gradient op (several: to merge first; root and
+                                   # gradient are None until then)
 
 
 def _func(payload: ir.Module) -> ir.Operation:
@@ -144,26 +151,22 @@ def recognize(payload: ir.Module) -> bool:
         "linalg.batch_matmul" not in text and "linalg.matmul" not in text
 
 
-def normalize(payload: ir.Module) -> None:
-    """Step 1 of the module docstring."""
-    transform_ext.load(payload.context)
-
-    def body(root, fold_reshapes=True):
+def _normalize(fold_reshapes: bool):
+    """Step 1 of the module docstring (fold_reshapes False: fold_reshape_ops_by_expansion
+    mistypes reshapes between rank 0 and rank 1, the unbatched loss; unit-dim folding
+    removes those on its own)."""
+    def body(root: ir.Value) -> ir.Value:
         f = match(root, "func.func")
         f = drop_unused_results(f)
         f = fold_scalar_or_splat_constant(f)
         if fold_reshapes:
             f = fold_reshape_ops_by_expansion(f)
         canonicalize(f)
+        root = _passes(root, "linalg-fold-unit-extent-dims", "canonicalize", "cse")
+        split_assertions(root)
+        return root
 
-    if _has_rank0_reshape(payload):
-        # fold_reshape_ops_by_expansion mistypes reshapes between rank 0 and rank 1 (the
-        # unbatched loss); unit-dim folding removes those on its own.
-        run_schedule(payload, lambda root: body(root, fold_reshapes=False))
-    else:
-        run_schedule(payload, body)
-    run_passes(payload, "linalg-fold-unit-extent-dims, canonicalize, cse")
-    split_assertions(payload)
+    return body
 
 
 def _refuse_empty(payload: ir.Module) -> None:
@@ -186,34 +189,28 @@ def _has_rank0_reshape(payload: ir.Module) -> bool:
     return bool(found)
 
 
-def restructure(payload: ir.Module) -> None:
-    """Step 2 of the module docstring: one sequence (canonicalize and cse as passes between
-    the rewrites)."""
-    _logits(_func(payload))  # one row max, reading the logits (else: the reason)
-    run_schedule(payload, _restructure)
-
-
-def _restructure(root: ir.Value) -> None:
+def _restructure(root: ir.Value) -> ir.Value:
+    """Step 2 of the module docstring (canonicalize and cse as passes between the rewrites)."""
     func = match(root, "func.func")
     fold_gathers_through_elementwise(func)
     promote_indexed_extracts(func)
-    root = _canonicalize_and_cse(root)
+    root = _passes(root, "canonicalize", "cse")
     generics = match(match(root, "func.func"), "linalg.generic")
     logits = trace_to_argument(filter_reductions(generics, combiner="max"), 0)
     inline_elementwise_producers(generics, witness=logits)
-    root = _canonicalize_and_cse(root)
+    root = _passes(root, "canonicalize", "cse")
     row_max = filter_reductions(match(match(root, "func.func"), "linalg.generic"), combiner="max")
     split_class_reductions(row_max)
     split_affine_reductions(row_max)
-    _canonicalize_and_cse(root)
+    return _passes(root, "canonicalize", "cse")
 
 
-def _canonicalize_and_cse(module: ir.Value) -> ir.Value:
-    """The canonicalize and cse passes on the module (its handle is consumed; returns the
-    new one)."""
-    for name in ("canonicalize", "cse"):
-        module = transform.apply_registered_pass(transform.AnyOpType.get(), module, name)
-    return module
+def _passes(root: ir.Value, *names: str) -> ir.Value:
+    """transform.apply_registered_pass of each pass in turn on `root` (consumed); returns
+    the handle to it after the last."""
+    for name in names:
+        root = transform.ApplyRegisteredPassOp(transform.AnyOpType.get(), root, name).result
+    return root
 
 
 def _row_max(func: ir.Operation) -> ir.Operation:
@@ -240,7 +237,8 @@ def _logits(func: ir.Operation) -> ir.Value:
 
 
 def find_cross_entropy(payload: ir.Module) -> CrossEntropyOps:
-    """Locate the row max, the class sums, the gradient and the root (or say why not)."""
+    """Locate the row max, the class sums, the gradient and the root (or say why not; with
+    several gradients only them: they are merged into one op first)."""
     func = _func(payload)
     ops = [op for op in block_ops(func) if is_linalg_op(op)]
     maxes = [op for op in ops if reduction_combiner(op) == "max"
@@ -281,8 +279,11 @@ def find_cross_entropy(payload: ir.Module) -> CrossEntropyOps:
     if len(gradients) > 1:
         if len({tuple(loop_structure(g).ranges) for g in gradients}) != 1:
             raise NotCrossEntropy("the gradients iterate over different spaces")
-        with payload.context:
-            gradients = [merge_elementwise(gradients)]
+        try:
+            check_mergeable(gradients)
+        except Illegal as exc:
+            raise NotCrossEntropy(f"the gradients cannot be merged into one op ({exc.reason})")
+        return CrossEntropyOps(row_max, class_sums, None, None, class_dim, [], gradients)
     gradient = gradients[0] if gradients else None
     row_dims = [p for p in range(m.type.rank)]
     root = gradient if gradient is not None else _last_row_op(ops, row_max, classes)
@@ -291,7 +292,7 @@ def find_cross_entropy(payload: ir.Module) -> CrossEntropyOps:
         for l in range(loop_structure(root).num_loops):
             if classes.same((root, l), (m, p)):
                 root_rows.append(l)
-    return CrossEntropyOps(row_max, class_sums, gradient, root, class_dim, root_rows)
+    return CrossEntropyOps(row_max, class_sums, gradient, root, class_dim, root_rows, gradients)
 
 
 def _numel(shape) -> int:
@@ -331,13 +332,14 @@ def _last_row_op(ops, row_max, classes) -> ir.Operation:
 
 
 
-def check(payload: ir.Module) -> str | None:
-    """None when this schedule applies to `payload`, else the one-line reason."""
+def check(payload: ir.Module, params: CrossEntropyParams = CrossEntropyParams()) -> str | None:
+    """None when this schedule applies to `payload`, else the one-line reason (the plan of
+    `params` is made on a copy after cleanup, and kept for the compile's script)."""
     trial = ir.Module.parse(str(payload), payload.context)
     try:
         with payload.context, ir.Location.unknown():
             cleanup(trial)  # the family is chosen on the import: judge what fuse will see
-            fuse_cross_entropy(trial)
+            plan_cross_entropy(trial, params)
     except NotCrossEntropy as exc:
         return str(exc)
     except Exception as exc:  # a transform refused the payload: its first line says why
@@ -350,37 +352,142 @@ def _first_line(exc: Exception) -> str:
     return (failure_reason(str(exc)) or type(exc).__name__)[:200]
 
 
-def name_target_checks(func: ir.Operation, classes: int) -> list[ir.Operation]:
+def _target_check_message(classes: int) -> str:
+    return (f"cross_entropy: a target is out of range: class indices must be in [0, {classes}) "
+            f"or equal ignore_index")
+
+
+def name_target_checks(classes: int):
     """The imported bounds checks of the gathers at the targets (x[i, y_i], w[y_i]; split
-    into result-less generics by `normalize`) say what is wrong in the user's terms.
-    Returns those generics."""
-    message = ir.StringAttr.get(f"cross_entropy: a target is out of range: class indices must "
-                                f"be in [0, {classes}) or equal ignore_index", func.context)
-    checks = [op for op in block_ops(func) if op.name == "linalg.generic" and not op.results
-              and any(o.operation.name == "cf.assert" for o in body_of(op).operations)]
-    for op in checks:
-        for inner in body_of(op).operations:
-            if inner.operation.name == "cf.assert":
-                inner.operation.attributes["msg"] = message
-    return checks
+    into result-less generics by step 1) say what is wrong in the user's terms: a step
+    (body(root) -> root) annotating the message on their cf.assert ops."""
+    def body(root: ir.Value) -> ir.Value:
+        message = ir.StringAttr.get(_target_check_message(classes))
+        text = transform.ParamConstantOp(transform.AnyParamType.get(), message).param
+        foreach(match_assertion_checks(match(root, "func.func")),
+                lambda check: transform.AnnotateOp(match(check, "cf.assert"), "msg", param=text))
+        return root
+
+    return body
 
 
-def fuse_cross_entropy(payload: ir.Module, params: CrossEntropyParams = CrossEntropyParams()) -> None:
+@dataclass(frozen=True)
+class RowTiling:
+    """Step 4: the root and its producers over the rows, by their places (root first) among
+    the `count` ops of `names` that structured.match finds in the function; the root's
+    tile_using_forall sizes."""
+
+    names: tuple[str, ...]
+    count: int
+    places: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ClassLoop:
+    """Step 5 in one row block: lanes to split the group into (1: none), class tile."""
+
+    lanes: int
+    class_tile: int
+
+
+@dataclass(frozen=True)
+class CrossEntropyPlan:
+    """What the script is built from: the parameters and what the payload showed at each
+    step of a trial on a copy. gradients: places of the gradients to merge into one (empty
+    with at most one); classes: C; root: place of the root (as RowTiling.ops); rows: None
+    when nothing is tiled (the unbatched loss); blocks: one ClassLoop per row block (the
+    function when untiled); vector: per class reduction in match order, the tile sizes of
+    the row loops and of the partial vector results (None: a lane-split one)."""
+
+    params: CrossEntropyParams
+    fold_reshapes: bool
+    gradients: tuple[tuple[str, int, int], ...]
+    classes: int
+    root: tuple[str, int, int]
+    rows: RowTiling | None
+    blocks: tuple[ClassLoop, ...]
+    blocks_in_foralls: bool
+    vector: tuple[tuple[tuple[int, ...], tuple[int, ...] | None], ...]
+
+
+class _Plans:
+    """The last plan made (payload text after cleanup, params -> plan): `check` plans on its
+    copy after cleanup and the compile's script is built from the same text, so the fusion
+    runs once on a copy per compile."""
+
+    key: tuple | None = None
+    plan: CrossEntropyPlan | None = None
+
+
+def plan_cross_entropy(payload: ir.Module, params: CrossEntropyParams) -> CrossEntropyPlan:
+    """The plan of `payload` (after cleanup; read, not rewritten): the schedule's steps
+    applied to a copy one at a time, each decision read from the copy before the step that
+    needs it (NotCrossEntropy, or the failing transform's error, when the schedule does not
+    apply). Needs an active context."""
+    key = (str(payload), params)
+    if _Plans.key == key:
+        return _Plans.plan
+    transform_ext.load(payload.context)
     _refuse_empty(payload)
-    normalize(payload)
-    restructure(payload)
-    ops = find_cross_entropy(payload)
-    name_target_checks(_func(payload), loop_structure(ops.row_max).ranges[ops.class_dim])
-    run_schedule(payload, _mark_class_sums)
-    ops = find_cross_entropy(payload)
-    root = ops.root
-    run_schedule(payload, lambda r: sink_sibling_readers(_handle_of(match(r, "func.func"), root)))
-    _tile_rows(payload, ops, params)
-    _fuse_class_loop(payload, params)
-    run_passes(payload, "canonicalize, cse")
+    trial = ir.Module.parse(key[0], payload.context)
+    fold_reshapes = not _has_rank0_reshape(trial)
+    _apply(trial, _normalize(fold_reshapes))
+    _logits(_func(trial))  # one row max, reading the logits (else: the reason)
+    _apply(trial, _restructure)
+    ops = find_cross_entropy(trial)
+    gradients = ()
+    if len(ops.gradients) > 1:
+        gradients = tuple(_place(g) for g in ops.gradients)
+        _apply(trial, _merge_gradients(gradients))
+    ops = find_cross_entropy(trial)
+    classes = loop_structure(ops.row_max).ranges[ops.class_dim]
+    _apply(trial, name_target_checks(classes))
+    _apply(trial, _mark_class_sums)
+    ops = find_cross_entropy(trial)
+    root = _place(ops.root)
+    _apply(trial, _sink_root_readers(root))
+    rows = _row_tiling(trial, ops, params)  # the root as chosen before its readers moved
+    if rows is not None:
+        _apply(trial, _tile_rows(rows))
+    blocks = _fused_blocks(trial)
+    in_foralls = blocks[0].owner.name == "scf.forall"
+    loops = tuple(_class_loop(block, params) for block in blocks)
+    _apply(trial, _fuse_class_loops(loops, in_foralls))
+    plan = CrossEntropyPlan(params, fold_reshapes, gradients, classes, root, rows, loops,
+                            in_foralls, _vector_plan(trial, params.vector_tile))
+    _Plans.key, _Plans.plan = key, plan
+    return plan
 
 
-def _mark_class_sums(root: ir.Value) -> None:
+def _apply(payload: ir.Module, step) -> None:
+    run_schedule(payload, step)
+
+
+def _place(op: ir.Operation) -> tuple[str, int, int]:
+    """(name, place among the ops of that name in its block, their number): how
+    structured.match on the function finds it (before tiling no op of its name is nested)."""
+    same_name = [o for o in block_ops(op.block) if o.name == op.name]
+    return op.name, same_name.index(op), len(same_name)
+
+
+def _handle(func: ir.Value, place: tuple[str, int, int]) -> ir.Value:
+    name, index, count = place
+    return _split(match(func, name), count)[index]
+
+
+def _merge_gradients(places: tuple[tuple[str, int, int], ...]):
+    """Step 3: the gradients (several results computed elementwise) merged into one op."""
+    def body(root: ir.Value) -> ir.Value:
+        func = match(root, "func.func")
+        handles = [_handle(func, place) for place in places]
+        merge_elementwise(transform.MergeHandlesOp(handles).result)
+        return root
+
+    return body
+
+
+def _mark_class_sums(root: ir.Value) -> ir.Value:
     """Mark the row max and the class reductions `CLASS_SUM` (the fused loop's group, tiled
     for vectors later). A class reduction whose class loop no operand shares with the logits
     (the row sum of the one-hot gradient reads only targets and loop indices) gets the logits
@@ -391,13 +498,36 @@ def _mark_class_sums(root: ir.Value) -> None:
     transform.AnnotateOp(row_max, CLASS_SUM)
     transform.AnnotateOp(match_class_reductions(row_max), CLASS_SUM)
     add_unread_input(_match_attr(func, CLASS_SUM), trace_to_argument(row_max, 0))
+    return root
 
 
-def _handle_of(func: ir.Value, op: ir.Operation) -> ir.Value:
-    """A handle to `op`, an op of the function's block: its place among the ops of its name
-    that structured.match finds there."""
-    same_name = [o for o in block_ops(op.block) if o.name == op.name]
-    return _split(match(func, op.name), len(same_name))[same_name.index(op)]
+def _sink_root_readers(root_place: tuple[str, int, int]):
+    """Step 4's preparation: the root's sibling readers after it (sink_sibling_readers)."""
+    def body(root: ir.Value) -> ir.Value:
+        sink_sibling_readers(_handle(match(root, "func.func"), root_place))
+        return root
+
+    return body
+
+
+def _row_tiling(payload: ir.Module, ops: CrossEntropyOps,
+                params: CrossEntropyParams) -> RowTiling | None:
+    tile, extents = _row_tile(ops, params)
+    if not extents:
+        return None
+    func = _func(payload)
+    linalg_ops = [op for op in block_ops(func) if is_linalg_op(op)]
+    classes = DimClasses(linalg_ops)
+    m = ops.row_max.results[0]
+    producers = _row_producers(ops.root, linalg_ops, classes, m)
+    sizes = [0] * loop_structure(ops.root).num_loops
+    for l in ops.row_dims[:-1]:
+        sizes[l] = 1
+    sizes[ops.row_dims[-1]] = tile
+    names = sorted({op.name for op in [ops.root] + producers})
+    candidates = [op for op in linalg_ops if op.name in names]  # as structured.match finds them
+    places = [candidates.index(op) for op in [ops.root] + producers]
+    return RowTiling(tuple(names), len(candidates), tuple(places), tuple(sizes))
 
 
 def _row_tile(ops: CrossEntropyOps, params: CrossEntropyParams) -> tuple[int, list[int]]:
@@ -419,34 +549,19 @@ def _row_tile(ops: CrossEntropyOps, params: CrossEntropyParams) -> tuple[int, li
     return largest_divisor_at_most(last, want), extents
 
 
-def _tile_rows(payload, ops: CrossEntropyOps, params: CrossEntropyParams) -> None:
-    tile, extents = _row_tile(ops, params)
-    if not extents:
-        return
-    func = _func(payload)
-    linalg_ops = [op for op in block_ops(func) if is_linalg_op(op)]
-    classes = DimClasses(linalg_ops)
-    m = ops.row_max.results[0]
-    producers = _row_producers(ops.root, linalg_ops, classes, m)
-    sizes = [0] * loop_structure(ops.root).num_loops
-    for l in ops.row_dims[:-1]:
-        sizes[l] = 1
-    sizes[ops.row_dims[-1]] = tile
-    names = sorted({op.name for op in [ops.root] + producers})
-    candidates = [op for op in linalg_ops if op.name in names]  # as structured.match finds them
-    position = [candidates.index(op) for op in [ops.root] + producers]
-
-    def body(root):
+def _tile_rows(rows: RowTiling):
+    """Step 4: the root tiled into an scf.forall over row blocks, its producers over the
+    rows fused in one at a time (CSE first: equal slices of one producer become one use)."""
+    def body(root: ir.Value) -> ir.Value:
         func = match(root, "func.func")
-        handles = _split(match(func, names), len(candidates))
-        tiled = structured.TileUsingForallOp(handles[position[0]], tile_sizes=sizes)
-        for i in position[1:]:
-            # CSE first: equal slices of one producer become one use to fuse into
+        handles = _split(match(func, list(rows.names)), rows.count)
+        tiled = structured.TileUsingForallOp(handles[rows.places[0]], tile_sizes=list(rows.sizes))
+        for producer in [handles[i] for i in rows.places[1:]]:
             canonicalize(func)
-            structured.FuseIntoContainingOp(handles[i], tiled.forall_op)
+            structured.FuseIntoContainingOp(producer, tiled.forall_op)
+        return _passes(root, "canonicalize", "cse")
 
-    run_schedule(payload, body)
-    run_passes(payload, "canonicalize, cse")
+    return body
 
 
 def _row_producers(root, linalg_ops, classes, m) -> list[ir.Operation]:
@@ -471,37 +586,32 @@ def _row_producers(root, linalg_ops, classes, m) -> list[ir.Operation]:
     return [op for op in reversed(linalg_ops) if op in found]
 
 
-def _fuse_class_loop(payload, params: CrossEntropyParams) -> None:
-    """Step 5 of the module docstring, in every row block (or the function when unbatched):
-    one sequence per block, the lane split (when the lanes divide the classes) then the
-    fusion over class tiles of `ct` chunks."""
-    blocks = _fused_blocks(payload)
-    for position, block in enumerate(blocks):
-        row_max, consumers = _class_group(block)
-        lanes = _lane_count(row_max, consumers, params)
-        ls = loop_structure(row_max)
-        ct = _class_tile(ls.ranges[ls.reduction_dims[0]] // lanes, params, lanes)
+def _class_loop(block: ir.Block, params: CrossEntropyParams) -> ClassLoop:
+    row_max, consumers = _class_group(block)
+    lanes = _lane_count(row_max, consumers, params)
+    ls = loop_structure(row_max)
+    return ClassLoop(lanes, _class_tile(ls.ranges[ls.reduction_dims[0]] // lanes, params, lanes))
 
-        def fuse(root):
-            scope = _block_scope(root, position, blocks)
-            if lanes > 1:
-                split_reduction_lanes(_match_attr(scope, CLASS_SUM), lanes)
+
+def _fuse_class_loops(loops: tuple[ClassLoop, ...], in_foralls: bool):
+    """Step 5 of the module docstring, in every row block (or the function when unbatched):
+    the lane split (when the lanes divide the classes) then the fusion over class tiles."""
+    def body(root: ir.Value) -> ir.Value:
+        if in_foralls:
+            foralls = match(root, "scf.forall")
+            scopes = [foralls] if len(loops) == 1 else list(transform.SplitHandleOp(
+                [transform.AnyOpType.get()] * len(loops), foralls).results)
+        else:
+            scopes = [match(root, "func.func")]
+        for scope, loop in zip(scopes, loops):
+            if loop.lanes > 1:
+                split_reduction_lanes(_match_attr(scope, CLASS_SUM), loop.lanes)
             group = _match_attr(scope, CLASS_SUM)
             row_max = filter_reductions(group, combiner="max")
-            fuse_dependent_reduction_ops(row_max, exclude_ops(group, row_max), ct)
+            fuse_dependent_reduction_ops(row_max, exclude_ops(group, row_max), loop.class_tile)
+        return _passes(root, "canonicalize", "cse")
 
-        run_schedule(payload, fuse)
-
-
-def _block_scope(root: ir.Value, position: int, blocks: list) -> ir.Value:
-    """The op whose body is blocks[position] of the fused blocks: a row forall, or the
-    function when nothing was tiled."""
-    if blocks[position].owner.name != "scf.forall":
-        return match(root, "func.func")
-    foralls = match(root, "scf.forall")
-    if len(blocks) == 1:
-        return foralls
-    return _split(foralls, len(blocks))[position]
+    return body
 
 
 def _fused_blocks(payload: ir.Module) -> list[ir.Block]:
@@ -519,7 +629,7 @@ def _fused_blocks(payload: ir.Module) -> list[ir.Block]:
 
 
 def _class_group(block: ir.Block) -> tuple[ir.Operation, list[ir.Operation]]:
-    """The tagged row max of a block and the other tagged class reductions."""
+    """The marked row max of a block and the other marked class reductions."""
     ops = [o.operation for o in block.operations
            if is_linalg_op(o.operation) and CLASS_SUM in o.operation.attributes]
     maxes = [op for op in ops if reduction_combiner(op) == "max"]
@@ -568,44 +678,82 @@ def _class_tile(extent: int, params: CrossEntropyParams, lanes: int) -> int:
     return extent
 
 
-def vectorize_cross_entropy(payload: ir.Module, params: GenericParams) -> None:
-    """Each class reduction of the fused loops reads its elementwise producers in its own
-    body (nothing per tile is materialized) and runs row by row: lane-split ones one chunk
-    of lanes at a time (the lanes are the vector), the others into `params.vector_tile`
-    partial results combined once per class tile. exp becomes transform_ext.expand_fast_exp's
-    expansion; everything is then vectorized by the generic schedule."""
-    vector_tile = params.vector_tile
+def _vector_plan(payload: ir.Module, vector_tile: int):
+    """Per marked class reduction (match order): lane-split ones one chunk of lanes at a
+    time, the others row by row into `vector_tile` partial results."""
     plan = []
     for op in _tagged(payload, CLASS_SUM):
         ls = loop_structure(op)
         k = ls.reduction_dims[0]
         if LANE_DIM in op.attributes:
-            # one chunk of lanes at a time: the lane accumulators stay vectors
             lane = ir.IntegerAttr(op.attributes[LANE_DIM]).value
-            plan.append(([0 if l == lane else 1 for l in range(ls.num_loops)], None))
+            plan.append((tuple(0 if l == lane else 1 for l in range(ls.num_loops)), None))
             continue
-        rows = [1 if it == "parallel" else 0 for it in ls.iterators]
+        rows = tuple(1 if it == "parallel" else 0 for it in ls.iterators)
         partial = [0] * ls.num_loops
         partial[k] = largest_divisor_at_most(ls.ranges[k], vector_tile)
-        plan.append((rows, partial))
+        plan.append((rows, tuple(partial)))
+    return tuple(plan)
 
-    def body(root):
+
+def fuse_steps(plan: CrossEntropyPlan) -> list[tuple[str, object]]:
+    """The named steps of the fuse stage, in order: (name, body(root) -> root)."""
+    steps = [("normalize", _normalize(plan.fold_reshapes)), ("restructure", _restructure)]
+    if plan.gradients:
+        steps.append(("merge_gradients", _merge_gradients(plan.gradients)))
+    steps += [("name_target_checks", name_target_checks(plan.classes)),
+              ("mark_class_sums", _mark_class_sums),
+              ("sink_root_readers", _sink_root_readers(plan.root))]
+    if plan.rows is not None:
+        steps.append(("tile_rows", _tile_rows(plan.rows)))
+    steps.append(("fuse_class_loops", _fuse_class_loops(plan.blocks, plan.blocks_in_foralls)))
+    return steps
+
+
+def fuse_stage(plan: CrossEntropyPlan):
+    """@fuse: its steps in order."""
+    names = [name for name, _ in fuse_steps(plan)]
+
+    def body(root: ir.Value) -> None:
+        for name in names:
+            root = include_step(name, root)
+
+    return body
+
+
+def vectorize_stage(plan: CrossEntropyPlan, params: GenericParams):
+    """@vectorize: each class reduction of the fused loops reads its elementwise producers
+    in its own body (nothing per tile is materialized) and runs as the plan's `vector` says;
+    exp becomes transform_ext.expand_fast_exp's expansion; the marks go; then the generic
+    vectorize stage."""
+    generic = generic_vectorize_stage(params)
+
+    def body(root: ir.Value) -> None:
         inline_elementwise_producers(_match_attr(root, CLASS_SUM))
-        if plan:  # (the inlining keeps the sums' loops: the plan holds for the rebuilt ops)
+        if plan.vector:  # (the inlining keeps the sums' loops: the plan holds for the rebuilt ops)
             matched = _match_attr(root, CLASS_SUM)
-            for target, (outer, partial) in zip(_split(matched, len(plan)), plan):
+            for target, (outer, partial) in zip(_split(matched, len(plan.vector)), plan.vector):
                 if any(outer):
-                    target = structured.TileUsingForOp(target, sizes=outer).tiled_linalg_op
+                    target = structured.TileUsingForOp(target, sizes=list(outer)).tiled_linalg_op
                 if partial is not None:
                     any_op = transform.AnyOpType.get()
                     structured.TileReductionUsingForOp([any_op], any_op, any_op, any_op, target,
-                                                       tile_sizes=partial)
+                                                       tile_sizes=list(partial))
         expand_fast_exp(root)
+        remove_annotation(root, CLASS_SUM)
+        remove_annotation(root, LANE_DIM)
+        generic(root)
 
-    run_schedule(payload, body)
-    clear_tags(payload, CLASS_SUM)
-    clear_tags(payload, LANE_DIM)
-    vectorize_generic(payload, params)
+    return body
+
+
+def cross_entropy_script(plan: CrossEntropyPlan, vector: GenericParams | None) -> ir.Module:
+    """@fuse of `plan` and, with `vector` (the CPU's vector tiles), @vectorize. Needs an
+    active context and location."""
+    stages = [("fuse", fuse_stage(plan))]
+    if vector is not None:
+        stages.append(("vectorize", vectorize_stage(plan, vector)))
+    return build_script(stages, fuse_steps(plan))
 
 
 def _split(handle: ir.Value, count: int) -> list[ir.Value]:

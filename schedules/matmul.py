@@ -41,12 +41,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torch_mlir import ir
-from torch_mlir.dialects import arith, linalg, tensor, transform
+from torch_mlir.dialects import transform
 from torch_mlir.dialects.transform import structured
 from torch_mlir.dialects.transform import tensor as ttensor
 from torch_mlir.dialects.transform import vector as tvec
 
 from transform_ext.analysis.structure import dim_positions, is_linalg_op, loop_structure
+from transform_ext.drop_unpack_destination_fill import drop_unpack_destination_fill
+from transform_ext.remove_annotation import remove_annotation
+from transform_ext.widen_contraction_operands import widen_contraction_operands
 
 from .common import (any_op, apply_patterns, canonicalize, clear_tags,
                      hoist_loop_invariant_subsets, match, match_id, run_passes, run_schedule,
@@ -59,7 +62,6 @@ ROLE = "lh.mm_role"            # string attribute: the part of the matmul schedu
 VECTOR_SIZES = "lh.mm_vector"  # i64 array: vector sizes of the op's nominal tile
 _DONE = "lh.mm_done"           # contraction already scheduled (its kernel op)
 _WIDEN = "lh.mm_widen"          # markers between the tiling and the widening fusion
-_SEQUENTIAL = "lh.sequential"
 
 FLOAT_TYPES = ("f32", "f16", "bf16")
 
@@ -347,10 +349,18 @@ def _fuse_into(producer, containing):
     return f.fused_op, f.new_containing_op
 
 
-def _set_role(op: ir.Operation, role: str, vector_sizes: list[int] | None = None) -> None:
-    op.attributes[ROLE] = ir.StringAttr.get(role)
+def _annotate(handle, name: str, value: ir.Attribute | None = None) -> None:
+    """transform.annotate the ops of `handle` with `name` (= `value`: a param constant)."""
+    param = None if value is None else transform.ParamConstantOp(transform.AnyParamType.get(),
+                                                                  value).param
+    transform.AnnotateOp(handle, name, param=param)
+
+
+def _set_role(handle, role: str, vector_sizes: list[int] | None = None) -> None:
+    """Annotate the ops of `handle` with their ROLE (and VECTOR_SIZES) for the vectorize stage."""
+    _annotate(handle, ROLE, ir.StringAttr.get(role))
     if vector_sizes is not None:
-        op.attributes[VECTOR_SIZES] = ir.DenseI64ArrayAttr.get(vector_sizes)
+        _annotate(handle, VECTOR_SIZES, ir.DenseI64ArrayAttr.get(vector_sizes))
 
 
 def _producer(value) -> ir.Operation | None:
@@ -368,17 +378,30 @@ def _outer_perm(amap, order: dict[int, int]) -> list[int] | None:
 
 def _pack(payload: ir.Module, c: Contraction, params: MatmulParams, fold_transposes: bool) -> ir.Operation:
     """Step 1 of the module docstring; returns the packed contraction (the kernel).
-    fold_transposes: fold transposes (and zero-offset slices) around the packs into them."""
+    A 16-bit operand is first widened (transform_ext.widen_contraction_operands: the
+    contraction reads its f32 extension, role convert_a or convert_b, vector sizes of a
+    register tile's slice of it). fold_transposes: fold transposes (and zero-offset slices)
+    around the packs into them."""
     mr, nr = params.register
     sizes = [0] * len(c.ranges)
     sizes[c.m], sizes[c.n] = mr, nr
     ls = loop_structure(c.op)
     order = {d: 0 for d in c.batch} | {c.m: 1, c.n: 1, c.k: 2}
     perms = [_outer_perm(ls.maps[i], order) for i in (0, 1)]
+    tile = {d: 1 for d in c.batch} | {c.m: mr, c.n: nr, c.k: params.pack_k}
+    f32 = ir.F32Type.get()
+    narrow = [index for index in (0, 1) if c.op.operands[index].type.element_type != f32]
     tag_ops([c.op])
 
     def body(root):
-        kernel = structured.PackOp(transform.OperationType.get("linalg.generic"), match_id(root, 0),
+        contraction = match_id(root, 0)
+        if narrow:
+            contraction, *extensions = widen_contraction_operands(contraction)
+            for index in narrow:
+                name = "a" if index == c.a_index else "b"
+                _set_role(extensions[index], f"convert_{name}",
+                          [tile[d] for d in dim_positions(ls.maps[index])])
+        kernel = structured.PackOp(transform.OperationType.get("linalg.generic"), contraction,
                                    [], static_packed_sizes=sizes).packed_op
         for i, perm in enumerate(perms):
             if perm is None:
@@ -398,66 +421,6 @@ def _pack(payload: ir.Module, c: Contraction, params: MatmulParams, fold_transpo
     clear_tags(payload)
     return next(op for func in func_ops(payload) for op in top_level_linalg_ops(func)
                 if _DONE in op.attributes and ROLE not in op.attributes)
-
-
-def _elementwise(value, result_type, body) -> ir.Operation:
-    """linalg.generic applying `body(builder args)` elementwise to `value`."""
-    t = value.type
-    rank = len(t.shape)
-    identity = ir.AffineMapAttr.get(ir.AffineMap.get_identity(rank))
-    empty = tensor.EmptyOp(t.shape, result_type)
-    op = linalg.GenericOp([ir.RankedTensorType.get(t.shape, result_type)], [value], [empty.result],
-                          ir.ArrayAttr.get([identity, identity]),
-                          ir.ArrayAttr.get([ir.Attribute.parse("#linalg.iterator_type<parallel>")] * rank))
-    block = op.regions[0].blocks.append(t.element_type, result_type)
-    with ir.InsertionPoint(block):
-        linalg.YieldOp([body(block.arguments[0])])
-    return op.operation
-
-
-def _extend_to_f32(x: ir.Value) -> ir.Value:
-    """x (f16 or bf16) as f32, exactly. bf16 is the upper half of an f32: its bits shifted
-    up by 16 (which vectorizes to a zero-extend and a shift; LLVM's own bf16 extension on
-    this target goes element by element)."""
-    f32 = ir.F32Type.get()
-    if not isinstance(x.type, ir.BF16Type):
-        return arith.ExtFOp(f32, x).result
-    i16, i32 = ir.IntegerType.get_signless(16), ir.IntegerType.get_signless(32)
-    bits = arith.ExtUIOp(i32, arith.BitcastOp(i16, x).result).result
-    shifted = arith.ShLIOp(bits, arith.ConstantOp(i32, 16).result).result
-    return arith.BitcastOp(f32, shifted).result
-
-
-def _widen_operands(c: Contraction) -> dict[str, ir.Operation]:
-    """A contraction of 16-bit operands becomes one of f32 operands, each fed by an
-    elementwise extension (exact), so the kernel and its packed panels are f32 and the
-    extension happens once, while packing. Returns the extensions by operand ("a", "b")."""
-    f32 = ir.F32Type.get()
-    op = c.op
-    if all(v.type.element_type == f32 for v in op.operands):
-        return {}
-    ls = loop_structure(op)
-    with ir.InsertionPoint(op), op.location:
-        inputs, converts = [], {}
-        for index in (0, 1):
-            value = op.operands[index]
-            if value.type.element_type != f32:
-                convert = _elementwise(value, f32, _extend_to_f32)
-                converts["a" if index == c.a_index else "b"] = convert
-                value = convert.results[0]
-            inputs.append(value)
-        maps = ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in ls.maps])
-        iterators = ir.ArrayAttr.get([ir.Attribute.parse(f"#linalg.iterator_type<{it}>")
-                                      for it in ls.iterators])
-        widened = linalg.GenericOp([op.results[0].type], inputs, [op.operands[2]], maps, iterators)
-        block = widened.regions[0].blocks.append(f32, f32, f32)
-        with ir.InsertionPoint(block):
-            product = arith.MulFOp(block.arguments[0], block.arguments[1]).result
-            linalg.YieldOp([arith.AddFOp(block.arguments[2], product).result])
-    op.results[0].replace_all_uses_with(widened.results[0])
-    op.erase()
-    c.op = widened.operation
-    return converts
 
 
 def _kernel_dims(kernel: ir.Operation, c: Contraction, a_index: int) -> dict[str, list[int] | int]:
@@ -499,15 +462,11 @@ def _schedule_packed(payload: ir.Module, c: Contraction, params: MatmulParams) -
     mr, nr = params.register
     nb = len(c.batch)
     ls = loop_structure(c.op)
-    sizes_of = {d: 1 for d in c.batch} | {c.m: mr, c.n: nr, c.k: params.pack_k}
     k_contiguous = {"a": dim_positions(ls.maps[c.a_index])[-1] == c.k,
                     "b": dim_positions(ls.maps[1 - c.a_index])[-1] == c.k}
-    converts = _widen_operands(c)
-    for name, convert in converts.items():
-        index = c.a_index if name == "a" else 1 - c.a_index
-        _set_role(convert, f"convert_{name}", [sizes_of[d] for d in dim_positions(ls.maps[index])])
+    widened = [name for index, name in sorted({c.a_index: "a", 1 - c.a_index: "b"}.items())
+               if c.op.operands[index].type.element_type != ir.F32Type.get()]
     kernel = _pack(payload, c, params, fold_transposes=_folding_leaves_one_unpack(c))
-    _set_role(kernel, "kernel")
     a_index = c.a_index
     pack_a = _producer(kernel.operands[a_index])
     pack_b = _producer(kernel.operands[1 - a_index])
@@ -525,33 +484,46 @@ def _schedule_packed(payload: ir.Module, c: Contraction, params: MatmulParams) -
     # A packed constant operand is folded to a packed constant: nothing to tile then.
     pack_a = pack_a if pack_a is not None and pack_a.name == "linalg.pack" else None
     pack_b = pack_b if pack_b is not None and pack_b.name == "linalg.pack" else None
-    if pack_a is not None:
-        _set_role(pack_a, "pack_a", [1] * nb + [1, params.pack_k, mr])
-    if pack_b is not None:
-        _set_role(pack_b, "pack_b", [1] * nb + [1, params.pack_k, nr])
-    _set_role(unpack, "unpack", c_tile)
     init_is_fill = init is not None and init.name == "linalg.fill"
-    if init_is_fill:
-        _set_role(init, "fill")
-    elif init is not None and init.name == "linalg.pack":
-        _set_role(init, "pack_c", c_tile)
-    else:
+    if not init_is_fill and (init is None or init.name != "linalg.pack"):
         init = None
     # The unpack overwrites all of its destination: do not compute what it writes into.
     dest = _producer(unpack.operands[1])
-    if dest is not None and dest.name == "linalg.fill":
-        unpack.operands[1] = dest.operands[1]
+    dest_is_fill = dest is not None and dest.name == "linalg.fill"
     register_tile = [{"m": mr, "n": nr}.get(r, 1) for r in roles]
-    if epilogue is not None:
-        _set_role(epilogue, "epilogue", register_tile)
+    for i, op in enumerate([epilogue, unpack, kernel, pack_b, pack_a, init]):
+        if op is not None:
+            tag_ops([op], start=i)
+
+    def roles_body(root):
+        _set_role(match_id(root, 2), "kernel")
+        if pack_a is not None:
+            _set_role(match_id(root, 4), "pack_a", [1] * nb + [1, params.pack_k, mr])
+        if pack_b is not None:
+            _set_role(match_id(root, 3), "pack_b", [1] * nb + [1, params.pack_k, nr])
+        _set_role(match_id(root, 1), "unpack", c_tile)
+        if init_is_fill:
+            _set_role(match_id(root, 5), "fill")
+        elif init is not None:
+            _set_role(match_id(root, 5), "pack_c", c_tile)
+        if dest_is_fill:
+            drop_unpack_destination_fill(match_id(root, 1))
+        if epilogue is not None:
+            _set_role(match_id(root, 0), "epilogue", register_tile)
+
+    _run(payload, roles_body)
+    clear_tags(payload)
     run_passes(payload, "canonicalize, cse")
 
     rank = dims["rank"]
-    # A 16-bit operand is widened to f32 while it is packed (the kernel then runs on f32).
-    for name, pack in (("a", pack_a), ("b", pack_b)):
+    # A 16-bit operand is widened to f32 while it is packed (the kernel then runs on f32):
+    # its extension feeds the pack, unless folded away (e.g. a constant): nothing to fuse.
+    converts = {}
+    for name in widened:
+        pack = pack_a if name == "a" else pack_b
         source = _producer(pack.operands[0]) if pack is not None else None
-        if name in converts and (source is None or source.name != "linalg.generic"):
-            del converts[name]  # folded away (e.g. a constant): nothing to fuse
+        if source is not None and source.name == "linalg.generic":
+            converts[name] = source
     ops = [epilogue, unpack, kernel, pack_b, pack_a, init, converts.get("b"), converts.get("a")]
     for i, op in enumerate(ops):
         if op is not None:
@@ -665,11 +637,11 @@ def _fuse_widening_into_packs(payload: ir.Module, converts: dict[str, ir.Operati
                                          deduplicate=True).result
             _fuse_into(widen, loop)
         canonicalize(match(root, "func.func"))
+        for attr in sorted(present):
+            remove_annotation(root, attr)
 
     _run(payload, body)
     clear_tags(payload)
-    for attr in present:
-        clear_tags(payload, attr)
 
 
 def _marked_op_in_for(payload: ir.Module, attr: str) -> bool:
@@ -695,22 +667,22 @@ def _schedule_unpacked(payload: ir.Module, c: Contraction, params: MatmulParams)
     epilogue = find_epilogue(c.op.results[0])
     init = _producer(c.op.operands[2])
     rank = len(c.ranges)
-    _set_role(c.op, "register", _sizes(rank, batch=(c.batch, 1), m=(c.m, mr), n=(c.n, nr), k=(c.k, 1)))
-    c.op.attributes[_DONE] = ir.UnitAttr.get()
     # A fill shared with another contraction (CSE merges equal fills) stays whole for it:
     # fusing would leave the original behind with this tile's role.
-    if init is not None and init.name == "linalg.fill" and _single_use(init.results[0]) is not None:
-        _set_role(init, "fill_tile", [1] * nb + [mr, nr])
-    else:
+    if not (init is not None and init.name == "linalg.fill" and _single_use(init.results[0]) is not None):
         init = None
-    if epilogue is not None:
-        _set_role(epilogue, "epilogue", [1] * nb + [mr, nr])
     for i, op in enumerate([epilogue, c.op, init]):
         if op is not None:
             tag_ops([op], start=i)
 
     def body(root):
         mm = match_id(root, 1)
+        _set_role(mm, "register", _sizes(rank, batch=(c.batch, 1), m=(c.m, mr), n=(c.n, nr), k=(c.k, 1)))
+        _annotate(mm, _DONE)
+        if init is not None:
+            _set_role(match_id(root, 2), "fill_tile", [1] * nb + [mr, nr])
+        if epilogue is not None:
+            _set_role(match_id(root, 0), "epilogue", [1] * nb + [mr, nr])
         root_op = match_id(root, 0) if epilogue is not None else mm
         if epilogue is not None:
             t = structured.TileUsingForallOp(root_op, tile_sizes=[1] * nb + [params.tile_m, params.tile_n])
@@ -739,20 +711,16 @@ def _schedule_others(payload: ir.Module, params: GenericParams) -> None:
     """Linalg ops outside the contractions' tiles: tiled for threads like the generic schedule."""
     for func in list(func_ops(payload)):
         while True:
-            roots = [op for op in top_level_linalg_ops(func)
-                     if _SEQUENTIAL not in op.attributes and ROLE not in op.attributes]
+            # an op without parallel tiles stays sequential (as it is)
+            roots = [(op, sizes) for op in top_level_linalg_ops(func) if ROLE not in op.attributes
+                     and (sizes := parallel_tile_sizes(op, params)) is not None]
             if not roots:
                 break
-            root = roots[-1]
-            sizes = parallel_tile_sizes(root, params)
-            if sizes is None:
-                root.attributes[_SEQUENTIAL] = ir.UnitAttr.get()
-                continue
+            root, sizes = roots[-1]
             tag_ops([root])
             _run(payload, lambda r, z=sizes: structured.FuseOp(
                 match_id(r, 0), tile_sizes=z, use_forall=True, apply_cleanup=True))
             clear_tags(payload)
-    clear_tags(payload, _SEQUENTIAL)
 
 
 def fuse_matmul(payload: ir.Module, params_for, generic: GenericParams | None = None) -> None:
@@ -844,8 +812,8 @@ def vectorize_matmul(payload: ir.Module, generic: GenericParams | None = None,
         apply_patterns(func, lambda: tvec.ApplyLowerTransposePatternsOp(
             lowering_strategy=getattr(tvec.VectorTransposeLowering, transpose_lowering)))
         canonicalize(func)
+        for attr in (ROLE, VECTOR_SIZES, _DONE):
+            remove_annotation(root, attr)
 
     _run(payload, body)
     clear_tags(payload)
-    for attr in (ROLE, VECTOR_SIZES, _DONE):
-        clear_tags(payload, attr)

@@ -1,4 +1,4 @@
-"""Payload preparation shared by the schedules: rewrites done directly on the payload IR.
+"""Payload preparation shared by the schedules: transform_ext ops applied to the payload.
 
 clamp_gather_indices: a `tensor.extract` in a linalg body at an index computed from data
 (a target, which may be ignore_index = -100) reads T[clamp(i, 0, n - 1)]: torch-mlir's
@@ -23,22 +23,36 @@ attribute listing the messages; the largest k when several fail). Nothing aborts
 caller reads the code after the call (lighthouse.runtime.JitFunction raises the message as
 a KernelError) and discards the results, which were computed with clamped indices
 (clamp_gather_indices), so no access left the tensors.
+
+Each is a transform_ext op (of the same name) applied by a transform sequence; this module
+only builds those sequences.
 """
 
 from __future__ import annotations
 
 from torch_mlir import ir
-from torch_mlir.dialects import linalg
+from torch_mlir.dialects.transform import structured
 
-from transform_ext.compute_elementwise_in_f32 import is_narrow, widen_body
+import transform_ext
+from transform_ext.checks_to_error_code import checks_to_error_code as checks_to_error_code_op
+from transform_ext.checks_to_error_code import kernel_error_messages as module_error_messages
+from transform_ext.clamp_gather_indices import clamp_gather_indices as clamp_gather_indices_op
+from transform_ext.compute_elementwise_in_f32 import compute_elementwise_in_f32
+from transform_ext.expand_integer_powers import expand_integer_powers
+from transform_ext.filter_by_element_type import filter_by_element_type
+from transform_ext.fold_empty_iteration_spaces import fold_empty_iteration_spaces
+from transform_ext.match_narrow_reductions import match_narrow_reductions, narrow_reductions
+from transform_ext.promote_reductions_to_f32 import promote_reductions_to_f32 as promote_op
+from transform_ext.split_assertions import split_assertions as split_assertions_op
+from transform_ext.widen_bool_tensors import widen_bool_tensors as widen_bool_tensors_op
+
+from .common import any_op, match, run_passes, run_schedule
 
 
 def cleanup(payload: ir.Module) -> None:
     """The `cleanup` stage (canonicalize, simplify_imported_ops, clamp_gather_indices,
     widen_bool_tensors, promote_reductions_to_f32); the families' checks run it on their
     trial copy, so they judge the IR their schedule will see."""
-    from .common import run_passes
-
     run_passes(payload, "canonicalize, cse")
     simplify_imported_ops(payload)
     run_passes(payload, "canonicalize, cse")
@@ -48,462 +62,56 @@ def cleanup(payload: ir.Module) -> None:
     run_passes(payload, "canonicalize, cse")
 
 
-def clamp_gather_indices(payload: ir.Module) -> int:
+def _apply(payload: ir.Module, body) -> None:
+    """run_schedule with the transform_ext dialect loaded in the payload's context."""
+    transform_ext.load(payload.context)
+    run_schedule(payload, body)
+
+
+def clamp_gather_indices(payload: ir.Module) -> None:
     """Clamp every data-dependent index of a tensor.extract inside a linalg body into its
-    dim (see the module docstring); returns the number of indices clamped."""
-    from torch_mlir.dialects import arith, cf
-
-    found = []
-
-    def visit(op):
-        if op.name == "tensor.extract" and _in_linalg_body(op):
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    payload.operation.walk(visit)
-    count = 0
-    with payload.context:
-        index = ir.IndexType.get()
-        for extract in found:
-            source = extract.operands[0].type
-            checked = _asserts(extract.parent)
-            for pos, value in enumerate(list(extract.operands)[1:]):
-                size = source.shape[pos]
-                if size <= 0 or _loop_index_only(value, extract.parent):
-                    continue
-                with ir.InsertionPoint(extract), extract.location:
-                    low = arith.ConstantOp(index, ir.IntegerAttr.get(index, 0)).result
-                    high = arith.ConstantOp(index, ir.IntegerAttr.get(index, size - 1)).result
-                    if not checked and not _compared_with_constant(value):
-                        shape = "x".join(map(str, source.shape))
-                        ok = arith.andi(arith.cmpi(arith.CmpIPredicate.sge, value, low),
-                                        arith.cmpi(arith.CmpIPredicate.sle, value, high))
-                        cf.AssertOp(ok, f"index out of range: dimension {pos} of a "
-                                        f"{shape} tensor has size {size}")
-                    extract.operands[1 + pos] = arith.minsi(arith.maxsi(value, low), high)
-                count += 1
-    return count
-
-
-def _compared_with_constant(value: ir.Value) -> bool:
-    """Is `value` (or the integer it was cast from) compared for (in)equality with a constant
-    in its body: a guarded read such as nll_loss's target != ignore_index?"""
-    candidates = [value]
-    owner = value.owner
-    if isinstance(owner, ir.OpView) and owner.operation.name == "arith.index_cast":
-        candidates.append(owner.operation.operands[0])
-    for candidate in candidates:
-        for use in candidate.uses:
-            user = use.owner
-            if user.name != "arith.cmpi" or ir.IntegerAttr(user.attributes["predicate"]).value > 1:
-                continue
-            other = user.operands[1 - use.operand_number]
-            if isinstance(other.owner, ir.OpView) and other.owner.operation.name == "arith.constant":
-                return True
-    return False
-
-
-def _in_linalg_body(op: ir.Operation) -> bool:
-    parent = op.parent
-    return parent is not None and parent.name.startswith("linalg.")
-
-
-def _loop_index_only(value: ir.Value, body_owner: ir.Operation) -> bool:
-    """Is `value` computed from loop indices (linalg.index) and constants only?"""
-    pending, seen = [value], []
-    while pending:
-        v = pending.pop()
-        if v in seen:
-            continue
-        seen.append(v)
-        if isinstance(v, ir.BlockArgument):
-            return False
-        op = v.owner.operation if isinstance(v.owner, ir.OpView) else v.owner
-        if op.name in ("linalg.index", "arith.constant"):
-            continue
-        if op.parent != body_owner or not op.name.startswith("arith.") or op.regions:
-            return False
-        pending.extend(op.operands)
-    return True
-
-
-KERNEL_ERRORS_ATTR = "lh.kernel_errors"
+    dim (see the module docstring)."""
+    _apply(payload, clamp_gather_indices_op)
 
 
 def kernel_error_messages(payload: ir.Module) -> list[str]:
     """The messages of the kernel-reported error codes (see checks_to_error_code), [] when
     the kernel reports none."""
-    attrs = payload.operation.attributes
-    if KERNEL_ERRORS_ATTR not in attrs:
-        return []
-    return [ir.StringAttr(a).value for a in ir.ArrayAttr(attrs[KERNEL_ERRORS_ATTR])]
+    return module_error_messages(payload.operation)
 
 
-def checks_to_error_code(payload: ir.Module) -> int:
-    """Replace the assertions of the generics at the top level of the function (split out
-    of result-producing ones first) by the error code result (see the module docstring);
-    returns the number of checks replaced."""
-    from torch_mlir.dialects import arith, tensor
-
-    from transform_ext.common import build_generic, iterator_kinds
-    from transform_ext.split_assertions import holds_assertions, split, unsplittable_reason
-
-    funcs = [op.operation for op in payload.body.operations if op.operation.name == "func.func"]
-    messages = kernel_error_messages(payload)
-    count = 0
-    with payload.context:
-        i32 = ir.IntegerType.get_signless(32)
-        for func in funcs:
-            block = func.regions[0].blocks[0]
-            for op in list(block.operations):
-                if holds_assertions(op.operation) and unsplittable_reason(op.operation) is None:
-                    split(op.operation)  # the op's own checks, first split out
-            checks = [op.operation for op in block.operations if op.operation.name ==
-                      "linalg.generic" and not op.operation.results and _asserts(op)]
-            if not checks:
-                continue
-            ret = block.operations[len(block.operations) - 1].operation
-            codes = []
-            for check in checks:
-                view = check.opview
-                inputs = list(view.inputs)
-                maps = [m.value for m in view.indexing_maps]
-                n_loops = maps[0].n_dims if maps else len(iterator_kinds(check))
-                body = check.regions[0].blocks[0]
-
-                def code_body(args, body=body, n_in=len(inputs)):
-                    mapping = {body.arguments[i]: args[i] for i in range(n_in)}
-                    code = args[n_in]
-                    for inner in list(body.operations)[:-1]:
-                        inner = inner.operation
-                        if inner.name != "cf.assert":
-                            clone = inner.clone()
-                            for i, v in enumerate(clone.operands):
-                                if v in mapping:
-                                    clone.operands[i] = mapping[v]
-                            for old, new in zip(inner.results, clone.results):
-                                mapping[old] = new
-                            continue
-                        message = ir.StringAttr(inner.attributes["msg"]).value
-                        if message not in messages:
-                            messages.append(message)
-                        ok = mapping.get(inner.operands[0], inner.operands[0])
-                        zero = arith.ConstantOp(i32, ir.IntegerAttr.get(i32, 0)).result
-                        k = arith.ConstantOp(i32, ir.IntegerAttr.get(i32, messages.index(message) + 1)).result
-                        code = arith.maxsi(code, arith.select(ok, zero, k))
-                    return [code]
-
-                with ir.InsertionPoint(check), check.location:
-                    init = linalg.fill(arith.ConstantOp(i32, ir.IntegerAttr.get(i32, 0)).result,
-                                       outs=[tensor.EmptyOp([], i32).result])
-                    scalar = ir.AffineMap.get(n_loops, 0, [])
-                    codes.append(build_generic(inputs, [init], maps + [scalar],
-                                               ["reduction"] * n_loops, code_body).results[0])
-                check.erase()
-                count += 1
-            with ir.InsertionPoint(ret), ret.location:
-                code = codes[0]
-                for other in codes[1:]:
-                    scalar = ir.AffineMap.get(0, 0, [])
-                    code = build_generic([code, other], [tensor.EmptyOp([], i32).result],
-                                         [scalar] * 3, [], lambda a: [arith.maxsi(a[0], a[1])]).results[0]
-                from torch_mlir.dialects import func as func_dialect
-
-                func_dialect.ReturnOp(list(ret.operands) + [code])
-            ret.erase()
-            _refresh_function_type(func)
-        if count:
-            payload.operation.attributes[KERNEL_ERRORS_ATTR] = ir.ArrayAttr.get(
-                [ir.StringAttr.get(m) for m in messages])
-    return count
-
-
-def _asserts(op) -> bool:
-    """Does linalg op `op`'s body hold a cf.assert?"""
-    return any(o.operation.name == "cf.assert" for o in op.operation.regions[0].blocks[0].operations)
+def checks_to_error_code(payload: ir.Module) -> None:
+    """Replace the assertions of the generics at the top level of the functions (split out
+    of result-producing ones first) by the error code result (see the module docstring)."""
+    _apply(payload, checks_to_error_code_op)
 
 
 def split_assertions(payload: ir.Module) -> None:
-    """Split every result-producing linalg.generic holding cf.assert (the
-    `transform_ext.split_assertions` op applied to the module)."""
-    import transform_ext
-    from transform_ext.split_assertions import split_assertions as split_op
-
-    from .common import run_schedule
-
-    transform_ext.load(payload.context)
-    run_schedule(payload, split_op)
+    """Split every result-producing linalg.generic holding cf.assert."""
+    _apply(payload, split_assertions_op)
 
 
-# Element-wise touchers of i1 tensors that widen_bool_tensors knows how to fix up; every
-# other op that holds an i1 tensor only moves it (its types are retyped in place).
-_SHAPE_ONLY = {
-    "tensor.empty", "tensor.expand_shape", "tensor.collapse_shape", "tensor.extract_slice",
-    "tensor.insert_slice", "tensor.cast", "tensor.reshape", "tensor.pad", "tensor.concat",
-    "func.return", "scf.yield", "scf.for", "scf.forall", "scf.if", "tensor.parallel_insert_slice",
-    "scf.forall.in_parallel", "bufferization.alloc_tensor",
-}
+def widen_bool_tensors(payload: ir.Module) -> None:
+    """Store boolean tensors as i8 (0/1): the linalg ops on i1 tensors generalized (their
+    bodies are implicit), then the functions' i1 tensors widened."""
 
+    def body(root):
+        funcs = match(root, "func.func")
+        linalg_ops = structured.MatchOp(any_op(), funcs,
+                                        interface=structured.MatchInterfaceEnum.LinalgOp).result
+        structured.GeneralizeOp(filter_by_element_type(linalg_ops, ir.IntegerType.get_signless(1)))
+        widen_bool_tensors_op(funcs)
 
-def widen_bool_tensors(payload: ir.Module) -> int:
-    """Store boolean tensors as i8 (0/1): vector<Nxi1> loads and stores are bit-packed in
-    LLVM while i1 tensors in memory hold one byte per element, so vectorized code would
-    misread them. Scalars inside linalg bodies stay i1 (trunci after reads, extui before
-    writes). Function arguments and results keep their byte layout. Returns the number of
-    retyped values; leaves the payload untouched when an op it does not know holds one."""
-    with payload.context:
-        i1 = ir.IntegerType.get_signless(1)
-        i8 = ir.IntegerType.get_signless(8)
-
-        def is_bool_tensor(t) -> bool:
-            return isinstance(t, ir.RankedTensorType) and t.element_type == i1
-
-        funcs = [op.operation for op in payload.body.operations if op.operation.name == "func.func"]
-        _generalize_named_ops_on(payload, is_bool_tensor)
-        users: list[ir.Operation] = []
-        unknown: list[str] = []
-
-        def visit(op):
-            if op.name.startswith("linalg.") and op.name not in ("linalg.yield", "linalg.index"):
-                if any(is_bool_tensor(v.type) for v in list(op.operands) + list(op.results)):
-                    users.append(op)
-                return ir.WalkResult.SKIP  # bodies hold scalars
-            if any(is_bool_tensor(v.type) for v in list(op.operands) + list(op.results)):
-                users.append(op)
-                if op.name not in _SHAPE_ONLY and op.name not in (
-                        "arith.constant", "tensor.extract", "tensor.insert", "tensor.splat",
-                        "tensor.from_elements"):
-                    unknown.append(op.name)
-            return ir.WalkResult.ADVANCE
-
-        for f in funcs:
-            f.walk(visit, ir.WalkOrder.PRE_ORDER)
-        if unknown:
-            return 0
-        count = 0
-
-        def widen(t):
-            return ir.RankedTensorType.get(list(t.shape), i8, t.encoding)
-
-        for f in funcs:
-            block = f.regions[0].blocks[0]
-            for arg in block.arguments:
-                if is_bool_tensor(arg.type):
-                    arg.set_type(widen(arg.type))
-                    count += 1
-        for op in users:
-            name = op.name
-            if name.startswith("linalg."):
-                _widen_linalg_body(op, i1, i8)
-            elif name == "arith.constant":
-                attr = op.attributes["value"]
-                values = [1 if bool(v) else 0 for v in _dense_bools(attr)]
-                new_t = widen(op.results[0].type)
-                new_attr = (ir.DenseElementsAttr.get_splat(new_t, ir.IntegerAttr.get(i8, values[0]))
-                            if attr.is_splat else
-                            ir.DenseIntElementsAttr.get(_np_int8(values, new_t.shape), type=new_t))
-                with ir.InsertionPoint(op), op.location:
-                    from torch_mlir.dialects import arith
-                    new = arith.ConstantOp(new_t, new_attr)
-                op.results[0].replace_all_uses_with(new.result)
-                op.erase()
-                count += 1
-                continue
-            elif name == "tensor.extract":
-                result = op.results[0]
-                result.set_type(i8)
-                with ir.InsertionPoint.after(op), op.location:
-                    from torch_mlir.dialects import arith
-                    narrow = arith.trunci(i1, result)
-                result.replace_all_uses_except(narrow, narrow.owner.operation)
-            elif name in ("tensor.insert", "tensor.splat", "tensor.from_elements"):
-                with ir.InsertionPoint(op), op.location:
-                    from torch_mlir.dialects import arith
-                    for i, v in enumerate(op.operands):
-                        if v.type == i1:
-                            op.operands[i] = arith.extui(i8, v)
-            for r in op.results:
-                if is_bool_tensor(r.type):
-                    r.set_type(widen(r.type))
-                    count += 1
-            for region in op.regions:
-                for block in region.blocks:
-                    for arg in block.arguments:
-                        if is_bool_tensor(arg.type):
-                            arg.set_type(widen(arg.type))
-        for f in funcs:
-            _refresh_function_type(f)
-    return count
-
-
-def _widen_linalg_body(op: ir.Operation, i1, i8) -> None:
-    from torch_mlir.dialects import arith
-
-    num_results = len(op.results)
-    body = op.regions[0].blocks[0]
-    first = body.operations[0] if len(body.operations) else None
-    for j, arg in enumerate(body.arguments):
-        if j >= len(op.operands) or arg.type != i1:
-            continue
-        if not isinstance(op.operands[j].type, ir.RankedTensorType):
-            continue  # a scalar operand (fill value, ...): stays i1
-        arg.set_type(i8)
-        with ir.InsertionPoint(first) if first is not None else ir.InsertionPoint(body), op.location:
-            narrow = arith.trunci(i1, arg)
-        arg.replace_all_uses_except(narrow, narrow.owner.operation)
-    terminator = body.operations[len(body.operations) - 1]
-    for k in range(num_results):
-        r = op.results[k]
-        if isinstance(r.type, ir.RankedTensorType) and r.type.element_type == i1:
-            v = terminator.operands[k]
-            with ir.InsertionPoint(terminator), op.location:
-                terminator.operands[k] = arith.extui(i8, v)
-            r.set_type(ir.RankedTensorType.get(list(r.type.shape), i8, r.type.encoding))
-
-
-def _dense_bools(attr):
-    import numpy as np
-
-    return np.array(attr).reshape(-1).tolist() if not attr.is_splat else [attr.get_splat_value().value]
-
-
-def _np_int8(values, shape):
-    import numpy as np
-
-    return np.array(values, dtype=np.int8).reshape(shape)
-
-
-def _refresh_function_type(func: ir.Operation) -> None:
-    block = func.regions[0].blocks[0]
-    ret = block.operations[len(block.operations) - 1]
-    fn_type = ir.FunctionType.get([a.type for a in block.arguments], [v.type for v in ret.operands])
-    func.attributes["function_type"] = ir.TypeAttr.get(fn_type)
-
-
-def _generalize_named_ops_on(payload: ir.Module, predicate) -> None:
-    """Turn named linalg ops with an operand or result matching `predicate` into generics
-    (their bodies are implicit and cannot be edited)."""
-    from torch_mlir.dialects.transform import structured
-
-    from .common import clear_tags, match_id, run_schedule, tag_ops
-
-    named = []
-
-    def visit(op):
-        if op.name.startswith("linalg.") and op.name not in ("linalg.generic", "linalg.yield",
-                                                            "linalg.index"):
-            if any(predicate(v.type) for v in list(op.operands) + list(op.results)):
-                named.append(op)
-            return ir.WalkResult.SKIP
-        return ir.WalkResult.ADVANCE
-
-    payload.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
-    if not named:
-        return
-    tag_ops(named)
-    run_schedule(payload, lambda root: [structured.GeneralizeOp(match_id(root, i))
-                                        for i in range(len(named))])
-    clear_tags(payload)
+    _apply(payload, body)
 
 
 def promote_reductions_to_f32(payload: ir.Module) -> int:
     """Reductions (sums, contractions, max...) over bf16/f16 accumulate in f32 and round
-    once at the end, as torch's CPU kernels do; returns the number of rewritten ops.
-
-    The reduction's body is recomputed in f32 (narrow block arguments extended, narrow
-    constants widened, extf/truncf between the two folded away), its init extended to f32,
-    and its result truncated back by an elementwise generic."""
-    found = []
-
-    def visit(op):
-        if op.name == "linalg.generic" and len(op.results):
-            view = op.opview
-            kinds = [str(a) for a in view.iterator_types]
-            if any("reduction" in k for k in kinds) and any(
-                    is_narrow(r.type.element_type) for r in op.results):
-                found.append(op)
-            return ir.WalkResult.SKIP
-        return ir.WalkResult.ADVANCE
-
-    _generalize_narrow_reductions(payload)
-    payload.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
-    with payload.context:
-        for op in found:
-            _promote(op)
-    return len(found)
-
-
-def _generalize_narrow_reductions(payload: ir.Module) -> None:
-    """Named reductions/contractions (batch_matmul, ...) with narrow results become generics."""
-    from transform_ext.analysis.structure import loop_structure
-
-    def narrow_reduction(op) -> bool:
-        try:
-            ls = loop_structure(op)
-        except Exception:
-            return False
-        return bool(ls.reduction_dims) and any(
-            is_narrow(r.type.element_type) for r in op.results)
-
-    named = []
-
-    def visit(op):
-        if op.name.startswith("linalg.") and op.name not in ("linalg.generic", "linalg.yield",
-                                                            "linalg.index") and len(op.results):
-            if narrow_reduction(op):
-                named.append(op)
-            return ir.WalkResult.SKIP
-        return ir.WalkResult.ADVANCE
-
-    payload.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
-    if not named:
-        return
-    from torch_mlir.dialects.transform import structured
-
-    from .common import clear_tags, match_id, run_schedule, tag_ops
-
-    tag_ops(named)
-    run_schedule(payload, lambda root: [structured.GeneralizeOp(match_id(root, i))
-                                        for i in range(len(named))])
-    clear_tags(payload)
-
-
-def _promote(op: ir.Operation) -> None:
-    from torch_mlir.dialects import arith
-
-    f32 = ir.F32Type.get()
-    n_in = len(op.opview.inputs)
-    widen_body(op, round_results=False)
-    # outputs: f32 init, f32 result, truncated back after the op
-    for k in range(len(op.results)):
-        r = op.results[k]
-        if not is_narrow(r.type.element_type):
-            continue
-        narrow_t = r.type
-        wide_t = ir.RankedTensorType.get(list(narrow_t.shape), f32, narrow_t.encoding)
-        init_index = n_in + k
-        with ir.InsertionPoint(op), op.location:
-            init = op.operands[init_index]
-            op.operands[init_index] = _map_tensor(init, wide_t, lambda a: arith.extf(f32, a))
-        r.set_type(wide_t)
-        with ir.InsertionPoint.after(op), op.location:
-            back = _map_tensor(r, narrow_t, lambda a: arith.truncf(narrow_t.element_type, a))
-        r.replace_all_uses_except(back, back.owner.operation)
-
-
-def _map_tensor(value: ir.Value, out_type, fn) -> ir.Value:
-    """An elementwise generic applying `fn` to every element of `value`."""
-    from torch_mlir.dialects import linalg, tensor
-
-    rank = out_type.rank
-    identity = ir.AffineMapAttr.get(ir.AffineMap.get_identity(rank))
-    empty = tensor.EmptyOp(list(out_type.shape), out_type.element_type).result
-    iters = ir.ArrayAttr.get([ir.Attribute.parse("#linalg.iterator_type<parallel>")] * rank)
-    g = linalg.GenericOp([out_type], [value], [empty], ir.ArrayAttr.get([identity, identity]), iters)
-    block = g.regions[0].blocks.append(value.type.element_type, out_type.element_type)
-    with ir.InsertionPoint(block):
-        linalg.YieldOp([fn(block.arguments[0])])
-    return g.result
+    once at the end, as torch's CPU kernels do (named ones generalized first); returns the
+    number of rewritten ops."""
+    count = len(narrow_reductions(payload.operation))
+    _apply(payload, lambda root: promote_op(structured.GeneralizeOp(match_narrow_reductions(root)).transformed))
+    return count
 
 
 def simplify_imported_ops(payload: ir.Module) -> None:
@@ -512,17 +120,10 @@ def simplify_imported_ops(payload: ir.Module) -> None:
     integer powers become multiplications (transform_ext.expand_integer_powers); f16/bf16
     elementwise ops compute in f32 and round once, as torch's eager ops
     (transform_ext.compute_elementwise_in_f32)."""
-    import transform_ext
-    from transform_ext.compute_elementwise_in_f32 import compute_elementwise_in_f32
-    from transform_ext.expand_integer_powers import expand_integer_powers
-    from transform_ext.fold_empty_iteration_spaces import fold_empty_iteration_spaces
-
-    from .common import match, run_schedule
 
     def body(root):
         funcs = fold_empty_iteration_spaces(match(root, "func.func"))
         expand_integer_powers(funcs)
         compute_elementwise_in_f32(funcs)
 
-    transform_ext.load(payload.context)
-    run_schedule(payload, body)
+    _apply(payload, body)

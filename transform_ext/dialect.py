@@ -90,6 +90,17 @@ OP_MODULES: list[str] = [
     "allocs_to_device",
     "drop_forall_mapping",
     "insert_loop_prefetches",
+    "refresh_function_type",
+    "match_assertion_checks",
+    "checks_to_error_code",
+    "filter_by_element_type",
+    "widen_bool_tensors",
+    "widen_contraction_operands",
+    "drop_unpack_destination_fill",
+    "remove_annotation",
+    "clamp_gather_indices",
+    "match_narrow_reductions",
+    "promote_reductions_to_f32",
 ]
 
 

@@ -121,7 +121,7 @@ class _Normalized:
     row_guard: bool = False
 
 
-def check(payload: ir.Module) -> str | None:
+def check(payload: ir.Module, params: AttentionParams = AttentionParams()) -> str | None:
     """None when this schedule applies to `payload`, else the one-line reason."""
     if softmax_over_one_key(payload):
         return "the softmax runs over one key (S_kv = 1): there is no key loop to fuse"
@@ -129,7 +129,7 @@ def check(payload: ir.Module) -> str | None:
     try:
         with payload.context, ir.Location.unknown():
             cleanup(trial)  # the family is chosen on the import: judge what fuse will see
-            plan_attention(trial, AttentionParams())
+            plan_attention(trial, params)
     except NotAttention as exc:
         return str(exc)
     except Exception as exc:  # a transform refused the payload: its first line says why

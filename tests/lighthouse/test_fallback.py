@@ -66,7 +66,7 @@ def test_a_transform_failure_note_is_one_clean_line(monkeypatch, kernel_file):
     TransformOpInterfaceFallbackModel: silenceable failure")."""
     import schedules.cross_entropy
 
-    monkeypatch.setattr(schedules.cross_entropy, "check", lambda module: None)
+    monkeypatch.setattr(schedules.cross_entropy, "check", lambda module, params=None: None)
     compiled = compile_kernel(kernel_file(SOFTMAX_DIM0), backward=True)
     assert compiled.family.name == "generic"
     assert compiled.notes == [

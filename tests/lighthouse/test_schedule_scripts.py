@@ -144,6 +144,53 @@ def test_an_attention_tile_edited_without_its_causal_bound_is_refused(tmp_path):
         f"by 16)")
 
 
+def test_the_cross_entropy_script_reads_as_the_algorithm():
+    proc = run_cli(EXAMPLES / "cross_entropy.py", "--set", "N=40", "--set", "C=1000",
+                   "--print-schedule")
+    assert proc.returncode == 0, proc.stderr
+    check(proc.stdout, """
+        CHECK: transform.named_sequence @normalize(
+        CHECK: transform.named_sequence @restructure(
+        CHECK: "transform_ext.split_class_reductions"
+        CHECK: transform.named_sequence @name_target_checks(
+        CHECK: transform.named_sequence @mark_class_sums(
+        CHECK: transform.named_sequence @tile_rows(
+        CHECK: tile_using_forall %{{.*}} tile_sizes [5]
+        CHECK: transform.named_sequence @fuse_class_loops(
+        CHECK: "transform_ext.fuse_dependent_reduction_ops"(%{{.*}}, %{{.*}}) {{{.*}}tile_size = 960 : i64}
+        CHECK: transform.named_sequence @fuse(
+        CHECK-NEXT: transform.include @normalize
+        CHECK-NEXT: transform.include @restructure
+        CHECK-NEXT: transform.include @name_target_checks
+        CHECK-NEXT: transform.include @mark_class_sums
+        CHECK-NEXT: transform.include @sink_root_readers
+        CHECK-NEXT: transform.include @tile_rows
+        CHECK-NEXT: transform.include @fuse_class_loops
+        CHECK: transform.named_sequence @vectorize(
+        CHECK: "transform_ext.expand_fast_exp"
+        CHECK: "transform_ext.remove_annotation"
+    """)
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_an_edited_class_tile_replays_to_torch(tmp_path, backward):
+    """The fused class loop's tile edited in the printed cross-entropy script: the loop
+    steps by it (with a remainder tile) and the loss and gradient stay torch's."""
+    args = ("--set", "N=40", "--set", "C=1000") + (("--backward",) if backward else ())
+    text = run_cli(EXAMPLES / "cross_entropy.py", *args, "--print-schedule").stdout
+    assert "tile_size = 960 : i64" in text
+    script = tmp_path / "edited.mlir"
+    script.write_text(text.replace("tile_size = 960 : i64", "tile_size = 96 : i64"))
+    compiled = compile_kernel(EXAMPLES / "cross_entropy.py", overrides={"N": 40, "C": 1000},
+                              backward=backward, schedule_file=script, dump_dir=tmp_path / "dump")
+    check((tmp_path / "dump" / "03-fuse.mlir").read_text(), """
+        CHECK: %[[STEP:.*]] = arith.constant 96 : index
+        CHECK: scf.for %{{.*}} = %{{.*}} to %{{.*}} step %[[STEP]]
+    """)
+    for report in compiled.check():
+        assert report.ok, str(report)
+
+
 MATMUL_TILES = """
 module attributes {transform.with_named_sequence} {
   transform.named_sequence @fuse(%root: !transform.any_op {transform.consumed}) {
