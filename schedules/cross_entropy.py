@@ -61,7 +61,7 @@ from transform_ext.add_unread_input import add_unread_input
 from transform_ext.analysis.classify import reduction_combiner
 from transform_ext.analysis.dims import DimClasses
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
-from transform_ext.common import (Illegal, block_ops, body_of, defining_op, depends_on,
+from transform_ext.common import (Illegal, block_ops, defining_op, depends_on,
                                   failure_reason)
 from transform_ext.drop_unused_results import drop_unused_results
 from transform_ext.exclude_ops import exclude_ops
