@@ -76,17 +76,12 @@ def cleanup(module) -> None:
 @dataclass
 class ScheduleScript:
     """The compile's transform script: a user's file (`--schedule-file`), else the family's
-    own, built on first use from the payload after cleanup. A family whose schedule is not
-    yet a script (`family.script` is None) runs its Python stages instead."""
+    own, built on first use from the payload after cleanup."""
 
     family: Family
     target: object
     path: Path | None = None
     module: object | None = None  # the script's ir.Module once built or parsed
-
-    @property
-    def scripted(self) -> bool:
-        return self.path is not None or self.family.script is not None
 
     def get(self, payload):
         if self.module is None:
@@ -95,9 +90,6 @@ class ScheduleScript:
                     self.module = parse_script(self.path, payload.context)
                 except ScriptError as exc:
                     raise ScheduleFileError(str(exc)) from None
-            elif self.family.script is None:
-                raise UnsupportedError(f"the {self.family.name} schedule is not a transform "
-                                       f"script yet: it cannot be printed")
             else:
                 from torch_mlir import ir
 
@@ -105,11 +97,8 @@ class ScheduleScript:
                     self.module = self.family.script(payload, self.target)
         return self.module
 
-    def stage(self, name: str, python_stage, doc: str) -> Stage:
-        """Stage `name`: the script's sequence @name, else (no script) `python_stage`."""
-        if not self.scripted:
-            return Stage(name, python_stage, doc)
-
+    def stage(self, name: str, doc: str) -> Stage:
+        """Stage `name`: the script's sequence @name."""
         def run(payload):
             try:
                 apply_stage(payload, self.get(payload), name)
@@ -127,9 +116,8 @@ def build_pipeline(family: Family, target, script: ScheduleScript | None = None)
         Stage("import", lambda m: None, "torch-mlir import (linalg-on-tensors)"),
         Stage("cleanup", cleanup, "canonicalize, cse, empty loops folded, integer powers expanded, "
               "gathers clamped, i1 tensors stored as i8"),
-        script.stage("fuse", lambda m: family.fuse(m, target), f"{family.name}: fusion and tiling"),
-        script.stage("vectorize", lambda m: family.vectorize(m, target),
-                     f"{family.name}: vectorization"),
+        script.stage("fuse", f"{family.name}: fusion and tiling"),
+        script.stage("vectorize", f"{family.name}: vectorization"),
     ]
     adapt = getattr(target, "adapt_front", None)  # a target may remap fuse/vectorize
     if adapt is not None:

@@ -22,17 +22,13 @@ class Family:
     recognize: Callable[[object], bool]
     # (module, target or None): None when the schedule applies, else the reason
     check: Callable[[object, object], str | None]
-    # (module, target): the Python stages of a family whose schedule is not a script (None
-    # for one that is)
-    fuse: Callable[[object, object], None] | None
-    vectorize: Callable[[object, object], None] | None
+    # (payload after cleanup, target) -> the transform script (schedules.script) whose
+    # named sequences are the fuse and vectorize stages; the payload is read, never
+    # rewritten
+    script: Callable[[object, object], object]
     # names of the results the schedule appends to the model's, given the target (whose
     # options hold the kernel file's LIGHTHOUSE dict); lighthouse.extras has their references
     extra_results: Callable[[object], tuple[str, ...]] = lambda target: ()
-    # (payload after cleanup, target) -> the transform script (schedules.script) whose
-    # named sequences are the fuse and vectorize stages; the payload is read, never
-    # rewritten. None while the family's stages are Python (`fuse`, `vectorize`).
-    script: Callable[[object, object], object] | None = None
 
 
 # The keys a kernel file's LIGHTHOUSE dict may hold besides "schedule", per family.
@@ -48,26 +44,13 @@ def _generic_params(target):
     return GenericParams(threads=target.threads, vector_tile=4 * target.f32_lanes)
 
 
-def _generic_fuse(module, target):
-    from schedules.generic import fuse_generic
-
-    fuse_generic(module, _generic_params(target))
-
-
-def _generic_vectorize(module, target):
-    from schedules.generic import vectorize_generic
-
-    vectorize_generic(module, _generic_params(target))
-
-
 def _generic_script(module, target):
     from schedules.generic import generic_script
 
     return generic_script(_generic_params(target))
 
 
-GENERIC = Family("generic", lambda m: True, lambda m, t=None: None, _generic_fuse, _generic_vectorize,
-                 script=_generic_script)
+GENERIC = Family("generic", lambda m: True, lambda m, t=None: None, _generic_script)
 
 
 def _loops_script(module, target):
@@ -78,27 +61,23 @@ def _loops_script(module, target):
 
 # No tiling, no vectorization: linalg straight to scalar loops. A baseline for debugging
 # schedules (`--schedule loops`), never chosen automatically.
-LOOPS = Family("loops", lambda m: False, lambda m, t=None: None, lambda m, t: None, lambda m, t: None,
-               script=_loops_script)
+LOOPS = Family("loops", lambda m: False, lambda m, t=None: None, _loops_script)
 
 
-def _matmul_fuse(module, target):
-    if getattr(target, "name", "cpu") != "cpu":  # the schedule is written for the host CPU
-        return _generic_fuse(module, target)
-    from schedules.matmul import MatmulParams, fuse_matmul
+def _matmul_script(module, target):
+    """The recorded plan of the payload after cleanup on the CPU; the generic script
+    elsewhere (the schedule is written for the host CPU)."""
+    from schedules.generic import generic_script
+    from schedules.matmul import MatmulParams, matmul_script, plan_matmul
+
+    generic = _generic_params(target)
+    if getattr(target, "name", "cpu") != "cpu":
+        return generic_script(generic)
 
     def params_for(batch, m, n, k):
         return MatmulParams.for_shape(batch, m, n, k, threads=target.threads, lanes=target.f32_lanes)
 
-    fuse_matmul(module, params_for, _generic_params(target))
-
-
-def _matmul_vectorize(module, target):
-    if getattr(target, "name", "cpu") != "cpu":
-        return _generic_vectorize(module, target)
-    from schedules.matmul import vectorize_matmul
-
-    vectorize_matmul(module, _generic_params(target))
+    return matmul_script(plan_matmul(module, params_for, generic), generic)
 
 
 def _matmul_recognize(module):
@@ -115,7 +94,7 @@ def _matmul_check(module, target=None):
 
 # Contraction-dominated payloads (matmul, batch_matmul, linear layers, MLPs). Broad: keep it
 # after the families of payloads that also contain contractions (attention, ...).
-MATMUL = Family("matmul", _matmul_recognize, _matmul_check, _matmul_fuse, _matmul_vectorize)
+MATMUL = Family("matmul", _matmul_recognize, _matmul_check, _matmul_script)
 
 # Specialized families register here, most specific first.
 def _attention_params(target):
@@ -162,8 +141,8 @@ def _attention_extra_results(target) -> tuple[str, ...]:
     return ("lse",) if dict(getattr(target, "options", ())).get("return_lse") else ()
 
 
-ATTENTION = Family("attention", _attention_recognize, _attention_check, None, None,
-                   _attention_extra_results, script=_attention_script)
+ATTENTION = Family("attention", _attention_recognize, _attention_check, _attention_script,
+                   _attention_extra_results)
 
 
 def _cross_entropy_params(target):
@@ -196,8 +175,8 @@ def _cross_entropy_script(module, target):
 
 
 # Before attention: attention's cheap test also accepts a log_softmax with three reductions.
-CROSS_ENTROPY = Family("cross_entropy", _cross_entropy_recognize, _cross_entropy_check, None, None,
-                       script=_cross_entropy_script)
+CROSS_ENTROPY = Family("cross_entropy", _cross_entropy_recognize, _cross_entropy_check,
+                       _cross_entropy_script)
 
 SPECIALIZED: list[Family] = [CROSS_ENTROPY, ATTENTION, MATMUL]
 

@@ -8,7 +8,7 @@ both. All helpers expect an active MLIR context and location.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 from torch_mlir import ir
 from torch_mlir.dialects import transform
@@ -16,7 +16,6 @@ from torch_mlir.dialects.transform import interpreter, loop, structured
 
 from transform_ext.nested import main_sequence
 
-ID_ATTR = "lh.id"
 
 
 def any_op() -> ir.Type:
@@ -54,13 +53,6 @@ def match(target: ir.Value, names: str | Sequence[str]) -> ir.Value:
     return structured.MatchOp.match_op_names(target, names).result
 
 
-def match_id(target: ir.Value, op_id: int) -> ir.Value:
-    """The payload op tagged with `lh.id = op_id` (see `tag_ops`)."""
-    i64 = ir.IntegerType.get_signless(64)
-    return structured.MatchOp(any_op(), target,
-                              op_attrs={ID_ATTR: ir.IntegerAttr.get(i64, op_id)}).result
-
-
 def apply_patterns(target: ir.Value, *populate: Callable[[], object], apply_cse: bool = False) -> None:
     """One `transform.apply_patterns` region holding the given pattern ops (keep them few:
     one giant set with every vector lowering plus canonicalization can stall the driver)."""
@@ -86,20 +78,28 @@ def hoist_loop_invariant_subsets(func: ir.Value) -> None:
     foreach(match(func, "scf.for"), lambda l: loop.HoistLoopInvariantSubsetsOp(l))
 
 
-def tag_ops(payload_ops: Iterable[ir.Operation], start: int = 0) -> dict[int, ir.Operation]:
-    """Give each payload op a unique `lh.id` so schedules can match it exactly."""
-    i64 = ir.IntegerType.get_signless(64)
-    tagged = {}
-    for i, op in enumerate(payload_ops, start=start):
-        op.attributes[ID_ATTR] = ir.IntegerAttr.get(i64, i)
-        tagged[i] = op
-    return tagged
+Place = tuple[str, int, int]  # (op name, index among the ops of that name, their number)
 
 
-def clear_tags(payload: ir.Module, attr: str = ID_ATTR) -> None:
-    def strip(op):
-        if attr in op.attributes:
-            del op.attributes[attr]
+def place_of(scope: ir.Operation, op: ir.Operation) -> Place:
+    """Where `op` is among the ops of its name nested in `scope` (the payload module), in
+    the order `structured.match` lists them (a post-order walk): a handle to it in a script
+    is `at_place(root, place)`."""
+    same_name = []
+
+    def visit(o):
+        if o.name == op.name:
+            same_name.append(o)
         return ir.WalkResult.ADVANCE
 
-    payload.operation.walk(strip)
+    scope.walk(visit, ir.WalkOrder.POST_ORDER)
+    return op.name, same_name.index(op), len(same_name)
+
+
+def at_place(root: ir.Value, place: Place) -> ir.Value:
+    """The handle to the op at `place` (see place_of) among the ops matched in `root`."""
+    name, index, count = place
+    matched = match(root, name)
+    if count == 1:
+        return matched
+    return transform.SplitHandleOp([any_op()] * count, matched).results[index]

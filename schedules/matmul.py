@@ -8,7 +8,8 @@ and one k dim of extent > 1, any batch dims. f16/bf16 keep torch-mlir's f32 accu
 (torch accumulates in f32 and rounds the result once): a 16-bit operand is widened to f32
 (exactly) while it is packed, so the kernel itself is f32.
 
-fuse (`fuse_matmul`), per contraction, last first:
+fuse (the script's @fuse: steps recorded on a trial copy by `plan_matmul`), per
+contraction, last first:
   1. data tiling (`transform.structured.pack` + `pack_transpose`): A is packed into panels
      A_p[b, m1, k, m0] and B into B_p[b, n1, k, n0] with m = m1 MR + m0, n = n1 NR + n0
      (zero-padded at the edges); C accumulates in C_p[b, m1, n1, m0, n0] and is unpacked
@@ -25,7 +26,7 @@ fuse (`fuse_matmul`), per contraction, last first:
   4. the packs are tiled to pack_k-deep slices, the unpack (with the epilogue fused) and
      the C_p fill to MR x NR tiles.
   Any other linalg op of the payload is tiled for threads as the generic schedule does.
-vectorize (`vectorize_matmul`): every op of steps 1-4 is vectorized with its nominal tile as
+vectorize (@vectorize): every op of steps 1-4 is vectorized with its nominal tile as
 vector sizes (edge tiles become masked transfers), the contraction becomes an MR x NR x 1
 vector.contract (lowered by the target to outer products, i.e. MR x NR/lanes FMAs with
 broadcast A), the pack transposes are lowered to shuffles, and the accumulator is hoisted
@@ -51,12 +52,15 @@ from transform_ext.drop_unpack_destination_fill import drop_unpack_destination_f
 from transform_ext.remove_annotation import remove_annotation
 from transform_ext.widen_contraction_operands import widen_contraction_operands
 
-from .common import (any_op, apply_patterns, canonicalize, clear_tags,
-                     hoist_loop_invariant_subsets, match, match_id, run_passes, run_schedule,
-                     tag_ops)
-from .generic import (GenericParams, fuse_generic, func_ops, parallel_tile_sizes, top_level_linalg_ops,
-                      vector_tile_sizes, vectorize_generic)
-from .prepare import split_assertions
+import transform_ext
+from transform_ext.split_assertions import split_assertions
+
+from .common import (Place, any_op, apply_patterns, at_place, canonicalize,
+                     hoist_loop_invariant_subsets, match, place_of)
+from .generic import (GenericParams, func_ops, generic_script, parallel_tile_sizes,
+                      top_level_linalg_ops, vector_tile_sizes)
+from .generic import vectorize_stage as generic_vectorize_stage
+from .script import StepRecorder, build_script, include_step
 
 ROLE = "lh.mm_role"            # string attribute: the part of the matmul schedule an op plays
 VECTOR_SIZES = "lh.mm_vector"  # i64 array: vector sizes of the op's nominal tile
@@ -333,12 +337,6 @@ def _folding_leaves_one_unpack(c: Contraction) -> bool:
 
 # ----------------------------------------------------------------------------- fuse
 
-def _run(payload: ir.Module, body) -> None:
-    """run_schedule with the transform ops located at the Python lines that built them."""
-    with ir.loc_tracebacks(max_depth=3):
-        run_schedule(payload, body)
-
-
 def _tile(handle, sizes, interchange=None):
     t = structured.TileUsingForOp(handle, sizes=sizes, interchange=interchange)
     return t.tiled_linalg_op, list(t.loops)
@@ -376,7 +374,7 @@ def _outer_perm(amap, order: dict[int, int]) -> list[int] | None:
     return None if perm == list(range(len(dims))) else perm
 
 
-def _pack(payload: ir.Module, c: Contraction, params: MatmulParams, fold_transposes: bool) -> ir.Operation:
+def _pack(rec: StepRecorder, c: Contraction, params: MatmulParams, fold_transposes: bool) -> ir.Operation:
     """Step 1 of the module docstring; returns the packed contraction (the kernel).
     A 16-bit operand is first widened (transform_ext.widen_contraction_operands: the
     contraction reads its f32 extension, role convert_a or convert_b, vector sizes of a
@@ -391,10 +389,10 @@ def _pack(payload: ir.Module, c: Contraction, params: MatmulParams, fold_transpo
     tile = {d: 1 for d in c.batch} | {c.m: mr, c.n: nr, c.k: params.pack_k}
     f32 = ir.F32Type.get()
     narrow = [index for index in (0, 1) if c.op.operands[index].type.element_type != f32]
-    tag_ops([c.op])
+    place = place_of(rec.trial.operation, c.op)
 
     def body(root):
-        contraction = match_id(root, 0)
+        contraction = at_place(root, place)
         if narrow:
             contraction, *extensions = widen_contraction_operands(contraction)
             for index in narrow:
@@ -417,9 +415,8 @@ def _pack(payload: ir.Module, c: Contraction, params: MatmulParams, fold_transpo
             apply_patterns(func, structured.ApplyFoldIntoPackAndUnpackPatternsOp)
         canonicalize(func)
 
-    _run(payload, body)
-    clear_tags(payload)
-    return next(op for func in func_ops(payload) for op in top_level_linalg_ops(func)
+    rec.step("pack", body)
+    return next(op for func in func_ops(rec.trial) for op in top_level_linalg_ops(func)
                 if _DONE in op.attributes and ROLE not in op.attributes)
 
 
@@ -457,7 +454,7 @@ def _unpack_dest_roles(unpack: ir.Operation, c_dims: list[int], dims: dict) -> l
     return roles
 
 
-def _schedule_packed(payload: ir.Module, c: Contraction, params: MatmulParams) -> None:
+def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) -> None:
     """Steps 1-4 of the module docstring for one contraction."""
     mr, nr = params.register
     nb = len(c.batch)
@@ -466,7 +463,7 @@ def _schedule_packed(payload: ir.Module, c: Contraction, params: MatmulParams) -
                     "b": dim_positions(ls.maps[1 - c.a_index])[-1] == c.k}
     widened = [name for index, name in sorted({c.a_index: "a", 1 - c.a_index: "b"}.items())
                if c.op.operands[index].type.element_type != ir.F32Type.get()]
-    kernel = _pack(payload, c, params, fold_transposes=_folding_leaves_one_unpack(c))
+    kernel = _pack(rec, c, params, fold_transposes=_folding_leaves_one_unpack(c))
     a_index = c.a_index
     pack_a = _producer(kernel.operands[a_index])
     pack_b = _producer(kernel.operands[1 - a_index])
@@ -491,29 +488,27 @@ def _schedule_packed(payload: ir.Module, c: Contraction, params: MatmulParams) -
     dest = _producer(unpack.operands[1])
     dest_is_fill = dest is not None and dest.name == "linalg.fill"
     register_tile = [{"m": mr, "n": nr}.get(r, 1) for r in roles]
-    for i, op in enumerate([epilogue, unpack, kernel, pack_b, pack_a, init]):
-        if op is not None:
-            tag_ops([op], start=i)
+    places = _places(rec, [epilogue, unpack, kernel, pack_b, pack_a, init])
 
     def roles_body(root):
-        _set_role(match_id(root, 2), "kernel")
+        h = {i: at_place(root, place) for i, place in places.items()}
+        _set_role(h[2], "kernel")
         if pack_a is not None:
-            _set_role(match_id(root, 4), "pack_a", [1] * nb + [1, params.pack_k, mr])
+            _set_role(h[4], "pack_a", [1] * nb + [1, params.pack_k, mr])
         if pack_b is not None:
-            _set_role(match_id(root, 3), "pack_b", [1] * nb + [1, params.pack_k, nr])
-        _set_role(match_id(root, 1), "unpack", c_tile)
+            _set_role(h[3], "pack_b", [1] * nb + [1, params.pack_k, nr])
+        _set_role(h[1], "unpack", c_tile)
         if init_is_fill:
-            _set_role(match_id(root, 5), "fill")
+            _set_role(h[5], "fill")
         elif init is not None:
-            _set_role(match_id(root, 5), "pack_c", c_tile)
+            _set_role(h[5], "pack_c", c_tile)
         if dest_is_fill:
-            drop_unpack_destination_fill(match_id(root, 1))
+            drop_unpack_destination_fill(h[1])
         if epilogue is not None:
-            _set_role(match_id(root, 0), "epilogue", register_tile)
+            _set_role(h[0], "epilogue", register_tile)
+        return _passes(root, "canonicalize", "cse")
 
-    _run(payload, roles_body)
-    clear_tags(payload)
-    run_passes(payload, "canonicalize, cse")
+    rec.step("roles", roles_body)
 
     rank = dims["rank"]
     # A 16-bit operand is widened to f32 while it is packed (the kernel then runs on f32):
@@ -524,18 +519,17 @@ def _schedule_packed(payload: ir.Module, c: Contraction, params: MatmulParams) -
         source = _producer(pack.operands[0]) if pack is not None else None
         if source is not None and source.name == "linalg.generic":
             converts[name] = source
-    ops = [epilogue, unpack, kernel, pack_b, pack_a, init, converts.get("b"), converts.get("a")]
-    for i, op in enumerate(ops):
-        if op is not None:
-            tag_ops([op], start=i)
+    places = _places(rec, [epilogue, unpack, kernel, pack_b, pack_a, init, converts.get("b"),
+                           converts.get("a")])
     kb = params.tile_k
     b, m, n, k = c.shape
     k_blocks = k > kb
     m_blocks = -(-min(params.tile_m, _round_up(m, mr)) // mr) > params.block_m // mr
 
     def body(root):
-        unpack_h, kernel_h, pb, pa = (match_id(root, i) for i in range(1, 5))
-        root_op = match_id(root, 0) if epilogue is not None else unpack_h
+        h = {i: at_place(root, place) for i, place in places.items()}
+        unpack_h, kernel_h, pb, pa = (h.get(i) for i in range(1, 5))
+        root_op = h[0] if epilogue is not None else unpack_h
         forall_sizes = [{"m": params.tile_m, "n": params.tile_n}.get(r, 1) for r in roles]
         t = structured.TileUsingForallOp(root_op, tile_sizes=forall_sizes)
         forall, tiled_root = t.forall_op, t.tiled_op
@@ -544,7 +538,7 @@ def _schedule_packed(payload: ir.Module, c: Contraction, params: MatmulParams) -
         kernel_h, forall = _fuse_into(kernel_h, forall)
         init_h = None
         if init is not None:
-            init_h, forall = _fuse_into(match_id(root, 5), forall)
+            init_h, forall = _fuse_into(h[5], forall)
         packs = {"b": pb if pack_b is not None else None, "a": pa if pack_a is not None else None}
 
         def fuse_packs(names, loop):
@@ -598,13 +592,12 @@ def _schedule_packed(payload: ir.Module, c: Contraction, params: MatmulParams) -
             transform.ApplyLoopInvariantCodeMotionOp(loop)
         canonicalize(func)
 
-    _run(payload, body)
-    clear_tags(payload)
+    rec.step("tile", body)
     if converts:
-        _fuse_widening_into_packs(payload, converts)
+        _fuse_widening_into_packs(rec, converts)
 
 
-def _fuse_widening_into_packs(payload: ir.Module, converts: dict[str, ir.Operation]) -> None:
+def _fuse_widening_into_packs(rec: StepRecorder, converts: dict[str, ir.Operation]) -> None:
     """Each pack slice widens its own source slice: the extension is fused, level by level
     (the forall, the k block loop, for A the row block loop, the packing loop), down to
     the tiled pack, so 16-bit data is read once and written packed as f32."""
@@ -615,19 +608,19 @@ def _fuse_widening_into_packs(payload: ir.Module, converts: dict[str, ir.Operati
         present.update(n for n in names if n.startswith(_WIDEN))
         return ir.WalkResult.ADVANCE
 
-    payload.operation.walk(visit)
+    rec.trial.operation.walk(visit)
     levels = {"b": ["forall", "k"], "a": ["forall", "k", "m"]}
     # a packing loop of one iteration (a panel of one slice: tiny shapes) is folded away;
     # then the widening stays at the outer levels
-    in_loop = {name: _marked_op_in_for(payload, f"{_WIDEN}_{name}_pack") for name in converts}
-    tag_ops(list(converts.values()))
+    in_loop = {name: _marked_op_in_for(rec.trial, f"{_WIDEN}_{name}_pack") for name in converts}
+    places = [place_of(rec.trial.operation, op) for op in converts.values()]
 
     def marked(root, name):
         return structured.MatchOp(any_op(), root, op_attrs={f"{_WIDEN}_{name}": ir.UnitAttr.get()}).result
 
     def body(root):
-        for i, name in enumerate(converts):
-            widen = match_id(root, i)
+        widens = [at_place(root, place) for place in places]
+        for widen, name in zip(widens, converts):
             for level in levels[name]:
                 if f"{_WIDEN}_{level}" in present:
                     widen, _ = _fuse_into(widen, marked(root, level))
@@ -640,8 +633,7 @@ def _fuse_widening_into_packs(payload: ir.Module, converts: dict[str, ir.Operati
         for attr in sorted(present):
             remove_annotation(root, attr)
 
-    _run(payload, body)
-    clear_tags(payload)
+    rec.step("fuse_widening", body)
 
 
 def _marked_op_in_for(payload: ir.Module, attr: str) -> bool:
@@ -660,7 +652,7 @@ def _marked_op_in_for(payload: ir.Module, attr: str) -> bool:
     return bool(found) and all(found)
 
 
-def _schedule_unpacked(payload: ir.Module, c: Contraction, params: MatmulParams) -> None:
+def _schedule_unpacked(rec: StepRecorder, c: Contraction, params: MatmulParams) -> None:
     """pack=False: tiles read A and B in place; edge tiles are masked at vectorization."""
     mr, nr = params.register
     nb = len(c.batch)
@@ -671,19 +663,18 @@ def _schedule_unpacked(payload: ir.Module, c: Contraction, params: MatmulParams)
     # fusing would leave the original behind with this tile's role.
     if not (init is not None and init.name == "linalg.fill" and _single_use(init.results[0]) is not None):
         init = None
-    for i, op in enumerate([epilogue, c.op, init]):
-        if op is not None:
-            tag_ops([op], start=i)
+    places = _places(rec, [epilogue, c.op, init])
 
     def body(root):
-        mm = match_id(root, 1)
+        h = {i: at_place(root, place) for i, place in places.items()}
+        mm = h[1]
         _set_role(mm, "register", _sizes(rank, batch=(c.batch, 1), m=(c.m, mr), n=(c.n, nr), k=(c.k, 1)))
         _annotate(mm, _DONE)
         if init is not None:
-            _set_role(match_id(root, 2), "fill_tile", [1] * nb + [mr, nr])
+            _set_role(h[2], "fill_tile", [1] * nb + [mr, nr])
         if epilogue is not None:
-            _set_role(match_id(root, 0), "epilogue", [1] * nb + [mr, nr])
-        root_op = match_id(root, 0) if epilogue is not None else mm
+            _set_role(h[0], "epilogue", [1] * nb + [mr, nr])
+        root_op = h[0] if epilogue is not None else mm
         if epilogue is not None:
             t = structured.TileUsingForallOp(root_op, tile_sizes=[1] * nb + [params.tile_m, params.tile_n])
             forall = t.forall_op
@@ -694,7 +685,7 @@ def _schedule_unpacked(payload: ir.Module, c: Contraction, params: MatmulParams)
             forall, mm = t.forall_op, t.tiled_op
         fill_h = None
         if init is not None:
-            fill_h, forall = _fuse_into(match_id(root, 2), forall)
+            fill_h, forall = _fuse_into(h[2], forall)
             _tile(fill_h, [1] * nb + [mr, nr])
         if epilogue is not None:
             _tile(t.tiled_op, [1] * nb + [mr, nr])
@@ -703,13 +694,12 @@ def _schedule_unpacked(payload: ir.Module, c: Contraction, params: MatmulParams)
         _tile(mm, _sizes(rank, k=(c.k, 1)))
         canonicalize(match(root, "func.func"))
 
-    _run(payload, body)
-    clear_tags(payload)
+    rec.step("tile_in_place", body)
 
 
-def _schedule_others(payload: ir.Module, params: GenericParams) -> None:
+def _schedule_others(rec: StepRecorder, params: GenericParams) -> None:
     """Linalg ops outside the contractions' tiles: tiled for threads like the generic schedule."""
-    for func in list(func_ops(payload)):
+    for func in list(func_ops(rec.trial)):
         while True:
             # an op without parallel tiles stays sequential (as it is)
             roots = [(op, sizes) for op in top_level_linalg_ops(func) if ROLE not in op.attributes
@@ -717,34 +707,83 @@ def _schedule_others(payload: ir.Module, params: GenericParams) -> None:
             if not roots:
                 break
             root, sizes = roots[-1]
-            tag_ops([root])
-            _run(payload, lambda r, z=sizes: structured.FuseOp(
-                match_id(r, 0), tile_sizes=z, use_forall=True, apply_cleanup=True))
-            clear_tags(payload)
+            rec.step("tile_other", _tile_other(place_of(rec.trial.operation, root), sizes))
 
 
-def fuse_matmul(payload: ir.Module, params_for, generic: GenericParams | None = None) -> None:
-    """The fuse stage. `params_for(batch, m, n, k)` gives each contraction's MatmulParams."""
-    split_assertions(payload)
-    run_passes(payload, "linalg-fold-unit-extent-dims, canonicalize, cse, "
-                        "func.func(linalg-fuse-elementwise-ops), canonicalize, cse")
-    if not find_contractions(payload):
+def _tile_other(place: Place, sizes: list[int]):
+    def body(root: ir.Value) -> None:
+        structured.FuseOp(at_place(root, place), tile_sizes=sizes, use_forall=True,
+                          apply_cleanup=True)
+
+    return body
+
+
+def _places(rec: StepRecorder, ops: list) -> dict[int, Place]:
+    """The places (schedules.common.place_of) of the ops that are not None, by index."""
+    return {i: place_of(rec.trial.operation, op) for i, op in enumerate(ops) if op is not None}
+
+
+def _passes(root: ir.Value, *names: str) -> ir.Value:
+    for name in names:
+        root = transform.ApplyRegisteredPassOp(any_op(), root, name).result
+    return root
+
+
+def _normalize(root: ir.Value) -> ir.Value:
+    """Assertions split out, unit dims folded, elementwise ops fused."""
+    split_assertions(root)
+    root = _passes(root, "linalg-fold-unit-extent-dims", "canonicalize", "cse")
+    _passes(match(root, "func.func"), "linalg-fuse-elementwise-ops")
+    return _passes(root, "canonicalize", "cse")
+
+
+@dataclass(frozen=True)
+class MatmulPlan:
+    """The script's steps as recorded on a trial of the payload (schedules.script
+    StepRecorder); None when elementwise fusion left no contraction (the generic script)."""
+
+    fuse: tuple | None
+    vectorize: object | None
+
+
+def plan_matmul(payload: ir.Module, params_for, generic: GenericParams) -> MatmulPlan:
+    """The fuse stage on a copy of `payload` (after cleanup; read, not rewritten), one
+    recorded step at a time, then the vectorize stage's body from what it left.
+    `params_for(batch, m, n, k)` gives each contraction's MatmulParams."""
+    transform_ext.load(payload.context)
+    rec = StepRecorder(ir.Module.parse(str(payload), payload.context))
+    rec.step("normalize", _normalize)
+    if not find_contractions(rec.trial):
         # Elementwise fusion merged every contraction with other work (e.g. attention's
         # scaling): nothing left for this schedule.
-        fuse_generic(payload, generic or GenericParams())
-        return
+        return MatmulPlan(None, None)
     while True:
-        found = find_contractions(payload)
+        found = find_contractions(rec.trial)
         if not found:
             break
         c = found[-1]
         params = params_for(*c.shape)
         if params.pack:
-            _schedule_packed(payload, c, params)
+            _schedule_packed(rec, c, params)
         else:
-            _schedule_unpacked(payload, c, params)
-    _schedule_others(payload, generic or GenericParams())
-    run_passes(payload, "canonicalize, cse")
+            _schedule_unpacked(rec, c, params)
+    _schedule_others(rec, generic)
+    rec.step("canonicalize", lambda root: _passes(root, "canonicalize", "cse"))
+    return MatmulPlan(tuple(rec.steps), _vectorize_body(rec.trial, generic))
+
+
+def matmul_script(plan: MatmulPlan, generic: GenericParams) -> ir.Module:
+    """@fuse (the recorded steps in order) and @vectorize; the generic script when the plan
+    has no contraction. Needs an active context and location."""
+    if plan.fuse is None:
+        return generic_script(generic)
+    names = [name for name, _ in plan.fuse]
+
+    def fuse(root: ir.Value) -> None:
+        for name in names:
+            root = include_step(name, root)
+
+    return build_script([("fuse", fuse), ("vectorize", plan.vectorize)], list(plan.fuse))
 
 
 # ----------------------------------------------------------------------------- vectorize
@@ -768,30 +807,30 @@ def _vector_plan(payload: ir.Module):
     return plan, others
 
 
-def vectorize_matmul(payload: ir.Module, generic: GenericParams | None = None,
-                     transpose_lowering: str = "Shuffle16x16") -> None:
-    """The vectorize stage (see the module docstring)."""
-    generic = generic or GenericParams()
+def _vectorize_body(payload: ir.Module, generic: GenericParams,
+                    transpose_lowering: str = "Shuffle16x16"):
+    """The vectorize stage (see the module docstring) for `payload` as the fuse stage left
+    it: each op with a role vectorized at its vector sizes, the others tiled and vectorized
+    as the generic schedule does (the generic stage when no op has a role)."""
     plan, others = _vector_plan(payload)
     if not plan:  # no contraction was scheduled here: the payload went the generic way
-        vectorize_generic(payload, generic)
-        return
+        return generic_vectorize_stage(generic)
     tiles = [(op, vector_tile_sizes(op, generic)) for op in others]
-    tag_ops([op for op, _ in plan] + [op for op, _ in tiles])
+    roles = [ir.StringAttr(op.attributes[ROLE]).value for op, _ in plan]
+    places = [place_of(payload.operation, op) for op, _ in plan + tiles]
 
     def body(root):
+        handles = [at_place(root, place) for place in places]
         n = len(plan)
-        for i, (op, sizes) in enumerate(plan):
-            role = ir.StringAttr(op.attributes[ROLE]).value
+        for h, role, (op, sizes) in zip(handles, roles, plan):
             if role in ("kernel", "fill") or sizes is None:
-                structured.VectorizeOp(match_id(root, i))
+                structured.VectorizeOp(h)
             elif role == "register":
                 # The register tile's nominal sizes are the tiling sizes; edges are masked.
-                structured.VectorizeOp(match_id(root, i), vector_sizes=[s or 1 for s in sizes])
+                structured.VectorizeOp(h, vector_sizes=[s or 1 for s in sizes])
             else:
-                structured.VectorizeOp(match_id(root, i), vector_sizes=sizes)
-        for j, (op, sizes) in enumerate(tiles):
-            h = match_id(root, n + j)
+                structured.VectorizeOp(h, vector_sizes=sizes)
+        for h, (op, sizes) in zip(handles[n:], tiles):
             if sizes is not None:
                 h, _ = _tile(h, sizes)
             # Like the generic schedule's vectorize_children: an op the vectorizer cannot
@@ -815,5 +854,4 @@ def vectorize_matmul(payload: ir.Module, generic: GenericParams | None = None,
         for attr in (ROLE, VECTOR_SIZES, _DONE):
             remove_annotation(root, attr)
 
-    _run(payload, body)
-    clear_tags(payload)
+    return body

@@ -56,6 +56,46 @@ def build_script(stages: Sequence[tuple[str, StageBody]],
     return module
 
 
+class StepRecorder:
+    """A stage's named steps, recorded while each runs on `trial` (a copy of the payload):
+    the Python that builds a step may read the copy as the previous steps left it, so the
+    script holds what was decided there as plain attributes. `step` names repeat with a
+    numeric suffix."""
+
+    def __init__(self, trial: ir.Module):
+        self.trial = trial
+        self.steps: list[tuple[str, StepBody]] = []
+
+    def step(self, name: str, body: Callable[[ir.Value], object]) -> None:
+        """Record `body` (emitting at the current insertion point; returning the root or
+        None, when it leaves the root handle valid) and apply it to the trial."""
+        taken = {n for n, _ in self.steps}
+        unique, i = name, 1
+        while unique in taken:
+            unique, i = f"{name}_{i}", i + 1
+
+        def step_body(root: ir.Value) -> ir.Value:
+            after = body(root)
+            return root if after is None else after
+
+        from .common import run_schedule
+
+        run_schedule(self.trial, step_body)
+        self.steps.append((unique, step_body))
+
+    def stage(self, after: Callable[[ir.Value], None] | None = None) -> StageBody:
+        """A stage body including the recorded steps in order, then `after(root)`."""
+        names = [n for n, _ in self.steps]
+
+        def body(root: ir.Value) -> None:
+            for name in names:
+                root = include_step(name, root)
+            if after is not None:
+                after(root)
+
+        return body
+
+
 def include_step(name: str, root: ir.Value) -> ir.Value:
     """`transform.include @name` of a step on `root` (consumed); returns the step's root."""
     any_op = transform.AnyOpType.get()

@@ -1,7 +1,7 @@
 """XeGPU tail of cross-entropy losses: F.cross_entropy, forward and forward+backward.
 
 Input: the cross_entropy family's target-independent restructuring (schedules/cross_entropy.py,
-`normalize` + `restructure`): the row max m, the exp-sum l and the other class sums (label
+`restructure`): the row max m, the exp-sum l and the other class sums (label
 smoothing, the backward's sum of d loss / d logp) read the logits x [N, C]; the target
 gather reads x[i, t_i] (never the [N, C] log-softmax); per-row losses; rank-0 reductions
 over the rows (the count or total weight of counted targets, the loss sums) and the mean;
@@ -69,8 +69,9 @@ from transform_ext.analysis.classify import reduction_combiner
 from transform_ext.analysis.loss_kernels import grouped, kernel_groups
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
 from transform_ext.common import block_ops, failure_reason, iterator_kinds, ops_named
+from transform_ext.remove_annotation import remove_annotation
 
-from .common import any_op, canonicalize, clear_tags, foreach, match, run_passes, run_schedule
+from .common import any_op, canonicalize, foreach, match, run_passes, run_schedule
 from .generic import single_func
 
 LANES = 16                      # lanes of a per-row tile in memory: the subgroup size
@@ -222,9 +223,7 @@ def analyze(payload: ir.Module) -> LossGraph:
     from . import cross_entropy as ce
 
     try:
-        ce.normalize(payload)
-        ce.restructure(payload)
-        found = ce.find_cross_entropy(payload)
+        found = ce.restructure(payload)
     except ce.NotCrossEntropy as exc:
         raise NotLowerable(f"cross-entropy: {exc}") from exc
     func = _func(payload)
@@ -338,8 +337,7 @@ def lower_loss(payload: ir.Module, *, subgroup_size: int = 16, max_threads: int 
     _class_loops(payload, tiles.column_tile)
     for kind in ("row_sum_before", "row_sum_after"):
         _row_sum_loops(payload, kind, sums.row_tile)
-    for attr in (CLASS_REDUCTION, GRADIENT, LANE_FORM, KERNEL_ATTR):
-        clear_tags(payload, attr)
+    run_schedule(payload, _remove_marks)
     run_passes(payload, "canonicalize, cse")
     return kernels
 
@@ -366,6 +364,11 @@ def target_check_message(classes: int) -> str:
     """What the target checks say when a target is out of range (as cross_entropy's)."""
     return (f"cross_entropy: a target is out of range: class indices must be in [0, {classes}) "
             "or equal ignore_index")
+
+
+def _remove_marks(root: ir.Value) -> None:
+    for attr in (CLASS_REDUCTION, GRADIENT, LANE_FORM, KERNEL_ATTR):
+        remove_annotation(root, attr)
 
 
 def _prepare_host_check(payload: ir.Module, graph: LossGraph) -> None:

@@ -17,7 +17,6 @@ OP_MODULES: list[str] = [
     "fold_scalar_or_splat_constant",
     "fold_reshape_ops_by_expansion",
     "sink_normalization_past_contraction",
-    "narrow_vector_contract_operands",
     "annotate_fastmath",
     "filter_ops",
     "walk_producers",

@@ -327,7 +327,6 @@ class XeGpuTarget:
         count = len(funcs)
         if count != len(self.plans):
             raise StageError(f"expected {len(self.plans)} gpu.func kernels, found {count}")
-        from schedules.common import clear_tags
         from schedules.xegpu_attention import annotate_attention, check_kernel
         from schedules.xegpu_common import insert_loop_prefetches
         from schedules.xegpu_cross_entropy import annotate_loss_kernel, kernel_anchors, prefetch_shape
@@ -373,7 +372,6 @@ class XeGpuTarget:
                     annotate_rows(handle, plan.tiles)
 
         run_schedule(module, body)
-        clear_tags(module)
 
     def xevm(self, module: ir.Module) -> None:
         from schedules.common import run_passes

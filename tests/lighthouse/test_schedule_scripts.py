@@ -7,7 +7,7 @@ import torch
 
 from lighthouse.compile import compile_kernel
 from lighthouse.errors import ScheduleFileError
-from lighthouse.families import GENERIC, LOOPS, SPECIALIZED, choose_family
+from lighthouse.families import choose_family
 from lighthouse.ingress import import_forward
 from lighthouse.kernel import load_kernel
 from tests.conftest import EXAMPLES, run_cli
@@ -25,7 +25,6 @@ SMALL = {
     "attention_causal": {"B": 1, "H": 2, "S": 80, "D": 32, "IS_CAUSAL": True},
     "cross_entropy": {"N": 40, "C": 1000},
 }
-FAMILIES = {f.name: f for f in SPECIALIZED + [GENERIC, LOOPS]}
 
 
 def _example(name: str):
@@ -39,14 +38,9 @@ def _chosen_family(name: str) -> str:
 
 
 def _replay_cases():
-    """Every example with the family chosen for it and with generic and loops forced, where
-    that family's schedule is a script."""
-    cases = []
-    for name in sorted(SMALL):
-        for family in sorted({_chosen_family(name), "generic", "loops"}):
-            if FAMILIES[family].script is not None:
-                cases.append((name, family))
-    return cases
+    """Every example with the family chosen for it and with generic and loops forced."""
+    return [(name, family) for name in sorted(SMALL)
+            for family in sorted({_chosen_family(name), "generic", "loops"})]
 
 
 def _stage_files(directory):

@@ -44,3 +44,32 @@ def check(ir_text: str, checks: str) -> None:
     proc = subprocess.run([str(tool), f.name], input=str(ir_text), capture_output=True, text=True)
     Path(f.name).unlink()
     assert proc.returncode == 0, proc.stdout + proc.stderr + "\n--- IR ---\n" + str(ir_text)
+
+
+ID_ATTR = "test.id"
+
+
+def tag_ops(payload_ops, start: int = 0) -> None:
+    """Give each payload op a unique `test.id` (tests pick their ops by hand this way)."""
+    i64 = ir.IntegerType.get_signless(64)
+    for i, op in enumerate(payload_ops, start=start):
+        op.attributes[ID_ATTR] = ir.IntegerAttr.get(i64, i)
+
+
+def match_id(target: ir.Value, op_id: int) -> ir.Value:
+    """The payload op tagged `test.id = op_id` (see `tag_ops`)."""
+    from torch_mlir.dialects import transform
+    from torch_mlir.dialects.transform import structured
+
+    i64 = ir.IntegerType.get_signless(64)
+    return structured.MatchOp(transform.AnyOpType.get(), target,
+                              op_attrs={ID_ATTR: ir.IntegerAttr.get(i64, op_id)}).result
+
+
+def clear_tags(payload: ir.Module) -> None:
+    def strip(op):
+        if ID_ATTR in op.attributes:
+            del op.attributes[ID_ATTR]
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(strip)

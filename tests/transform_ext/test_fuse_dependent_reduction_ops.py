@@ -10,9 +10,9 @@ import torch
 from torch_mlir import ir
 from torch_mlir.dialects import transform
 
-from schedules.common import clear_tags, match_id, tag_ops
 from transform_ext.fuse_dependent_reduction_ops import fuse_dependent_reduction_ops
-from tests.transform_ext.helpers import apply, apply_expect_failure, check, parse
+from tests.transform_ext.helpers import (clear_tags, match_id, tag_ops,
+                                         apply, apply_expect_failure, check, parse)
 from tests.transform_ext.numeric import run_module
 
 

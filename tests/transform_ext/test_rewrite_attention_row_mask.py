@@ -4,10 +4,10 @@
 import torch
 from torch_mlir.dialects import transform
 
-from schedules.common import clear_tags, match_id, tag_ops
 from transform_ext.fuse_dependent_reduction_ops import fuse_dependent_reduction_ops
 from transform_ext.rewrite_attention_row_mask import rewrite_attention_row_mask
-from tests.transform_ext.helpers import apply, apply_expect_failure, check, parse
+from tests.transform_ext.helpers import (clear_tags, match_id, tag_ops,
+                                         apply, apply_expect_failure, check, parse)
 from tests.transform_ext.numeric import run_module
 
 GUARDED = """
