@@ -735,14 +735,13 @@ def fuse_stage(plan: CrossEntropyPlan):
     return body
 
 
-def vectorize_stage(plan: CrossEntropyPlan, params: GenericParams):
-    """@vectorize: each class reduction of the fused loops reads its elementwise producers
-    in its own body (nothing per tile is materialized) and runs as the plan's `vector` says;
-    exp becomes transform_ext.expand_fast_exp's expansion; the marks go; then the generic
-    vectorize stage."""
-    generic = generic_vectorize_stage(params)
-
-    def body(root: ir.Value) -> None:
+def _tile_class_sums(plan: CrossEntropyPlan):
+    """Each class reduction of the fused loops reads its elementwise producers in its own
+    body (nothing per tile is materialized) and runs as the plan's `vector` says; exp
+    becomes transform_ext.expand_fast_exp's expansion; the marks go. A step of its own: the
+    handles it leaves end with it (the generic stage's ops rewrite their ops through nested
+    sequences, which the handles of this one would not see)."""
+    def body(root: ir.Value) -> ir.Value:
         inline_elementwise_producers(_match_attr(root, CLASS_SUM))
         if plan.vector:  # (the inlining keeps the sums' loops: the plan holds for the rebuilt ops)
             matched = _match_attr(root, CLASS_SUM)
@@ -756,7 +755,18 @@ def vectorize_stage(plan: CrossEntropyPlan, params: GenericParams):
         expand_fast_exp(root)
         remove_annotation(root, CLASS_SUM)
         remove_annotation(root, LANE_DIM)
-        generic(root)
+        return root
+
+    return body
+
+
+def vectorize_stage(params: GenericParams):
+    """@vectorize: the class sums tiled for vectors (`tile_class_sums`), then the generic
+    vectorize stage."""
+    generic = generic_vectorize_stage(params)
+
+    def body(root: ir.Value) -> None:
+        generic(include_step("tile_class_sums", root))
 
     return body
 
@@ -764,10 +774,12 @@ def vectorize_stage(plan: CrossEntropyPlan, params: GenericParams):
 def cross_entropy_script(plan: CrossEntropyPlan, vector: GenericParams | None) -> ir.Module:
     """@fuse of `plan` and, with `vector` (the CPU's vector tiles), @vectorize. Needs an
     active context and location."""
+    steps = fuse_steps(plan)
     stages = [("fuse", fuse_stage(plan))]
     if vector is not None:
-        stages.append(("vectorize", vectorize_stage(plan, vector)))
-    return build_script(stages, fuse_steps(plan))
+        steps.append(("tile_class_sums", _tile_class_sums(plan)))
+        stages.append(("vectorize", vectorize_stage(vector)))
+    return build_script(stages, steps)
 
 
 def _split(handle: ir.Value, count: int) -> list[ir.Value]:
