@@ -93,8 +93,11 @@ class ScheduleScript:
             else:
                 from torch_mlir import ir
 
+                own = getattr(self.target, "script", None)  # a target's own, if any
                 with payload.context, ir.Location.unknown():
-                    self.module = self.family.script(payload, self.target)
+                    self.module = own(self.family, payload) if own else None
+                    if self.module is None:
+                        self.module = self.family.script(payload, self.target)
         return self.module
 
     def stage(self, name: str, doc: str) -> Stage:

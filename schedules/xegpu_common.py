@@ -28,15 +28,18 @@ import transform_ext
 from transform_ext.allocs_to_device import allocs_to_device
 from transform_ext.carry_collapsed_loop_tensors import carry_collapsed_loop_tensors
 from transform_ext.common import ops_named
+from transform_ext.drop_unused_results import drop_unused_results
 from transform_ext.drop_forall_mapping import drop_forall_mapping
 from transform_ext.fold_reads_of_splat_writes import fold_reads_of_splat_writes
 from transform_ext.forward_reshaped_writes import forward_reshaped_writes
 from transform_ext import insert_loop_prefetches as loop_prefetches
 from transform_ext.narrow_contracts_for_dpas import DPAS_TYPES, narrow_contracts_for_dpas
 from transform_ext.transpose_contract_operands import transpose_contract_operands
+from transform_ext.split_assertions import split_assertions
 from transform_ext.write_results_in_place import write_results_in_place
 
 from .common import any_op, canonicalize, foreach, hoist_loop_invariant_subsets, match, run_passes, run_schedule
+from .script import build_script
 
 # gpu-lower-to-xevm-pipeline{xegpu-op-level=workgroup}, spelled out without its
 # xevm-attach-target (the gpu-outline stage attaches the chip's target) and without the
@@ -64,8 +67,26 @@ XEVM_PIPELINE = ", ".join([
     "gpu.module(canonicalize, cse, convert-xevm-to-llvm)",
 ])
 
-__all__ = ["DPAS_TYPES", "XEVM_PIPELINE", "bufferize", "insert_loop_prefetches", "outline",
-           "to_xegpu", "vectorize"]
+__all__ = ["DPAS_TYPES", "XEVM_PIPELINE", "bufferize", "gpu_preparation_script",
+           "insert_loop_prefetches", "outline", "to_xegpu", "vectorize"]
+
+
+def gpu_preparation(root: ir.Value) -> None:
+    """The fuse stage for payloads without a fused schedule on the GPU (the workgroups stage
+    tiles them): asserts split off (they block vectorization), unit dims folded, unused
+    generic results (the argmax of the imported max reduction) dropped; no elementwise
+    fusion, so type conversions stay visible to the contraction kernels."""
+    split_assertions(root)
+    for name in ("linalg-fold-unit-extent-dims", "canonicalize", "cse"):
+        root = transform.ApplyRegisteredPassOp(any_op(), root, name).result
+    drop_unused_results(match(root, "func.func"))
+    for name in ("canonicalize", "cse"):
+        root = transform.ApplyRegisteredPassOp(any_op(), root, name).result
+
+
+def gpu_preparation_script() -> ir.Module:
+    """`gpu_preparation` as the script's @fuse stage (needs an active context)."""
+    return build_script([("fuse", gpu_preparation)])
 
 
 def vectorize(payload: ir.Module, *, contractions: bool = True, gathers: bool = False) -> None:

@@ -61,7 +61,8 @@ CHIPS = {
 }
 DEFAULT_CHIP = "bmg"
 # Families whose fuse stage only tiles for the host CPU (no fusion across reductions): on
-# the GPU the workgroups stage does their tiling, so their fuse is replaced by `prepare`.
+# the GPU the workgroups stage does their tiling, so their script's @fuse is the GPU
+# preparation (schedules/xegpu_common.py gpu_preparation).
 # The cross_entropy family's CPU row blocks (lane-split sums) are no GPU form: log-softmax
 # goes the generic way (a row kernel), a loss gets kernels of its own
 # (schedules/xegpu_cross_entropy.py, see workgroups).
@@ -156,18 +157,24 @@ class XeGpuTarget:
         self.weight_specs: list[dict] = []
 
     # ------------------------------------------------------------------ pipeline assembly
+    def script(self, family, payload):
+        """The schedule script of `family` on this target when it is not the family's own:
+        for tiling-only families the GPU preparation as @fuse (None: the family's)."""
+        if family.name not in TILING_ONLY_FAMILIES:
+            return None
+        from schedules.xegpu_common import gpu_preparation_script
+
+        return gpu_preparation_script()
+
     def adapt_front(self, family, front: list[Stage]) -> list[Stage]:
-        """The family's fuse stays (for tiling-only families: GPU preparation only); the
-        target's workgroups/subgroups follow it and its own vectorization replaces the
-        family's CPU one."""
+        """The script's fuse stays (for tiling-only families the GPU preparation, see
+        `script`); the target's workgroups/subgroups follow it and its own vectorization
+        replaces the family's CPU one."""
         if family.name == "loops":
             raise UnsupportedError("the loops schedule has no GPU lowering; use the default schedule")
         self.family = family.name
         by_name = {s.name: s for s in front}
-        fuse = by_name["fuse"]
-        if family.name in TILING_ONLY_FAMILIES:
-            fuse = Stage("fuse", prepare, "GPU preparation: unit dims folded, asserts split")
-        return [by_name["import"], by_name["cleanup"], fuse,
+        return [by_name["import"], by_name["cleanup"], by_name["fuse"],
                 Stage("workgroups", self.workgroups, "kernels tiled into workgroup foralls"),
                 Stage("subgroups", self.subgroups, "subgroup decomposition of each workgroup tile"),
                 Stage("vectorize", self.vectorize, "whole-tile vectors, DPAS operand types")]
@@ -544,23 +551,6 @@ def _has_loss_tail(module: ir.Module) -> bool:
 
     module.operation.walk(visit)
     return bool(found)
-
-
-def prepare(module: ir.Module) -> None:
-    """GPU preparation for payloads without a fused schedule: asserts split off (they block
-    vectorization), unit dims folded, unused generic results (the argmax of the imported max
-    reduction) dropped; no elementwise fusion, so type conversions stay visible to the
-    contraction kernels."""
-    import transform_ext
-    from schedules.common import match, run_passes, run_schedule
-    from schedules.prepare import split_assertions
-    from transform_ext.drop_unused_results import drop_unused_results
-
-    split_assertions(module)
-    run_passes(module, "linalg-fold-unit-extent-dims, canonicalize, cse")
-    transform_ext.load(module.context)
-    run_schedule(module, lambda root: drop_unused_results(match(root, "func.func")))
-    run_passes(module, "canonicalize, cse")
 
 
 def constants_to_arguments(module: ir.Module) -> list[dict]:

@@ -39,7 +39,8 @@ def test_dump_dir_and_verbose_timings(tmp_path):
     assert r.returncode == 0, r.stderr
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["00-input.mlir", "01-import.mlir", "02-cleanup.mlir", "03-fuse.mlir",
-                     "04-vectorize.mlir", "05-bufferize.mlir", "06-llvm.mlir"]
+                     "03-fuse.transform.mlir", "04-vectorize.mlir", "04-vectorize.transform.mlir",
+                     "05-bufferize.mlir", "06-llvm.mlir"]
     assert "llvm.func" in (tmp_path / "06-llvm.mlir").read_text()
     for stage in ("import", "cleanup", "fuse", "vectorize", "bufferize", "llvm", "jit"):
         assert f"  {stage}" in r.stderr

@@ -109,3 +109,11 @@ def payload_contraction_flops(module) -> int:
 
 def tile_descriptor(op) -> str:
     return str([v.type for v in op.operands if "tensor_desc" in str(v.type)][0])
+
+
+def dumped_stages(stages: list[str]) -> list[str]:
+    """The files --dump-dir writes for `stages` (names without their NN- prefix): the input,
+    each stage's IR, and the script of the fuse stage (applied from the schedule script)
+    beside it."""
+    i = stages.index("fuse") + 1
+    return ["input"] + stages[:i] + ["fuse.transform"] + stages[i:]
