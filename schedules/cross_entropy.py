@@ -8,7 +8,8 @@ then the loss reads logp (a gather logp[i, y_i], class sums for label smoothing 
 probability targets) and the backward computes
     d x = G - exp(logp) * sum_c G,   G = d loss / d logp (the one-hot of nll_loss_backward).
 Any payload of that shape qualifies (a bare log_softmax too: its result is the "gradient").
-Schedule (`fuse_cross_entropy`), target independent up to vectorization:
+Schedule (the script's @fuse, one named step per item, decisions read by `plan_cross_entropy`
+from a copy of the payload), target independent up to vectorization:
   1. normalize: drop the unused argmax, fold scalar constants into bodies, fold reshapes and
      unit dims, split the target-bounds assertions out of the gathers;
   2. restructure so nothing reads an [N, C] intermediate (transform_ext ops
@@ -30,8 +31,9 @@ Schedule (`fuse_cross_entropy`), target independent up to vectorization:
      fuse_dependent_reduction_ops makes the max, the exp-sum (online, stable exp(m_old -
      m_new) correction) and every sibling class sum ONE loop over class tiles; the gradient,
      if any, is a second sweep over the block's logits (still in cache) writing d x once.
-Vectorization (`vectorize_cross_entropy`, CPU): each class reduction runs one chunk of lanes
-at a time with vector accumulators; exp is expanded by transform_ext.expand_fast_exp.
+Vectorization (@vectorize, CPU: the step tile_class_sums, then the generic stage): each class
+reduction runs one chunk of lanes at a time with vector accumulators; exp is expanded by
+transform_ext.expand_fast_exp.
 Forward: the logits are read once, no [N, C] tensor exists. Forward+backward: the logits are
 read once from memory (the second sweep hits the cache), the gradient written once.
 
