@@ -49,6 +49,14 @@ def run_passes(payload: ir.Module, pipeline: str) -> None:
         PassManager.parse(f"builtin.module({pipeline})").run(payload.operation)
 
 
+def apply_passes(target: ir.Value, *names: str) -> ir.Value:
+    """transform.apply_registered_pass of each pass in turn (it consumes its target);
+    returns the handle to the target after the last."""
+    for name in names:
+        target = transform.ApplyRegisteredPassOp(any_op(), target, name).result
+    return target
+
+
 def match(target: ir.Value, names: str | Sequence[str]) -> ir.Value:
     return structured.MatchOp.match_op_names(target, names).result
 

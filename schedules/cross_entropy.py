@@ -87,7 +87,8 @@ from transform_ext.split_reduction_lanes import LANE_DIM, split_reduction_lanes
 from transform_ext.split_reduction_lanes import check_group as check_lane_split
 from transform_ext.trace_to_argument import trace_to_argument
 
-from .common import canonicalize, foreach, match, run_schedule
+from .common import (Place, apply_passes, at_place, canonicalize, foreach, match, place_of,
+                     run_schedule)
 from .generic import GenericParams, largest_divisor_at_most, single_func
 from .generic import vectorize_stage as generic_vectorize_stage
 from .prepare import cleanup
@@ -164,7 +165,7 @@ def _normalize(fold_reshapes: bool):
         if fold_reshapes:
             f = fold_reshape_ops_by_expansion(f)
         canonicalize(f)
-        root = _passes(root, "linalg-fold-unit-extent-dims", "canonicalize", "cse")
+        root = apply_passes(root, "linalg-fold-unit-extent-dims", "canonicalize", "cse")
         split_assertions(root)
         return root
 
@@ -196,23 +197,15 @@ def _restructure(root: ir.Value) -> ir.Value:
     func = match(root, "func.func")
     fold_gathers_through_elementwise(func)
     promote_indexed_extracts(func)
-    root = _passes(root, "canonicalize", "cse")
+    root = apply_passes(root, "canonicalize", "cse")
     generics = match(match(root, "func.func"), "linalg.generic")
     logits = trace_to_argument(filter_reductions(generics, combiner="max"), 0)
     inline_elementwise_producers(generics, witness=logits)
-    root = _passes(root, "canonicalize", "cse")
+    root = apply_passes(root, "canonicalize", "cse")
     row_max = filter_reductions(match(match(root, "func.func"), "linalg.generic"), combiner="max")
     split_class_reductions(row_max)
     split_affine_reductions(row_max)
-    return _passes(root, "canonicalize", "cse")
-
-
-def _passes(root: ir.Value, *names: str) -> ir.Value:
-    """transform.apply_registered_pass of each pass in turn on `root` (consumed); returns
-    the handle to it after the last."""
-    for name in names:
-        root = transform.ApplyRegisteredPassOp(transform.AnyOpType.get(), root, name).result
-    return root
+    return apply_passes(root, "canonicalize", "cse")
 
 
 def _row_max(func: ir.Operation) -> ir.Operation:
@@ -404,9 +397,9 @@ class CrossEntropyPlan:
 
     params: CrossEntropyParams
     fold_reshapes: bool
-    gradients: tuple[tuple[str, int, int], ...]
+    gradients: tuple[Place, ...]
     classes: int
-    root: tuple[str, int, int]
+    root: Place
     rows: RowTiling | None
     blocks: tuple[ClassLoop, ...]
     blocks_in_foralls: bool
@@ -440,14 +433,14 @@ def plan_cross_entropy(payload: ir.Module, params: CrossEntropyParams) -> CrossE
     ops = find_cross_entropy(trial)
     gradients = ()
     if len(ops.gradients) > 1:
-        gradients = tuple(_place(g) for g in ops.gradients)
+        gradients = tuple(place_of(trial.operation, g) for g in ops.gradients)
         _apply(trial, _merge_gradients(gradients))
     ops = find_cross_entropy(trial)
     classes = loop_structure(ops.row_max).ranges[ops.class_dim]
     _apply(trial, name_target_checks(classes))
     _apply(trial, _mark_class_sums)
     ops = find_cross_entropy(trial)
-    root = _place(ops.root)
+    root = place_of(trial.operation, ops.root)
     _apply(trial, _sink_root_readers(root))
     rows = _row_tiling(trial, ops, params)  # the root as chosen before its readers moved
     if rows is not None:
@@ -471,7 +464,7 @@ def restructure(payload: ir.Module) -> CrossEntropyOps:
     _apply(payload, _restructure)
     ops = find_cross_entropy(payload)
     if len(ops.gradients) > 1:
-        _apply(payload, _merge_gradients(tuple(_place(g) for g in ops.gradients)))
+        _apply(payload, _merge_gradients(tuple(place_of(payload.operation, g) for g in ops.gradients)))
         ops = find_cross_entropy(payload)
     return ops
 
@@ -480,23 +473,10 @@ def _apply(payload: ir.Module, step) -> None:
     run_schedule(payload, step)
 
 
-def _place(op: ir.Operation) -> tuple[str, int, int]:
-    """(name, place among the ops of that name in its block, their number): how
-    structured.match on the function finds it (before tiling no op of its name is nested)."""
-    same_name = [o for o in block_ops(op.block) if o.name == op.name]
-    return op.name, same_name.index(op), len(same_name)
-
-
-def _handle(func: ir.Value, place: tuple[str, int, int]) -> ir.Value:
-    name, index, count = place
-    return _split(match(func, name), count)[index]
-
-
-def _merge_gradients(places: tuple[tuple[str, int, int], ...]):
+def _merge_gradients(places: tuple[Place, ...]):
     """Step 3: the gradients (several results computed elementwise) merged into one op."""
     def body(root: ir.Value) -> ir.Value:
-        func = match(root, "func.func")
-        handles = [_handle(func, place) for place in places]
+        handles = [at_place(root, place) for place in places]
         merge_elementwise(transform.MergeHandlesOp(handles).result)
         return root
 
@@ -517,10 +497,10 @@ def _mark_class_sums(root: ir.Value) -> ir.Value:
     return root
 
 
-def _sink_root_readers(root_place: tuple[str, int, int]):
+def _sink_root_readers(root_place: Place):
     """Step 4's preparation: the root's sibling readers after it (sink_sibling_readers)."""
     def body(root: ir.Value) -> ir.Value:
-        sink_sibling_readers(_handle(match(root, "func.func"), root_place))
+        sink_sibling_readers(at_place(root, root_place))
         return root
 
     return body
@@ -575,7 +555,7 @@ def _tile_rows(rows: RowTiling):
         for producer in [handles[i] for i in rows.places[1:]]:
             canonicalize(func)
             structured.FuseIntoContainingOp(producer, tiled.forall_op)
-        return _passes(root, "canonicalize", "cse")
+        return apply_passes(root, "canonicalize", "cse")
 
     return body
 
@@ -625,7 +605,7 @@ def _fuse_class_loops(loops: tuple[ClassLoop, ...], in_foralls: bool):
             group = _match_attr(scope, CLASS_SUM)
             row_max = filter_reductions(group, combiner="max")
             fuse_dependent_reduction_ops(row_max, exclude_ops(group, row_max), loop.class_tile)
-        return _passes(root, "canonicalize", "cse")
+        return apply_passes(root, "canonicalize", "cse")
 
     return body
 

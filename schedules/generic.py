@@ -52,7 +52,7 @@ from transform_ext.split_odd_bf16_lanes import split_odd_bf16_lanes
 from transform_ext.tile_insert_slices import tile_insert_slices
 from transform_ext.tile_to_vector_tiles import tile_to_vector_tiles
 
-from .common import any_op, canonicalize, hoist_loop_invariant_subsets, match
+from .common import any_op, apply_passes, canonicalize, hoist_loop_invariant_subsets, match
 from .script import apply_stage, build_script
 
 # Imported from here by the other families (matmul, attention, cross-entropy) and targets.
@@ -85,19 +85,14 @@ class GenericParams:
             raise ValueError("vector_tile and register_tile must be >= 1")
 
 
-def _pass(target: ir.Value, name: str) -> ir.Value:
-    """`transform.apply_registered_pass` (consumes `target`; the result is its new handle)."""
-    return transform.ApplyRegisteredPassOp(any_op(), target, name).result
-
-
 def fuse_stage(params: GenericParams):
     """Steps 1-2 of the module docstring, as a stage body."""
 
     def body(root: ir.Value) -> None:
         split_assertions(root)
-        root = _pass(root, "linalg-fold-unit-extent-dims")
+        root = apply_passes(root, "linalg-fold-unit-extent-dims")
         canonicalize(root)
-        _pass(match(root, "func.func"), "linalg-fuse-elementwise-ops")
+        apply_passes(match(root, "func.func"), "linalg-fuse-elementwise-ops")
         canonicalize(root)
         fuse_roots_into_foralls(match(root, "func.func"), threads=params.threads,
                                 tiles_per_thread=params.tiles_per_thread,

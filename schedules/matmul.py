@@ -55,7 +55,7 @@ from transform_ext.widen_contraction_operands import widen_contraction_operands
 import transform_ext
 from transform_ext.split_assertions import split_assertions
 
-from .common import (Place, any_op, apply_patterns, at_place, canonicalize,
+from .common import (Place, any_op, apply_passes, apply_patterns, at_place, canonicalize,
                      hoist_loop_invariant_subsets, match, place_of)
 from .generic import (GenericParams, func_ops, generic_script, parallel_tile_sizes,
                       top_level_linalg_ops, vector_tile_sizes)
@@ -506,7 +506,7 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
             drop_unpack_destination_fill(h[1])
         if epilogue is not None:
             _set_role(h[0], "epilogue", register_tile)
-        return _passes(root, "canonicalize", "cse")
+        return apply_passes(root, "canonicalize", "cse")
 
     rec.step("roles", roles_body)
 
@@ -723,18 +723,12 @@ def _places(rec: StepRecorder, ops: list) -> dict[int, Place]:
     return {i: place_of(rec.trial.operation, op) for i, op in enumerate(ops) if op is not None}
 
 
-def _passes(root: ir.Value, *names: str) -> ir.Value:
-    for name in names:
-        root = transform.ApplyRegisteredPassOp(any_op(), root, name).result
-    return root
-
-
 def _normalize(root: ir.Value) -> ir.Value:
     """Assertions split out, unit dims folded, elementwise ops fused."""
     split_assertions(root)
-    root = _passes(root, "linalg-fold-unit-extent-dims", "canonicalize", "cse")
-    _passes(match(root, "func.func"), "linalg-fuse-elementwise-ops")
-    return _passes(root, "canonicalize", "cse")
+    root = apply_passes(root, "linalg-fold-unit-extent-dims", "canonicalize", "cse")
+    apply_passes(match(root, "func.func"), "linalg-fuse-elementwise-ops")
+    return apply_passes(root, "canonicalize", "cse")
 
 
 @dataclass(frozen=True)
@@ -768,7 +762,7 @@ def plan_matmul(payload: ir.Module, params_for, generic: GenericParams) -> Matmu
         else:
             _schedule_unpacked(rec, c, params)
     _schedule_others(rec, generic)
-    rec.step("canonicalize", lambda root: _passes(root, "canonicalize", "cse"))
+    rec.step("canonicalize", lambda root: apply_passes(root, "canonicalize", "cse"))
     return MatmulPlan(tuple(rec.steps), _vectorize_body(rec.trial, generic))
 
 

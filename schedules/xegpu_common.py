@@ -38,7 +38,8 @@ from transform_ext.transpose_contract_operands import transpose_contract_operand
 from transform_ext.split_assertions import split_assertions
 from transform_ext.write_results_in_place import write_results_in_place
 
-from .common import any_op, canonicalize, foreach, hoist_loop_invariant_subsets, match, run_passes, run_schedule
+from .common import (any_op, apply_passes, canonicalize, foreach, hoist_loop_invariant_subsets,
+                     match, run_passes, run_schedule)
 from .script import build_script
 
 # gpu-lower-to-xevm-pipeline{xegpu-op-level=workgroup}, spelled out without its
@@ -77,11 +78,9 @@ def gpu_preparation(root: ir.Value) -> None:
     generic results (the argmax of the imported max reduction) dropped; no elementwise
     fusion, so type conversions stay visible to the contraction kernels."""
     split_assertions(root)
-    for name in ("linalg-fold-unit-extent-dims", "canonicalize", "cse"):
-        root = transform.ApplyRegisteredPassOp(any_op(), root, name).result
+    root = apply_passes(root, "linalg-fold-unit-extent-dims", "canonicalize", "cse")
     drop_unused_results(match(root, "func.func"))
-    for name in ("canonicalize", "cse"):
-        root = transform.ApplyRegisteredPassOp(any_op(), root, name).result
+    apply_passes(root, "canonicalize", "cse")
 
 
 def gpu_preparation_script() -> ir.Module:

@@ -62,7 +62,7 @@ from transform_ext.sink_normalization_past_contraction import sink_normalization
 from transform_ext.store_scores_keys_major import store_scores_keys_major
 from transform_ext.widen_softmax import widen_softmax
 
-from ..common import any_op, canonicalize, foreach, match, run_schedule
+from ..common import any_op, apply_passes, canonicalize, foreach, match, run_schedule
 from ..generic import largest_divisor_at_most
 from ..prepare import cleanup
 from ..script import include_step
@@ -184,10 +184,6 @@ def _apply_steps(payload: ir.Module, steps) -> None:
     run_schedule(payload, body)
 
 
-def _passes(root: ir.Value, *names: str) -> ir.Value:
-    return apply_passes(root, *names)
-
-
 def _fold_constants_and_reshapes(root: ir.Value) -> ir.Value:
     """Step 1: the unused argmax dropped, scalar/splat constants folded into bodies, the
     4-D <-> 3-D reshapes around the batch matmuls folded."""
@@ -215,9 +211,9 @@ _COLLAPSE_ROUNDS = 8
 
 def _fold_unit_dims(root: ir.Value) -> ir.Value:
     """Step 1: unit dims folded, and an f16/bf16 softmax's probabilities kept in f32."""
-    root = _passes(root, "linalg-fold-unit-extent-dims", "canonicalize", "cse")
+    root = apply_passes(root, "linalg-fold-unit-extent-dims", "canonicalize", "cse")
     widen_softmax(match(root, "func.func"))
-    return _passes(root, "canonicalize", "cse")
+    return apply_passes(root, "canonicalize", "cse")
 
 
 def _normalize_layout(root: ir.Value) -> ir.Value:
@@ -276,7 +272,7 @@ def _normalize_steps(row_guard: bool, params: AttentionParams) -> list[tuple[str
     steps = [("share_kv_heads", _share_kv_heads), ("sink_normalization", _sink_normalization)]
     if row_guard:
         steps.append(("guard_from_row_max", _guard_from_row_max))
-    steps.append(("canonicalize", lambda root: _passes(root, "canonicalize", "cse")))
+    steps.append(("canonicalize", lambda root: apply_passes(root, "canonicalize", "cse")))
     if params.return_lse:
         steps.append(("append_lse", _append_lse))
     if params.key_major:
@@ -327,7 +323,7 @@ def tile_query_blocks(plan: AttentionPlan):
         tiled = structured.TileUsingForallOp(output, tile_sizes=list(plan.tile_sizes))
         foreach(producers,
                 lambda producer: structured.FuseIntoContainingOp(producer, tiled.forall_op))
-        return _passes(root, "canonicalize", "cse")
+        return apply_passes(root, "canonicalize", "cse")
 
     return body
 
@@ -377,17 +373,9 @@ def fuse_stage(plan: AttentionPlan):
     def body(root: ir.Value) -> None:
         for name in names:
             root = include_step(name, root)
-        _passes(root, "canonicalize", "cse")
+        apply_passes(root, "canonicalize", "cse")
 
     return body
-
-
-def apply_passes(target: ir.Value, *names: str) -> ir.Value:
-    """transform.apply_registered_pass of each pass in turn (it consumes its target);
-    returns the handle to the target after the last."""
-    for name in names:
-        target = transform.ApplyRegisteredPassOp(any_op(), target, name).result
-    return target
 
 
 def query_block_tiles(ops: AttentionOps, params: AttentionParams
