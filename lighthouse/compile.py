@@ -28,9 +28,9 @@ import torch
 
 from schedules.script import ScriptError, apply_stage, parse_script, stage_text
 
-from .errors import (CheckFailed, KernelFileError, LighthouseError, ScheduleFileError, StageError,
+from .errors import (CheckFailed, LighthouseError, ScheduleFileError, StageError,
                      UnknownStage, UnsupportedError)
-from .families import SCHEDULE_OPTIONS, Family, choose_family, fallback_family, family_names
+from .families import Family, choose_family, fallback_family, family_names, parse_schedule_options
 from .ingress import Imported, import_forward, import_joint
 from .kernel import Kernel, load_kernel, parse_override
 from .pipeline import Pipeline, Stage
@@ -220,12 +220,10 @@ def compile_kernel(path, *, overrides=None, backward=False, target="cpu", thread
     target_obj = make_target(target, threads, runtime_checks=runtime_checks,
                              **(target_options or {}))
     kernel = load_kernel(path, overrides or {})
-    schedule_options = {k: v for k, v in kernel.config.items() if k != "schedule"}
-    known = sorted({k for keys in SCHEDULE_OPTIONS.values() for k in keys})
-    for key in schedule_options:
-        if key not in known:
-            raise KernelFileError(f"{kernel.path}: LIGHTHOUSE option {key!r} is not a schedule "
-                                  f"option (known: schedule, {', '.join(known)})")
+    try:
+        schedule_options = parse_schedule_options(kernel.config)
+    except UnsupportedError as exc:
+        raise UnsupportedError(f"{kernel.path}: {exc}") from None
     if schedule_options and hasattr(target_obj, "options"):
         options = tuple(sorted(schedule_options.items()))
         if dataclasses.is_dataclass(target_obj):

@@ -4,7 +4,9 @@ A family turns a payload kind (attention, cross-entropy, matmul, ...) into the `
 `vectorize` stages. `choose_family` asks each specialized family whether the payload is its
 kind (`recognize`) and, if so, whether its schedule applies (`check`); a recognized payload
 that the schedule cannot take falls back to the generic family with a one-line note naming
-the reason, or raises under `strict`.
+the reason, or raises under `strict`. A family's parameters come from the target's
+description (lighthouse.targets.description), never its name, and the kernel file's options,
+in one place (`family_params`).
 """
 
 from __future__ import annotations
@@ -13,14 +15,15 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
-from .errors import ScheduleMismatch
+from .errors import ScheduleMismatch, UnsupportedError
 
 
 @dataclass(frozen=True)
 class Family:
     name: str
     recognize: Callable[[object], bool]
-    # (module, target or None): None when the schedule applies, else the reason
+    # (module, target or None): None when the schedule applies, else the reason (a payload
+    # it cannot take; any other error propagates)
     check: Callable[[object, object], str | None]
     # (payload after cleanup, target) -> the transform script (schedules.script) whose
     # named sequences are the fuse and vectorize stages; the payload is read, never
@@ -31,23 +34,148 @@ class Family:
     extra_results: Callable[[object], tuple[str, ...]] = lambda target: ()
 
 
-# The keys a kernel file's LIGHTHOUSE dict may hold besides "schedule", per family.
-SCHEDULE_OPTIONS = {
-    "attention": ("query_tile", "key_tile", "return_lse", "key_major", "register_tile"),
-    "cross_entropy": ("row_tile", "class_tile", "lanes"),
+# The keys a kernel file's LIGHTHOUSE dict may hold besides "schedule", per family, and the
+# type of their values (a tuple: a sequence of that many values of those types).
+SCHEDULE_OPTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "attention": {"query_tile": int, "key_tile": int, "return_lse": bool, "key_major": bool,
+                  "register_tile": (int, int)},
+    "cross_entropy": {"row_tile": int, "class_tile": int, "lanes": int},
 }
 
 
-def _generic_params(target):
+def _option_types() -> dict[str, type | tuple[type, ...]]:
+    return {key: kind for options in SCHEDULE_OPTIONS.values() for key, kind in options.items()}
+
+
+def _has_type(value, kind) -> bool:
+    if isinstance(kind, tuple):
+        return isinstance(value, (tuple, list)) and len(value) == len(kind) \
+            and all(_has_type(v, k) for v, k in zip(value, kind))
+    return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+
+
+def _type_name(kind) -> str:
+    if isinstance(kind, tuple):
+        return f"a sequence of {len(kind)} {' and '.join(sorted({_type_name(k) for k in kind}))}s"
+    return {int: "int", bool: "bool"}.get(kind, kind.__name__)
+
+
+def parse_schedule_options(options) -> dict:
+    """The schedule options of a kernel file's LIGHTHOUSE dict (or its sorted pairs) without
+    "schedule", each checked against SCHEDULE_OPTIONS: an unknown key or a value of the
+    wrong type is an UnsupportedError naming the key."""
+    types = _option_types()
+    parsed = {}
+    for key, value in dict(options).items():
+        if key == "schedule":
+            continue
+        if key not in types:
+            raise UnsupportedError(f"LIGHTHOUSE option {key!r} is not a schedule option (known: "
+                                   f"schedule, {', '.join(sorted(types))})")
+        if not _has_type(value, types[key]):
+            raise UnsupportedError(f"LIGHTHOUSE option {key!r} must be {_type_name(types[key])}, "
+                                   f"got {value!r}")
+        parsed[key] = tuple(value) if isinstance(types[key], tuple) else value
+    return parsed
+
+
+@dataclass(frozen=True)
+class FamilyParams:
+    """What a family's script is built from on one target. schedule: the family's own
+    parameters (AttentionParams, CrossEntropyParams; for matmul a function of a
+    contraction's (batch, m, n, k) giving its MatmulParams; None for generic). vector: the
+    generic schedule's parameters, the tiles of the CPU @vectorize (None: the target has no
+    CPU vector unit and vectorizes its own way)."""
+
+    schedule: object
+    vector: object
+
+
+def _generic_params(target, options) -> FamilyParams:
     from schedules.generic import GenericParams
 
-    return GenericParams(threads=target.threads, vector_tile=4 * target.f32_lanes)
+    cpu = target.cpu
+    return FamilyParams(None, GenericParams.for_cpu(cpu, target.threads) if cpu else None)
+
+
+def _matmul_params(target, options) -> FamilyParams:
+    from schedules.matmul import MatmulParams
+
+    cpu, threads, vector = target.cpu, target.threads, _generic_params(target, options).vector
+
+    def for_shape(batch, m, n, k):
+        return MatmulParams.for_cpu(batch, m, n, k, cpu, threads)
+
+    return FamilyParams(for_shape if cpu else None, vector)
+
+
+def _attention_params(target, options) -> FamilyParams:
+    """Tiles from the options, else the target's own (`attention_tiles`, e.g. a GPU
+    workgroup's rows), else the schedule's defaults; scores keys-major by default where
+    there is a CPU vector unit (its register tiles want the lanes along the queries)."""
+    from schedules.attention import AttentionParams
+
+    known = dict(zip(("query_tile", "key_tile"), target.attention_tiles or ()))
+    known["key_major"] = target.cpu is not None
+    known.update({k: v for k, v in options.items() if k != "register_tile"})
+    vector = _generic_params(target, options).vector
+    if vector is not None and "register_tile" in options:
+        vector = dataclasses.replace(vector, register_tile=options["register_tile"])
+    return FamilyParams(AttentionParams(threads=target.threads, **known), vector)
+
+
+def _cross_entropy_params(target, options) -> FamilyParams:
+    from schedules.cross_entropy import CrossEntropyParams
+
+    cpu = target.cpu
+    params = (CrossEntropyParams.for_cpu(cpu, target.threads, **options) if cpu
+              else CrossEntropyParams(threads=target.threads, **options))
+    return FamilyParams(params, _generic_params(target, options).vector)
+
+
+_PARAMS = {"generic": _generic_params, "matmul": _matmul_params, "attention": _attention_params,
+           "cross_entropy": _cross_entropy_params}
+
+
+def family_params(family: str, target) -> FamilyParams:
+    """The parameters of the family named `family` (a family with a schedule of its own, not
+    loops) on `target` (None: the host CPU), in one place: defaults derived from the
+    target's description (lighthouse.targets.description: its CPU's vector registers and
+    caches, its threads, its attention tiles), then the family's options from the kernel
+    file's LIGHTHOUSE dict (`target.options`); an option the parameters refuse is an
+    UnsupportedError naming it."""
+    target = target if target is not None else host_target()
+    options = {k: v for k, v in parse_schedule_options(target.options).items()
+               if k in SCHEDULE_OPTIONS.get(family, {})}
+    try:
+        return _PARAMS[family](target, options)
+    except ValueError as exc:
+        if not options:
+            raise
+        raise UnsupportedError(f"LIGHTHOUSE options of the {family} schedule: {exc}") from None
+
+
+def host_target():
+    """The target the families assume when given none: this machine's CPU."""
+    from .targets.cpu import CpuTarget
+
+    return CpuTarget()
+
+
+def _vector_params(family: str, target):
+    """The CPU @vectorize's parameters of `family` (an error on a target without a CPU
+    vector unit)."""
+    vector = family_params(family, target).vector
+    if vector is None:
+        raise UnsupportedError(f"the {family} schedule vectorizes for a CPU; this target has "
+                               f"no CPU vector unit")
+    return vector
 
 
 def _generic_script(module, target):
     from schedules.generic import generic_script
 
-    return generic_script(_generic_params(target))
+    return generic_script(_vector_params("generic", target))
 
 
 GENERIC = Family("generic", lambda m: True, lambda m, t=None: None, _generic_script)
@@ -65,19 +193,14 @@ LOOPS = Family("loops", lambda m: False, lambda m, t=None: None, _loops_script)
 
 
 def _matmul_script(module, target):
-    """The recorded plan of the payload after cleanup on the CPU; the generic script
-    elsewhere (the schedule is written for the host CPU)."""
-    from schedules.generic import generic_script
-    from schedules.matmul import MatmulParams, matmul_script, plan_matmul
+    """The recorded plan of the payload after cleanup where the target has a CPU vector unit
+    (the schedule is written for one); the generic script elsewhere."""
+    from schedules.matmul import matmul_script, plan_matmul
 
-    generic = _generic_params(target)
-    if getattr(target, "name", "cpu") != "cpu":
-        return generic_script(generic)
-
-    def params_for(batch, m, n, k):
-        return MatmulParams.for_shape(batch, m, n, k, threads=target.threads, lanes=target.f32_lanes)
-
-    return matmul_script(plan_matmul(module, params_for, generic), generic)
+    params = family_params("matmul", target)
+    if params.schedule is None:
+        return _generic_script(module, target)
+    return matmul_script(plan_matmul(module, params.schedule, params.vector), params.vector)
 
 
 def _matmul_recognize(module):
@@ -96,20 +219,6 @@ def _matmul_check(module, target=None):
 # after the families of payloads that also contain contractions (attention, ...).
 MATMUL = Family("matmul", _matmul_recognize, _matmul_check, _matmul_script)
 
-# Specialized families register here, most specific first.
-def _attention_params(target):
-    """Tiles from the kernel file's LIGHTHOUSE dict, else the target's own defaults
-    (`attention_tiles = (query_tile, key_tile)`, e.g. a GPU workgroup's rows), else the
-    schedule's defaults."""
-    from schedules.attention import AttentionParams
-
-    options = dict(getattr(target, "options", ()))
-    known = dict(zip(("query_tile", "key_tile"), getattr(target, "attention_tiles", ())))
-    known["key_major"] = getattr(target, "name", "") == "cpu"
-    known.update({k: options[k] for k in ("query_tile", "key_tile", "return_lse", "key_major")
-                  if k in options})
-    return AttentionParams(threads=getattr(target, "threads", 1), **known)
-
 
 def _attention_recognize(module):
     from schedules.attention import recognize
@@ -120,37 +229,24 @@ def _attention_recognize(module):
 def _attention_check(module, target=None):
     from schedules.attention import check
 
-    return check(module, _attention_params(target))
+    return check(module, family_params("attention", target).schedule)
 
 
 def _attention_script(module, target):
-    """The plan read from the payload after cleanup, @vectorize on the CPU only (the XeGPU
-    target vectorizes its own way)."""
+    """The plan read from the payload after cleanup, @vectorize with a CPU vector unit only
+    (the XeGPU target vectorizes its own way)."""
     from schedules.attention import attention_script, plan_attention
 
-    vector = None
-    if getattr(target, "name", "cpu") == "cpu":
-        options = dict(getattr(target, "options", ()))
-        vector = _generic_params(target)
-        if "register_tile" in options:
-            vector = dataclasses.replace(vector, register_tile=tuple(options["register_tile"]))
-    return attention_script(plan_attention(module, _attention_params(target)), vector)
+    params = family_params("attention", target)
+    return attention_script(plan_attention(module, params.schedule), params.vector)
 
 
 def _attention_extra_results(target) -> tuple[str, ...]:
-    return ("lse",) if dict(getattr(target, "options", ())).get("return_lse") else ()
+    return ("lse",) if family_params("attention", target).schedule.return_lse else ()
 
 
 ATTENTION = Family("attention", _attention_recognize, _attention_check, _attention_script,
                    _attention_extra_results)
-
-
-def _cross_entropy_params(target):
-    from schedules.cross_entropy import CrossEntropyParams
-
-    options = dict(getattr(target, "options", ()))
-    known = {k: options[k] for k in ("row_tile", "class_tile", "lanes") if k in options}
-    return CrossEntropyParams(threads=getattr(target, "threads", 1), **known)
 
 
 def _cross_entropy_recognize(module):
@@ -162,16 +258,16 @@ def _cross_entropy_recognize(module):
 def _cross_entropy_check(module, target=None):
     from schedules.cross_entropy import check
 
-    return check(module, _cross_entropy_params(target))
+    return check(module, family_params("cross_entropy", target).schedule)
 
 
 def _cross_entropy_script(module, target):
     """The plan read from the payload after cleanup (the check's, with the same params),
-    @vectorize on the CPU only."""
+    @vectorize with a CPU vector unit only."""
     from schedules.cross_entropy import cross_entropy_script, plan_cross_entropy
 
-    vector = _generic_params(target) if getattr(target, "name", "cpu") == "cpu" else None
-    return cross_entropy_script(plan_cross_entropy(module, _cross_entropy_params(target)), vector)
+    params = family_params("cross_entropy", target)
+    return cross_entropy_script(plan_cross_entropy(module, params.schedule), params.vector)
 
 
 # Before attention: attention's cheap test also accepts a log_softmax with three reductions.
@@ -196,7 +292,7 @@ def choose_family(module, *, requested: str | None = None, strict: bool = False,
                   notes: list[str] | None = None, target=None) -> Family:
     """The requested family, or the first specialized family that recognizes the payload;
     when its check fails: the generic family and a note naming the reason (an error under
-    `strict`)."""
+    `strict`). `target`: the target compiled for (None: the host CPU)."""
     notes = notes if notes is not None else []
     if requested is not None:
         family = family_named(requested)

@@ -128,6 +128,15 @@ class CrossEntropyParams:
             if getattr(self, name) < 0:
                 raise ValueError(f"CrossEntropyParams.{name} must be >= 0, got {getattr(self, name)}")
 
+    @classmethod
+    def for_cpu(cls, cpu, threads: int, **options) -> "CrossEntropyParams":
+        """The parameters on a CPU described by `cpu` (lighthouse.targets.description
+        CpuDescription), then `options`: 4 vector registers of lanes (at least one), row
+        blocks of half of L2, vector tiles of 4 registers."""
+        lanes = cpu.f32_lanes
+        return cls(**{"threads": threads, "lanes": 4 * lanes, "min_lanes": lanes,
+                      "block_bytes": cpu.l2_bytes // 2, "vector_tile": 4 * lanes, **options})
+
 
 @dataclass
 class CrossEntropyOps:
@@ -337,7 +346,7 @@ def check(payload: ir.Module, params: CrossEntropyParams = CrossEntropyParams())
             plan_cross_entropy(trial, params)
     except NotCrossEntropy as exc:
         return str(exc)
-    except Exception as exc:  # a transform refused the payload: its first line says why
+    except ValueError as exc:  # the interpreter's error: a transform refused the payload
         return _first_line(exc)
     return None
 

@@ -57,8 +57,8 @@ from .script import apply_stage, build_script
 
 # Imported from here by the other families (matmul, attention, cross-entropy) and targets.
 __all__ = ["GenericParams", "generic_script", "fuse_generic", "vectorize_generic", "func_ops",
-           "single_func", "top_level_linalg_ops", "parallel_tile_sizes", "vector_tile_sizes",
-           "largest_divisor_at_most"]
+           "register_tile_for", "single_func", "top_level_linalg_ops", "parallel_tile_sizes",
+           "vector_tile_sizes", "largest_divisor_at_most"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,22 @@ class GenericParams:
             raise ValueError("threads, tiles_per_thread and tile_bytes must be >= 1")
         if self.vector_tile < 1 or min(self.register_tile) < 1:
             raise ValueError("vector_tile and register_tile must be >= 1")
+
+    @classmethod
+    def for_cpu(cls, cpu, threads: int) -> "GenericParams":
+        """The parameters on a CPU described by `cpu` (lighthouse.targets.description
+        CpuDescription): vector tiles of 4 vector registers, the register tile of
+        `register_tile_for`, tiles of at most a sixteenth of L2 (room for a fused chain's
+        intermediates and inputs beside the root's tile)."""
+        return cls(threads=threads, tile_bytes=cpu.l2_bytes // 16, vector_tile=4 * cpu.f32_lanes,
+                   register_tile=register_tile_for(cpu.f32_lanes, cpu.vector_registers))
+
+
+def register_tile_for(lanes: int, registers: int) -> tuple[int, int]:
+    """(MR, NR) accumulator tile of a contraction on `registers` vector registers of `lanes`
+    f32: NR two vectors wide; MR = 8 rows (16 accumulators, 2 operand vectors, a broadcast)
+    with 32 registers, else 4 (8 accumulators of 16 registers)."""
+    return (8 if registers >= 32 else 4, 2 * lanes)
 
 
 def fuse_stage(params: GenericParams):

@@ -39,6 +39,7 @@ does not pay).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from torch_mlir import ir
@@ -58,7 +59,7 @@ from transform_ext.split_assertions import split_assertions
 from .common import (Place, any_op, apply_passes, apply_patterns, at_place, canonicalize,
                      hoist_loop_invariant_subsets, match, place_of)
 from .generic import (GenericParams, func_ops, generic_script, parallel_tile_sizes,
-                      top_level_linalg_ops, vector_tile_sizes)
+                      register_tile_for, top_level_linalg_ops, vector_tile_sizes)
 from .generic import vectorize_stage as generic_vectorize_stage
 from .script import StepRecorder, build_script, include_step
 
@@ -108,6 +109,18 @@ class MatmulParams:
             raise ValueError("tile_k, pack_k and threads must be >= 1")
 
     @staticmethod
+    def for_cpu(batch: int, m: int, n: int, k: int, cpu, threads: int) -> "MatmulParams":
+        """`for_shape` on a CPU described by `cpu` (lighthouse.targets.description
+        CpuDescription): its f32 lanes and vector registers; max_tile the largest power of
+        two whose square f32 accumulator tile fills at most half of L2; max_tile_k the
+        largest power of two whose B micro-panel (max_tile_k x NR f32) fits in L1."""
+        nr = register_tile_for(cpu.f32_lanes, cpu.vector_registers)[1]
+        return MatmulParams.for_shape(
+            batch, m, n, k, threads=threads, lanes=cpu.f32_lanes, registers=cpu.vector_registers,
+            max_tile=_power_of_two_at_most(math.isqrt(cpu.l2_bytes // 2 // 4)),
+            max_tile_k=_power_of_two_at_most(cpu.l1d_bytes // (4 * nr)))
+
+    @staticmethod
     def for_shape(batch: int, m: int, n: int, k: int, *, threads: int = 2, lanes: int = 16,
                   registers: int = 32, max_tile: int = 512, max_tile_k: int = 256) -> "MatmulParams":
         """Parameters for C[batch, m, n] += A[batch, m, k] B[batch, k, n] (f32 accumulator,
@@ -119,8 +132,7 @@ class MatmulParams:
         are split further until every thread gets the same number of tiles (or there are
         plenty), along N when that repacks less than along M. Fewer rows than MR or fewer
         columns than a vector: no packing (it would not pay), one register tile of rows."""
-        nr = 2 * lanes
-        mr = 8 if registers >= 32 else 4
+        mr, nr = register_tile_for(lanes, registers)
         pack = m >= mr and n >= lanes
         if not pack:  # skinny: one register tile covers all rows, without masked rows
             mr = max(1, min(mr, m))
@@ -147,6 +159,10 @@ class MatmulParams:
         mt, nt = tiles(*counts)
         return MatmulParams(register=(mr, nr), tile_m=mt, tile_n=nt, tile_k=tile_k,
                             block_m=min(mt, 64), pack_k=min(16, tile_k), pack=pack, threads=threads)
+
+
+def _power_of_two_at_most(x: int) -> int:
+    return 1 << (max(1, x).bit_length() - 1)
 
 
 def _round_up(x: int, unit: int) -> int:

@@ -7,12 +7,13 @@ are written by hand, not scheduled, so the limits do not depend on the schedules
 
 - FMA peak: each thread runs `iters` steps of `accumulators` independent chains
   x <- fma(x, a, b) on full-width f32 vectors; the operands come from an argument, so LLVM
-  cannot fold the loop, and 16 chains cover the FMA latency of two ports. FLOPs =
+  cannot fold the loop, and 16 chains cover the FMA latency of two ports (fewer when the
+  vector registers cannot hold them beside a and b: 14 of AVX2's 16). FLOPs =
   threads * accumulators * lanes * 2 * iters. The best of several calls is reported.
-- Bandwidth: each thread sums its half of a 1 GiB f32 array (larger than the last-level
-  cache, so it streams from DRAM) with 8 vector accumulators; bytes = 4 * elements. The
-  same read done by `torch.sum` is measured too, and the limit is the faster of the two
-  (a limit is the best this machine was seen to do); both are reported.
+- Bandwidth: each thread sums its share of an f32 array of at least 1 GiB and twice the
+  last-level cache (so it streams from DRAM) with 8 vector accumulators; bytes =
+  4 * elements. The same read done by `torch.sum` is measured too, and the limit is the
+  faster of the two (a limit is the best this machine was seen to do); both are reported.
 Kernels whose working set fits in the cache (480 MiB L3 here) can exceed that bandwidth:
 their fraction of the limit is then above 100%, which says where their data lived.
 """
@@ -34,6 +35,7 @@ class Limits:
     bandwidth_gbs: float
     bandwidth_compiled_gbs: float
     bandwidth_torch_gbs: float
+    stream_bytes: int = 1 << 30
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -42,7 +44,7 @@ class Limits:
         return (f"machine limits ({self.threads} threads): FMA peak {self.fma_gflops:.0f} GFLOP/s "
                 f"(f32, {self.lanes}-lane vectors); streaming read {self.bandwidth_gbs:.1f} GB/s "
                 f"(compiled {self.bandwidth_compiled_gbs:.1f}, torch.sum "
-                f"{self.bandwidth_torch_gbs:.1f}, 1 GiB)")
+                f"{self.bandwidth_torch_gbs:.1f}, {self.stream_bytes >> 30} GiB)")
 
 
 def fma_peak_module(threads: int, lanes: int, accumulators: int, iters: int) -> str:
@@ -122,6 +124,15 @@ func.func @main(%in: memref<{elements}xf32>, %out: memref<{threads}x{lanes}xf32>
 }}"""
 
 
+def stream_elements(last_level_cache_bytes: int) -> int:
+    """f32 elements of the streaming read: a power of two of at least 1 GiB and twice the
+    last-level cache, so that the read comes from DRAM."""
+    elements = 1 << 28
+    while 4 * elements < 2 * last_level_cache_bytes:
+        elements *= 2
+    return elements
+
+
 def _jit(text: str, target, arg_specs, result_specs):
     from torch_mlir import ir
 
@@ -149,10 +160,10 @@ def measure_limits(quick: bool = False, threads: int | None = None) -> Limits:
     from ..targets.cpu import CpuTarget
 
     target = CpuTarget(threads=threads or os.cpu_count() or 1)
-    lanes = target.f32_lanes
+    lanes = target.cpu.f32_lanes
     calls = 5 if quick else 20
 
-    accumulators, iters = 16, 1_000_000
+    accumulators, iters = min(16, target.cpu.vector_registers - 2), 1_000_000
     fma = _jit(fma_peak_module(target.threads, lanes, accumulators, iters), target,
                [TensorSpec((3, lanes), torch.float32)],
                [TensorSpec((target.threads, accumulators, lanes), torch.float32)])
@@ -161,7 +172,7 @@ def measure_limits(quick: bool = False, threads: int | None = None) -> Limits:
     fma_flops = target.threads * accumulators * lanes * 2 * iters
     fma_gflops = fma_flops / _best_seconds(call, calls) / 1e9
 
-    elements = 1 << 28  # 1 GiB of f32
+    elements = stream_elements(target.cpu.l3_bytes)
     stream = _jit(stream_read_module(target.threads, lanes, 8, elements), target,
                   [TensorSpec((elements,), torch.float32)],
                   [TensorSpec((target.threads, lanes), torch.float32)])
@@ -173,4 +184,4 @@ def measure_limits(quick: bool = False, threads: int | None = None) -> Limits:
     compiled_gbs = 4 * elements / _best_seconds(read, reads) / 1e9
     torch_gbs = 4 * elements / _best_seconds(data.sum, reads) / 1e9
     return Limits(target.threads, lanes, fma_gflops, max(compiled_gbs, torch_gbs),
-                  compiled_gbs, torch_gbs)
+                  compiled_gbs, torch_gbs, 4 * elements)

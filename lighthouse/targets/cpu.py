@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import ClassVar
 
 from torch_mlir import ir
 from torch_mlir.dialects import linalg, transform
@@ -36,20 +37,9 @@ from schedules.prepare import checks_to_error_code, kernel_error_messages
 from ..errors import UnsupportedError
 from ..pipeline import Stage
 from .bf16_vectors import odd_bf16_conversions_as_integer_ops, odd_bf16_vectors_as_i16
+from .description import CpuDescription, host_cpu, host_cpu_flags
 from .math_approx import expand_math
 from .runtime_checks import add_vector_bounds_checks
-
-
-@lru_cache(maxsize=1)
-def host_cpu_flags() -> frozenset[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
 
 
 @lru_cache(maxsize=1)
@@ -69,25 +59,21 @@ class CpuTarget:
     options: schedule parameters from the kernel file's LIGHTHOUSE dict, as sorted pairs.
     runtime_checks: compile with MLIR's `generate-runtime-verification`: an out-of-bounds
     load or store, an invalid subview or reshape stops the process with the op and its
-    location instead of corrupting memory (slower; for debugging and fuzzing)."""
+    location instead of corrupting memory (slower; for debugging and fuzzing).
+    cpu: what the schedules know of the CPU (lighthouse.targets.description; default: this
+    machine's). The code is JIT-compiled for the host CPU whatever `cpu` says."""
 
     threads: int = field(default_factory=lambda: os.cpu_count() or 1)
     name: str = "cpu"
     options: tuple = ()
     runtime_checks: bool = False
+    cpu: CpuDescription = field(default_factory=host_cpu)
+    # the attention schedule chooses its own tiles on the CPU
+    attention_tiles: ClassVar[tuple[int, int] | None] = None
 
     def __post_init__(self):
         if self.threads < 1:
             raise UnsupportedError(f"--threads must be >= 1, got {self.threads}")
-
-    @property
-    def vector_bits(self) -> int:
-        flags = host_cpu_flags()
-        return 512 if "avx512f" in flags else 256 if "avx2" in flags else 128
-
-    @property
-    def f32_lanes(self) -> int:
-        return self.vector_bits // 32
 
     def stages(self) -> list[Stage]:
         return [

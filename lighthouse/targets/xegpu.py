@@ -139,6 +139,10 @@ class XeGpuTarget:
     """chip: 'bmg' (Battlemage, default) or 'pvc' (Ponte Vecchio); params: XeGpuParams."""
 
     name = "xegpu"
+    # what the schedule families read (lighthouse.targets.description): no CPU vector unit
+    # (the target vectorizes its own way); parallel tiles are workgroups, not CPU threads
+    cpu = None
+    threads = 1
     # (query rows per workgroup, keys per step of the key loop) of the attention schedule:
     # 8 subgroups of 16 rows; 32 keys keep a subgroup's Q, O, K or V tile, S and P within
     # the register file for head dims up to 64 (AttentionTiles.register_bytes)

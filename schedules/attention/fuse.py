@@ -122,7 +122,8 @@ class _Normalized:
 
 
 def check(payload: ir.Module, params: AttentionParams = AttentionParams()) -> str | None:
-    """None when this schedule applies to `payload`, else the one-line reason."""
+    """None when this schedule applies to `payload`, else the one-line reason (not an
+    attention, or a transform refused it; any other error propagates)."""
     if softmax_over_one_key(payload):
         return "the softmax runs over one key (S_kv = 1): there is no key loop to fuse"
     trial = ir.Module.parse(str(payload), payload.context)
@@ -132,7 +133,7 @@ def check(payload: ir.Module, params: AttentionParams = AttentionParams()) -> st
             plan_attention(trial, params)
     except NotAttention as exc:
         return str(exc)
-    except Exception as exc:  # a transform refused the payload: its first line says why
+    except ValueError as exc:  # the interpreter's error: a transform refused the payload
         return _first_line(exc)
     return None
 

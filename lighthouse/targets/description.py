@@ -1,0 +1,101 @@
+"""What the schedule families may know of the machine they compile for.
+
+A family reads a target through these attributes only, never through its name:
+  cpu              a CpuDescription when the target runs the family's vector code on a CPU
+                   (its @vectorize, its register and cache budgets); None when the target
+                   vectorizes its own way (the XeGPU target, whose chip is
+                   lighthouse.targets.xegpu.Chip)
+  threads          the workers parallel tiles are balanced for
+  options          the kernel file's LIGHTHOUSE dict, as sorted pairs
+  attention_tiles  (query rows, keys per step) the target needs of the attention schedule,
+                   None: the schedule's own choice
+The host CPU is described once per process (`host_cpu`): its vector unit from the flags of
+/proc/cpuinfo, its caches from /sys/devices/system/cpu/cpu0/cache.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+CPUINFO = Path("/proc/cpuinfo")
+CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
+# Cache sizes assumed when the machine does not report them (a common x86 core).
+FALLBACK_CACHE_BYTES = {1: 32 << 10, 2: 1 << 20, 3: 8 << 20}
+
+
+@dataclass(frozen=True)
+class CpuDescription:
+    """vector_bits: width of the vector registers the code may use (512 with AVX-512, 256
+    with AVX2, else 128); vector_registers: how many of them (32 with AVX-512, else 16);
+    l1d_bytes, l2_bytes, l3_bytes: data cache sizes of one core (L3: shared); threads:
+    hardware threads."""
+
+    vector_bits: int
+    vector_registers: int
+    l1d_bytes: int
+    l2_bytes: int
+    l3_bytes: int
+    threads: int
+
+    @property
+    def f32_lanes(self) -> int:
+        return self.vector_bits // 32
+
+
+def cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str]:
+    """The first `flags` line of /proc/cpuinfo (empty when unreadable)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+@lru_cache(maxsize=1)
+def host_cpu_flags() -> frozenset[str]:
+    return cpu_flags()
+
+
+def parse_cache_size(text: str) -> int:
+    """Bytes of a sysfs cache size: '48K', '2048K', '1M' or a plain number."""
+    text = text.strip().upper()
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(text.rstrip("KMG")) * scale
+
+
+def cache_sizes(cache_dir: Path = CACHE_DIR) -> dict[int, int]:
+    """Bytes of the data (or unified) cache of each level under a sysfs cache directory
+    (index*/level, type, size); levels it does not report are missing."""
+    sizes: dict[int, int] = {}
+    for index in sorted(cache_dir.glob("index*")):
+        try:
+            level = int((index / "level").read_text())
+            kind = (index / "type").read_text().strip()
+            size = parse_cache_size((index / "size").read_text())
+        except (OSError, ValueError):
+            continue
+        if kind in ("Data", "Unified"):
+            sizes.setdefault(level, size)
+    return sizes
+
+
+def describe_cpu(flags: frozenset[str], caches: dict[int, int], threads: int) -> CpuDescription:
+    """The description of a CPU with these /proc/cpuinfo flags and cache sizes (by level;
+    FALLBACK_CACHE_BYTES for the missing ones)."""
+    avx512 = "avx512f" in flags
+    bits = 512 if avx512 else 256 if "avx2" in flags else 128
+    size = {**FALLBACK_CACHE_BYTES, **caches}
+    return CpuDescription(vector_bits=bits, vector_registers=32 if avx512 else 16,
+                          l1d_bytes=size[1], l2_bytes=size[2], l3_bytes=size[3], threads=threads)
+
+
+@lru_cache(maxsize=1)
+def host_cpu() -> CpuDescription:
+    """This machine's CPU (read once)."""
+    return describe_cpu(host_cpu_flags(), cache_sizes(), os.cpu_count() or 1)
