@@ -57,7 +57,7 @@ def _has_type(value, kind) -> bool:
 def _type_name(kind) -> str:
     if isinstance(kind, tuple):
         return f"a sequence of {len(kind)} {' and '.join(sorted({_type_name(k) for k in kind}))}s"
-    return {int: "int", bool: "bool"}.get(kind, kind.__name__)
+    return kind.__name__
 
 
 def parse_schedule_options(options) -> dict:
@@ -162,20 +162,14 @@ def host_target():
     return CpuTarget()
 
 
-def _vector_params(family: str, target):
-    """The CPU @vectorize's parameters of `family` (an error on a target without a CPU
-    vector unit)."""
-    vector = family_params(family, target).vector
-    if vector is None:
-        raise UnsupportedError(f"the {family} schedule vectorizes for a CPU; this target has "
-                               f"no CPU vector unit")
-    return vector
-
-
 def _generic_script(module, target):
     from schedules.generic import generic_script
 
-    return generic_script(_vector_params("generic", target))
+    vector = family_params("generic", target).vector
+    if vector is None:
+        raise UnsupportedError("the generic schedule vectorizes for a CPU; this target has no CPU "
+                               "vector unit")
+    return generic_script(vector)
 
 
 GENERIC = Family("generic", lambda m: True, lambda m, t=None: None, _generic_script)

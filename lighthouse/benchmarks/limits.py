@@ -20,7 +20,6 @@ their fraction of the limit is then above 100%, which says where their data live
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import asdict, dataclass
 
@@ -159,7 +158,7 @@ def measure_limits(quick: bool = False, threads: int | None = None) -> Limits:
     from ..ingress import TensorSpec
     from ..targets.cpu import CpuTarget
 
-    target = CpuTarget(threads=threads or os.cpu_count() or 1)
+    target = CpuTarget() if threads is None else CpuTarget(threads=threads)
     lanes = target.cpu.f32_lanes
     calls = 5 if quick else 20
 

@@ -63,7 +63,7 @@ class CpuTarget:
     cpu: what the schedules know of the CPU (lighthouse.targets.description; default: this
     machine's). The code is JIT-compiled for the host CPU whatever `cpu` says."""
 
-    threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+    threads: int = field(default_factory=lambda: host_cpu().threads)
     name: str = "cpu"
     options: tuple = ()
     runtime_checks: bool = False
