@@ -101,16 +101,18 @@ class ScheduleScript:
         return self.module
 
     def stage(self, name: str, doc: str) -> Stage:
-        """Stage `name`: the script's sequence @name."""
+        """Stage `name`: the script's sequence @name ('-' spelled '_')."""
+        sequence = name.replace("-", "_")   # a stage's symbol (gpu-outline: @gpu_outline)
+
         def run(payload):
             try:
-                apply_stage(payload, self.get(payload), name)
+                apply_stage(payload, self.get(payload), sequence)
             except ScriptError as exc:
                 if self.path is None:
                     raise StageError(f"stage {name!r} failed: {exc}") from exc
                 raise ScheduleFileError(str(exc)) from None
 
-        return Stage(name, run, doc, script_text=lambda: stage_text(self.module, name))
+        return Stage(name, run, doc, script_text=lambda: stage_text(self.module, sequence))
 
 
 def build_pipeline(family: Family, target, script: ScheduleScript | None = None) -> Pipeline:
@@ -124,7 +126,7 @@ def build_pipeline(family: Family, target, script: ScheduleScript | None = None)
     ]
     adapt = getattr(target, "adapt_front", None)  # a target may remap fuse/vectorize
     if adapt is not None:
-        front = adapt(family, front)
+        front = adapt(family, front, script)
     return Pipeline(front + target.stages())
 
 

@@ -60,16 +60,18 @@ class StepRecorder:
     """A stage's named steps, recorded while each runs on `trial` (a copy of the payload):
     the Python that builds a step may read the copy as the previous steps left it, so the
     script holds what was decided there as plain attributes. `step` names repeat with a
-    numeric suffix."""
+    numeric suffix, and so do names in `reserved` (the sequences of another part of the
+    script)."""
 
-    def __init__(self, trial: ir.Module):
+    def __init__(self, trial: ir.Module, reserved: Sequence[str] = ()):
         self.trial = trial
         self.steps: list[tuple[str, StepBody]] = []
+        self.reserved = frozenset(reserved)
 
     def step(self, name: str, body: Callable[[ir.Value], object]) -> None:
         """Record `body` (emitting at the current insertion point; returning the root or
         None, when it leaves the root handle valid) and apply it to the trial."""
-        taken = {n for n, _ in self.steps}
+        taken = {n for n, _ in self.steps} | self.reserved
         unique, i = name, 1
         while unique in taken:
             unique, i = f"{name}_{i}", i + 1
