@@ -223,8 +223,11 @@ def insert_loop_prefetches(rec: StepRecorder, gpu_func: ir.Operation, subgroups:
         layouts[loop_prefetches.tile_key(rows, cols)] = ir.Attribute.parse(
             "#xegpu.layout<" + ", ".join(f"{k} = {v}" for k, v in layout.items()) + ">")
     place = place_of(rec.trial.operation, gpu_func)
-    rec.step("insert_loop_prefetches", lambda root: loop_prefetches.insert_loop_prefetches(
-        at_place(root, place), nb_prefetch, layouts))
+
+    def body(root):
+        loop_prefetches.insert_loop_prefetches(at_place(root, place), nb_prefetch, layouts)
+
+    rec.step("insert_loop_prefetches", body)
 
 
 def to_xegpu(rec: StepRecorder) -> None:
