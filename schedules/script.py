@@ -31,6 +31,16 @@ class ScriptError(ValueError):
     """A schedule script that cannot be read or lacks a stage."""
 
 
+class IncompleteScript(Exception):
+    """A script built only up to the stage before `stage`: planning `stage` on the trial
+    raised `error`, which is the compile's failure when that stage runs (so the stages
+    before it run and dump as they would)."""
+
+    def __init__(self, script: ir.Module, stage: str, error: Exception):
+        super().__init__(str(error))
+        self.script, self.stage, self.error = script, stage, error
+
+
 def build_script(stages: Sequence[tuple[str, StageBody]],
                  steps: Sequence[tuple[str, StepBody]] = ()) -> ir.Module:
     """A script with one named sequence per (stage name, body); `body(root)` emits the

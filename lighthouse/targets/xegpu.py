@@ -191,8 +191,9 @@ class XeGpuTarget:
         stage (SCRIPT_STAGES), each recorded step by step on a trial copy of `payload`
         (after cleanup; read, not rewritten) that the fuse stage has run on: the Python
         that plans a step reads the trial as the previous steps left it, and what it
-        decides is written in the script."""
-        from schedules.script import StepRecorder, apply_stage, build_script
+        decides is written in the script. A stage whose planning fails ends the script
+        before it (IncompleteScript: the error is raised when that stage runs)."""
+        from schedules.script import IncompleteScript, StepRecorder, apply_stage, build_script
         from schedules.xegpu.common import gpu_preparation_script
 
         if family.name in TILING_ONLY_FAMILIES:
@@ -210,16 +211,24 @@ class XeGpuTarget:
         apply_stage(trial, fuse, "fuse")
         rec = StepRecorder(trial, reserved=fuse_names)
         builder = _StageBuilder(self, family.name, rec)
-        stages = []
+        stages, failure = [], None
         for stage, symbol, _ in SCRIPT_STAGES:
             start = len(rec.steps)
-            builder.record(stage)
+            try:
+                builder.record(stage)
+            except LighthouseError as exc:
+                failure = (stage, exc)
+                del rec.steps[start:]
+                break
             names = [name for name, _ in rec.steps[start:]]
             stages.append((symbol, _including(names)))
         script = build_script(stages, rec.steps)
-        first = script.body.operations[0]
+        mine = list(script.body.operations)
+        ip = ir.InsertionPoint(mine[0]) if mine else ir.InsertionPoint(script.body)
         for op in fuse.body.operations:
-            op.operation.clone(ip=ir.InsertionPoint(first))
+            op.operation.clone(ip=ip)
+        if failure is not None:
+            raise IncompleteScript(script, *failure)
         return XeGpuSchedule(script, builder.plans)
 
     def adapt_front(self, family, front: list[Stage], script) -> list[Stage]:
