@@ -81,7 +81,7 @@ CLASS_REDUCTION = "lh.ce_class_reduction"   # the max and the class sums of the 
 GRADIENT = "lh.ce_gradient"     # the [N, C] op writing d x
 LANE_FORM = "lh.ce_lanes"      # generics already in lane form
 KERNEL_ATTR = "lh.ce_kernel"    # on each kernel forall: its kind
-ROW_BYTES = 8 * 1024            # registers a subgroup may spend on its f32 tiles (as xegpu_rows)
+ROW_BYTES = 8 * 1024            # registers a subgroup may spend on its f32 tiles (as xegpu/rows.py)
 ANCHOR_OPS = ("xegpu.load_nd", "xegpu.store_nd", "xegpu.load")   # ops given anchor layouts
 # the kernels in launch order: (group of transform_ext/analysis/loss_kernels.py, kind)
 KERNELS = (("before", "row_sum_before"), ("rows", "cross_entropy"), ("after", "row_sum_after"))
@@ -473,7 +473,7 @@ def _outline_kernels(rec: StepRecorder, graph: LossGraph, tiles: LossRowTiles,
     from transform_ext.match_loss_kernels import match_loss_kernels
     from transform_ext.outline_into_forall import outline_into_forall, outputs_of
 
-    from .xegpu_contraction import block_mapping
+    from .xegpu.contraction import block_mapping
 
     block = graph.func.regions[0].blocks[0]
     groups = kernel_groups(block)

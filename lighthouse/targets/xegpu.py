@@ -1,28 +1,44 @@
 """The Intel GPU target: XeGPU workgroup-level code with DPAS, lowered to XeVM and SPIR-V.
 
-Stages after `import` and `cleanup` (each nameable with --emit / --stop-after):
+Stages after `import` and `cleanup` (each nameable with --emit / --stop-after); `fuse` to
+`xegpu-layouts` are the named sequences of the compile's one transform script (@fuse,
+@workgroups, @subgroups, @vectorize, @bufferize, @gpu_outline, @xegpu, @xegpu_layouts),
+built by `XeGpuTarget.schedule` from the payload after cleanup: the fuse part is applied to
+a trial copy, then every later stage is recorded step by step on that trial
+(schedules.script.StepRecorder), the Python that plans a step reading the trial as the steps
+before left it and writing its decisions (tiles, subgroup layouts, thread counts, the chip,
+prefetch distance and layouts) into the script:
   fuse           the family's fused schedule (target independent; attention's with the
                  target's `attention_tiles`); for the generic, matmul and cross_entropy
                  families the GPU preparation only (unit dims folded, asserts split)
-  workgroups     weights frozen as constants become kernel arguments; every kernel becomes
-                 one `scf.forall` whose iterations are workgroups: a contraction kernel
+  workgroups     weights frozen as constants become kernel arguments
+                 (transform_ext.constants_to_arguments); every kernel becomes one
+                 `scf.forall` whose iterations are workgroups: a contraction kernel
                  (matmul + prologue + epilogue) tiled [wg_m, wg_n] with a k loop, a row kernel
                  (softmax, norms) tiled by rows with its whole producer chain (long rows of a
                  softmax in column loops), the attention family's query-block forall as it is
-                 with the K / V chains fused into its key loops (schedules/xegpu_attention.py)
-  subgroups      each workgroup tile is decomposed over subgroups (sg_layout x sg_data, the
-                 DPAS instruction tiles, the thread count), validated against the chip
+                 with the K / V chains fused into its key loops (schedules/attention/xegpu.py),
+                 a cross-entropy loss's kernels (schedules/xegpu_cross_entropy.py)
+  subgroups      each workgroup forall annotated with its decomposition over subgroups
+                 (xegpu.sg_layout x xegpu.sg_data, xegpu.threads), validated against the chip
   vectorize      whole-tile vectors, type extensions folded into vector.contract, contract
-                 operands narrowed to f16/bf16 (DPAS), accumulators hoisted out of loops
+                 operands narrowed to f16/bf16 (DPAS), accumulators hoisted out of loops;
+                 after the script's @vectorize the stage expands math.erf (no XeVM lowering)
   bufferize      one-shot bufferization, results as out-parameters
   gpu-outline    forall -> gpu.launch (threads per the subgroup decomposition) ->
-                 gpu-kernel-outlining -> xevm-attach-target{chip}
+                 gpu-kernel-outlining -> xevm-attach-target{chip}; each gpu.module annotated
+                 `lh.kernel = {kind, description, threads, grid}`, the module
+                 `lh.weights = [{argument, shape, dtype, defined_at}]`
   xegpu          convert-vector-to-xegpu (2-D block loads/stores, xegpu.dpas)
   xegpu-layouts  anchor layouts (sg_layout / sg_data / inst_data) and prefetches
   xevm           gpu-lower-to-xevm-pipeline{xegpu-op-level=workgroup} (device LLVM + host)
   binary         SPIR-V per kernel (validated by spirv-val, see spirv.py) embedded in the
                  host module as gpu.binary (what Level Zero's zeModuleCreate loads); the
-                 device LLVM bitcode (gpu-module-to-binary{format=llvm}) is kept for `-o *.bc`
+                 device LLVM bitcode (gpu-module-to-binary{format=llvm}) is kept for `-o *.bc`;
+                 the `lh.kernel` / `lh.weights` annotations become the kernels' artifacts
+                 (the launch manifest) and leave the IR
+No stage keeps state on the target for a later one: a schedule stage reruns from the dump of
+the stage before with the script, xevm and binary from the xegpu-layouts dump.
 There is no Intel GPU here: the target has no `jit`; it is checked through its IR and its
 validated SPIR-V, and the numerics through the CPU target running the same fused schedule.
 """
@@ -62,7 +78,7 @@ CHIPS = {
 DEFAULT_CHIP = "bmg"
 # Families whose fuse stage only tiles for the host CPU (no fusion across reductions): on
 # the GPU the workgroups stage does their tiling, so their script's @fuse is the GPU
-# preparation (schedules/xegpu_common.py gpu_preparation).
+# preparation (schedules/xegpu/common.py gpu_preparation).
 # The cross_entropy family's CPU row blocks (lane-split sums) are no GPU form: log-softmax
 # goes the generic way (a row kernel), a loss gets kernels of its own
 # (schedules/xegpu_cross_entropy.py, see workgroups).
