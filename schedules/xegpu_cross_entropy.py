@@ -1,7 +1,7 @@
 """XeGPU tail of cross-entropy losses: F.cross_entropy, forward and forward+backward.
 
-Input: the cross_entropy family's target-independent restructuring (schedules/cross_entropy.py,
-`restructure`): the row max m, the exp-sum l and the other class sums (label
+Input: the cross_entropy family's target-independent restructuring (schedules/cross_entropy.py
+steps 1-3, recorded here by `_restructure`): the row max m, the exp-sum l and the other class sums (label
 smoothing, the backward's sum of d loss / d logp) read the logits x [N, C]; the target
 gather reads x[i, t_i] (never the [N, C] log-softmax); per-row losses; rank-0 reductions
 over the rows (the count or total weight of counted targets, the loss sums) and the mean;
