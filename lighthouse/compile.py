@@ -26,7 +26,7 @@ if __name__ == "__main__":
 
 import torch
 
-from schedules.script import ScriptError, apply_stage, parse_script, stage_text
+from schedules.script import IncompleteScript, ScriptError, apply_stage, parse_script, stage_text
 
 from .errors import (CheckFailed, LighthouseError, ScheduleFileError, StageError,
                      UnknownStage, UnsupportedError)
@@ -82,6 +82,8 @@ class ScheduleScript:
     target: object
     path: Path | None = None
     module: object | None = None  # the script's ir.Module once built or parsed
+    # (stage, error) when the script could be built only up to that stage (IncompleteScript)
+    failure: tuple | None = None
 
     def get(self, payload):
         if self.module is None:
@@ -95,22 +97,31 @@ class ScheduleScript:
 
                 own = getattr(self.target, "script", None)  # a target's own, if any
                 with payload.context, ir.Location.unknown():
-                    self.module = own(self.family, payload) if own else None
+                    try:
+                        self.module = own(self.family, payload) if own else None
+                    except IncompleteScript as incomplete:
+                        self.module = incomplete.script
+                        self.failure = (incomplete.stage, incomplete.error)
                     if self.module is None:
                         self.module = self.family.script(payload, self.target)
         return self.module
 
     def stage(self, name: str, doc: str) -> Stage:
-        """Stage `name`: the script's sequence @name."""
+        """Stage `name`: the script's sequence @name ('-' spelled '_')."""
+        sequence = name.replace("-", "_")   # a stage's symbol (gpu-outline: @gpu_outline)
+
         def run(payload):
+            script = self.get(payload)
+            if self.failure is not None and self.failure[0] == name:
+                raise self.failure[1]
             try:
-                apply_stage(payload, self.get(payload), name)
+                apply_stage(payload, script, sequence)
             except ScriptError as exc:
                 if self.path is None:
                     raise StageError(f"stage {name!r} failed: {exc}") from exc
                 raise ScheduleFileError(str(exc)) from None
 
-        return Stage(name, run, doc, script_text=lambda: stage_text(self.module, name))
+        return Stage(name, run, doc, script_text=lambda: stage_text(self.module, sequence))
 
 
 def build_pipeline(family: Family, target, script: ScheduleScript | None = None) -> Pipeline:
@@ -124,7 +135,7 @@ def build_pipeline(family: Family, target, script: ScheduleScript | None = None)
     ]
     adapt = getattr(target, "adapt_front", None)  # a target may remap fuse/vectorize
     if adapt is not None:
-        front = adapt(family, front)
+        front = adapt(family, front, script)
     return Pipeline(front + target.stages())
 
 
@@ -157,7 +168,10 @@ class Compiled:
     def schedule_text(self) -> str:
         """The complete transform script of this compile (built from the payload as it is
         after cleanup: compile with stop_after="cleanup" to print it before it runs)."""
-        return str(self.script.get(self.module))
+        text = str(self.script.get(self.module))
+        if self.script.failure is not None:
+            raise self.script.failure[1]
+        return text
 
     @property
     def module(self):

@@ -464,20 +464,6 @@ def plan_cross_entropy(payload: ir.Module, params: CrossEntropyParams) -> CrossE
     return plan
 
 
-def restructure(payload: ir.Module) -> CrossEntropyOps:
-    """Steps 1-3 applied to `payload` itself (where the XeGPU lowering starts): the ops found
-    after them, or NotCrossEntropy with the reason."""
-    transform_ext.load(payload.context)
-    _apply(payload, _normalize(not _has_rank0_reshape(payload)))
-    _logits(_func(payload))
-    _apply(payload, _restructure)
-    ops = find_cross_entropy(payload)
-    if len(ops.gradients) > 1:
-        _apply(payload, _merge_gradients(tuple(place_of(payload.operation, g) for g in ops.gradients)))
-        ops = find_cross_entropy(payload)
-    return ops
-
-
 def _apply(payload: ir.Module, step) -> None:
     run_schedule(payload, step)
 

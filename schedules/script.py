@@ -31,6 +31,16 @@ class ScriptError(ValueError):
     """A schedule script that cannot be read or lacks a stage."""
 
 
+class IncompleteScript(Exception):
+    """A script built only up to the stage before `stage`: planning `stage` on the trial
+    raised `error`, which is the compile's failure when that stage runs (so the stages
+    before it run and dump as they would)."""
+
+    def __init__(self, script: ir.Module, stage: str, error: Exception):
+        super().__init__(str(error))
+        self.script, self.stage, self.error = script, stage, error
+
+
 def build_script(stages: Sequence[tuple[str, StageBody]],
                  steps: Sequence[tuple[str, StepBody]] = ()) -> ir.Module:
     """A script with one named sequence per (stage name, body); `body(root)` emits the
@@ -60,16 +70,18 @@ class StepRecorder:
     """A stage's named steps, recorded while each runs on `trial` (a copy of the payload):
     the Python that builds a step may read the copy as the previous steps left it, so the
     script holds what was decided there as plain attributes. `step` names repeat with a
-    numeric suffix."""
+    numeric suffix, and so do names in `reserved` (the sequences of another part of the
+    script)."""
 
-    def __init__(self, trial: ir.Module):
+    def __init__(self, trial: ir.Module, reserved: Sequence[str] = ()):
         self.trial = trial
         self.steps: list[tuple[str, StepBody]] = []
+        self.reserved = frozenset(reserved)
 
     def step(self, name: str, body: Callable[[ir.Value], object]) -> None:
         """Record `body` (emitting at the current insertion point; returning the root or
         None, when it leaves the root handle valid) and apply it to the trial."""
-        taken = {n for n, _ in self.steps}
+        taken = {n for n, _ in self.steps} | self.reserved
         unique, i = name, 1
         while unique in taken:
             unique, i = f"{name}_{i}", i + 1

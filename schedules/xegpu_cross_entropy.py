@@ -1,7 +1,7 @@
 """XeGPU tail of cross-entropy losses: F.cross_entropy, forward and forward+backward.
 
-Input: the cross_entropy family's target-independent restructuring (schedules/cross_entropy.py,
-`restructure`): the row max m, the exp-sum l and the other class sums (label
+Input: the cross_entropy family's target-independent restructuring (schedules/cross_entropy.py
+steps 1-3, recorded here by `_restructure`): the row max m, the exp-sum l and the other class sums (label
 smoothing, the backward's sum of d loss / d logp) read the logits x [N, C]; the target
 gather reads x[i, t_i] (never the [N, C] log-softmax); per-row losses; rank-0 reductions
 over the rows (the count or total weight of counted targets, the loss sums) and the mean;
@@ -46,7 +46,7 @@ Preconditions (else NotLowerable naming the op or dimension): logits [N, C] (cla
 N a multiple of 2, C a multiple of a column tile that is a multiple of 16, class-index
 targets, no [N, C] op besides the max, the class sums and the gradient.
 
-The rewrites are transform_ext ops applied by short transform sequences (`_apply`):
+The rewrites are transform_ext ops in recorded steps of the script (`_step`):
 match_loss_kernels (the ops of each kernel, transform_ext/analysis/loss_kernels.py),
 inline_argument_producers, split_shared_fills, lane_form_row_reductions,
 load_rows_in_lane_form, hoist_row_gathers, lane_form_gathers, outline_into_forall,
@@ -71,15 +71,17 @@ from transform_ext.analysis.structure import is_linalg_op, loop_structure
 from transform_ext.common import block_ops, failure_reason, iterator_kinds, ops_named
 from transform_ext.remove_annotation import remove_annotation
 
-from .common import any_op, canonicalize, foreach, match, run_passes, run_schedule
+from .common import any_op, canonicalize, foreach, match, place_of
 from .generic import single_func
+from .script import StepRecorder
+from .xegpu.common import passes
 
 LANES = 16                      # lanes of a per-row tile in memory: the subgroup size
 CLASS_REDUCTION = "lh.ce_class_reduction"   # the max and the class sums of the online loop
 GRADIENT = "lh.ce_gradient"     # the [N, C] op writing d x
 LANE_FORM = "lh.ce_lanes"      # generics already in lane form
 KERNEL_ATTR = "lh.ce_kernel"    # on each kernel forall: its kind
-ROW_BYTES = 8 * 1024            # registers a subgroup may spend on its f32 tiles (as xegpu_rows)
+ROW_BYTES = 8 * 1024            # registers a subgroup may spend on its f32 tiles (as xegpu/rows.py)
 ANCHOR_OPS = ("xegpu.load_nd", "xegpu.store_nd", "xegpu.load")   # ops given anchor layouts
 # the kernels in launch order: (group of transform_ext/analysis/loss_kernels.py, kind)
 KERNELS = (("before", "row_sum_before"), ("rows", "cross_entropy"), ("after", "row_sum_after"))
@@ -155,12 +157,12 @@ def _func(payload: ir.Module) -> ir.Operation:
     return single_func(payload, NotLowerable)
 
 
-def _apply(payload: ir.Module, body) -> None:
-    """Apply the sequence `body(root)`; a transform op's refusal is NotLowerable with its
+def _step(rec: StepRecorder, name: str, body) -> None:
+    """Record the step `body(root)`; a transform op's refusal is NotLowerable with its
     reason."""
-    transform_ext.load(payload.context)
+    transform_ext.load(rec.trial.context)
     try:
-        run_schedule(payload, body)
+        rec.step(name, body)
     except ValueError as exc:  # the interpreter's failure, with the diagnostics
         raise NotLowerable(f"cross-entropy: {failure_reason(str(exc))}") from exc
 
@@ -172,11 +174,17 @@ def _split(handle: ir.Value, count: int) -> list[ir.Value]:
     return list(transform.SplitHandleOp([any_op()] * count, handle).results)
 
 
-def _handle_of(func: ir.Value, op: ir.Operation) -> ir.Value:
-    """A handle to `op`: its place among the ops of its name that structured.match finds in
-    the function (in the same walk order)."""
+def _place_in_func(op: ir.Operation) -> tuple[str, int, int]:
+    """(name, index, count): `op`'s place among the ops of its name in its function, in the
+    walk order structured.match finds them (`_handle_of` takes it back)."""
     same_name = ops_named(op.parent, op.name)
-    return _split(match(func, op.name), len(same_name))[same_name.index(op)]
+    return op.name, same_name.index(op), len(same_name)
+
+
+def _handle_of(func: ir.Value, place: tuple[str, int, int]) -> ir.Value:
+    """A handle to the op at `place` (see _place_in_func) of the function `func`."""
+    name, index, count = place
+    return _split(match(func, name), count)[index]
 
 
 def _annotate(target: ir.Value, name: str, value: str | None = None) -> None:
@@ -217,16 +225,33 @@ class LossGraph:
     gradient: ir.Operation | None
 
 
-def analyze(payload: ir.Module) -> LossGraph:
-    """Restructure (the family's steps 1-2) and check the ops' kernels; NotLowerable when the
+def _restructure(rec: StepRecorder):
+    """The cross_entropy family's steps 1-3 (normalize, restructure, merge the gradients),
+    recorded: the ops found after them, or NotCrossEntropy with the reason."""
+    from . import cross_entropy as ce
+
+    rec.step("normalize", ce._normalize(not ce._has_rank0_reshape(rec.trial)))
+    ce._logits(_func(rec.trial))
+    rec.step("restructure", ce._restructure)
+    ops = ce.find_cross_entropy(rec.trial)
+    if len(ops.gradients) > 1:
+        places = tuple(place_of(rec.trial.operation, g) for g in ops.gradients)
+        rec.step("merge_gradients", ce._merge_gradients(places))
+        ops = ce.find_cross_entropy(rec.trial)
+    return ops
+
+
+def analyze(rec: StepRecorder) -> LossGraph:
+    """Restructure (the family's steps 1-3) and check the ops' kernels; NotLowerable when the
     payload is not a cross-entropy this lowering takes."""
     from . import cross_entropy as ce
 
+    transform_ext.load(rec.trial.context)
     try:
-        found = ce.restructure(payload)
+        found = _restructure(rec)
     except ce.NotCrossEntropy as exc:
         raise NotLowerable(f"cross-entropy: {exc}") from exc
-    func = _func(payload)
+    func = _func(rec.trial)
     block = func.regions[0].blocks[0]
     row_max = found.row_max
     x = ce._logits(func)
@@ -316,7 +341,7 @@ def plan_row_sums(graph: LossGraph, *, subgroup_size: int, row_tile: int | None)
 
 # ------------------------------------------------------------------------------ driver
 
-def lower_loss(payload: ir.Module, *, subgroup_size: int = 16, max_threads: int = 1024,
+def lower_loss(rec: StepRecorder, *, subgroup_size: int = 16, max_threads: int = 1024,
                min_workgroups: int = 1, rows: int | None = None,
                column_tile: int | None = None, row_tile: int | None = None) -> list[LossKernel]:
     """The workgroups stage of a cross-entropy loss (module docstring): returns the kernels
@@ -325,20 +350,20 @@ def lower_loss(payload: ir.Module, *, subgroup_size: int = 16, max_threads: int 
     if subgroup_size != LANES:
         raise NotLowerable(f"cross-entropy: per-row tiles assume subgroups of {LANES} lanes, "
                            f"not {subgroup_size}")
-    graph = analyze(payload)
+    graph = analyze(rec)
     tiles = plan_rows(graph, subgroup_size=subgroup_size, max_threads=max_threads,
                       min_workgroups=min_workgroups, rows=rows, column_tile=column_tile)
     sums = plan_row_sums(graph, subgroup_size=subgroup_size, row_tile=row_tile)
-    _prepare_host_check(payload, graph)
-    _prepare_row_sums(payload, graph)
-    _prepare_row_kernel(payload, graph)
-    kernels = _outline_kernels(payload, graph, tiles, sums)
-    run_passes(payload, "canonicalize, cse")
-    _class_loops(payload, tiles.column_tile)
+    _prepare_host_check(rec, graph)
+    _prepare_row_sums(rec, graph)
+    _prepare_row_kernel(rec, graph)
+    kernels = _outline_kernels(rec, graph, tiles, sums)
+    rec.step("canonicalize", passes("canonicalize", "cse"))
+    _class_loops(rec, tiles.column_tile)
     for kind in ("row_sum_before", "row_sum_after"):
-        _row_sum_loops(payload, kind, sums.row_tile)
-    run_schedule(payload, _remove_marks)
-    run_passes(payload, "canonicalize, cse")
+        _row_sum_loops(rec, kind, sums.row_tile)
+    rec.step("remove_marks", _remove_marks)
+    rec.step("canonicalize", passes("canonicalize", "cse"))
     return kernels
 
 
@@ -371,25 +396,28 @@ def _remove_marks(root: ir.Value) -> None:
         remove_annotation(root, attr)
 
 
-def _prepare_host_check(payload: ir.Module, graph: LossGraph) -> None:
+def _prepare_host_check(rec: StepRecorder, graph: LossGraph) -> None:
     """Mark the class reductions and the gradient; the target check reads y only (its
     producers inlined) and says what is wrong in the user's terms."""
     from transform_ext.inline_argument_producers import inline_argument_producers
     from transform_ext.match_class_reductions import match_class_reductions
     from transform_ext.match_loss_kernels import match_loss_kernels
 
+    row_max_place = _place_in_func(graph.row_max)
+    gradient_place = _place_in_func(graph.gradient) if graph.gradient is not None else None
+    message = target_check_message(graph.classes)
+
     def body(root):
         func = match(root, "func.func")
-        row_max = _handle_of(func, graph.row_max)
+        row_max = _handle_of(func, row_max_place)
         _annotate(row_max, CLASS_REDUCTION)
         _annotate(match_class_reductions(row_max), CLASS_REDUCTION)
-        if graph.gradient is not None:
-            _annotate(_handle_of(func, graph.gradient), GRADIENT)
+        if gradient_place is not None:
+            _annotate(_handle_of(func, gradient_place), GRADIENT)
         checks = inline_argument_producers(match_loss_kernels(func).host)
-        foreach(checks, lambda check: _annotate(match(check, "cf.assert"), "msg",
-                                                target_check_message(graph.classes)))
+        foreach(checks, lambda check: _annotate(match(check, "cf.assert"), "msg", message))
 
-    _apply(payload, body)
+    _step(rec, "mark_kernel_ops", body)
     block = graph.func.regions[0].blocks[0]
     for op in grouped(block, "host"):
         if not all(_is_arg(v, block) for v in op.opview.inputs):
@@ -397,7 +425,7 @@ def _prepare_host_check(payload: ir.Module, graph: LossGraph) -> None:
                                "computed on the device")
 
 
-def _prepare_row_sums(payload: ir.Module, graph: LossGraph) -> None:
+def _prepare_row_sums(rec: StepRecorder, graph: LossGraph) -> None:
     """Each kernel computes its own fills; reductions over the rows read y (and w) itself
     and the row kernel's per-row results in lane form."""
     from transform_ext.inline_argument_producers import inline_argument_producers
@@ -405,16 +433,18 @@ def _prepare_row_sums(payload: ir.Module, graph: LossGraph) -> None:
     from transform_ext.match_loss_kernels import match_loss_kernels
     from transform_ext.split_shared_fills import split_shared_fills
 
+    rows = graph.rows
+
     def body(root):
         func = match(root, "func.func")
         split_shared_fills(func)
         inline_argument_producers(match_loss_kernels(func).row_sums, gathers=True)
-        lane_form_row_reductions(match_loss_kernels(func).row_sums, graph.rows, LANES)
+        lane_form_row_reductions(match_loss_kernels(func).row_sums, rows, LANES)
 
-    _apply(payload, body)
+    _step(rec, "prepare_row_sums", body)
 
 
-def _prepare_row_kernel(payload: ir.Module, graph: LossGraph) -> None:
+def _prepare_row_kernel(rec: StepRecorder, graph: LossGraph) -> None:
     """Per-row inputs and gathers of the row kernel in lane form."""
     from transform_ext.exclude_ops import exclude_ops
     from transform_ext.hoist_row_gathers import hoist_row_gathers
@@ -425,23 +455,25 @@ def _prepare_row_kernel(payload: ir.Module, graph: LossGraph) -> None:
     def not_in_lane_form(func):
         return exclude_ops(match_loss_kernels(func).rows, _match_attr(func, LANE_FORM))
 
+    rows = graph.rows
+
     def body(root):
         func = match(root, "func.func")
-        _annotate(load_rows_in_lane_form(match_loss_kernels(func).rows, graph.rows, LANES),
+        _annotate(load_rows_in_lane_form(match_loss_kernels(func).rows, rows, LANES),
                   LANE_FORM)
         hoist_row_gathers(not_in_lane_form(func))
         _annotate(lane_form_gathers(not_in_lane_form(func), LANES), LANE_FORM)
 
-    _apply(payload, body)
+    _step(rec, "prepare_row_kernel", body)
 
 
-def _outline_kernels(payload: ir.Module, graph: LossGraph, tiles: LossRowTiles,
+def _outline_kernels(rec: StepRecorder, graph: LossGraph, tiles: LossRowTiles,
                      sums: RowSumTiles) -> list[LossKernel]:
     """Each kernel's ops into a workgroup forall before the return, annotated with its kind."""
     from transform_ext.match_loss_kernels import match_loss_kernels
     from transform_ext.outline_into_forall import outline_into_forall, outputs_of
 
-    from .xegpu_contraction import block_mapping
+    from .xegpu.contraction import block_mapping
 
     block = graph.func.regions[0].blocks[0]
     groups = kernel_groups(block)
@@ -456,22 +488,24 @@ def _outline_kernels(payload: ir.Module, graph: LossGraph, tiles: LossRowTiles,
         kernels.append(LossKernel(kind if group == "rows" else "row_sum", _describe(kind, graph),
                                   tiles if group == "rows" else sums))
 
+    rows, total_rows = tiles.rows, graph.rows
+
     def body(root):
         found = match_loss_kernels(match(root, "func.func"))
         for group, kind in outlined:
             forall = outline_into_forall(getattr(found, group),
-                                         rows=tiles.rows if group == "rows" else 0,
-                                         total_rows=graph.rows, mapping=block_mapping(1))
+                                         rows=rows if group == "rows" else 0,
+                                         total_rows=total_rows, mapping=block_mapping(1))
             _annotate(forall, KERNEL_ATTR, kind)
 
-    _apply(payload, body)
+    _step(rec, "outline_kernels", body)
     return kernels
 
 
 
 # ------------------------------------------------------------------------- kernel loops
 
-def _class_loops(payload: ir.Module, column_tile: int) -> None:
+def _class_loops(rec: StepRecorder, column_tile: int) -> None:
     """In the row kernel: the max and the class sums as one online loop over column tiles;
     the gradient (if any) swept in a second loop over column tiles, with the elementwise
     [rows, C] ops it reads computed per tile."""
@@ -481,7 +515,7 @@ def _class_loops(payload: ir.Module, column_tile: int) -> None:
     from transform_ext.match_elementwise_producers import (elementwise_producers,
                                                            match_elementwise_producers)
 
-    body = _kernel_forall(payload, "cross_entropy").regions[0].blocks[0]
+    body = _kernel_forall(rec.trial, "cross_entropy").regions[0].blocks[0]
     group = [op for op in block_ops(body) if CLASS_REDUCTION in op.attributes]
     if len([op for op in group if reduction_combiner(op) == "max"]) != 1:
         raise NotLowerable("cross-entropy: the row kernel does not hold exactly one row max")
@@ -492,9 +526,9 @@ def _class_loops(payload: ir.Module, column_tile: int) -> None:
         fuse_dependent_reduction_ops(row_max, exclude_ops(reductions, row_max), column_tile,
                                      allow_remainder=False)
 
-    _apply(payload, fuse)
-    run_passes(payload, "canonicalize, cse")
-    body = _kernel_forall(payload, "cross_entropy").regions[0].blocks[0]
+    _step(rec, "online_class_loop", fuse)
+    rec.step("canonicalize", passes("canonicalize", "cse"))
+    body = _kernel_forall(rec.trial, "cross_entropy").regions[0].blocks[0]
     gradients = [op for op in block_ops(body) if GRADIENT in op.attributes]
     if not gradients:
         return
@@ -507,15 +541,15 @@ def _class_loops(payload: ir.Module, column_tile: int) -> None:
         for producer in producers:
             loop = structured.FuseIntoContainingOp(producer, loop).new_containing_op
 
-    _apply(payload, sweep)
+    _step(rec, "gradient_sweep", sweep)
 
 
-def _row_sum_loops(payload: ir.Module, kind: str, row_tile: int) -> None:
+def _row_sum_loops(rec: StepRecorder, kind: str, row_tile: int) -> None:
     """In a reduction kernel: each lane-form reduction over [N, LANES] as a loop over row
     tiles accumulating [row_tile, LANES] partial results, combined once at the end."""
     from transform_ext.filter_iterators import filter_iterators
 
-    forall = _kernel_forall(payload, kind)
+    forall = _kernel_forall(rec.trial, kind)
     if forall is None:
         return
     count = len([op for op in block_ops(forall.regions[0].blocks[0])
@@ -529,18 +563,18 @@ def _row_sum_loops(payload: ir.Module, kind: str, row_tile: int) -> None:
             structured.TileReductionUsingForOp([any_op()], any_op(), any_op(), any_op(), reduction,
                                                tile_sizes=[row_tile, LANES])
 
-    _apply(payload, tile)
+    _step(rec, "row_sum_loop", tile)
 
 
 # ------------------------------------------------------------------ later stage hooks
 
-def finish_bufferized(payload: ir.Module) -> None:
+def finish_bufferized(rec: StepRecorder) -> None:
     """After bufferization: the target check reads a host copy of y (module docstring), a
     rank-0 result is written by a scalar store (all lanes store the same value)."""
     from transform_ext.read_checks_on_host import host_checks, read_checks_on_host
     from transform_ext.scalarize_rank0_writes import scalarize_rank0_writes
 
-    count = len(host_checks(_func(payload)))
+    count = len(host_checks(_func(rec.trial)))
 
     def body(root):
         func = match(root, "func.func")
@@ -549,7 +583,7 @@ def finish_bufferized(payload: ir.Module) -> None:
         for check in _split(checks, count):
             structured.ConvertToLoopsOp(any_op(), check)
 
-    _apply(payload, body)
+    _step(rec, "finish_bufferized_loss", body)
 
 
 def kernel_anchors(gpu_func: ir.Operation, tiles) -> list[tuple[str, dict]]:

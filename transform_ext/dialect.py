@@ -100,6 +100,7 @@ OP_MODULES: list[str] = [
     "clamp_gather_indices",
     "match_narrow_reductions",
     "promote_reductions_to_f32",
+    "constants_to_arguments",
 ]
 
 

@@ -1,28 +1,44 @@
 """The Intel GPU target: XeGPU workgroup-level code with DPAS, lowered to XeVM and SPIR-V.
 
-Stages after `import` and `cleanup` (each nameable with --emit / --stop-after):
+Stages after `import` and `cleanup` (each nameable with --emit / --stop-after); `fuse` to
+`xegpu-layouts` are the named sequences of the compile's one transform script (@fuse,
+@workgroups, @subgroups, @vectorize, @bufferize, @gpu_outline, @xegpu, @xegpu_layouts),
+built by `XeGpuTarget.schedule` from the payload after cleanup: the fuse part is applied to
+a trial copy, then every later stage is recorded step by step on that trial
+(schedules.script.StepRecorder), the Python that plans a step reading the trial as the steps
+before left it and writing its decisions (tiles, subgroup layouts, thread counts, the chip,
+prefetch distance and layouts) into the script:
   fuse           the family's fused schedule (target independent; attention's with the
                  target's `attention_tiles`); for the generic, matmul and cross_entropy
                  families the GPU preparation only (unit dims folded, asserts split)
-  workgroups     weights frozen as constants become kernel arguments; every kernel becomes
-                 one `scf.forall` whose iterations are workgroups: a contraction kernel
+  workgroups     weights frozen as constants become kernel arguments
+                 (transform_ext.constants_to_arguments); every kernel becomes one
+                 `scf.forall` whose iterations are workgroups: a contraction kernel
                  (matmul + prologue + epilogue) tiled [wg_m, wg_n] with a k loop, a row kernel
                  (softmax, norms) tiled by rows with its whole producer chain (long rows of a
                  softmax in column loops), the attention family's query-block forall as it is
-                 with the K / V chains fused into its key loops (schedules/xegpu_attention.py)
-  subgroups      each workgroup tile is decomposed over subgroups (sg_layout x sg_data, the
-                 DPAS instruction tiles, the thread count), validated against the chip
+                 with the K / V chains fused into its key loops (schedules/attention/xegpu.py),
+                 a cross-entropy loss's kernels (schedules/xegpu_cross_entropy.py)
+  subgroups      each workgroup forall annotated with its decomposition over subgroups
+                 (xegpu.sg_layout x xegpu.sg_data, xegpu.threads), validated against the chip
   vectorize      whole-tile vectors, type extensions folded into vector.contract, contract
-                 operands narrowed to f16/bf16 (DPAS), accumulators hoisted out of loops
+                 operands narrowed to f16/bf16 (DPAS), accumulators hoisted out of loops;
+                 after the script's @vectorize the stage expands math.erf (no XeVM lowering)
   bufferize      one-shot bufferization, results as out-parameters
   gpu-outline    forall -> gpu.launch (threads per the subgroup decomposition) ->
-                 gpu-kernel-outlining -> xevm-attach-target{chip}
+                 gpu-kernel-outlining -> xevm-attach-target{chip}; each gpu.module annotated
+                 `lh.kernel = {kind, description, threads, grid}`, the module
+                 `lh.weights = [{argument, shape, dtype, defined_at}]`
   xegpu          convert-vector-to-xegpu (2-D block loads/stores, xegpu.dpas)
   xegpu-layouts  anchor layouts (sg_layout / sg_data / inst_data) and prefetches
   xevm           gpu-lower-to-xevm-pipeline{xegpu-op-level=workgroup} (device LLVM + host)
   binary         SPIR-V per kernel (validated by spirv-val, see spirv.py) embedded in the
                  host module as gpu.binary (what Level Zero's zeModuleCreate loads); the
-                 device LLVM bitcode (gpu-module-to-binary{format=llvm}) is kept for `-o *.bc`
+                 device LLVM bitcode (gpu-module-to-binary{format=llvm}) is kept for `-o *.bc`;
+                 the `lh.kernel` / `lh.weights` annotations become the kernels' artifacts
+                 (the launch manifest) and leave the IR
+No stage keeps state on the target for a later one: a schedule stage reruns from the dump of
+the stage before with the script, xevm and binary from the xegpu-layouts dump.
 There is no Intel GPU here: the target has no `jit`; it is checked through its IR and its
 validated SPIR-V, and the numerics through the CPU target running the same fused schedule.
 """
@@ -37,7 +53,7 @@ from torch_mlir import ir
 
 from transform_ext.common import ops_named
 
-from ..errors import StageError, UnsupportedError
+from ..errors import LighthouseError, StageError, UnsupportedError
 from ..pipeline import Stage
 
 
@@ -62,7 +78,7 @@ CHIPS = {
 DEFAULT_CHIP = "bmg"
 # Families whose fuse stage only tiles for the host CPU (no fusion across reductions): on
 # the GPU the workgroups stage does their tiling, so their script's @fuse is the GPU
-# preparation (schedules/xegpu_common.py gpu_preparation).
+# preparation (schedules/xegpu/common.py gpu_preparation).
 # The cross_entropy family's CPU row blocks (lane-split sums) are no GPU form: log-softmax
 # goes the generic way (a row kernel), a loss gets kernels of its own
 # (schedules/xegpu_cross_entropy.py, see workgroups).
@@ -110,10 +126,9 @@ class XeGpuParams:
 class KernelPlan:
     """One GPU kernel: what it computes and how it is decomposed."""
 
-    kind: str                 # "contraction" | "rows"
+    kind: str                 # "contraction" | "rows" | "attention" | a LOSS_KINDS kind
     description: str
-    tiles: object             # ContractionTiles | RowTiles
-    grid: tuple[int, ...] = ()
+    tiles: object             # ContractionTiles | RowTiles | AttentionTiles | loss tiles
 
     @property
     def threads(self) -> int:
@@ -133,6 +148,32 @@ class KernelArtifact:
     subgroup_size: int
     spirv: bytes
     bitcode: bytes | None = None
+
+
+@dataclass
+class XeGpuSchedule:
+    """The compile's script on this target and the kernels it plans (in launch order)."""
+
+    script: ir.Module
+    plans: list[KernelPlan]
+
+
+# The sequences of the script after @fuse, one per schedule stage: (stage, symbol, doc).
+SCRIPT_STAGES = (
+    ("workgroups", "workgroups", "kernels tiled into workgroup foralls"),
+    ("subgroups", "subgroups", "subgroup decomposition of each workgroup tile"),
+    ("vectorize", "vectorize", "whole-tile vectors, DPAS operand types"),
+    ("bufferize", "bufferize", "one-shot bufferize, out-params"),
+    ("gpu-outline", "gpu_outline", "gpu.launch, kernel outlining, xevm target"),
+    ("xegpu", "xegpu", "convert-vector-to-xegpu"),
+    ("xegpu-layouts", "xegpu_layouts", "anchor layouts and prefetches"),
+)
+# What the script leaves for the xevm and binary stages and the launch manifest: on each
+# gpu.module its kernel ({kind, description, threads, grid}), on the module the weights
+# that became arguments ([{argument, shape, dtype, defined_at}]). The binary stage reads
+# and removes them.
+KERNEL_ATTR = "lh.kernel"
+WEIGHTS_ATTR = "lh.weights"
 
 
 class XeGpuTarget:
@@ -155,328 +196,126 @@ class XeGpuTarget:
         self.chip = CHIPS[chip]
         self.params = params or XeGpuParams()
         self.options: tuple = ()          # the kernel file's LIGHTHOUSE dict, as sorted pairs
-        self.family: str | None = None
-        self.plans: list[KernelPlan] = []
+        # the artifacts of the binary stage (read from the IR it translates)
         self.kernels: list[KernelArtifact] = []
         self.weight_specs: list[dict] = []
 
     # ------------------------------------------------------------------ pipeline assembly
-    def script(self, family, payload):
-        """The schedule script of `family` on this target when it is not the family's own:
-        for tiling-only families the GPU preparation as @fuse (None: the family's)."""
-        if family.name not in TILING_ONLY_FAMILIES:
-            return None
-        from schedules.xegpu_common import gpu_preparation_script
+    def script(self, family, payload) -> ir.Module:
+        """The compile's whole script (see `schedule`)."""
+        return self.schedule(family, payload).script
 
-        return gpu_preparation_script()
+    def schedule(self, family, payload) -> XeGpuSchedule:
+        """The script of `family` on this target: its @fuse (the family's own; for
+        tiling-only families the GPU preparation), then one sequence per XeGPU schedule
+        stage (SCRIPT_STAGES), each recorded step by step on a trial copy of `payload`
+        (after cleanup; read, not rewritten) that the fuse stage has run on: the Python
+        that plans a step reads the trial as the previous steps left it, and what it
+        decides is written in the script. A stage whose planning fails ends the script
+        before it (IncompleteScript: the error is raised when that stage runs)."""
+        from schedules.script import IncompleteScript, StepRecorder, apply_stage, build_script
+        from schedules.xegpu.common import gpu_preparation_script
 
-    def adapt_front(self, family, front: list[Stage]) -> list[Stage]:
+        if family.name in TILING_ONLY_FAMILIES:
+            fuse = gpu_preparation_script()
+        else:
+            fuse = family.script(payload, self)
+        fuse_names = [ir.StringAttr(op.operation.attributes["sym_name"]).value
+                      for op in fuse.body.operations]
+        clash = set(fuse_names) & {symbol for _, symbol, _ in SCRIPT_STAGES}
+        if clash:
+            raise StageError(f"the {family.name} script has sequences of the XeGPU stages "
+                             f"({', '.join(sorted(clash))})")
+        trial = ir.Module.parse(payload.operation.get_asm(enable_debug_info=True),
+                                payload.context)
+        apply_stage(trial, fuse, "fuse")
+        rec = StepRecorder(trial, reserved=fuse_names)
+        builder = _StageBuilder(self, family.name, rec)
+        stages, failure = [], None
+        for stage, symbol, _ in SCRIPT_STAGES:
+            start = len(rec.steps)
+            try:
+                builder.record(stage)
+            except LighthouseError as exc:
+                failure = (stage, exc)
+                del rec.steps[start:]
+                break
+            names = [name for name, _ in rec.steps[start:]]
+            stages.append((symbol, _including(names)))
+        script = build_script(stages, rec.steps)
+        mine = list(script.body.operations)
+        ip = ir.InsertionPoint(mine[0]) if mine else ir.InsertionPoint(script.body)
+        for op in fuse.body.operations:
+            op.operation.clone(ip=ip)
+        if failure is not None:
+            raise IncompleteScript(script, *failure)
+        return XeGpuSchedule(script, builder.plans)
+
+    def adapt_front(self, family, front: list[Stage], script) -> list[Stage]:
         """The script's fuse stays (for tiling-only families the GPU preparation, see
-        `script`); the target's workgroups/subgroups follow it and its own vectorization
-        replaces the family's CPU one."""
+        `schedule`); the script's XeGPU stages follow it (their sequences replace the
+        family's vectorize)."""
         if family.name == "loops":
             raise UnsupportedError("the loops schedule has no GPU lowering; use the default schedule")
-        self.family = family.name
         by_name = {s.name: s for s in front}
-        return [by_name["import"], by_name["cleanup"], by_name["fuse"],
-                Stage("workgroups", self.workgroups, "kernels tiled into workgroup foralls"),
-                Stage("subgroups", self.subgroups, "subgroup decomposition of each workgroup tile"),
-                Stage("vectorize", self.vectorize, "whole-tile vectors, DPAS operand types")]
+        stages = [by_name["import"], by_name["cleanup"], by_name["fuse"]]
+        for stage, _, doc in SCRIPT_STAGES:
+            scheduled = script.stage(stage, doc)
+            if stage == "vectorize":
+                scheduled = _then(scheduled, expand_erf)
+            stages.append(scheduled)
+        return stages
 
     def stages(self) -> list[Stage]:
         return [
-            Stage("bufferize", self.bufferize, "one-shot bufferize, out-params"),
-            Stage("gpu-outline", self.outline, "gpu.launch, kernel outlining, xevm target"),
-            Stage("xegpu", self.to_xegpu, "convert-vector-to-xegpu"),
-            Stage("xegpu-layouts", self.layouts, "anchor layouts and prefetches"),
             Stage("xevm", self.xevm, "XeGPU -> XeVM -> LLVM (device) and host launch code"),
             Stage("binary", self.binary, "validated SPIR-V kernels embedded in the host module"),
         ]
 
     # ----------------------------------------------------------------------------- stages
-    def workgroups(self, module: ir.Module) -> None:
-        from schedules.generic import func_ops
-        from schedules.xegpu_contraction import find_contraction_groups, tile_kernel
-        from schedules.xegpu_rows import find_row_roots, tile_rows
-
-        self.weight_specs = constants_to_arguments(module)
-        self.plans = []
-        if self.family == "cross_entropy" and _has_loss_tail(module):
-            self._loss_kernels(module)
-            return
-        for func in func_ops(module):
-            top = [o.operation for o in func.regions[0].blocks[0].operations]
-            existing = [o for o in top if o.name == "scf.forall"]
-            if existing:
-                self._fused_kernels(module, func, existing)
-                continue
-            if self.family == "attention":
-                raise UnsupportedError(
-                    "xegpu: the attention schedule left no query-block forall to map to "
-                    "workgroups (a single query block, B * H * S / query_tile = 1?); lower "
-                    "query_tile in the kernel's LIGHTHOUSE dict")
-            work = []
-            for group in find_contraction_groups(func):
-                work.append((top.index(group.root), "contraction", group))
-            for root in find_row_roots(func, exclude=[o for _, _, g in work for o in g.ops()]):
-                work.append((top.index(root), "rows", root))
-            work.sort(key=lambda w: w[0])
-            for _, kind, item in work:
-                if kind == "contraction":
-                    tiles = self.contraction_tiles(item)
-                    plan = KernelPlan(kind, item.describe(), tiles, self._grid_of(item, tiles))
-                    tile_kernel(module, item, tiles)
-                    self.plans.append(plan)
-                else:
-                    tiles = self.row_tiles(item)
-                    description = f"{item.name} at {item.location}"
-                    tile_rows(module, item, tiles)
-                    self.plans.append(KernelPlan(kind, description, tiles, tiles.grid))
-        if not self.plans:
-            raise UnsupportedError("xegpu: the payload has no linalg op to run on the GPU")
-
-    def _loss_kernels(self, module: ir.Module) -> None:
-        """A cross-entropy loss: the host target check, the row kernel and the reductions
-        over the rows (schedules/xegpu_cross_entropy.py)."""
-        from schedules.xegpu_cross_entropy import NotLowerable, lower_loss
-
-        try:
-            kernels = lower_loss(module, subgroup_size=self.chip.subgroup_size,
-                                 max_threads=self.chip.max_workgroup_threads,
-                                 min_workgroups=self.chip.xe_cores, rows=self.params.rows,
-                                 column_tile=self.params.column_tile)
-        except NotLowerable as exc:
-            raise UnsupportedError(f"xegpu: {exc}") from exc
-        self.plans = [KernelPlan(k.kind, k.description, k.tiles, k.tiles.grid) for k in kernels]
-
-    def _fused_kernels(self, module: ir.Module, func, foralls) -> None:
-        """Foralls of a fused schedule (one per kernel) become workgroup grids as they are;
-        payload ops outside them are refused (they would need kernels of their own)."""
-        from schedules.xegpu_attention import attention_forall, plan_attention, tile_attention
-
-        forall = attention_forall(func)
-        if forall is None or len(foralls) != 1:
-            raise UnsupportedError(
-                f"xegpu: {len(foralls)} scf.forall of a fused schedule that is not attention: no "
-                "GPU mapping for it yet")
-        try:
-            tiles = plan_attention(forall, sg_rows=self.params.attention_sg_rows,
-                                   subgroup_size=self.chip.subgroup_size, dpas=self.chip.dpas,
-                                   max_threads=self.chip.max_workgroup_threads,
-                                   grf_bytes=self.chip.grf_bytes, nb_prefetch=self.params.nb_prefetch)
-        except ValueError as exc:
-            raise UnsupportedError(f"xegpu: {exc}") from exc
-        tile_attention(module, tiles)
-        self.plans.append(KernelPlan("attention", f"attention at {forall.location}", tiles,
-                                     tiles.grid))
-
-    def subgroups(self, module: ir.Module) -> None:
-        foralls = top_level_foralls(module)
-        if len(foralls) != len(self.plans):
-            raise StageError(f"expected {len(self.plans)} workgroup foralls, found {len(foralls)}")
-        i64 = ir.IntegerType.get_signless(64)
-        for forall, plan in zip(foralls, self.plans):
-            tiles = plan.tiles
-            if plan.threads > self.chip.max_workgroup_threads:
-                raise UnsupportedError(
-                    f"xegpu: {plan.description}: {plan.threads} threads per workgroup exceed the "
-                    f"{self.chip.name} limit of {self.chip.max_workgroup_threads}")
-            forall.attributes["xegpu.sg_layout"] = ir.DenseI64ArrayAttr.get(tiles.sg_layout)
-            forall.attributes["xegpu.sg_data"] = ir.DenseI64ArrayAttr.get(list(tiles.sg_data))
-            forall.attributes["xegpu.threads"] = ir.IntegerAttr.get(i64, plan.threads)
-
-    def vectorize(self, module: ir.Module) -> None:
-        from schedules.xegpu_common import vectorize
-
-        if any(p.kind in LOSS_KINDS for p in self.plans):
-            # no contraction (no DPAS); the target gathers become scattered loads
-            vectorize(module, contractions=False, gathers=True)
-        else:
-            vectorize(module)
-        expand_erf(module)
-
-    def bufferize(self, module: ir.Module) -> None:
-        from schedules.xegpu_common import bufferize
-        from schedules.xegpu_cross_entropy import finish_bufferized
-
-        bufferize(module)
-        if any(p.kind in LOSS_KINDS for p in self.plans):
-            finish_bufferized(module)
-
-    def outline(self, module: ir.Module) -> None:
-        from schedules.xegpu_common import outline
-
-        outline(module, [p.threads for p in self.plans], self.chip.name)
-        launches = []
-
-        def visit(op):
-            if op.name == "gpu.launch_func":
-                launches.append(op)
-            return ir.WalkResult.ADVANCE
-
-        module.operation.walk(visit)
-        for plan, launch in zip(self.plans, launches):
-            plan.grid = tuple(_constant(v) for v in list(launch.operands)[:3])
-
-    def to_xegpu(self, module: ir.Module) -> None:
-        from schedules.xegpu_common import to_xegpu
-
-        to_xegpu(module)
-        leftover = len(ops_named(module, "vector.contract"))
-        if leftover:
-            raise StageError(f"{leftover} vector.contract op(s) did not become xegpu.dpas")
-
-    def layouts(self, module: ir.Module) -> None:
-        from schedules.common import match, run_schedule
-        from schedules.xegpu_contraction import annotate_kernel
-        from schedules.xegpu_rows import annotate_rows
-        from torch_mlir.dialects import transform
-
-        from schedules.xegpu_contraction import inspect_kernel
-
-        funcs = ops_named(module, "gpu.func")
-        count = len(funcs)
-        if count != len(self.plans):
-            raise StageError(f"expected {len(self.plans)} gpu.func kernels, found {count}")
-        from schedules.xegpu_attention import annotate_attention, check_kernel
-        from schedules.xegpu_common import insert_loop_prefetches
-        from schedules.xegpu_cross_entropy import annotate_loss_kernel, kernel_anchors, prefetch_shape
-
-        shapes = []
-        for index, (func, plan) in enumerate(zip(funcs, self.plans)):
-            try:
-                if plan.kind == "contraction":
-                    shapes.append(inspect_kernel(func))
-                elif plan.kind == "rows":
-                    with module.context, func.location:
-                        insert_loop_prefetches(func, plan.tiles.sg_layout[0],
-                                               (plan.tiles.rows_per_subgroup, self.chip.subgroup_size),
-                                               self.params.nb_prefetch)
-                    shapes.append(None)
-                elif plan.kind == "attention":
-                    with module.context, func.location:
-                        insert_loop_prefetches(func, plan.tiles.subgroups, self.chip.dpas[:2],
-                                               plan.tiles.nb_prefetch)
-                    check_kernel(func)
-                    shapes.append(None)
-                elif plan.kind in LOSS_KINDS:
-                    with module.context, func.location:
-                        insert_loop_prefetches(func, *prefetch_shape(plan.tiles),
-                                               self.params.nb_prefetch)
-                        shapes.append(kernel_anchors(func, plan.tiles))
-                else:
-                    shapes.append(None)
-            except ValueError as exc:
-                raise StageError(f"{plan.description}: {exc}") from exc
-
-        def body(root):
-            handles = transform.SplitHandleOp([transform.AnyOpType.get()] * count,
-                                              match(root, "gpu.func")).results
-            for handle, plan, shape in zip(list(handles), self.plans, shapes):
-                if plan.kind == "contraction":
-                    annotate_kernel(handle, plan.tiles, shape)
-                elif plan.kind == "attention":
-                    annotate_attention(handle, plan.tiles)
-                elif plan.kind in LOSS_KINDS:
-                    annotate_loss_kernel(handle, shape)
-                else:
-                    annotate_rows(handle, plan.tiles)
-
-        run_schedule(module, body)
-
     def xevm(self, module: ir.Module) -> None:
         from schedules.common import run_passes
-        from schedules.xegpu_common import XEVM_PIPELINE
+        from schedules.xegpu.common import XEVM_PIPELINE
 
         run_passes(module, XEVM_PIPELINE)
 
     def binary(self, module: ir.Module) -> None:
+        """SPIR-V per gpu.module, checked against the kernel the script annotated it with
+        (KERNEL_ATTR); the annotations are read into the artifacts and removed."""
         from . import spirv
 
+        kernels_of = {}
+        for gm in spirv.gpu_modules(module):
+            if KERNEL_ATTR not in gm.attributes:
+                raise StageError(f"gpu.module @{ir.StringAttr(gm.attributes['sym_name']).value}: "
+                                 f"no {KERNEL_ATTR} annotation (the script's @gpu_outline "
+                                 "writes it)")
+            kernels_of[ir.StringAttr(gm.attributes["sym_name"]).value] = \
+                _kernel_annotation(gm.attributes[KERNEL_ATTR])
+            del gm.attributes[KERNEL_ATTR]
+        weights = []
+        if WEIGHTS_ATTR in module.operation.attributes:
+            weights = _weights_annotation(module.operation.attributes[WEIGHTS_ATTR])
+            del module.operation.attributes[WEIGHTS_ATTR]
         translated = spirv.translate(module, self.chip.subgroup_size)
         bitcode = device_bitcode(module)
         kernels = []
-        for plan, sm in zip(self.plans, translated):
+        for sm in translated:
             if len(sm.entry_points) != 1:
                 raise StageError(f"gpu.module @{sm.name}: expected one kernel entry point, "
                                  f"found {len(sm.entry_points)}")
+            kind, description, threads, grid = kernels_of[sm.name]
             entry = sm.entry_points[0]
-            if entry.local_size != (plan.threads, 1, 1) or entry.subgroup_size != self.chip.subgroup_size:
+            if entry.local_size != (threads, 1, 1) or entry.subgroup_size != self.chip.subgroup_size:
                 raise StageError(f"kernel {entry.name}: SPIR-V local size {entry.local_size} / "
                                  f"subgroup size {entry.subgroup_size}, expected "
-                                 f"({plan.threads}, 1, 1) / {self.chip.subgroup_size}")
-            grid = tuple(plan.grid) + (1,) * (3 - len(plan.grid))
-            kernels.append(KernelArtifact(entry.name, sm.name, plan.kind, plan.description, grid,
+                                 f"({threads}, 1, 1) / {self.chip.subgroup_size}")
+            grid = tuple(grid) + (1,) * (3 - len(grid))
+            kernels.append(KernelArtifact(entry.name, sm.name, kind, description, grid,
                                           entry.local_size, entry.subgroup_size, sm.binary,
                                           bitcode.get(sm.name)))
         embed_spirv(module, translated)
-        self.kernels = kernels
-
-    # ---------------------------------------------------------------------- parameters
-    def contraction_tiles(self, group):
-        from schedules.xegpu_contraction import ContractionTiles
-
-        shape = group.shape()
-        m, n, k = shape.get("m"), shape.get("n"), shape.get("k")
-        what = group.describe()
-        for name, extent in (("m", m), ("n", n), ("k", k)):
-            if extent is None:
-                raise UnsupportedError(f"xegpu: {what}: no {name} dimension")
-        if any(key.startswith(("m", "n", "k", "batch")) and len(key) > 1 and key[-1].isdigit()
-               for key in shape):
-            raise UnsupportedError(f"xegpu: {what}: multiple m/n/k/batch dims are not supported")
-        if "batch" in shape:
-            raise UnsupportedError(f"xegpu: {what}: batched contractions are not supported yet")
-        problem = group.dpas_problem()
-        if problem:
-            raise UnsupportedError(f"xegpu: {what}: {problem}")
-        dm, dn, dk = self.chip.dpas
-        p = self.params
-        wg = p.wg or self._workgroup_tile(m, n)
-        sg = p.sg or (_pick(wg[0], (32, 16, 8)), _pick(wg[1], (32, 16)))
-        k_tile = p.k_tile or _pick(k, (32, 16))
-        checks = [("m", m, wg[0], "workgroup tile"), ("n", n, wg[1], "workgroup tile"),
-                  ("k", k, k_tile, "k tile"), ("m", wg[0], sg[0], "subgroup tile"),
-                  ("n", wg[1], sg[1], "subgroup tile"), ("m", sg[0], dm, "DPAS rows"),
-                  ("n", sg[1], dn, "DPAS columns"), ("k", k_tile, dk, "DPAS depth")]
-        for dim, extent, tile, what_tile in checks:
-            if tile is None or extent % tile:
-                raise UnsupportedError(
-                    f"xegpu: {what}: dimension {dim} ({extent}) is not a multiple of the "
-                    f"{what_tile} ({tile if tile else f'none of the candidates fits'})")
-        tiles = ContractionTiles(wg=tuple(wg), sg=tuple(sg), k_tile=k_tile, dpas=self.chip.dpas,
-                                 nb_prefetch=p.nb_prefetch, subgroup_size=self.chip.subgroup_size)
-        acc_bytes = sg[0] * sg[1] * 4
-        if acc_bytes > self.chip.grf_bytes // 2:
-            raise UnsupportedError(f"xegpu: {what}: a {sg[0]}x{sg[1]} f32 accumulator per subgroup "
-                                   f"exceeds half the register file ({self.chip.grf_bytes} B)")
-        return tiles
-
-    def _workgroup_tile(self, m: int, n: int) -> tuple[int | None, int | None]:
-        """The largest tile leaving at least one workgroup per Xe-core, else the one with
-        the most workgroups; None where no candidate divides."""
-        fitting = [(a, b) for a, b in WORKGROUP_TILES if m % a == 0 and n % b == 0]
-        if not fitting:
-            return (_pick(m, (256, 128, 64, 32, 16, 8)), _pick(n, (256, 128, 64, 32, 16)))
-        for a, b in fitting:
-            if (m // a) * (n // b) >= self.chip.xe_cores:
-                return (a, b)
-        return fitting[-1]
-
-    @staticmethod
-    def _grid_of(group, tiles) -> tuple[int, int]:
-        s = group.shape()
-        return (s["m"] // tiles.wg[0], s["n"] // tiles.wg[1])
-
-    def row_tiles(self, root):
-        from schedules.xegpu_rows import plan_rows
-
-        try:
-            return plan_rows(root, rows=self.params.rows, subgroup_size=self.chip.subgroup_size,
-                             max_threads=self.chip.max_workgroup_threads,
-                             min_workgroups=self.chip.xe_cores, column_tile=self.params.column_tile)
-        except ValueError as exc:
-            raise UnsupportedError(f"xegpu: {exc}") from exc
+        self.kernels, self.weight_specs = kernels, weights
 
     # ------------------------------------------------------------------------ artifacts
     def emit_artifact(self, compiled, stage: str, path: Path | None) -> bool:
@@ -526,6 +365,346 @@ class XeGpuTarget:
         }
 
 
+class _StageBuilder:
+    """Records the XeGPU stages of one script on `rec` (its trial is the payload after
+    @fuse); `plans` are the kernels planned at the workgroups stage, in launch order."""
+
+    def __init__(self, target: XeGpuTarget, family: str, rec):
+        self.target, self.chip, self.params = target, target.chip, target.params
+        self.family = family
+        self.rec = rec
+        self.plans: list[KernelPlan] = []
+        self.weights: list[dict] = []
+
+    def record(self, stage: str) -> None:
+        """Record the steps of `stage`; an error of the planning is the stage's failure."""
+        from ..pipeline import describe_failure
+
+        method = getattr(self, stage.replace("-", "_"))
+        try:
+            method()
+        except LighthouseError:
+            raise
+        except Exception as exc:
+            raise StageError(f"stage {stage!r} failed: {describe_failure(exc, [])}") from exc
+
+    @property
+    def trial(self) -> ir.Module:
+        return self.rec.trial
+
+    def _loss(self) -> bool:
+        return any(p.kind in LOSS_KINDS for p in self.plans)
+
+    # ----------------------------------------------------------------------------- stages
+    def workgroups(self) -> None:
+        from schedules.generic import func_ops
+        from schedules.xegpu.contraction import find_contraction_groups, tile_kernel
+        from schedules.xegpu.rows import find_row_roots, tile_rows
+
+        self._constants_to_arguments()
+        if self.family == "cross_entropy" and _has_loss_tail(self.trial):
+            self._loss_kernels()
+            return
+        for func in list(func_ops(self.trial)):
+            top = [o.operation for o in func.regions[0].blocks[0].operations]
+            existing = [o for o in top if o.name == "scf.forall"]
+            if existing:
+                self._fused_kernels(func, existing)
+                continue
+            if self.family == "attention":
+                raise UnsupportedError(
+                    "xegpu: the attention schedule left no query-block forall to map to "
+                    "workgroups (a single query block, B * H * S / query_tile = 1?); lower "
+                    "query_tile in the kernel's LIGHTHOUSE dict")
+            work = []
+            for group in find_contraction_groups(func):
+                work.append((top.index(group.root), "contraction", group))
+            for root in find_row_roots(func, exclude=[o for _, _, g in work for o in g.ops()]):
+                work.append((top.index(root), "rows", root))
+            work.sort(key=lambda w: w[0])
+            for _, kind, item in work:
+                if kind == "contraction":
+                    tiles = self.contraction_tiles(item)
+                    plan = KernelPlan(kind, item.describe(), tiles)
+                    tile_kernel(self.rec, item, tiles)
+                else:
+                    tiles = self.row_tiles(item)
+                    plan = KernelPlan(kind, f"{item.name} at {item.location}", tiles)
+                    tile_rows(self.rec, item, tiles)
+                self.plans.append(plan)
+        if not self.plans:
+            raise UnsupportedError("xegpu: the payload has no linalg op to run on the GPU")
+
+    def _constants_to_arguments(self) -> None:
+        """Weights frozen as constants become kernel arguments (their specs noted for the
+        launch metadata)."""
+        from schedules.common import match
+        from schedules.generic import func_ops
+        from transform_ext.constants_to_arguments import constants_to_arguments, frozen_weights
+
+        for func in func_ops(self.trial):
+            arguments = len(func.regions[0].blocks[0].arguments)
+            for i, op in enumerate(frozen_weights(func)):
+                t = op.results[0].type
+                self.weights.append({"argument": arguments + i, "shape": list(t.shape),
+                                     "dtype": str(t.element_type),
+                                     "defined_at": str(op.location)})
+        def body(root):
+            constants_to_arguments(match(root, "func.func"))
+
+        self.rec.step("constants_to_arguments", body)
+
+    def _loss_kernels(self) -> None:
+        """A cross-entropy loss: the host target check, the row kernel and the reductions
+        over the rows (schedules/xegpu_cross_entropy.py)."""
+        from schedules.xegpu_cross_entropy import NotLowerable, lower_loss
+
+        try:
+            kernels = lower_loss(self.rec, subgroup_size=self.chip.subgroup_size,
+                                 max_threads=self.chip.max_workgroup_threads,
+                                 min_workgroups=self.chip.xe_cores, rows=self.params.rows,
+                                 column_tile=self.params.column_tile)
+        except NotLowerable as exc:
+            raise UnsupportedError(f"xegpu: {exc}") from exc
+        self.plans = [KernelPlan(k.kind, k.description, k.tiles) for k in kernels]
+
+    def _fused_kernels(self, func, foralls) -> None:
+        """Foralls of a fused schedule (one per kernel) become workgroup grids as they are;
+        payload ops outside them are refused (they would need kernels of their own)."""
+        from schedules.attention.xegpu import attention_forall, plan_attention, tile_attention
+
+        forall = attention_forall(func)
+        if forall is None or len(foralls) != 1:
+            raise UnsupportedError(
+                f"xegpu: {len(foralls)} scf.forall of a fused schedule that is not attention: no "
+                "GPU mapping for it yet")
+        try:
+            tiles = plan_attention(forall, sg_rows=self.params.attention_sg_rows,
+                                   subgroup_size=self.chip.subgroup_size, dpas=self.chip.dpas,
+                                   max_threads=self.chip.max_workgroup_threads,
+                                   grf_bytes=self.chip.grf_bytes, nb_prefetch=self.params.nb_prefetch)
+        except ValueError as exc:
+            raise UnsupportedError(f"xegpu: {exc}") from exc
+        description = f"attention at {forall.location}"
+        tile_attention(self.rec, tiles)
+        self.plans.append(KernelPlan("attention", description, tiles))
+
+    def subgroups(self) -> None:
+        """Each workgroup forall annotated with its subgroup decomposition (xegpu.sg_layout,
+        xegpu.sg_data) and its thread count (xegpu.threads)."""
+        from schedules.common import at_place, place_of
+        from torch_mlir.dialects import transform
+
+        foralls = top_level_foralls(self.trial)
+        if len(foralls) != len(self.plans):
+            raise StageError(f"expected {len(self.plans)} workgroup foralls, found {len(foralls)}")
+        i64 = ir.IntegerType.get_signless(64)
+        annotations = []
+        for forall, plan in zip(foralls, self.plans):
+            tiles = plan.tiles
+            if plan.threads > self.chip.max_workgroup_threads:
+                raise UnsupportedError(
+                    f"xegpu: {plan.description}: {plan.threads} threads per workgroup exceed the "
+                    f"{self.chip.name} limit of {self.chip.max_workgroup_threads}")
+            annotations.append((place_of(self.trial.operation, forall), [
+                ("xegpu.sg_layout", ir.DenseI64ArrayAttr.get(tiles.sg_layout)),
+                ("xegpu.sg_data", ir.DenseI64ArrayAttr.get(list(tiles.sg_data))),
+                ("xegpu.threads", ir.IntegerAttr.get(i64, plan.threads))]))
+
+        def body(root):
+            for place, attrs in annotations:
+                forall = at_place(root, place)
+                for name, value in attrs:
+                    param = transform.ParamConstantOp(transform.AnyParamType.get(), value)
+                    transform.AnnotateOp(forall, name, param=param)
+
+        self.rec.step("subgroup_layouts", body)
+
+    def vectorize(self) -> None:
+        from schedules.xegpu.common import vectorize
+
+        if self._loss():
+            # no contraction (no DPAS); the target gathers become scattered loads
+            vectorize(self.rec, contractions=False, gathers=True)
+        else:
+            vectorize(self.rec)
+        expand_erf(self.trial)      # what the stage does after the script's @vectorize
+
+    def bufferize(self) -> None:
+        from schedules.xegpu.common import bufferize
+        from schedules.xegpu_cross_entropy import finish_bufferized
+
+        bufferize(self.rec)
+        if self._loss():
+            finish_bufferized(self.rec)
+
+    def gpu_outline(self) -> None:
+        """Outlined kernels, then the launch metadata of each (KERNEL_ATTR on its gpu.module,
+        with the grid of its launch) and the weights (WEIGHTS_ATTR on the module)."""
+        from schedules.common import match
+        from schedules.xegpu.common import outline
+        from torch_mlir.dialects import transform
+
+        outline(self.rec, [p.threads for p in self.plans], self.chip.name)
+        launches = ops_named(self.trial, "gpu.launch_func")
+        modules = [op.operation for op in self.trial.body.operations
+                   if op.operation.name == "gpu.module"]
+        if len(launches) != len(self.plans) or len(modules) != len(self.plans):
+            raise StageError(f"expected {len(self.plans)} outlined kernels, found "
+                             f"{len(modules)} gpu.module and {len(launches)} gpu.launch_func")
+        i64 = ir.IntegerType.get_signless(64)
+        kernels = []
+        for plan, launch in zip(self.plans, launches):
+            grid = [_constant(v) for v in list(launch.operands)[:3]]
+            kernels.append(ir.DictAttr.get({
+                "kind": ir.StringAttr.get(plan.kind),
+                "description": ir.StringAttr.get(plan.description),
+                "threads": ir.IntegerAttr.get(i64, plan.threads),
+                "grid": ir.DenseI64ArrayAttr.get(grid)}))
+        weights = ir.ArrayAttr.get([ir.DictAttr.get({
+            "argument": ir.IntegerAttr.get(i64, w["argument"]),
+            "shape": ir.DenseI64ArrayAttr.get(w["shape"]),
+            "dtype": ir.StringAttr.get(w["dtype"]),
+            "defined_at": ir.StringAttr.get(w["defined_at"])}) for w in self.weights])
+        count = len(kernels)
+
+        def body(root):
+            def annotate(target, name, value):
+                param = transform.ParamConstantOp(transform.AnyParamType.get(), value)
+                transform.AnnotateOp(target, name, param=param)
+
+            handles = transform.SplitHandleOp([transform.AnyOpType.get()] * count,
+                                              match(root, "gpu.module")).results
+            for handle, kernel in zip(list(handles), kernels):
+                annotate(handle, KERNEL_ATTR, kernel)
+            annotate(root, WEIGHTS_ATTR, weights)
+
+        self.rec.step("launch_metadata", body)
+
+    def xegpu(self) -> None:
+        from schedules.xegpu.common import to_xegpu
+
+        to_xegpu(self.rec)
+        leftover = len(ops_named(self.trial, "vector.contract"))
+        if leftover:
+            raise StageError(f"{leftover} vector.contract op(s) did not become xegpu.dpas")
+
+    def xegpu_layouts(self) -> None:
+        from schedules.attention.xegpu import annotate_attention, check_kernel
+        from schedules.common import match
+        from schedules.xegpu.common import insert_loop_prefetches
+        from schedules.xegpu.contraction import annotate_kernel, inspect_kernel
+        from schedules.xegpu.rows import annotate_rows
+        from schedules.xegpu_cross_entropy import (annotate_loss_kernel, kernel_anchors,
+                                                   prefetch_shape)
+        from torch_mlir.dialects import transform
+
+        funcs = ops_named(self.trial, "gpu.func")
+        count = len(funcs)
+        if count != len(self.plans):
+            raise StageError(f"expected {len(self.plans)} gpu.func kernels, found {count}")
+        rec, chip, nb_prefetch = self.rec, self.chip, self.params.nb_prefetch
+        shapes = []
+        for func, plan in zip(funcs, self.plans):
+            try:
+                if plan.kind == "contraction":
+                    shapes.append(inspect_kernel(func))
+                elif plan.kind == "rows":
+                    insert_loop_prefetches(rec, func, plan.tiles.sg_layout[0],
+                                           (plan.tiles.rows_per_subgroup, chip.subgroup_size),
+                                           nb_prefetch)
+                    shapes.append(None)
+                elif plan.kind == "attention":
+                    insert_loop_prefetches(rec, func, plan.tiles.subgroups, chip.dpas[:2],
+                                           plan.tiles.nb_prefetch)
+                    check_kernel(func)
+                    shapes.append(None)
+                elif plan.kind in LOSS_KINDS:
+                    insert_loop_prefetches(rec, func, *prefetch_shape(plan.tiles), nb_prefetch)
+                    shapes.append(kernel_anchors(func, plan.tiles))
+                else:
+                    shapes.append(None)
+            except ValueError as exc:
+                raise StageError(f"{plan.description}: {exc}") from exc
+        plans = list(self.plans)
+
+        def body(root):
+            handles = transform.SplitHandleOp([transform.AnyOpType.get()] * count,
+                                              match(root, "gpu.func")).results
+            for handle, plan, shape in zip(list(handles), plans, shapes):
+                if plan.kind == "contraction":
+                    annotate_kernel(handle, plan.tiles, shape)
+                elif plan.kind == "attention":
+                    annotate_attention(handle, plan.tiles)
+                elif plan.kind in LOSS_KINDS:
+                    annotate_loss_kernel(handle, shape)
+                else:
+                    annotate_rows(handle, plan.tiles)
+
+        rec.step("anchor_layouts", body)
+
+    # ---------------------------------------------------------------------- parameters
+    def contraction_tiles(self, group):
+        from schedules.xegpu.contraction import ContractionTiles
+
+        shape = group.shape()
+        m, n, k = shape.get("m"), shape.get("n"), shape.get("k")
+        what = group.describe()
+        for name, extent in (("m", m), ("n", n), ("k", k)):
+            if extent is None:
+                raise UnsupportedError(f"xegpu: {what}: no {name} dimension")
+        if any(key.startswith(("m", "n", "k", "batch")) and len(key) > 1 and key[-1].isdigit()
+               for key in shape):
+            raise UnsupportedError(f"xegpu: {what}: multiple m/n/k/batch dims are not supported")
+        if "batch" in shape:
+            raise UnsupportedError(f"xegpu: {what}: batched contractions are not supported yet")
+        problem = group.dpas_problem()
+        if problem:
+            raise UnsupportedError(f"xegpu: {what}: {problem}")
+        dm, dn, dk = self.chip.dpas
+        p = self.params
+        wg = p.wg or self._workgroup_tile(m, n)
+        sg = p.sg or (_pick(wg[0], (32, 16, 8)), _pick(wg[1], (32, 16)))
+        k_tile = p.k_tile or _pick(k, (32, 16))
+        checks = [("m", m, wg[0], "workgroup tile"), ("n", n, wg[1], "workgroup tile"),
+                  ("k", k, k_tile, "k tile"), ("m", wg[0], sg[0], "subgroup tile"),
+                  ("n", wg[1], sg[1], "subgroup tile"), ("m", sg[0], dm, "DPAS rows"),
+                  ("n", sg[1], dn, "DPAS columns"), ("k", k_tile, dk, "DPAS depth")]
+        for dim, extent, tile, what_tile in checks:
+            if tile is None or extent % tile:
+                raise UnsupportedError(
+                    f"xegpu: {what}: dimension {dim} ({extent}) is not a multiple of the "
+                    f"{what_tile} ({tile if tile else f'none of the candidates fits'})")
+        tiles = ContractionTiles(wg=tuple(wg), sg=tuple(sg), k_tile=k_tile, dpas=self.chip.dpas,
+                                 nb_prefetch=p.nb_prefetch, subgroup_size=self.chip.subgroup_size)
+        acc_bytes = sg[0] * sg[1] * 4
+        if acc_bytes > self.chip.grf_bytes // 2:
+            raise UnsupportedError(f"xegpu: {what}: a {sg[0]}x{sg[1]} f32 accumulator per subgroup "
+                                   f"exceeds half the register file ({self.chip.grf_bytes} B)")
+        return tiles
+
+    def _workgroup_tile(self, m: int, n: int) -> tuple[int | None, int | None]:
+        """The largest tile leaving at least one workgroup per Xe-core, else the one with
+        the most workgroups; None where no candidate divides."""
+        fitting = [(a, b) for a, b in WORKGROUP_TILES if m % a == 0 and n % b == 0]
+        if not fitting:
+            return (_pick(m, (256, 128, 64, 32, 16, 8)), _pick(n, (256, 128, 64, 32, 16)))
+        for a, b in fitting:
+            if (m // a) * (n // b) >= self.chip.xe_cores:
+                return (a, b)
+        return fitting[-1]
+
+    def row_tiles(self, root):
+        from schedules.xegpu.rows import plan_rows
+
+        try:
+            return plan_rows(root, rows=self.params.rows, subgroup_size=self.chip.subgroup_size,
+                             max_threads=self.chip.max_workgroup_threads,
+                             min_workgroups=self.chip.xe_cores, column_tile=self.params.column_tile)
+        except ValueError as exc:
+            raise UnsupportedError(f"xegpu: {exc}") from exc
+
+
 # --------------------------------------------------------------------------------- helpers
 
 def _constant(value: ir.Value) -> int:
@@ -557,41 +736,6 @@ def _has_loss_tail(module: ir.Module) -> bool:
     return bool(found)
 
 
-def constants_to_arguments(module: ir.Module) -> list[dict]:
-    """Dense tensor constants with more than one element (frozen weights) become trailing
-    function arguments: a kernel reads them from device memory, not from a host global.
-    Returns their shapes and element types, in argument order."""
-    from schedules.generic import func_ops
-
-    specs = []
-    for func in func_ops(module):
-        block = func.regions[0].blocks[0]
-        moved = []
-        for op in list(block.operations):
-            op = op.operation
-            if op.name != "arith.constant" or not isinstance(op.results[0].type, ir.RankedTensorType):
-                continue
-            t = op.results[0].type
-            value = op.attributes["value"]
-            if isinstance(value, ir.DenseElementsAttr) and value.is_splat:
-                continue
-            if t.rank == 0:
-                continue
-            moved.append(op)
-        for op in moved:
-            t = op.results[0].type
-            specs.append({"argument": len(block.arguments), "shape": list(t.shape),
-                          "dtype": str(t.element_type), "defined_at": str(op.location)})
-            arg = block.add_argument(t, op.location)
-            op.results[0].replace_all_uses_with(arg)
-            op.erase()
-        if moved:
-            fn_type = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
-            new_type = ir.FunctionType.get([a.type for a in block.arguments], list(fn_type.results))
-            func.attributes["function_type"] = ir.TypeAttr.get(new_type)
-    return specs
-
-
 def expand_erf(module: ir.Module) -> None:
     """math.erf has no XeVM lowering: expand it into the CPU target's polynomial (exp and the
     other math ops stay native, lowered by convert-math-to-xevm)."""
@@ -614,6 +758,45 @@ def device_bitcode(module: ir.Module) -> dict[str, bytes]:
     copy = ir.Module.parse(str(module), module.context)
     _modules_to_binaries(copy)
     return {name: obj.object for name, (_, obj) in _binaries(copy).items()}
+
+
+def _including(names: list[str]):
+    """A stage body including the steps `names` in order."""
+    from schedules.script import include_step
+
+    def body(root):
+        for name in names:
+            root = include_step(name, root)
+
+    return body
+
+
+def _then(stage: Stage, after) -> Stage:
+    """`stage`, then `after(module)`, under the same name and script."""
+    def run(module):
+        stage.run(module)
+        after(module)
+
+    return Stage(stage.name, run, stage.doc, stage.script_text)
+
+
+def _kernel_annotation(attr) -> tuple[str, str, int, tuple[int, ...]]:
+    """(kind, description, threads, grid) of a KERNEL_ATTR dictionary."""
+    d = ir.DictAttr(attr)
+    return (ir.StringAttr(d["kind"]).value, ir.StringAttr(d["description"]).value,
+            ir.IntegerAttr(d["threads"]).value, tuple(ir.DenseI64ArrayAttr(d["grid"])))
+
+
+def _weights_annotation(attr) -> list[dict]:
+    """The weight specs of a WEIGHTS_ATTR array, as the manifest lists them."""
+    out = []
+    for entry in ir.ArrayAttr(attr):
+        d = ir.DictAttr(entry)
+        out.append({"argument": ir.IntegerAttr(d["argument"]).value,
+                    "shape": list(ir.DenseI64ArrayAttr(d["shape"])),
+                    "dtype": ir.StringAttr(d["dtype"]).value,
+                    "defined_at": ir.StringAttr(d["defined_at"]).value})
+    return out
 
 
 def embed_spirv(module: ir.Module, translated) -> None:

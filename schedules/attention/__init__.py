@@ -1,7 +1,6 @@
 """Flash attention (see fuse.py for the schedule): recognition (recognize.py), the fuse
 stage for every target (fuse.py), the CPU vectorize stage (cpu.py), both as one transform
-script (script.py); the XeGPU tail is
-schedules/xegpu_attention.py."""
+script (script.py); the XeGPU tail is xegpu.py."""
 
 from transform_ext.analysis.attention import AttentionOps, NotAttention
 

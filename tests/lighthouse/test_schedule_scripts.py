@@ -70,16 +70,35 @@ def test_a_printed_script_replays_to_identical_ir_and_results(tmp_path, name, fa
 XEGPU_CASES = {
     "attention": {"B": 1, "H": 2, "S": 256, "D": 64, "DTYPE": "float16", "IS_CAUSAL": True},
     "mlp_f16": {"BATCH": 64, "IN_FEATURES": 64, "HIDDEN": 128, "OUT_FEATURES": 64},
+    "matmul_f16": {"M": 64, "N": 128, "K": 96},
     "softmax": {"N": 32, "C": 256},
     "cross_entropy": {"N": 64, "C": 512},
 }
+# The XeGPU stages applied from the script, with the symbols of their sequences.
+XEGPU_SCHEDULE_STAGES = {"fuse": "fuse", "workgroups": "workgroups", "subgroups": "subgroups",
+                         "vectorize": "vectorize", "bufferize": "bufferize",
+                         "gpu-outline": "gpu_outline", "xegpu": "xegpu",
+                         "xegpu-layouts": "xegpu_layouts"}
+
+
+def _without_counters(text: str) -> str:
+    """The lowerings number their string globals (.str.cachecontrol.N, .str.file.N,
+    assert_msg_N) by process-wide counters (upstream): a second compile in one process
+    counts on, and the SPIR-V words spelling those names follow (the binary translates the
+    xevm stage, compared as text)."""
+    return re.sub(r'bin = "[^"]*"', "bin", re.sub(r"(\.str\.\w+\.|assert_msg_)\d+", r"\1", text))
+
+
+def _dumped(directory, stage: str, suffix: str = ".mlir"):
+    (path,) = [p for p in directory.iterdir() if re.fullmatch(rf"\d\d-{stage}{re.escape(suffix)}", p.name)]
+    return path
 
 
 @pytest.mark.parametrize("name", sorted(XEGPU_CASES))
 def test_a_printed_xegpu_script_replays_to_identical_ir(tmp_path, name):
-    """On the XeGPU target the script's @fuse (the family's, or the GPU preparation of the
-    families the workgroups stage tiles) replays to byte-identical IR after every stage,
-    down to the SPIR-V kernels."""
+    """On the XeGPU target every schedule stage (the family's @fuse or the GPU preparation,
+    then the XeGPU stages) is a sequence of the printed script, dumped beside its IR; the
+    script replays to byte-identical IR after every stage, down to the SPIR-V kernels."""
     path, overrides = EXAMPLES / f"{name}.py", XEGPU_CASES[name]
     first = compile_kernel(path, overrides=overrides, target="xegpu", dump_dir=tmp_path / "built")
     script = tmp_path / "schedule.mlir"
@@ -88,16 +107,85 @@ def test_a_printed_xegpu_script_replays_to_identical_ir(tmp_path, name):
                    schedule_file=script)
     built, replayed = _stage_files(tmp_path / "built"), _stage_files(tmp_path / "replayed")
     assert built.keys() == replayed.keys()
-    assert "03-fuse.transform.mlir" in built and any(n.endswith("binary.mlir") for n in built)
+    for stage, symbol in XEGPU_SCHEDULE_STAGES.items():
+        text = built[_dumped(tmp_path / "built", stage, ".transform.mlir").name]
+        assert f"transform.named_sequence @{symbol}(" in text, stage
+    assert any(n.endswith("binary.mlir") for n in built)
     for stage in built:
-        # the lowerings number their string globals (.str.cachecontrol.N, .str.file.N,
-        # assert_msg_N) by process-wide counters (upstream): a second compile in one
-        # process counts on, and the SPIR-V words spelling those names follow (the binary
-        # translates the xevm stage, compared as text)
-        a, b = (re.sub(r'bin = "[^"]*"', "bin", re.sub(r"(\.str\.\w+\.|assert_msg_)\d+",
-                                                       r"\1", t))
-                for t in (built[stage], replayed[stage]))
-        assert a == b, f"{stage} differs after the replay"
+        assert _without_counters(built[stage]) == _without_counters(replayed[stage]), \
+            f"{stage} differs after the replay"
+
+
+@pytest.mark.parametrize("name", ["softmax", "cross_entropy"])
+def test_an_xegpu_stage_reruns_from_the_dump_of_the_one_before(tmp_path, name):
+    """Each XeGPU schedule stage's sequence of the printed script, applied in a fresh
+    context to the dumped IR of the stage before, gives that stage's dumped IR: what a stage
+    needs from earlier ones is in the IR (or written in the script), not in the compiler."""
+    from torch_mlir import ir
+
+    import transform_ext
+    from schedules.script import apply_stage
+
+    path, overrides = EXAMPLES / f"{name}.py", XEGPU_CASES[name]
+    compiled = compile_kernel(path, overrides=overrides, target="xegpu", dump_dir=tmp_path)
+    text = compiled.schedule_text()
+    names = list(XEGPU_SCHEDULE_STAGES)
+    for before, stage in zip(names, names[1:]):
+        ctx = ir.Context()
+        transform_ext.load(ctx)
+        with ctx, ir.Location.unknown():
+            script = ir.Module.parse(text)
+            payload = ir.Module.parse(_dumped(tmp_path, before).read_text())
+            apply_stage(payload, script, XEGPU_SCHEDULE_STAGES[stage])
+        # (vectorize: the stage expands math.erf after the script's @vectorize; none here)
+        assert str(payload) == _dumped(tmp_path, stage).read_text(), f"{stage} rerun differs"
+
+
+def test_print_schedule_on_xegpu_prints_every_stage_in_order():
+    """The XeGPU script: @fuse, the recorded steps with their decisions (tile sizes, the
+    subgroup layout, thread counts, the chip, the kernel metadata, prefetch layouts), then
+    one sequence per XeGPU schedule stage including its steps in order."""
+    proc = run_cli(EXAMPLES / "softmax.py", "--target", "xegpu", "--print-schedule")
+    assert proc.returncode == 0, proc.stderr
+    check(proc.stdout, """
+        CHECK: module attributes {transform.with_named_sequence}
+        CHECK: transform.named_sequence @fuse(
+        CHECK: transform.named_sequence @constants_to_arguments(
+        CHECK: "transform_ext.constants_to_arguments"
+        CHECK: transform.named_sequence @tile_row_kernel(
+        CHECK: tile_using_forall %{{.*}} tile_sizes [8, 0](mapping = [#gpu.block<x>])
+        CHECK: transform.named_sequence @subgroup_layouts(
+        CHECK-DAG: transform.param.constant array<i64: 4, 1>
+        CHECK-DAG: transform.annotate %{{.*}} "xegpu.sg_layout"
+        CHECK-DAG: transform.annotate %{{.*}} "xegpu.threads"
+        CHECK: transform.named_sequence @vectorize_tiles(
+        CHECK: transform.named_sequence @one_shot_bufferize(
+        CHECK: transform.named_sequence @set_launch_threads(
+        CHECK: transform.xegpu.set_gpu_launch_threads %{{.*}} threads = [64, 1, 1]
+        CHECK: transform.named_sequence @outline_kernels(
+        CHECK: transform.apply_registered_pass "xevm-attach-target" with options = {"O" = 3 : i64, "chip" = "bmg"}
+        CHECK: transform.named_sequence @launch_metadata(
+        CHECK: transform.param.constant {description = {{.*}}, grid = array<i64: 32, 1, 1>, kind = "rows", threads = 64 : i64}
+        CHECK: transform.annotate %{{.*}} "lh.kernel"
+        CHECK: transform.named_sequence @convert_vector_to_xegpu(
+        CHECK: transform.named_sequence @anchor_layouts(
+        CHECK: transform.xegpu.set_anchor_layout
+        CHECK: transform.named_sequence @workgroups(
+        CHECK-NEXT: transform.include @constants_to_arguments
+        CHECK-NEXT: transform.include @tile_row_kernel
+        CHECK: transform.named_sequence @subgroups(
+        CHECK-NEXT: transform.include @subgroup_layouts
+        CHECK: transform.named_sequence @vectorize(
+        CHECK-NEXT: transform.include @vectorize_tiles
+        CHECK: transform.named_sequence @bufferize(
+        CHECK-NEXT: transform.include @one_shot_bufferize
+        CHECK: transform.named_sequence @gpu_outline(
+        CHECK-NEXT: transform.include @foralls_to_parallel
+        CHECK: transform.named_sequence @xegpu(
+        CHECK-NEXT: transform.include @convert_vector_to_xegpu
+        CHECK: transform.named_sequence @xegpu_layouts(
+        CHECK: transform.include @anchor_layouts
+    """)
 
 
 def test_print_schedule_prints_every_stage_and_exits_0(tmp_path):

@@ -20,7 +20,8 @@ from lighthouse.errors import UnsupportedError
 from lighthouse.targets import spirv
 from lighthouse.targets.xegpu import XeGpuParams
 from tests.conftest import EXAMPLES, run_cli
-from tests.lighthouse.xegpu_helpers import Lowered, dumped_stages, dpas_flops, enclosing, walk
+from tests.lighthouse.xegpu_helpers import (Lowered, dumped_stages, dpas_flops, enclosing,
+                                           kernel_plans, walk)
 
 STAGES = ["import", "cleanup", "fuse", "workgroups", "subgroups", "vectorize", "bufferize",
           "gpu-outline", "xegpu", "xegpu-layouts", "xevm", "binary"]
@@ -267,7 +268,7 @@ def test_softmax_is_one_row_kernel_with_validated_spirv(tmp_path, dtype):
         assert str(ir.VectorType(op.results[0].type).element_type) == "f32"
     assert not _walk(xe, "gpu.alloc") and not _walk(xe, "memref.alloc")
     assert "intel_sub_group_2d_block_read" in _device_llvm_ir(low)
-    (plan,) = compiled.target.plans
+    (plan,) = kernel_plans(compiled, tmp_path / "dump")
     assert plan.kind == "rows" and plan.threads == plan.tiles.sg_layout[0] * 16
     path = tmp_path / "softmax.spv"
     compiled.target.write_artifact(compiled, path)
@@ -285,7 +286,7 @@ def test_long_softmax_rows_run_in_column_tiles(tmp_path):
     kernel.write_text(SOFTMAX.format(dtype="float16").replace("64, 256", "64, 4096"))
     compiled = compile_kernel(kernel, target="xegpu", dump_dir=tmp_path / "dump")
     low = Lowered(compiled, tmp_path / "dump")
-    (plan,) = compiled.target.plans
+    (plan,) = kernel_plans(compiled, tmp_path / "dump")
     ct = plan.tiles.column_tile
     assert ct and 4096 % ct == 0 and 2 * 2 * ct * 4 <= 8 * 1024
     xe = low.ir("xegpu-layouts")
@@ -312,7 +313,7 @@ def test_log_softmax_of_the_cross_entropy_family_is_a_row_kernel(tmp_path):
     compiled = compile_kernel(EXAMPLES / "log_softmax.py", overrides={"N": 64, "C": 2048},
                               target="xegpu", dump_dir=tmp_path / "dump")
     assert compiled.family.name == "cross_entropy"
-    (plan,) = compiled.target.plans
+    (plan,) = kernel_plans(compiled, tmp_path / "dump")
     assert plan.kind == "rows" and plan.tiles.column_tile
     low = Lowered(compiled, tmp_path / "dump")
     xe = low.ir("xegpu-layouts")

@@ -22,7 +22,8 @@ from lighthouse.compile import compile_kernel
 from lighthouse.errors import UnsupportedError
 from lighthouse.targets import spirv
 from tests.lighthouse.xegpu_helpers import (Lowered, dpas_flops, dumped_stages, enclosing,
-                                            payload_contraction_flops, tile_descriptor, walk)
+                                            kernel_plans, payload_contraction_flops,
+                                            tile_descriptor, walk)
 
 STAGES = ["import", "cleanup", "fuse", "workgroups", "subgroups", "vectorize", "bufferize",
           "gpu-outline", "xegpu", "xegpu-layouts", "xevm", "binary"]
@@ -69,7 +70,7 @@ def test_every_stage_runs_and_the_attention_schedule_is_used(lowered):
     assert lowered.compiled.family.name == "attention"
     assert lowered.compiled.pipeline.names() == STAGES
     assert list(lowered.stage_files) == dumped_stages(STAGES)
-    (plan,) = lowered.target.plans
+    (plan,) = lowered.plans
     B, H, S, D, _, _ = lowered.shape
     assert plan.kind == "attention"
     assert (plan.tiles.query_tile, plan.tiles.key_tile) == lowered.target.attention_tiles
@@ -97,7 +98,7 @@ def test_every_contraction_is_dpas_with_the_payload_flops(lowered):
         # Key tiles [j0, j0 + kt) up to the diagonal of query block [i0, i0 + qt) are
         # computed (the diagonal band's masked scores included); tiles wholly above it
         # are not. With kt dividing qt that is min(S, i0 + qt) keys per query row.
-        tiles = lowered.target.plans[0].tiles
+        tiles = lowered.plans[0].tiles
         qt = tiles.query_tile
         keys = sum(qt * min(S, i0 + qt) for i0 in range(0, S, qt))
         assert got == 2 * (2 * B * H * D * keys)
@@ -164,7 +165,7 @@ def test_spirv_validates_with_the_recorded_launch(lowered, tmp_path):
     info = spirv.read_spirv(path.read_bytes())
     (ep,) = info["entry_points"]
     (kernel,) = json.loads(path.with_suffix(".json").read_text())["kernels"]
-    tiles = target.plans[0].tiles
+    tiles = lowered.plans[0].tiles
     assert ep.local_size == (tiles.threads, 1, 1) and list(ep.local_size) == kernel["local_size"]
     assert ep.subgroup_size == 16 == kernel["subgroup_size"]
     assert kernel["kind"] == "attention"
@@ -175,7 +176,7 @@ def test_schedule_options_set_the_tiles(tmp_path):
     kernel = _write(tmp_path / "k.py", 1, 1, 128, 64, "float16", False,
                     config="query_tile=64, key_tile=16")
     compiled = compile_kernel(kernel, target="xegpu", stop_after="vectorize")
-    tiles = compiled.target.plans[0].tiles
+    tiles = kernel_plans(compiled)[0].tiles
     assert (tiles.query_tile, tiles.key_tile, tiles.threads) == (64, 16, 64)
     contracts = walk(compiled.module, "vector.contract")
     assert [list(ir.VectorType(op.results[0].type).shape) for op in contracts] == [[64, 16], [64, 64]]
@@ -186,7 +187,7 @@ def test_a_single_query_block_is_split_in_two(tmp_path):
     # query-block forall (one workgroup each) survives canonicalization
     kernel = _write(tmp_path / "k.py", 1, 1, 128, 64, "float16", False)
     compiled = compile_kernel(kernel, target="xegpu", stop_after="workgroups")
-    tiles = compiled.target.plans[0].tiles
+    tiles = kernel_plans(compiled)[0].tiles
     assert tiles.query_tile == 64 and math.prod(tiles.grid) == 2
 
 
@@ -230,7 +231,7 @@ def test_a_boolean_mask_is_read_per_key_tile_in_the_one_kernel(tmp_path):
     path.write_text(MASKED)
     compiled = compile_kernel(path, target="xegpu", dump_dir=tmp_path / "dump")
     low = Lowered(compiled, tmp_path / "dump")
-    (plan,) = low.target.plans
+    (plan,) = low.plans
     assert plan.kind == "attention"
     xe = low.ir("xegpu-layouts")
     assert len(walk(xe, "gpu.func")) == 1

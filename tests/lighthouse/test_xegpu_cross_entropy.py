@@ -81,8 +81,8 @@ def _kernels(low):
     """gpu.func of each plan, by plan kind."""
     xe = low.ir("xegpu-layouts")
     funcs = walk(xe, "gpu.func")
-    assert len(funcs) == len(low.target.plans)
-    return xe, list(zip(low.target.plans, funcs))
+    assert len(funcs) == len(low.plans)
+    return xe, list(zip(low.plans, funcs))
 
 
 def _row_kernel(low):
@@ -103,16 +103,18 @@ def test_every_stage_runs_and_the_loss_gets_its_kernels(lowered):
     assert c.family.name == "cross_entropy"
     assert c.pipeline.names() == STAGES and list(lowered.stage_files) == dumped_stages(STAGES)
     backward = lowered.case[1]
-    kinds = [p.kind for p in lowered.target.plans]
+    kinds = [p.kind for p in lowered.plans]
     assert kinds == (["row_sum", "cross_entropy", "row_sum"] if backward else ["cross_entropy", "row_sum"])
     final = lowered.ir("xegpu")
     assert len(walk(final, "gpu.func")) == len(walk(final, "gpu.launch_func")) == len(kinds)
-    rows = next(p for p in lowered.target.plans if p.kind == "cross_entropy")
-    assert rows.tiles.column_tile == COLUMN_TILE and rows.grid == (N // rows.tiles.rows, 1, 1)
-    assert rows.threads == rows.tiles.rows // 2 * 16
-    for plan in lowered.target.plans:
-        if plan.kind == "row_sum":
-            assert plan.grid == (1, 1, 1) and plan.threads == 16     # one subgroup
+    for plan, kernel in zip(lowered.plans, lowered.target.kernels, strict=True):
+        assert kernel.kind == plan.kind
+        if plan.kind == "cross_entropy":
+            assert plan.tiles.column_tile == COLUMN_TILE
+            assert kernel.grid == (N // plan.tiles.rows, 1, 1)
+            assert plan.threads == plan.tiles.rows // 2 * 16
+        else:
+            assert kernel.grid == (1, 1, 1) and plan.threads == 16     # one subgroup
 
 
 def test_classes_are_swept_online_in_column_tiles_with_no_n_by_c_scratch(lowered):
@@ -126,7 +128,7 @@ def test_classes_are_swept_online_in_column_tiles_with_no_n_by_c_scratch(lowered
     backward = lowered.case[1]
     assert len(loops) == (2 if backward else 1)
     online = loops[0]
-    rows = next(p for p in lowered.target.plans if p.kind == "cross_entropy").tiles.rows
+    rows = next(p for p in lowered.plans if p.kind == "cross_entropy").tiles.rows
     carried = [str(t) for t in online.results.types]
     assert carried and all(t == f"vector<{rows}xf32>" for t in carried)   # m, l, class sums
     step = list(online.operands)[2].owner
@@ -278,13 +280,13 @@ def test_spirv_validates_with_the_recorded_launch(lowered, tmp_path):
     path = tmp_path / "loss.spv"
     target.write_artifact(lowered.compiled, path)
     manifest = json.loads(path.with_suffix(".json").read_text())
-    assert [k["kind"] for k in manifest["kernels"]] == [p.kind for p in target.plans]
-    for kernel, entry, plan in zip(target.kernels, manifest["kernels"], target.plans):
+    assert [k["kind"] for k in manifest["kernels"]] == [p.kind for p in lowered.plans]
+    for kernel, entry, plan in zip(target.kernels, manifest["kernels"], lowered.plans):
         file = tmp_path / f"loss.{kernel.module}.spv"
         spirv.validate(file)
         (ep,) = spirv.read_spirv(file.read_bytes())["entry_points"]
         assert ep.local_size == (plan.threads, 1, 1) and ep.subgroup_size == 16
-        assert entry["local_size"] == [plan.threads, 1, 1] and entry["grid"][0] == plan.grid[0]
+        assert entry["local_size"] == [plan.threads, 1, 1] and entry["grid"][0] == plan.tiles.grid[0]
 
 
 # ------------------------------------------------------------- the kernel program on the CPU

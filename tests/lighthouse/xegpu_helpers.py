@@ -18,6 +18,13 @@ class Lowered:
         files = sorted(dump.iterdir())
         self.stage_files = {re.sub(r"^\d+-", "", f.stem): f for f in files}
 
+    @property
+    def plans(self) -> list:
+        """The kernels the compile's script plans (kernel_plans), in launch order."""
+        if not hasattr(self, "_plans"):
+            self._plans = kernel_plans(self.compiled, self.dump)
+        return self._plans
+
     def ir(self, stage) -> ir.Module:
         ctx = ir.Context()
         ctx.allow_unregistered_dialects = True
@@ -111,9 +118,34 @@ def tile_descriptor(op) -> str:
     return str([v.type for v in op.operands if "tensor_desc" in str(v.type)][0])
 
 
+# The stages applied from the schedule script (--dump-dir writes each one's script beside it).
+SCHEDULE_STAGES = ("fuse", "workgroups", "subgroups", "vectorize", "bufferize", "gpu-outline",
+                   "xegpu", "xegpu-layouts")
+
+
 def dumped_stages(stages: list[str]) -> list[str]:
     """The files --dump-dir writes for `stages` (names without their NN- prefix): the input,
-    each stage's IR, and the script of the fuse stage (applied from the schedule script)
-    beside it."""
-    i = stages.index("fuse") + 1
-    return ["input"] + stages[:i] + ["fuse.transform"] + stages[i:]
+    each stage's IR, and beside a schedule stage's IR its script."""
+    out = ["input"]
+    for stage in stages:
+        out.append(stage)
+        if stage in SCHEDULE_STAGES:
+            out.append(f"{stage}.transform")
+    return out
+
+
+def kernel_plans(compiled, dump=None):
+    """The kernels the compile's XeGPU script plans (lighthouse.targets.xegpu KernelPlan, in
+    launch order), planned again from the payload after cleanup: the stage dump `dump`
+    ('NN-cleanup.mlir' in it), else the kernel file imported again (forward)."""
+    from lighthouse.compile import cleanup
+    from lighthouse.ingress import import_forward
+
+    if dump is not None:
+        (path,) = [p for p in dump.iterdir() if p.name.endswith("-cleanup.mlir")]
+        payload = ir.Module.parse(path.read_text(), compiled.module.context)
+    else:
+        payload = import_forward(compiled.kernel.model, compiled.kernel.inputs).module
+        cleanup(payload)
+    with payload.context, ir.Location.unknown():
+        return compiled.target.schedule(compiled.family, payload).plans

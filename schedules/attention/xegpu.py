@@ -1,6 +1,6 @@
 """XeGPU tail of flash attention: the fused query-block forall as one GPU kernel.
 
-Input: the attention family's `fuse` result (schedules/attention/fuse.py), one `scf.forall` over
+Input: the attention family's `fuse` result (fuse.py), one `scf.forall` over
 (batch..., heads, query blocks of `query_tile` rows) whose body holds the key loop(s): per key
 tile, S = Q K^T, the online softmax update, and O += P V (a causal kernel has two loops: the
 tiles wholly below the diagonal without the mask, then the diagonal band with it, bounded
@@ -15,7 +15,7 @@ every tile is 2-D [rows, columns].
 Subgroups: `query_tile / sg_rows` subgroups, each owning `sg_rows` query rows of Q, S, P and
 O (sg_layout [n, 1]); the K and V tiles are read whole by every subgroup (sg_layout [1, 1]),
 the row max / sum of S are reductions inside a subgroup.
-Vectorization (xegpu_common): S = Q K^T becomes a DPAS on f16/bf16 Q and K with SDPA's scale
+Vectorization (schedules/xegpu/common.py): S = Q K^T becomes a DPAS on f16/bf16 Q and K with SDPA's scale
 applied to the f32 product; P is rounded to the input type for the P V DPAS.
 Layouts (`annotate_attention`): anchors on the Q, K (transposed 2-D block read), V loads,
 both DPAS ops of each key loop and the output store; K and V loads carry prefetches.
@@ -36,8 +36,10 @@ from transform_ext.match_attention_forall import (attention_forall, contractions
 from transform_ext.match_attention_kernel_ops import attention_kernel_ops, match_attention_kernel_ops
 from transform_ext.match_sliced_producers import match_sliced_producers, sliced_producers
 
-from .common import apply_patterns, canonicalize, match, run_passes, run_schedule
-from .xegpu_contraction import block_mapping, split
+from ..common import apply_patterns, canonicalize, match
+from ..script import StepRecorder
+from ..xegpu.common import passes
+from ..xegpu.contraction import block_mapping, split
 
 DPAS_TYPES = ("f16", "bf16")
 
@@ -163,21 +165,22 @@ def plan_attention(forall: ir.Operation, *, sg_rows: int, subgroup_size: int,
 
 # -------------------------------------------------------------------------------- tiling
 
-def tile_attention(payload: ir.Module, tiles: AttentionTiles) -> None:
+def tile_attention(rec: StepRecorder, tiles: AttentionTiles) -> None:
     """Workgroup form of the fused forall (module docstring): K/V chains fused into the key
-    loops, transposes and copies generalized, unit dims folded, block mapping attached."""
-    from .generic import func_ops
+    loops, transposes and copies generalized, unit dims folded, block mapping attached;
+    steps of `rec`."""
+    from ..generic import func_ops
 
     def forall_now():
-        (func,) = func_ops(payload)
+        (func,) = func_ops(rec.trial)
         return attention_forall(func)
 
-    _fuse_sliced_producers(payload, forall_now, lambda func: match_attention_forall(func)[0])
+    _fuse_sliced_producers(rec, forall_now, lambda func: match_attention_forall(func)[0])
     count = len(key_loops(forall_now()))
     # last loop first: fusing a producer that a later loop also reads into the earlier
     # loop crashes FuseIntoContainingOp (LLVM "SmallVector unable to grow")
     for k in reversed(range(count)):
-        _fuse_sliced_producers(payload, lambda k=k: key_loops(forall_now())[k],
+        _fuse_sliced_producers(rec, lambda k=k: key_loops(forall_now())[k],
                                lambda func, k=k: split(match_attention_forall(func)[1], count)[k])
 
     def fold(root):
@@ -189,46 +192,44 @@ def tile_attention(payload: ir.Module, tiles: AttentionTiles) -> None:
                        ttensor.ApplyBubbleUpExtractSlicePatternsOp,
                        transform.ApplyCanonicalizationPatternsOp)
 
-    run_schedule(payload, fold)
-    run_passes(payload, "canonicalize, cse")
+    rec.step("fold_unit_dims", fold)
+    rec.step("canonicalize", passes("canonicalize", "cse"))
+    dims = len(tiles.grid)
 
     def map_to_blocks(root):
         forall, _ = match_attention_forall(match(root, "func.func"))
-        mapping = transform.ParamConstantOp(transform.AnyParamType.get(), block_mapping(len(tiles.grid)))
+        mapping = transform.ParamConstantOp(transform.AnyParamType.get(), block_mapping(dims))
         transform.AnnotateOp(forall, "mapping", param=mapping)
 
-    run_schedule(payload, map_to_blocks)
+    rec.step("map_to_workgroups", map_to_blocks)
 
 
-def _fuse_sliced_producers(payload: ir.Module, container_now, container_of) -> None:
-    """Fuse into the container (`container_now()` the payload op, `container_of(func)` its
+def _fuse_sliced_producers(rec: StepRecorder, container_now, container_of) -> None:
+    """Fuse into the container (`container_now()` the trial's op, `container_of(func)` its
     handle) every linalg op of its block whose result it reads through tensor.extract_slice
     (match_sliced_producers); slices of reshapes are bubbled above them so the chain
     continues."""
     for _ in range(16):
         n = len(sliced_producers(container_now()))
         if not n:
-            _bubble_up_slices(payload)
+            rec.step("bubble_up_slices", _bubble_up_slices)
             n = len(sliced_producers(container_now()))
             if not n:
                 return
 
-        def body(root):
+        def body(root, n=n):
             target = container_of(match(root, "func.func"))
             for producer in split(match_sliced_producers(target), n):
                 target = structured.FuseIntoContainingOp(producer, target).new_containing_op
 
-        run_schedule(payload, body)
-        run_passes(payload, "canonicalize, cse")
+        rec.step("fuse_sliced_producers", body)
+        rec.step("canonicalize", passes("canonicalize", "cse"))
     raise ValueError("attention: the K/V producer chains did not fuse into the key loop")
 
 
-def _bubble_up_slices(payload: ir.Module) -> None:
-    def body(root):
-        apply_patterns(match(root, "func.func"), ttensor.ApplyBubbleUpExtractSlicePatternsOp,
-                       transform.ApplyCanonicalizationPatternsOp)
-
-    run_schedule(payload, body)
+def _bubble_up_slices(root: ir.Value) -> None:
+    apply_patterns(match(root, "func.func"), ttensor.ApplyBubbleUpExtractSlicePatternsOp,
+                   transform.ApplyCanonicalizationPatternsOp)
 
 
 # ------------------------------------------------------------------------------- layouts

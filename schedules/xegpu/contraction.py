@@ -33,8 +33,9 @@ from transform_ext.match_contraction_group import (ContractionOps, contraction_g
                                                    match_contraction_group,
                                                    next_contraction_group)
 
-from .common import any_op, canonicalize, match, run_schedule
-from .xegpu_common import DPAS_TYPES
+from ..common import any_op, canonicalize, match
+from ..script import StepRecorder
+from .common import DPAS_TYPES
 
 
 class ContractionGroup(ContractionOps):
@@ -127,8 +128,9 @@ def find_contraction_groups(func: ir.Operation) -> list[ContractionGroup]:
 
 # --------------------------------------------------------------------------------- tiling
 
-def tile_kernel(payload: ir.Module, group: ContractionGroup, tiles: ContractionTiles) -> None:
-    """Workgroup forall + k loop with the group fused in (module docstring)."""
+def tile_kernel(rec: StepRecorder, group: ContractionGroup, tiles: ContractionTiles) -> None:
+    """Workgroup forall + k loop with the group fused in (module docstring), a step of
+    `rec` (the group's ops are those of its trial)."""
     c_ls = loop_structure(group.contraction)
     dims = c_ls.contraction_dims()
     root_ls = loop_structure(group.root)
@@ -150,16 +152,19 @@ def tile_kernel(payload: ir.Module, group: ContractionGroup, tiles: ContractionT
     func = group.contraction.parent
     if next_contraction_group(func).ops() != group.ops():
         raise ValueError(f"{group.describe()}: not the next contraction kernel of its function")
+    func_name = ir.StringAttr(func.attributes["sym_name"]).value
+    epilogue, side, prologue = len(group.epilogue), len(group.side), len(group.prologue)
+    has_fill = group.fill is not None
 
     def body(root):
-        root_op, epilogue, side, contraction_op, fill, prologue = \
-            match_contraction_group(func_named(root, func))
+        root_op, epilogue_ops, side_ops, contraction_op, fill, prologue_ops = \
+            match_contraction_group(func_named(root, func_name))
         tiled = structured.TileUsingForallOp(root_op, tile_sizes=root_sizes,
                                              mapping=block_mapping(sum(1 for s in root_sizes if s)))
         forall = tiled.results[1]
         contraction = tiled.results[0]
-        fused_ops = (split(epilogue, max(len(group.epilogue) - 1, 0)) + split(side, len(group.side))
-                     + ([contraction_op] if group.epilogue else []) + ([fill] if group.fill else []))
+        fused_ops = (split(epilogue_ops, max(epilogue - 1, 0)) + split(side_ops, side)
+                     + ([contraction_op] if epilogue else []) + ([fill] if has_fill else []))
         for op in fused_ops:
             fused = structured.FuseIntoContainingOp(op, forall)
             forall = fused.new_containing_op
@@ -167,14 +172,14 @@ def tile_kernel(payload: ir.Module, group: ContractionGroup, tiles: ContractionT
                 contraction = fused.fused_op
         tiled_k = structured.TileUsingForOp(contraction, sizes=k_sizes)
         k_loop = tiled_k.results[1]
-        for op in split(prologue, len(group.prologue)):
+        for op in split(prologue_ops, prologue):
             fused = structured.FuseIntoContainingOp(op, forall)
             forall = fused.new_containing_op
             fused = structured.FuseIntoContainingOp(fused.fused_op, k_loop)
             k_loop = fused.new_containing_op
         canonicalize(match(root, "func.func"))
 
-    run_schedule(payload, body)
+    rec.step("tile_contraction_kernel", body)
 
 
 def block_mapping(n: int) -> ir.ArrayAttr:
@@ -192,10 +197,10 @@ def split(handle: ir.Value, count: int) -> list[ir.Value]:
     return list(transform.SplitHandleOp([any_op()] * count, handle).results)
 
 
-def func_named(root: ir.Value, func: ir.Operation) -> ir.Value:
-    """The func.func under `root` with the symbol name of the payload function `func`."""
+def func_named(root: ir.Value, name: str) -> ir.Value:
+    """The func.func under `root` with the symbol name `name`."""
     return structured.MatchOp(any_op(), root, ops=["func.func"],
-                              op_attrs={"sym_name": func.attributes["sym_name"]}).result
+                              op_attrs={"sym_name": ir.StringAttr.get(name)}).result
 
 
 def _dim_positions(amap) -> list[int]:

@@ -1,7 +1,9 @@
-"""The target-independent-shaped tail shared by every XeGPU schedule.
+"""The target-independent-shaped tail shared by every XeGPU schedule, as recorded steps.
 
 After a family has fused and a kernel schedule has tiled the payload into workgroup
-`scf.forall`s (one forall = one GPU kernel, one iteration = one workgroup):
+`scf.forall`s (one forall = one GPU kernel, one iteration = one workgroup), each function
+here records the steps of one stage of the script (schedules.script.StepRecorder: applied to
+the trial copy as they are recorded, so what follows reads the IR they leave):
   vectorize      every linalg op of a workgroup tile becomes whole-tile vector ops
                  (`vectorize_children_and_apply_patterns`, type extensions folded into
                  `vector.contract`), loop-invariant accumulators are hoisted out of the
@@ -13,6 +15,8 @@ After a family has fused and a kernel schedule has tiled the payload into workgr
   outline        forall -> scf.parallel -> gpu.launch with the kernel's thread count,
                  then `gpu-kernel-outlining` (one gpu.module + gpu.func per kernel);
   to_xegpu       `convert-vector-to-xegpu` inside the kernels.
+A pass pipeline of the former stages is one `transform.apply_registered_pass` per pass, on
+the module or (for a nested pipeline) on the ops it was nested on.
 Layouts (workgroup -> subgroup -> instruction) are attached by the kernel schedules.
 """
 
@@ -38,9 +42,9 @@ from transform_ext.transpose_contract_operands import transpose_contract_operand
 from transform_ext.split_assertions import split_assertions
 from transform_ext.write_results_in_place import write_results_in_place
 
-from .common import (any_op, apply_passes, canonicalize, foreach, hoist_loop_invariant_subsets,
-                     match, run_passes, run_schedule)
-from .script import build_script
+from ..common import (any_op, apply_passes, at_place, canonicalize, foreach,
+                      hoist_loop_invariant_subsets, match, place_of)
+from ..script import StepRecorder, build_script
 
 # gpu-lower-to-xevm-pipeline{xegpu-op-level=workgroup}, spelled out without its
 # xevm-attach-target (the gpu-outline stage attaches the chip's target) and without the
@@ -68,8 +72,8 @@ XEVM_PIPELINE = ", ".join([
     "gpu.module(canonicalize, cse, convert-xevm-to-llvm)",
 ])
 
-__all__ = ["DPAS_TYPES", "XEVM_PIPELINE", "bufferize", "gpu_preparation_script",
-           "insert_loop_prefetches", "outline", "to_xegpu", "vectorize"]
+__all__ = ["DPAS_TYPES", "XEVM_PIPELINE", "apply_pass", "bufferize", "gpu_preparation_script",
+           "insert_loop_prefetches", "outline", "passes", "to_xegpu", "vectorize"]
 
 
 def gpu_preparation(root: ir.Value) -> None:
@@ -88,16 +92,27 @@ def gpu_preparation_script() -> ir.Module:
     return build_script([("fuse", gpu_preparation)])
 
 
-def vectorize(payload: ir.Module, *, contractions: bool = True, gathers: bool = False) -> None:
+def apply_pass(target: ir.Value, name: str, options: dict | None = None) -> ir.Value:
+    """transform.apply_registered_pass of `name{options}` on `target` (consumed); returns
+    the handle to the target after it."""
+    return transform.ApplyRegisteredPassOp(any_op(), target, name, options=options).result
+
+
+def passes(*names: str):
+    """A step running the passes `names` in turn on the payload module."""
+    return lambda root: apply_passes(root, *names)
+
+
+def vectorize(rec: StepRecorder, *, contractions: bool = True, gathers: bool = False) -> None:
     """Whole-tile vectorization of every workgroup tile (see the module docstring). Loop-
     carried tiles become vector iter_args (through the unit-dim reshapes of folded tiles),
     so no loop state lives in memory. contractions=False keeps multiply-add reductions as
     elementwise products and `vector.multi_reduction` (a kernel without DPAS: an f32
     `vector.contract` has no XeGPU form); gathers=True vectorizes n-D `tensor.extract` at
     computed indices into `vector.gather` (scattered loads)."""
-    transform_ext.load(payload.context)
+    transform_ext.load(rec.trial.context)
 
-    def body(root):
+    def whole_tiles(root):
         func = match(root, "func.func")
         func = structured.VectorizeChildrenAndApplyPatternsOp(
             func, fold_type_extensions_into_contract=contractions,
@@ -108,8 +123,8 @@ def vectorize(payload: ir.Module, *, contractions: bool = True, gathers: bool = 
         carry_collapsed_loop_tensors(func)
         fold_reads_of_splat_writes(func)
 
-    run_schedule(payload, body)
-    run_passes(payload, "canonicalize, cse")
+    rec.step("vectorize_tiles", whole_tiles)
+    rec.step("canonicalize", passes("canonicalize", "cse"))
 
     def hoist(root):
         func = match(root, "func.func")
@@ -119,68 +134,82 @@ def vectorize(payload: ir.Module, *, contractions: bool = True, gathers: bool = 
         transpose_contract_operands(func)
         narrow_contracts_for_dpas(func)
 
-    run_schedule(payload, hoist)
-    run_passes(payload, "canonicalize, cse")
+    rec.step("hoist_and_narrow", hoist)
+    rec.step("canonicalize", passes("canonicalize", "cse"))
 
 
-def bufferize(payload: ir.Module) -> None:
+def bufferize(rec: StepRecorder) -> None:
     """One-shot bufferization; results become out-parameters (written in place through a
     reshape); subviews fold into transfers; function-level buffers live in device memory."""
-    transform_ext.load(payload.context)
+    transform_ext.load(rec.trial.context)
 
-    def body(root):
+    def one_shot(root):
         tbuf.EliminateEmptyTensorsOp(root)
-        tbuf.OneShotBufferizeOp(root, bufferize_function_boundaries=True,
-                                function_boundary_type_conversion=LayoutMapOption.IdentityLayoutMap)
+        return tbuf.OneShotBufferizeOp(
+            root, bufferize_function_boundaries=True,
+            function_boundary_type_conversion=LayoutMapOption.IdentityLayoutMap).result
 
-    run_schedule(payload, body)
-    run_passes(payload, "canonicalize, cse, "
-               "buffer-results-to-out-params{hoist-static-allocs=true modify-public-functions=true}, "
-               "fold-memref-alias-ops, canonicalize, cse")
+    def out_params(root):
+        root = apply_passes(root, "canonicalize", "cse")
+        root = apply_pass(root, "buffer-results-to-out-params",
+                          {"hoist-static-allocs": True, "modify-public-functions": True})
+        return apply_passes(root, "fold-memref-alias-ops", "canonicalize", "cse")
 
     def to_device(root):
         funcs = match(root, "func.func")
         write_results_in_place(funcs)
         allocs_to_device(funcs)
 
-    run_schedule(payload, to_device)
+    rec.step("one_shot_bufferize", one_shot)
+    rec.step("results_to_out_params", out_params)
+    rec.step("buffers_to_device", to_device)
 
 
-def outline(payload: ir.Module, threads: list[int], chip: str) -> None:
+def outline(rec: StepRecorder, threads: list[int], chip: str) -> None:
     """Every top-level scf.forall -> gpu.launch with `threads[i]` lanes per workgroup ->
     outlined gpu.module/gpu.func; attaches the XeVM target of `chip`."""
-    transform_ext.load(payload.context)
+    transform_ext.load(rec.trial.context)
 
     def to_parallel(root):
         foralls = match(root, "scf.forall")
         drop_forall_mapping(foralls)    # gpu-map-parallel-loops assigns the mapping
         foreach(foralls, lambda f: loop.ForallToParallelOp([any_op()], f))
 
-    run_schedule(payload, to_parallel)
-    run_passes(payload, "func.func(gpu-map-parallel-loops, convert-parallel-loops-to-gpu), "
-                        "lower-affine, canonicalize, cse")
-    launches = ops_named(payload, "gpu.launch")
+    def to_launches(root):
+        apply_passes(match(root, "func.func"), "gpu-map-parallel-loops",
+                     "convert-parallel-loops-to-gpu")
+        return apply_passes(root, "lower-affine", "canonicalize", "cse")
+
+    rec.step("foralls_to_parallel", to_parallel)
+    rec.step("parallel_to_launches", to_launches)
+    launches = ops_named(rec.trial, "gpu.launch")
     if len(launches) != len(threads):
         raise ValueError(f"expected {len(threads)} gpu.launch ops (one per workgroup forall), "
                          f"found {len(launches)}")
+    counts = list(threads)
 
     def set_threads(root):
-        handles = transform.SplitHandleOp([any_op()] * len(threads),
+        handles = transform.SplitHandleOp([any_op()] * len(counts),
                                           match(root, "gpu.launch")).results
-        for handle, count in zip(handles, threads):
+        for handle, count in zip(handles, counts):
             xegpu.set_gpu_launch_threads(handle, threads=[count, 1, 1])
 
-    run_schedule(payload, set_threads)
-    run_passes(payload, "func.func(lower-affine, canonicalize, gpu-launch-sink-index-computations), "
-                        f"gpu-kernel-outlining, cse, xevm-attach-target{{O=3 chip={chip}}}")
+    def outline_kernels(root):
+        apply_passes(match(root, "func.func"), "lower-affine", "canonicalize",
+                     "gpu-launch-sink-index-computations")
+        root = apply_passes(root, "gpu-kernel-outlining", "cse")
+        return apply_pass(root, "xevm-attach-target", {"O": 3, "chip": chip})
+
+    rec.step("set_launch_threads", set_threads)
+    rec.step("outline_kernels", outline_kernels)
 
 
-def insert_loop_prefetches(gpu_func: ir.Operation, subgroups: int, inst: tuple[int, int],
-                           nb_prefetch: int = 1) -> None:
+def insert_loop_prefetches(rec: StepRecorder, gpu_func: ir.Operation, subgroups: int,
+                           inst: tuple[int, int], nb_prefetch: int = 1) -> None:
     """Prefetch the tiles that the loops of a kernel read `nb_prefetch` steps ahead
     (transform_ext.insert_loop_prefetches): 2-D block prefetches spread over the
     `subgroups`, in `inst` instruction tiles (prefetch_layout of each tile shape)."""
-    from .xegpu_contraction import prefetch_layout
+    from .contraction import prefetch_layout
 
     if nb_prefetch < 1:
         return
@@ -193,11 +222,19 @@ def insert_loop_prefetches(gpu_func: ir.Operation, subgroups: int, inst: tuple[i
         layout = prefetch_layout(rows, cols, subgroups, inst)
         layouts[loop_prefetches.tile_key(rows, cols)] = ir.Attribute.parse(
             "#xegpu.layout<" + ", ".join(f"{k} = {v}" for k, v in layout.items()) + ">")
-    run_schedule(gpu_func,
-                 lambda root: loop_prefetches.insert_loop_prefetches(root, nb_prefetch, layouts))
+    place = place_of(rec.trial.operation, gpu_func)
+
+    def body(root):
+        loop_prefetches.insert_loop_prefetches(at_place(root, place), nb_prefetch, layouts)
+
+    rec.step("insert_loop_prefetches", body)
 
 
-def to_xegpu(payload: ir.Module) -> None:
-    run_passes(payload, "gpu.module(gpu.func(convert-vector-to-xegpu)), cse, "
-                        "gpu.module(gpu.func(loop-invariant-code-motion))")
+def to_xegpu(rec: StepRecorder) -> None:
+    def convert(root):
+        apply_passes(match(root, "gpu.func"), "convert-vector-to-xegpu")
+        root = apply_passes(root, "cse")
+        apply_passes(match(root, "gpu.func"), "loop-invariant-code-motion")
+        return root
 
+    rec.step("convert_vector_to_xegpu", convert)

@@ -30,8 +30,10 @@ from transform_ext.match_row_kernel import (find_row_roots, match_row_kernel, ne
                                             producer_chain)
 from transform_ext.match_row_max_reductions import match_row_max_reductions, row_foralls
 
-from .common import canonicalize, match, run_passes, run_schedule
-from .xegpu_contraction import block_mapping, func_named, split
+from ..common import canonicalize, match
+from ..script import StepRecorder
+from .common import passes
+from .contraction import block_mapping, func_named, split
 
 
 @dataclass(frozen=True)
@@ -130,16 +132,18 @@ def _has_row_max(root: ir.Operation) -> bool:
                if loop_structure(op).reduction_dims)
 
 
-def tile_rows(payload: ir.Module, root: ir.Operation, tiles: RowTiles) -> None:
-    """The root tiled into a workgroup forall, its producer chain fused in (latest first)."""
+def tile_rows(rec: StepRecorder, root: ir.Operation, tiles: RowTiles) -> None:
+    """The root tiled into a workgroup forall, its producer chain fused in (latest first):
+    steps of `rec` (`root` an op of its trial)."""
     func = root.parent
     if next_row_kernel(func)[0] != root:
         raise ValueError(f"{root.name} at {root.location}: not the next row kernel of its function")
     count = len(producer_chain(root))
     tiled_dims = sum(1 for s in tiles.tile_sizes if s)
+    func_name = ir.StringAttr(func.attributes["sym_name"]).value
 
     def body(r):
-        root_op, chain = match_row_kernel(func_named(r, func))
+        root_op, chain = match_row_kernel(func_named(r, func_name))
         tiled = structured.TileUsingForallOp(root_op, tile_sizes=list(tiles.tile_sizes),
                                              mapping=block_mapping(tiled_dims))
         forall = tiled.results[1]
@@ -147,40 +151,41 @@ def tile_rows(payload: ir.Module, root: ir.Operation, tiles: RowTiles) -> None:
             forall = structured.FuseIntoContainingOp(producer, forall).new_containing_op
         canonicalize(match(r, "func.func"))
 
-    run_schedule(payload, body)
+    rec.step("tile_row_kernel", body)
     if tiles.column_tile:
-        for _ in row_foralls(payload):
-            _column_loops(payload, tiles.column_tile)
+        for _ in row_foralls(rec.trial):
+            _column_loops(rec, tiles.column_tile)
 
 
-def _column_loops(payload: ir.Module, column_tile: int) -> None:
+def _column_loops(rec: StepRecorder, column_tile: int) -> None:
     """In the first row forall (match_row_max_reductions): the row max and its dependent
     reductions as one online loop over column tiles; then the root (and its elementwise
     producers, recomputed) in a second loop over column tiles (match_column_sweep_ops)."""
-    (forall, *_) = row_foralls(payload)
+    (forall, *_) = row_foralls(rec.trial)
 
     def fuse(root):
         row_max, dependent, data = match_row_max_reductions(root)
         fuse_dependent_reduction_ops(row_max, dependent, column_tile, producers=[data],
                                      allow_remainder=False)
 
-    run_schedule(payload, fuse)
-    run_passes(payload, "canonicalize, cse")
-    found = column_sweep_ops(payload)
+    rec.step("online_column_loop", fuse)
+    rec.step("canonicalize", passes("canonicalize", "cse"))
+    found = column_sweep_ops(rec.trial)
     if found is None or found[0].parent != forall:
         raise ValueError(f"row kernel at {forall.location}: no elementwise tail after its "
                          "column loop")
     root, chain = found
     sizes = [0] * (loop_structure(root).num_loops - 1) + [column_tile]
+    count = len(chain)
 
     def sweep(r):
         root_op, producers = match_column_sweep_ops(r)
         loop = structured.TileUsingForOp(root_op, sizes=sizes).results[1]
-        for producer in split(producers, len(chain)):
+        for producer in split(producers, count):
             loop = structured.FuseIntoContainingOp(producer, loop).new_containing_op
 
-    run_schedule(payload, sweep)
-    run_passes(payload, "canonicalize, cse")
+    rec.step("column_sweep", sweep)
+    rec.step("canonicalize", passes("canonicalize", "cse"))
 
 
 def annotate_rows(gpu_func: ir.Value, tiles: RowTiles) -> None:
