@@ -32,6 +32,12 @@ class Family:
     # names of the results the schedule appends to the model's, given the target (whose
     # options hold the kernel file's LIGHTHOUSE dict); lighthouse.extras has their references
     extra_results: Callable[[object], tuple[str, ...]] = lambda target: ()
+    # how a GPU target takes the family's payload (the XeGPU target reads this, never the
+    # name): "tiled" - the family's @fuse only tiles for the host, so the GPU preparation
+    # replaces it and the workgroups stage makes the kernels; "loss" - the same, a loss
+    # getting kernels of its own (a log-softmax alone goes the "tiled" way); "fused" - the
+    # family's @fuse stays and its forall becomes the workgroup grid; None: no GPU lowering
+    gpu_form: str | None = "tiled"
 
 
 # The keys a kernel file's LIGHTHOUSE dict may hold besides "schedule", per family, and the
@@ -183,7 +189,8 @@ def _loops_script(module, target):
 
 # No tiling, no vectorization: linalg straight to scalar loops. A baseline for debugging
 # schedules (`--schedule loops`), never chosen automatically.
-LOOPS = Family("loops", lambda m: False, lambda m, t=None: None, _loops_script)
+LOOPS = Family("loops", lambda m: False, lambda m, t=None: None, _loops_script,
+               gpu_form=None)
 
 
 def _matmul_script(module, target):
@@ -240,7 +247,7 @@ def _attention_extra_results(target) -> tuple[str, ...]:
 
 
 ATTENTION = Family("attention", _attention_recognize, _attention_check, _attention_script,
-                   _attention_extra_results)
+                   _attention_extra_results, gpu_form="fused")
 
 
 def _cross_entropy_recognize(module):
@@ -266,7 +273,7 @@ def _cross_entropy_script(module, target):
 
 # Before attention: attention's cheap test also accepts a log_softmax with three reductions.
 CROSS_ENTROPY = Family("cross_entropy", _cross_entropy_recognize, _cross_entropy_check,
-                       _cross_entropy_script)
+                       _cross_entropy_script, gpu_form="loss")
 
 SPECIALIZED: list[Family] = [CROSS_ENTROPY, ATTENTION, MATMUL]
 

@@ -76,13 +76,6 @@ CHIPS = {
     "pvc": Chip("pvc", 16, (8, 16, 16), 1024, 256 * 64, 64, 32, 128),
 }
 DEFAULT_CHIP = "bmg"
-# Families whose fuse stage only tiles for the host CPU (no fusion across reductions): on
-# the GPU the workgroups stage does their tiling, so their script's @fuse is the GPU
-# preparation (schedules/xegpu/common.py gpu_preparation).
-# The cross_entropy family's CPU row blocks (lane-split sums) are no GPU form: log-softmax
-# goes the generic way (a row kernel), a loss gets kernels of its own
-# (schedules/xegpu_cross_entropy.py, see workgroups).
-TILING_ONLY_FAMILIES = frozenset({"generic", "matmul", "cross_entropy"})
 # Plan kinds of a cross-entropy loss: its row kernel and its reductions over the rows.
 LOSS_KINDS = frozenset({"cross_entropy", "row_sum"})
 # Workgroup tiles [m, n] of contraction kernels, largest first.
@@ -206,8 +199,8 @@ class XeGpuTarget:
         return self.schedule(family, payload).script
 
     def schedule(self, family, payload) -> XeGpuSchedule:
-        """The script of `family` on this target: its @fuse (the family's own; for
-        tiling-only families the GPU preparation), then one sequence per XeGPU schedule
+        """The script of `family` on this target: its @fuse (the family's own; the GPU
+        preparation for a family whose `gpu_form` is "tiled" or "loss"), then one sequence per XeGPU schedule
         stage (SCRIPT_STAGES), each recorded step by step on a trial copy of `payload`
         (after cleanup; read, not rewritten) that the fuse stage has run on: the Python
         that plans a step reads the trial as the previous steps left it, and what it
@@ -216,7 +209,8 @@ class XeGpuTarget:
         from schedules.script import IncompleteScript, StepRecorder, apply_stage, build_script
         from schedules.xegpu.common import gpu_preparation_script
 
-        if family.name in TILING_ONLY_FAMILIES:
+        if family.gpu_form in ("tiled", "loss"):
+            # the family's @fuse tiles for the host CPU; the workgroups stage tiles for the GPU
             fuse = gpu_preparation_script()
         else:
             fuse = family.script(payload, self)
@@ -230,7 +224,7 @@ class XeGpuTarget:
                                 payload.context)
         apply_stage(trial, fuse, "fuse")
         rec = StepRecorder(trial, reserved=fuse_names)
-        builder = _StageBuilder(self, family.name, rec)
+        builder = _StageBuilder(self, family, rec)
         stages, failure = [], None
         for stage, symbol, _ in SCRIPT_STAGES:
             start = len(rec.steps)
@@ -252,11 +246,11 @@ class XeGpuTarget:
         return XeGpuSchedule(script, builder.plans)
 
     def adapt_front(self, family, front: list[Stage], script) -> list[Stage]:
-        """The script's fuse stays (for tiling-only families the GPU preparation, see
-        `schedule`); the script's XeGPU stages follow it (their sequences replace the
+        """The script's fuse stays (the family's, or the GPU preparation, see `schedule`); the script's XeGPU stages follow it (their sequences replace the
         family's vectorize)."""
-        if family.name == "loops":
-            raise UnsupportedError("the loops schedule has no GPU lowering; use the default schedule")
+        if family.gpu_form is None:
+            raise UnsupportedError(f"the {family.name} schedule has no GPU lowering; use the "
+                                   f"default schedule")
         by_name = {s.name: s for s in front}
         stages = [by_name["import"], by_name["cleanup"], by_name["fuse"]]
         for stage, _, doc in SCRIPT_STAGES:
@@ -369,7 +363,7 @@ class _StageBuilder:
     """Records the XeGPU stages of one script on `rec` (its trial is the payload after
     @fuse); `plans` are the kernels planned at the workgroups stage, in launch order."""
 
-    def __init__(self, target: XeGpuTarget, family: str, rec):
+    def __init__(self, target: XeGpuTarget, family, rec):
         self.target, self.chip, self.params = target, target.chip, target.params
         self.family = family
         self.rec = rec
@@ -402,7 +396,7 @@ class _StageBuilder:
         from schedules.xegpu.rows import find_row_roots, tile_rows
 
         self._constants_to_arguments()
-        if self.family == "cross_entropy" and _has_loss_tail(self.trial):
+        if self.family.gpu_form == "loss" and _has_loss_tail(self.trial):
             self._loss_kernels()
             return
         for func in list(func_ops(self.trial)):
@@ -411,7 +405,7 @@ class _StageBuilder:
             if existing:
                 self._fused_kernels(func, existing)
                 continue
-            if self.family == "attention":
+            if self.family.gpu_form == "fused":
                 raise UnsupportedError(
                     "xegpu: the attention schedule left no query-block forall to map to "
                     "workgroups (a single query block, B * H * S / query_tile = 1?); lower "
