@@ -15,6 +15,7 @@ The host CPU is described once per process (`host_cpu`): its vector unit from th
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from functools import lru_cache
@@ -95,7 +96,38 @@ def describe_cpu(flags: frozenset[str], caches: dict[int, int], threads: int) ->
                           l1d_bytes=size[1], l2_bytes=size[2], l3_bytes=size[3], threads=threads)
 
 
+# Fields of a description that LIGHTHOUSE_CPU may set, and how their values are written.
+OVERRIDABLE = {"vector_bits": int, "vector_registers": int, "l1d": parse_cache_size,
+               "l2": parse_cache_size, "l3": parse_cache_size}
+
+
+def with_overrides(cpu: CpuDescription, text: str) -> CpuDescription:
+    """`cpu` with the fields that `text` sets ("vector_bits=256,vector_registers=16,
+    l1d=32K,l2=1M,l3=32M"; any subset): what the schedules plan for, whatever the machine
+    runs (the code is compiled for the host either way). A malformed entry is an
+    UnsupportedError naming it."""
+    from ..errors import UnsupportedError
+
+    fields = {}
+    for entry in filter(None, (e.strip() for e in text.split(","))):
+        key, _, value = entry.partition("=")
+        if key not in OVERRIDABLE or not value:
+            raise UnsupportedError(f"LIGHTHOUSE_CPU: {entry!r} is not one of "
+                                   f"{', '.join(k + '=N' for k in OVERRIDABLE)}")
+        try:
+            number = OVERRIDABLE[key](value)
+        except ValueError:
+            number = 0
+        if number < 1 or (key == "vector_bits" and number not in (128, 256, 512)):
+            raise UnsupportedError(f"LIGHTHOUSE_CPU: {entry!r} is not a valid size")
+        fields[key if key.startswith("vector") else f"{key}_bytes"] = number
+    return dataclasses.replace(cpu, **fields)
+
+
 @lru_cache(maxsize=1)
 def host_cpu() -> CpuDescription:
-    """This machine's CPU (read once)."""
-    return describe_cpu(host_cpu_flags(), cache_sizes(), os.cpu_count() or 1)
+    """This machine's CPU (read once), with the fields the environment variable
+    LIGHTHOUSE_CPU sets (see `with_overrides`; the tests pin one description so that the IR
+    they check does not depend on the machine)."""
+    cpu = describe_cpu(host_cpu_flags(), cache_sizes(), os.cpu_count() or 1)
+    return with_overrides(cpu, os.environ.get("LIGHTHOUSE_CPU", ""))

@@ -13,9 +13,9 @@ from lighthouse.errors import UnsupportedError
 from lighthouse.families import GENERIC, MATMUL, family_params, parse_schedule_options
 from lighthouse.targets.cpu import CpuTarget
 from lighthouse.targets.description import (FALLBACK_CACHE_BYTES, CpuDescription, cache_sizes,
-                                            cpu_flags, describe_cpu, host_cpu)
+                                            cpu_flags, describe_cpu, host_cpu, with_overrides)
 from lighthouse.targets.xegpu import XeGpuTarget
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, run_cli
 from tests.transform_ext.helpers import check as filecheck
 
 SSE = CpuDescription(vector_bits=128, vector_registers=16, l1d_bytes=32 << 10,
@@ -190,3 +190,28 @@ def test_a_bug_in_a_family_check_propagates(monkeypatch):
     monkeypatch.setattr(schedules.attention, "check", _bug)
     with pytest.raises(NameError):
         compile_kernel(EXAMPLES / "attention.py", overrides=ATTENTION, stop_after="cleanup")
+
+
+def test_lighthouse_cpu_overrides_the_description():
+    host = describe_cpu(frozenset({"avx512f"}), {1: 48 << 10, 2: 2 << 20, 3: 480 << 20}, 2)
+    narrow = with_overrides(host, "vector_bits=256, vector_registers=16,l1d=32K,l2=1M")
+    assert (narrow.f32_lanes, narrow.vector_registers, narrow.l1d_bytes, narrow.l2_bytes,
+            narrow.l3_bytes, narrow.threads) == (8, 16, 32 << 10, 1 << 20, 480 << 20, 2)
+    assert with_overrides(host, "") == host
+
+
+@pytest.mark.parametrize("text, needle", [("l2", "'l2' is not one of"),
+                                          ("cache=1M", "'cache=1M' is not one of"),
+                                          ("l2=lots", "'l2=lots' is not a valid size"),
+                                          ("vector_bits=384", "'vector_bits=384' is not a valid")])
+def test_a_bad_lighthouse_cpu_is_a_one_line_error(text, needle):
+    with pytest.raises(UnsupportedError, match=needle):
+        with_overrides(host_cpu(), text)
+
+
+def test_lighthouse_cpu_reaches_the_schedules():
+    """A child process planning for a 256-bit CPU vectorizes in 8-lane tiles."""
+    proc = run_cli(EXAMPLES / "softmax.py", "--print-schedule",
+                   env={"LIGHTHOUSE_CPU": "vector_bits=256,vector_registers=16"})
+    assert proc.returncode == 0, proc.stderr
+    filecheck(proc.stdout, "CHECK: vector_tile = 32 : i64")
