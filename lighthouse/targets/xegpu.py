@@ -18,7 +18,7 @@ prefetch distance and layouts) into the script:
                  (softmax, norms) tiled by rows with its whole producer chain (long rows of a
                  softmax in column loops), the attention family's query-block forall as it is
                  with the K / V chains fused into its key loops (schedules/attention/xegpu.py),
-                 a cross-entropy loss's kernels (schedules/xegpu_cross_entropy.py)
+                 a cross-entropy loss's kernels (schedules/cross_entropy/xegpu.py)
   subgroups      each workgroup forall annotated with its decomposition over subgroups
                  (xegpu.sg_layout x xegpu.sg_data, xegpu.threads), validated against the chip
   vectorize      whole-tile vectors, type extensions folded into vector.contract, contract
@@ -81,7 +81,7 @@ DEFAULT_CHIP = "bmg"
 # preparation (schedules/xegpu/common.py gpu_preparation).
 # The cross_entropy family's CPU row blocks (lane-split sums) are no GPU form: log-softmax
 # goes the generic way (a row kernel), a loss gets kernels of its own
-# (schedules/xegpu_cross_entropy.py, see workgroups).
+# (schedules/cross_entropy/xegpu.py, see workgroups).
 TILING_ONLY_FAMILIES = frozenset({"generic", "matmul", "cross_entropy"})
 # Plan kinds of a cross-entropy loss: its row kernel and its reductions over the rows.
 LOSS_KINDS = frozenset({"cross_entropy", "row_sum"})
@@ -456,8 +456,8 @@ class _StageBuilder:
 
     def _loss_kernels(self) -> None:
         """A cross-entropy loss: the host target check, the row kernel and the reductions
-        over the rows (schedules/xegpu_cross_entropy.py)."""
-        from schedules.xegpu_cross_entropy import NotLowerable, lower_loss
+        over the rows (schedules/cross_entropy/xegpu.py)."""
+        from schedules.cross_entropy.xegpu import NotLowerable, lower_loss
 
         try:
             kernels = lower_loss(self.rec, subgroup_size=self.chip.subgroup_size,
@@ -531,8 +531,8 @@ class _StageBuilder:
         expand_erf(self.trial)      # what the stage does after the script's @vectorize
 
     def bufferize(self) -> None:
+        from schedules.cross_entropy.xegpu import finish_bufferized
         from schedules.xegpu.common import bufferize
-        from schedules.xegpu_cross_entropy import finish_bufferized
 
         bufferize(self.rec)
         if self._loss():
@@ -592,11 +592,11 @@ class _StageBuilder:
     def xegpu_layouts(self) -> None:
         from schedules.attention.xegpu import annotate_attention, check_kernel
         from schedules.common import match
+        from schedules.cross_entropy.xegpu import (annotate_loss_kernel, kernel_anchors,
+                                                   prefetch_shape)
         from schedules.xegpu.common import insert_loop_prefetches
         from schedules.xegpu.contraction import annotate_kernel, inspect_kernel
         from schedules.xegpu.rows import annotate_rows
-        from schedules.xegpu_cross_entropy import (annotate_loss_kernel, kernel_anchors,
-                                                   prefetch_shape)
         from torch_mlir.dialects import transform
 
         funcs = ops_named(self.trial, "gpu.func")

@@ -1,6 +1,6 @@
 """XeGPU tail of cross-entropy losses: F.cross_entropy, forward and forward+backward.
 
-Input: the cross_entropy family's target-independent restructuring (schedules/cross_entropy.py
+Input: the cross_entropy family's target-independent restructuring (fuse.py
 steps 1-3, recorded here by `_restructure`): the row max m, the exp-sum l and the other class sums (label
 smoothing, the backward's sum of d loss / d logp) read the logits x [N, C]; the target
 gather reads x[i, t_i] (never the [N, C] log-softmax); per-row losses; rank-0 reductions
@@ -71,10 +71,10 @@ from transform_ext.analysis.structure import is_linalg_op, loop_structure
 from transform_ext.common import block_ops, failure_reason, iterator_kinds, ops_named
 from transform_ext.remove_annotation import remove_annotation
 
-from .common import any_op, canonicalize, foreach, match, place_of
-from .generic import single_func
-from .script import StepRecorder
-from .xegpu.common import passes
+from ..common import any_op, canonicalize, foreach, match, place_of
+from ..generic import single_func
+from ..script import StepRecorder
+from ..xegpu.common import passes
 
 LANES = 16                      # lanes of a per-row tile in memory: the subgroup size
 CLASS_REDUCTION = "lh.ce_class_reduction"   # the max and the class sums of the online loop
@@ -228,7 +228,7 @@ class LossGraph:
 def _restructure(rec: StepRecorder):
     """The cross_entropy family's steps 1-3 (normalize, restructure, merge the gradients),
     recorded: the ops found after them, or NotCrossEntropy with the reason."""
-    from . import cross_entropy as ce
+    from . import fuse as ce
 
     rec.step("normalize", ce._normalize(not ce._has_rank0_reshape(rec.trial)))
     ce._logits(_func(rec.trial))
@@ -244,7 +244,7 @@ def _restructure(rec: StepRecorder):
 def analyze(rec: StepRecorder) -> LossGraph:
     """Restructure (the family's steps 1-3) and check the ops' kernels; NotLowerable when the
     payload is not a cross-entropy this lowering takes."""
-    from . import cross_entropy as ce
+    from . import fuse as ce
 
     transform_ext.load(rec.trial.context)
     try:
@@ -473,7 +473,7 @@ def _outline_kernels(rec: StepRecorder, graph: LossGraph, tiles: LossRowTiles,
     from transform_ext.match_loss_kernels import match_loss_kernels
     from transform_ext.outline_into_forall import outline_into_forall, outputs_of
 
-    from .xegpu.contraction import block_mapping
+    from ..xegpu.contraction import block_mapping
 
     block = graph.func.regions[0].blocks[0]
     groups = kernel_groups(block)

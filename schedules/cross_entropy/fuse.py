@@ -87,12 +87,12 @@ from transform_ext.split_reduction_lanes import LANE_DIM, split_reduction_lanes
 from transform_ext.split_reduction_lanes import check_group as check_lane_split
 from transform_ext.trace_to_argument import trace_to_argument
 
-from .common import (Place, apply_passes, at_place, canonicalize, foreach, match, place_of,
-                     run_schedule)
-from .generic import GenericParams, largest_divisor_at_most, single_func
-from .generic import vectorize_stage as generic_vectorize_stage
-from .prepare import cleanup
-from .script import build_script, include_step
+from ..common import (Place, apply_passes, at_place, canonicalize, foreach, match, place_of,
+                      run_schedule)
+from ..generic import GenericParams, largest_divisor_at_most, single_func
+from ..generic import vectorize_stage as generic_vectorize_stage
+from ..prepare import cleanup
+from ..script import build_script, include_step
 
 
 CLASS_SUM = "lh.class_sum"  # marks the reductions of the fused class loops for vectorization
