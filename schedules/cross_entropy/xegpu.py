@@ -1,7 +1,7 @@
 """XeGPU tail of cross-entropy losses: F.cross_entropy, forward and forward+backward.
 
 Input: the cross_entropy family's target-independent restructuring (fuse.py
-steps 1-3, recorded here by `_restructure`): the row max m, the exp-sum l and the other class sums (label
+steps 1-3, recorded here by `_record_restructure`): the row max m, the exp-sum l and the other class sums (label
 smoothing, the backward's sum of d loss / d logp) read the logits x [N, C]; the target
 gather reads x[i, t_i] (never the [N, C] log-softmax); per-row losses; rank-0 reductions
 over the rows (the count or total weight of counted targets, the loss sums) and the mean;
@@ -75,6 +75,8 @@ from ..common import any_op, canonicalize, foreach, match, place_of
 from ..generic import single_func
 from ..script import StepRecorder
 from ..xegpu.common import passes
+from .fuse import merge_gradients, normalize, restructure
+from .recognize import NotCrossEntropy, find_cross_entropy, find_logits, has_rank0_reshape
 
 LANES = 16                      # lanes of a per-row tile in memory: the subgroup size
 CLASS_REDUCTION = "lh.ce_class_reduction"   # the max and the class sums of the online loop
@@ -225,36 +227,32 @@ class LossGraph:
     gradient: ir.Operation | None
 
 
-def _restructure(rec: StepRecorder):
+def _record_restructure(rec: StepRecorder):
     """The cross_entropy family's steps 1-3 (normalize, restructure, merge the gradients),
     recorded: the ops found after them, or NotCrossEntropy with the reason."""
-    from . import fuse as ce
-
-    rec.step("normalize", ce._normalize(not ce._has_rank0_reshape(rec.trial)))
-    ce._logits(_func(rec.trial))
-    rec.step("restructure", ce._restructure)
-    ops = ce.find_cross_entropy(rec.trial)
+    rec.step("normalize", normalize(not has_rank0_reshape(rec.trial)))
+    find_logits(_func(rec.trial))
+    rec.step("restructure", restructure)
+    ops = find_cross_entropy(rec.trial)
     if len(ops.gradients) > 1:
         places = tuple(place_of(rec.trial.operation, g) for g in ops.gradients)
-        rec.step("merge_gradients", ce._merge_gradients(places))
-        ops = ce.find_cross_entropy(rec.trial)
+        rec.step("merge_gradients", merge_gradients(places))
+        ops = find_cross_entropy(rec.trial)
     return ops
 
 
 def analyze(rec: StepRecorder) -> LossGraph:
     """Restructure (the family's steps 1-3) and check the ops' kernels; NotLowerable when the
     payload is not a cross-entropy this lowering takes."""
-    from . import fuse as ce
-
     transform_ext.load(rec.trial.context)
     try:
-        found = _restructure(rec)
-    except ce.NotCrossEntropy as exc:
+        found = _record_restructure(rec)
+    except NotCrossEntropy as exc:
         raise NotLowerable(f"cross-entropy: {exc}") from exc
     func = _func(rec.trial)
     block = func.regions[0].blocks[0]
     row_max = found.row_max
-    x = ce._logits(func)
+    x = find_logits(func)
     if x.type.rank != 2 or found.class_dim != 1 or loop_structure(row_max).num_loops != 2:
         raise NotLowerable(f"cross-entropy over logits {x.type}: the GPU lowering takes [N, C] "
                            "logits with the classes last (fold other dims into the rows first)")
