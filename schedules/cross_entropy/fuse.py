@@ -133,7 +133,8 @@ def merge_gradients(places: tuple[Place, ...]):
     return body
 
 
-def _target_check_message(classes: int) -> str:
+def target_check_message(classes: int) -> str:
+    """What the target checks say when a target is out of range (on every target)."""
     return (f"cross_entropy: a target is out of range: class indices must be in [0, {classes}) "
             f"or equal ignore_index")
 
@@ -143,7 +144,7 @@ def name_target_checks(classes: int):
     into result-less generics by step 1) say what is wrong in the user's terms: a step
     (body(root) -> root) annotating the message on their cf.assert ops."""
     def body(root: ir.Value) -> ir.Value:
-        message = ir.StringAttr.get(_target_check_message(classes))
+        message = ir.StringAttr.get(target_check_message(classes))
         text = transform.ParamConstantOp(transform.AnyParamType.get(), message).param
         foreach(match_assertion_checks(match(root, "func.func")),
                 lambda check: transform.AnnotateOp(match(check, "cf.assert"), "msg", param=text))
@@ -238,10 +239,12 @@ def fuse_stage(plan: CrossEntropyPlan):
 
 def split_handle(handle: ir.Value, count: int) -> list[ir.Value]:
     """One handle per payload op of `handle` (which must hold `count`), in order."""
+    if not count:
+        return []
     return list(transform.SplitHandleOp([transform.AnyOpType.get()] * count, handle).results)
 
 
-def match_attr(target: ir.Value, attr: str) -> ir.Value:
-    """The ops nested in `target` carrying the unit attribute `attr`."""
-    return structured.MatchOp(transform.AnyOpType.get(), target,
-                              op_attrs={attr: ir.UnitAttr.get()}).result
+def match_attr(target: ir.Value, attr: str, value: str | None = None) -> ir.Value:
+    """The ops nested in `target` carrying `attr` (unit, or the string `value`)."""
+    a = ir.UnitAttr.get() if value is None else ir.StringAttr.get(value)
+    return structured.MatchOp(transform.AnyOpType.get(), target, op_attrs={attr: a}).result

@@ -1,9 +1,9 @@
 """XeGPU tail of cross-entropy losses: F.cross_entropy, forward and forward+backward.
 
-Input: the cross_entropy family's target-independent restructuring (fuse.py
-steps 1-3, recorded here by `_record_restructure`): the row max m, the exp-sum l and the other class sums (label
-smoothing, the backward's sum of d loss / d logp) read the logits x [N, C]; the target
-gather reads x[i, t_i] (never the [N, C] log-softmax); per-row losses; rank-0 reductions
+Input: the cross_entropy family's target-independent restructuring (fuse.py steps 1-3,
+recorded here by `_record_restructure`): the row max m, the exp-sum l and the other class
+sums (label smoothing, the backward's sum of d loss / d logp) read the logits x [N, C];
+the target gather reads x[i, t_i] (never the [N, C] log-softmax); per-row losses; rank-0 reductions
 over the rows (the count or total weight of counted targets, the loss sums) and the mean;
 the gradient (backward) is one elementwise [N, C] op reading x and per-row values. The
 payload's own ops are kept (their bodies are the math); `lower_loss` decides where each
@@ -75,7 +75,8 @@ from ..common import any_op, canonicalize, foreach, match, place_of
 from ..generic import single_func
 from ..script import StepRecorder
 from ..xegpu.common import passes
-from .fuse import merge_gradients, normalize, restructure
+from .fuse import (match_attr, merge_gradients, normalize, restructure, split_handle,
+                   target_check_message)
 from .recognize import NotCrossEntropy, find_cross_entropy, find_logits, has_rank0_reshape
 
 LANES = 16                      # lanes of a per-row tile in memory: the subgroup size
@@ -169,13 +170,6 @@ def _step(rec: StepRecorder, name: str, body) -> None:
         raise NotLowerable(f"cross-entropy: {failure_reason(str(exc))}") from exc
 
 
-def _split(handle: ir.Value, count: int) -> list[ir.Value]:
-    """One handle per payload op of `handle` (which must hold `count`), in order."""
-    if not count:
-        return []
-    return list(transform.SplitHandleOp([any_op()] * count, handle).results)
-
-
 def _place_in_func(op: ir.Operation) -> tuple[str, int, int]:
     """(name, index, count): `op`'s place among the ops of its name in its function, in the
     walk order structured.match finds them (`_handle_of` takes it back)."""
@@ -186,7 +180,7 @@ def _place_in_func(op: ir.Operation) -> tuple[str, int, int]:
 def _handle_of(func: ir.Value, place: tuple[str, int, int]) -> ir.Value:
     """A handle to the op at `place` (see _place_in_func) of the function `func`."""
     name, index, count = place
-    return _split(match(func, name), count)[index]
+    return split_handle(match(func, name), count)[index]
 
 
 def _annotate(target: ir.Value, name: str, value: str | None = None) -> None:
@@ -196,12 +190,6 @@ def _annotate(target: ir.Value, name: str, value: str | None = None) -> None:
         return
     param = transform.ParamConstantOp(transform.AnyParamType.get(), ir.StringAttr.get(value)).result
     transform.AnnotateOp(target, name, param=param)
-
-
-def _match_attr(target: ir.Value, attr: str, value: str | None = None) -> ir.Value:
-    """The ops nested in `target` carrying `attr` (unit, or the string `value`)."""
-    a = ir.UnitAttr.get() if value is None else ir.StringAttr.get(value)
-    return structured.MatchOp(any_op(), target, op_attrs={attr: a}).result
 
 
 def _is_arg(value: ir.Value, block: ir.Block) -> bool:
@@ -383,12 +371,6 @@ def _kernel_forall(payload: ir.Module, kind: str) -> ir.Operation | None:
                  and ir.StringAttr(op.attributes[KERNEL_ATTR]).value == kind), None)
 
 
-def target_check_message(classes: int) -> str:
-    """What the target checks say when a target is out of range (as cross_entropy's)."""
-    return (f"cross_entropy: a target is out of range: class indices must be in [0, {classes}) "
-            "or equal ignore_index")
-
-
 def _remove_marks(root: ir.Value) -> None:
     for attr in (CLASS_REDUCTION, GRADIENT, LANE_FORM, KERNEL_ATTR):
         remove_annotation(root, attr)
@@ -451,7 +433,7 @@ def _prepare_row_kernel(rec: StepRecorder, graph: LossGraph) -> None:
     from transform_ext.match_loss_kernels import match_loss_kernels
 
     def not_in_lane_form(func):
-        return exclude_ops(match_loss_kernels(func).rows, _match_attr(func, LANE_FORM))
+        return exclude_ops(match_loss_kernels(func).rows, match_attr(func, LANE_FORM))
 
     rows = graph.rows
 
@@ -519,7 +501,7 @@ def _class_loops(rec: StepRecorder, column_tile: int) -> None:
         raise NotLowerable("cross-entropy: the row kernel does not hold exactly one row max")
 
     def fuse(root):
-        reductions = _match_attr(_match_attr(root, KERNEL_ATTR, "cross_entropy"), CLASS_REDUCTION)
+        reductions = match_attr(match_attr(root, KERNEL_ATTR, "cross_entropy"), CLASS_REDUCTION)
         row_max = filter_reductions(reductions, combiner="max")
         fuse_dependent_reduction_ops(row_max, exclude_ops(reductions, row_max), column_tile,
                                      allow_remainder=False)
@@ -533,8 +515,8 @@ def _class_loops(rec: StepRecorder, column_tile: int) -> None:
     chain = len(elementwise_producers(gradients[0]))
 
     def sweep(root):
-        gradient = _match_attr(_match_attr(root, KERNEL_ATTR, "cross_entropy"), GRADIENT)
-        producers = _split(match_elementwise_producers(gradient), chain)
+        gradient = match_attr(match_attr(root, KERNEL_ATTR, "cross_entropy"), GRADIENT)
+        producers = split_handle(match_elementwise_producers(gradient), chain)
         loop = structured.TileUsingForOp(gradient, sizes=[0, column_tile]).results[1]
         for producer in producers:
             loop = structured.FuseIntoContainingOp(producer, loop).new_containing_op
@@ -556,8 +538,9 @@ def _row_sum_loops(rec: StepRecorder, kind: str, row_tile: int) -> None:
         return
 
     def tile(root):
-        generics = match(_match_attr(root, KERNEL_ATTR, kind), "linalg.generic")
-        for reduction in _split(filter_iterators(generics, ["reduction", "reduction"]), count):
+        generics = match(match_attr(root, KERNEL_ATTR, kind), "linalg.generic")
+        reductions = filter_iterators(generics, ["reduction", "reduction"])
+        for reduction in split_handle(reductions, count):
             structured.TileReductionUsingForOp([any_op()], any_op(), any_op(), any_op(), reduction,
                                                tile_sizes=[row_tile, LANES])
 
@@ -578,7 +561,7 @@ def finish_bufferized(rec: StepRecorder) -> None:
         func = match(root, "func.func")
         checks = read_checks_on_host(func)
         scalarize_rank0_writes(func)
-        for check in _split(checks, count):
+        for check in split_handle(checks, count):
             structured.ConvertToLoopsOp(any_op(), check)
 
     _step(rec, "finish_bufferized_loss", body)
@@ -633,6 +616,6 @@ def annotate_loss_kernel(gpu_func: ir.Value, anchors: list[tuple[str, dict]]) ->
 
     for name in ANCHOR_OPS:
         layouts = [layout for n, layout in anchors if n == name]
-        for handle, layout in zip(_split(match(gpu_func, name), len(layouts)), layouts):
+        for handle, layout in zip(split_handle(match(gpu_func, name), len(layouts)), layouts):
             xegpu.set_anchor_layout(handle, **layout)
     canonicalize(gpu_func)
