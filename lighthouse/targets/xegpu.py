@@ -457,7 +457,8 @@ class _StageBuilder:
     def _loss_kernels(self) -> None:
         """A cross-entropy loss: the host target check, the row kernel and the reductions
         over the rows (schedules/cross_entropy/xegpu.py)."""
-        from schedules.cross_entropy.xegpu import NotLowerable, lower_loss
+        from schedules.cross_entropy.xegpu import lower_loss
+        from schedules.cross_entropy.xegpu_plan import NotLowerable
 
         try:
             kernels = lower_loss(self.rec, subgroup_size=self.chip.subgroup_size,
@@ -592,8 +593,8 @@ class _StageBuilder:
     def xegpu_layouts(self) -> None:
         from schedules.attention.xegpu import annotate_attention, check_kernel
         from schedules.common import match
-        from schedules.cross_entropy.xegpu import (annotate_loss_kernel, kernel_anchors,
-                                                   prefetch_shape)
+        from schedules.cross_entropy.xegpu_layouts import (annotate_loss_kernel, kernel_anchors,
+                                                           prefetch_shape)
         from schedules.xegpu.common import insert_loop_prefetches
         from schedules.xegpu.contraction import annotate_kernel, inspect_kernel
         from schedules.xegpu.rows import annotate_rows
