@@ -18,7 +18,7 @@ prefetch distance and layouts) into the script:
                  (softmax, norms) tiled by rows with its whole producer chain (long rows of a
                  softmax in column loops), the attention family's query-block forall as it is
                  with the K / V chains fused into its key loops (schedules/attention/xegpu.py),
-                 a cross-entropy loss's kernels (schedules/xegpu_cross_entropy.py)
+                 a cross-entropy loss's kernels (schedules/cross_entropy/xegpu.py)
   subgroups      each workgroup forall annotated with its decomposition over subgroups
                  (xegpu.sg_layout x xegpu.sg_data, xegpu.threads), validated against the chip
   vectorize      whole-tile vectors, type extensions folded into vector.contract, contract
@@ -450,8 +450,9 @@ class _StageBuilder:
 
     def _loss_kernels(self) -> None:
         """A cross-entropy loss: the host target check, the row kernel and the reductions
-        over the rows (schedules/xegpu_cross_entropy.py)."""
-        from schedules.xegpu_cross_entropy import NotLowerable, lower_loss
+        over the rows (schedules/cross_entropy/xegpu.py)."""
+        from schedules.cross_entropy.xegpu import lower_loss
+        from schedules.cross_entropy.xegpu_plan import NotLowerable
 
         try:
             kernels = lower_loss(self.rec, subgroup_size=self.chip.subgroup_size,
@@ -525,8 +526,8 @@ class _StageBuilder:
         expand_erf(self.trial)      # what the stage does after the script's @vectorize
 
     def bufferize(self) -> None:
+        from schedules.cross_entropy.xegpu import finish_bufferized
         from schedules.xegpu.common import bufferize
-        from schedules.xegpu_cross_entropy import finish_bufferized
 
         bufferize(self.rec)
         if self._loss():
@@ -586,11 +587,11 @@ class _StageBuilder:
     def xegpu_layouts(self) -> None:
         from schedules.attention.xegpu import annotate_attention, check_kernel
         from schedules.common import match
+        from schedules.cross_entropy.xegpu_layouts import (annotate_loss_kernel, kernel_anchors,
+                                                           prefetch_shape)
         from schedules.xegpu.common import insert_loop_prefetches
         from schedules.xegpu.contraction import annotate_kernel, inspect_kernel
         from schedules.xegpu.rows import annotate_rows
-        from schedules.xegpu_cross_entropy import (annotate_loss_kernel, kernel_anchors,
-                                                   prefetch_shape)
         from torch_mlir.dialects import transform
 
         funcs = ops_named(self.trial, "gpu.func")

@@ -2,4 +2,4 @@
 (common.py: GPU preparation, vectorize, bufferize, outline, convert-vector-to-xegpu, loop
 prefetches), contraction kernels (contraction.py) and row kernels (rows.py). A family's own
 XeGPU variant lives with the family (attention/xegpu.py); the cross-entropy loss's is
-xegpu_cross_entropy.py."""
+cross_entropy/xegpu.py."""

@@ -6,7 +6,7 @@ import pytest
 from torch_mlir import ir
 
 import schedules.attention.fuse
-import schedules.cross_entropy
+import schedules.cross_entropy.plan
 import transform_ext
 from lighthouse.compile import compile_kernel
 from lighthouse.errors import UnsupportedError
@@ -176,7 +176,7 @@ def _bug(*args, **kwargs):
 
 @pytest.mark.parametrize("module, name, kernel, overrides", [
     (schedules.attention.fuse, "plan_attention", "attention.py", ATTENTION),
-    (schedules.cross_entropy, "plan_cross_entropy", "cross_entropy.py", dict(N=4, C=40)),
+    (schedules.cross_entropy.plan, "plan_cross_entropy", "cross_entropy.py", dict(N=4, C=40)),
 ])
 def test_a_bug_in_a_check_propagates(monkeypatch, module, name, kernel, overrides):
     """Only a payload the schedule cannot take is a fallback reason: a NameError in the

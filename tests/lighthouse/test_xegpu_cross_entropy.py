@@ -2,7 +2,7 @@
 weights and label smoothing) forward and forward+backward, checked through the IR of every
 stage, the validated SPIR-V, and the kernel program run on the CPU.
 
-Kernels (schedules/xegpu_cross_entropy.py): the row kernel (one gpu.func: the class dim
+Kernels (schedules/cross_entropy/xegpu.py): the row kernel (one gpu.func: the class dim
 swept in column tiles with an online max / sum, the target gather x[i, y_i] as a scattered
 load, per-row losses, and for the backward a second column loop writing d logits, the only
 N x C buffer besides the logits), reductions over the rows in one-workgroup kernels (the

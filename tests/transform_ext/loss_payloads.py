@@ -1,5 +1,5 @@
 """Small restructured cross-entropy payloads (N = 4 rows, C = 16 classes) for the tests of the
-XeGPU loss ops, in the form schedules/xegpu_cross_entropy.py hands them over: the valid flag
+XeGPU loss ops, in the form schedules/cross_entropy/xegpu.py hands them over: the valid flag
 and clamped target from y, the host target check, the row max, exp-sum and target gather, the
 per-row losses, the count and the loss sum over the rows, the mean, and a gradient-like
 [4, 16] op scaled by the count (so the count runs before the row kernel)."""

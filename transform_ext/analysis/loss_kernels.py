@@ -1,5 +1,5 @@
 """The kernels of a cross-entropy loss on a GPU: where each top-level linalg op of a function
-runs (schedules/xegpu_cross_entropy.py).
+runs (schedules/cross_entropy/xegpu.py).
 
 Of the linalg ops directly in a function's block:
   host    result-less ops (the target checks, asserting in their bodies): stay on the host;

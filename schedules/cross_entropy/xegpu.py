@@ -1,9 +1,9 @@
 """XeGPU tail of cross-entropy losses: F.cross_entropy, forward and forward+backward.
 
-Input: the cross_entropy family's target-independent restructuring (schedules/cross_entropy.py
-steps 1-3, recorded here by `_restructure`): the row max m, the exp-sum l and the other class sums (label
-smoothing, the backward's sum of d loss / d logp) read the logits x [N, C]; the target
-gather reads x[i, t_i] (never the [N, C] log-softmax); per-row losses; rank-0 reductions
+Input: the cross_entropy family's target-independent restructuring (fuse.py steps 1-3,
+recorded here by `_record_restructure`): the row max m, the exp-sum l and the other class
+sums (label smoothing, the backward's sum of d loss / d logp) read the logits x [N, C];
+the target gather reads x[i, t_i] (never the [N, C] log-softmax); per-row losses; rank-0 reductions
 over the rows (the count or total weight of counted targets, the loss sums) and the mean;
 the gradient (backward) is one elementwise [N, C] op reading x and per-row values. The
 payload's own ops are kept (their bodies are the math); `lower_loss` decides where each
@@ -54,11 +54,13 @@ fuse_dependent_reduction_ops, match_elementwise_producers, filter_iterators, and
 bufferization read_checks_on_host and scalarize_rank0_writes. Markers a later step matches
 (the class reductions, the gradient, the lane-form generics, each kernel's kind) are
 `transform.annotate`d and cleared at the end of the stage.
+
+This module holds the recorded lowering (`lower_loss`, then `finish_bufferized` after
+bufferization). The analysis of the restructured loss and the tile plans are xegpu_plan.py;
+the layout anchors and loop prefetches of the outlined kernels xegpu_layouts.py.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from torch_mlir import ir
 from torch_mlir.dialects import transform
@@ -67,95 +69,25 @@ from torch_mlir.dialects.transform import structured
 import transform_ext
 from transform_ext.analysis.classify import reduction_combiner
 from transform_ext.analysis.loss_kernels import grouped, kernel_groups
-from transform_ext.analysis.structure import is_linalg_op, loop_structure
 from transform_ext.common import block_ops, failure_reason, iterator_kinds, ops_named
 from transform_ext.remove_annotation import remove_annotation
 
-from .common import any_op, canonicalize, foreach, match, place_of
-from .generic import single_func
-from .script import StepRecorder
-from .xegpu.common import passes
+from ..common import any_op, foreach, match
+from ..script import StepRecorder
+from ..xegpu.common import passes
+from .fuse import match_attr, split_handle, target_check_message
+from .xegpu_plan import (LANES, LossGraph, LossKernel, LossRowTiles, NotLowerable, RowSumTiles,
+                         analyze, loss_func, plan_row_sums, plan_rows)
 
-LANES = 16                      # lanes of a per-row tile in memory: the subgroup size
 CLASS_REDUCTION = "lh.ce_class_reduction"   # the max and the class sums of the online loop
 GRADIENT = "lh.ce_gradient"     # the [N, C] op writing d x
 LANE_FORM = "lh.ce_lanes"      # generics already in lane form
 KERNEL_ATTR = "lh.ce_kernel"    # on each kernel forall: its kind
-ROW_BYTES = 8 * 1024            # registers a subgroup may spend on its f32 tiles (as xegpu/rows.py)
-ANCHOR_OPS = ("xegpu.load_nd", "xegpu.store_nd", "xegpu.load")   # ops given anchor layouts
 # the kernels in launch order: (group of transform_ext/analysis/loss_kernels.py, kind)
 KERNELS = (("before", "row_sum_before"), ("rows", "cross_entropy"), ("after", "row_sum_after"))
 
 
-class NotLowerable(ValueError):
-    """The payload has no GPU form here; the message names the op and the reason."""
-
-
-# ------------------------------------------------------------------------------- plans
-
-@dataclass(frozen=True)
-class LossRowTiles:
-    """The row kernel: `rows` rows per workgroup, `rows_per_subgroup` per subgroup, the
-    class loop in steps of `column_tile`; `grid` workgroups."""
-
-    rows: int
-    rows_per_subgroup: int
-    classes: int
-    column_tile: int
-    grid: tuple[int, ...]
-    subgroup_size: int = 16
-
-    @property
-    def subgroups(self) -> int:
-        return self.rows // self.rows_per_subgroup
-
-    @property
-    def sg_layout(self) -> list[int]:
-        return [self.subgroups, 1]
-
-    @property
-    def sg_data(self) -> tuple[int, int]:
-        return (self.rows_per_subgroup, self.column_tile)
-
-    @property
-    def threads(self) -> int:
-        return self.subgroups * self.subgroup_size
-
-
-@dataclass(frozen=True)
-class RowSumTiles:
-    """A reduction over the rows: one workgroup of one subgroup, `row_tile` rows (lane form
-    [row_tile, 16]) per loop step."""
-
-    rows: int
-    row_tile: int
-    subgroup_size: int = 16
-    grid: tuple[int, ...] = (1,)
-
-    @property
-    def sg_layout(self) -> list[int]:
-        return [1, 1]
-
-    @property
-    def sg_data(self) -> tuple[int, int]:
-        return (self.row_tile, LANES)
-
-    @property
-    def threads(self) -> int:
-        return self.subgroup_size
-
-
-@dataclass
-class LossKernel:
-    kind: str                 # "cross_entropy" (the row kernel) | "row_sum"
-    description: str
-    tiles: object
-
 # ------------------------------------------------------------------------------ helpers
-
-def _func(payload: ir.Module) -> ir.Operation:
-    return single_func(payload, NotLowerable)
-
 
 def _step(rec: StepRecorder, name: str, body) -> None:
     """Record the step `body(root)`; a transform op's refusal is NotLowerable with its
@@ -165,13 +97,6 @@ def _step(rec: StepRecorder, name: str, body) -> None:
         rec.step(name, body)
     except ValueError as exc:  # the interpreter's failure, with the diagnostics
         raise NotLowerable(f"cross-entropy: {failure_reason(str(exc))}") from exc
-
-
-def _split(handle: ir.Value, count: int) -> list[ir.Value]:
-    """One handle per payload op of `handle` (which must hold `count`), in order."""
-    if not count:
-        return []
-    return list(transform.SplitHandleOp([any_op()] * count, handle).results)
 
 
 def _place_in_func(op: ir.Operation) -> tuple[str, int, int]:
@@ -184,7 +109,7 @@ def _place_in_func(op: ir.Operation) -> tuple[str, int, int]:
 def _handle_of(func: ir.Value, place: tuple[str, int, int]) -> ir.Value:
     """A handle to the op at `place` (see _place_in_func) of the function `func`."""
     name, index, count = place
-    return _split(match(func, name), count)[index]
+    return split_handle(match(func, name), count)[index]
 
 
 def _annotate(target: ir.Value, name: str, value: str | None = None) -> None:
@@ -196,147 +121,8 @@ def _annotate(target: ir.Value, name: str, value: str | None = None) -> None:
     transform.AnnotateOp(target, name, param=param)
 
 
-def _match_attr(target: ir.Value, attr: str, value: str | None = None) -> ir.Value:
-    """The ops nested in `target` carrying `attr` (unit, or the string `value`)."""
-    a = ir.UnitAttr.get() if value is None else ir.StringAttr.get(value)
-    return structured.MatchOp(any_op(), target, op_attrs={attr: a}).result
-
-
 def _is_arg(value: ir.Value, block: ir.Block) -> bool:
     return isinstance(value, ir.BlockArgument) and value.owner == block
-
-
-def _has_assert(op: ir.Operation) -> bool:
-    return op.name == "linalg.generic" and any(
-        o.operation.name == "cf.assert" for o in op.regions[0].blocks[0].operations)
-
-
-# ------------------------------------------------------------------------------ analysis
-
-@dataclass
-class LossGraph:
-    """The restructured loss: its function, logits and the ops the lowering starts from."""
-
-    func: ir.Operation
-    logits: ir.Value
-    rows: int
-    classes: int
-    row_max: ir.Operation
-    gradient: ir.Operation | None
-
-
-def _restructure(rec: StepRecorder):
-    """The cross_entropy family's steps 1-3 (normalize, restructure, merge the gradients),
-    recorded: the ops found after them, or NotCrossEntropy with the reason."""
-    from . import cross_entropy as ce
-
-    rec.step("normalize", ce._normalize(not ce._has_rank0_reshape(rec.trial)))
-    ce._logits(_func(rec.trial))
-    rec.step("restructure", ce._restructure)
-    ops = ce.find_cross_entropy(rec.trial)
-    if len(ops.gradients) > 1:
-        places = tuple(place_of(rec.trial.operation, g) for g in ops.gradients)
-        rec.step("merge_gradients", ce._merge_gradients(places))
-        ops = ce.find_cross_entropy(rec.trial)
-    return ops
-
-
-def analyze(rec: StepRecorder) -> LossGraph:
-    """Restructure (the family's steps 1-3) and check the ops' kernels; NotLowerable when the
-    payload is not a cross-entropy this lowering takes."""
-    from . import cross_entropy as ce
-
-    transform_ext.load(rec.trial.context)
-    try:
-        found = _restructure(rec)
-    except ce.NotCrossEntropy as exc:
-        raise NotLowerable(f"cross-entropy: {exc}") from exc
-    func = _func(rec.trial)
-    block = func.regions[0].blocks[0]
-    row_max = found.row_max
-    x = ce._logits(func)
-    if x.type.rank != 2 or found.class_dim != 1 or loop_structure(row_max).num_loops != 2:
-        raise NotLowerable(f"cross-entropy over logits {x.type}: the GPU lowering takes [N, C] "
-                           "logits with the classes last (fold other dims into the rows first)")
-    if not isinstance(x.type.element_type, ir.FloatType) or x.type.element_type.width not in (16, 32):
-        raise NotLowerable(f"cross-entropy over {x.type.element_type} logits: f32, f16 or bf16 only")
-    rows, classes = x.type.shape
-    fn_type = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
-    for t in fn_type.results:
-        if isinstance(t, ir.RankedTensorType) and t.rank not in (0, 2):
-            raise NotLowerable(f"cross-entropy with a {t} result (reduction='none'): per-row "
-                               "losses have no GPU store form yet (XeGPU has no lane layout for "
-                               "a [rows] vector); use reduction='mean' or 'sum'")
-    for op in block_ops(block):
-        if op.name in ("func.return", "arith.constant", "tensor.empty"):
-            continue
-        if not is_linalg_op(op):
-            raise NotLowerable(f"cross-entropy: {op.name} at {op.location} has no GPU kernel here")
-        if not len(op.results) and not _has_assert(op):
-            raise NotLowerable(f"cross-entropy: a result-less {op.name} at {op.location}")
-    for op in grouped(block, "rows", kernel_groups(block, fills_by_readers=False)):
-        _check_row_op(op, rows)
-    return LossGraph(func, x, rows, classes, row_max, found.gradient)
-
-
-def _check_row_op(op: ir.Operation, rows: int) -> None:
-    """Loop 0 runs over the rows: every operand with a row dim has it first, indexed by d0."""
-    ls = loop_structure(op)
-    if not ls.is_static or ls.ranges[0] != rows or ls.iterators[0] != "parallel":
-        raise NotLowerable(f"cross-entropy: {op.name} at {op.location} does not run over the "
-                           f"{rows} rows in its first loop")
-    for value, amap in zip(op.operands, ls.maps):
-        results = list(amap.results)
-        uses_d0 = [j for j, e in enumerate(results)
-                   if isinstance(e, ir.AffineDimExpr) and e.position == 0]
-        if uses_d0 not in ([], [0]):
-            raise NotLowerable(f"cross-entropy: {op.name} at {op.location} reads rows in a "
-                               "dim other than the first")
-
-
-# --------------------------------------------------------------------------- parameters
-
-def plan_rows(graph: LossGraph, *, subgroup_size: int, max_threads: int, min_workgroups: int,
-              rows: int | None, column_tile: int | None) -> LossRowTiles:
-    """Rows per workgroup: `rows`, else the largest of 64 .. 2 dividing N that leaves
-    `min_workgroups` workgroups (2 rows per subgroup). Column tile: `column_tile`, else the
-    largest multiple of the subgroup size dividing C whose two f32 copies per subgroup fit
-    ROW_BYTES. NotLowerable names the dimension a tile does not divide."""
-    n, c = graph.rows, graph.classes
-    per_subgroup = 2
-    limit = (max_threads // subgroup_size) * per_subgroup
-    where = f"cross-entropy over [{n}, {c}] logits"
-    if n % per_subgroup:
-        raise NotLowerable(f"{where}: dimension 0 ({n} rows) is not a multiple of the rows per "
-                           f"subgroup ({per_subgroup})")
-    if rows is None:
-        fitting = [r for r in (64, 32, 16, 8, 4, 2) if n % r == 0 and r <= limit]
-        rows = next((r for r in fitting if n // r >= min_workgroups), fitting[-1])
-    if n % rows or rows % per_subgroup or rows > limit:
-        raise NotLowerable(f"{where}: dimension 0 ({n} rows) is not a multiple of the rows per "
-                           f"workgroup ({rows}), or those of {per_subgroup} per subgroup, or "
-                           f"{rows} rows need more than {max_threads} threads")
-    if column_tile is None:
-        fitting = [t for t in range(subgroup_size, c + 1, subgroup_size)
-                   if c % t == 0 and 2 * per_subgroup * t * 4 <= ROW_BYTES]
-        if not fitting:
-            raise NotLowerable(f"{where}: dimension 1 ({c} classes) has no column tile (a "
-                               f"multiple of {subgroup_size} dividing it) that fits the registers")
-        column_tile = fitting[-1]
-    if c % column_tile or column_tile % subgroup_size:
-        raise NotLowerable(f"{where}: dimension 1 ({c} classes) is not a multiple of the column "
-                           f"tile ({column_tile}), or that of the subgroup size ({subgroup_size})")
-    return LossRowTiles(rows, per_subgroup, c, column_tile, (n // rows,), subgroup_size)
-
-
-def plan_row_sums(graph: LossGraph, *, subgroup_size: int, row_tile: int | None) -> RowSumTiles:
-    n = graph.rows
-    if row_tile is None:
-        row_tile = next(t for t in (16, 8, 4, 2, 1) if n % t == 0)
-    if n % row_tile:
-        raise NotLowerable(f"cross-entropy: dimension 0 ({n} rows) is not a multiple of the "
-                           f"row tile of the reductions over the rows ({row_tile})")
-    return RowSumTiles(n, row_tile, subgroup_size)
 
 
 # ------------------------------------------------------------------------------ driver
@@ -379,16 +165,10 @@ def _describe(kind: str, graph: LossGraph) -> str:
 
 
 def _kernel_forall(payload: ir.Module, kind: str) -> ir.Operation | None:
-    func = _func(payload)
+    func = loss_func(payload)
     return next((op for op in block_ops(func.regions[0].blocks[0])
                  if op.name == "scf.forall" and KERNEL_ATTR in op.attributes
                  and ir.StringAttr(op.attributes[KERNEL_ATTR]).value == kind), None)
-
-
-def target_check_message(classes: int) -> str:
-    """What the target checks say when a target is out of range (as cross_entropy's)."""
-    return (f"cross_entropy: a target is out of range: class indices must be in [0, {classes}) "
-            "or equal ignore_index")
 
 
 def _remove_marks(root: ir.Value) -> None:
@@ -453,7 +233,7 @@ def _prepare_row_kernel(rec: StepRecorder, graph: LossGraph) -> None:
     from transform_ext.match_loss_kernels import match_loss_kernels
 
     def not_in_lane_form(func):
-        return exclude_ops(match_loss_kernels(func).rows, _match_attr(func, LANE_FORM))
+        return exclude_ops(match_loss_kernels(func).rows, match_attr(func, LANE_FORM))
 
     rows = graph.rows
 
@@ -473,7 +253,7 @@ def _outline_kernels(rec: StepRecorder, graph: LossGraph, tiles: LossRowTiles,
     from transform_ext.match_loss_kernels import match_loss_kernels
     from transform_ext.outline_into_forall import outline_into_forall, outputs_of
 
-    from .xegpu.contraction import block_mapping
+    from ..xegpu.contraction import block_mapping
 
     block = graph.func.regions[0].blocks[0]
     groups = kernel_groups(block)
@@ -502,7 +282,6 @@ def _outline_kernels(rec: StepRecorder, graph: LossGraph, tiles: LossRowTiles,
     return kernels
 
 
-
 # ------------------------------------------------------------------------- kernel loops
 
 def _class_loops(rec: StepRecorder, column_tile: int) -> None:
@@ -521,7 +300,7 @@ def _class_loops(rec: StepRecorder, column_tile: int) -> None:
         raise NotLowerable("cross-entropy: the row kernel does not hold exactly one row max")
 
     def fuse(root):
-        reductions = _match_attr(_match_attr(root, KERNEL_ATTR, "cross_entropy"), CLASS_REDUCTION)
+        reductions = match_attr(match_attr(root, KERNEL_ATTR, "cross_entropy"), CLASS_REDUCTION)
         row_max = filter_reductions(reductions, combiner="max")
         fuse_dependent_reduction_ops(row_max, exclude_ops(reductions, row_max), column_tile,
                                      allow_remainder=False)
@@ -535,8 +314,8 @@ def _class_loops(rec: StepRecorder, column_tile: int) -> None:
     chain = len(elementwise_producers(gradients[0]))
 
     def sweep(root):
-        gradient = _match_attr(_match_attr(root, KERNEL_ATTR, "cross_entropy"), GRADIENT)
-        producers = _split(match_elementwise_producers(gradient), chain)
+        gradient = match_attr(match_attr(root, KERNEL_ATTR, "cross_entropy"), GRADIENT)
+        producers = split_handle(match_elementwise_producers(gradient), chain)
         loop = structured.TileUsingForOp(gradient, sizes=[0, column_tile]).results[1]
         for producer in producers:
             loop = structured.FuseIntoContainingOp(producer, loop).new_containing_op
@@ -558,8 +337,9 @@ def _row_sum_loops(rec: StepRecorder, kind: str, row_tile: int) -> None:
         return
 
     def tile(root):
-        generics = match(_match_attr(root, KERNEL_ATTR, kind), "linalg.generic")
-        for reduction in _split(filter_iterators(generics, ["reduction", "reduction"]), count):
+        generics = match(match_attr(root, KERNEL_ATTR, kind), "linalg.generic")
+        reductions = filter_iterators(generics, ["reduction", "reduction"])
+        for reduction in split_handle(reductions, count):
             structured.TileReductionUsingForOp([any_op()], any_op(), any_op(), any_op(), reduction,
                                                tile_sizes=[row_tile, LANES])
 
@@ -574,67 +354,13 @@ def finish_bufferized(rec: StepRecorder) -> None:
     from transform_ext.read_checks_on_host import host_checks, read_checks_on_host
     from transform_ext.scalarize_rank0_writes import scalarize_rank0_writes
 
-    count = len(host_checks(_func(rec.trial)))
+    count = len(host_checks(loss_func(rec.trial)))
 
     def body(root):
         func = match(root, "func.func")
         checks = read_checks_on_host(func)
         scalarize_rank0_writes(func)
-        for check in _split(checks, count):
+        for check in split_handle(checks, count):
             structured.ConvertToLoopsOp(any_op(), check)
 
     _step(rec, "finish_bufferized_loss", body)
-
-
-def kernel_anchors(gpu_func: ir.Operation, tiles) -> list[tuple[str, dict]]:
-    """The anchor layouts of one outlined loss kernel after convert-vector-to-xegpu: (op
-    name, layout) for its tile loads/stores and scattered loads, by ANCHOR_OPS then walk
-    order (as `annotate_loss_kernel` matches them). Row kernel: [rows, w] tiles split over
-    the subgroups by rows (`rows_per_subgroup` each), 2-D block instructions
-    [rows_per_subgroup, 16]; the lane-form gathers one row per instruction. Reduction
-    kernels: one subgroup holding [row_tile, 16]."""
-    anchors = []
-    for name in ANCHOR_OPS:
-        for op in ops_named(gpu_func, name):
-            value = op.results[0] if op.name != "xegpu.store_nd" else op.operands[0]
-            shape = list(ir.VectorType(value.type).shape)
-            if len(shape) == 1 and isinstance(tiles, LossRowTiles) and op.name == "xegpu.load":
-                # a class vector (weights w_c) broadcast over the rows: the tile layout, sliced
-                anchors.append((name, dict(sg_layout=tiles.sg_layout,
-                                           sg_data=[tiles.rows_per_subgroup, shape[0]],
-                                           inst_data=[tiles.rows_per_subgroup,
-                                                      tiles.subgroup_size], slice_dims=[0])))
-                continue
-            if len(shape) != 2:
-                raise ValueError(f"{op.location}: a {len(shape)}-D {op.name} has no layout in a "
-                                 "cross-entropy kernel")
-            rows, width = shape
-            if isinstance(tiles, LossRowTiles):
-                sg_layout, sg_data = tiles.sg_layout, [tiles.rows_per_subgroup, width]
-                inst = [1 if op.name == "xegpu.load" else tiles.rows_per_subgroup,
-                        tiles.subgroup_size]
-            else:
-                sg_layout, sg_data = [1, 1], [rows, width]
-                inst = [1 if op.name == "xegpu.load" else min(rows, 8), tiles.subgroup_size]
-            anchors.append((name, dict(sg_layout=list(sg_layout), sg_data=list(sg_data),
-                                       inst_data=inst)))
-    return anchors
-
-
-def prefetch_shape(tiles) -> tuple[int, tuple[int, int]]:
-    """(subgroups, instruction tile) the loop prefetches of a loss kernel are spread over."""
-    if isinstance(tiles, LossRowTiles):
-        return tiles.subgroups, (tiles.rows_per_subgroup, tiles.subgroup_size)
-    return 1, (min(tiles.row_tile, 8), tiles.subgroup_size)
-
-
-def annotate_loss_kernel(gpu_func: ir.Value, anchors: list[tuple[str, dict]]) -> None:
-    """Transform IR: the anchor layouts of `kernel_anchors` (gpu_func a handle), each op
-    taken by its place among the ops of its name that structured.match finds."""
-    from torch_mlir.dialects.transform import xegpu
-
-    for name in ANCHOR_OPS:
-        layouts = [layout for n, layout in anchors if n == name]
-        for handle, layout in zip(_split(match(gpu_func, name), len(layouts)), layouts):
-            xegpu.set_anchor_layout(handle, **layout)
-    canonicalize(gpu_func)
