@@ -125,9 +125,9 @@ def vectorize_stage(params: GenericParams):
     def body(root: ir.Value) -> None:
         func = match(root, "func.func")
         interchange_lane_dims_innermost(func)
-        tile_to_vector_tiles(func, vector_tile=params.vector_tile,
-                             register_tile=params.register_tile)
-        split_odd_bf16_lanes(func)
+        func = tile_to_vector_tiles(func, vector_tile=params.vector_tile,
+                                    register_tile=params.register_tile)
+        func = split_odd_bf16_lanes(func)
         scalarize_rank0_generics(func)
         tile_insert_slices(func, params.vector_tile,
                            max_elements=params.register_tile[0] * params.register_tile[1])

@@ -28,6 +28,20 @@ class RewritesTargets(ir.MemoryEffectsOpInterface):
         transform.modifies_payload(effects)
 
 
+class RewritesNestedOps(ir.MemoryEffectsOpInterface):
+    """Memory effects of an op that keeps its target ops but replaces ops nested in them
+    outside the interpreter's rewriter (through a nested interpreter run): it consumes the
+    handles it reads, so the interpreter invalidates every other handle to an op nested in
+    the targets (a later use is a checked error, not a read of a freed op), and returns a
+    handle to the same targets."""
+
+    @staticmethod
+    def get_effects(op, effects):
+        transform.consumes_handle(op.op_operands, effects)
+        transform.produces_handle(op.results, effects)
+        transform.modifies_payload(effects)
+
+
 class ReplacesTargets(ir.MemoryEffectsOpInterface):
     """Memory effects of an op that replaces the payload ops of the handles it consumes and
     returns handles to what replaced them."""

@@ -13,7 +13,8 @@ elements, dynamic shapes or nothing to split stays sequential. A producer that s
 users outside the forall is the root of a later round. Exact: tiling and fusion recompute
 no value differently, they split the iteration space.
 
-Targets: func.func ops (the handle is only read: the functions stay, their bodies are
+Targets: func.func ops (the handle is consumed and returned, common.RewritesNestedOps: the
+functions stay, their bodies are
 rewritten). Any other target op is a silenceable failure, nothing rewritten.
 """
 
@@ -24,7 +25,7 @@ from torch_mlir.dialects.transform import structured
 
 from .analysis.structure import top_level_linalg_ops
 from .analysis.tiles import ForallPolicy, parallel_tile_sizes
-from .common import Illegal, RewritesTargets, Success, fail, payload_ops
+from .common import Illegal, RewritesNestedOps, Success, fail, payload_ops
 from .dialect import TransformExt
 from .nested import apply_to
 
@@ -54,6 +55,7 @@ class FuseRootsIntoForallsOp(TransformExt.Operation, name="fuse_roots_into_foral
     tile_bytes: ir.IntegerAttr
     vector_tile: ir.IntegerAttr
     min_parallel_work: ir.IntegerAttr
+    transformed: ext.Result[transform.AnyOpType[()]] = ext.infer_result()
 
     class Apply(transform.TransformOpInterface):
         @staticmethod
@@ -69,23 +71,24 @@ class FuseRootsIntoForallsOp(TransformExt.Operation, name="fuse_roots_into_foral
                     return fail(NAME, illegal)
                 for func in targets:
                     fuse_roots(func, policy)
+                results.set_ops(op.transformed, targets)
                 return Success
 
         @staticmethod
         def allow_repeated_handle_operands(op):
             return False
 
-    Effects = RewritesTargets
+    Effects = RewritesNestedOps
 
 
 def fuse_roots_into_foralls(func: ir.Value, *, threads: int, tiles_per_thread: int,
                             tile_bytes: int, vector_tile: int,
-                            min_parallel_work: int) -> FuseRootsIntoForallsOp:
+                            min_parallel_work: int) -> ir.Value:
     """Tile the roots of the functions in `func` into foralls (see the module docstring)."""
     i64 = ir.IntegerType.get_signless(64)
     values = dict(threads=threads, tiles_per_thread=tiles_per_thread, tile_bytes=tile_bytes,
                   vector_tile=vector_tile, min_parallel_work=min_parallel_work)
-    return FuseRootsIntoForallsOp(func, *(ir.IntegerAttr.get(i64, values[f]) for f in _FIELDS))
+    return FuseRootsIntoForallsOp(func, *(ir.IntegerAttr.get(i64, values[f]) for f in _FIELDS)).transformed
 
 
 __all__ = ["FuseRootsIntoForallsOp", "fuse_roots_into_foralls"]

@@ -10,7 +10,7 @@ transform_ext.analysis.tiles) has an odd extent E > 1 is tiled along L by E - 1
 The function is canonicalized afterwards (the one-iteration loops fold away). Every element
 is computed as before.
 
-Targets: func.func ops (the handle is only read). Any other target op is a silenceable
+Targets: func.func ops (the handle is consumed and returned, see common.RewritesNestedOps). Any other target op is a silenceable
 failure, nothing rewritten.
 """
 
@@ -21,7 +21,7 @@ from torch_mlir.dialects.transform import loop, structured
 
 from .analysis.structure import all_linalg_ops, loop_structure
 from .analysis.tiles import lane_dim, touches_bf16
-from .common import Illegal, RewritesTargets, Success, fail, payload_ops
+from .common import Illegal, RewritesNestedOps, Success, fail, payload_ops
 from .dialect import TransformExt
 from .nested import any_op, apply_to, canonicalize
 
@@ -46,6 +46,7 @@ def _split(handle: ir.Value, sizes: list[int]) -> None:
 
 class SplitOddBf16LanesOp(TransformExt.Operation, name="split_odd_bf16_lanes"):
     target: ext.Operand[transform.AnyOpType]
+    transformed: ext.Result[transform.AnyOpType[()]] = ext.infer_result()
 
     class Apply(transform.TransformOpInterface):
         @staticmethod
@@ -61,23 +62,25 @@ class SplitOddBf16LanesOp(TransformExt.Operation, name="split_odd_bf16_lanes"):
                 plan = [(o, sizes) for func in targets for o in all_linalg_ops(func)
                         if (sizes := odd_lane_split(o)) is not None]
                 if not plan:
+                    results.set_ops(op.transformed, targets)
                     return Success
                 for payload_op, sizes in plan:
                     apply_to(payload_op, lambda h, sizes=sizes: _split(h, sizes))
                 for func in targets:
                     apply_to(func, canonicalize)
+                results.set_ops(op.transformed, targets)
                 return Success
 
         @staticmethod
         def allow_repeated_handle_operands(op):
             return False
 
-    Effects = RewritesTargets
+    Effects = RewritesNestedOps
 
 
-def split_odd_bf16_lanes(func: ir.Value) -> SplitOddBf16LanesOp:
+def split_odd_bf16_lanes(func: ir.Value) -> ir.Value:
     """Split the odd bf16 lane dims of the linalg ops in the functions of `func`."""
-    return SplitOddBf16LanesOp(func)
+    return SplitOddBf16LanesOp(func).transformed
 
 
 __all__ = ["SplitOddBf16LanesOp", "split_odd_bf16_lanes", "odd_lane_split"]

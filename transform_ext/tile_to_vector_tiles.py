@@ -14,7 +14,7 @@ Sizes from `vector_tile_sizes` (transform_ext.analysis.tiles):
 Ops whose tile is the whole op (or with dynamic shapes) are left alone. Tiling and peeling
 split the iteration space; every element is computed as before.
 
-Targets: func.func ops (the handle is only read). Any other target op is a silenceable
+Targets: func.func ops (the handle is consumed and returned, see common.RewritesNestedOps). Any other target op is a silenceable
 failure, nothing rewritten.
 """
 
@@ -25,7 +25,7 @@ from torch_mlir.dialects.transform import loop, structured
 
 from .analysis.structure import all_linalg_ops, loop_structure
 from .analysis.tiles import VectorPolicy, register_tile_init_producer, vector_tile_sizes
-from .common import Illegal, RewritesTargets, Success, fail, payload_ops
+from .common import Illegal, RewritesNestedOps, Success, fail, payload_ops
 from .dialect import TransformExt
 from .fuse_init_into_register_tile import fuse_init_into_register_tile
 from .nested import any_op, apply_to, canonicalize
@@ -91,6 +91,7 @@ class TileToVectorTilesOp(TransformExt.Operation, name="tile_to_vector_tiles"):
     target: ext.Operand[transform.AnyOpType]
     vector_tile: ir.IntegerAttr
     register_tile: ir.ArrayAttr
+    transformed: ext.Result[transform.AnyOpType[()]] = ext.infer_result()
 
     class Apply(transform.TransformOpInterface):
         @staticmethod
@@ -115,21 +116,22 @@ class TileToVectorTilesOp(TransformExt.Operation, name="tile_to_vector_tiles"):
                 if peeled:
                     for func in targets:
                         apply_to(func, canonicalize)
+                results.set_ops(op.transformed, targets)
                 return Success
 
         @staticmethod
         def allow_repeated_handle_operands(op):
             return False
 
-    Effects = RewritesTargets
+    Effects = RewritesNestedOps
 
 
 def tile_to_vector_tiles(func: ir.Value, *, vector_tile: int,
-                         register_tile: tuple[int, int]) -> TileToVectorTilesOp:
+                         register_tile: tuple[int, int]) -> ir.Value:
     """Tile every linalg op in the functions of `func` to a vector tile."""
     i64 = ir.IntegerType.get_signless(64)
     return TileToVectorTilesOp(func, ir.IntegerAttr.get(i64, vector_tile),
-                               ir.ArrayAttr.get([ir.IntegerAttr.get(i64, s) for s in register_tile]))
+                               ir.ArrayAttr.get([ir.IntegerAttr.get(i64, s) for s in register_tile])).transformed
 
 
 __all__ = ["TileToVectorTilesOp", "tile_to_vector_tiles", "partial_tile_loops"]

@@ -2,9 +2,11 @@
 of a prime row length whose partial tile is peeled, rejection of a target that is not a
 function; numerics through the generic schedule against torch."""
 
+import pytest
 import torch
+from torch_mlir import ir
 
-from schedules.common import match
+from schedules.common import apply_schedule, build_schedule, canonicalize, match
 from transform_ext.tile_to_vector_tiles import tile_to_vector_tiles
 from tests.transform_ext.helpers import apply, apply_expect_failure, check, parse
 from tests.transform_ext.numeric import run_module
@@ -75,3 +77,20 @@ def test_rejects_a_target_that_is_not_a_function():
     assert "transform_ext.tile_to_vector_tiles: linalg.generic at" in message
     assert "not a func.func" in message
     assert str(payload) == before
+
+
+def test_a_handle_into_the_function_is_invalidated_not_left_dangling():
+    """The op replaces the function's linalg ops through nested interpreter runs: it consumes
+    the function's handle, so a handle to an op inside, kept across it, is a checked error
+    when used (with the checks the compile pipeline applies scripts with; it pointed to a
+    freed op before: a crash or a silent wrong rewrite)."""
+    payload = parse(PRIME_ROWS)
+
+    def body(root):
+        generic = match(root, "linalg.generic")
+        tile_to_vector_tiles(match(root, "func.func"), vector_tile=16, register_tile=(8, 32))
+        canonicalize(generic)
+
+    with payload.context, ir.Location.unknown():
+        with pytest.raises(ValueError, match="invalidated by a previously executed transform op"):
+            apply_schedule(payload, build_schedule(body), expensive_checks=True)
