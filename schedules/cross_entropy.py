@@ -64,7 +64,7 @@ from transform_ext.analysis.classify import reduction_combiner
 from transform_ext.analysis.dims import DimClasses
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
 from transform_ext.common import (Illegal, block_ops, defining_op, depends_on,
-                                  failure_reason)
+                                  failure_reason, walk_ops)
 from transform_ext.drop_unused_results import drop_unused_results
 from transform_ext.exclude_ops import exclude_ops
 from transform_ext.expand_fast_exp import expand_fast_exp
@@ -149,9 +149,9 @@ def _func(payload: ir.Module) -> ir.Operation:
 
 def recognize(payload: ir.Module) -> bool:
     """Cheap test: a log_softmax (max, exp, log) and no matmul."""
-    text = str(payload)
-    return "arith.maximumf" in text and "math.exp" in text and "math.log" in text and \
-        "linalg.batch_matmul" not in text and "linalg.matmul" not in text
+    names = {op.name for op in walk_ops(payload.operation, lambda op: True)}
+    return {"arith.maximumf", "math.exp", "math.log"} <= names and \
+        not any(n.startswith(("linalg.batch_matmul", "linalg.matmul")) for n in names)
 
 
 def _normalize(fold_reshapes: bool):

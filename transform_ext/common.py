@@ -211,9 +211,21 @@ def iterator_attr(kind: str) -> ir.Attribute:
     return ir.Attribute.parse(f"#linalg.iterator_type<{kind}>")
 
 
+def iterator_kind(attr: ir.Attribute) -> str:
+    """'parallel' or 'reduction': the kind a #linalg.iterator_type or #vector.iterator_type
+    attribute holds (compared as attributes, not as printed text)."""
+    from torch_mlir.dialects import linalg, vector
+
+    for dialect, kinds in (("linalg", linalg.IteratorType), ("vector", vector.IteratorType)):
+        for kind in kinds:
+            if attr == ir.Attribute.parse(f"#{dialect}.iterator_type<{kind}>", attr.context):
+                return str(kind)
+    raise ValueError(f"not an iterator type attribute: {attr}")
+
+
 def iterator_kinds(op) -> list[str]:
-    """'parallel' / 'reduction' per loop dim of a linalg.generic."""
-    return [str(a).split("<")[1].rstrip(">") for a in op.opview.iterator_types]
+    """'parallel' / 'reduction' per loop dim of a linalg.generic or vector.contract."""
+    return [iterator_kind(a) for a in ir.ArrayAttr(getattr(op, "operation", op).attributes["iterator_types"])]
 
 
 def body_of(op) -> ir.Block:
