@@ -170,6 +170,21 @@ def defining_op(value: ir.Value) -> ir.Operation | None:
     return owner if isinstance(owner, ir.Operation) else None
 
 
+def users(value: ir.Value) -> list[ir.Operation]:
+    """The ops reading `value`, one per use (an op reading it twice is listed twice)."""
+    return [user_op(use) for use in value.uses]
+
+
+def result_users(op: ir.Operation) -> list[ir.Operation]:
+    """The ops reading any result of `op`, one per use."""
+    return [user for result in op.results for user in users(result)]
+
+
+def user_op(use) -> ir.Operation:
+    """The op an OpOperand `use` belongs to, as ir.Operation."""
+    return getattr(use.owner, "operation", use.owner)
+
+
 
 def depends_on(op: ir.Operation, value: ir.Value, limit: int = 256) -> bool:
     """`op` reads `value` through ops of its block (at most `limit` ops looked at)."""
