@@ -18,7 +18,11 @@ Only the scaling by 2^k differs, by `subnormals`:
   LOW = -87.5 (k >= -126) and e^x = (2 + r 2P(r)) 2^(k - 1), 2^(k - 1) built by shifting
   bits(s) into the exponent field: (bits(s) << 23) + (126 << 23) is the bit pattern of
   2^(k - 1) for k in [-125, 128] and of +0.0 for k = -126. Results below 2^-125.5
-  (1.7e-38, x < -86.99) are 0 (no denormals, no compare and select needed).
+  (1.7e-38, x < -86.99) are 0 (no denormals, no compare and select needed). The last
+  product is written fma(p, 2^(k - 1), -0.0), the same value (y + -0.0 = y for every y;
+  LLVM makes it one multiply): an arith.mulf there, summed by the reduction that reads the
+  exp, would be made a vector.contract by the vectorizer's reduction-to-contract patterns,
+  which the CPU lowering scalarizes lane by lane.
 
 Both: +inf past ln(FLT_MAX) = 88.7228 (the last product overflows, rounded once), NaN for
 NaN (p is NaN, whatever scale the integer steps make of the NaN bits),
@@ -124,7 +128,8 @@ def exp(b: F32Builder, x, *, subnormals: bool = True):
     if not subnormals:  # (2 + r 2P(r)) 2^(k-1): doubling the coefficients is exact
         p = mmath.fma(r, b.horner(r, [2.0 * c for c in EXP_POLY]), b.f(2.0))
         k_bits = arith.shli(arith.bitcast(b.itype, s), b.i(23))
-        return arith.mulf(p, arith.bitcast(b.ftype, arith.addi(k_bits, b.i(126 << 23))))
+        scale = arith.bitcast(b.ftype, arith.addi(k_bits, b.i(126 << 23)))
+        return mmath.fma(p, scale, b.f(-0.0))  # p scale exactly: see the module docstring
     p = mmath.fma(r, b.horner(r, EXP_POLY), b.f(1.0))
     ki = arith.subi(arith.bitcast(b.itype, s), b.i(_bits(ROUNDER)))
     if b.ldexp:

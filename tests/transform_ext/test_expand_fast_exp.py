@@ -41,14 +41,14 @@ def test_exp_becomes_a_polynomial_scaled_by_exponent_bits():
         CHECK: %[[SH:.*]] = arith.shli %[[BITS]]
         CHECK: %[[E:.*]] = arith.addi %[[SH]]
         CHECK: %[[SCALE:.*]] = arith.bitcast %[[E]] : i32 to f32
-        CHECK: %[[Y:.*]] = arith.mulf %{{.*}}, %[[SCALE]] : f32
+        CHECK: %[[Y:.*]] = math.fma %{{.*}}, %[[SCALE]], %{{.*}} : f32
         CHECK-NEXT: linalg.yield %[[Y]]
         CHECK-NOT: math.exp
     """)
     body = str(payload)
     for absent in ("arith.cmpf", "arith.select", "arith.fptosi", "math.roundeven"):
         assert absent not in body, absent
-    assert body.count("math.fma") == 9 and body.count("arith.mulf") == 1
+    assert body.count("math.fma") == 10 and "arith.mulf" not in body
 
 
 def _ulp_error(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
@@ -104,3 +104,42 @@ def test_nested_exps_on_other_types_are_left_alone():
     before = str(payload)
     apply(payload, lambda root: expand_fast_exp(match(root, "func.func")))
     assert str(payload) == before
+
+
+ROW_SUMS = """
+func.func @main(%x: tensor<8x256xf32>) -> tensor<8xf32> {
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<8xf32>
+  %init = linalg.fill ins(%zero : f32) outs(%e : tensor<8xf32>) -> tensor<8xf32>
+  %r = linalg.generic {indexing_maps = [affine_map<(d0, d1) -> (d0, d1)>, affine_map<(d0, d1) -> (d0)>],
+                       iterator_types = ["parallel", "reduction"]}
+      ins(%x : tensor<8x256xf32>) outs(%init : tensor<8xf32>) {
+  ^bb0(%a: f32, %acc: f32):
+    %y = math.exp %a : f32
+    %s = arith.addf %y, %acc : f32
+    linalg.yield %s : f32
+  } -> tensor<8xf32>
+  return %r : tensor<8xf32>
+}
+"""
+
+
+def test_a_sum_of_exps_vectorizes_without_a_contraction():
+    """The expansion's last product is an fma with -0.0: the vectorized sum of exps stays an
+    add reduction (a final mulf would become a vector.contract, lowered lane by lane)."""
+    from lighthouse.compile import cleanup
+    from lighthouse.pipeline import Pipeline, Stage
+    from schedules.generic import GenericParams, fuse_generic, vectorize_generic
+
+    payload = parse(ROW_SUMS)
+    apply(payload, lambda root: expand_fast_exp(match(root, "func.func")))
+    params = GenericParams(threads=1)
+    Pipeline([Stage("cleanup", cleanup), Stage("fuse", lambda m: fuse_generic(m, params)),
+              Stage("vectorize", lambda m: vectorize_generic(m, params))]).run(payload)
+    text = str(payload)
+    assert "vector.contract" not in text
+    x = torch.randn(8, 256, generator=torch.Generator().manual_seed(0)) * 4
+    payload = parse(ROW_SUMS)
+    apply(payload, lambda root: expand_fast_exp(match(root, "func.func")))
+    (got,) = run_module(payload, [x])
+    torch.testing.assert_close(got.double(), torch.exp(x.double()).sum(1), rtol=1e-6, atol=0)
