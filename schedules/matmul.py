@@ -49,6 +49,7 @@ from torch_mlir.dialects.transform import tensor as ttensor
 from torch_mlir.dialects.transform import vector as tvec
 
 from transform_ext.analysis.structure import dim_positions, is_linalg_op, loop_structure
+from transform_ext.common import defining_op, user_op, users
 from transform_ext.drop_unpack_destination_fill import drop_unpack_destination_fill
 from transform_ext.remove_annotation import remove_annotation
 from transform_ext.widen_contraction_operands import widen_contraction_operands
@@ -293,8 +294,7 @@ def _single_use(value) -> ir.Operation | None:
     uses = list(value.uses)
     if len(uses) != 1:
         return None
-    owner = uses[0].owner
-    return owner.operation if isinstance(owner, ir.OpView) else owner
+    return user_op(uses[0])
 
 
 def find_epilogue(value: ir.Value) -> ir.Operation | None:
@@ -346,9 +346,8 @@ def _folding_leaves_one_unpack(c: Contraction) -> bool:
     """Folding transposes and slices into the packs leaves one unpack of C, its only use,
     unless C has several uses and one of them folds into an unpack of its own (then the
     packed C would be unpacked twice)."""
-    users = [u.owner.operation if isinstance(u.owner, ir.OpView) else u.owner
-             for u in c.op.results[0].uses]
-    return len(users) <= 1 or not any(_folds_into_unpack(u) for u in users)
+    readers = users(c.op.results[0])
+    return len(readers) <= 1 or not any(_folds_into_unpack(u) for u in readers)
 
 
 # ----------------------------------------------------------------------------- fuse
@@ -375,12 +374,6 @@ def _set_role(handle, role: str, vector_sizes: list[int] | None = None) -> None:
     _annotate(handle, ROLE, ir.StringAttr.get(role))
     if vector_sizes is not None:
         _annotate(handle, VECTOR_SIZES, ir.DenseI64ArrayAttr.get(vector_sizes))
-
-
-def _producer(value) -> ir.Operation | None:
-    owner = value.owner
-    owner = owner.operation if isinstance(owner, ir.OpView) else owner
-    return owner if isinstance(owner, ir.Operation) else None
 
 
 def _outer_perm(amap, order: dict[int, int]) -> list[int] | None:
@@ -481,9 +474,9 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
                if c.op.operands[index].type.element_type != ir.F32Type.get()]
     kernel = _pack(rec, c, params, fold_transposes=_folding_leaves_one_unpack(c))
     a_index = c.a_index
-    pack_a = _producer(kernel.operands[a_index])
-    pack_b = _producer(kernel.operands[1 - a_index])
-    init = _producer(kernel.operands[2])
+    pack_a = defining_op(kernel.operands[a_index])
+    pack_b = defining_op(kernel.operands[1 - a_index])
+    init = defining_op(kernel.operands[2])
     unpack = _single_use(kernel.results[0])
     if unpack is None or unpack.name != "linalg.unpack":
         raise NotApplicable(f"packing {kernel.name} at {kernel.location} left no unpack")
@@ -501,7 +494,7 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
     if not init_is_fill and (init is None or init.name != "linalg.pack"):
         init = None
     # The unpack overwrites all of its destination: do not compute what it writes into.
-    dest = _producer(unpack.operands[1])
+    dest = defining_op(unpack.operands[1])
     dest_is_fill = dest is not None and dest.name == "linalg.fill"
     register_tile = [{"m": mr, "n": nr}.get(r, 1) for r in roles]
     places = _places(rec, [epilogue, unpack, kernel, pack_b, pack_a, init])
@@ -532,7 +525,7 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
     converts = {}
     for name in widened:
         pack = pack_a if name == "a" else pack_b
-        source = _producer(pack.operands[0]) if pack is not None else None
+        source = defining_op(pack.operands[0]) if pack is not None else None
         if source is not None and source.name == "linalg.generic":
             converts[name] = source
     places = _places(rec, [epilogue, unpack, kernel, pack_b, pack_a, init, converts.get("b"),
@@ -673,7 +666,7 @@ def _schedule_unpacked(rec: StepRecorder, c: Contraction, params: MatmulParams) 
     mr, nr = params.register
     nb = len(c.batch)
     epilogue = find_epilogue(c.op.results[0])
-    init = _producer(c.op.operands[2])
+    init = defining_op(c.op.operands[2])
     rank = len(c.ranges)
     # A fill shared with another contraction (CSE merges equal fills) stays whole for it:
     # fusing would leave the original behind with this tile's role.

@@ -1,7 +1,10 @@
-"""Fit the polynomial coefficients used by lighthouse/targets/math_approx.py.
+"""Fit every polynomial coefficient of lighthouse/targets/math_approx.py (TANH_SMALL,
+ERF_SMALL, ERFC_SCALED) and transform_ext/exp_expansion.py (EXP_POLY).
 
-Weighted least squares on Chebyshev nodes in float64 (relative error weighting), printed as
-Python literals. Run: python tools/fit_math_polynomials.py
+Least squares on Chebyshev nodes in float64, weighted by the relative error of the function
+the polynomial stands for; the exp fit reweights it (Lawson's iteration) towards the minimax
+polynomial. Printed as the Python literals the code holds
+(tests/lighthouse/test_math_approx.py compares them). Run: python tools/fit_math_polynomials.py
 """
 
 import math
@@ -21,29 +24,61 @@ def fit(xs, ys, basis, weight):
     return coef, np.max(np.abs((approx - ys) / np.where(ys == 0, 1, ys)))
 
 
+def powers(n, of=lambda x: x):
+    return [lambda x, i=i: of(x) ** i for i in range(n)]
+
+
+def tanh_small():
+    """tanh(x) = x + x^3 P(x^2) on |x| <= 0.625."""
+    xs = chebyshev_nodes(0.01, 0.625)
+    ys = (np.tanh(xs) - xs) / xs**3
+    return fit(xs, ys, powers(7, lambda x: x * x), 1 / np.abs(ys))
+
+
+def erf_small():
+    """erf(x) = x P(x^2) on |x| <= 0.875."""
+    xs = chebyshev_nodes(1e-4, 0.875)
+    ys = np.vectorize(math.erf)(xs) / xs
+    return fit(xs, ys, powers(7, lambda x: x * x), 1 / np.abs(ys))
+
+
+ERFC_LO, ERFC_HI = 0.875, 4.0
+ERFC_MID, ERFC_HALF = (ERFC_LO + ERFC_HI) / 2, (ERFC_HI - ERFC_LO) / 2
+
+
+def erfc_scaled():
+    """erfc(x) exp(x^2) = Q(t), t = (x - ERFC_MID) / ERFC_HALF on 0.875 <= x <= 4."""
+    xs = chebyshev_nodes(ERFC_LO, ERFC_HI)
+    ys = np.vectorize(math.erfc)(xs) * np.exp(xs * xs)
+    return fit(xs, ys, powers(14, lambda x: (x - ERFC_MID) / ERFC_HALF), 1 / ys)
+
+
+def exp_poly(terms=6, half_width=0.35, rounds=100):
+    """e^r = 1 + r P(r) on |r| <= 0.35 (ln2 / 2 and the rounding of k's product), P with
+    `terms` coefficients; returns them and the max relative error of e^r."""
+    xs = chebyshev_nodes(-half_width, half_width)
+    ys = np.expm1(xs) / xs
+    relative = np.abs(xs) / np.exp(xs)  # an error d in P is r d / e^r relative in e^r
+    lawson = np.ones_like(xs)
+    for _ in range(rounds):
+        coef, _ = fit(xs, ys, powers(terms), relative * np.sqrt(lawson))
+        err = np.abs(relative * (np.polyval(coef[::-1], xs) - ys))
+        lawson = lawson * err
+        lawson /= lawson.sum()
+    return coef, float(np.max(err))
+
+
 def report(name, coef, err):
     print(f"{name} = ({', '.join(repr(float(c)) for c in coef)})  # max rel err {err:.2e}")
 
 
-# tanh(x) = x + x^3 * P(x^2) on |x| <= 0.625
-xs = chebyshev_nodes(0.01, 0.625)
-ys = (np.tanh(xs) - xs) / xs**3
-coef, err = fit(xs, ys, [lambda x, i=i: (x * x) ** i for i in range(7)], 1 / np.abs(ys))
-report("TANH_SMALL", coef, err)
+def main():
+    report("TANH_SMALL", *tanh_small())
+    report("ERF_SMALL", *erf_small())
+    print(f"ERFC_MID, ERFC_HALF = {ERFC_MID!r}, {ERFC_HALF!r}")
+    report("ERFC_SCALED", *erfc_scaled())
+    report("EXP_POLY", *exp_poly())
 
-# erf(x) = x * P(x^2) on |x| <= 0.875
-erf = np.vectorize(math.erf)
-erfc = np.vectorize(math.erfc)
-xs = chebyshev_nodes(1e-4, 0.875)
-ys = erf(xs) / xs
-coef, err = fit(xs, ys, [lambda x, i=i: (x * x) ** i for i in range(7)], 1 / np.abs(ys))
-report("ERF_SMALL", coef, err)
 
-# erfc(x) * exp(x^2) = Q(t), t = (x - 2.4375) / 1.5625 on 0.875 <= x <= 4
-lo, hi = 0.875, 4.0
-mid, half = (lo + hi) / 2, (hi - lo) / 2
-xs = chebyshev_nodes(lo, hi)
-ys = erfc(xs) * np.exp(xs * xs)
-coef, err = fit(xs, ys, [lambda x, i=i: ((x - mid) / half) ** i for i in range(14)], 1 / ys)
-print(f"ERFC_MID, ERFC_HALF = {mid!r}, {half!r}")
-report("ERFC_SCALED", coef, err)
+if __name__ == "__main__":
+    main()

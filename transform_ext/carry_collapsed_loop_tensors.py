@@ -30,14 +30,10 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, tensor, transform
 
 from .common import (Illegal, RewritesTargets, Success, defining_op, fail, ops_named,
-                     payload_ops, terminator)
+                     payload_ops, terminator, users)
 from .dialect import TransformExt
 
 NAME = "transform_ext.carry_collapsed_loop_tensors"
-
-
-def _users(value: ir.Value) -> list[ir.Operation]:
-    return [getattr(u.owner, "operation", u.owner) for u in value.uses]
 
 
 def collapsed_iter_arg(loop: ir.Operation, i: int):
@@ -47,7 +43,7 @@ def collapsed_iter_arg(loop: ir.Operation, i: int):
     arg = body.arguments[1 + i]
     if not isinstance(arg.type, ir.RankedTensorType) or not arg.type.has_static_shape:
         return None
-    uses = _users(arg)
+    uses = users(arg)
     if not uses or any(u.name != "tensor.collapse_shape" for u in uses):
         return None
     reassociation = uses[0].attributes["reassociation"]

@@ -184,6 +184,21 @@ def defining_op(value: ir.Value) -> ir.Operation | None:
     return owner if isinstance(owner, ir.Operation) else None
 
 
+def users(value: ir.Value) -> list[ir.Operation]:
+    """The ops reading `value`, one per use (an op reading it twice is listed twice)."""
+    return [user_op(use) for use in value.uses]
+
+
+def result_users(op: ir.Operation) -> list[ir.Operation]:
+    """The ops reading any result of `op`, one per use."""
+    return [user for result in op.results for user in users(result)]
+
+
+def user_op(use) -> ir.Operation:
+    """The op an OpOperand `use` belongs to, as ir.Operation."""
+    return getattr(use.owner, "operation", use.owner)
+
+
 
 def depends_on(op: ir.Operation, value: ir.Value, limit: int = 256) -> bool:
     """`op` reads `value` through ops of its block (at most `limit` ops looked at)."""
@@ -225,9 +240,21 @@ def iterator_attr(kind: str) -> ir.Attribute:
     return ir.Attribute.parse(f"#linalg.iterator_type<{kind}>")
 
 
+def iterator_kind(attr: ir.Attribute) -> str:
+    """'parallel' or 'reduction': the kind a #linalg.iterator_type or #vector.iterator_type
+    attribute holds (compared as attributes, not as printed text)."""
+    from torch_mlir.dialects import linalg, vector
+
+    for dialect, kinds in (("linalg", linalg.IteratorType), ("vector", vector.IteratorType)):
+        for kind in kinds:
+            if attr == ir.Attribute.parse(f"#{dialect}.iterator_type<{kind}>", attr.context):
+                return str(kind)
+    raise ValueError(f"not an iterator type attribute: {attr}")
+
+
 def iterator_kinds(op) -> list[str]:
-    """'parallel' / 'reduction' per loop dim of a linalg.generic."""
-    return [str(a).split("<")[1].rstrip(">") for a in op.opview.iterator_types]
+    """'parallel' / 'reduction' per loop dim of a linalg.generic or vector.contract."""
+    return [iterator_kind(a) for a in ir.ArrayAttr(getattr(op, "operation", op).attributes["iterator_types"])]
 
 
 def body_of(op) -> ir.Block:

@@ -20,7 +20,8 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, tensor, transform
 
 from .analysis.structure import dim_positions, loop_structure
-from .common import ReplacesTargets, Success, build_generic, clone_body, payload_ops, walk_ops
+from .common import (ReplacesTargets, Success, build_generic, clone_body, payload_ops, user_op,
+                     users, walk_ops)
 from .dialect import TransformExt
 
 
@@ -42,12 +43,10 @@ def broadcast_dims(op: ir.Operation) -> list[int]:
             read.add(ir.IntegerAttr(inner.operation.attributes["dim"]).value)
     out = dim_positions(ls.output_map(0))
     candidates = [d for d in range(ls.num_loops) if d not in read and d in out]
-    users = [u.owner.operation if isinstance(u.owner, ir.OpView) else u.owner
-             for u in op.results[0].uses]
-    if not users:
+    if not list(op.results[0].uses):
         return []
     for use in op.results[0].uses:
-        user = use.owner.operation if isinstance(use.owner, ir.OpView) else use.owner
+        user = user_op(use)
         if not user.name.startswith("linalg.") or use.operand_number >= len(user.operands) - len(user.results):
             return []
         umap = loop_structure(user).maps[use.operand_number]
@@ -99,7 +98,7 @@ def _drop(op: ir.Operation, dims: list[int], rewriter) -> ir.Operation | None:
     copy = _is_plain_copy(new.operation) and inputs[0].type == new_t
     replacement = inputs[0] if copy else new.results[0]
     for use in list(op.results[0].uses):
-        user = use.owner.operation if isinstance(use.owner, ir.OpView) else use.owner
+        user = user_op(use)
         _retarget(user, use.operand_number, dropped_positions, replacement)
     rewriter.erase_op(op)
     if copy:
@@ -143,9 +142,8 @@ class DropBroadcastDimsOp(TransformExt.Operation, name="drop_broadcast_dims"):
                     found = None
                     for target in kept:
                         for g in walk_ops(target, lambda o: o.name == "linalg.generic"):
-                            users = [u.owner.operation if isinstance(u.owner, ir.OpView) else u.owner
-                                     for u in g.results[0].uses] if len(g.results) else []
-                            if users and all(u.name == "linalg.generic" for u in users):
+                            readers = users(g.results[0]) if len(g.results) else []
+                            if readers and all(u.name == "linalg.generic" for u in readers):
                                 dims = broadcast_dims(g)
                                 if dims:
                                     found = (target, g, dims)

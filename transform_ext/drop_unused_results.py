@@ -17,8 +17,8 @@ rewritten generics replaced by their new versions.
 from torch_mlir import ir
 from torch_mlir.dialects import ext, linalg, transform
 
-from .common import (Illegal, ReplacesTargets, Success, erase_dead_body_ops, fail, payload_ops,
-                     walk_ops)
+from .common import (Illegal, ReplacesTargets, Success, defining_op, erase_dead_body_ops, fail,
+                     payload_ops, walk_ops)
 from .dialect import TransformExt
 
 
@@ -33,7 +33,7 @@ def _body_slice(block: ir.Block, roots: list[ir.Value]) -> set:
             if v.owner == block:
                 seen_args.add(v.arg_number)
             continue
-        owner = v.owner.operation if isinstance(v.owner, ir.OpView) else v.owner
+        owner = defining_op(v)
         if owner.parent != block.owner or owner in seen_ops:
             continue
         seen_ops.append(owner)

@@ -8,22 +8,34 @@ Exact for every kind of linalg op (a reduction over an empty dim keeps its ident
 the zeros of a sum; an empty parallel dim gives an empty result), and it leaves no
 zero-size loop nest or zero-length vector for later stages.
 
+linalg.pack and linalg.unpack have no loops of their own (no indexing maps): one whose
+result has a static extent of 0 holds no element, so it equals its destination (two
+tensors of one type without elements are the same value) and is replaced by it. Other linalg
+ops without indexing maps (linalg.softmax, ...) are left alone.
+
 Targets: every linalg op nested in the target ops (or equal to them) with a static loop
-extent of 0. Legality: the op has tensor semantics (one result per init); an empty linalg
-op on buffers is a silenceable failure. The result handle holds the targets (a target that
-was folded itself is dropped from it).
+extent of 0, and every empty pack / unpack. Legality: the op has tensor semantics (one
+result per init); an empty linalg op on buffers is a silenceable failure. The result handle
+holds the targets (a target that was folded itself is dropped from it).
 """
 
 from torch_mlir import ir
-from torch_mlir.dialects import ext, transform
+from torch_mlir.dialects import ext, linalg, transform
 
 from .analysis.structure import is_linalg_op, loop_structure
 from .common import Illegal, ReplacesTargets, Success, fail, payload_ops, walk_ops
 from .dialect import TransformExt
 
 
+_RELAYOUTS = ("linalg.pack", "linalg.unpack")
+
+
 def has_empty_iteration_space(op: ir.Operation) -> bool:
-    return is_linalg_op(op) and 0 in loop_structure(op).ranges
+    if op.name in _RELAYOUTS:
+        shaped = op.results[0].type if len(op.results) else op.operands[1].type
+        return 0 in ir.ShapedType(shaped).shape
+    return is_linalg_op(op) and linalg.get_indexing_maps(op) is not None \
+        and 0 in loop_structure(op).ranges
 
 
 def _inits(op: ir.Operation) -> list[ir.Value]:
@@ -31,7 +43,8 @@ def _inits(op: ir.Operation) -> list[ir.Value]:
     if not results:
         raise Illegal(op, "iterates over an empty space but works on buffers (no results to "
                           "replace)")
-    inits = list(op.operands)[-len(results):]
+    # pack / unpack: (source, dest, padding value?, tile sizes...); others: inits last
+    inits = [op.operands[1]] if op.name in _RELAYOUTS else list(op.operands)[-len(results):]
     if [v.type for v in inits] != [r.type for r in results]:
         raise Illegal(op, "its results do not have the types of its last operands (inits)")
     return inits

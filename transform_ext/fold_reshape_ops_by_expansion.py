@@ -38,7 +38,7 @@ from .analysis.maps import Const, affine_map, make_map, terms
 from .analysis.structure import loop_structure
 from .common import (Illegal, ReplacesTargets, Success, body_of, build_generic, clone_body,
                      defining_op, fail, is_linalg, iterator_kinds, payload_ops, reassociation_attr,
-                     walk_ops)
+                     user_op, walk_ops)
 from .dialect import TransformExt
 
 NAME = "transform_ext.fold_reshape_ops_by_expansion"
@@ -157,7 +157,7 @@ def plan_fold(reshape: ir.Operation, multi_use: bool = False) -> list[Fold]:
     folds = []
     reasons = []
     for use in reshape.results[0].uses:
-        user = use.owner.operation if isinstance(use.owner, ir.OpView) else use.owner
+        user = user_op(use)
         if not is_linalg(user) or user.name == "linalg.fill":
             reasons.append(f"its user {user.name} is not a linalg op it can fold into")
             continue

@@ -73,7 +73,8 @@ def _foldable_cast(op: ir.Operation):
         return None
     attr = constant_value(src)
     result_type = op.results[0].type
-    if "roundingmode" in op.attributes and "to_nearest_even" not in str(op.attributes["roundingmode"]):
+    if "roundingmode" in op.attributes and \
+            ir.IntegerAttr(op.attributes["roundingmode"]).value != arith.RoundingMode.to_nearest_even:
         return None
     if op.name in ("arith.truncf", "arith.extf") and isinstance(attr, ir.FloatAttr):
         return ir.FloatAttr.get(result_type, attr.value)

@@ -45,7 +45,7 @@ from torch_mlir.dialects import math as mmath
 from .analysis.dims import DimClasses
 from .analysis.separability import Form, FormAnalysis, NotSeparable
 from .analysis.structure import dim_positions, loop_structure
-from .common import Illegal, ReplacesTargets, Success, defining_op, fail, is_linalg
+from .common import Illegal, ReplacesTargets, Success, defining_op, fail, is_linalg, payload_ops
 from .dialect import TransformExt
 
 _MAX = ("arith.maximumf", "arith.maxnumf")
@@ -657,10 +657,9 @@ class FuseDependentReductionOpsOp(TransformExt.Operation, name="fuse_dependent_r
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                r1s = [getattr(p, "operation", p) for p in state.get_payload_ops(op.reduction)]
-                consumers = [getattr(p, "operation", p) for p in state.get_payload_ops(op.consumers)]
-                producers = [getattr(p, "operation", p) for h in op.producers
-                             for p in state.get_payload_ops(h)]
+                r1s = payload_ops(state, op.reduction)
+                consumers = payload_ops(state, op.consumers)
+                producers = [p for h in op.producers for p in payload_ops(state, h)]
                 tile = ir.IntegerAttr(op.tile_size).value
                 allow = bool(ir.IntegerAttr(op.allow_remainder).value)
                 if len(r1s) != 1:

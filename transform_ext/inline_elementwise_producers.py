@@ -27,7 +27,7 @@ from torch_mlir.dialects import ext, linalg, tensor, transform
 
 from .analysis.maps import Const, make_map, terms
 from .common import (Illegal, Success, body_of, build_generic, clone_op, defining_op, fail,
-                     iterator_kinds, terminator)
+                     iterator_kinds, payload_ops, terminator)
 from .dialect import TransformExt
 
 NAME = "transform_ext.inline_elementwise_producers"
@@ -193,7 +193,7 @@ class InlineElementwiseProducersOp(TransformExt.Operation, name="inline_elementw
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                consumers = [getattr(c, "operation", c) for c in state.get_payload_ops(op.consumers)]
+                consumers = payload_ops(state, op.consumers)
                 witness = None
                 try:
                     if op.witness is not None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from torch_mlir import ir
 from torch_mlir.dialects import arith, linalg, tensor
 
-from .common import build_generic
+from .common import build_generic, defining_op
 
 
 def dims_map(n: int, dims) -> ir.AffineMap:
@@ -74,8 +74,7 @@ def lane_copy(value: ir.Value, lanes: int) -> ir.Value:
     right after the op computing it."""
     t = ir.RankedTensorType(value.type)
     elem = t.element_type
-    owner = value.owner
-    owner = getattr(owner, "operation", owner)
+    owner = defining_op(value)
     f32 = ir.F32Type.get()
     with ir.InsertionPoint.after(owner), owner.location:
         out = empty([t.shape[0], lanes], f32)

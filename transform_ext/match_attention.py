@@ -13,7 +13,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
 from .analysis.attention import NotAttention, attention_ops
-from .common import Illegal, MatchesPayload, Success, fail
+from .common import Illegal, MatchesPayload, Success, fail, payload_ops
 from .dialect import TransformExt
 
 NAME = "transform_ext.match_attention"
@@ -31,8 +31,7 @@ class MatchAttentionOp(TransformExt.Operation, name="match_attention"):
             with op.context:
                 found = []
                 try:
-                    for target in state.get_payload_ops(op.target):
-                        target = getattr(target, "operation", target)
+                    for target in payload_ops(state, op.target):
                         if len(target.regions) == 0 or len(target.regions[0].blocks) == 0:
                             raise Illegal(target, "has no body")
                         try:

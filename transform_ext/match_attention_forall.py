@@ -12,7 +12,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
 from .analysis.structure import is_linalg_op, loop_structure
-from .common import Illegal, MatchesPayload, Success, block_ops, fail
+from .common import Illegal, MatchesPayload, Success, block_ops, fail, payload_ops
 from .dialect import TransformExt
 
 NAME = "transform_ext.match_attention_forall"
@@ -51,8 +51,7 @@ class MatchAttentionForallOp(TransformExt.Operation, name="match_attention_foral
             with op.context:
                 foralls = []
                 try:
-                    for target in state.get_payload_ops(op.target):
-                        target = getattr(target, "operation", target)
+                    for target in payload_ops(state, op.target):
                         forall = attention_forall(target)
                         if forall is None:
                             raise Illegal(target, "no scf.forall whose key loops each hold two "

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
-from .common import Illegal, MatchesPayload, Success, block_ops, defining_op, fail, ops_named
+from .common import (Illegal, MatchesPayload, Success, block_ops, defining_op, fail, ops_named,
+                     payload_ops)
 from .dialect import TransformExt
 
 NAME = "transform_ext.match_attention_kernel_ops"
@@ -92,8 +93,8 @@ class MatchAttentionKernelOpsOp(TransformExt.Operation, name="match_attention_ke
             with op.context:
                 found = []
                 try:
-                    for target in state.get_payload_ops(op.target):
-                        found.append(attention_kernel_ops(getattr(target, "operation", target)))
+                    for target in payload_ops(state, op.target):
+                        found.append(attention_kernel_ops(target))
                 except Illegal as illegal:
                     return fail(NAME, illegal)
                 handles = (op.q_loads, op.k_loads, op.v_loads, op.qk_dpas, op.pv_dpas, op.stores)

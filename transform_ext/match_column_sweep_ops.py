@@ -14,7 +14,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
 from .analysis.structure import is_linalg_op, loop_structure
-from .common import Illegal, MatchesPayload, Success, block_ops, fail
+from .common import Illegal, MatchesPayload, Success, block_ops, fail, payload_ops
 from .dialect import TransformExt
 from .match_row_max_reductions import has_row_max
 
@@ -63,8 +63,7 @@ class MatchColumnSweepOpsOp(TransformExt.Operation, name="match_column_sweep_ops
             with op.context:
                 found = []
                 try:
-                    for target in state.get_payload_ops(op.target):
-                        target = getattr(target, "operation", target)
+                    for target in payload_ops(state, op.target):
                         sweep = column_sweep_ops(target)
                         if sweep is None:
                             raise Illegal(target, "no scf.forall with an online row-max loop "

@@ -26,7 +26,8 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
 from .analysis.structure import is_linalg_op, loop_structure
-from .common import Illegal, MatchesPayload, Success, block_ops, defining_op, fail
+from .common import (Illegal, MatchesPayload, Success, block_ops, defining_op, fail, payload_ops,
+                     users)
 from .dialect import TransformExt
 
 NAME = "transform_ext.match_contraction_group"
@@ -49,10 +50,6 @@ class ContractionOps:
     def ops(self) -> list[ir.Operation]:
         return ([self.contraction] + ([self.fill] if self.fill else []) + self.prologue
                 + self.epilogue + self.side)
-
-
-def _readers(value: ir.Value) -> list[ir.Operation]:
-    return [getattr(u.owner, "operation", u.owner) for u in value.uses]
 
 
 def linalg_producer(value: ir.Value) -> ir.Operation | None:
@@ -92,11 +89,11 @@ def contraction_groups(func: ir.Operation) -> list[ContractionOps]:
         group = ContractionOps(c, None)
         init = c.operands[len(c.operands) - 1]
         fill = linalg_producer(init)
-        if fill is not None and fill.name == "linalg.fill" and len(_readers(init)) == 1:
+        if fill is not None and fill.name == "linalg.fill" and len(users(init)) == 1:
             group.fill = fill
         for operand in list(c.operands)[:len(c.operands) - 1]:
             p = linalg_producer(operand)
-            while p is not None and is_widening(p) and len(_readers(p.results[0])) == 1:
+            while p is not None and is_widening(p) and len(users(p.results[0])) == 1:
                 group.prologue.append(p)
                 prologue_of[p] = c
                 p = linalg_producer(p.operands[0])
@@ -105,7 +102,7 @@ def contraction_groups(func: ir.Operation) -> list[ContractionOps]:
         value = group.contraction.results[0]
         out_rank = len(ir.ShapedType(value.type).shape)
         while True:
-            readers = _readers(value)
+            readers = users(value)
             if len(readers) != 1:
                 break
             u = readers[0]
@@ -119,7 +116,7 @@ def contraction_groups(func: ir.Operation) -> list[ContractionOps]:
             for operand in list(e.operands)[:len(e.operands) - 1]:
                 p = linalg_producer(operand)
                 if (p is not None and p not in group.epilogue and p is not group.contraction
-                        and _is_elementwise(p) and len(_readers(p.results[0])) == 1):
+                        and _is_elementwise(p) and len(users(p.results[0])) == 1):
                     group.side.append(p)
         taken.update(group.ops())
     return groups
@@ -149,8 +146,8 @@ class MatchContractionGroupOp(TransformExt.Operation, name="match_contraction_gr
             with op.context:
                 groups = []
                 try:
-                    for target in state.get_payload_ops(op.target):
-                        groups.append(next_contraction_group(getattr(target, "operation", target)))
+                    for target in payload_ops(state, op.target):
+                        groups.append(next_contraction_group(target))
                 except Illegal as illegal:
                     return fail(NAME, illegal)
                 results.set_ops(op.root, [g.root for g in groups])

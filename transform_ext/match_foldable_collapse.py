@@ -12,7 +12,7 @@ left. Read-only.
 from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
-from .common import MatchesPayload, Success
+from .common import MatchesPayload, Success, payload_ops
 from .dialect import TransformExt
 from .fold_reshape_ops_by_expansion import CannotFold, plan_fold
 
@@ -41,8 +41,8 @@ class MatchFoldableCollapseOp(TransformExt.Operation, name="match_foldable_colla
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                found = [first_foldable_collapse(getattr(t, "operation", t))
-                         for t in state.get_payload_ops(op.target)]
+                found = [first_foldable_collapse(t)
+                         for t in payload_ops(state, op.target)]
                 results.set_ops(op.result, [c for c in found if c is not None])
                 return Success
 

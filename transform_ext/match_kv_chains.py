@@ -15,7 +15,7 @@ from torch_mlir.dialects import ext, transform
 
 from .analysis.attention import NotAttention, attention_ops, depends_on
 from .analysis.structure import is_linalg_op, loop_structure
-from .common import Illegal, MatchesPayload, Success, defining_op, fail
+from .common import Illegal, MatchesPayload, Success, defining_op, fail, payload_ops
 from .dialect import TransformExt
 
 NAME = "transform_ext.match_kv_chains"
@@ -52,8 +52,8 @@ class MatchKvChainsOp(TransformExt.Operation, name="match_kv_chains"):
             with op.context:
                 found = []
                 try:
-                    for target in state.get_payload_ops(op.target):
-                        found += kv_chains(getattr(target, "operation", target))
+                    for target in payload_ops(state, op.target):
+                        found += kv_chains(target)
                 except Illegal as illegal:
                     return fail(NAME, illegal)
                 results.set_ops(op.result, found)

@@ -15,7 +15,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
 from .analysis.structure import loop_structure
-from .common import MatchesPayload, Success, payload_ops
+from .common import MatchesPayload, Success, iterator_kinds, payload_ops
 from .compute_elementwise_in_f32 import is_narrow
 from .dialect import TransformExt
 
@@ -27,7 +27,7 @@ def _narrow_result(op: ir.Operation) -> bool:
 def is_narrow_generic_reduction(op: ir.Operation) -> bool:
     """A linalg.generic with a reduction iterator and an f16/bf16 result."""
     return (op.name == "linalg.generic" and len(op.results) > 0
-            and any("reduction" in str(a) for a in op.opview.iterator_types) and _narrow_result(op))
+            and "reduction" in iterator_kinds(op) and _narrow_result(op))
 
 
 def _is_narrow_named_reduction(op: ir.Operation) -> bool:

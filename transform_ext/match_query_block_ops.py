@@ -14,7 +14,7 @@ from torch_mlir.dialects import ext, transform
 
 from .analysis.attention import NotAttention, attention_in, depends_into, propagate_loop_dim
 from .analysis.structure import is_linalg_op
-from .common import Illegal, MatchesPayload, Success, block_ops, fail
+from .common import Illegal, MatchesPayload, Success, block_ops, fail, payload_ops
 from .dialect import TransformExt
 
 NAME = "transform_ext.match_query_block_ops"
@@ -42,8 +42,8 @@ class MatchQueryBlockOpsOp(TransformExt.Operation, name="match_query_block_ops")
             with op.context:
                 outputs, producers = [], []
                 try:
-                    for target in state.get_payload_ops(op.target):
-                        output, ops = query_block_ops(getattr(target, "operation", target))
+                    for target in payload_ops(state, op.target):
+                        output, ops = query_block_ops(target)
                         outputs.append(output)
                         producers += ops
                 except Illegal as illegal:

@@ -10,7 +10,7 @@ The result may be empty: matching never fails. Read-only: the target handle stay
 from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
-from .common import MatchesPayload, Success
+from .common import MatchesPayload, Success, payload_ops
 from .dialect import TransformExt
 
 
@@ -42,8 +42,8 @@ class MatchRegisterTileLoopsOp(TransformExt.Operation, name="match_register_tile
         def apply(op, rewriter, results, state):
             with op.context:
                 found = []
-                for target in state.get_payload_ops(op.target):
-                    found += [loop for loop in register_tile_loops(getattr(target, "operation", target))
+                for target in payload_ops(state, op.target):
+                    found += [loop for loop in register_tile_loops(target)
                               if loop not in found]
                 results.set_ops(op.result, found)
                 return Success

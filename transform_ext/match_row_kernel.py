@@ -14,23 +14,20 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
 from .analysis.structure import is_linalg_op
-from .common import Illegal, MatchesPayload, Success, block_ops, defining_op, fail
+from .common import (Illegal, MatchesPayload, Success, block_ops, defining_op, fail, payload_ops,
+                     result_users)
 from .dialect import TransformExt
 from .match_contraction_group import contraction_groups
 
 NAME = "transform_ext.match_row_kernel"
 
 
-def _readers(op: ir.Operation) -> list[ir.Operation]:
-    return [getattr(u.owner, "operation", u.owner) for r in op.results for u in r.uses]
-
-
 def find_row_roots(func: ir.Operation, exclude: list[ir.Operation]) -> list[ir.Operation]:
     """Top-level linalg ops outside `exclude` whose results no other such op reads, in block
     order (the linalg.fill ops that such an op reads set aside)."""
     ops = [o for o in block_ops(func) if is_linalg_op(o) and o not in exclude]
-    ops = [o for o in ops if o.name != "linalg.fill" or not any(r in ops for r in _readers(o))]
-    return [op for op in ops if not any(r in ops for r in _readers(op))]
+    ops = [o for o in ops if o.name != "linalg.fill" or not any(r in ops for r in result_users(o))]
+    return [op for op in ops if not any(r in ops for r in result_users(op))]
 
 
 def producer_chain(root: ir.Operation) -> list[ir.Operation]:
@@ -67,8 +64,8 @@ class MatchRowKernelOp(TransformExt.Operation, name="match_row_kernel"):
             with op.context:
                 kernels = []
                 try:
-                    for target in state.get_payload_ops(op.target):
-                        kernels.append(next_row_kernel(getattr(target, "operation", target)))
+                    for target in payload_ops(state, op.target):
+                        kernels.append(next_row_kernel(target))
                 except Illegal as illegal:
                     return fail(NAME, illegal)
                 results.set_ops(op.root, [root for root, _ in kernels])

@@ -16,7 +16,7 @@ from torch_mlir.dialects import ext, transform
 
 from .analysis.classify import reduction_combiner
 from .analysis.structure import is_linalg_op, loop_structure
-from .common import Illegal, MatchesPayload, Success, block_ops, defining_op, fail
+from .common import Illegal, MatchesPayload, Success, block_ops, defining_op, fail, payload_ops
 from .dialect import TransformExt
 
 NAME = "transform_ext.match_row_max_reductions"
@@ -74,8 +74,7 @@ class MatchRowMaxReductionsOp(TransformExt.Operation, name="match_row_max_reduct
             with op.context:
                 found = []
                 try:
-                    for target in state.get_payload_ops(op.target):
-                        target = getattr(target, "operation", target)
+                    for target in payload_ops(state, op.target):
                         foralls = row_foralls(target)
                         if not foralls:
                             raise Illegal(target, "no scf.forall with a max reduction in its body")

@@ -11,7 +11,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
 from .analysis.structure import is_linalg_op
-from .common import MatchesPayload, Success, block_ops
+from .common import MatchesPayload, Success, block_ops, payload_ops, result_users
 from .dialect import TransformExt
 
 
@@ -30,7 +30,7 @@ def sliced_producers(container: ir.Operation) -> list[ir.Operation]:
     for op in block_ops(container.parent):
         if not is_linalg_op(op) or op == container:
             continue
-        readers = [getattr(u.owner, "operation", u.owner) for r in op.results for u in r.uses]
+        readers = result_users(op)
         if any(u.name == "tensor.extract_slice" and _inside(u, container) for u in readers):
             found.append(op)
     return found
@@ -45,8 +45,8 @@ class MatchSlicedProducersOp(TransformExt.Operation, name="match_sliced_producer
         def apply(op, rewriter, results, state):
             with op.context:
                 found = []
-                for target in state.get_payload_ops(op.target):
-                    for producer in sliced_producers(getattr(target, "operation", target)):
+                for target in payload_ops(state, op.target):
+                    for producer in sliced_producers(target):
                         if producer not in found:
                             found.append(producer)
                 results.set_ops(op.producers, found)

@@ -27,7 +27,7 @@ from torch_mlir.dialects import arith, ext, scf, tensor, transform
 
 from .analysis.structure import is_linalg_op, loop_structure
 from .common import (Illegal, ReplacesTargets, Success, block_ops, body_of, defining_op, fail,
-                     payload_ops, terminator)
+                     payload_ops, terminator, user_op, users)
 from .dialect import TransformExt
 from .lane_form import empty, index_constant
 
@@ -44,7 +44,7 @@ def outputs_of(ops: list) -> list[ir.Value]:
     out = []
     for op in ops:
         for r in op.results:
-            if any(getattr(u.owner, "operation", u.owner) not in ops for u in r.uses):
+            if any(user not in ops for user in users(r)):
                 out.append(r)
     return out
 
@@ -112,7 +112,7 @@ def _clone_into(op: ir.Operation, mapping: dict, r0, rows) -> None:
                 with ir.InsertionPoint.after(inner), inner.location:
                     shifted = arith.addi(inner.results[0], r0)
                 for use in list(inner.results[0].uses):
-                    user = getattr(use.owner, "operation", use.owner)
+                    user = user_op(use)
                     if user != defining_op(shifted):
                         user.operands[use.operand_number] = shifted
 

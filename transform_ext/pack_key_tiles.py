@@ -155,9 +155,8 @@ def _key_tile_slice(op: ir.Operation, iv: ir.Value, step: int, forall: ir.Operat
     t = source.type
     if not isinstance(t, ir.RankedTensorType) or not t.has_static_shape or t.shape[-1] < step:
         return None
-    owner = source.owner
-    if not isinstance(owner, ir.Block):
-        owner = owner.operation
+    owner = defining_op(source)
+    if owner is not None:
         if forall.parent is None or _is_ancestor(forall, owner):
             return None
     return source, offsets, sizes
@@ -179,9 +178,9 @@ def _packed_copy(x: ir.Value, tile: int) -> ir.Value:
     *lead, a, s = t.shape
     n = s // tile
     rank = t.rank
-    owner = x.owner
-    ip = ir.InsertionPoint.at_block_begin(owner) if isinstance(owner, ir.Block) \
-        else ir.InsertionPoint.after(owner.operation)
+    producer = defining_op(x)
+    ip = ir.InsertionPoint.at_block_begin(x.owner) if producer is None \
+        else ir.InsertionPoint.after(producer)
     with ip, x.location:
         if s % tile:
             x = tensor.ExtractSliceOp(ir.RankedTensorType.get(lead + [a, n * tile], t.element_type),

@@ -26,7 +26,8 @@ from torch_mlir.dialects import arith, ext, linalg, tensor, transform
 
 from .analysis.dims import DimClasses
 from .analysis.structure import loop_structure
-from .common import Illegal, RewritesTargets, Success, defining_op, fail, is_linalg
+from .common import (Illegal, RewritesTargets, Success, defining_op, fail, is_linalg, payload_ops,
+                     result_users)
 from .dialect import TransformExt
 
 NAME = "transform_ext.rewrite_attention_row_mask"
@@ -295,8 +296,7 @@ def _dead_chain(value):
         op = pending.pop()
         if op is None or op in order:
             continue
-        remaining = [u for r in op.results for u in r.uses
-                     if (u.owner.operation if isinstance(u.owner, ir.OpView) else u.owner) not in order]
+        remaining = [u for u in result_users(op) if u not in order]
         if remaining:
             continue
         order.append(op)
@@ -314,8 +314,8 @@ class RewriteAttentionRowMaskOp(TransformExt.Operation, name="rewrite_attention_
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                r1s = [getattr(p, "operation", p) for p in state.get_payload_ops(op.reduction)]
-                cs = [getattr(p, "operation", p) for p in state.get_payload_ops(op.contraction)]
+                r1s = payload_ops(state, op.reduction)
+                cs = payload_ops(state, op.contraction)
                 if len(r1s) != len(cs):
                     return fail(NAME, Illegal(op.operation, f"{len(r1s)} reductions for "
                                                             f"{len(cs)} contractions"))

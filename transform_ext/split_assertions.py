@@ -24,7 +24,8 @@ itself one is a silenceable failure (nothing rewritten). The target handle is on
 from torch_mlir import ir
 from torch_mlir.dialects import ext, linalg, transform
 
-from .common import Illegal, RewritesTargets, Success, clone_op, fail, payload_ops, walk_ops
+from .common import (Illegal, RewritesTargets, Success, clone_op, defining_op, fail, payload_ops,
+                     walk_ops)
 from .dialect import TransformExt
 
 NAME = "transform_ext.split_assertions"
@@ -48,10 +49,8 @@ def _backward_slice(roots: list[ir.Operation], body: ir.Block) -> list[ir.Operat
     while frontier:
         op = frontier.pop()
         for v in op.operands:
-            owner = v.owner
-            if isinstance(owner, ir.OpView):
-                owner = owner.operation
-            if isinstance(owner, ir.Operation) and owner.parent == body.owner \
+            owner = defining_op(v)
+            if owner is not None and owner.parent == body.owner \
                     and owner not in wanted:
                 wanted.append(owner)
                 frontier.append(owner)

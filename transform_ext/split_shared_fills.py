@@ -16,7 +16,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
 from .analysis.loss_kernels import kernel_groups
-from .common import Illegal, RewritesTargets, Success, block_ops, fail, payload_ops
+from .common import Illegal, RewritesTargets, Success, block_ops, fail, payload_ops, user_op
 from .dialect import TransformExt
 
 NAME = "transform_ext.split_shared_fills"
@@ -27,7 +27,7 @@ def split_fills(block: ir.Block) -> None:
     for fill in [op for op in block_ops(block) if op.name == "linalg.fill" and op in groups]:
         own = groups[fill]
         for use in list(fill.results[0].uses):
-            user = getattr(use.owner, "operation", use.owner)
+            user = user_op(use)
             kernel = groups.get(user)
             if kernel is None or kernel == own:
                 continue

@@ -15,7 +15,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
 from .analysis.structure import is_linalg_op, loop_structure
-from .common import Illegal, MatchesPayload, Success, defining_op, fail
+from .common import Illegal, MatchesPayload, Success, defining_op, fail, payload_ops
 from .dialect import TransformExt
 
 NAME = "transform_ext.trace_to_argument"
@@ -48,8 +48,8 @@ class TraceToArgumentOp(TransformExt.Operation, name="trace_to_argument"):
             with op.context:
                 n = ir.IntegerAttr(op.operand_number).value
                 try:
-                    values = [traced_argument(getattr(t, "operation", t), n)
-                              for t in state.get_payload_ops(op.target)]
+                    values = [traced_argument(t, n)
+                              for t in payload_ops(state, op.target)]
                 except Illegal as illegal:
                     return fail(NAME, illegal)
                 results.set_values(op.result, values)

@@ -21,7 +21,7 @@ them stay valid); the target handle is only read.
 from torch_mlir import ir
 from torch_mlir.dialects import ext, transform, vector
 
-from .common import Illegal, RewritesTargets, Success, fail, ops_named, payload_ops
+from .common import Illegal, RewritesTargets, Success, fail, iterator_kinds, ops_named, payload_ops
 from .dialect import TransformExt
 
 NAME = "transform_ext.transpose_contract_operands"
@@ -36,8 +36,8 @@ def check_contract(op: ir.Operation) -> list[ir.AffineMap]:
     if op.name != "vector.contract":
         raise Illegal(op, "not a vector.contract")
     maps = [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
-    kinds = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
-    if len(maps) != 3 or maps[2] != _map(0, 1) or len(kinds) != 3 or "reduction" not in kinds[2]:
+    kinds = iterator_kinds(op)
+    if len(maps) != 3 or maps[2] != _map(0, 1) or len(kinds) != 3 or kinds[2] != "reduction":
         raise Illegal(op, "not a contraction C[m, n] += A B over a third reduction loop k")
     return maps
 

@@ -13,7 +13,7 @@ from typing import Sequence
 from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
-from .common import Illegal, MatchesPayload, Success, defining_op, fail
+from .common import Illegal, MatchesPayload, Success, defining_op, fail, payload_ops
 from .dialect import TransformExt
 
 NAME = "transform_ext.walk_producers"
@@ -51,8 +51,8 @@ class WalkProducersOp(TransformExt.Operation, name="walk_producers"):
                 through = [n for n in ir.StringAttr(op.look_through).value.split(",") if n]
                 found = []
                 try:
-                    for t in state.get_payload_ops(op.target):
-                        p = producer_of(getattr(t, "operation", t), n, through)
+                    for t in payload_ops(state, op.target):
+                        p = producer_of(t, n, through)
                         if p not in found:
                             found.append(p)
                 except Illegal as illegal:

@@ -31,15 +31,11 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
 from .common import (Illegal, RewritesTargets, Success, block_ops, defining_op, fail,
-                     payload_ops)
+                     payload_ops, users)
 from .dialect import TransformExt
 
 NAME = "transform_ext.write_results_in_place"
 RESHAPES = ("memref.expand_shape", "memref.collapse_shape")
-
-
-def _users(value: ir.Value) -> list[ir.Operation]:
-    return [getattr(u.owner, "operation", u.owner) for u in value.uses]
 
 
 def _function_level(op: ir.Operation, block: ir.Block):
@@ -71,7 +67,7 @@ def in_place_plan(copy: ir.Operation, func: ir.Operation):
             or buffer.memory_space is not None):
         return None
     order = block_ops(entry)
-    others = [u for u in _users(value) if u != chain[-1]]
+    others = [u for u in users(value) if u != chain[-1]]
     if any(u.name == "memref.copy" for u in others):
         return None
     for user in others:

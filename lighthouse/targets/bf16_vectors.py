@@ -138,10 +138,8 @@ def odd_bf16_vectors_as_i16(payload: ir.Module) -> int:
             return t == bf16 or (isinstance(t, ir.VectorType) and ir.VectorType(t).element_type == bf16)
 
         for value in odd:
-            owner = value.owner
-            op = owner.operation if isinstance(owner, ir.OpView) else owner
-            if isinstance(value, ir.OpResult) and (op.name == "llvm.mlir.constant"
-                                                   or _row_of_constant(op)):
+            op = defining_op(value)
+            if op is not None and (op.name == "llvm.mlir.constant" or _row_of_constant(op)):
                 if op.name == "llvm.mlir.constant":
                     attr, row = ir.DenseElementsAttr(op.attributes["value"]), 0
                 else:  # one row of a multi-dimensional constant (an llvm.array of vectors)

@@ -4,11 +4,10 @@ This MLIR build has no `math-polynomial-approximation` pass, and LLVM scalarizes
 `exp` & co. into libm calls. `expand_math(module)` rewrites each such op on f32 (scalar or
 vector; f16/bf16 are computed in f32) into arith/math ops that vectorize:
 
-exp(x):  k = roundeven(x log2 e), r = x - k ln2 (ln2 split hi/lo, |r| <= ln2/2),
-         exp(r) = 1 + r P(r), P of degree 4 fitted (tools/fit_math_polynomials.py, 1.1e-7
-         relative), times 2^k so denormal results and overflow to inf come out right:
-         ldexp (one vscalefps on AVX-512 hosts, `ldexp=True`) or else
-         2^(k>>1) * 2^(k-(k>>1)) built from exponent bits. x is clamped to [-104, 88.75];
+exp(x):  transform_ext/exp_expansion.py's expansion with subnormals kept (`exp(b, x,
+         subnormals=True)`): r = x - k ln2, e^r = 1 + r P(r), times 2^k by ldexp (one
+         vscalefps on AVX-512 hosts, `ldexp=True`) or two scalings by exponent bits; x is
+         clamped to [-104, 88.75]; denormal results and overflow to inf are rounded once;
          NaN propagates.
 log(x):  x = m 2^e with m in [sqrt(1/2), sqrt(2)) (denormals scaled by 2^23 first),
          log(m) = 2 atanh(s), s = (m-1)/(m+1), odd series to s^13; + e ln2 (hi/lo).
@@ -27,6 +26,8 @@ from torch_mlir import ir
 from torch_mlir.dialects import arith
 from torch_mlir.dialects import math as mmath
 
+from transform_ext.exp_expansion import LN2_HI, LN2_LO, F32Builder, exp
+
 TANH_SMALL = (-0.3333333333035862, 0.13333332154888608, -0.05396771291885392,
               0.021860591491489407, -0.008794120486864164, 0.003312842205597287,
               -0.0008675354517920214)
@@ -39,92 +40,15 @@ ERFC_SCALED = (0.2155524795362947, -0.12118879677629996, 0.06469222822120992,
                0.0034681914153972286, -0.0015345329854492835, 0.0006701101614814308,
                -0.00027625383701163867, 9.528879688264231e-05, -4.092182463650408e-05,
                2.86539462595492e-05, -9.936216865410205e-06)
-LN2_HI, LN2_LO = 0.693145751953125, 1.428606765330187e-06
-EXP_POLY = (0.9999995316748532, 0.4999914103323943, 0.16668114265113734, 0.04189873202890767,
-            0.008261531003483287)
 
 _EXPANDED = ("math.exp", "math.log", "math.tanh", "math.erf")
 
 
-class _Builder:
-    """Emits f32 arith over a scalar or vector shape, with splat constants."""
-
-    def __init__(self, like: ir.Type, ldexp: bool = False):
-        self.ldexp = ldexp
-        self.f32 = ir.F32Type.get()
-        self.i32 = ir.IntegerType.get_signless(32)
-        self.shape = list(like.shape) if isinstance(like, ir.VectorType) else None
-        self.ftype = self._typed(self.f32)
-        self.itype = self._typed(self.i32)
-        self._consts: dict = {}
-
-    def _typed(self, elem):
-        return ir.VectorType.get(self.shape, elem) if self.shape is not None else elem
-
-    def f(self, value: float):
-        key = ("f", float(value))
-        if key not in self._consts:
-            attr = ir.FloatAttr.get(self.f32, value)
-            if self.shape is not None:
-                attr = ir.DenseElementsAttr.get_splat(self.ftype, attr)
-            self._consts[key] = arith.constant(self.ftype, attr)
-        return self._consts[key]
-
-    def i(self, value: int):
-        key = ("i", int(value))
-        if key not in self._consts:
-            attr = ir.IntegerAttr.get(self.i32, value)
-            if self.shape is not None:
-                attr = ir.DenseElementsAttr.get_splat(self.itype, attr)
-            self._consts[key] = arith.constant(self.itype, attr)
-        return self._consts[key]
-
-    def horner(self, x, coefs):
-        acc = self.f(coefs[-1])
-        for c in reversed(coefs[:-1]):
-            acc = mmath.fma(acc, x, self.f(c))
-        return acc
-
-    def cmp(self, pred, a, b):
-        return arith.cmpf(pred, a, b)
-
-    def pow2(self, k):
-        """2^k as f32 for an integer vector k in [-126, 127]."""
-        biased = arith.addi(k, self.i(127))
-        return arith.bitcast(self.ftype, arith.shli(biased, self.i(23)))
-
-    def scale(self, p, k):
-        """p * 2^k for p in [0.5, 2] and integral f32 k in [-150, 129], rounded once (denormal
-        results and overflow to inf included)."""
-        ki = arith.fptosi(self.itype, k)
-        if not self.ldexp:
-            k1 = arith.shrsi(ki, self.i(1))
-            k2 = arith.subi(ki, k1)
-            return arith.mulf(arith.mulf(p, self.pow2(k1)), self.pow2(k2))
-        from torch_mlir.dialects import llvm, vector
-
-        if self.shape is None:
-            return llvm.call_intrinsic(self.f32, "llvm.ldexp.f32.i32", [p, ki], [], [])
-        n = 1
-        for d in self.shape:
-            n *= d
-        flat_f = ir.VectorType.get([n], self.f32)
-        flat_i = ir.VectorType.get([n], self.i32)
-        r = llvm.call_intrinsic(flat_f, f"llvm.ldexp.v{n}f32.v{n}i32",
-                                [vector.shape_cast(flat_f, p), vector.shape_cast(flat_i, ki)], [], [])
-        return vector.shape_cast(self.ftype, r)
+def _exp(b: F32Builder, x):
+    return exp(b, x, subnormals=True)
 
 
-def _exp(b: _Builder, x):
-    x = arith.minimumf(arith.maximumf(x, b.f(-104.0)), b.f(88.75))
-    k = mmath.roundeven(arith.mulf(x, b.f(1.4426950408889634)))
-    r = mmath.fma(k, b.f(-LN2_HI), x)
-    r = mmath.fma(k, b.f(-LN2_LO), r)
-    p = mmath.fma(r, b.horner(r, EXP_POLY), b.f(1.0))
-    return b.scale(p, k)
-
-
-def _log(b: _Builder, x):
+def _log(b: F32Builder, x):
     P = arith.CmpFPredicate
     tiny = b.cmp(P.OLT, x, b.f(1.1754943508222875e-38))
     xs = arith.select(tiny, arith.mulf(x, b.f(8388608.0)), x)
@@ -147,12 +71,12 @@ def _log(b: _Builder, x):
     return arith.select(b.cmp(P.OGE, x, b.f(0.0)), result, b.f(math.nan))  # NaN and x < 0
 
 
-def _sign_like(b: _Builder, value, x):
+def _sign_like(b: F32Builder, value, x):
     """copysign(value, x) for value >= 0."""
     return mmath.copysign(value, x)
 
 
-def _tanh(b: _Builder, x):
+def _tanh(b: F32Builder, x):
     P = arith.CmpFPredicate
     a = mmath.absf(x)
     x2 = arith.mulf(x, x)
@@ -162,7 +86,7 @@ def _tanh(b: _Builder, x):
     return arith.select(b.cmp(P.OLT, a, b.f(0.625)), small, _sign_like(b, large, x))
 
 
-def _erf(b: _Builder, x):
+def _erf(b: F32Builder, x):
     P = arith.CmpFPredicate
     a = mmath.absf(x)
     x2 = arith.mulf(x, x)
@@ -203,7 +127,7 @@ def expand_math(module: ir.Module, ops=_EXPANDED, ldexp: bool = False) -> int:
             with ir.InsertionPoint(op), op.location:
                 value = op.operands[0]
                 rtype = op.results[0].type
-                b = _Builder(rtype, ldexp)
+                b = F32Builder(rtype, ldexp)
                 wide = value if str(_element_type(rtype)) == "f32" else arith.extf(b.ftype, value)
                 result = _IMPLS[op.name](b, wide)
                 if str(_element_type(rtype)) != "f32":

@@ -32,6 +32,8 @@ from pathlib import Path
 
 from torch_mlir import ir
 
+from transform_ext.common import defining_op, user_op
+
 from ..errors import StageError, UnsupportedError
 
 SPIR64_TRIPLE = "spir64-unknown-unknown"
@@ -201,10 +203,8 @@ class _Elements:
                 return lanes
         vtype = ir.VectorType(value.type)
         n, elem = vtype.shape[0], vtype.element_type
-        owner = value.owner
-        if not isinstance(owner, ir.Operation) and hasattr(owner, "operation"):
-            owner = owner.operation
-        if not isinstance(owner, ir.Operation):
+        owner = defining_op(value)
+        if owner is None:
             raise StageError(f"a {vtype} block argument has no SPIR-V form (vector lengths are "
                              f"{SPIRV_VECTOR_LENGTHS})")
         name = owner.name
@@ -234,9 +234,8 @@ class _Elements:
 
     @staticmethod
     def _constant(value: ir.Value, where: ir.Operation) -> int:
-        owner = value.owner
-        owner = getattr(owner, "operation", owner)
-        if not isinstance(owner, ir.Operation) or owner.name != "llvm.mlir.constant":
+        owner = defining_op(value)
+        if owner is None or owner.name != "llvm.mlir.constant":
             raise StageError(f"{where.location}: a dynamic lane index into a vector SPIR-V lacks")
         return ir.IntegerAttr(owner.attributes["value"]).value
 
@@ -313,8 +312,7 @@ def _legalize_vector_lengths(func: ir.Operation) -> None:
     boundary = []          # users of such vectors whose own result is legal (or none)
     for op in illegal:
         for use in op.results[0].uses:
-            user = use.owner
-            user = getattr(user, "operation", user)
+            user = user_op(use)
             if len(user.results) == 1 and _is_illegal_vector(user.results[0].type):
                 continue  # rewritten through its own users
             if not any(user == b for b in boundary):

@@ -44,7 +44,7 @@ from transform_ext.analysis.attention import AttentionOps, NotAttention
 from transform_ext.analysis.structure import loop_structure
 from transform_ext.append_lse_result import append_lse_result
 from transform_ext.bound_causal_key_loops import bound_causal_key_loops
-from transform_ext.common import defining_op
+from transform_ext.common import defining_op, walk_ops
 from transform_ext.drop_broadcast_dims import drop_broadcast_dims
 from transform_ext.drop_unused_results import drop_unused_results
 from transform_ext.filter_keys_major_scores import filter_keys_major_scores
@@ -297,7 +297,8 @@ def _has_guard(ops: AttentionOps) -> bool:
     """Does a select feed the P V contraction (SDPA's fully-masked-row guard)?"""
     for v in ops.values.operands:
         p = defining_op(v)
-        if p is not None and p.name == "linalg.generic" and "arith.select" in str(p):
+        if p is not None and p.name == "linalg.generic" \
+                and walk_ops(p, lambda o: o.name == "arith.select"):
             return True
     return False
 

@@ -15,7 +15,7 @@ from torch_mlir import ir
 from transform_ext.analysis.attention import (AttentionOps, NotAttention, attention_in,
                                              is_index_computation, is_neg_inf)
 from transform_ext.analysis.structure import dim_positions, is_linalg_op, loop_structure
-from transform_ext.common import defining_op
+from transform_ext.common import defining_op, iterator_kinds, walk_ops
 
 from ..generic import single_func
 
@@ -30,11 +30,14 @@ def find_attention(payload: ir.Module) -> AttentionOps:
 
 
 def recognize(payload: ir.Module) -> bool:
-    """Cheap test: a max reduction, an exp and two contractions."""
-    text = str(payload)
-    return "arith.maximumf" in text and "math.exp" in text and (
-        text.count("linalg.batch_matmul") + text.count("linalg.matmul") >= 2
-        or text.count("reduction\"]") >= 3)
+    """Cheap test: a max, an exp and two contractions (named matmuls, or linalg.generics
+    whose innermost loop is a reduction: two contractions and the softmax's max)."""
+    names = [op.name for op in walk_ops(payload.operation, lambda op: True)]
+    matmuls = sum(n.startswith(("linalg.batch_matmul", "linalg.matmul")) for n in names)
+    inner_reductions = len(walk_ops(payload.operation, lambda op: op.name == "linalg.generic"
+                                    and iterator_kinds(op)[-1:] == ["reduction"]))
+    return "arith.maximumf" in names and "math.exp" in names and (
+        matmuls >= 2 or inner_reductions >= 3)
 
 
 def softmax_over_one_key(payload: ir.Module) -> bool:

@@ -17,7 +17,7 @@ from torch_mlir import ir
 from transform_ext.analysis.classify import reduction_combiner
 from transform_ext.analysis.dims import DimClasses
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
-from transform_ext.common import Illegal, block_ops, defining_op, depends_on
+from transform_ext.common import Illegal, block_ops, defining_op, depends_on, walk_ops
 from transform_ext.merge_elementwise import check_mergeable
 
 from ..generic import single_func
@@ -47,9 +47,9 @@ def cross_entropy_func(payload: ir.Module) -> ir.Operation:
 
 def recognize(payload: ir.Module) -> bool:
     """Cheap test: a log_softmax (max, exp, log) and no matmul."""
-    text = str(payload)
-    return "arith.maximumf" in text and "math.exp" in text and "math.log" in text and \
-        "linalg.batch_matmul" not in text and "linalg.matmul" not in text
+    names = {op.name for op in walk_ops(payload.operation, lambda op: True)}
+    return {"arith.maximumf", "math.exp", "math.log"} <= names and \
+        not any(n.startswith(("linalg.batch_matmul", "linalg.matmul")) for n in names)
 
 
 def refuse_empty(payload: ir.Module) -> None:

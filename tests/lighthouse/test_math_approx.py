@@ -1,12 +1,24 @@
 """The polynomial exp/log/tanh/erf of the CPU target: few-ulp accuracy against torch (f32),
-special values, and that they replace the libm calls in vectorized code."""
+special values, and that they replace the libm calls in vectorized code; the flushing
+variant of the one exp expansion (transform_ext.expand_fast_exp): its ulp error and its
+edges; the coefficients are tools/fit_math_polynomials.py's."""
 
+import importlib.util
 import math
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
+import lighthouse.targets.cpu as cpu
+import lighthouse.targets.math_approx as math_approx
+import transform_ext.exp_expansion as exp_expansion
 from lighthouse.compile import compile_kernel
+from schedules.common import match
+from tests.transform_ext.helpers import apply, parse
+from tests.transform_ext.numeric import run_module
+from transform_ext.expand_fast_exp import expand_fast_exp
 
 FUNCS = {"exp": torch.exp, "log": torch.log, "tanh": torch.tanh, "erf": torch.erf}
 
@@ -27,7 +39,7 @@ def _kernel(kernel_file, name, n):
 
 def _ulp_error(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
     """|got - want| in units of the f32 spacing at `want` (want computed in f64)."""
-    spacing = torch.from_numpy(__import__("numpy").spacing(want.float().abs().numpy())).double()
+    spacing = torch.from_numpy(np.spacing(want.float().abs().numpy())).double()
     return ((got.double() - want).abs() / spacing.clamp_min(1e-45))
 
 
@@ -47,8 +59,18 @@ def _points(name: str) -> torch.Tensor:
     return x.float()
 
 
-@pytest.mark.parametrize("name,max_ulp", [("exp", 3), ("log", 3), ("tanh", 4), ("erf", 4)])
-def test_accuracy_in_ulp(kernel_file, name, max_ulp):
+@pytest.fixture(params=[True, False], ids=["ldexp", "two_scalings"])
+def scaling(request, monkeypatch):
+    """exp's 2^k by llvm.ldexp (the AVX-512 hosts' choice) or by two exponent-bit scalings,
+    whatever the host."""
+    ldexp = request.param
+    monkeypatch.setattr(cpu, "expand_math",
+                        lambda payload, **_: math_approx.expand_math(payload, ldexp=ldexp))
+    return ldexp
+
+
+@pytest.mark.parametrize("name,max_ulp", [("exp", 1.5), ("log", 3), ("tanh", 2), ("erf", 3)])
+def test_accuracy_in_ulp(kernel_file, scaling, name, max_ulp):
     x = _points(name)
     compiled = compile_kernel(_kernel(kernel_file, name, x.numel()))
     assert f"llvm.call @{name}f" not in str(compiled.module)  # expanded, not libm
@@ -63,7 +85,7 @@ def test_accuracy_in_ulp(kernel_file, name, max_ulp):
 
 
 @pytest.mark.parametrize("name", sorted(FUNCS))
-def test_special_values_match_torch(kernel_file, name):
+def test_special_values_match_torch(kernel_file, scaling, name):
     x = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e-30, -1e-30,
                       200.0, -200.0, 89.0, -105.0, 1e38, -1.0, 1.0])
     got = compile_kernel(_kernel(kernel_file, name, x.numel())).run(x)[0]
@@ -73,3 +95,80 @@ def test_special_values_match_torch(kernel_file, name):
     inf = torch.isinf(want)
     assert torch.equal(got[inf], want[inf]), (got, want)
     torch.testing.assert_close(got[same & ~inf], want[same & ~inf], rtol=2e-7, atol=1e-38)
+
+
+FLUSH_BELOW = -125.5 * math.log(2.0)  # -86.988: e^x < 2^-125.5 is flushed to 0
+FLT_MAX = 3.4028234663852886e38
+
+
+def _fast_exp(x: torch.Tensor) -> torch.Tensor:
+    """e^x by transform_ext.expand_fast_exp (the flushing variant) in a linalg body."""
+    n = x.numel()
+    payload = parse(f"""
+        func.func @main(%x: tensor<{n}xf32>) -> tensor<{n}xf32> {{
+          %e = tensor.empty() : tensor<{n}xf32>
+          %r = linalg.generic {{indexing_maps = [affine_map<(d0) -> (d0)>, affine_map<(d0) -> (d0)>],
+                               iterator_types = ["parallel"]}}
+              ins(%x : tensor<{n}xf32>) outs(%e : tensor<{n}xf32>) {{
+          ^bb0(%a: f32, %o: f32):
+            %y = math.exp %a : f32
+            linalg.yield %y : f32
+          }} -> tensor<{n}xf32>
+          return %r : tensor<{n}xf32>
+        }}""")
+    apply(payload, lambda root: expand_fast_exp(match(root, "func.func")))
+    assert "math.exp" not in str(payload)
+    return run_module(payload, [x])[0]
+
+
+def test_flush_variant_accuracy_in_ulp():
+    """At most 1.5 ulp (about one) on every normal result above the flush threshold."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.linspace(-86.98, 88.72, 20000), torch.randn(4000, generator=g) * 3,
+                   -torch.rand(4000, generator=g) * 20]).float()
+    got = _fast_exp(x)
+    want = torch.exp(x.double())
+    err = _ulp_error(got, want)
+    assert err.max().item() <= 1.5, (err.max().item(), x[err.argmax()].item())
+
+
+def test_flush_variant_edges():
+    """NaN -> NaN; -inf and everything below 2^-125.5 -> 0; -0 and +0 -> 1; +inf and past
+    ln(FLT_MAX) = 88.7228 -> +inf, 88.7228 itself finite."""
+    x = torch.tensor([float("nan"), -float("inf"), -1e30, -104.0, -87.5, -87.0, -86.99,
+                      -86.98, -0.0, 0.0, 88.72, 88.7228, 88.7229, 88.73, 88.75, 89.0, 1e30,
+                      float("inf")])
+    got = _fast_exp(x)
+    want = torch.exp(x.double())
+    assert torch.isnan(got[0])
+    assert (got[x < FLUSH_BELOW] == 0).all() and not torch.signbit(got[x < FLUSH_BELOW]).any()
+    kept = (x >= FLUSH_BELOW) & (want < FLT_MAX)
+    assert (got[kept] > 0).all() and _ulp_error(got[kept], want[kept]).max() <= 1.5
+    assert (got[x == 0] == 1.0).all()
+    over = x >= 88.7229
+    assert torch.equal(got[over], torch.full_like(got[over], float("inf")))
+    assert math.isfinite(got[x == 88.7228].item())
+
+
+def _fit_tool():
+    path = Path(__file__).resolve().parents[2] / "tools" / "fit_math_polynomials.py"
+    spec = importlib.util.spec_from_file_location("fit_math_polynomials", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("fit,literal", [
+    ("tanh_small", math_approx.TANH_SMALL), ("erf_small", math_approx.ERF_SMALL),
+    ("erfc_scaled", math_approx.ERFC_SCALED), ("exp_poly", exp_expansion.EXP_POLY)])
+def test_coefficients_are_the_fit_tools(fit, literal):
+    """Every coefficient in the code is what tools/fit_math_polynomials.py computes (to the
+    last bits a different LAPACK may change; the f32 constants round them anyway)."""
+    coef, _ = getattr(_fit_tool(), fit)()
+    assert len(coef) == len(literal)
+    np.testing.assert_allclose(np.array(literal), coef, rtol=1e-12, atol=0)
+
+
+def test_erfc_interval_is_the_fit_tools():
+    tool = _fit_tool()
+    assert (math_approx.ERFC_MID, math_approx.ERFC_HALF) == (tool.ERFC_MID, tool.ERFC_HALF)

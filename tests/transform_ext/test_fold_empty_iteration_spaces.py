@@ -67,3 +67,47 @@ def test_an_empty_op_on_buffers_is_refused_and_nothing_changes():
     assert "transform_ext.fold_empty_iteration_spaces: linalg.fill at" in message
     assert "works on buffers" in message
     assert "linalg.fill" in str(payload)
+
+
+# Empty pack / unpack (no indexing maps: they used to crash the loop analysis), a padded
+# pack whose destination is not its last operand, a non-empty pack and a linalg.softmax
+# (no indexing maps either), which stay.
+RELAYOUTS = """
+func.func @main(%x: tensor<0x8x2xf32>, %y: tensor<0x16xf32>, %z: tensor<4x16xf32>,
+                %s: tensor<2x3xf32>)
+    -> (tensor<0x16xf32>, tensor<0x8x2xf32>, tensor<0x6x3xf32>, tensor<4x8x2xf32>, tensor<2x3xf32>) {
+  %pad = arith.constant 0.0 : f32
+  %eu = tensor.empty() : tensor<0x16xf32>
+  %u = linalg.unpack %x inner_dims_pos = [1] inner_tiles = [2] into %eu
+      : tensor<0x8x2xf32> -> tensor<0x16xf32>
+  %ep = tensor.empty() : tensor<0x8x2xf32>
+  %p = linalg.pack %y inner_dims_pos = [1] inner_tiles = [2] into %ep
+      : tensor<0x16xf32> -> tensor<0x8x2xf32>
+  %epp = tensor.empty() : tensor<0x6x3xf32>
+  %pp = linalg.pack %y padding_value(%pad : f32) inner_dims_pos = [1] inner_tiles = [3] into %epp
+      : tensor<0x16xf32> -> tensor<0x6x3xf32>
+  %ek = tensor.empty() : tensor<4x8x2xf32>
+  %kept = linalg.pack %z inner_dims_pos = [1] inner_tiles = [2] into %ek
+      : tensor<4x16xf32> -> tensor<4x8x2xf32>
+  %es = tensor.empty() : tensor<2x3xf32>
+  %sm = linalg.softmax dimension(1) ins(%s : tensor<2x3xf32>) outs(%es : tensor<2x3xf32>) -> tensor<2x3xf32>
+  return %u, %p, %pp, %kept, %sm
+      : tensor<0x16xf32>, tensor<0x8x2xf32>, tensor<0x6x3xf32>, tensor<4x8x2xf32>, tensor<2x3xf32>
+}
+"""
+
+
+def test_empty_pack_and_unpack_become_their_destinations():
+    payload = parse(RELAYOUTS)
+    apply(payload, lambda root: fold_empty_iteration_spaces(match(root, "func.func")))
+    check(payload, """
+        CHECK-LABEL: func.func @main
+        CHECK-NOT: linalg.unpack
+        CHECK-DAG: %[[EU:.*]] = tensor.empty() : tensor<0x16xf32>
+        CHECK-DAG: %[[EP:.*]] = tensor.empty() : tensor<0x8x2xf32>
+        CHECK-DAG: %[[EPP:.*]] = tensor.empty() : tensor<0x6x3xf32>
+        CHECK-DAG: %[[K:.*]] = linalg.pack {{.*}} -> tensor<4x8x2xf32>
+        CHECK-DAG: %[[S:.*]] = linalg.softmax
+        CHECK: return %[[EU]], %[[EP]], %[[EPP]], %[[K]], %[[S]]
+    """)
+    assert str(payload).count("linalg.pack") == 1

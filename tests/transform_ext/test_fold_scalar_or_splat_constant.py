@@ -63,6 +63,23 @@ def test_folds_splats_fills_scalars_and_constant_casts():
     """)
 
 
+def test_constant_casts_fold_only_when_rounding_to_nearest_even():
+    """A truncf with the default rounding (spelled or not) folds; another rounding mode stays:
+    the fold rounds to nearest, even."""
+    payload = parse(SPLATS.replace("%t = arith.truncf %c :", "%t = arith.truncf %c to_nearest_even :"))
+    _fold(payload)
+    check(payload, """
+        CHECK: arith.constant 0.707106769 : f32
+        CHECK-NOT: arith.truncf
+    """)
+    payload = parse(SPLATS.replace("%t = arith.truncf %c :", "%t = arith.truncf %c downward :"))
+    _fold(payload)
+    check(payload, """
+        CHECK: linalg.generic
+        CHECK: arith.truncf %{{.*}} downward : f64 to f32
+    """)
+
+
 def test_same_result_before_and_after_and_torch():
     torch.manual_seed(0)
     x, s = torch.randn(4, 8), torch.tensor(1.5)

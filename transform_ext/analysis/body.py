@@ -6,14 +6,15 @@ from dataclasses import dataclass, field
 
 from torch_mlir import ir
 
+from ..common import defining_op
+
 
 def producer_in(block: ir.Block, value: ir.Value) -> ir.Operation | None:
     """The op of `block` (directly in it) defining `value`, else None."""
     if isinstance(value, ir.BlockArgument):
         return None
-    owner = value.owner
-    owner = owner.operation if isinstance(owner, ir.OpView) else owner
-    if not isinstance(owner, ir.Operation) or owner.parent is None:
+    owner = defining_op(value)
+    if owner is None or owner.parent is None:
         return None
     parent_block = owner.block
     return owner if parent_block == block else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch_mlir.dialects import linalg
 
-from ..common import body_of, is_linalg, iterator_kinds, terminator
+from ..common import body_of, is_linalg, iterator_kinds, terminator, user_op
 from .body import block_arg_number, body_slice, producer_in, strip_casts
 from .maps import affine_map
 from .structure import loop_structure
@@ -74,10 +74,10 @@ def reduction_combiner(op) -> str | None:
         return None
     # acc may only be read by the combiner (through its casts)
     for use in acc.uses:
-        reader = getattr(use.owner, "operation", use.owner)
+        reader = user_op(use)
         if reader == combine:
             continue
         cast_users = list(reader.results[0].uses) if reader.name in _CASTS else []
-        if len(cast_users) != 1 or getattr(cast_users[0].owner, "operation", None) != combine:
+        if len(cast_users) != 1 or user_op(cast_users[0]) != combine:
             return None
     return kind

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from torch_mlir import ir
 
-from ..common import block_ops, defining_op, iterator_kinds
+from ..common import block_ops, defining_op, iterator_kinds, result_users
 from .structure import is_linalg_op
 
 KERNELS = ("host", "before", "rows", "after")
@@ -41,10 +41,6 @@ def needed_by(readers: list, candidates: list) -> list:
     return [op for op in candidates if op in needed]
 
 
-def users(op: ir.Operation) -> list[ir.Operation]:
-    return [getattr(u.owner, "operation", u.owner) for r in op.results for u in r.uses]
-
-
 def kernel_groups(block: ir.Block, fills_by_readers: bool = True) -> dict:
     """{op: kernel name} for the linalg ops of `block` (module docstring)."""
     ops = [op for op in block_ops(block) if is_linalg_op(op)]
@@ -62,7 +58,7 @@ def kernel_groups(block: ir.Block, fills_by_readers: bool = True) -> dict:
     if fills_by_readers:
         for op in ops:
             if op.name == "linalg.fill":
-                kernels = {group[u] for u in users(op) if u in group}
+                kernels = {group[u] for u in result_users(op) if u in group}
                 if len(kernels) == 1:
                     group[op] = kernels.pop()
     return group

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 from torch_mlir import ir
 
+from ..common import defining_op
+
 
 @dataclass(frozen=True)
 class Form:
@@ -47,9 +49,8 @@ class NotSeparable(Exception):
 
 
 def _float_const(value: ir.Value) -> float | None:
-    owner = value.owner
-    op = owner.operation if isinstance(owner, ir.OpView) else owner
-    if not isinstance(op, ir.Operation) or op.name != "arith.constant":
+    op = defining_op(value)
+    if op is None or op.name != "arith.constant":
         return None
     attr = op.attributes["value"]
     if isinstance(attr, ir.FloatAttr):
@@ -80,8 +81,7 @@ class FormAnalysis:
         return result
 
     def _op_form(self, value: ir.Value) -> Form:
-        owner = value.owner
-        op = owner.operation if isinstance(owner, ir.OpView) else owner
+        op = defining_op(value)
         name = op.name
         if name == "arith.constant":
             return Form.x(_float_const(value))
