@@ -1,4 +1,4 @@
-"""Fit every polynomial coefficient of lighthouse/targets/math_approx.py (TANH_SMALL,
+"""Fit every polynomial coefficient of transform_ext/expand_math.py (TANH_SMALL,
 ERF_SMALL, ERFC_SCALED) and transform_ext/exp_expansion.py (EXP_POLY).
 
 Least squares on Chebyshev nodes in float64, weighted by the relative error of the function

@@ -101,6 +101,7 @@ OP_MODULES: list[str] = [
     "match_narrow_reductions",
     "promote_reductions_to_f32",
     "constants_to_arguments",
+    "expand_math",
 ]
 
 

@@ -1,5 +1,5 @@
 """The one f32 exp expansion (arith and math.fma on a scalar or a vector) and the f32
-builder it shares with lighthouse/targets/math_approx.py's log, tanh and erf.
+builder it shares with transform_ext/expand_math.py's log, tanh and erf.
 
     xc = clamp(x, LOW, 88.75)                        (NaN stays NaN)
     s  = fma(xc, log2 e, 1.5 2^23),  k = s - 1.5 2^23  (k = round-to-even(xc log2 e), one

@@ -29,6 +29,7 @@ from torch_mlir.dialects.transform import vector as tvec
 
 import transform_ext
 from transform_ext.common import defining_op
+from transform_ext.expand_math import expand_math_in
 from transform_ext.write_results_in_place import write_results_in_place
 
 from schedules.common import apply_patterns, foreach, match, run_passes, run_schedule
@@ -38,7 +39,6 @@ from ..errors import UnsupportedError
 from ..pipeline import Stage
 from .bf16_vectors import odd_bf16_conversions_as_integer_ops, odd_bf16_vectors_as_i16
 from .description import CpuDescription, host_cpu, host_cpu_flags
-from .math_approx import expand_math
 from .runtime_checks import add_vector_bounds_checks
 
 
@@ -356,7 +356,7 @@ def lower_to_llvm(payload: ir.Module, threads: int, *, runtime_checks: bool = Fa
         "arith-emulate-unsupported-floats{source-types=bf16,f16 target-type=f32}",
         "canonicalize", "cse",
     ]))
-    expand_math(payload, ldexp="avx512f" in host_cpu_flags())
+    expand_math_in(payload.operation, ldexp="avx512f" in host_cpu_flags())
     narrow_f64_truncations_through_f32(payload)
     odd_bf16_conversions_as_integer_ops(payload)
     for op in payload.body.operations:

@@ -52,6 +52,7 @@ from pathlib import Path
 from torch_mlir import ir
 
 from transform_ext.common import ops_named
+from transform_ext.expand_math import expand_math
 
 from ..errors import LighthouseError, StageError, UnsupportedError
 from ..pipeline import Stage
@@ -246,18 +247,16 @@ class XeGpuTarget:
         return XeGpuSchedule(script, builder.plans)
 
     def adapt_front(self, family, front: list[Stage], script) -> list[Stage]:
-        """The script's fuse stays (the family's, or the GPU preparation, see `schedule`); the script's XeGPU stages follow it (their sequences replace the
-        family's vectorize)."""
+        """The script's fuse stays (the family's, or the GPU preparation, see `schedule`);
+        the script's XeGPU stages follow it (their sequences replace the family's
+        vectorize)."""
         if family.gpu_form is None:
             raise UnsupportedError(f"the {family.name} schedule has no GPU lowering; use the "
                                    f"default schedule")
         by_name = {s.name: s for s in front}
         stages = [by_name["import"], by_name["cleanup"], by_name["fuse"]]
         for stage, _, doc in SCRIPT_STAGES:
-            scheduled = script.stage(stage, doc)
-            if stage == "vectorize":
-                scheduled = _then(scheduled, expand_erf)
-            stages.append(scheduled)
+            stages.append(script.stage(stage, doc))
         return stages
 
     def stages(self) -> list[Stage]:
@@ -523,7 +522,9 @@ class _StageBuilder:
             vectorize(self.rec, contractions=False, gathers=True)
         else:
             vectorize(self.rec)
-        expand_erf(self.trial)      # what the stage does after the script's @vectorize
+        # math.erf has no XeVM lowering: its polynomial (exp and the other math ops stay
+        # native, lowered by convert-math-to-xevm)
+        self.rec.step("expand_erf", lambda root: expand_math(root, ops=("math.erf",)))
 
     def bufferize(self) -> None:
         from schedules.cross_entropy.xegpu import finish_bufferized
@@ -731,14 +732,6 @@ def _has_loss_tail(module: ir.Module) -> bool:
     return bool(found)
 
 
-def expand_erf(module: ir.Module) -> None:
-    """math.erf has no XeVM lowering: expand it into the CPU target's polynomial (exp and the
-    other math ops stay native, lowered by convert-math-to-xevm)."""
-    from .math_approx import expand_math
-
-    expand_math(module, ops=("math.erf",))
-
-
 def top_level_foralls(module: ir.Module) -> list[ir.Operation]:
     from schedules.generic import func_ops
 
@@ -764,15 +757,6 @@ def _including(names: list[str]):
             root = include_step(name, root)
 
     return body
-
-
-def _then(stage: Stage, after) -> Stage:
-    """`stage`, then `after(module)`, under the same name and script."""
-    def run(module):
-        stage.run(module)
-        after(module)
-
-    return Stage(stage.name, run, stage.doc, stage.script_text)
 
 
 def _kernel_annotation(attr) -> tuple[str, str, int, tuple[int, ...]]:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import lighthouse.targets.cpu as cpu
-import lighthouse.targets.math_approx as math_approx
+import transform_ext.expand_math as expand_math
 import transform_ext.exp_expansion as exp_expansion
 from lighthouse.compile import compile_kernel
 from schedules.common import match
@@ -64,8 +64,8 @@ def scaling(request, monkeypatch):
     """exp's 2^k by llvm.ldexp (the AVX-512 hosts' choice) or by two exponent-bit scalings,
     whatever the host."""
     ldexp = request.param
-    monkeypatch.setattr(cpu, "expand_math",
-                        lambda payload, **_: math_approx.expand_math(payload, ldexp=ldexp))
+    monkeypatch.setattr(cpu, "expand_math_in",
+                        lambda root, **_: expand_math.expand_math_in(root, ldexp=ldexp))
     return ldexp
 
 
@@ -159,8 +159,8 @@ def _fit_tool():
 
 
 @pytest.mark.parametrize("fit,literal", [
-    ("tanh_small", math_approx.TANH_SMALL), ("erf_small", math_approx.ERF_SMALL),
-    ("erfc_scaled", math_approx.ERFC_SCALED), ("exp_poly", exp_expansion.EXP_POLY)])
+    ("tanh_small", expand_math.TANH_SMALL), ("erf_small", expand_math.ERF_SMALL),
+    ("erfc_scaled", expand_math.ERFC_SCALED), ("exp_poly", exp_expansion.EXP_POLY)])
 def test_coefficients_are_the_fit_tools(fit, literal):
     """Every coefficient in the code is what tools/fit_math_polynomials.py computes (to the
     last bits a different LAPACK may change; the f32 constants round them anyway)."""
@@ -171,4 +171,4 @@ def test_coefficients_are_the_fit_tools(fit, literal):
 
 def test_erfc_interval_is_the_fit_tools():
     tool = _fit_tool()
-    assert (math_approx.ERFC_MID, math_approx.ERFC_HALF) == (tool.ERFC_MID, tool.ERFC_HALF)
+    assert (expand_math.ERFC_MID, expand_math.ERFC_HALF) == (tool.ERFC_MID, tool.ERFC_HALF)

@@ -1,8 +1,10 @@
-"""Polynomial expansions of math.exp / log / tanh / erf for the CPU target.
+"""expand_math: polynomial expansions of math.exp / log / tanh / erf (f32 arithmetic).
 
-This MLIR build has no `math-polynomial-approximation` pass, and LLVM scalarizes vector
-`exp` & co. into libm calls. `expand_math(module)` rewrites each such op on f32 (scalar or
-vector; f16/bf16 are computed in f32) into arith/math ops that vectorize:
+This MLIR build has no `math-polynomial-approximation` pass, LLVM scalarizes vector `exp` &
+co. into libm calls, and XeVM has no lowering of math.erf. `expand_math_in(op)` (the CPU
+lowering, on the module) and the transform op `transform_ext.expand_math` (a schedule's
+step, e.g. the XeGPU @vectorize's erf) rewrite each such op nested in the targets, on f32
+(scalar or vector; f16/bf16 are computed in f32), into arith/math ops that vectorize:
 
 exp(x):  transform_ext/exp_expansion.py's expansion with subnormals kept (`exp(b, x,
          subnormals=True)`): r = x - k ln2, e^r = 1 + r P(r), times 2^k by ldexp (one
@@ -16,17 +18,26 @@ tanh(x): |x| < 0.625: x + x^3 P(x^2) (fitted, tools/fit_math_polynomials.py);
          else sign(x) (1 - 2 / (exp(2|x|) + 1)).
 erf(x):  |x| < 0.875: x P(x^2); |x| < 4: sign(x) (1 - exp(-x^2) Q(x)); else sign(x).
 Each is accurate to a few ulp in f32 (tests/lighthouse/test_math_approx.py measures it).
+
+The transform op: `ops` names the math ops to expand (others stay, e.g. a target whose
+native math lacks only erf); a name without an expansion is a silenceable failure, nothing
+rewritten. Math ops on other element types (f64) are left alone. The targets stay; the
+math ops nested in them are replaced outside the interpreter's rewriter, so the target
+handle is consumed and returned (common.RewritesNestedOps).
 """
 
-from __future__ import annotations
 
 import math
 
 from torch_mlir import ir
-from torch_mlir.dialects import arith
+from torch_mlir.dialects import arith, ext, transform
 from torch_mlir.dialects import math as mmath
 
-from transform_ext.exp_expansion import LN2_HI, LN2_LO, F32Builder, exp
+from .common import Illegal, RewritesNestedOps, Success, fail, payload_ops
+from .dialect import TransformExt
+from .exp_expansion import LN2_HI, LN2_LO, F32Builder, exp
+
+NAME = "transform_ext.expand_math"
 
 TANH_SMALL = (-0.3333333333035862, 0.13333332154888608, -0.05396771291885392,
               0.021860591491489407, -0.008794120486864164, 0.003312842205597287,
@@ -41,7 +52,7 @@ ERFC_SCALED = (0.2155524795362947, -0.12118879677629996, 0.06469222822120992,
                -0.00027625383701163867, 9.528879688264231e-05, -4.092182463650408e-05,
                2.86539462595492e-05, -9.936216865410205e-06)
 
-_EXPANDED = ("math.exp", "math.log", "math.tanh", "math.erf")
+EXPANDED = ("math.exp", "math.log", "math.tanh", "math.erf")
 
 
 def _exp(b: F32Builder, x):
@@ -105,14 +116,14 @@ def _element_type(t: ir.Type) -> ir.Type:
     return t.element_type if isinstance(t, ir.VectorType) else t
 
 
-def expand_math(module: ir.Module, ops=_EXPANDED, ldexp: bool = False) -> int:
+def expand_math_in(root: ir.Operation, ops=EXPANDED, ldexp: bool = False) -> int:
     """Rewrite every op named in `ops` (default: exp, log, tanh and erf) on f32/f16/bf16
-    (scalar or vector) into its polynomial; return the count. A target whose native math
-    lacks only some of them passes those, e.g. `ops=("math.erf",)`. `ldexp`: scale by
-    powers of two with LLVM's ldexp (for targets where it is one instruction, AVX-512)."""
-    unknown = set(ops) - set(_EXPANDED)
+    (scalar or vector) nested in `root` into its polynomial; return the count. `ldexp`:
+    scale by powers of two with LLVM's ldexp (for targets where it is one instruction,
+    AVX-512)."""
+    unknown = set(ops) - set(EXPANDED)
     if unknown:
-        raise ValueError(f"expand_math: no expansion of {sorted(unknown)}; known: {list(_EXPANDED)}")
+        raise ValueError(f"expand_math: no expansion of {sorted(unknown)}; known: {list(EXPANDED)}")
     targets = []
 
     def visit(op):
@@ -121,8 +132,8 @@ def expand_math(module: ir.Module, ops=_EXPANDED, ldexp: bool = False) -> int:
                 targets.append(op)
         return ir.WalkResult.ADVANCE
 
-    module.operation.walk(visit)
-    with module.context:
+    root.walk(visit)
+    with root.context:
         for op in targets:
             with ir.InsertionPoint(op), op.location:
                 value = op.operands[0]
@@ -135,3 +146,43 @@ def expand_math(module: ir.Module, ops=_EXPANDED, ldexp: bool = False) -> int:
             op.results[0].replace_all_uses_with(result)
             op.erase()
     return len(targets)
+
+
+class ExpandMathOp(TransformExt.Operation, name="expand_math"):
+    target: ext.Operand[transform.AnyOpType]
+    ops: ir.ArrayAttr
+    ldexp: ir.IntegerAttr  # i1
+    transformed: ext.Result[transform.AnyOpType[()]] = ext.infer_result()
+
+    class Apply(transform.TransformOpInterface):
+        @staticmethod
+        def apply(op, rewriter, results, state):
+            with op.context:
+                names = [ir.StringAttr(a).value for a in ir.ArrayAttr(op.ops)]
+                targets = payload_ops(state, op.target)
+                try:
+                    for name in names:
+                        if name not in EXPANDED and targets:
+                            raise Illegal(targets[0], f"no expansion of {name} (known: "
+                                                      f"{', '.join(EXPANDED)})")
+                except Illegal as illegal:
+                    return fail(NAME, illegal)
+                for target in targets:
+                    expand_math_in(target, names, bool(ir.IntegerAttr(op.ldexp).value))
+                results.set_ops(op.transformed, targets)
+                return Success
+
+        @staticmethod
+        def allow_repeated_handle_operands(op):
+            return False
+
+    Effects = RewritesNestedOps
+
+
+def expand_math(target: ir.Value, ops=EXPANDED, ldexp: bool = False) -> ir.Value:
+    """Expand the math ops named in `ops` nested in `target`; returns the target handle."""
+    return ExpandMathOp(target, ir.ArrayAttr.get([ir.StringAttr.get(n) for n in ops]),
+                        ir.IntegerAttr.get(ir.IntegerType.get_signless(1), int(ldexp))).transformed
+
+
+__all__ = ["ExpandMathOp", "expand_math", "expand_math_in", "EXPANDED"]
