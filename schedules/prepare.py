@@ -25,10 +25,13 @@ a KernelError) and discards the results, which were computed with clamped indice
 (clamp_gather_indices), so no access left the tensors.
 
 Each is a transform_ext op (of the same name) applied by a transform sequence; this module
-only builds those sequences.
+only builds those sequences. `check_by_planning` is the families' check: their planning
+on a copy after cleanup.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 from torch_mlir import ir
 from torch_mlir.dialects.transform import structured
@@ -37,6 +40,7 @@ import transform_ext
 from transform_ext.checks_to_error_code import checks_to_error_code as checks_to_error_code_op
 from transform_ext.checks_to_error_code import kernel_error_messages as module_error_messages
 from transform_ext.clamp_gather_indices import clamp_gather_indices as clamp_gather_indices_op
+from transform_ext.common import failure_reason
 from transform_ext.compute_elementwise_in_f32 import compute_elementwise_in_f32
 from transform_ext.expand_integer_powers import expand_integer_powers
 from transform_ext.filter_by_element_type import filter_by_element_type
@@ -127,3 +131,22 @@ def simplify_imported_ops(payload: ir.Module) -> None:
         compute_elementwise_in_f32(funcs)
 
     _apply(payload, body)
+
+
+def check_by_planning(payload: ir.Module, plan: Callable[[ir.Module], object],
+                      not_this: type[Exception]) -> str | None:
+    """A family's check: None when `plan` (the family's planning, on a copy of `payload`
+    after cleanup: the family is chosen on the import, judged on what its fuse will see)
+    succeeds, else the one-line reason: a `not_this` error's message (not the family's
+    kind of payload) or the first diagnostic of a transform that refused the payload (the
+    interpreter's ValueError). Any other error propagates (a bug, not a reason)."""
+    trial = ir.Module.parse(str(payload), payload.context)
+    try:
+        with payload.context, ir.Location.unknown():
+            cleanup(trial)
+            plan(trial)
+    except not_this as exc:
+        return str(exc)
+    except ValueError as exc:
+        return (failure_reason(str(exc)) or type(exc).__name__)[:240]
+    return None

@@ -64,7 +64,7 @@ from transform_ext.widen_softmax import widen_softmax
 
 from ..common import any_op, apply_passes, canonicalize, foreach, match, run_schedule
 from ..generic import largest_divisor_at_most
-from ..prepare import cleanup
+from ..prepare import check_by_planning
 from ..script import include_step
 from .recognize import causal_offset, find_attention, index_masks, softmax_over_one_key
 
@@ -126,30 +126,7 @@ def check(payload: ir.Module, params: AttentionParams = AttentionParams()) -> st
     attention, or a transform refused it; any other error propagates)."""
     if softmax_over_one_key(payload):
         return "the softmax runs over one key (S_kv = 1): there is no key loop to fuse"
-    trial = ir.Module.parse(str(payload), payload.context)
-    try:
-        with payload.context, ir.Location.unknown():
-            cleanup(trial)  # the family is chosen on the import: judge what fuse will see
-            plan_attention(trial, params)
-    except NotAttention as exc:
-        return str(exc)
-    except ValueError as exc:  # the interpreter's error: a transform refused the payload
-        return _first_line(exc)
-    return None
-
-
-def _first_line(exc: Exception) -> str:
-    import re
-
-    text = str(exc)
-    for line in text.splitlines():
-        if "Diagnostic message" in line:
-            text = line.split("): ", 1)[-1]
-            break
-    else:
-        text = (text.splitlines() or [type(exc).__name__])[0]
-    text = re.sub(r" at loc\([^)]*\)", "", text)
-    return text.split("at loc(unknown)")[0].strip()[:240]
+    return check_by_planning(payload, lambda trial: plan_attention(trial, params), NotAttention)
 
 
 def plan_attention(payload: ir.Module, params: AttentionParams) -> AttentionPlan:

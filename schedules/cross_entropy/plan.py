@@ -16,13 +16,13 @@ import transform_ext
 from transform_ext.analysis.classify import reduction_combiner
 from transform_ext.analysis.dims import DimClasses
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
-from transform_ext.common import Illegal, block_ops, defining_op, failure_reason
+from transform_ext.common import Illegal, block_ops, defining_op
 from transform_ext.split_reduction_lanes import LANE_DIM
 from transform_ext.split_reduction_lanes import check_group as check_lane_split
 
 from ..common import place_of, run_schedule
 from ..generic import largest_divisor_at_most
-from ..prepare import cleanup
+from ..prepare import check_by_planning
 from .fuse import (CLASS_SUM, fuse_class_loops, mark_class_sums, merge_gradients,
                    name_target_checks, normalize, restructure, sink_root_readers, tile_rows)
 from .params import ClassLoop, CrossEntropyParams, CrossEntropyPlan, RowTiling
@@ -33,21 +33,8 @@ from .recognize import (CrossEntropyOps, NotCrossEntropy, cross_entropy_func, fi
 def check(payload: ir.Module, params: CrossEntropyParams = CrossEntropyParams()) -> str | None:
     """None when this schedule applies to `payload`, else the one-line reason (the plan of
     `params` is made on a copy after cleanup, and kept for the compile's script)."""
-    trial = ir.Module.parse(str(payload), payload.context)
-    try:
-        with payload.context, ir.Location.unknown():
-            cleanup(trial)  # the family is chosen on the import: judge what fuse will see
-            plan_cross_entropy(trial, params)
-    except NotCrossEntropy as exc:
-        return str(exc)
-    except ValueError as exc:  # the interpreter's error: a transform refused the payload
-        return _first_line(exc)
-    return None
-
-
-def _first_line(exc: Exception) -> str:
-    """The diagnostic's message on one line, without its locations (no use to a user)."""
-    return (failure_reason(str(exc)) or type(exc).__name__)[:200]
+    return check_by_planning(payload, lambda trial: plan_cross_entropy(trial, params),
+                             NotCrossEntropy)
 
 
 class _Plans:
