@@ -74,6 +74,16 @@ def canonicalize(target: ir.Value) -> None:
     apply_patterns(target, transform.ApplyCanonicalizationPatternsOp, apply_cse=True)
 
 
+def annotate(handle: ir.Value, name: str, value: ir.Attribute | str | None = None) -> None:
+    """transform.annotate the ops of `handle` with `name`: a unit attribute, or `value` (an
+    attribute, or a string) as a param constant."""
+    if isinstance(value, str):
+        value = ir.StringAttr.get(value)
+    param = None if value is None else transform.ParamConstantOp(transform.AnyParamType.get(),
+                                                                  value).param
+    transform.AnnotateOp(handle, name, param=param)
+
+
 def foreach(handle: ir.Value, body: Callable[[ir.Value], None]) -> None:
     op = transform.ForeachOp([], [handle])
     with ir.InsertionPoint(op.body):

@@ -57,7 +57,7 @@ from transform_ext.widen_contraction_operands import widen_contraction_operands
 import transform_ext
 from transform_ext.split_assertions import split_assertions
 
-from .common import (Place, any_op, apply_passes, apply_patterns, at_place, canonicalize,
+from .common import (Place, annotate, any_op, apply_passes, apply_patterns, at_place, canonicalize,
                      hoist_loop_invariant_subsets, match, place_of)
 from .generic import (GenericParams, func_ops, generic_script, parallel_tile_sizes,
                       register_tile_for, top_level_linalg_ops, vector_tile_sizes)
@@ -362,18 +362,11 @@ def _fuse_into(producer, containing):
     return f.fused_op, f.new_containing_op
 
 
-def _annotate(handle, name: str, value: ir.Attribute | None = None) -> None:
-    """transform.annotate the ops of `handle` with `name` (= `value`: a param constant)."""
-    param = None if value is None else transform.ParamConstantOp(transform.AnyParamType.get(),
-                                                                  value).param
-    transform.AnnotateOp(handle, name, param=param)
-
-
 def _set_role(handle, role: str, vector_sizes: list[int] | None = None) -> None:
     """Annotate the ops of `handle` with their ROLE (and VECTOR_SIZES) for the vectorize stage."""
-    _annotate(handle, ROLE, ir.StringAttr.get(role))
+    annotate(handle, ROLE, ir.StringAttr.get(role))
     if vector_sizes is not None:
-        _annotate(handle, VECTOR_SIZES, ir.DenseI64ArrayAttr.get(vector_sizes))
+        annotate(handle, VECTOR_SIZES, ir.DenseI64ArrayAttr.get(vector_sizes))
 
 
 def _outer_perm(amap, order: dict[int, int]) -> list[int] | None:
@@ -678,7 +671,7 @@ def _schedule_unpacked(rec: StepRecorder, c: Contraction, params: MatmulParams) 
         h = {i: at_place(root, place) for i, place in places.items()}
         mm = h[1]
         _set_role(mm, "register", _sizes(rank, batch=(c.batch, 1), m=(c.m, mr), n=(c.n, nr), k=(c.k, 1)))
-        _annotate(mm, _DONE)
+        annotate(mm, _DONE)
         if init is not None:
             _set_role(h[2], "fill_tile", [1] * nb + [mr, nr])
         if epilogue is not None:

@@ -486,8 +486,7 @@ class _StageBuilder:
     def subgroups(self) -> None:
         """Each workgroup forall annotated with its subgroup decomposition (xegpu.sg_layout,
         xegpu.sg_data) and its thread count (xegpu.threads)."""
-        from schedules.common import at_place, place_of
-        from torch_mlir.dialects import transform
+        from schedules.common import annotate, at_place, place_of
 
         foralls = top_level_foralls(self.trial)
         if len(foralls) != len(self.plans):
@@ -509,8 +508,7 @@ class _StageBuilder:
             for place, attrs in annotations:
                 forall = at_place(root, place)
                 for name, value in attrs:
-                    param = transform.ParamConstantOp(transform.AnyParamType.get(), value)
-                    transform.AnnotateOp(forall, name, param=param)
+                    annotate(forall, name, value)
 
         self.rec.step("subgroup_layouts", body)
 
@@ -537,7 +535,7 @@ class _StageBuilder:
     def gpu_outline(self) -> None:
         """Outlined kernels, then the launch metadata of each (KERNEL_ATTR on its gpu.module,
         with the grid of its launch) and the weights (WEIGHTS_ATTR on the module)."""
-        from schedules.common import match
+        from schedules.common import annotate, match
         from schedules.xegpu.common import outline
         from torch_mlir.dialects import transform
 
@@ -565,10 +563,6 @@ class _StageBuilder:
         count = len(kernels)
 
         def body(root):
-            def annotate(target, name, value):
-                param = transform.ParamConstantOp(transform.AnyParamType.get(), value)
-                transform.AnnotateOp(target, name, param=param)
-
             handles = transform.SplitHandleOp([transform.AnyOpType.get()] * count,
                                               match(root, "gpu.module")).results
             for handle, kernel in zip(list(handles), kernels):

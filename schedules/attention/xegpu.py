@@ -36,7 +36,7 @@ from transform_ext.match_attention_forall import (attention_forall, contractions
 from transform_ext.match_attention_kernel_ops import attention_kernel_ops, match_attention_kernel_ops
 from transform_ext.match_sliced_producers import match_sliced_producers, sliced_producers
 
-from ..common import apply_patterns, canonicalize, match
+from ..common import annotate, apply_patterns, canonicalize, match
 from ..script import StepRecorder
 from ..xegpu.common import passes
 from ..xegpu.contraction import block_mapping, split
@@ -198,8 +198,7 @@ def tile_attention(rec: StepRecorder, tiles: AttentionTiles) -> None:
 
     def map_to_blocks(root):
         forall, _ = match_attention_forall(match(root, "func.func"))
-        mapping = transform.ParamConstantOp(transform.AnyParamType.get(), block_mapping(dims))
-        transform.AnnotateOp(forall, "mapping", param=mapping)
+        annotate(forall, "mapping", block_mapping(dims))
 
     rec.step("map_to_workgroups", map_to_blocks)
 

@@ -72,7 +72,7 @@ from transform_ext.analysis.loss_kernels import grouped, kernel_groups
 from transform_ext.common import block_ops, failure_reason, iterator_kinds, ops_named
 from transform_ext.remove_annotation import remove_annotation
 
-from ..common import any_op, foreach, match
+from ..common import annotate, any_op, foreach, match
 from ..script import StepRecorder
 from ..xegpu.common import passes
 from .fuse import match_attr, split_handle, target_check_message
@@ -110,15 +110,6 @@ def _handle_of(func: ir.Value, place: tuple[str, int, int]) -> ir.Value:
     """A handle to the op at `place` (see _place_in_func) of the function `func`."""
     name, index, count = place
     return split_handle(match(func, name), count)[index]
-
-
-def _annotate(target: ir.Value, name: str, value: str | None = None) -> None:
-    """transform.annotate: a unit attribute, or the string `value`."""
-    if value is None:
-        transform.AnnotateOp(target, name)
-        return
-    param = transform.ParamConstantOp(transform.AnyParamType.get(), ir.StringAttr.get(value)).result
-    transform.AnnotateOp(target, name, param=param)
 
 
 def _is_arg(value: ir.Value, block: ir.Block) -> bool:
@@ -190,12 +181,12 @@ def _prepare_host_check(rec: StepRecorder, graph: LossGraph) -> None:
     def body(root):
         func = match(root, "func.func")
         row_max = _handle_of(func, row_max_place)
-        _annotate(row_max, CLASS_REDUCTION)
-        _annotate(match_class_reductions(row_max), CLASS_REDUCTION)
+        annotate(row_max, CLASS_REDUCTION)
+        annotate(match_class_reductions(row_max), CLASS_REDUCTION)
         if gradient_place is not None:
-            _annotate(_handle_of(func, gradient_place), GRADIENT)
+            annotate(_handle_of(func, gradient_place), GRADIENT)
         checks = inline_argument_producers(match_loss_kernels(func).host)
-        foreach(checks, lambda check: _annotate(match(check, "cf.assert"), "msg", message))
+        foreach(checks, lambda check: annotate(match(check, "cf.assert"), "msg", message))
 
     _step(rec, "mark_kernel_ops", body)
     block = graph.func.regions[0].blocks[0]
@@ -239,10 +230,10 @@ def _prepare_row_kernel(rec: StepRecorder, graph: LossGraph) -> None:
 
     def body(root):
         func = match(root, "func.func")
-        _annotate(load_rows_in_lane_form(match_loss_kernels(func).rows, rows, LANES),
+        annotate(load_rows_in_lane_form(match_loss_kernels(func).rows, rows, LANES),
                   LANE_FORM)
         hoist_row_gathers(not_in_lane_form(func))
-        _annotate(lane_form_gathers(not_in_lane_form(func), LANES), LANE_FORM)
+        annotate(lane_form_gathers(not_in_lane_form(func), LANES), LANE_FORM)
 
     _step(rec, "prepare_row_kernel", body)
 
@@ -276,7 +267,7 @@ def _outline_kernels(rec: StepRecorder, graph: LossGraph, tiles: LossRowTiles,
             forall = outline_into_forall(getattr(found, group),
                                          rows=rows if group == "rows" else 0,
                                          total_rows=total_rows, mapping=block_mapping(1))
-            _annotate(forall, KERNEL_ATTR, kind)
+            annotate(forall, KERNEL_ATTR, kind)
 
     _step(rec, "outline_kernels", body)
     return kernels
