@@ -29,6 +29,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .errors import IngressError
+from .flash_decompositions import flash_decompositions
 from .tm_tensor_lowering import (index_decompositions, lower_scatters, lower_sorts,
                                  prepare_index_puts)
 
@@ -175,7 +176,7 @@ def import_joint(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel")
     flat_args = tuple(inputs[i] for i in tensor_pos) + tuple(params.values())
     importer, diagnostics = _quiet_importer()
     try:
-        with sdpa_kernel(SDPBackend.MATH):
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]):
             gm = make_fx(torch.func.functionalize(joint, remove="mutations"),
                          decomposition_table=_joint_decompositions())(*flat_args)
         empty_tensors_without_work(gm)
@@ -667,6 +668,7 @@ def _joint_decompositions() -> dict:
     table[aten._native_batch_norm_legit_no_training.default] = _native_batch_norm_no_training
     table.update(_narrow_float_decompositions())
     table.update(index_decompositions())
+    table.update(flash_decompositions())
     return table
 
 

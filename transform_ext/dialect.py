@@ -36,6 +36,7 @@ OP_MODULES: list[str] = [
     "tile_to_vector_tiles",
     "split_odd_bf16_lanes",
     "match_attention",
+    "fuse_attention_backward",
     "store_scores_keys_major",
     "filter_keys_major_scores",
     "fold_key_transpose",

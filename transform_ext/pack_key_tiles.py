@@ -39,12 +39,14 @@ def int_constant(value) -> int | None:
 
 
 def top_level_foralls(root: ir.Operation) -> list[ir.Operation]:
-    """The scf.forall ops under `root` not nested in another forall."""
+    """The scf.forall ops under `root` not nested in another forall, except a kernel's
+    already fused (marked `lh.fused_kernel`, see fuse_attention_backward)."""
     found = []
 
     def visit(op):
         if op.name == "scf.forall":
-            found.append(op)
+            if "lh.fused_kernel" not in op.attributes:
+                found.append(op)
             return ir.WalkResult.SKIP
         return ir.WalkResult.ADVANCE
 

@@ -60,11 +60,11 @@ def _example(name: str, file: str, backward: bool = False, **overrides) -> Case:
     return Case(name, EXAMPLES / f"{file}.py", dict(overrides), backward, useful)
 
 
-def _attention(name: str, s: int, causal: bool, h: int = 8) -> Case:
+def _attention(name: str, s: int, causal: bool, h: int = 8, backward: bool = False) -> Case:
     overrides = dict(B=1, H=h, S=s, D=64)
     if causal:
         overrides["IS_CAUSAL"] = True
-    return _example(name, "attention", **overrides)
+    return _example(name, "attention", backward, **overrides)
 
 
 def default_suite() -> list[Case]:
@@ -81,6 +81,10 @@ def default_suite() -> list[Case]:
         _attention("attention_1024_causal", 1024, True),
         _attention("attention_4096", 4096, False),
         _attention("attention_4096_causal", 4096, True),
+        _attention("attention_1024_bwd", 1024, False, backward=True),
+        _attention("attention_1024_causal_bwd", 1024, True, backward=True),
+        _attention("attention_4096_bwd", 4096, False, backward=True),
+        _attention("attention_4096_causal_bwd", 4096, True, backward=True),
         _example("cross_entropy", "cross_entropy", N=1023, C=128256),
         _example("cross_entropy_bwd", "cross_entropy", backward=True, N=1023, C=128256),
         _example("cross_entropy_bf16", "cross_entropy", N=4096, C=32000, DTYPE="bfloat16"),
@@ -100,6 +104,7 @@ def quick_suite() -> list[Case]:
         _example("layer_norm", "layer_norm", N=96, D=768),
         _attention("attention", 128, False, h=2),
         _attention("attention_causal", 128, True, h=2),
+        _attention("attention_causal_bwd", 128, True, h=2, backward=True),
         _example("cross_entropy", "cross_entropy", N=63, C=4000),
         _example("cross_entropy_bwd", "cross_entropy", backward=True, N=63, C=4000),
         _example("cross_entropy_bf16", "cross_entropy", N=64, C=3200, DTYPE="bfloat16"),

@@ -41,6 +41,7 @@ from torch_mlir.dialects.transform import structured
 
 import transform_ext
 from transform_ext.analysis.attention import AttentionOps, NotAttention
+from transform_ext.analysis.attention_backward import NotAttentionBackward, attention_backward_in
 from transform_ext.analysis.structure import loop_structure
 from transform_ext.append_lse_result import append_lse_result
 from transform_ext.bound_causal_key_loops import bound_causal_key_loops
@@ -51,6 +52,7 @@ from transform_ext.filter_keys_major_scores import filter_keys_major_scores
 from transform_ext.fold_key_transpose import fold_key_transpose
 from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion
 from transform_ext.fold_scalar_or_splat_constant import fold_scalar_or_splat_constant
+from transform_ext.fuse_attention_backward import fuse_attention_backward
 from transform_ext.fuse_elementwise_producers import fuse_elementwise_producers
 from transform_ext.fuse_key_loops import fuse_key_loops
 from transform_ext.match_attention import match_attention
@@ -62,11 +64,12 @@ from transform_ext.sink_normalization_past_contraction import sink_normalization
 from transform_ext.store_scores_keys_major import store_scores_keys_major
 from transform_ext.widen_softmax import widen_softmax
 
-from ..common import any_op, apply_passes, canonicalize, foreach, match, run_schedule
+from ..common import annotate, any_op, apply_passes, canonicalize, foreach, match, run_schedule
 from ..generic import largest_divisor_at_most
 from ..prepare import check_by_planning
 from ..script import include_step
-from .recognize import causal_offset, find_attention, index_masks, softmax_over_one_key
+from .recognize import (attention_func, causal_offset, find_attention, index_masks,
+                        softmax_over_one_key)
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,16 @@ class AttentionParams:
 
 
 @dataclass(frozen=True)
+class BackwardPlan:
+    """The attention backward of a joint forward+backward payload, fused first
+    (transform_ext.fuse_attention_backward): its query and key tiles and causal delta."""
+
+    query_tile: int
+    key_tile: int
+    causal_delta: int | None
+
+
+@dataclass(frozen=True)
 class AttentionPlan:
     """What the script is built from: the parameters and what the normalized payload shows.
     row_guard: a select guards the fully masked rows (SDPA's math backend), read from the
@@ -109,6 +122,7 @@ class AttentionPlan:
     query_iv: int | None
     causal_delta: int | None
     split_unmasked: bool
+    backward: BackwardPlan | None = None
 
 
 class _Normalized:
@@ -119,6 +133,7 @@ class _Normalized:
     source: str | None = None
     text: str = ""
     row_guard: bool = False
+    backward: BackwardPlan | None = None
 
 
 def check(payload: ir.Module, params: AttentionParams = AttentionParams()) -> str | None:
@@ -138,11 +153,15 @@ def plan_attention(payload: ir.Module, params: AttentionParams) -> AttentionPlan
     if _Normalized.source != source:
         trial = ir.Module.parse(source, payload.context)
         _apply_steps(trial, [_normalize_layout])
+        backward = plan_backward(trial)
+        if backward is not None:
+            _apply_steps(trial, [_fuse_backward(backward)])
         find_attention(trial)  # NotAttention says why not
         _apply_steps(trial, [_share_kv_heads, _sink_normalization])
         _Normalized.source, _Normalized.text = source, str(trial)
         _Normalized.row_guard = _has_guard(find_attention(trial))
-    row_guard = _Normalized.row_guard
+        _Normalized.backward = backward
+    row_guard, backward = _Normalized.row_guard, _Normalized.backward
     trial = ir.Module.parse(_Normalized.text, payload.context)
     _apply_steps(trial, [_masked_rows(row_guard, params)])
     ops = find_attention(trial)
@@ -151,7 +170,41 @@ def plan_attention(payload: ir.Module, params: AttentionParams) -> AttentionPlan
     # the mask-free first loop drops the index-computed mask: only when it is the only one
     # (a second one, a sliding window, must stay)
     return AttentionPlan(params, row_guard, tuple(sizes), query_tile, query_iv, delta,
-                         delta is not None and index_masks(ops) == 1)
+                         delta is not None and index_masks(ops) == 1, backward)
+
+
+def plan_backward(payload: ir.Module) -> BackwardPlan | None:
+    """The plan of the attention backward in a payload after step 1 (None: there is none)."""
+    func = attention_func(payload)
+    try:
+        bwd = attention_backward_in(func)
+    except NotAttentionBackward:
+        return None
+    shape = lambda src: list(ir.ShapedType(src.value.type).shape)[-2:]
+    rows = lambda src: shape(src)[1 if src.transposed else 0]
+    delta = None
+    if bwd.masked:
+        delta = causal_offset(payload, bwd)
+        if delta is None or delta < 0:
+            raise NotAttention("the attention backward's mask is not causal (key <= query + "
+                               "delta, delta >= 0)")
+    return BackwardPlan(largest_divisor_at_most(rows(bwd.q), BACKWARD_TILE),
+                        largest_divisor_at_most(rows(bwd.k), BACKWARD_TILE), delta)
+
+
+BACKWARD_TILE = 64
+QUERY_BLOCKS = "lh.query_blocks"  # the forward's forall, in a payload with a fused backward
+
+
+def _fuse_backward(backward: BackwardPlan):
+    """Step 1b: the attention backward as one fused kernel (its own loops over query and key
+    tiles), inlined; the forward's steps then see the forward alone."""
+    def body(root: ir.Value) -> ir.Value:
+        fuse_attention_backward(match(root, "func.func"), query_tile=backward.query_tile,
+                                key_tile=backward.key_tile, causal_delta=backward.causal_delta)
+        return apply_passes(root, "inline", "symbol-dce", "canonicalize", "cse")
+
+    return body
 
 
 def _apply_steps(payload: ir.Module, steps) -> None:
@@ -287,6 +340,8 @@ def _normalize(plan: AttentionPlan):
         for _ in range(_COLLAPSE_ROUNDS):
             root = include_step("fold_shared_collapse", root)
         root = include_step("fold_unit_dims", root)
+        if plan.backward is not None:
+            root = include_step("fuse_backward", root)
         for name, _ in _normalize_steps(plan.row_guard, plan.params):
             root = include_step(name, root)
         return root
@@ -300,6 +355,8 @@ def tile_query_blocks(plan: AttentionPlan):
     def body(root: ir.Value) -> ir.Value:
         output, producers = match_query_block_ops(match(root, "func.func"))
         tiled = structured.TileUsingForallOp(output, tile_sizes=list(plan.tile_sizes))
+        if plan.backward is not None:  # beside the backward's forall: found by name
+            annotate(tiled.forall_op, QUERY_BLOCKS)
         foreach(producers,
                 lambda producer: structured.FuseIntoContainingOp(producer, tiled.forall_op))
         return apply_passes(root, "canonicalize", "cse")
@@ -321,7 +378,9 @@ def _online_softmax(plan: AttentionPlan):
 def _causal_bounds(plan: AttentionPlan):
     """Step 5: key tiles above the diagonal skipped, those below it without the mask."""
     def body(root: ir.Value) -> ir.Value:
-        bound_causal_key_loops(match(root, "scf.forall"), delta=plan.causal_delta,
+        blocks = match(root, "scf.forall") if plan.backward is None else structured.MatchOp(
+            any_op(), root, op_attrs={QUERY_BLOCKS: ir.UnitAttr.get()}).result
+        bound_causal_key_loops(blocks, delta=plan.causal_delta,
                                query_tile=plan.query_tile, query_iv=plan.query_iv,
                                split=plan.split_unmasked)
         return root
@@ -334,6 +393,8 @@ def fuse_steps(plan: AttentionPlan) -> list[tuple[str, object]]:
     (name, body(root) -> root)."""
     steps = [("fold_constants_and_reshapes", _fold_constants_and_reshapes),
              ("fold_shared_collapse", _fold_shared_collapse), ("fold_unit_dims", _fold_unit_dims)]
+    if plan.backward is not None:
+        steps.append(("fuse_backward", _fuse_backward(plan.backward)))
     steps += _normalize_steps(plan.row_guard, plan.params)
     steps += [("normalize", _normalize(plan)), ("tile_query_blocks", tile_query_blocks(plan)),
               ("online_softmax", _online_softmax(plan))]

@@ -141,7 +141,16 @@ def test_a_mismatch_with_torch_that_matches_the_exact_result_is_not_a_failure():
     assert verdict.ok and "as close to the exact (float64) one" in verdict.events[-1]
     verdict, _ = harness.run(TORCH_BF16_NAN_LEAK, False, "harness_bf16_nan_leak")
     assert verdict.ok, verdict
-    assert any("close to the exact" in e for e in verdict.events)
+    if _torch_leaks_the_nan():  # torch's bf16 matmul kernel depends on the CPU
+        assert any("close to the exact" in e for e in verdict.events)
+
+
+def _torch_leaks_the_nan() -> bool:
+    """Does torch's bf16 a @ b here put NaN in rows other than the NaN row of a?"""
+    a = torch.rand(129, 129, dtype=torch.bfloat16)
+    a[121] = float("nan")
+    out = a @ torch.rand(129, 16, dtype=torch.bfloat16)
+    return bool(torch.isnan(torch.cat([out[:121], out[122:]])).any())
 
 
 def test_a_real_case_runs_in_a_child_and_passes():

@@ -163,10 +163,11 @@ def _fit_tool():
     ("erfc_scaled", expand_math.ERFC_SCALED), ("exp_poly", exp_expansion.EXP_POLY)])
 def test_coefficients_are_the_fit_tools(fit, literal):
     """Every coefficient in the code is what tools/fit_math_polynomials.py computes (to the
-    last bits a different LAPACK may change; the f32 constants round them anyway)."""
+    last bits a different LAPACK or CPU kernel may change, seen at 7e-12 relative on an
+    AVX-512 host; the f32 constants round them anyway)."""
     coef, _ = getattr(_fit_tool(), fit)()
     assert len(coef) == len(literal)
-    np.testing.assert_allclose(np.array(literal), coef, rtol=1e-12, atol=0)
+    np.testing.assert_allclose(np.array(literal), coef, rtol=1e-9, atol=0)
 
 
 def test_erfc_interval_is_the_fit_tools():

@@ -1,0 +1,86 @@
+"""Decompositions of torch's CPU flash-attention ops into the graph the attention family takes.
+
+Traced with torch's default SDPA backends, `F.scaled_dot_product_attention` under autograd
+becomes `aten._scaled_dot_product_flash_attention_for_cpu` (the forward: output and per-row
+log-sum-exp) and, in the backward, `..._for_cpu_backward`. Both are decomposed here:
+
+    forward:   O = softmax(S) V with the math backend's graph (S = (Q c^1/2)(K^T c^1/2)
+               [+ mask], fully masked rows 0), lse = log sum_j exp(S_ij)
+    backward:  S = c Q K^T [+ mask],  lse = log sum_j exp(S_ij),
+               P = exp(S - lse) (0 where lse = -inf),  D = rowsum(dO * O),
+               dV = P^T dO,  dP = dO V^T,  dS = P (dP - D),  dQ = c dS K,  dK = c dS^T Q
+
+The backward recomputes lse from S instead of reading the forward's: the forward's graph then
+stays the one the forward schedule fuses (its lse is unread and folds away), and the
+attention family's backward schedule computes lse in a first loop over the key tiles. The
+backward graph is the FlashAttention-2 recomputation; the attention family fuses it into
+loops over key and query tiles (schedules/attention/backward.py). f16/bf16 inputs are
+computed in f32 and the gradients rounded once.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+aten = torch.ops.aten
+
+
+def _scale(query: torch.Tensor, scale: float | None) -> float:
+    return scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
+
+
+def _masked_scores(scores: torch.Tensor, is_causal: bool, attn_mask) -> torch.Tensor:
+    """Scores with torch's mask semantics: causal keeps key <= query (top-left aligned),
+    a bool mask keeps True, a float mask is added."""
+    if is_causal:  # an additive bias: 0 where key <= query, else -inf
+        rows, cols = scores.shape[-2:]
+        keep = torch.ones(rows, cols, dtype=torch.bool, device=scores.device).tril(diagonal=0)
+        scores = scores + torch.where(keep, 0.0, float("-inf")).to(scores.dtype)
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(attn_mask.logical_not(), float("-inf"))
+        else:
+            scores = scores + attn_mask.to(scores.dtype)
+    return scores
+
+
+def flash_forward(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None,
+                  scale=None):
+    """aten._scaled_dot_product_flash_attention_for_cpu: (O, lse [B, H, L] f32)."""
+    if dropout_p != 0.0:
+        return NotImplemented
+    out = aten._scaled_dot_product_attention_math(
+        query, key, value, attn_mask, 0.0, is_causal, None, scale=scale)[0]
+    c = _scale(query, scale)
+    scores = torch.matmul(query.float(), key.float().transpose(-2, -1)) * c
+    lse = torch.logsumexp(_masked_scores(scores, is_causal, attn_mask), -1)
+    return out, lse
+
+
+def flash_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *,
+                   attn_mask=None, scale=None):
+    """aten._scaled_dot_product_flash_attention_for_cpu_backward: (dQ, dK, dV)."""
+    if dropout_p != 0.0:
+        return NotImplemented
+    del logsumexp  # recomputed from the scores (see the module docstring)
+    dtype = query.dtype
+    q, k, v = query.float(), key.float(), value.float()
+    do, o = grad_out.float(), out.float()
+    c = _scale(query, scale)
+    scores = _masked_scores(torch.matmul(q, k.transpose(-2, -1)) * c, is_causal, attn_mask)
+    lse = torch.logsumexp(scores, -1, keepdim=True)
+    p = torch.where(lse == float("-inf"), 0.0, torch.exp(scores - lse))
+    dv = torch.matmul(p.transpose(-2, -1), do)
+    dp = torch.matmul(do, v.transpose(-2, -1))
+    d = (do * o).sum(-1, keepdim=True)
+    ds = p * (dp - d)
+    dq = torch.matmul(ds, k) * c
+    dk = torch.matmul(ds.transpose(-2, -1), q) * c
+    return dq.to(dtype), dk.to(dtype), dv.to(dtype)
+
+
+def flash_decompositions() -> dict:
+    return {aten._scaled_dot_product_flash_attention_for_cpu.default: flash_forward,
+            aten._scaled_dot_product_flash_attention_for_cpu_backward.default: flash_backward}

@@ -1,0 +1,160 @@
+"""The attention family on the joint forward+backward graph of SDPA (`--backward`): the
+FlashAttention-2 backward fused into loops over query and key tiles
+(transform_ext.fuse_attention_backward), its gradients against torch's, and the IR it leaves
+(no L x S buffer after bufferization)."""
+
+import re
+
+import pytest
+import torch
+
+from lighthouse.compile import compile_kernel
+
+KERNEL = """
+import torch
+import torch.nn.functional as F
+class Model(torch.nn.Module):
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v{kwargs})
+def get_inputs():
+    torch.manual_seed(0)
+    return {inputs}
+def get_init_inputs():
+    return []
+"""
+
+
+def _path(kernel_file, inputs, kwargs=""):
+    return kernel_file(KERNEL.format(inputs=inputs, kwargs=kwargs))
+
+
+def _check(compiled, family="attention"):
+    assert compiled.family.name == family, compiled.notes
+    reports = compiled.check()
+    for r in reports:
+        assert r.ok, str(r)
+    assert len(reports) == 4  # O, dQ, dK, dV
+    return compiled
+
+
+def _same(shape, dtype="float32", n=3):
+    return f"[torch.randn({', '.join(map(str, shape))}, dtype=torch.{dtype}) for _ in range({n})]"
+
+
+CASES = {
+    # name: (inputs, SDPA keyword arguments)
+    "square": (_same((1, 2, 128, 64)), ""),
+    "batch_and_heads": (_same((2, 3, 64, 32)), ""),
+    "causal": (_same((1, 2, 128, 64)), ", is_causal=True"),
+    "explicit_scale": (_same((1, 2, 64, 16)), ", scale=0.3"),
+    "causal_explicit_scale": (_same((1, 2, 64, 16)), ", is_causal=True, scale=1.7"),
+    "tiles_that_do_not_divide": (_same((1, 2, 96, 16)), ""),
+    "odd_length_causal": (_same((1, 2, 70, 8)), ", is_causal=True"),
+    "queries_shorter_than_keys": ("[torch.randn(1, 2, 48, 16), torch.randn(1, 2, 80, 16), "
+                                  "torch.randn(1, 2, 80, 16)]", ""),
+    "queries_longer_than_keys_causal": ("[torch.randn(1, 2, 80, 16), torch.randn(1, 2, 48, 16), "
+                                        "torch.randn(1, 2, 48, 16)]", ", is_causal=True"),
+    "huge_scores": ("[torch.randn(1, 2, 64, 16) * 30 for _ in range(3)]", ""),
+    "bf16": (_same((1, 2, 64, 32), "bfloat16"), ""),
+    "bf16_causal": (_same((1, 2, 64, 32), "bfloat16"), ", is_causal=True"),
+    "f16": (_same((1, 2, 64, 32), "float16"), ""),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_gradients_match_torch(kernel_file, name):
+    inputs, kwargs = CASES[name]
+    _check(compile_kernel(_path(kernel_file, inputs, kwargs), backward=True, strict=True))
+
+
+def test_transposed_view_inputs(kernel_file):
+    """q, k, v given as [B, S, H, D].transpose(1, 2) views, as a model's projections make them."""
+    inputs = "[torch.randn(1, 96, 2, 32).transpose(1, 2) for _ in range(3)]"
+    _check(compile_kernel(_path(kernel_file, inputs), backward=True, strict=True))
+
+
+@pytest.mark.parametrize("loss", ["(o + o * o).sum()", "o"])
+def test_neighbours_that_are_not_fused_yet_stay_correct(kernel_file, loss):
+    """A loss reading O twice (dO computed from O: the forward then has two row sums) and a
+    single head (B = H = 1: the graph folds to 2-D matmuls) are not fused yet; they fall
+    back to the generic schedule and must still match torch."""
+    path = kernel_file("""
+        import torch
+        import torch.nn.functional as F
+        class Model(torch.nn.Module):
+            def forward(self, q, k, v):
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                return LOSS
+        def get_inputs():
+            torch.manual_seed(0)
+            return [torch.randn(1, SHAPE, 16) for _ in range(3)]
+        def get_init_inputs():
+            return []
+    """.replace("LOSS", loss).replace("SHAPE", "2, 64" if loss != "o" else "1, 64"))
+    compiled = compile_kernel(path, backward=True)
+    for r in compiled.check():
+        assert r.ok, str(r)
+
+
+@pytest.fixture(scope="module")
+def stages(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bwd") / "kernel.py"
+    path.write_text(KERNEL.format(inputs=_same((1, 2, 256, 32)), kwargs=", is_causal=True"))
+    return {stage: str(compile_kernel(path, backward=True, strict=True, stop_after=stage).module)
+            for stage in ("fuse", "bufferize")}
+
+
+def test_no_l_by_s_buffer_after_bufferization(stages):
+    bufferized = stages["bufferize"]
+    allocs = re.findall(r"memref\.alloca?\(\)[^\n]*?: memref<([0-9x]+)x\w+>", bufferized)
+    assert allocs, "the fused loops hold tile buffers"
+    for shape in allocs:
+        dims = [int(d) for d in shape.split("x")]
+        assert dims.count(256) < 2, f"an L x S buffer: {shape}"
+
+
+def test_the_backward_runs_in_its_own_loops_over_query_and_key_tiles(stages):
+    from tests.transform_ext.helpers import check
+
+    # the forward's query blocks, then the backward's forall over heads: per query block a
+    # first key loop (lse), then the key loop accumulating dQ, dK, dV
+    check(stages["fuse"], """
+        CHECK: scf.forall
+        CHECK: scf.forall
+        CHECK:   scf.for
+        CHECK:     scf.for
+        CHECK:       math.exp
+        CHECK:     math.log
+        CHECK:     scf.for
+        CHECK:       math.exp
+    """)
+
+
+def test_a_mask_it_does_not_fuse_falls_back_with_a_note(kernel_file):
+    path = kernel_file("""
+        import torch
+        import torch.nn.functional as F
+        class Model(torch.nn.Module):
+            def forward(self, q, k, v, m):
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+        def get_inputs():
+            torch.manual_seed(0)
+            return [torch.randn(1, 2, 32, 16) for _ in range(3)] + [torch.randn(32, 32)]
+        def get_init_inputs():
+            return []
+    """)
+    compiled = compile_kernel(path, backward=True)
+    assert compiled.family.name != "attention"
+    assert any("attention" in n for n in compiled.notes), compiled.notes
+    for r in compiled.check():
+        assert r.ok, str(r)
+
+
+def test_the_printed_script_has_the_backward_step(kernel_file):
+    from lighthouse.compile import compile_kernel as compile_
+
+    path = _path(kernel_file, _same((1, 2, 64, 16)), ", is_causal=True")
+    compiled = compile_(path, backward=True, strict=True, stop_after="fuse")
+    script = str(compiled.script.module)
+    assert "transform.named_sequence @fuse_backward" in script
+    assert re.search(r"transform_ext\.fuse_attention_backward.*causal_delta = 0", script)

@@ -1,0 +1,308 @@
+"""The ops of an attention backward (FlashAttention-2 recomputation form), found by walking
+the IR of a function:
+
+    S = c Q K^T [masked],  P = exp(S - lse) (0 where lse = -inf, lse from a max over S),
+    D = rowsum(dO * O),  dV = P^T dO,  dP = dO V^T,  dS = P (dP - D),
+    dQ = c dS K,  dK = c dS^T Q
+
+(lighthouse/flash_decompositions.py writes torch's CPU flash backward this way). Each
+operand is traced through the layout ops torch-mlir puts around batch matmuls (reshapes that
+merge the batch and head dims, transposes of the last two dims) to its source: the tensors
+are [G, rows, cols] with G the batch x head groups. `attention_backward_in(func)` returns the
+sources (Q, K, V, O, dO, each with the transposition that makes it [G, rows, features]), the
+scale, the scores contraction and its row max (for the causal analysis), and the values dQ,
+dK, dV the backward computes, or raises NotAttentionBackward saying why not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch_mlir import ir
+
+from .structure import is_linalg_op, loop_structure
+from ..common import block_ops, constant_value, defining_op, users
+
+
+class NotAttentionBackward(Exception):
+    """The ops are not one attention backward; the message is the reason."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """A [G, rows, features] tensor: `value` ([G, ...] or [B, H, ...], rank 3 or 4),
+    transposed in its last two dims when `transposed`."""
+
+    value: ir.Value
+    transposed: bool
+
+    def same(self, other: "Source") -> bool:
+        return self.value == other.value and self.transposed == other.transposed
+
+
+@dataclass
+class AttentionBackward:
+    q: Source
+    k: Source
+    v: Source
+    o: Source
+    do: Source
+    scale: float
+    scores: ir.Operation     # S = Q K^T (before the scale and mask)
+    row_max: ir.Operation    # the max over keys of the masked scores (lse's)
+    masked: bool             # an elementwise op between the scaled scores and P masks them
+    dq: ir.Value
+    dk: ir.Value
+    dv: ir.Value
+
+
+_RESHAPES = ("tensor.collapse_shape", "tensor.expand_shape")
+
+
+def _merges_leading(op: ir.Operation) -> bool:
+    """A reshape between [G, a, b] and [B, H, a, b] (G = B H), or [a, b] and [1, a, b]."""
+    groups = [[ir.IntegerAttr(i).value for i in g] for g in ir.ArrayAttr(op.attributes["reassociation"])]
+    return groups == [[0, 1], [2], [3]] or groups == [[0, 1], [2]]
+
+
+def _swaps_last_two(op: ir.Operation) -> bool:
+    perm = list(ir.DenseI64ArrayAttr(op.attributes["permutation"]))
+    n = len(perm)
+    return n >= 3 and perm == list(range(n - 2)) + [n - 1, n - 2]
+
+
+def trace(value: ir.Value) -> Source:
+    """`value`'s source through batch/head reshapes and last-two-dims transposes."""
+    transposed = False
+    while True:
+        p = defining_op(value)
+        if p is not None and p.name in _RESHAPES and _merges_leading(p):
+            value = p.operands[0]
+        elif p is not None and p.name == "linalg.transpose" and _swaps_last_two(p):
+            value, transposed = p.operands[0], not transposed
+        else:
+            return Source(value, transposed)
+
+
+def _rank3_dims(op: ir.Operation, index: int) -> list[str]:
+    """The contraction dims ('b', 'm', 'n', 'k') of `op`'s operand `index` in its dim order."""
+    ls = loop_structure(op)
+    dims = ls.contraction_dims()
+    role = {d: r for r in ("batch", "m", "n", "k") for d in dims[r]}
+    names = []
+    for e in ls.maps[index].results:
+        if not isinstance(e, ir.AffineDimExpr) and not ir.AffineDimExpr.isinstance(e):
+            raise NotAttentionBackward("a contraction operand is not read through loop dims")
+        names.append(role[ir.AffineDimExpr(e).position][0])
+    return names
+
+
+@dataclass
+class _Contraction:
+    op: ir.Operation
+    inputs: list[tuple[Source, int]]   # per input: its source, which of its last two dims it reduces
+    result: ir.Value
+
+    def leaf(self, index: int, reduced: str) -> Source:
+        """Input `index` as a [G, rows, features] source, given that the contraction
+        reduces its `reduced` ('rows' or 'features') dim."""
+        src, k = self.inputs[index]
+        return Source(src.value, k != (0 if reduced == "rows" else 1))
+
+    def reads(self, source: Source, reduced: str) -> int | None:
+        """The input that is `source` reduced over its `reduced` dim, or None."""
+        hits = [i for i in range(2) if self.leaf(i, reduced).same(source)]
+        return hits[0] if len(hits) == 1 else None
+
+
+def _contraction(op: ir.Operation) -> _Contraction | None:
+    """`op` as a batch matmul over leading batch dims (none, G, or B and H), or None."""
+    ls = loop_structure(op)
+    if not ls.is_contraction or ls.num_inputs != 2 or len(op.results) != 1:
+        return None
+    dims = ls.contraction_dims()
+    nb = len(dims["batch"])
+    if nb > 2 or any(len(dims[r]) != 1 for r in ("m", "n", "k")):
+        return None
+    if ir.ShapedType(op.results[0].type).rank != nb + 2:
+        return None
+    inputs = []
+    for i in range(2):
+        names = _rank3_dims(op, i)
+        if len(names) != nb + 2 or names[:nb] != ["b"] * nb or "k" not in names[nb:]:
+            return None
+        src = trace(op.operands[i])
+        k = names.index("k") - nb  # the reduced one of the last two dims, in the source's order
+        inputs.append((Source(src.value, False), 1 - k if src.transposed else k))
+    return _Contraction(op, inputs, op.results[0])
+
+
+def _elementwise_inputs(op: ir.Operation) -> list[ir.Value]:
+    ls = loop_structure(op)
+    return list(op.operands)[:ls.num_inputs]
+
+
+def _body_names(op: ir.Operation) -> list[str]:
+    return [o.operation.name for o in op.regions[0].blocks[0].operations]
+
+
+def _scale_of(op: ir.Operation | None) -> float | None:
+    """c when `op` is an elementwise generic computing x * c (c a float constant)."""
+    if op is None or op.name != "linalg.generic" or not loop_structure(op).is_elementwise:
+        return None
+    body = [o.operation for o in op.regions[0].blocks[0].operations]
+    if len(body) < 2 or body[-2].name != "arith.mulf" or loop_structure(op).num_inputs != 1:
+        return None
+    mul = body[-2]
+    for v in mul.operands:
+        p = defining_op(v)
+        while p is not None and p.name == "arith.truncf":
+            v = p.operands[0]
+            p = defining_op(v)
+        c = _float_constant(v)
+        if c is not None:
+            return c
+    return None
+
+
+def _float_constant(value: ir.Value) -> float | None:
+    c = constant_value(value)
+    return ir.FloatAttr(c).value if isinstance(c, ir.FloatAttr) else None
+
+
+def _only_user(value: ir.Value) -> ir.Operation | None:
+    us = users(value)
+    return us[0] if len(us) == 1 else None
+
+
+def attention_backward_in(func: ir.Operation) -> AttentionBackward:
+    """Locate the attention backward of `func` (see the module docstring) or say why not."""
+    ops = [op for op in block_ops(func) if is_linalg_op(op)]
+    contractions = [c for c in map(_contraction, ops) if c is not None]
+    # dQ = dS K and dK = dS^T Q read the same dS [G, L, S], reducing its keys and its queries
+    found = [(a, ia, b) for a in contractions for ia in range(2) for b in contractions
+             if a is not b and not a.leaf(ia, "features").transposed and _elementwise_with(defining_op(a.leaf(ia, "features").value),
+                                                 "arith.mulf")
+             and b.reads(a.leaf(ia, "features"), "rows") is not None]
+    if len(found) != 1:
+        raise NotAttentionBackward(f"expected one dS read by dQ = dS K and dK = dS^T Q, "
+                                   f"found {len(found)}")
+    cq, iq, ck = found[0]
+    ds_src = cq.leaf(iq, "features")
+    ik = ck.reads(ds_src, "rows")
+    k_src, q_src = cq.leaf(1 - iq, "rows"), ck.leaf(1 - ik, "rows")
+    if ds_src.transposed:
+        raise NotAttentionBackward("dS is stored transposed")
+    # dS = P * (dP - D)
+    ds_op = defining_op(ds_src.value)
+    if not _elementwise_with(ds_op, "arith.mulf"):
+        raise NotAttentionBackward("dS is not an elementwise product")
+    p_val, diff_op = None, None
+    for v in _elementwise_inputs(ds_op):
+        d = defining_op(v)
+        if diff_op is None and _elementwise_with(d, "arith.subf") and len(_elementwise_inputs(d)) == 2:
+            diff_op = d
+        else:
+            p_val = v
+    if diff_op is None or p_val is None or len(_elementwise_inputs(ds_op)) != 2:
+        raise NotAttentionBackward("dS is not P (dP - D)")
+    dp_val, d_val = _elementwise_inputs(diff_op)
+    dp = next((c for c in contractions if c.result == trace(dp_val).value
+               and not trace(dp_val).transposed), None)
+    d_op = defining_op(d_val)
+    if dp is None or d_op is None or not is_linalg_op(d_op) \
+            or len(loop_structure(d_op).reduction_dims) != 1:
+        raise NotAttentionBackward("dS's dP - D does not read dP = dO V^T and D = rowsum(dO O)")
+    # dV = P^T dO: the contraction reading P over its queries
+    p_src = trace(p_val)
+    dvs = [(c, c.reads(p_src, "rows")) for c in contractions]
+    dvs = [(c, i) for c, i in dvs if i is not None]
+    if len(dvs) != 1 or p_src.transposed:
+        raise NotAttentionBackward(f"expected one dV = P^T dO, found {len(dvs)}")
+    cv, iv = dvs[0]
+    do_src = cv.leaf(1 - iv, "rows")
+    # dP = dO V^T
+    i_do = dp.reads(do_src, "features")
+    if i_do is None:
+        raise NotAttentionBackward("dP is not dO V^T")
+    v_src = dp.leaf(1 - i_do, "features")
+    # D = rowsum(dO * O) (rowsum(O) once a dO of ones is folded into it)
+    o_src = _rowsum_partner(d_op, do_src)
+    # P = exp(c S [masked] - lse): its scores contraction reads Q and K
+    scores, scale, masked, row_max = _scores_of(p_val, contractions)
+    if scores.reads(q_src, "features") != 0 or scores.reads(k_src, "features") != 1:
+        raise NotAttentionBackward("the recomputed scores do not read the Q and K of dQ, dK")
+    # dQ = c (dS K), dK = c (dS^T Q): the scale applied once after each
+    dq_scale, dk_scale = _only_user(cq.result), _only_user(ck.result)
+    if _scale_of(dq_scale) != scale or _scale_of(dk_scale) != scale:
+        raise NotAttentionBackward("dQ and dK are not scaled like the scores")
+    return AttentionBackward(q_src, k_src, v_src, o_src, do_src, scale, scores.op, row_max,
+                             masked, dq_scale.results[0], dk_scale.results[0], cv.result)
+
+
+def _rowsum_partner(d_op: ir.Operation, do_src: Source) -> Source:
+    """O of D = rowsum(dO * O) (`d_op` the reduction), or say why not."""
+    prod = defining_op(d_op.operands[0])
+    if _elementwise_with(prod, "arith.mulf") and len(_elementwise_inputs(prod)) == 2 \
+            and all(m == ir.AffineMap.get_identity(m.n_dims) for m in loop_structure(prod).maps):
+        srcs = [trace(v) for v in _elementwise_inputs(prod)]
+        for mine, other in ((0, 1), (1, 0)):
+            if srcs[mine].same(do_src):
+                return srcs[other]
+    if _float_constant(do_src.value) == 1.0 and _body_names(d_op)[-2:] == ["arith.addf", "linalg.yield"] \
+            and loop_structure(d_op).num_inputs == 1:
+        return trace(d_op.operands[0])
+    raise NotAttentionBackward("D is not rowsum(dO O)")
+
+
+def _elementwise_with(op: ir.Operation | None, name: str) -> bool:
+    return op is not None and op.name == "linalg.generic" and \
+        loop_structure(op).is_elementwise and name in _body_names(op)
+
+
+def _scores_of(p: ir.Value, contractions: list[_Contraction]):
+    """(scores contraction, scale c, masked, row max) of P = exp(c S [masked] - lse)."""
+    p_op = defining_op(p)
+    seen, pending, found_exp = [], [p_op], False
+    chain = []
+    while pending:
+        op = pending.pop()
+        if op is None or op in seen or not is_linalg_op(op):
+            continue
+        seen.append(op)
+        ls = loop_structure(op)
+        if ls.reduction_dims or not ls.is_elementwise:
+            continue
+        if op.name == "linalg.generic" and "math.exp" in _body_names(op):
+            found_exp = True
+        chain.append(op)
+        for v in _elementwise_inputs(op):
+            d = defining_op(v)
+            if d is not None and ir.ShapedType(v.type).rank == ir.ShapedType(p.type).rank:
+                pending.append(d)
+    if not found_exp:
+        raise NotAttentionBackward("P is not computed by an exp")
+    scores = [c for c in contractions if any(
+        trace(v).value == c.result for op in chain for v in _elementwise_inputs(op))]
+    if len(scores) != 1:
+        raise NotAttentionBackward(f"expected P to read one scores contraction, found {len(scores)}")
+    scores = scores[0]
+    scale_op = _only_user(scores.result)
+    scale = _scale_of(scale_op)
+    if scale is None:
+        raise NotAttentionBackward("the recomputed scores are not scaled by a constant")
+    # the masked scores: the last op of the chain from the scaled scores read by a max
+    maxes = []
+    for op in chain:
+        for r in op.results:
+            for u in users(r):
+                if is_linalg_op(u) and loop_structure(u).reduction_dims and \
+                        "arith.maximumf" in _body_names(u):
+                    maxes.append((op, u))
+    if len(maxes) != 1:
+        raise NotAttentionBackward(f"expected one row max of the recomputed scores, found {len(maxes)}")
+    masked_op, row_max = maxes[0]
+    return scores, scale, masked_op != scale_op, row_max
+
+
+__all__ = ["AttentionBackward", "NotAttentionBackward", "Source", "attention_backward_in", "trace"]

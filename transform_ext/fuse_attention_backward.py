@@ -1,0 +1,376 @@
+"""fuse_attention_backward: the attention backward as one loop nest (FlashAttention-2).
+
+For the attention backward of each target function (transform_ext/analysis/
+attention_backward.py: dQ, dK, dV from Q, K, V, O, dO with scale c), per group g of
+batch x heads (an scf.forall over G) and query block i of `query_tile` rows:
+
+    D_i = rowsum(dO_i * O_i)
+    lse_i = log sum_j exp(c Q_i K_j^T)       (first loop over key tiles: the online
+                                               max m and sum l; -inf on a fully masked row)
+    for each key tile j:  S = c Q_i K_j^T,  P = exp(S - lse_i)  (0 where lse_i = -inf),
+                          dP = dO_i V_j^T,  dS = P (dP - D_i),
+                          dQ_i += c dS K_j,  dK_j += c dS^T Q_i,  dV_j += P^T dO_i
+
+with dK and dV of the group carried through the query-block loop and dQ_i through the key
+loop: no L x S tensor exists, the tiles are [query_tile, key_tile]. With `causal_delta`
+(every masked-in score has key <= query + delta, delta >= 0) both key loops stop at the
+first tile wholly right of the diagonal and the others are masked by index. K and V are
+read transposed ([G, E, S], transposed once) so the score tiles' vector lanes run along the
+keys. The kernel is a private function the target function calls in place of the payload's
+backward (whose ops are then dead; run `inline` and canonicalization after this op). Its
+scf.forall carries the unit attribute `lh.fused_kernel` (FUSED_KERNEL): the attention's
+query-block ops (pack_key_tiles.top_level_foralls) leave it alone.
+
+Preconditions (checked on every target first; a violation is a silenceable failure naming
+the op): one attention backward in the function; static f32 tensors; K and V with the
+queries' groups; the value dim equal to the query/key dim; `query_tile` dividing L and
+`key_tile` dividing S; a mask in the payload iff `causal_delta` is given (>= 0); every
+user of dQ, dK, dV after the last op their sources are defined by.
+"""
+
+from torch_mlir import ir
+from torch_mlir.dialects import ext, func, linalg, tensor, transform
+
+from .analysis.attention_backward import AttentionBackward, NotAttentionBackward, \
+    Source, attention_backward_in
+from .common import Illegal, RewritesTargets, Success, block_ops, defining_op, fail, \
+    payload_ops, reassociation_attr, users
+from .dialect import TransformExt
+
+NAME = "transform_ext.fuse_attention_backward"
+# the unit attribute on the kernel's scf.forall: it is fused, not a query block to fuse
+FUSED_KERNEL = "lh.fused_kernel"
+_counter = [0]
+
+
+def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, scale: float,
+                delta: int | None) -> str:
+    """The kernel as MLIR text: func.func private @name(q, k, v, o, dO) -> (dQ, dK, dV)."""
+    def t(*dims):
+        return "tensor<" + "x".join(map(str, dims)) + "xf32>"
+
+    causal = delta is not None
+    causal_bound = ""
+    if causal:
+        # keys < min(S, ceil((i0 + bq + delta) / bk) * bk): the tiles right of the diagonal go
+        causal_bound = f"""
+        %kend0 = affine.min affine_map<(d0) -> ((d0 + {bq + (delta or 0)} + {bk} - 1) floordiv {bk} * {bk}, {S})>(%i0)"""
+        kend = "%kend0"
+    else:
+        kend = "%cS"
+
+    def mask(src, dst_name):
+        if not causal:
+            return src, ""
+        return f"%{dst_name}", f"""
+          %{dst_name} = linalg.generic {{indexing_maps = [affine_map<(a, b) -> (a, b)>, affine_map<(a, b) -> (a, b)>], iterator_types = ["parallel", "parallel"]}} ins({src} : {t(bq, bk)}) outs(%e_qk : {t(bq, bk)}) {{
+          ^bb0(%s: f32, %unused: f32):
+            %qi = linalg.index 0 : index
+            %kj = linalg.index 1 : index
+            %qa = arith.addi %qi, %i0 : index
+            %ka = arith.addi %kj, %j0 : index
+            %qd = arith.addi %qa, %cdelta : index
+            %ok = arith.cmpi ule, %ka, %qd : index
+            %r = arith.select %ok, %s, %ninf : f32
+            linalg.yield %r : f32
+          }} -> {t(bq, bk)}"""
+
+    id2 = "affine_map<(a, b) -> (a, b)>"
+    row2 = "affine_map<(a, b) -> (a)>"
+    mmA = "affine_map<(m, n, k) -> (m, k)>"
+    mmB = "affine_map<(m, n, k) -> (k, n)>"
+    mmC = "affine_map<(m, n, k) -> (m, n)>"
+    mmAt = "affine_map<(m, n, k) -> (k, m)>"
+    contr = lambda a, b: f"""indexing_maps = [{a}, {b}, {mmC}], iterator_types = ["parallel", "parallel", "reduction"]"""
+    mac = """^bb0(%x: f32, %y: f32, %acc: f32):
+            %p = arith.mulf %x, %y : f32
+            %s = arith.addf %acc, %p : f32
+            linalg.yield %s : f32"""
+    s1, m1 = mask("%s_raw", "s_m")
+    s2, m2 = mask("%s2_raw", "s2_m")
+    return f"""
+func.func private @{name}(%q: {t(G, L, E)}, %k: {t(G, S, E)}, %v: {t(G, S, E)}, %o: {t(G, L, E)}, %do: {t(G, L, E)}) -> ({t(G, L, E)}, {t(G, S, E)}, {t(G, S, E)}) {{
+  %c0 = arith.constant 0 : index
+  %cdelta = arith.constant {delta or 0} : index
+  %cL = arith.constant {L} : index
+  %cS = arith.constant {S} : index
+  %cbq = arith.constant {bq} : index
+  %cbk = arith.constant {bk} : index
+  %zero = arith.constant 0.0 : f32
+  %ninf = arith.constant 0xFF800000 : f32
+  %scale = arith.constant {scale!r} : f32
+  %eT = tensor.empty() : {t(G, E, S)}
+  %kT = linalg.transpose ins(%k : {t(G, S, E)}) outs(%eT : {t(G, E, S)}) permutation = [0, 2, 1]
+  %vT = linalg.transpose ins(%v : {t(G, S, E)}) outs(%eT : {t(G, E, S)}) permutation = [0, 2, 1]
+  %dq0 = tensor.empty() : {t(G, L, E)}
+  %dk0 = tensor.empty() : {t(G, S, E)}
+  %dv0 = tensor.empty() : {t(G, S, E)}
+  %r:3 = scf.forall (%g) in ({G}) shared_outs(%dq = %dq0, %dk = %dk0, %dv = %dv0) -> ({t(G, L, E)}, {t(G, S, E)}, {t(G, S, E)}) {{
+    %dk_g0 = tensor.extract_slice %dk[%g, 0, 0] [1, {S}, {E}] [1, 1, 1] : {t(G, S, E)} to {t(S, E)}
+    %dv_g0 = tensor.extract_slice %dv[%g, 0, 0] [1, {S}, {E}] [1, 1, 1] : {t(G, S, E)} to {t(S, E)}
+    %dq_g0 = tensor.extract_slice %dq[%g, 0, 0] [1, {L}, {E}] [1, 1, 1] : {t(G, L, E)} to {t(L, E)}
+    %dk_gz = linalg.fill ins(%zero : f32) outs(%dk_g0 : {t(S, E)}) -> {t(S, E)}
+    %dv_gz = linalg.fill ins(%zero : f32) outs(%dv_g0 : {t(S, E)}) -> {t(S, E)}
+    %blk:3 = scf.for %i0 = %c0 to %cL step %cbq iter_args(%dq_g = %dq_g0, %dk_g = %dk_gz, %dv_g = %dv_gz) -> ({t(L, E)}, {t(S, E)}, {t(S, E)}) {{{causal_bound}
+      %q_i = tensor.extract_slice %q[%g, %i0, 0] [1, {bq}, {E}] [1, 1, 1] : {t(G, L, E)} to {t(bq, E)}
+      %do_i = tensor.extract_slice %do[%g, %i0, 0] [1, {bq}, {E}] [1, 1, 1] : {t(G, L, E)} to {t(bq, E)}
+      %o_i = tensor.extract_slice %o[%g, %i0, 0] [1, {bq}, {E}] [1, 1, 1] : {t(G, L, E)} to {t(bq, E)}
+      %e_qe = tensor.empty() : {t(bq, E)}
+      %qc = linalg.generic {{indexing_maps = [{id2}, {id2}], iterator_types = ["parallel", "parallel"]}} ins(%q_i : {t(bq, E)}) outs(%e_qe : {t(bq, E)}) {{
+      ^bb0(%x: f32, %y: f32):
+        %m = arith.mulf %x, %scale : f32
+        linalg.yield %m : f32
+      }} -> {t(bq, E)}
+      %e_q = tensor.empty() : {t(bq)}
+      %z_q = linalg.fill ins(%zero : f32) outs(%e_q : {t(bq)}) -> {t(bq)}
+      %d_i = linalg.generic {{indexing_maps = [{id2}, {id2}, {row2}], iterator_types = ["parallel", "reduction"]}} ins(%do_i, %o_i : {t(bq, E)}, {t(bq, E)}) outs(%z_q : {t(bq)}) {{
+      ^bb0(%x: f32, %y: f32, %acc: f32):
+        %p = arith.mulf %x, %y : f32
+        %s = arith.addf %acc, %p : f32
+        linalg.yield %s : f32
+      }} -> {t(bq)}
+      %m_init = linalg.fill ins(%ninf : f32) outs(%e_q : {t(bq)}) -> {t(bq)}
+      %e_qk = tensor.empty() : {t(bq, bk)}
+      %z_qk = linalg.fill ins(%zero : f32) outs(%e_qk : {t(bq, bk)}) -> {t(bq, bk)}
+      %ml:2 = scf.for %j0 = %c0 to {kend} step %cbk iter_args(%m = %m_init, %l = %z_q) -> ({t(bq)}, {t(bq)}) {{
+        %kT_j = tensor.extract_slice %kT[%g, 0, %j0] [1, {E}, {bk}] [1, 1, 1] : {t(G, E, S)} to {t(E, bk)}
+        %s_raw = linalg.generic {{{contr(mmA, mmB)}}} ins(%qc, %kT_j : {t(bq, E)}, {t(E, bk)}) outs(%z_qk : {t(bq, bk)}) {{
+          {mac}
+        }} -> {t(bq, bk)}{m1}
+        %mt = linalg.generic {{indexing_maps = [{id2}, {row2}], iterator_types = ["parallel", "reduction"]}} ins({s1} : {t(bq, bk)}) outs(%m : {t(bq)}) {{
+        ^bb0(%x: f32, %acc: f32):
+          %mx = arith.maximumf %x, %acc : f32
+          linalg.yield %mx : f32
+        }} -> {t(bq)}
+        %corr = linalg.generic {{indexing_maps = [affine_map<(a) -> (a)>, affine_map<(a) -> (a)>, affine_map<(a) -> (a)>, affine_map<(a) -> (a)>], iterator_types = ["parallel"]}} ins(%m, %mt, %l : {t(bq)}, {t(bq)}, {t(bq)}) outs(%e_q : {t(bq)}) {{
+        ^bb0(%mo: f32, %mn: f32, %lo: f32, %y: f32):
+          %isinf = arith.cmpf oeq, %mo, %ninf : f32
+          %dm = arith.subf %mo, %mn : f32
+          %ex = math.exp %dm : f32
+          %sc = arith.mulf %lo, %ex : f32
+          %r = arith.select %isinf, %zero, %sc : f32
+          linalg.yield %r : f32
+        }} -> {t(bq)}
+        %ln = linalg.generic {{indexing_maps = [{id2}, {row2}, {row2}], iterator_types = ["parallel", "reduction"]}} ins({s1}, %mt : {t(bq, bk)}, {t(bq)}) outs(%corr : {t(bq)}) {{
+        ^bb0(%x: f32, %mn: f32, %acc: f32):
+          %isinf = arith.cmpf oeq, %mn, %ninf : f32
+          %d = arith.subf %x, %mn : f32
+          %ex = math.exp %d : f32
+          %r = arith.select %isinf, %zero, %ex : f32
+          %s = arith.addf %acc, %r : f32
+          linalg.yield %s : f32
+        }} -> {t(bq)}
+        scf.yield %mt, %ln : {t(bq)}, {t(bq)}
+      }}
+      %lse = linalg.generic {{indexing_maps = [affine_map<(a) -> (a)>, affine_map<(a) -> (a)>, affine_map<(a) -> (a)>], iterator_types = ["parallel"]}} ins(%ml#0, %ml#1 : {t(bq)}, {t(bq)}) outs(%e_q : {t(bq)}) {{
+      ^bb0(%mx: f32, %lx: f32, %y: f32):
+        %lg = math.log %lx : f32
+        %s = arith.addf %mx, %lg : f32
+        %isinf = arith.cmpf oeq, %mx, %ninf : f32
+        %r = arith.select %isinf, %ninf, %s : f32
+        linalg.yield %r : f32
+      }} -> {t(bq)}
+      %dq_z = linalg.fill ins(%zero : f32) outs(%e_qe : {t(bq, E)}) -> {t(bq, E)}
+      %acc:3 = scf.for %j0 = %c0 to {kend} step %cbk iter_args(%dq_i = %dq_z, %dk_a = %dk_g, %dv_a = %dv_g) -> ({t(bq, E)}, {t(S, E)}, {t(S, E)}) {{
+        %kT_j = tensor.extract_slice %kT[%g, 0, %j0] [1, {E}, {bk}] [1, 1, 1] : {t(G, E, S)} to {t(E, bk)}
+        %vT_j = tensor.extract_slice %vT[%g, 0, %j0] [1, {E}, {bk}] [1, 1, 1] : {t(G, E, S)} to {t(E, bk)}
+        %k_j = tensor.extract_slice %k[%g, %j0, 0] [1, {bk}, {E}] [1, 1, 1] : {t(G, S, E)} to {t(bk, E)}
+        %s2_raw = linalg.generic {{{contr(mmA, mmB)}}} ins(%qc, %kT_j : {t(bq, E)}, {t(E, bk)}) outs(%z_qk : {t(bq, bk)}) {{
+          {mac}
+        }} -> {t(bq, bk)}{m2}
+        %pr = linalg.generic {{indexing_maps = [{id2}, {row2}, {id2}], iterator_types = ["parallel", "parallel"]}} ins({s2}, %lse : {t(bq, bk)}, {t(bq)}) outs(%e_qk : {t(bq, bk)}) {{
+        ^bb0(%x: f32, %ls: f32, %y: f32):
+          %isinf = arith.cmpf oeq, %ls, %ninf : f32
+          %d = arith.subf %x, %ls : f32
+          %ex = math.exp %d : f32
+          %r = arith.select %isinf, %zero, %ex : f32
+          linalg.yield %r : f32
+        }} -> {t(bq, bk)}
+        %dp = linalg.generic {{{contr(mmA, mmB)}}} ins(%do_i, %vT_j : {t(bq, E)}, {t(E, bk)}) outs(%z_qk : {t(bq, bk)}) {{
+          {mac}
+        }} -> {t(bq, bk)}
+        %ds = linalg.generic {{indexing_maps = [{id2}, {id2}, {row2}, {id2}], iterator_types = ["parallel", "parallel"]}} ins(%pr, %dp, %d_i : {t(bq, bk)}, {t(bq, bk)}, {t(bq)}) outs(%e_qk : {t(bq, bk)}) {{
+        ^bb0(%pp: f32, %dpp: f32, %dd: f32, %y: f32):
+          %df = arith.subf %dpp, %dd : f32
+          %r = arith.mulf %pp, %df : f32
+          linalg.yield %r : f32
+        }} -> {t(bq, bk)}
+        %dq_n = linalg.generic {{{contr(mmA, mmB)}}} ins(%ds, %k_j : {t(bq, bk)}, {t(bk, E)}) outs(%dq_i : {t(bq, E)}) {{
+          {mac}
+        }} -> {t(bq, E)}
+        %dk_j = tensor.extract_slice %dk_a[%j0, 0] [{bk}, {E}] [1, 1] : {t(S, E)} to {t(bk, E)}
+        %dk_n = linalg.generic {{{contr(mmAt, mmB)}}} ins(%ds, %qc : {t(bq, bk)}, {t(bq, E)}) outs(%dk_j : {t(bk, E)}) {{
+          {mac}
+        }} -> {t(bk, E)}
+        %dk_u = tensor.insert_slice %dk_n into %dk_a[%j0, 0] [{bk}, {E}] [1, 1] : {t(bk, E)} into {t(S, E)}
+        %dv_j = tensor.extract_slice %dv_a[%j0, 0] [{bk}, {E}] [1, 1] : {t(S, E)} to {t(bk, E)}
+        %dv_n = linalg.generic {{{contr(mmAt, mmB)}}} ins(%pr, %do_i : {t(bq, bk)}, {t(bq, E)}) outs(%dv_j : {t(bk, E)}) {{
+          {mac}
+        }} -> {t(bk, E)}
+        %dv_u = tensor.insert_slice %dv_n into %dv_a[%j0, 0] [{bk}, {E}] [1, 1] : {t(bk, E)} into {t(S, E)}
+        scf.yield %dq_n, %dk_u, %dv_u : {t(bq, E)}, {t(S, E)}, {t(S, E)}
+      }}
+      %dq_s = linalg.generic {{indexing_maps = [{id2}, {id2}], iterator_types = ["parallel", "parallel"]}} ins(%acc#0 : {t(bq, E)}) outs(%e_qe : {t(bq, E)}) {{
+      ^bb0(%x: f32, %y: f32):
+        %m = arith.mulf %x, %scale : f32
+        linalg.yield %m : f32
+      }} -> {t(bq, E)}
+      %dq_u = tensor.insert_slice %dq_s into %dq_g[%i0, 0] [{bq}, {E}] [1, 1] : {t(bq, E)} into {t(L, E)}
+      scf.yield %dq_u, %acc#1, %acc#2 : {t(L, E)}, {t(S, E)}, {t(S, E)}
+    }}
+    scf.forall.in_parallel {{
+      tensor.parallel_insert_slice %blk#0 into %dq[%g, 0, 0] [1, {L}, {E}] [1, 1, 1] : {t(L, E)} into {t(G, L, E)}
+      tensor.parallel_insert_slice %blk#1 into %dk[%g, 0, 0] [1, {S}, {E}] [1, 1, 1] : {t(S, E)} into {t(G, S, E)}
+      tensor.parallel_insert_slice %blk#2 into %dv[%g, 0, 0] [1, {S}, {E}] [1, 1, 1] : {t(S, E)} into {t(G, S, E)}
+    }}
+  }} {{{FUSED_KERNEL}}}
+  return %r#0, %r#1, %r#2 : {t(G, L, E)}, {t(G, S, E)}, {t(G, S, E)}
+}}
+"""
+
+
+
+def _shape(value: ir.Value) -> list[int]:
+    return list(ir.ShapedType(value.type).shape)
+
+
+def _groups_rows_cols(src: Source) -> tuple[int, int, int]:
+    shape = _shape(src.value)
+    g = 1
+    for d in shape[:-2]:
+        g *= d
+    rows, cols = shape[-2:]
+    return (g, cols, rows) if src.transposed else (g, rows, cols)
+
+
+def plan(target: ir.Operation, query_tile: int, key_tile: int, delta: int | None):
+    """(the backward, the insertion point op, kernel sizes) or Illegal."""
+    if target.name != "func.func":
+        raise Illegal(target, "not a function")
+    try:
+        bwd = attention_backward_in(target)
+    except NotAttentionBackward as exc:
+        raise Illegal(target, str(exc))
+    srcs = [bwd.q, bwd.k, bwd.v, bwd.o, bwd.do]
+    for s in srcs + [Source(bwd.dq, False), Source(bwd.dk, False), Source(bwd.dv, False)]:
+        t = ir.ShapedType(s.value.type)
+        if not t.has_static_shape or str(t.element_type) != "f32" or t.rank not in (2, 3, 4):
+            raise Illegal(target, f"the attention backward's tensors must be static f32 of rank "
+                                  f"2 to 4, found {t}")
+    (g, L, e), (gk, S, ek), (gv, Sv, ev) = map(_groups_rows_cols, srcs[:3])
+    if (gk, gv) != (g, g) or Sv != S or ek != e or ev != e or \
+            _groups_rows_cols(bwd.o) != (g, L, e) or _groups_rows_cols(bwd.do) != (g, L, e):
+        raise Illegal(target, f"Q {_shape(bwd.q.value)}, K {_shape(bwd.k.value)}, V "
+                              f"{_shape(bwd.v.value)}: the kernel needs K and V with the queries' "
+                              f"heads and one head dim")
+    if L % query_tile or S % key_tile:
+        raise Illegal(target, f"query_tile {query_tile} must divide L = {L} and key_tile "
+                              f"{key_tile} must divide S = {S}")
+    if bwd.masked != (delta is not None):
+        raise Illegal(bwd.row_max, "the scores are masked but no causal delta is given"
+                      if bwd.masked else "a causal delta is given but the scores carry no mask")
+    if delta is not None and delta < 0:
+        raise Illegal(target, f"causal_delta must be >= 0, got {delta}")
+    ops = block_ops(target)
+    position = {op: i for i, op in enumerate(ops)}
+    last_source = max((position[defining_op(s.value)] for s in srcs
+                       if defining_op(s.value) in position), default=-1)
+    results = [bwd.dq, bwd.dk, bwd.dv]
+    first_user = min(position[u] for r in results for u in users(r))
+    if first_user <= last_source:
+        raise Illegal(ops[first_user], "a user of the gradients comes before their sources")
+    return bwd, ops[first_user], (g, L, S, e)
+
+
+def _canonical(src: Source, at: ir.Operation) -> ir.Value:
+    """`src` as a [G, rows, features] tensor, built before `at`."""
+    value = src.value
+    with ir.InsertionPoint(at), at.location:
+        shape = _shape(value)
+        if len(shape) == 4:
+            t = ir.RankedTensorType.get([shape[0] * shape[1]] + shape[2:], ir.F32Type.get())
+            value = tensor.CollapseShapeOp(t, value, reassociation_attr([[0, 1], [2], [3]])).result
+        elif len(shape) == 2:
+            t = ir.RankedTensorType.get([1] + shape, ir.F32Type.get())
+            value = tensor.ExpandShapeOp(t, value, reassociation_attr([[0, 1], [2]]), [],
+                                         [1] + shape).result
+        if src.transposed:
+            g, rows, cols = _shape(value)
+            init = tensor.EmptyOp([g, cols, rows], ir.F32Type.get()).result
+            value = linalg.transpose(value, outs=[init], permutation=[0, 2, 1])
+    return value
+
+
+def rewrite(target: ir.Operation, bwd: AttentionBackward, at: ir.Operation, sizes,
+            query_tile: int, key_tile: int, delta: int | None) -> None:
+    g, L, S, e = sizes
+    _counter[0] += 1
+    name = f"attention_backward_{_counter[0]}"
+    while name in [str(ir.StringAttr(op.attributes["sym_name"]).value)
+                   for op in block_ops(target.parent) if "sym_name" in op.attributes]:
+        _counter[0] += 1
+        name = f"attention_backward_{_counter[0]}"
+    kernel = ir.Module.parse(kernel_text(name, g, L, S, e, query_tile, key_tile, bwd.scale, delta))
+    kernel_func = block_ops(kernel.operation)[0]
+    kernel_func.detach_from_parent()
+    ir.InsertionPoint(target).insert(kernel_func)
+    args = [_canonical(s, at) for s in (bwd.q, bwd.k, bwd.v, bwd.o, bwd.do)]
+    with ir.InsertionPoint(at), at.location:
+        result_types = [ir.RankedTensorType.get([g, L, e], ir.F32Type.get()),
+                        ir.RankedTensorType.get([g, S, e], ir.F32Type.get()),
+                        ir.RankedTensorType.get([g, S, e], ir.F32Type.get())]
+        call = func.CallOp(result_types, ir.FlatSymbolRefAttr.get(name), args)
+    for old, new in zip((bwd.dq, bwd.dk, bwd.dv), call.results):
+        rank = ir.ShapedType(old.type).rank
+        with ir.InsertionPoint(at), at.location:
+            if rank == 4:
+                new = tensor.ExpandShapeOp(old.type, new, reassociation_attr([[0, 1], [2], [3]]),
+                                           [], _shape(old)).result
+            elif rank == 2:
+                new = tensor.CollapseShapeOp(old.type, new, reassociation_attr([[0, 1], [2]])).result
+        old.replace_all_uses_with(new)
+
+
+class FuseAttentionBackwardOp(TransformExt.Operation, name="fuse_attention_backward"):
+    target: ext.Operand[transform.AnyOpType]
+    query_tile: ir.IntegerAttr
+    key_tile: ir.IntegerAttr
+    causal_delta: ir.IntegerAttr  # -1: no mask
+
+    class Apply(transform.TransformOpInterface):
+        @staticmethod
+        def apply(op, rewriter, results, state):
+            with op.context:
+                qt = ir.IntegerAttr(op.query_tile).value
+                kt = ir.IntegerAttr(op.key_tile).value
+                delta = ir.IntegerAttr(op.causal_delta).value
+                delta = None if delta < 0 else delta
+                targets = payload_ops(state, op.target)
+                try:
+                    plans = [plan(t, qt, kt, delta) for t in targets]
+                except Illegal as illegal:
+                    return fail(NAME, illegal)
+                for t, (bwd, at, sizes) in zip(targets, plans):
+                    rewrite(t, bwd, at, sizes, qt, kt, delta)
+                return Success
+
+        @staticmethod
+        def allow_repeated_handle_operands(op):
+            return False
+
+    Effects = RewritesTargets
+
+
+def fuse_attention_backward(func_handle: ir.Value, *, query_tile: int, key_tile: int,
+                            causal_delta: int | None = None) -> None:
+    """Replace the attention backward of each function of `func_handle` by the fused
+    kernel (see the module docstring)."""
+    if query_tile < 1 or key_tile < 1:
+        raise ValueError(f"tiles must be >= 1, got {query_tile}, {key_tile}")
+    i64 = ir.IntegerType.get_signless(64)
+    FuseAttentionBackwardOp(func_handle, ir.IntegerAttr.get(i64, query_tile),
+                            ir.IntegerAttr.get(i64, key_tile),
+                            ir.IntegerAttr.get(i64, -1 if causal_delta is None else causal_delta))
+
+
+__all__ = ["FuseAttentionBackwardOp", "fuse_attention_backward", "kernel_text"]
