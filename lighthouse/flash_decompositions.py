@@ -15,7 +15,8 @@ stays the one the forward schedule fuses (its lse is unread and folds away), and
 attention family's backward schedule computes lse in a first loop over the key tiles. The
 backward graph is the FlashAttention-2 recomputation; the attention family fuses it into
 loops over key and query tiles (schedules/attention/backward.py). f16/bf16 inputs are
-computed in f32 and the gradients rounded once.
+computed in f32 and the gradients rounded once. Grouped-query attention (K and V with fewer
+heads) reads each kv head once per query head of its group; dK and dV sum over the group.
 """
 
 from __future__ import annotations
@@ -51,9 +52,11 @@ def flash_forward(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mas
     """aten._scaled_dot_product_flash_attention_for_cpu: (O, lse [B, H, L] f32)."""
     if dropout_p != 0.0:
         return NotImplemented
+    gqa = query.shape[-3] != key.shape[-3]
     out = aten._scaled_dot_product_attention_math(
-        query, key, value, attn_mask, 0.0, is_causal, None, scale=scale)[0]
+        query, key, value, attn_mask, 0.0, is_causal, None, scale=scale, enable_gqa=gqa)[0]
     c = _scale(query, scale)
+    key = _repeat_kv_heads(key, query.shape[-3])
     scores = torch.matmul(query.float(), key.float().transpose(-2, -1)) * c
     lse = torch.logsumexp(_masked_scores(scores, is_causal, attn_mask), -1)
     return out, lse
@@ -66,7 +69,9 @@ def flash_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_ca
         return NotImplemented
     del logsumexp  # recomputed from the scores (see the module docstring)
     dtype = query.dtype
-    q, k, v = query.float(), key.float(), value.float()
+    heads, kv_heads = query.shape[-3], key.shape[-3]
+    q = query.float()
+    k, v = (_repeat_kv_heads(t, heads).float() for t in (key, value))
     do, o = grad_out.float(), out.float()
     c = _scale(query, scale)
     scores = _masked_scores(torch.matmul(q, k.transpose(-2, -1)) * c, is_causal, attn_mask)
@@ -78,7 +83,26 @@ def flash_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_ca
     ds = p * (dp - d)
     dq = torch.matmul(ds, k) * c
     dk = torch.matmul(ds.transpose(-2, -1), q) * c
+    dk, dv = (_sum_kv_groups(t, kv_heads) for t in (dk, dv))
     return dq.to(dtype), dk.to(dtype), dv.to(dtype)
+
+
+def _repeat_kv_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """[..., Hkv, S, E] -> [..., heads, S, E], query head h reading kv head h // (heads / Hkv)
+    (grouped-query attention; the tensor itself when the heads agree)."""
+    kv = t.shape[-3]
+    if kv == heads:
+        return t
+    grouped = t.unsqueeze(-3).expand(*t.shape[:-2], heads // kv, *t.shape[-2:])
+    return grouped.reshape(*t.shape[:-3], heads, *t.shape[-2:])
+
+
+def _sum_kv_groups(t: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """The gradient of `_repeat_kv_heads`: [..., H, S, E] summed over each kv head's group."""
+    heads = t.shape[-3]
+    if heads == kv_heads:
+        return t
+    return t.reshape(*t.shape[:-3], kv_heads, heads // kv_heads, *t.shape[-2:]).sum(-3)
 
 
 def flash_decompositions() -> dict:

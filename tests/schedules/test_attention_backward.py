@@ -50,6 +50,7 @@ CASES = {
     "causal_explicit_scale": (_same((1, 2, 64, 16)), ", is_causal=True, scale=1.7"),
     "tiles_that_do_not_divide": (_same((1, 2, 96, 16)), ""),
     "odd_length_causal": (_same((1, 2, 70, 8)), ", is_causal=True"),
+    "one_head": (_same((1, 1, 70, 8)), ", is_causal=True"),
     "queries_shorter_than_keys": ("[torch.randn(1, 2, 48, 16), torch.randn(1, 2, 80, 16), "
                                   "torch.randn(1, 2, 80, 16)]", ""),
     "queries_longer_than_keys_causal": ("[torch.randn(1, 2, 80, 16), torch.randn(1, 2, 48, 16), "
@@ -73,24 +74,28 @@ def test_transposed_view_inputs(kernel_file):
     _check(compile_kernel(_path(kernel_file, inputs), backward=True, strict=True))
 
 
-@pytest.mark.parametrize("loss", ["(o + o * o).sum()", "o"])
-def test_neighbours_that_are_not_fused_yet_stay_correct(kernel_file, loss):
-    """A loss reading O twice (dO computed from O: the forward then has two row sums) and a
-    single head (B = H = 1: the graph folds to 2-D matmuls) are not fused yet; they fall
-    back to the generic schedule and must still match torch."""
-    path = kernel_file("""
+@pytest.mark.parametrize("loss,q_shape,kv_shape", [
+    ("(o + o * o).sum()", (1, 2, 64, 16), (1, 2, 64, 16)),
+    ("o", (1, 4, 64, 16), (1, 2, 64, 16)),
+    ("o", (3, 48, 16), (3, 48, 16))])
+def test_neighbours_that_are_not_fused_yet_stay_correct(kernel_file, loss, q_shape, kv_shape):
+    """A loss reading O twice (dO computed from O: the forward then has two row sums),
+    grouped-query attention (the forward's normalization splits the heads into kv heads x
+    group) and 3-D inputs (torch takes its math backend, whose autograd graph keeps P) are
+    not fused yet; they fall back to the generic schedule and must match torch."""
+    path = kernel_file(f"""
         import torch
         import torch.nn.functional as F
         class Model(torch.nn.Module):
             def forward(self, q, k, v):
-                o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-                return LOSS
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+                return {loss}
         def get_inputs():
             torch.manual_seed(0)
-            return [torch.randn(1, SHAPE, 16) for _ in range(3)]
+            return [torch.randn{q_shape}, torch.randn{kv_shape}, torch.randn{kv_shape}]
         def get_init_inputs():
             return []
-    """.replace("LOSS", loss).replace("SHAPE", "2, 64" if loss != "o" else "1, 64"))
+    """)
     compiled = compile_kernel(path, backward=True)
     for r in compiled.check():
         assert r.ok, str(r)

@@ -16,6 +16,7 @@ dK, dV the backward computes, or raises NotAttentionBackward saying why not.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from torch_mlir import ir
@@ -37,7 +38,16 @@ class Source:
     transposed: bool
 
     def same(self, other: "Source") -> bool:
-        return self.value == other.value and self.transposed == other.transposed
+        """The same tensor in the same orientation (two splat constants of one value and
+        shape, up to unit dims, are the same tensor)."""
+        if self.transposed != other.transposed:
+            return False
+        if self.value == other.value:
+            return True
+        mine, theirs = constant_value(self.value), constant_value(other.value)
+        dims = lambda v: [d for d in ir.ShapedType(v.type).shape if d != 1]
+        return mine is not None and theirs is not None and str(mine) == str(theirs) \
+            and dims(self.value) == dims(other.value)
 
 
 @dataclass
@@ -60,9 +70,14 @@ _RESHAPES = ("tensor.collapse_shape", "tensor.expand_shape")
 
 
 def _merges_leading(op: ir.Operation) -> bool:
-    """A reshape between [G, a, b] and [B, H, a, b] (G = B H), or [a, b] and [1, a, b]."""
-    groups = [[ir.IntegerAttr(i).value for i in g] for g in ir.ArrayAttr(op.attributes["reassociation"])]
-    return groups == [[0, 1], [2], [3]] or groups == [[0, 1], [2]]
+    """A reshape of the leading (batch, head) dims only, the last two dims kept, or one that
+    only adds or drops unit dims."""
+    src, res = (list(ir.ShapedType(v.type).shape) for v in (op.operands[0], op.results[0]))
+    if [d for d in src if d != 1] == [d for d in res if d != 1]:
+        return True
+    if len(src) < 2 or len(res) < 2 or src[-2:] != res[-2:]:
+        return False
+    return math.prod(src[:-2]) == math.prod(res[:-2])
 
 
 def _swaps_last_two(op: ir.Operation) -> bool:
