@@ -12,7 +12,10 @@ batch x heads (an scf.forall over G) and query block i of `query_tile` rows:
                           dQ_i += c dS K_j,  dK_j += c dS^T Q_i,  dV_j += P^T dO_i
 
 with dK and dV of the group carried through the query-block loop and dQ_i through the key
-loop: no L x S tensor exists, the tiles are [query_tile, key_tile]. With `causal_delta`
+loop: no L x S tensor exists, the tiles are [query_tile, key_tile]. A mask that is a tensor
+added to the scores (torch turns a bool mask into one of 0 and -inf) is read per tile in
+place, broadcast as its dims say (analysis.attention_backward.Bias); rows it masks fully
+get lse = -inf, P = 0 and zero gradients. With `causal_delta`
 (every masked-in score has key <= query + delta, delta >= 0) both key loops stop at the
 first tile wholly right of the diagonal and the others are masked by index. K and V are
 read transposed ([G, E, S], transposed once) so the score tiles' vector lanes run along the
@@ -24,7 +27,8 @@ query-block ops (pack_key_tiles.top_level_foralls) leave it alone.
 Preconditions (checked on every target first; a violation is a silenceable failure naming
 the op): one attention backward in the function; static f32 tensors; K and V with the
 queries' groups; the value dim equal to the query/key dim; `query_tile` dividing L and
-`key_tile` dividing S; a mask in the payload iff `causal_delta` is given (>= 0); every
+`key_tile` dividing S; an index-computed mask in the payload iff `causal_delta` is given
+(>= 0); an additive mask f32 with broadcast dims of one; every
 user of dQ, dK, dV after the last op their sources are defined by.
 """
 
@@ -44,8 +48,10 @@ _counter = [0]
 
 
 def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, scale: float,
-                delta: int | None) -> str:
-    """The kernel as MLIR text: func.func private @name(q, k, v, o, dO) -> (dQ, dK, dV)."""
+                delta: int | None, bias: tuple[list[int], tuple[str, ...], int] | None = None
+                ) -> str:
+    """The kernel as MLIR text: func.func private @name(q, k, v, o, dO[, bias]) -> (dQ, dK,
+    dV); `bias`: (its shape, its dims' roles, heads), see analysis.attention_backward.Bias."""
     def t(*dims):
         return "tensor<" + "x".join(map(str, dims)) + "xf32>"
 
@@ -60,6 +66,8 @@ def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, sca
         kend = "%cS"
 
     def mask(src, dst_name):
+        if bias is not None:
+            return f"%{dst_name}", bias_tile(src, dst_name)
         if not causal:
             return src, ""
         return f"%{dst_name}", f"""
@@ -75,6 +83,28 @@ def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, sca
             linalg.yield %r : f32
           }} -> {t(bq, bk)}"""
 
+    def bias_tile(src, dst_name):
+        shape, roles, _ = bias
+        where = {"g": "%g", "b": "%gb", "h": "%gh", "q": "%i0", "k": "%j0", "1": "0"}
+        size = {"q": bq, "k": bk}
+        offsets = ", ".join(where[r] for r in roles)
+        sizes = ", ".join(str(size.get(r, 1)) for r in roles)
+        kept = [r for r in roles if r in "qk"]
+        tile = "tensor<" + "".join(f"{size[r]}x" for r in kept) + "f32>"
+        tile_map = "affine_map<(a, b) -> (" + ", ".join({"q": "a", "k": "b"}[r] for r in kept) + ")>"
+        return f"""
+          %{dst_name}_b = tensor.extract_slice %bias[{offsets}] [{sizes}] [{", ".join("1" for _ in roles)}] : {bias_type} to {tile}
+          %{dst_name} = linalg.generic {{indexing_maps = [affine_map<(a, b) -> (a, b)>, {tile_map}, affine_map<(a, b) -> (a, b)>], iterator_types = ["parallel", "parallel"]}} ins({src}, %{dst_name}_b : {t(bq, bk)}, {tile}) outs(%e_qk : {t(bq, bk)}) {{
+          ^bb0(%s: f32, %bv: f32, %unused: f32):
+            %r = arith.addf %s, %bv : f32
+            linalg.yield %r : f32
+          }} -> {t(bq, bk)}"""
+
+    bias_type = "" if bias is None else "tensor<" + "".join(f"{d}x" for d in bias[0]) + "f32>"
+    bias_arg = "" if bias is None else f", %bias: {bias_type}"
+    group_of = "" if bias is None else f"""
+    %gb = affine.apply affine_map<(d0) -> (d0 floordiv {bias[2]})>(%g)
+    %gh = affine.apply affine_map<(d0) -> (d0 mod {bias[2]})>(%g)"""
     id2 = "affine_map<(a, b) -> (a, b)>"
     row2 = "affine_map<(a, b) -> (a)>"
     mmA = "affine_map<(m, n, k) -> (m, k)>"
@@ -89,7 +119,7 @@ def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, sca
     s1, m1 = mask("%s_raw", "s_m")
     s2, m2 = mask("%s2_raw", "s2_m")
     return f"""
-func.func private @{name}(%q: {t(G, L, E)}, %k: {t(G, S, E)}, %v: {t(G, S, E)}, %o: {t(G, L, E)}, %do: {t(G, L, E)}) -> ({t(G, L, E)}, {t(G, S, E)}, {t(G, S, E)}) {{
+func.func private @{name}(%q: {t(G, L, E)}, %k: {t(G, S, E)}, %v: {t(G, S, E)}, %o: {t(G, L, E)}, %do: {t(G, L, E)}{bias_arg}) -> ({t(G, L, E)}, {t(G, S, E)}, {t(G, S, E)}) {{
   %c0 = arith.constant 0 : index
   %cdelta = arith.constant {delta or 0} : index
   %cL = arith.constant {L} : index
@@ -105,7 +135,7 @@ func.func private @{name}(%q: {t(G, L, E)}, %k: {t(G, S, E)}, %v: {t(G, S, E)}, 
   %dq0 = tensor.empty() : {t(G, L, E)}
   %dk0 = tensor.empty() : {t(G, S, E)}
   %dv0 = tensor.empty() : {t(G, S, E)}
-  %r:3 = scf.forall (%g) in ({G}) shared_outs(%dq = %dq0, %dk = %dk0, %dv = %dv0) -> ({t(G, L, E)}, {t(G, S, E)}, {t(G, S, E)}) {{
+  %r:3 = scf.forall (%g) in ({G}) shared_outs(%dq = %dq0, %dk = %dk0, %dv = %dv0) -> ({t(G, L, E)}, {t(G, S, E)}, {t(G, S, E)}) {{{group_of}
     %dk_g0 = tensor.extract_slice %dk[%g, 0, 0] [1, {S}, {E}] [1, 1, 1] : {t(G, S, E)} to {t(S, E)}
     %dv_g0 = tensor.extract_slice %dv[%g, 0, 0] [1, {S}, {E}] [1, 1, 1] : {t(G, S, E)} to {t(S, E)}
     %dq_g0 = tensor.extract_slice %dq[%g, 0, 0] [1, {L}, {E}] [1, 1, 1] : {t(G, L, E)} to {t(L, E)}
@@ -266,9 +296,10 @@ def plan(target: ir.Operation, query_tile: int, key_tile: int, delta: int | None
     if L % query_tile or S % key_tile:
         raise Illegal(target, f"query_tile {query_tile} must divide L = {L} and key_tile "
                               f"{key_tile} must divide S = {S}")
-    if bwd.masked != (delta is not None):
+    if (bwd.masked and bwd.bias is None) != (delta is not None):
         raise Illegal(bwd.row_max, "the scores are masked but no causal delta is given"
-                      if bwd.masked else "a causal delta is given but the scores carry no mask")
+                      if bwd.masked else "a causal delta is given but the scores carry no "
+                      "index-computed mask")
     if delta is not None and delta < 0:
         raise Illegal(target, f"causal_delta must be >= 0, got {delta}")
     ops = block_ops(target)
@@ -310,11 +341,15 @@ def rewrite(target: ir.Operation, bwd: AttentionBackward, at: ir.Operation, size
                    for op in block_ops(target.parent) if "sym_name" in op.attributes]:
         _counter[0] += 1
         name = f"attention_backward_{_counter[0]}"
-    kernel = ir.Module.parse(kernel_text(name, g, L, S, e, query_tile, key_tile, bwd.scale, delta))
+    bias = None if bwd.bias is None else (_shape(bwd.bias.value), bwd.bias.roles, bwd.bias.heads)
+    kernel = ir.Module.parse(kernel_text(name, g, L, S, e, query_tile, key_tile, bwd.scale, delta,
+                                         bias))
     kernel_func = block_ops(kernel.operation)[0]
     kernel_func.detach_from_parent()
     ir.InsertionPoint(target).insert(kernel_func)
     args = [_canonical(s, at) for s in (bwd.q, bwd.k, bwd.v, bwd.o, bwd.do)]
+    if bwd.bias is not None:
+        args.append(bwd.bias.value)
     with ir.InsertionPoint(at), at.location:
         result_types = [ir.RankedTensorType.get([g, L, e], ir.F32Type.get()),
                         ir.RankedTensorType.get([g, S, e], ir.F32Type.get()),

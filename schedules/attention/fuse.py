@@ -183,7 +183,7 @@ def plan_backward(payload: ir.Module) -> BackwardPlan | None:
     shape = lambda src: list(ir.ShapedType(src.value.type).shape)[-2:]
     rows = lambda src: shape(src)[1 if src.transposed else 0]
     delta = None
-    if bwd.masked:
+    if bwd.masked and bwd.bias is None:
         delta = causal_offset(payload, bwd)
         if delta is None or delta < 0:
             raise NotAttention("the attention backward's mask is not causal (key <= query + "

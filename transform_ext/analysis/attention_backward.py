@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from torch_mlir import ir
 
+from .attention import is_index_computation
 from .structure import is_linalg_op, loop_structure
 from ..common import block_ops, constant_value, defining_op, users
 
@@ -50,6 +51,17 @@ class Source:
             and dims(self.value) == dims(other.value)
 
 
+@dataclass(frozen=True)
+class Bias:
+    """An additive mask read by the scores: `value` (f32), and per dim of it its role
+    among the scores' dims: 'g' (group), 'b' and 'h' (batch and head of [B, H, L, S]
+    scores; `heads` is H), 'q' (query), 'k' (key), '1' (broadcast)."""
+
+    value: ir.Value
+    roles: tuple[str, ...]
+    heads: int
+
+
 @dataclass
 class AttentionBackward:
     q: Source
@@ -61,6 +73,7 @@ class AttentionBackward:
     scores: ir.Operation     # S = Q K^T (before the scale and mask)
     row_max: ir.Operation    # the max over keys of the masked scores (lse's)
     masked: bool             # an elementwise op between the scaled scores and P masks them
+    bias: Bias | None        # the mask, when it is a tensor added to the scores
     dq: ir.Value
     dk: ir.Value
     dv: ir.Value
@@ -106,9 +119,9 @@ def _rank3_dims(op: ir.Operation, index: int) -> list[str]:
     role = {d: r for r in ("batch", "m", "n", "k") for d in dims[r]}
     names = []
     for e in ls.maps[index].results:
-        if not isinstance(e, ir.AffineDimExpr) and not ir.AffineDimExpr.isinstance(e):
+        if not isinstance(e, ir.AffineDimExpr):
             raise NotAttentionBackward("a contraction operand is not read through loop dims")
-        names.append(role[ir.AffineDimExpr(e).position][0])
+        names.append(role[e.position][0])
     return names
 
 
@@ -244,7 +257,7 @@ def attention_backward_in(func: ir.Operation) -> AttentionBackward:
     # D = rowsum(dO * O) (rowsum(O) once a dO of ones is folded into it)
     o_src = _rowsum_partner(d_op, do_src)
     # P = exp(c S [masked] - lse): its scores contraction reads Q and K
-    scores, scale, masked, row_max = _scores_of(p_val, contractions)
+    scores, scale, masked, row_max, bias = _scores_of(p_val, contractions)
     if scores.reads(q_src, "features") != 0 or scores.reads(k_src, "features") != 1:
         raise NotAttentionBackward("the recomputed scores do not read the Q and K of dQ, dK")
     # dQ = c (dS K), dK = c (dS^T Q): the scale applied once after each
@@ -252,7 +265,7 @@ def attention_backward_in(func: ir.Operation) -> AttentionBackward:
     if _scale_of(dq_scale) != scale or _scale_of(dk_scale) != scale:
         raise NotAttentionBackward("dQ and dK are not scaled like the scores")
     return AttentionBackward(q_src, k_src, v_src, o_src, do_src, scale, scores.op, row_max,
-                             masked, dq_scale.results[0], dk_scale.results[0], cv.result)
+                             masked, bias, dq_scale.results[0], dk_scale.results[0], cv.result)
 
 
 def _rowsum_partner(d_op: ir.Operation, do_src: Source) -> Source:
@@ -276,7 +289,8 @@ def _elementwise_with(op: ir.Operation | None, name: str) -> bool:
 
 
 def _scores_of(p: ir.Value, contractions: list[_Contraction]):
-    """(scores contraction, scale c, masked, row max) of P = exp(c S [masked] - lse)."""
+    """(scores contraction, scale c, masked, row max, additive tensor mask or None) of
+    P = exp(c S [masked] - lse)."""
     p_op = defining_op(p)
     seen, pending, found_exp = [], [p_op], False
     chain = []
@@ -317,7 +331,41 @@ def _scores_of(p: ir.Value, contractions: list[_Contraction]):
     if len(maxes) != 1:
         raise NotAttentionBackward(f"expected one row max of the recomputed scores, found {len(maxes)}")
     masked_op, row_max = maxes[0]
-    return scores, scale, masked_op != scale_op, row_max
+    masked = masked_op != scale_op
+    bias = _bias_of(masked_op, scale_op) if masked else None
+    return scores, scale, masked, row_max, bias
 
 
-__all__ = ["AttentionBackward", "NotAttentionBackward", "Source", "attention_backward_in", "trace"]
+def _bias_of(masked_op: ir.Operation, scaled: ir.Operation) -> Bias | None:
+    """The tensor `masked_op` adds to the scaled scores (None: the mask is computed from
+    indices, or is not an addition of a tensor)."""
+    ls = loop_structure(masked_op)
+    names = _body_names(masked_op)
+    if ls.num_inputs != 2 or names != ["arith.addf", "linalg.yield"] \
+            or masked_op.operands[0] != scaled.results[0]:
+        return None
+    value = masked_op.operands[1]
+    producer = defining_op(value)
+    if producer is not None and is_index_computation(producer):
+        return None
+    if str(ir.ShapedType(value.type).element_type) != "f32":
+        return None
+    rank = ls.num_loops
+    loop_roles = {1: ["g"], 2: [], 3: ["g"], 4: ["b", "h"]}[rank] if rank in (2, 3, 4) else None
+    if loop_roles is None or ls.maps[2] != ir.AffineMap.get_identity(rank):
+        return None
+    loop_roles = (loop_roles + ["q", "k"])[-rank:] if rank >= 2 else loop_roles
+    roles = []
+    for e in ls.maps[1].results:
+        if isinstance(e, ir.AffineDimExpr):
+            roles.append(loop_roles[e.position])
+        elif isinstance(e, ir.AffineConstantExpr) and e.value == 0:
+            roles.append("1")
+        else:
+            return None
+    heads = ls.ranges[1] if rank == 4 else 1
+    return Bias(value, tuple(roles), heads)
+
+
+__all__ = ["AttentionBackward", "Bias", "NotAttentionBackward", "Source", "attention_backward_in",
+           "trace"]
