@@ -1,8 +1,10 @@
 """Decompositions of torch's CPU flash-attention ops into the graph the attention family takes.
 
-Traced with torch's default SDPA backends, `F.scaled_dot_product_attention` under autograd
+Traced with torch's flash backend allowed, `F.scaled_dot_product_attention` under autograd
 becomes `aten._scaled_dot_product_flash_attention_for_cpu` (the forward: output and per-row
-log-sum-exp) and, in the backward, `..._for_cpu_backward`. Both are decomposed here:
+log-sum-exp) and, in the backward, `..._for_cpu_backward` (torch takes its math backend
+instead for float masks that need a gradient and for inputs of rank 3). Both are
+decomposed here, in the FlashAttention-2 form:
 
     forward:   O = softmax(S) V with the math backend's graph (S = (Q c^1/2)(K^T c^1/2)
                [+ mask], fully masked rows 0), lse = log sum_j exp(S_ij)
@@ -10,13 +12,12 @@ log-sum-exp) and, in the backward, `..._for_cpu_backward`. Both are decomposed h
                P = exp(S - lse) (0 where lse = -inf),  D = rowsum(dO * O),
                dV = P^T dO,  dP = dO V^T,  dS = P (dP - D),  dQ = c dS K,  dK = c dS^T Q
 
-The backward recomputes lse from S instead of reading the forward's: the forward's graph then
-stays the one the forward schedule fuses (its lse is unread and folds away), and the
-attention family's backward schedule computes lse in a first loop over the key tiles. The
-backward graph is the FlashAttention-2 recomputation; the attention family fuses it into
-loops over key and query tiles (schedules/attention/backward.py). f16/bf16 inputs are
-computed in f32 and the gradients rounded once. Grouped-query attention (K and V with fewer
-heads) reads each kv head once per query head of its group; dK and dV sum over the group.
+Masks are added to the scores (a bool mask as 0 / -inf, as torch does). The backward
+recomputes lse from S instead of reading the forward's: the forward's graph stays the one the
+forward schedule fuses (its lse is unread and folds away), and
+transform_ext.fuse_attention_backward computes lse in a first loop over the key tiles. f16/bf16
+inputs are computed in f32 and the gradients rounded once. Grouped-query attention (K and V
+with fewer heads) reads each kv head once per query head of its group; dK and dV sum over it.
 """
 
 from __future__ import annotations
@@ -33,17 +34,16 @@ def _scale(query: torch.Tensor, scale: float | None) -> float:
 
 
 def _masked_scores(scores: torch.Tensor, is_causal: bool, attn_mask) -> torch.Tensor:
-    """Scores with torch's mask semantics: causal keeps key <= query (top-left aligned),
-    a bool mask keeps True, a float mask is added."""
-    if is_causal:  # an additive bias: 0 where key <= query, else -inf
+    """Scores with torch's mask semantics, each mask added: causal keeps key <= query
+    (top-left aligned), a bool mask keeps True (0 / -inf), a float mask is added."""
+    if is_causal:
         rows, cols = scores.shape[-2:]
         keep = torch.ones(rows, cols, dtype=torch.bool, device=scores.device).tril(diagonal=0)
         scores = scores + torch.where(keep, 0.0, float("-inf")).to(scores.dtype)
     if attn_mask is not None:
         if attn_mask.dtype == torch.bool:
-            scores = scores.masked_fill(attn_mask.logical_not(), float("-inf"))
-        else:
-            scores = scores + attn_mask.to(scores.dtype)
+            attn_mask = torch.where(attn_mask, 0.0, float("-inf"))
+        scores = scores + attn_mask.to(scores.dtype)
     return scores
 
 
