@@ -105,6 +105,26 @@ def _sum_kv_groups(t: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return t.reshape(*t.shape[:-3], kv_heads, heads // kv_heads, *t.shape[-2:]).sum(-3)
 
 
+class SdpaIn4d(torch.overrides.TorchFunctionMode):
+    """`F.scaled_dot_product_attention` of [batch, L, E] inputs traced as the same call on
+    [1, batch, L, E] (exact): torch takes its flash backend for 4-D inputs only, and the
+    math backend's backward keeps the L x S probabilities."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention and len(args) >= 3 \
+                and all(isinstance(t, torch.Tensor) and t.dim() == 3 for t in args[:3]):
+            args = [t.unsqueeze(0) for t in args[:3]] + list(args[3:])
+            mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
+            if isinstance(mask, torch.Tensor) and mask.dim() == 3:
+                if "attn_mask" in kwargs:
+                    kwargs = {**kwargs, "attn_mask": mask.unsqueeze(0)}
+                else:
+                    args[3] = mask.unsqueeze(0)
+            return func(*args, **kwargs).squeeze(0)
+        return func(*args, **kwargs)
+
+
 def flash_decompositions() -> dict:
     return {aten._scaled_dot_product_flash_attention_for_cpu.default: flash_forward,
             aten._scaled_dot_product_flash_attention_for_cpu_backward.default: flash_backward}

@@ -29,7 +29,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .errors import IngressError
-from .flash_decompositions import flash_decompositions
+from .flash_decompositions import SdpaIn4d, flash_decompositions
 from .tm_tensor_lowering import (index_decompositions, lower_scatters, lower_sorts,
                                  prepare_index_puts)
 
@@ -176,7 +176,7 @@ def import_joint(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel")
     flat_args = tuple(inputs[i] for i in tensor_pos) + tuple(params.values())
     importer, diagnostics = _quiet_importer()
     try:
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]):
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]), SdpaIn4d():
             gm = make_fx(torch.func.functionalize(joint, remove="mutations"),
                          decomposition_table=_joint_decompositions())(*flat_args)
         empty_tensors_without_work(gm)
