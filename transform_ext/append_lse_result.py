@@ -59,17 +59,20 @@ def plan(func: ir.Operation) -> tuple[AttentionOps, ir.Operation | None]:
     return ops, first
 
 
-def append(func: ir.Operation, ops: AttentionOps, reshape: ir.Operation | None, rewriter) -> None:
-    ret = block_ops(func)[-1]
+def lse_beside_output(ops: AttentionOps, at: ir.Operation, etype: ir.Type | None = None):
+    """(g, lse): g = the generic (O, lse broadcast along the value dim) = g(O, m, l) built
+    before `at`, lse its [..., L] slice, in `etype` (default O's element type); the caller
+    redirects O's readers to g's O."""
     out = ops.output.results[0]
     m, l = ops.row_max.results[0], ops.row_sum.results[0]
     shape = list(out.type.shape)
     rank = len(shape)
     ident = ir.AffineMap.get_identity(rank)
     rows = ir.AffineMap.get(rank, 0, [ir.AffineDimExpr.get(d) for d in range(rank - 1)])
-    etype = out.type.element_type
-    with ir.InsertionPoint(ret), ret.location:
-        outs = [tensor.EmptyOp(shape, etype).result, tensor.EmptyOp(shape, etype).result]
+    etype = etype or out.type.element_type
+    with ir.InsertionPoint(at), at.location:
+        outs = [tensor.EmptyOp(shape, out.type.element_type).result,
+                tensor.EmptyOp(shape, etype).result]
 
         def body(args):
             o, mv, lv = args[:3]
@@ -84,6 +87,13 @@ def append(func: ir.Operation, ops: AttentionOps, reshape: ir.Operation | None, 
         lse_type = ir.RankedTensorType.get(shape[:-1], etype)
         lse = tensor.ExtractSliceOp(lse_type, both.results[1], [], [], [], [0] * rank, sizes,
                                     [1] * rank).result
+    return both, lse
+
+
+def append(func: ir.Operation, ops: AttentionOps, reshape: ir.Operation | None, rewriter) -> None:
+    ret = block_ops(func)[-1]
+    out = ops.output.results[0]
+    both, lse = lse_beside_output(ops, ret)
     for i, v in enumerate(ret.operands):
         if v == out:
             ret.operands[i] = both.results[0]
@@ -142,4 +152,4 @@ def append_lse_result(func: ir.Value) -> None:
     AppendLseResultOp(func)
 
 
-__all__ = ["AppendLseResultOp", "append_lse_result"]
+__all__ = ["AppendLseResultOp", "append_lse_result", "lse_beside_output"]

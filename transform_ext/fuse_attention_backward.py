@@ -37,8 +37,10 @@ from torch_mlir.dialects import ext, func, linalg, tensor, transform
 
 from .analysis.attention_backward import AttentionBackward, NotAttentionBackward, \
     Source, attention_backward_in
+from .analysis.attention import NotAttention, attention_of, final_op
+from .append_lse_result import lse_beside_output
 from .common import Illegal, RewritesTargets, Success, block_ops, defining_op, fail, \
-    payload_ops, reassociation_attr, users
+    payload_ops, reassociation_attr, user_op, users
 from .dialect import TransformExt
 
 NAME = "transform_ext.fuse_attention_backward"
@@ -48,10 +50,12 @@ _counter = [0]
 
 
 def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, scale: float,
-                delta: int | None, bias: tuple[list[int], tuple[str, ...], int] | None = None
-                ) -> str:
-    """The kernel as MLIR text: func.func private @name(q, k, v, o, dO[, bias]) -> (dQ, dK,
-    dV); `bias`: (its shape, its dims' roles, heads), see analysis.attention_backward.Bias."""
+                delta: int | None, bias: tuple[list[int], tuple[str, ...], int] | None = None,
+                lse_given: bool = False) -> str:
+    """The kernel as MLIR text: func.func private @name(q, k, v, o, dO[, bias][, lse]) ->
+    (dQ, dK, dV); `bias`: (its shape, its dims' roles, heads), see
+    analysis.attention_backward.Bias; `lse_given`: the rows' lse [G, L] is an argument (the
+    forward's), else a first key loop computes it."""
     def t(*dims):
         return "tensor<" + "x".join(map(str, dims)) + "xf32>"
 
@@ -102,6 +106,8 @@ def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, sca
 
     bias_type = "" if bias is None else "tensor<" + "".join(f"{d}x" for d in bias[0]) + "f32>"
     bias_arg = "" if bias is None else f", %bias: {bias_type}"
+    if lse_given:
+        bias_arg += f", %lse_in: {t(G, L)}"
     group_of = "" if bias is None else f"""
     %gb = affine.apply affine_map<(d0) -> (d0 floordiv {bias[2]})>(%g)
     %gh = affine.apply affine_map<(d0) -> (d0 mod {bias[2]})>(%g)"""
@@ -118,6 +124,48 @@ def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, sca
             linalg.yield %s : f32"""
     s1, m1 = mask("%s_raw", "s_m")
     s2, m2 = mask("%s2_raw", "s2_m")
+    if lse_given:
+        lse_block = f"""%lse = tensor.extract_slice %lse_in[%g, %i0] [1, {bq}] [1, 1] : {t(G, L)} to {t(bq)}"""
+    else:
+        lse_block = f"""%m_init = linalg.fill ins(%ninf : f32) outs(%e_q : {t(bq)}) -> {t(bq)}
+      %ml:2 = scf.for %j0 = %c0 to {kend} step %cbk iter_args(%m = %m_init, %l = %z_q) -> ({t(bq)}, {t(bq)}) {{
+        %kT_j = tensor.extract_slice %kT[%g, 0, %j0] [1, {E}, {bk}] [1, 1, 1] : {t(G, E, S)} to {t(E, bk)}
+        %s_raw = linalg.generic {{{contr(mmA, mmB)}}} ins(%qc, %kT_j : {t(bq, E)}, {t(E, bk)}) outs(%z_qk : {t(bq, bk)}) {{
+          {mac}
+        }} -> {t(bq, bk)}{m1}
+        %mt = linalg.generic {{indexing_maps = [{id2}, {row2}], iterator_types = ["parallel", "reduction"]}} ins({s1} : {t(bq, bk)}) outs(%m : {t(bq)}) {{
+        ^bb0(%x: f32, %acc: f32):
+          %mx = arith.maximumf %x, %acc : f32
+          linalg.yield %mx : f32
+        }} -> {t(bq)}
+        %corr = linalg.generic {{indexing_maps = [affine_map<(a) -> (a)>, affine_map<(a) -> (a)>, affine_map<(a) -> (a)>, affine_map<(a) -> (a)>], iterator_types = ["parallel"]}} ins(%m, %mt, %l : {t(bq)}, {t(bq)}, {t(bq)}) outs(%e_q : {t(bq)}) {{
+        ^bb0(%mo: f32, %mn: f32, %lo: f32, %y: f32):
+          %isinf = arith.cmpf oeq, %mo, %ninf : f32
+          %dm = arith.subf %mo, %mn : f32
+          %ex = math.exp %dm : f32
+          %sc = arith.mulf %lo, %ex : f32
+          %r = arith.select %isinf, %zero, %sc : f32
+          linalg.yield %r : f32
+        }} -> {t(bq)}
+        %ln = linalg.generic {{indexing_maps = [{id2}, {row2}, {row2}], iterator_types = ["parallel", "reduction"]}} ins({s1}, %mt : {t(bq, bk)}, {t(bq)}) outs(%corr : {t(bq)}) {{
+        ^bb0(%x: f32, %mn: f32, %acc: f32):
+          %isinf = arith.cmpf oeq, %mn, %ninf : f32
+          %d = arith.subf %x, %mn : f32
+          %ex = math.exp %d : f32
+          %r = arith.select %isinf, %zero, %ex : f32
+          %s = arith.addf %acc, %r : f32
+          linalg.yield %s : f32
+        }} -> {t(bq)}
+        scf.yield %mt, %ln : {t(bq)}, {t(bq)}
+      }}
+      %lse = linalg.generic {{indexing_maps = [affine_map<(a) -> (a)>, affine_map<(a) -> (a)>, affine_map<(a) -> (a)>], iterator_types = ["parallel"]}} ins(%ml#0, %ml#1 : {t(bq)}, {t(bq)}) outs(%e_q : {t(bq)}) {{
+      ^bb0(%mx: f32, %lx: f32, %y: f32):
+        %lg = math.log %lx : f32
+        %s = arith.addf %mx, %lg : f32
+        %isinf = arith.cmpf oeq, %mx, %ninf : f32
+        %r = arith.select %isinf, %ninf, %s : f32
+        linalg.yield %r : f32
+      }} -> {t(bq)}"""
     return f"""
 func.func private @{name}(%q: {t(G, L, E)}, %k: {t(G, S, E)}, %v: {t(G, S, E)}, %o: {t(G, L, E)}, %do: {t(G, L, E)}{bias_arg}) -> ({t(G, L, E)}, {t(G, S, E)}, {t(G, S, E)}) {{
   %c0 = arith.constant 0 : index
@@ -159,47 +207,9 @@ func.func private @{name}(%q: {t(G, L, E)}, %k: {t(G, S, E)}, %v: {t(G, S, E)}, 
         %s = arith.addf %acc, %p : f32
         linalg.yield %s : f32
       }} -> {t(bq)}
-      %m_init = linalg.fill ins(%ninf : f32) outs(%e_q : {t(bq)}) -> {t(bq)}
       %e_qk = tensor.empty() : {t(bq, bk)}
       %z_qk = linalg.fill ins(%zero : f32) outs(%e_qk : {t(bq, bk)}) -> {t(bq, bk)}
-      %ml:2 = scf.for %j0 = %c0 to {kend} step %cbk iter_args(%m = %m_init, %l = %z_q) -> ({t(bq)}, {t(bq)}) {{
-        %kT_j = tensor.extract_slice %kT[%g, 0, %j0] [1, {E}, {bk}] [1, 1, 1] : {t(G, E, S)} to {t(E, bk)}
-        %s_raw = linalg.generic {{{contr(mmA, mmB)}}} ins(%qc, %kT_j : {t(bq, E)}, {t(E, bk)}) outs(%z_qk : {t(bq, bk)}) {{
-          {mac}
-        }} -> {t(bq, bk)}{m1}
-        %mt = linalg.generic {{indexing_maps = [{id2}, {row2}], iterator_types = ["parallel", "reduction"]}} ins({s1} : {t(bq, bk)}) outs(%m : {t(bq)}) {{
-        ^bb0(%x: f32, %acc: f32):
-          %mx = arith.maximumf %x, %acc : f32
-          linalg.yield %mx : f32
-        }} -> {t(bq)}
-        %corr = linalg.generic {{indexing_maps = [affine_map<(a) -> (a)>, affine_map<(a) -> (a)>, affine_map<(a) -> (a)>, affine_map<(a) -> (a)>], iterator_types = ["parallel"]}} ins(%m, %mt, %l : {t(bq)}, {t(bq)}, {t(bq)}) outs(%e_q : {t(bq)}) {{
-        ^bb0(%mo: f32, %mn: f32, %lo: f32, %y: f32):
-          %isinf = arith.cmpf oeq, %mo, %ninf : f32
-          %dm = arith.subf %mo, %mn : f32
-          %ex = math.exp %dm : f32
-          %sc = arith.mulf %lo, %ex : f32
-          %r = arith.select %isinf, %zero, %sc : f32
-          linalg.yield %r : f32
-        }} -> {t(bq)}
-        %ln = linalg.generic {{indexing_maps = [{id2}, {row2}, {row2}], iterator_types = ["parallel", "reduction"]}} ins({s1}, %mt : {t(bq, bk)}, {t(bq)}) outs(%corr : {t(bq)}) {{
-        ^bb0(%x: f32, %mn: f32, %acc: f32):
-          %isinf = arith.cmpf oeq, %mn, %ninf : f32
-          %d = arith.subf %x, %mn : f32
-          %ex = math.exp %d : f32
-          %r = arith.select %isinf, %zero, %ex : f32
-          %s = arith.addf %acc, %r : f32
-          linalg.yield %s : f32
-        }} -> {t(bq)}
-        scf.yield %mt, %ln : {t(bq)}, {t(bq)}
-      }}
-      %lse = linalg.generic {{indexing_maps = [affine_map<(a) -> (a)>, affine_map<(a) -> (a)>, affine_map<(a) -> (a)>], iterator_types = ["parallel"]}} ins(%ml#0, %ml#1 : {t(bq)}, {t(bq)}) outs(%e_q : {t(bq)}) {{
-      ^bb0(%mx: f32, %lx: f32, %y: f32):
-        %lg = math.log %lx : f32
-        %s = arith.addf %mx, %lg : f32
-        %isinf = arith.cmpf oeq, %mx, %ninf : f32
-        %r = arith.select %isinf, %ninf, %s : f32
-        linalg.yield %r : f32
-      }} -> {t(bq)}
+      {lse_block}
       %dq_z = linalg.fill ins(%zero : f32) outs(%e_qe : {t(bq, E)}) -> {t(bq, E)}
       %acc:3 = scf.for %j0 = %c0 to {kend} step %cbk iter_args(%dq_i = %dq_z, %dk_a = %dk_g, %dv_a = %dv_g) -> ({t(bq, E)}, {t(S, E)}, {t(S, E)}) {{
         %kT_j = tensor.extract_slice %kT[%g, 0, %j0] [1, {E}, {bk}] [1, 1, 1] : {t(G, E, S)} to {t(E, bk)}
@@ -332,6 +342,42 @@ def _canonical(src: Source, at: ir.Operation) -> ir.Value:
     return value
 
 
+def _forward_lse(bwd: AttentionBackward) -> ir.Value | None:
+    """The rows' lse from the forward attention that computes O, when O is its output, the
+    function's first result, in f32 with an f32 row max and sum: lse = m + log(l) beside O
+    (append_lse_result's g, built right after the output op, which then hands O to O's other
+    readers; the attention schedule fuses g as it does for return_lse); else None."""
+    try:
+        ops = attention_of(bwd.o.value)
+    except NotAttention:
+        return None
+    out = ops.output.results[0]
+    func = ops.output.parent
+    if out != bwd.o.value or ops.output != final_op(func) or any(str(ir.ShapedType(v.type).element_type) != "f32"
+                                 for v in (out, ops.row_max.results[0], ops.row_sum.results[0])):
+        return None
+    block = block_ops(ops.output.block)
+    g, lse = lse_beside_output(ops, block[block.index(ops.output) + 1])
+    for use in list(out.uses):
+        if user_op(use) != g.operation:
+            use.owner.operands[use.operand_number] = g.results[0]
+    bwd.o = Source(g.results[0], bwd.o.transposed)
+    return lse
+
+
+def _canonical_rows(rows: ir.Value, at: ir.Operation) -> ir.Value:
+    """[..., L] rows as [G, L], built before `at`."""
+    shape = _shape(rows)
+    with ir.InsertionPoint(at), at.location:
+        if len(shape) == 1:
+            t = ir.RankedTensorType.get([1] + shape, ir.F32Type.get())
+            return tensor.ExpandShapeOp(t, rows, reassociation_attr([[0, 1]]), [], [1] + shape).result
+        if len(shape) == 3:
+            t = ir.RankedTensorType.get([shape[0] * shape[1], shape[2]], ir.F32Type.get())
+            return tensor.CollapseShapeOp(t, rows, reassociation_attr([[0, 1], [2]])).result
+    return rows
+
+
 def rewrite(target: ir.Operation, bwd: AttentionBackward, at: ir.Operation, sizes,
             query_tile: int, key_tile: int, delta: int | None) -> None:
     g, L, S, e = sizes
@@ -342,14 +388,17 @@ def rewrite(target: ir.Operation, bwd: AttentionBackward, at: ir.Operation, size
         _counter[0] += 1
         name = f"attention_backward_{_counter[0]}"
     bias = None if bwd.bias is None else (_shape(bwd.bias.value), bwd.bias.roles, bwd.bias.heads)
+    lse = _forward_lse(bwd)
     kernel = ir.Module.parse(kernel_text(name, g, L, S, e, query_tile, key_tile, bwd.scale, delta,
-                                         bias))
+                                         bias, lse is not None))
     kernel_func = block_ops(kernel.operation)[0]
     kernel_func.detach_from_parent()
     ir.InsertionPoint(target).insert(kernel_func)
     args = [_canonical(s, at) for s in (bwd.q, bwd.k, bwd.v, bwd.o, bwd.do)]
     if bwd.bias is not None:
         args.append(bwd.bias.value)
+    if lse is not None:
+        args.append(_canonical_rows(lse, at))
     with ir.InsertionPoint(at), at.location:
         result_types = [ir.RankedTensorType.get([g, L, e], ir.F32Type.get()),
                         ir.RankedTensorType.get([g, S, e], ir.F32Type.get()),

@@ -165,17 +165,37 @@ def test_no_l_by_s_buffer_after_bufferization(stages):
 def test_the_backward_runs_in_its_own_loops_over_query_and_key_tiles(stages):
     from tests.transform_ext.helpers import check
 
-    # the forward's query blocks, then the backward's forall over heads: per query block a
-    # first key loop (lse), then the key loop accumulating dQ, dK, dV
+    # the forward's query blocks (computing lse = m + log l beside O), then the backward's
+    # forall over heads reading that lse: per query block one key loop accumulating dQ, dK,
+    # dV, no second softmax
     check(stages["fuse"], """
         CHECK: scf.forall
+        CHECK:   math.log
         CHECK: scf.forall
         CHECK:   scf.for
+        CHECK:     tensor.extract_slice %{{.*}}[%{{.*}}, %{{.*}}] [1, 64] [1, 1] : tensor<2x256xf32> to tensor<64xf32>
         CHECK:     scf.for
         CHECK:       math.exp
-        CHECK:     math.log
-        CHECK:     scf.for
-        CHECK:       math.exp
+        CHECK-NOT:   math.log
+        CHECK: lh.fused_kernel
+    """)
+
+
+def test_a_bf16_backward_computes_lse_in_a_first_key_loop(kernel_file):
+    """O reaches the backward widened to f32, not as the forward's output: the kernel's
+    first key loop recomputes lse (online max and sum)."""
+    from tests.transform_ext.helpers import check
+
+    path = _path(kernel_file, _same((1, 2, 128, 32), "bfloat16"))
+    fused = str(compile_kernel(path, backward=True, strict=True, stop_after="fuse").module)
+    kernel = fused.split("scf.forall", 2)[2]
+    check(kernel, """
+        CHECK: scf.for
+        CHECK:   scf.for
+        CHECK:     arith.maximumf
+        CHECK:   math.log
+        CHECK:   scf.for
+        CHECK:     math.exp
     """)
 
 

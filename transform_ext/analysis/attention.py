@@ -47,7 +47,10 @@ def producing_contraction(value: ir.Value):
 def attention_ops(block_owner) -> tuple[ir.Operation, ir.Operation, ir.Operation]:
     """(row max, scores contraction, P V contraction) among the linalg ops directly in the
     entry block of `block_owner`'s first region (a function, a query block's forall)."""
-    ops = [op for op in block_ops(block_owner) if is_linalg_op(op)]
+    return _attention_ops([op for op in block_ops(block_owner) if is_linalg_op(op)])
+
+
+def _attention_ops(ops: list[ir.Operation]) -> tuple[ir.Operation, ir.Operation, ir.Operation]:
     maxes = [op for op in ops if reduction_combiner(op) == "max"]
     if len(maxes) != 1:
         raise NotAttention(f"expected one row max (softmax), found {len(maxes)}")
@@ -104,8 +107,30 @@ class AttentionOps:
 
 def attention_in(func: ir.Operation) -> AttentionOps:
     """Locate S, m, l, P V and the output in a normalized function (or say why not)."""
-    ops = [op for op in block_ops(func) if is_linalg_op(op)]
-    row_max, scores, values = attention_ops(func)
+    return _attention_in([op for op in block_ops(func) if is_linalg_op(op)], final_op(func))
+
+
+def attention_of(value: ir.Value) -> AttentionOps:
+    """The attention whose output is `value` (through reshapes), among the linalg ops it is
+    computed from in its block (a joint graph's backward ops aside), or say why not."""
+    output = defining_op(value)
+    while output is not None and output.name in ("tensor.expand_shape", "tensor.collapse_shape"):
+        output = defining_op(output.operands[0])
+    if output is None or not is_linalg_op(output):
+        raise NotAttention("the output is not computed by a linalg op")
+    slice_ops, pending = [], [output]
+    while pending:
+        op = pending.pop()
+        if op is None or op in slice_ops or op.block != output.block:
+            continue
+        slice_ops.append(op)
+        pending.extend(defining_op(v) for v in op.operands)
+    block = [op for op in block_ops(output.block) if op in slice_ops and is_linalg_op(op)]
+    return _attention_in(block, output)
+
+
+def _attention_in(ops: list[ir.Operation], final: ir.Operation) -> AttentionOps:
+    row_max, scores, values = _attention_ops(ops)
     m = row_max.results[0]
     sums = [op for op in ops if reduction_combiner(op) == "add" and not
             loop_structure(op).is_contraction and depends_on(op, m)]
@@ -124,7 +149,7 @@ def attention_in(func: ir.Operation) -> AttentionOps:
     pv_dims = dim_positions(loop_structure(values).output_map(0))
     if len(pv_dims) < 2 or None in pv_dims[-2:]:
         raise NotAttention("the P V contraction is not [..., queries, values]")
-    output = _final_op(func)
+    output = final
     while True:
         found = _query_and_value_dims(output, values, pv_dims[-2], pv_dims[-1])
         if found is not None or output is values:
@@ -173,7 +198,7 @@ def _narrowed_softmax_value(ops, row_max: ir.Operation, values: ir.Operation) ->
     return None
 
 
-def _final_op(func: ir.Operation) -> ir.Operation:
+def final_op(func: ir.Operation) -> ir.Operation:
     """The linalg op whose result the function returns (through reshapes)."""
     ret = block_ops(func)[-1]
     if len(ret.operands) < 1:
