@@ -5,8 +5,9 @@ attention_backward.py: dQ, dK, dV from Q, K, V, O, dO with scale c), per group g
 batch x heads (an scf.forall over G) and query block i of `query_tile` rows:
 
     D_i = rowsum(dO_i * O_i)
-    lse_i = log sum_j exp(c Q_i K_j^T)       (first loop over key tiles: the online
-                                               max m and sum l; -inf on a fully masked row)
+    lse_i = log sum_j exp(c Q_i K_j^T)       (the forward's, see below; else a first loop
+                                               over key tiles: the online max m and sum l;
+                                               -inf on a fully masked row)
     for each key tile j:  S = c Q_i K_j^T,  P = exp(S - lse_i)  (0 where lse_i = -inf),
                           dP = dO_i V_j^T,  dS = P (dP - D_i),
                           dQ_i += c dS K_j,  dK_j += c dS^T Q_i,  dV_j += P^T dO_i
@@ -20,7 +21,10 @@ get lse = -inf, P = 0 and zero gradients. With `causal_delta`
 first tile wholly right of the diagonal and the others are masked by index. K and V are
 read transposed ([G, E, S], transposed once) so the score tiles' vector lanes run along the
 keys. The kernel is a private function the target function calls in place of the payload's
-backward (whose ops are then dead; run `inline` and canonicalization after this op). Its
+backward (whose ops are then dead; run `inline` and canonicalization after this op). When
+O is the function's first result, computed in f32 by a softmax attention (analysis.attention.
+attention_of), lse comes from that forward: lse = m + log l beside O (append_lse_result's g,
+which the attention schedule fuses into its query blocks as for return_lse). Its
 scf.forall carries the unit attribute `lh.fused_kernel` (FUSED_KERNEL): the attention's
 query-block ops (pack_key_tiles.top_level_foralls) leave it alone.
 
@@ -46,7 +50,6 @@ from .dialect import TransformExt
 NAME = "transform_ext.fuse_attention_backward"
 # the unit attribute on the kernel's scf.forall: it is fused, not a query block to fuse
 FUSED_KERNEL = "lh.fused_kernel"
-_counter = [0]
 
 
 def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, scale: float,
@@ -105,9 +108,9 @@ def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, sca
           }} -> {t(bq, bk)}"""
 
     bias_type = "" if bias is None else "tensor<" + "".join(f"{d}x" for d in bias[0]) + "f32>"
-    bias_arg = "" if bias is None else f", %bias: {bias_type}"
+    extra_args = "" if bias is None else f", %bias: {bias_type}"
     if lse_given:
-        bias_arg += f", %lse_in: {t(G, L)}"
+        extra_args += f", %lse_in: {t(G, L)}"
     group_of = "" if bias is None else f"""
     %gb = affine.apply affine_map<(d0) -> (d0 floordiv {bias[2]})>(%g)
     %gh = affine.apply affine_map<(d0) -> (d0 mod {bias[2]})>(%g)"""
@@ -167,7 +170,7 @@ def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, sca
         linalg.yield %r : f32
       }} -> {t(bq)}"""
     return f"""
-func.func private @{name}(%q: {t(G, L, E)}, %k: {t(G, S, E)}, %v: {t(G, S, E)}, %o: {t(G, L, E)}, %do: {t(G, L, E)}{bias_arg}) -> ({t(G, L, E)}, {t(G, S, E)}, {t(G, S, E)}) {{
+func.func private @{name}(%q: {t(G, L, E)}, %k: {t(G, S, E)}, %v: {t(G, S, E)}, %o: {t(G, L, E)}, %do: {t(G, L, E)}{extra_args}) -> ({t(G, L, E)}, {t(G, S, E)}, {t(G, S, E)}) {{
   %c0 = arith.constant 0 : index
   %cdelta = arith.constant {delta or 0} : index
   %cL = arith.constant {L} : index
@@ -346,15 +349,16 @@ def _forward_lse(bwd: AttentionBackward) -> ir.Value | None:
     """The rows' lse from the forward attention that computes O, when O is its output, the
     function's first result, in f32 with an f32 row max and sum: lse = m + log(l) beside O
     (append_lse_result's g, built right after the output op, which then hands O to O's other
-    readers; the attention schedule fuses g as it does for return_lse); else None."""
+    readers; the attention schedule fuses g as it does for return_lse); else None (an
+    f16/bf16 O reaches the backward widened: the kernel computes lse itself)."""
     try:
         ops = attention_of(bwd.o.value)
     except NotAttention:
         return None
     out = ops.output.results[0]
-    func = ops.output.parent
-    if out != bwd.o.value or ops.output != final_op(func) or any(str(ir.ShapedType(v.type).element_type) != "f32"
-                                 for v in (out, ops.row_max.results[0], ops.row_sum.results[0])):
+    if out != bwd.o.value or ops.output != final_op(ops.output.parent) or any(
+            str(ir.ShapedType(v.type).element_type) != "f32"
+            for v in (out, ops.row_max.results[0], ops.row_sum.results[0])):
         return None
     block = block_ops(ops.output.block)
     g, lse = lse_beside_output(ops, block[block.index(ops.output) + 1])
@@ -381,12 +385,10 @@ def _canonical_rows(rows: ir.Value, at: ir.Operation) -> ir.Value:
 def rewrite(target: ir.Operation, bwd: AttentionBackward, at: ir.Operation, sizes,
             query_tile: int, key_tile: int, delta: int | None) -> None:
     g, L, S, e = sizes
-    _counter[0] += 1
-    name = f"attention_backward_{_counter[0]}"
-    while name in [str(ir.StringAttr(op.attributes["sym_name"]).value)
-                   for op in block_ops(target.parent) if "sym_name" in op.attributes]:
-        _counter[0] += 1
-        name = f"attention_backward_{_counter[0]}"
+    taken = {ir.StringAttr(op.attributes["sym_name"]).value
+             for op in block_ops(target.parent) if "sym_name" in op.attributes}
+    name = next(f"attention_backward_{n}" for n in range(1, len(taken) + 2)
+                if f"attention_backward_{n}" not in taken)
     bias = None if bwd.bias is None else (_shape(bwd.bias.value), bwd.bias.roles, bwd.bias.heads)
     lse = _forward_lse(bwd)
     kernel = ir.Module.parse(kernel_text(name, g, L, S, e, query_tile, key_tile, bwd.scale, delta,

@@ -120,13 +120,14 @@ def test_transposed_view_inputs(kernel_file):
     _check(compile_kernel(_path(kernel_file, inputs), backward=True, strict=True))
 
 
-@pytest.mark.parametrize("loss,q_shape,kv_shape", [
-    ("(o + o * o).sum()", (1, 2, 64, 16), (1, 2, 64, 16)),
-    ("o", (1, 4, 64, 16), (1, 2, 64, 16))])
-def test_neighbours_that_are_not_fused_yet_stay_correct(kernel_file, loss, q_shape, kv_shape):
-    """A loss reading O twice (dO computed from O: the forward then has two row sums) and
-    grouped-query attention (the forward's normalization splits the heads into kv heads x
-    group) are not fused yet; they fall back to the generic schedule and must match torch."""
+@pytest.mark.parametrize("loss,q_shape,kv_shape,fused", [
+    ("(o + o * o).sum()", (1, 2, 64, 16), (1, 2, 64, 16), True),
+    ("o", (1, 4, 64, 16), (1, 2, 64, 16), False)])
+def test_neighbours(kernel_file, loss, q_shape, kv_shape, fused):
+    """A scalar loss reading O twice (dO computed from O; the loss's sum is not a second
+    softmax row sum) is fused; grouped-query attention (the forward's normalization splits
+    the heads into kv heads x group) is not yet: it falls back to the generic schedule.
+    Both must match torch."""
     path = kernel_file(f"""
         import torch
         import torch.nn.functional as F
@@ -141,6 +142,7 @@ def test_neighbours_that_are_not_fused_yet_stay_correct(kernel_file, loss, q_sha
             return []
     """)
     compiled = compile_kernel(path, backward=True)
+    assert (compiled.family.name == "attention") == fused, compiled.notes
     for r in compiled.check():
         assert r.ok, str(r)
 

@@ -132,8 +132,10 @@ def attention_of(value: ir.Value) -> AttentionOps:
 def _attention_in(ops: list[ir.Operation], final: ir.Operation) -> AttentionOps:
     row_max, scores, values = _attention_ops(ops)
     m = row_max.results[0]
+    # the row sum reduces like the row max ([..., L]); a loss summing the output does not
     sums = [op for op in ops if reduction_combiner(op) == "add" and not
-            loop_structure(op).is_contraction and depends_on(op, m)]
+            loop_structure(op).is_contraction and depends_on(op, m)
+            and list(ir.ShapedType(op.results[0].type).shape) == list(ir.ShapedType(m.type).shape)]
     if len(sums) != 1:
         raise NotAttention(f"expected one row sum of the softmax, found {len(sums)}")
     rounded = _narrowed_softmax_value(ops, row_max, values)
