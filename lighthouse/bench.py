@@ -1,6 +1,7 @@
 """python -m lighthouse.bench: compile, check and time every kernel against torch (kernel_bench).
 
-    python -m lighthouse.bench [--quick] [--only NAME...] [--no-inductor] [--csv F] [--json F] [--plot F.png]
+    python -m lighthouse.bench [--quick] [--only NAME...] [--csv F] [--json F] [--plot F.png]
+    python -m lighthouse.bench --no-inductor                 # against torch eager only
     python -m lighthouse.bench KERNEL.py ...                 # your kernel files instead
     python -m lighthouse.bench --kernelbench DIR --level 1 --problems 23,24,40 --set batch_size=16
     python -m lighthouse.bench --kernelbench DIR --max-elements 4000000   # a whole level, shrunk
@@ -202,7 +203,8 @@ def bench_case(case, settings: dict, limits):
     row = report.make_row(case, m["status"], m["reason"])
     report.fill_measurement(row, m, limits)
     if crash:
-        row.notes.append(f"torch.compile (inductor) not timed: the process crashed with it ({crash})")
+        row.notes.append(f"torch.compile (inductor) not timed: the process crashed with it "
+                         f"({crash})")
     for side in ("ours", "torch"):
         mem = run_isolated(peak_memory, case, side, timeout=timeout)
         if mem.status == "ok" and "peak_bytes" in mem.value:

@@ -135,7 +135,8 @@ def time_rotating(sides: dict[str, Callable[[], object]], *, warmup: int = 2, ro
     calls = list(sides.values())
     first = max(max(_once(f) for f in calls), 1e-6)  # the first warm-up call of each side
     extra_warmup = max(0, warmup - 1)
-    if budget_seconds is not None and len(calls) * first * (extra_warmup + min_rounds) > budget_seconds:
+    n = len(calls)
+    if budget_seconds is not None and n * first * (extra_warmup + min_rounds) > budget_seconds:
         extra_warmup = 0
     for _ in range(extra_warmup):
         for f in calls:
@@ -143,7 +144,7 @@ def time_rotating(sides: dict[str, Callable[[], object]], *, warmup: int = 2, ro
     once = max(max(_once(f) for f in calls), 1e-6) if extra_warmup else first
     reps = max(1, int(min_block_seconds / once))
     if budget_seconds is not None:
-        rounds = max(min_rounds, min(rounds, int(budget_seconds / (len(calls) * reps * once))))
+        rounds = max(min_rounds, min(rounds, int(budget_seconds / (n * reps * once))))
     times: dict[str, list[float]] = {name: [] for name in sides}
     for _ in range(rounds):
         for name, f in sides.items():
