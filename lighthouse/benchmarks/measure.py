@@ -4,8 +4,8 @@
 itself, which also makes the inputs and runs torch once, is reported apart), run once and
 check against torch (max abs/rel error over every result, pass/fail by dtype tolerance),
 count the work, optionally compile torch's reference with torch.compile (inductor, see
-`compile_inductor`), then time every side in rotation after warm-up (`time_rotating`, all
-in this process).
+`compile_inductor`), then time every side in rotation after warm-up
+(`runtime.measure_rotating`, all in this process).
 
 `peak_memory(case, side)`: in a fresh child, builds one side only (our compiled kernel, or
 torch eager through the same reference the check uses), calls it once (warm-up: lazy
@@ -39,7 +39,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import IngressError, LighthouseError, UnsupportedError
-from ..runtime import AlternatingTimes, _block, _once
+from ..runtime import AlternatingTimes, measure_rotating
 from .suite import Case
 
 # Compile failures that mean "this problem is outside what lighthouse handles": listed as
@@ -80,7 +80,7 @@ def measure(case: Case, *, budget_seconds: float, rounds: int, inductor: bool) -
             notes.append(note)
     # min_rounds=1: a kernel of several seconds per call (a KernelBench convolution) gets
     # one timed round after its warm-up, so the child stays within --timeout
-    times = time_rotating(sides, budget_seconds=budget_seconds, rounds=rounds, min_rounds=1)
+    times, _ = measure_rotating(sides, budget_seconds=budget_seconds, rounds=rounds, min_rounds=1)
     ok = all(r.ok for r in reports)
     timed = {}
     for side in ("ours", "torch", "inductor"):
@@ -123,33 +123,6 @@ def compile_inductor(compiled) -> tuple[Callable | None, float | None, str]:
     bad = [str(r) for r in compiled.check(results) if not r.ok]
     note = f"torch.compile (inductor) differs from torch eager: {'; '.join(bad)}" if bad else ""
     return fn, seconds, note
-
-
-def time_rotating(sides: dict[str, Callable[[], object]], *, warmup: int = 2, rounds: int = 10,
-                  min_block_seconds: float = 0.05, budget_seconds: float | None = None,
-                  min_rounds: int = 3) -> dict[str, list[float]]:
-    """Seconds per call of each side, one figure per round: `runtime.measure_alternately`
-    for any number of sides. Each round times a block of calls of every side in turn (the
-    same block length for all, set by the slowest side), so all see the same machine state;
-    `budget_seconds` bounds the warm-up and the rounds the same way."""
-    calls = list(sides.values())
-    first = max(max(_once(f) for f in calls), 1e-6)  # the first warm-up call of each side
-    extra_warmup = max(0, warmup - 1)
-    n = len(calls)
-    if budget_seconds is not None and n * first * (extra_warmup + min_rounds) > budget_seconds:
-        extra_warmup = 0
-    for _ in range(extra_warmup):
-        for f in calls:
-            f()
-    once = max(max(_once(f) for f in calls), 1e-6) if extra_warmup else first
-    reps = max(1, int(min_block_seconds / once))
-    if budget_seconds is not None:
-        rounds = max(min_rounds, min(rounds, int(budget_seconds / (n * reps * once))))
-    times: dict[str, list[float]] = {name: [] for name in sides}
-    for _ in range(rounds):
-        for name, f in sides.items():
-            times[name].append(_block(f, reps))
-    return times
 
 
 def count_flops(reference) -> float:

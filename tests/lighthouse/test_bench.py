@@ -445,7 +445,7 @@ def test_timing_budget_limits_warmup_and_rounds():
 
 
 def test_timing_rotates_through_every_side_within_the_budget():
-    from lighthouse.benchmarks.measure import time_rotating
+    from lighthouse.runtime import measure_rotating
 
     calls = []
 
@@ -455,9 +455,10 @@ def test_timing_rotates_through_every_side_within_the_budget():
             time.sleep(seconds)
         return call
 
-    times = time_rotating({"ours": side("ours", 0.01), "torch": side("torch", 0.02),
-                           "inductor": side("inductor", 0.03)}, warmup=1, budget_seconds=0.5,
-                          rounds=10, min_rounds=2)
+    times, reps = measure_rotating({"ours": side("ours", 0.01), "torch": side("torch", 0.02),
+                                    "inductor": side("inductor", 0.03)}, warmup=1,
+                                   budget_seconds=0.5, rounds=10, min_rounds=2)
+    assert reps == 1
     # one warm-up call each, then rounds of one call (the slowest side's 0.03 s fills the
     # 0.05 s block) per side in turn: 0.5 s / (3 x 0.03 s) = 5 rounds
     assert calls == ["ours", "torch", "inductor"] * 6
