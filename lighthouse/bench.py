@@ -1,6 +1,7 @@
 """python -m lighthouse.bench: compile, check and time every kernel against torch (kernel_bench).
 
     python -m lighthouse.bench [--quick] [--only NAME...] [--csv F] [--json F] [--plot F.png]
+    python -m lighthouse.bench --no-inductor                 # against torch eager only
     python -m lighthouse.bench KERNEL.py ...                 # your kernel files instead
     python -m lighthouse.bench --kernelbench DIR --level 1 --problems 23,24,40 --set batch_size=16
     python -m lighthouse.bench --kernelbench DIR --max-elements 4000000   # a whole level, shrunk
@@ -8,9 +9,11 @@
 The default suite (`benchmarks.suite`) holds the examples at realistic sizes for this
 machine; `--quick` runs the same kinds at small sizes. Per kernel, in fresh child processes
 (`benchmarks.isolate`, each with --timeout):
-  1. compile time, check against torch (max abs error, PASS/FAIL), median time of ours and
-     of torch eager measured alternately after warm-up, their ratio, FLOPs and bytes
-     (`benchmarks.measure`);
+  1. compile time, check against torch (max abs error, PASS/FAIL), median time of ours, of
+     torch eager and of torch.compile (inductor) of the same reference, measured in rotation
+     after warm-up (inductor's compile excluded), the ratios, FLOPs and bytes
+     (`benchmarks.measure`). torch.compile is on unless --no-inductor, off with --quick
+     unless --inductor; a kernel it cannot take gets a note and no inductor figure;
   2. peak memory of one call of ours, then of torch, each in its own process.
 At the start, the machine's FMA peak and streaming-read bandwidth are measured
 (`benchmarks.limits`); each kernel's rate (GFLOP/s when compute-bound, else GB/s) is shown
@@ -52,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-elements", type=int, metavar="N",
                    help="halve each kernel's size globals until its inputs hold at most N "
                         "elements (the sizes used are shown per row)")
+    p.add_argument("--inductor", action=argparse.BooleanOptionalAction,
+                   help="also time torch.compile (inductor) of each kernel's torch reference "
+                        "(default: on, off with --quick)")
     p.add_argument("--timeout", type=float, metavar="SECONDS",
                    help="per child process (default 900, 120 with --quick)")
     p.add_argument("--csv", metavar="FILE", help="write the rows as CSV")
@@ -113,15 +119,13 @@ def run(args) -> int:
     for out in (args.csv, args.json, args.plot):
         if out and not Path(out).resolve().parent.is_dir():
             raise KernelFileError(f"{out}: the folder does not exist")
-    timeout = args.timeout or (120.0 if args.quick else 900.0)
-    settings = {"quick": args.quick, "timeout_s": timeout, "max_elements": args.max_elements,
-                "timing_budget_s": 1.0 if args.quick else 10.0,
-                "timing_rounds": 5 if args.quick else 10}
+    settings = bench_settings(args)
     started = time.perf_counter()
     load_start = _load()
     print(f"lighthouse.bench: {len(cases)} kernel{'s' * (len(cases) != 1)}"
-          f"{' (quick)' if args.quick else ''}; measuring this machine's limits ...",
-          file=sys.stderr, flush=True)
+          f"{' (quick)' if args.quick else ''}"
+          f"{', with torch.compile (inductor)' if settings['inductor'] else ''}; "
+          f"measuring this machine's limits ...", file=sys.stderr, flush=True)
     outcome = run_isolated(measure_limits, args.quick, timeout=LIMITS_TIMEOUT)
     limits = outcome.value if outcome.status == "ok" else None
     machine = _machine(limits, load_start)
@@ -145,7 +149,7 @@ def run(args) -> int:
         _write_files(args, rows, machine, settings, plot=False)
 
     print()
-    print(report.table(rows, sizes=args.max_elements is not None))
+    print(report.table(rows, sizes=args.max_elements is not None, inductor=settings["inductor"]))
     notes = report.footnotes(rows)
     if notes:
         print()
@@ -162,15 +166,33 @@ def run(args) -> int:
     return 0
 
 
+def bench_settings(args) -> dict:
+    """The run's settings (in the JSON): the default timeout and timing budget of a full or a
+    --quick run, and whether torch.compile is timed."""
+    return {"quick": args.quick, "timeout_s": args.timeout or (120.0 if args.quick else 900.0),
+            "max_elements": args.max_elements,
+            "timing_budget_s": 1.0 if args.quick else 10.0,
+            "timing_rounds": 5 if args.quick else 10,
+            "inductor": not args.quick if args.inductor is None else args.inductor}
+
+
 def bench_case(case, settings: dict, limits):
-    """One row: measure in a child, then peak memory of each side in its own child."""
+    """One row: measure in a child, then peak memory of each side in its own child. When the
+    measuring child crashes with torch.compile, the row is measured again without it."""
     from .benchmarks import report
     from .benchmarks.isolate import run_isolated
     from .benchmarks.measure import measure, peak_memory
 
     timeout = settings["timeout_s"]
-    outcome = run_isolated(measure, case, budget_seconds=settings["timing_budget_s"],
-                           rounds=settings["timing_rounds"], timeout=timeout)
+
+    def measured(inductor: bool):
+        return run_isolated(measure, case, budget_seconds=settings["timing_budget_s"],
+                            rounds=settings["timing_rounds"], inductor=inductor, timeout=timeout)
+
+    outcome = measured(settings["inductor"])
+    crash = ""
+    if outcome.status == "crashed" and settings["inductor"]:
+        crash, outcome = outcome.error, measured(False)
     if outcome.status == "timeout":
         return report.make_row(case, "TIMEOUT", f"compile, check and timing: {outcome.error}")
     if outcome.status != "ok":
@@ -180,6 +202,9 @@ def bench_case(case, settings: dict, limits):
         return report.make_row(case, m["status"], m["reason"])
     row = report.make_row(case, m["status"], m["reason"])
     report.fill_measurement(row, m, limits)
+    if crash:
+        row.notes.append(f"torch.compile (inductor) not timed: the process crashed with it "
+                         f"({crash})")
     for side in ("ours", "torch"):
         mem = run_isolated(peak_memory, case, side, timeout=timeout)
         if mem.status == "ok" and "peak_bytes" in mem.value:
@@ -196,8 +221,11 @@ def _progress(row) -> str:
     mem = ""
     if row.ours_peak_mb is not None and row.torch_peak_mb is not None:
         mem = f", peak {row.ours_peak_mb:.1f} MB vs {row.torch_peak_mb:.1f} MB"
+    inductor = ""
+    if row.inductor_ms is not None:
+        inductor = f", inductor {row.inductor_ms:.3g} ms, {row.vs_inductor:.2f}x"
     return (f"{row.status} ({row.schedule}, compile {row.compile_s:.1f} s): ours {row.ours_ms:.3g} ms, "
-            f"torch {row.torch_ms:.3g} ms, {row.speedup:.2f}x{mem}")
+            f"torch {row.torch_ms:.3g} ms, {row.speedup:.2f}x{inductor}{mem}")
 
 
 def _machine(limits, load_start: float) -> dict:
@@ -234,7 +262,8 @@ def _write_files(args, rows, machine, settings, *, plot: bool) -> None:
         report.write_json(rows, args.json, machine=machine, settings=settings)
     if plot and args.plot:
         limits = machine["limits"]
-        title = "lighthouse vs torch eager"
+        title = "lighthouse vs torch eager" + (" and torch.compile (inductor)"
+                                               if settings["inductor"] else "")
         if limits:
             title += (f"\n{machine['cpu']}, {limits['threads']} threads; FMA peak "
                       f"{limits['fma_gflops']:.0f} GFLOP/s, streaming read "

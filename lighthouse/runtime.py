@@ -153,30 +153,45 @@ class AlternatingTimes:
 def measure_alternately(ours: Callable[[], object], theirs: Callable[[], object], *,
                         warmup: int = 2, rounds: int = 10, min_block_seconds: float = 0.05,
                         budget_seconds: float | None = None, min_rounds: int = 3) -> AlternatingTimes:
-    """Time `ours` and `theirs` in alternating blocks after warm-up.
+    """Time `ours` and `theirs` in alternating blocks after warm-up (`measure_rotating` of
+    the two)."""
+    times, reps = measure_rotating({"ours": ours, "theirs": theirs}, warmup=warmup,
+                                   rounds=rounds, min_block_seconds=min_block_seconds,
+                                   budget_seconds=budget_seconds, min_rounds=min_rounds)
+    return AlternatingTimes(times["ours"], times["theirs"], reps)
 
-    Each round times a block of calls of one side, then a block of the other, so both see
-    the same machine state; a block repeats the call until it lasts `min_block_seconds`
-    (so thread pools of the side just measured are not timed as the other side's noise) and
-    records the median call. With `budget_seconds`, slow kernels get fewer warm-up calls
-    (one when a call alone exceeds the budget's share) and fewer rounds (not below
-    `min_rounds`), so a multi-second kernel is measured in bounded time."""
-    first = max(_once(ours), _once(theirs), 1e-6)  # the first warm-up call of each side
+
+def measure_rotating(sides: dict[str, Callable[[], object]], *, warmup: int = 2,
+                     rounds: int = 10, min_block_seconds: float = 0.05,
+                     budget_seconds: float | None = None, min_rounds: int = 3
+                     ) -> tuple[dict[str, list[float]], int]:
+    """Per-round seconds per call of each side, and the calls per block.
+
+    Each round times a block of calls of every side in turn, so all see the same machine
+    state; a block repeats the call until it lasts `min_block_seconds` (so thread pools of
+    the side just measured are not timed as the next side's noise; the same length for all,
+    set by the slowest side) and records the median call. With `budget_seconds`, slow
+    kernels get fewer warm-up calls (one when a call alone exceeds the budget's share) and
+    fewer rounds (not below `min_rounds`), so a multi-second kernel is measured in bounded
+    time."""
+    calls = list(sides.values())
+    n = len(calls)
+    first = max(max(_once(f) for f in calls), 1e-6)  # the first warm-up call of each side
     extra_warmup = max(0, warmup - 1)
-    if budget_seconds is not None and 2 * first * (extra_warmup + min_rounds) > budget_seconds:
+    if budget_seconds is not None and n * first * (extra_warmup + min_rounds) > budget_seconds:
         extra_warmup = 0
     for _ in range(extra_warmup):
-        ours()
-        theirs()
-    once = max(_once(ours), _once(theirs), 1e-6) if extra_warmup else first
+        for f in calls:
+            f()
+    once = max(max(_once(f) for f in calls), 1e-6) if extra_warmup else first
     reps = max(1, int(min_block_seconds / once))
     if budget_seconds is not None:
-        rounds = max(min_rounds, min(rounds, int(budget_seconds / (2 * reps * once))))
-    ours_t, theirs_t = [], []
+        rounds = max(min_rounds, min(rounds, int(budget_seconds / (n * reps * once))))
+    times: dict[str, list[float]] = {name: [] for name in sides}
     for _ in range(rounds):
-        ours_t.append(_block(ours, reps))
-        theirs_t.append(_block(theirs, reps))
-    return AlternatingTimes(ours_t, theirs_t, reps)
+        for name, f in sides.items():
+            times[name].append(_block(f, reps))
+    return times, reps
 
 
 def _once(fn) -> float:

@@ -3,8 +3,9 @@
 `measure(case)`: compile (wall time of the stages after the import, JIT included; the import
 itself, which also makes the inputs and runs torch once, is reported apart), run once and
 check against torch (max abs/rel error over every result, pass/fail by dtype tolerance),
-count the work, then time ours and torch eager alternately after warm-up
-(`runtime.measure_alternately`, both in this process).
+count the work, optionally compile torch's reference with torch.compile (inductor, see
+`compile_inductor`), then time every side in rotation after warm-up
+(`runtime.measure_rotating`, all in this process).
 
 `peak_memory(case, side)`: in a fresh child, builds one side only (our compiled kernel, or
 torch eager through the same reference the check uses), calls it once (warm-up: lazy
@@ -29,12 +30,16 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import statistics
+import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import IngressError, LighthouseError, UnsupportedError
+from ..runtime import AlternatingTimes, measure_rotating
 from .suite import Case
 
 # Compile failures that mean "this problem is outside what lighthouse handles": listed as
@@ -53,9 +58,7 @@ def failure(exc: LighthouseError) -> dict:
     return {"status": status, "reason": str(exc)}
 
 
-def measure(case: Case, *, budget_seconds: float, rounds: int) -> dict:
-    from ..runtime import measure_alternately
-
+def measure(case: Case, *, budget_seconds: float, rounds: int, inductor: bool) -> dict:
     try:
         compiled = compile_case(case)
     except LighthouseError as exc:
@@ -66,29 +69,60 @@ def measure(case: Case, *, budget_seconds: float, rounds: int) -> dict:
     del results
     flops = count_flops(imported.reference) * case.useful_flops
     traffic = compulsory_bytes(compiled, case.backward)
-    ours = compiled.function.bind(imported.args)
+    notes = list(compiled.notes)
+    sides = {"ours": compiled.function.bind(imported.args), "torch": imported.reference}
+    inductor_compile_s = None
+    if inductor:
+        compiled_ref, inductor_compile_s, note = compile_inductor(compiled)
+        if compiled_ref is not None:
+            sides["inductor"] = compiled_ref
+        if note:
+            notes.append(note)
     # min_rounds=1: a kernel of several seconds per call (a KernelBench convolution) gets
     # one timed round after its warm-up, so the child stays within --timeout
-    times = measure_alternately(ours, imported.reference, budget_seconds=budget_seconds,
-                                rounds=rounds, min_rounds=1)
+    times, _ = measure_rotating(sides, budget_seconds=budget_seconds, rounds=rounds, min_rounds=1)
     ok = all(r.ok for r in reports)
+    timed = {}
+    for side in ("ours", "torch", "inductor"):
+        rounds_of = times.get(side)
+        timed[f"{side}_s"] = statistics.median(rounds_of) if rounds_of else None
+        timed[f"{side}_spread"] = AlternatingTimes.spread(rounds_of) if rounds_of else None
     return {
         "status": "PASS" if ok else "FAIL",
         "reason": "" if ok else "; ".join(str(r) for r in reports if not r.ok),
         "schedule": compiled.family.name,
-        "notes": list(compiled.notes),
+        "notes": notes,
         "import_s": compiled.pipeline.timings.get("import", 0.0),
         "compile_s": sum(t for stage, t in compiled.pipeline.timings.items() if stage != "import"),
         "max_abs_err": max((r.max_abs for r in reports), default=0.0),
         "max_rel_err": max((r.max_rel for r in reports), default=0.0),
-        "ours_s": times.ours,
-        "torch_s": times.theirs,
-        "ours_spread": times.spread(times.ours_rounds),
-        "torch_spread": times.spread(times.theirs_rounds),
-        "timing_rounds": len(times.ours_rounds),
+        **timed,
+        "inductor_compile_s": inductor_compile_s,
+        "timing_rounds": len(times["ours"]),
         "flops": flops,
         "bytes": traffic,
     }
+
+
+def compile_inductor(compiled) -> tuple[Callable | None, float | None, str]:
+    """`torch.compile` (default backend, inductor) of the reference torch eager runs, compiled
+    by its first call: (the compiled callable, that call's seconds, a note). A forward
+    reference runs the model under no_grad; a backward one the model's forward and
+    `autograd.grad` of its results seeded by ones (a graph break: inductor compiles the
+    forward, and AOTAutograd the backward that `autograd.grad` runs). When torch.compile
+    fails, no callable and the note says why; when its results differ from torch eager's
+    beyond the check's tolerance, the note says that (it is timed all the same)."""
+    start = time.perf_counter()
+    try:
+        fn = torch.compile(compiled.imported.reference)
+        results = fn()
+    except Exception as exc:  # any failure of torch.compile leaves the row without it
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        return None, None, f"torch.compile (inductor) not timed: {type(exc).__name__}: {first}"
+    seconds = time.perf_counter() - start
+    bad = [str(r) for r in compiled.check(results) if not r.ok]
+    note = f"torch.compile (inductor) differs from torch eager: {'; '.join(bad)}" if bad else ""
+    return fn, seconds, note
 
 
 def count_flops(reference) -> float:

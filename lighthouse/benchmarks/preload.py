@@ -1,10 +1,13 @@
 """Imported once by the benchmark fork server (see `isolate`): the modules every child
 needs, and the caches torch.export and torch-mlir fill on their first import of a graph
 (pure-Python tables: no threads are started, so forking afterwards is safe). This saves each
-child about a second and a half."""
+child about a second and a half, and torch.compile's modules (dynamo, inductor) another
+half second."""
 
 import torch
+import torch._dynamo
 import torch._export.utils
+import torch._inductor.compile_fx
 import torch._functorch.aot_autograd
 import torch.export
 import torch.export._trace

@@ -3,7 +3,8 @@
 Statuses: PASS and FAIL (the compiled kernel ran; FAIL = differs from torch beyond the dtype
 tolerance), UNSUPPORTED (lighthouse cannot take the problem: the reason says why), ERROR (a
 compile error or crash: a bug), TIMEOUT (a child ran past --timeout).
-Speedup is torch's median time / ours (above 1: ours is faster).
+Speedup is torch eager's median time / ours, `vs inductor` torch.compile's (inductor, the same
+reference compiled) / ours: above 1, ours is faster.
 """
 
 from __future__ import annotations
@@ -31,11 +32,14 @@ class Row:
     schedule: str = ""
     import_s: float | None = None  # torch.export + torch-mlir, inputs made, torch run once
     compile_s: float | None = None  # the stages after the import, JIT included
+    inductor_compile_s: float | None = None  # torch.compile's first call
     max_abs_err: float | None = None
     max_rel_err: float | None = None
     ours_ms: float | None = None
     torch_ms: float | None = None
     speedup: float | None = None
+    inductor_ms: float | None = None
+    vs_inductor: float | None = None
     ours_peak_mb: float | None = None
     torch_peak_mb: float | None = None
     gflop: float | None = None
@@ -49,6 +53,7 @@ class Row:
     timing_rounds: int | None = None
     ours_spread: float | None = None
     torch_spread: float | None = None
+    inductor_spread: float | None = None
     notes: list[str] = field(default_factory=list)
     command: str = ""
 
@@ -69,8 +74,13 @@ def fill_measurement(row: Row, m: dict, limits: Limits | None) -> None:
     row.max_abs_err, row.max_rel_err = m["max_abs_err"], m["max_rel_err"]
     row.ours_ms, row.torch_ms = m["ours_s"] * 1e3, m["torch_s"] * 1e3
     row.speedup = m["torch_s"] / m["ours_s"]
+    if m["inductor_s"] is not None:
+        row.inductor_ms = m["inductor_s"] * 1e3
+        row.vs_inductor = m["inductor_s"] / m["ours_s"]
+    row.inductor_compile_s = m["inductor_compile_s"]
     row.timing_rounds = m["timing_rounds"]
     row.ours_spread, row.torch_spread = m["ours_spread"], m["torch_spread"]
+    row.inductor_spread = m["inductor_spread"]
     row.gflop, row.gbyte = m["flops"] / 1e9, m["bytes"] / 1e9
     balance = limits.fma_gflops / limits.bandwidth_gbs if limits else 0.0  # FLOP per byte
     intensity = row.gflop / row.gbyte if row.gbyte else math.inf
@@ -97,6 +107,10 @@ def _ms(v) -> str:
     return f"{v:.3g}" if v < 100 else f"{v:.0f}"
 
 
+def _ratio(v) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
 COLUMNS = [
     ("kernel", "<", lambda r: r.name),
     ("schedule", "<", lambda r: r.schedule or "-"),
@@ -105,7 +119,9 @@ COLUMNS = [
     ("check", "<", lambda r: r.status),
     ("ours ms", ">", lambda r: _ms(r.ours_ms)),
     ("torch ms", ">", lambda r: _ms(r.torch_ms)),
-    ("speedup", ">", lambda r: "-" if r.speedup is None else f"{r.speedup:.2f}x"),
+    ("speedup", ">", lambda r: _ratio(r.speedup)),
+    ("inductor ms", ">", lambda r: _ms(r.inductor_ms)),
+    ("vs inductor", ">", lambda r: _ratio(r.vs_inductor)),
     ("ours MB", ">", lambda r: _num(r.ours_peak_mb, ".1f")),
     ("torch MB", ">", lambda r: _num(r.torch_peak_mb, ".1f")),
     ("ours rate", ">", lambda r: "-" if r.ours_rate is None else f"{r.ours_rate:.1f} {r.rate_unit}"),
@@ -114,12 +130,15 @@ COLUMNS = [
 ]
 
 
+INDUCTOR_COLUMNS = ("inductor ms", "vs inductor")
 SIZES_COLUMN = ("sizes (--set)", "<", lambda r: r.sizes or "-")
 
 
-def table(rows: list[Row], *, sizes: bool = False) -> str:
-    """The terminal table; `sizes` adds the --set values of each row (chosen sizes)."""
-    columns = COLUMNS + [SIZES_COLUMN] if sizes else COLUMNS
+def table(rows: list[Row], *, sizes: bool = False, inductor: bool = True) -> str:
+    """The terminal table; `sizes` adds the --set values of each row (chosen sizes),
+    `inductor` the torch.compile columns."""
+    columns = [c for c in COLUMNS if inductor or c[0] not in INDUCTOR_COLUMNS]
+    columns += [SIZES_COLUMN] if sizes else []
     cells = [[c[0] for c in columns]] + [[c[2](r) for c in columns] for r in rows]
     widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
 
@@ -176,8 +195,9 @@ def write_json(rows: list[Row], path: str | Path, *, machine: dict, settings: di
 
 
 def write_plot(rows: list[Row], path: str | Path, *, title: str) -> None:
-    """Two panels: speedup over torch eager (log scale, 1x marked; failing rows in red) and
-    peak memory of a call, ours next to torch's (log scale), for the rows that were timed."""
+    """Two panels: ours against torch eager and, where timed, against torch.compile (inductor),
+    side by side (log scale, 1x marked; failing rows labelled with their status), and peak
+    memory of a call, ours next to torch eager's (log scale), for the rows that were timed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -189,16 +209,24 @@ def write_plot(rows: list[Row], path: str | Path, *, title: str) -> None:
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(8.0, 0.75 * len(timed) + 3), 8),
                                    constrained_layout=True)
     fig.suptitle(title, fontsize=10)
-    colors = ["tab:red" if r.status != "PASS" else "tab:green" if r.speedup >= 1 else "tab:orange"
-              for r in timed]
-    ax1.bar(xs, [r.speedup for r in timed], color=colors)
+    ratios = [("speedup", "vs torch eager", "tab:green")]
+    if any(r.vs_inductor is not None for r in timed):
+        ratios.append(("vs_inductor", "vs torch.compile (inductor)", "tab:purple"))
+    width = 0.8 / len(ratios)
+    for k, (attr, label, color) in enumerate(ratios):
+        offset = (k - (len(ratios) - 1) / 2) * width
+        points = [(x + offset, getattr(r, attr), r.status) for x, r in zip(xs, timed)
+                  if getattr(r, attr) is not None]
+        ax1.bar([p[0] for p in points], [p[1] for p in points], width, color=color, label=label)
+        for x, value, status in points:
+            text = f"{value:.2f}" + ("" if status == "PASS" else f" {status}")
+            ax1.annotate(text, (x, value), ha="center", va="bottom", fontsize=7,
+                         color="black" if status == "PASS" else "tab:red")
     ax1.axhline(1.0, color="black", linewidth=0.8)
     ax1.set_yscale("log")
     ax1.margins(y=0.12)
-    ax1.set_ylabel("speedup over torch eager (x)")
-    for x, r in zip(xs, timed):
-        label = f"{r.speedup:.2f}" + ("" if r.status == "PASS" else f" {r.status}")
-        ax1.annotate(label, (x, r.speedup), ha="center", va="bottom", fontsize=8)
+    ax1.set_ylabel("speedup of lighthouse (x)")
+    ax1.legend()
     floor = 0.01  # MB: log scale needs positive bars; smaller peaks are drawn at the floor
     width = 0.4
     for offset, side, label in ((-width / 2, "ours", "lighthouse"), (width / 2, "torch", "torch eager")):

@@ -1,7 +1,8 @@
 """python -m lighthouse.bench: the table and its files, the pass/fail logic (a kernel that
 differs from torch is a FAIL row and exit status 1), KernelBench problem files, argument
-errors, and the pieces (child processes, peak-memory growth, the timing budget).
-Every run is --quick on tiny kernels."""
+errors, the torch.compile (inductor) columns, and the pieces (child processes, peak-memory
+growth, the timing budget). Every run is on tiny kernels (inductor compiles a C++ file per
+graph in seconds: two tiny kernels are timed against it)."""
 
 import csv
 import json
@@ -19,6 +20,7 @@ from tests.conftest import ROOT, run_cli, run_in_process
 KERNELBENCH = ROOT / "tests" / "lighthouse" / "fixtures" / "kernelbench"
 COLUMNS = ["kernel", "schedule", "compile s", "max err", "check", "ours ms", "torch ms", "speedup",
            "ours MB", "torch MB", "ours rate", "% limit", "torch % limit"]
+INDUCTOR_COLUMNS = COLUMNS[:8] + ["inductor ms", "vs inductor"] + COLUMNS[8:]
 
 
 def run_bench(*args):
@@ -74,6 +76,7 @@ def test_quick_suite_files(suite_run):
         rows = list(csv.DictReader(f))
     assert [row["name"] for row in rows] == ["softmax", "log_softmax"]
     doc = json.loads(files["json"].read_text())
+    assert doc["settings"]["inductor"] is False  # off with --quick unless --inductor
     limits = doc["machine"]["limits"]
     assert limits["fma_gflops"] > 1 and limits["bandwidth_gbs"] > 0.1
     output_mb = 96 * 1000 * 4 / 2**20  # quick softmax: [96, 1000] f32 out
@@ -86,7 +89,93 @@ def test_quick_suite_files(suite_run):
             100 * row["ours_rate"] / limits["bandwidth_gbs"])
         assert row["command"].endswith("softmax.py --set N=96 --set C=1000")
         assert row["import_s"] > 0 and row["compile_s"] > 0
+        assert row["inductor_ms"] is None and row["inductor_compile_s"] is None
     assert files["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_inductor_columns_forward_and_backward(tmp_path):
+    """--quick --inductor on a tiny forward and a tiny backward kernel: torch.compile of the
+    reference is timed in rotation with ours and torch eager, its compile seconds apart."""
+    out = tmp_path / "b.json"
+    r = run_bench("--quick", "--inductor", "--only", "softmax", "attention_causal_bwd",
+                  "--json", out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    names, rows = parse_table(r.stdout)
+    assert names == INDUCTOR_COLUMNS
+    assert sorted(rows) == ["attention_causal_bwd", "softmax"]
+    for row in rows.values():
+        assert row["check"] == "PASS"
+        ours, inductor = float(row["ours ms"]), float(row["inductor ms"])
+        assert inductor > 0
+        assert float(row["vs inductor"].rstrip("x")) == pytest.approx(inductor / ours,
+                                                                      rel=0.02, abs=0.01)
+    doc = json.loads(out.read_text())
+    assert doc["settings"]["inductor"] is True
+    for row in doc["rows"]:
+        assert row["inductor_compile_s"] > 0 and row["inductor_spread"] >= 0
+        assert row["vs_inductor"] == pytest.approx(row["inductor_ms"] / row["ours_ms"])
+        assert row["speedup"] == pytest.approx(row["torch_ms"] / row["ours_ms"])
+        assert not row["notes"]  # inductor's results agree with torch eager's
+    assert re.search(r"\[2/2\] attention_causal_bwd .*, inductor [\d.]+ ms, [\d.]+x", r.stderr)
+
+
+def test_a_kernel_torch_compile_cannot_take_gets_a_note(kernel_file):
+    """Without --quick inductor is on. It cannot compile one kernel (no C++ compiler, as on a
+    machine without one) and crashes the process on the other: both rows are timed without
+    it and say why; the bench passes."""
+    source = """
+        import os
+        import torch
+        import torch._inductor.config
+        {setup}
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                {forward}
+                return torch.softmax(x * 0.5, dim=-1)
+        def get_inputs():
+            return [torch.randn(8, 16)]
+        def get_init_inputs():
+            return []
+    """
+    no_cxx = kernel_file(source.format(setup='torch._inductor.config.cpp.cxx = (None, "/no/c++")',
+                                       forward="pass"), name="no_cxx.py")
+    crash = kernel_file(source.format(setup="", forward="if torch.compiler.is_dynamo_compiling(): "
+                                                        "os.abort()"), name="crash.py")
+    r = run_bench(no_cxx, crash)
+    assert r.returncode == 0, r.stdout + r.stderr
+    names, rows = parse_table(r.stdout)
+    assert names == INDUCTOR_COLUMNS
+    for name in ("no_cxx", "crash"):
+        assert rows[name]["check"] == "PASS" and float(rows[name]["speedup"].rstrip("x")) > 0
+        assert rows[name]["inductor ms"] == rows[name]["vs inductor"] == "-"
+    assert re.search(r"^note no_cxx: torch.compile \(inductor\) not timed: InductorError: "
+                     r"InvalidCxxCompiler: No working C\+\+ compiler", r.stdout, re.M)
+    assert re.search(r"^note crash: torch.compile \(inductor\) not timed: the process crashed "
+                     r"with it \(killed by SIGABRT", r.stdout, re.M)
+    assert "2 kernels: 2 PASS" in r.stdout
+
+
+def test_no_inductor_leaves_it_out(kernel_file, tmp_path):
+    tiny = kernel_file("""
+        import torch
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                return x * 2
+        def get_inputs():
+            return [torch.randn(64)]
+        def get_init_inputs():
+            return []
+    """, name="tiny.py")
+    out = tmp_path / "b.csv"
+    r = run_bench("--no-inductor", tiny, "--csv", out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    names, rows = parse_table(r.stdout)
+    assert names == COLUMNS and rows["tiny"]["check"] == "PASS"
+    with open(out) as f:
+        row, = csv.DictReader(f)
+    assert row["inductor_ms"] == row["vs_inductor"] == row["inductor_compile_s"] == ""
+    assert float(row["speedup"]) > 0
+    assert "torch.compile" not in r.stderr
 
 
 def test_wrong_kernel_is_fail_and_exit_1(kernel_file):
@@ -129,7 +218,7 @@ def test_slow_kernel_is_a_timeout_row(kernel_file):
         def get_init_inputs():
             return []
     """, name="slow.py")
-    settings = {"timeout_s": 2.0, "timing_budget_s": 1.0, "timing_rounds": 3}
+    settings = {"timeout_s": 2.0, "timing_budget_s": 1.0, "timing_rounds": 3, "inductor": True}
     row = bench_case(file_cases([slow])[0], settings, None)
     assert row.status == "TIMEOUT" and row.ours_ms is None
     assert footnotes([row]) == "TIMEOUT slow: compile, check and timing: no result after 2 s"
@@ -353,3 +442,26 @@ def test_timing_budget_limits_warmup_and_rounds():
     assert calls == {"ours": 4, "theirs": 4}
     assert len(times.ours_rounds) == len(times.theirs_rounds) == 3
     assert 0.02 <= times.ours < times.theirs
+
+
+def test_timing_rotates_through_every_side_within_the_budget():
+    from lighthouse.runtime import measure_rotating
+
+    calls = []
+
+    def side(name, seconds):
+        def call():
+            calls.append(name)
+            time.sleep(seconds)
+        return call
+
+    times, reps = measure_rotating({"ours": side("ours", 0.01), "torch": side("torch", 0.02),
+                                    "inductor": side("inductor", 0.03)}, warmup=1,
+                                   budget_seconds=0.5, rounds=10, min_rounds=2)
+    assert reps == 1
+    # one warm-up call each, then rounds of one call (the slowest side's 0.03 s fills the
+    # 0.05 s block) per side in turn: 0.5 s / (3 x 0.03 s) = 5 rounds
+    assert calls == ["ours", "torch", "inductor"] * 6
+    assert [len(t) for t in times.values()] == [5, 5, 5]
+    assert 0.01 <= min(times["ours"]) and max(times["ours"]) < min(times["torch"])
+    assert max(times["torch"]) < min(times["inductor"])
