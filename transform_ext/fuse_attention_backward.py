@@ -54,11 +54,14 @@ FUSED_KERNEL = "lh.fused_kernel"
 
 def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, scale: float,
                 delta: int | None, bias: tuple[list[int], tuple[str, ...], int] | None = None,
-                lse_given: bool = False) -> str:
+                lse_given: bool = False, grp: int = 1) -> str:
     """The kernel as MLIR text: func.func private @name(q, k, v, o, dO[, bias][, lse]) ->
     (dQ, dK, dV); `bias`: (its shape, its dims' roles, heads), see
     analysis.attention_backward.Bias; `lse_given`: the rows' lse [G, L] is an argument (the
-    forward's), else a first key loop computes it."""
+    forward's), else a first key loop computes it; `grp`: query heads per K/V head (K, V,
+    dK, dV have G / grp groups; query group g reads K/V group g // grp)."""
+    Gk = G // grp
+
     def t(*dims):
         return "tensor<" + "x".join(map(str, dims)) + "xf32>"
 
@@ -132,7 +135,7 @@ def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, sca
     else:
         lse_block = f"""%m_init = linalg.fill ins(%ninf : f32) outs(%e_q : {t(bq)}) -> {t(bq)}
       %ml:2 = scf.for %j0 = %c0 to {kend} step %cbk iter_args(%m = %m_init, %l = %z_q) -> ({t(bq)}, {t(bq)}) {{
-        %kT_j = tensor.extract_slice %kT[%g, 0, %j0] [1, {E}, {bk}] [1, 1, 1] : {t(G, E, S)} to {t(E, bk)}
+        %kT_j = tensor.extract_slice %kT[%gk, 0, %j0] [1, {E}, {bk}] [1, 1, 1] : {t(Gk, E, S)} to {t(E, bk)}
         %s_raw = linalg.generic {{{contr(mmA, mmB)}}} ins(%qc, %kT_j : {t(bq, E)}, {t(E, bk)}) outs(%z_qk : {t(bq, bk)}) {{
           {mac}
         }} -> {t(bq, bk)}{m1}
@@ -170,7 +173,7 @@ def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, sca
         linalg.yield %r : f32
       }} -> {t(bq)}"""
     return f"""
-func.func private @{name}(%q: {t(G, L, E)}, %k: {t(G, S, E)}, %v: {t(G, S, E)}, %o: {t(G, L, E)}, %do: {t(G, L, E)}{extra_args}) -> ({t(G, L, E)}, {t(G, S, E)}, {t(G, S, E)}) {{
+func.func private @{name}(%q: {t(G, L, E)}, %k: {t(Gk, S, E)}, %v: {t(Gk, S, E)}, %o: {t(G, L, E)}, %do: {t(G, L, E)}{extra_args}) -> ({t(G, L, E)}, {t(Gk, S, E)}, {t(Gk, S, E)}) {{
   %c0 = arith.constant 0 : index
   %cdelta = arith.constant {delta or 0} : index
   %cL = arith.constant {L} : index
@@ -180,19 +183,25 @@ func.func private @{name}(%q: {t(G, L, E)}, %k: {t(G, S, E)}, %v: {t(G, S, E)}, 
   %zero = arith.constant 0.0 : f32
   %ninf = arith.constant 0xFF800000 : f32
   %scale = arith.constant {scale!r} : f32
-  %eT = tensor.empty() : {t(G, E, S)}
-  %kT = linalg.transpose ins(%k : {t(G, S, E)}) outs(%eT : {t(G, E, S)}) permutation = [0, 2, 1]
-  %vT = linalg.transpose ins(%v : {t(G, S, E)}) outs(%eT : {t(G, E, S)}) permutation = [0, 2, 1]
+  %eT = tensor.empty() : {t(Gk, E, S)}
+  %kT = linalg.transpose ins(%k : {t(Gk, S, E)}) outs(%eT : {t(Gk, E, S)}) permutation = [0, 2, 1]
+  %vT = linalg.transpose ins(%v : {t(Gk, S, E)}) outs(%eT : {t(Gk, E, S)}) permutation = [0, 2, 1]
   %dq0 = tensor.empty() : {t(G, L, E)}
-  %dk0 = tensor.empty() : {t(G, S, E)}
-  %dv0 = tensor.empty() : {t(G, S, E)}
-  %r:3 = scf.forall (%g) in ({G}) shared_outs(%dq = %dq0, %dk = %dk0, %dv = %dv0) -> ({t(G, L, E)}, {t(G, S, E)}, {t(G, S, E)}) {{{group_of}
-    %dk_g0 = tensor.extract_slice %dk[%g, 0, 0] [1, {S}, {E}] [1, 1, 1] : {t(G, S, E)} to {t(S, E)}
-    %dv_g0 = tensor.extract_slice %dv[%g, 0, 0] [1, {S}, {E}] [1, 1, 1] : {t(G, S, E)} to {t(S, E)}
-    %dq_g0 = tensor.extract_slice %dq[%g, 0, 0] [1, {L}, {E}] [1, 1, 1] : {t(G, L, E)} to {t(L, E)}
+  %dk0 = tensor.empty() : {t(Gk, S, E)}
+  %dv0 = tensor.empty() : {t(Gk, S, E)}
+  %cgrp = arith.constant {grp} : index
+  %c1 = arith.constant 1 : index
+  %r:3 = scf.forall (%gk) in ({Gk}) shared_outs(%dq = %dq0, %dk = %dk0, %dv = %dv0) -> ({t(G, L, E)}, {t(Gk, S, E)}, {t(Gk, S, E)}) {{
+    %dk_g0 = tensor.extract_slice %dk[%gk, 0, 0] [1, {S}, {E}] [1, 1, 1] : {t(Gk, S, E)} to {t(S, E)}
+    %dv_g0 = tensor.extract_slice %dv[%gk, 0, 0] [1, {S}, {E}] [1, 1, 1] : {t(Gk, S, E)} to {t(S, E)}
+    %g0 = affine.apply affine_map<(d0) -> (d0 * {grp})>(%gk)
+    %dq_r0 = tensor.extract_slice %dq[%g0, 0, 0] [{grp}, {L}, {E}] [1, 1, 1] : {t(G, L, E)} to {t(grp, L, E)}
     %dk_gz = linalg.fill ins(%zero : f32) outs(%dk_g0 : {t(S, E)}) -> {t(S, E)}
     %dv_gz = linalg.fill ins(%zero : f32) outs(%dv_g0 : {t(S, E)}) -> {t(S, E)}
-    %blk:3 = scf.for %i0 = %c0 to %cL step %cbq iter_args(%dq_g = %dq_g0, %dk_g = %dk_gz, %dv_g = %dv_gz) -> ({t(L, E)}, {t(S, E)}, {t(S, E)}) {{{causal_bound}
+    %heads:3 = scf.for %rq = %c0 to %cgrp step %c1 iter_args(%dq_r = %dq_r0, %dk_h = %dk_gz, %dv_h = %dv_gz) -> ({t(grp, L, E)}, {t(S, E)}, {t(S, E)}) {{
+    %g = affine.apply affine_map<(d0, d1) -> (d0 * {grp} + d1)>(%gk, %rq){group_of}
+    %dq_g0 = tensor.extract_slice %dq_r[%rq, 0, 0] [1, {L}, {E}] [1, 1, 1] : {t(grp, L, E)} to {t(L, E)}
+    %blk:3 = scf.for %i0 = %c0 to %cL step %cbq iter_args(%dq_g = %dq_g0, %dk_g = %dk_h, %dv_g = %dv_h) -> ({t(L, E)}, {t(S, E)}, {t(S, E)}) {{{causal_bound}
       %q_i = tensor.extract_slice %q[%g, %i0, 0] [1, {bq}, {E}] [1, 1, 1] : {t(G, L, E)} to {t(bq, E)}
       %do_i = tensor.extract_slice %do[%g, %i0, 0] [1, {bq}, {E}] [1, 1, 1] : {t(G, L, E)} to {t(bq, E)}
       %o_i = tensor.extract_slice %o[%g, %i0, 0] [1, {bq}, {E}] [1, 1, 1] : {t(G, L, E)} to {t(bq, E)}
@@ -215,9 +224,9 @@ func.func private @{name}(%q: {t(G, L, E)}, %k: {t(G, S, E)}, %v: {t(G, S, E)}, 
       {lse_block}
       %dq_z = linalg.fill ins(%zero : f32) outs(%e_qe : {t(bq, E)}) -> {t(bq, E)}
       %acc:3 = scf.for %j0 = %c0 to {kend} step %cbk iter_args(%dq_i = %dq_z, %dk_a = %dk_g, %dv_a = %dv_g) -> ({t(bq, E)}, {t(S, E)}, {t(S, E)}) {{
-        %kT_j = tensor.extract_slice %kT[%g, 0, %j0] [1, {E}, {bk}] [1, 1, 1] : {t(G, E, S)} to {t(E, bk)}
-        %vT_j = tensor.extract_slice %vT[%g, 0, %j0] [1, {E}, {bk}] [1, 1, 1] : {t(G, E, S)} to {t(E, bk)}
-        %k_j = tensor.extract_slice %k[%g, %j0, 0] [1, {bk}, {E}] [1, 1, 1] : {t(G, S, E)} to {t(bk, E)}
+        %kT_j = tensor.extract_slice %kT[%gk, 0, %j0] [1, {E}, {bk}] [1, 1, 1] : {t(Gk, E, S)} to {t(E, bk)}
+        %vT_j = tensor.extract_slice %vT[%gk, 0, %j0] [1, {E}, {bk}] [1, 1, 1] : {t(Gk, E, S)} to {t(E, bk)}
+        %k_j = tensor.extract_slice %k[%gk, %j0, 0] [1, {bk}, {E}] [1, 1, 1] : {t(Gk, S, E)} to {t(bk, E)}
         %s2_raw = linalg.generic {{{contr(mmA, mmB)}}} ins(%qc, %kT_j : {t(bq, E)}, {t(E, bk)}) outs(%z_qk : {t(bq, bk)}) {{
           {mac}
         }} -> {t(bq, bk)}{m2}
@@ -261,13 +270,16 @@ func.func private @{name}(%q: {t(G, L, E)}, %k: {t(G, S, E)}, %v: {t(G, S, E)}, 
       %dq_u = tensor.insert_slice %dq_s into %dq_g[%i0, 0] [{bq}, {E}] [1, 1] : {t(bq, E)} into {t(L, E)}
       scf.yield %dq_u, %acc#1, %acc#2 : {t(L, E)}, {t(S, E)}, {t(S, E)}
     }}
+    %dq_rn = tensor.insert_slice %blk#0 into %dq_r[%rq, 0, 0] [1, {L}, {E}] [1, 1, 1] : {t(L, E)} into {t(grp, L, E)}
+    scf.yield %dq_rn, %blk#1, %blk#2 : {t(grp, L, E)}, {t(S, E)}, {t(S, E)}
+    }}
     scf.forall.in_parallel {{
-      tensor.parallel_insert_slice %blk#0 into %dq[%g, 0, 0] [1, {L}, {E}] [1, 1, 1] : {t(L, E)} into {t(G, L, E)}
-      tensor.parallel_insert_slice %blk#1 into %dk[%g, 0, 0] [1, {S}, {E}] [1, 1, 1] : {t(S, E)} into {t(G, S, E)}
-      tensor.parallel_insert_slice %blk#2 into %dv[%g, 0, 0] [1, {S}, {E}] [1, 1, 1] : {t(S, E)} into {t(G, S, E)}
+      tensor.parallel_insert_slice %heads#0 into %dq[%g0, 0, 0] [{grp}, {L}, {E}] [1, 1, 1] : {t(grp, L, E)} into {t(G, L, E)}
+      tensor.parallel_insert_slice %heads#1 into %dk[%gk, 0, 0] [1, {S}, {E}] [1, 1, 1] : {t(S, E)} into {t(Gk, S, E)}
+      tensor.parallel_insert_slice %heads#2 into %dv[%gk, 0, 0] [1, {S}, {E}] [1, 1, 1] : {t(S, E)} into {t(Gk, S, E)}
     }}
   }} {{{FUSED_KERNEL}}}
-  return %r#0, %r#1, %r#2 : {t(G, L, E)}, {t(G, S, E)}, {t(G, S, E)}
+  return %r#0, %r#1, %r#2 : {t(G, L, E)}, {t(Gk, S, E)}, {t(Gk, S, E)}
 }}
 """
 
@@ -297,15 +309,16 @@ def plan(target: ir.Operation, query_tile: int, key_tile: int, delta: int | None
     srcs = [bwd.q, bwd.k, bwd.v, bwd.o, bwd.do]
     for s in srcs + [Source(bwd.dq, False), Source(bwd.dk, False), Source(bwd.dv, False)]:
         t = ir.ShapedType(s.value.type)
-        if not t.has_static_shape or str(t.element_type) != "f32" or t.rank not in (2, 3, 4):
+        if not t.has_static_shape or str(t.element_type) != "f32" or t.rank < 2:
             raise Illegal(target, f"the attention backward's tensors must be static f32 of rank "
-                                  f"2 to 4, found {t}")
+                                  f"2 or more, found {t}")
     (g, L, e), (gk, S, ek), (gv, Sv, ev) = map(_groups_rows_cols, srcs[:3])
-    if (gk, gv) != (g, g) or Sv != S or ek != e or ev != e or \
+    grp = bwd.k.groups
+    if (gk * grp, gv * grp) != (g, g) or Sv != S or ek != e or ev != e or \
             _groups_rows_cols(bwd.o) != (g, L, e) or _groups_rows_cols(bwd.do) != (g, L, e):
         raise Illegal(target, f"Q {_shape(bwd.q.value)}, K {_shape(bwd.k.value)}, V "
                               f"{_shape(bwd.v.value)}: the kernel needs K and V with the queries' "
-                              f"heads and one head dim")
+                              f"heads (or a group of them each) and one head dim")
     if L % query_tile or S % key_tile:
         raise Illegal(target, f"query_tile {query_tile} must divide L = {L} and key_tile "
                               f"{key_tile} must divide S = {S}")
@@ -326,14 +339,26 @@ def plan(target: ir.Operation, query_tile: int, key_tile: int, delta: int | None
     return bwd, ops[first_user], (g, L, S, e)
 
 
+def _groups_of(rank: int) -> list[list[int]]:
+    """The reassociation merging all but the last two dims of a rank-`rank` tensor."""
+    return [list(range(rank - 2)), [rank - 2], [rank - 1]]
+
+
+def _grouped_type(shape: list[int]) -> ir.Type:
+    g = 1
+    for d in shape[:-2]:
+        g *= d
+    return ir.RankedTensorType.get([g] + shape[-2:], ir.F32Type.get())
+
+
 def _canonical(src: Source, at: ir.Operation) -> ir.Value:
     """`src` as a [G, rows, features] tensor, built before `at`."""
     value = src.value
     with ir.InsertionPoint(at), at.location:
         shape = _shape(value)
-        if len(shape) == 4:
-            t = ir.RankedTensorType.get([shape[0] * shape[1]] + shape[2:], ir.F32Type.get())
-            value = tensor.CollapseShapeOp(t, value, reassociation_attr([[0, 1], [2], [3]])).result
+        if len(shape) > 3:
+            value = tensor.CollapseShapeOp(_grouped_type(shape), value,
+                                           reassociation_attr(_groups_of(len(shape)))).result
         elif len(shape) == 2:
             t = ir.RankedTensorType.get([1] + shape, ir.F32Type.get())
             value = tensor.ExpandShapeOp(t, value, reassociation_attr([[0, 1], [2]]), [],
@@ -376,9 +401,13 @@ def _canonical_rows(rows: ir.Value, at: ir.Operation) -> ir.Value:
         if len(shape) == 1:
             t = ir.RankedTensorType.get([1] + shape, ir.F32Type.get())
             return tensor.ExpandShapeOp(t, rows, reassociation_attr([[0, 1]]), [], [1] + shape).result
-        if len(shape) == 3:
-            t = ir.RankedTensorType.get([shape[0] * shape[1], shape[2]], ir.F32Type.get())
-            return tensor.CollapseShapeOp(t, rows, reassociation_attr([[0, 1], [2]])).result
+        if len(shape) > 2:
+            g = 1
+            for d in shape[:-1]:
+                g *= d
+            t = ir.RankedTensorType.get([g, shape[-1]], ir.F32Type.get())
+            groups = [list(range(len(shape) - 1)), [len(shape) - 1]]
+            return tensor.CollapseShapeOp(t, rows, reassociation_attr(groups)).result
     return rows
 
 
@@ -392,7 +421,7 @@ def rewrite(target: ir.Operation, bwd: AttentionBackward, at: ir.Operation, size
     bias = None if bwd.bias is None else (_shape(bwd.bias.value), bwd.bias.roles, bwd.bias.heads)
     lse = _forward_lse(bwd)
     kernel = ir.Module.parse(kernel_text(name, g, L, S, e, query_tile, key_tile, bwd.scale, delta,
-                                         bias, lse is not None))
+                                         bias, lse is not None, bwd.k.groups))
     kernel_func = block_ops(kernel.operation)[0]
     kernel_func.detach_from_parent()
     ir.InsertionPoint(target).insert(kernel_func)
@@ -402,15 +431,16 @@ def rewrite(target: ir.Operation, bwd: AttentionBackward, at: ir.Operation, size
     if lse is not None:
         args.append(_canonical_rows(lse, at))
     with ir.InsertionPoint(at), at.location:
+        gk = g // bwd.k.groups
         result_types = [ir.RankedTensorType.get([g, L, e], ir.F32Type.get()),
-                        ir.RankedTensorType.get([g, S, e], ir.F32Type.get()),
-                        ir.RankedTensorType.get([g, S, e], ir.F32Type.get())]
+                        ir.RankedTensorType.get([gk, S, e], ir.F32Type.get()),
+                        ir.RankedTensorType.get([gk, S, e], ir.F32Type.get())]
         call = func.CallOp(result_types, ir.FlatSymbolRefAttr.get(name), args)
     for old, new in zip((bwd.dq, bwd.dk, bwd.dv), call.results):
         rank = ir.ShapedType(old.type).rank
         with ir.InsertionPoint(at), at.location:
-            if rank == 4:
-                new = tensor.ExpandShapeOp(old.type, new, reassociation_attr([[0, 1], [2], [3]]),
+            if rank > 3:
+                new = tensor.ExpandShapeOp(old.type, new, reassociation_attr(_groups_of(rank)),
                                            [], _shape(old)).result
             elif rank == 2:
                 new = tensor.CollapseShapeOp(old.type, new, reassociation_attr([[0, 1], [2]])).result

@@ -194,8 +194,10 @@ def causal_offset(payload: ir.Module, ops: AttentionOps) -> int | None:
     None when the scores carry no such mask."""
     row_max = ops.row_max
     producer = defining_op(row_max.operands[0])
-    while producer is not None and producer.name == "linalg.generic" and _is_cast(producer):
-        producer = defining_op(producer.operands[0])  # a bf16 softmax reads ext(masked S)
+    while producer is not None and (producer.name in ("tensor.expand_shape", "tensor.collapse_shape")
+                                    or producer.name == "linalg.generic" and _is_cast(producer)):
+        # a bf16 softmax reads ext(masked S); grouped-query attention's heads are regrouped
+        producer = defining_op(producer.operands[0])
     if producer is None or producer is ops.scores or not is_linalg_op(producer):
         return None
     ls = loop_structure(producer)
@@ -210,9 +212,11 @@ def causal_offset(payload: ir.Module, ops: AttentionOps) -> int | None:
     m_dims = dim_positions(rls.output_map(0))
     if not m_dims or m_dims[-1] not in r_in:
         return None
-    key_pos, query_pos = r_in.index(rls.reduction_dims[0]), r_in.index(m_dims[-1])
+    # positions from the end: a reshape between may merge or split the leading dims
+    key_pos = r_in.index(rls.reduction_dims[0]) - len(r_in)
+    query_pos = r_in.index(m_dims[-1]) - len(r_in)
     out = dim_positions(ls.output_map(0))
-    if max(key_pos, query_pos) >= len(out):
+    if max(-key_pos, -query_pos) > len(out) or min(key_pos, query_pos) < -2:
         return None
     key_loop, query_loop = out[key_pos], out[query_pos]
     _, kind, lin = allowed

@@ -37,11 +37,12 @@ class Source:
 
     value: ir.Value
     transposed: bool
+    groups: int = 1  # read broadcast, each of its groups by this many query groups in turn
 
     def same(self, other: "Source") -> bool:
         """The same tensor in the same orientation (two splat constants of one value and
         shape, up to unit dims, are the same tensor)."""
-        if self.transposed != other.transposed:
+        if self.transposed != other.transposed or self.groups != other.groups:
             return False
         if self.value == other.value:
             return True
@@ -100,16 +101,44 @@ def _swaps_last_two(op: ir.Operation) -> bool:
 
 
 def trace(value: ir.Value) -> Source:
-    """`value`'s source through batch/head reshapes and last-two-dims transposes."""
-    transposed = False
+    """`value`'s source through batch/head reshapes, last-two-dims transposes (linalg.transpose
+    or a copying generic) and a broadcast over a group dim after the batch/head dims (the
+    K and V of grouped-query attention: [.., Hkv, S, E] read as [.., Hkv, group, S, E])."""
+    transposed, groups = False, 1
     while True:
         p = defining_op(value)
         if p is not None and p.name in _RESHAPES and _merges_leading(p):
             value = p.operands[0]
         elif p is not None and p.name == "linalg.transpose" and _swaps_last_two(p):
             value, transposed = p.operands[0], not transposed
+        elif (copy := _copy_map(p)) is not None and copy[0] == "swap":
+            value, transposed = p.operands[0], not transposed
+        elif copy is not None and copy[0] == "group" and groups == 1:
+            value, groups = p.operands[0], copy[1]
         else:
-            return Source(value, transposed)
+            return Source(value, transposed, groups)
+
+
+def _copy_map(op: ir.Operation | None):
+    """("swap", None) for a generic copying its one input with the last two dims swapped,
+    ("group", n) for one broadcasting it over a dim of extent n before the last two, else
+    None."""
+    if op is None or op.name != "linalg.generic" or len(op.operands) != 2:
+        return None
+    body = [o.operation for o in op.regions[0].blocks[0].operations]
+    if len(body) != 1 or body[0].operands[0] != op.regions[0].blocks[0].arguments[0]:
+        return None
+    ls = loop_structure(op)
+    n = ls.num_loops
+    if ls.reduction_dims or ls.maps[1] != ir.AffineMap.get_identity(n) or n < 3:
+        return None
+    dims = [e.position if isinstance(e, ir.AffineDimExpr) else None for e in ls.maps[0].results]
+    if dims == list(range(n - 2)) + [n - 1, n - 2]:
+        return "swap", None
+    dropped = [d for d in range(n) if d not in dims]
+    if len(dropped) == 1 and dropped[0] < n - 2 and dims == [d for d in range(n) if d != dropped[0]]:
+        return "group", ls.ranges[dropped[0]]
+    return None
 
 
 def _rank3_dims(op: ir.Operation, index: int) -> list[str]:
@@ -135,7 +164,7 @@ class _Contraction:
         """Input `index` as a [G, rows, features] source, given that the contraction
         reduces its `reduced` ('rows' or 'features') dim."""
         src, k = self.inputs[index]
-        return Source(src.value, k != (0 if reduced == "rows" else 1))
+        return Source(src.value, k != (0 if reduced == "rows" else 1), src.groups)
 
     def reads(self, source: Source, reduced: str) -> int | None:
         """The input that is `source` reduced over its `reduced` dim, or None."""
@@ -144,13 +173,14 @@ class _Contraction:
 
 
 def _contraction(op: ir.Operation) -> _Contraction | None:
-    """`op` as a batch matmul over leading batch dims (none, G, or B and H), or None."""
+    """`op` as a batch matmul over leading batch dims (none, G, B and H, or B, kv heads and
+    group), or None."""
     ls = loop_structure(op)
     if not ls.is_contraction or ls.num_inputs != 2 or len(op.results) != 1:
         return None
     dims = ls.contraction_dims()
     nb = len(dims["batch"])
-    if nb > 2 or any(len(dims[r]) != 1 for r in ("m", "n", "k")):
+    if nb > 3 or any(len(dims[r]) != 1 for r in ("m", "n", "k")):
         return None
     if ir.ShapedType(op.results[0].type).rank != nb + 2:
         return None
@@ -161,7 +191,7 @@ def _contraction(op: ir.Operation) -> _Contraction | None:
             return None
         src = trace(op.operands[i])
         k = names.index("k") - nb  # the reduced one of the last two dims, in the source's order
-        inputs.append((Source(src.value, False), 1 - k if src.transposed else k))
+        inputs.append((Source(src.value, False, src.groups), 1 - k if src.transposed else k))
     return _Contraction(op, inputs, op.results[0])
 
 
@@ -198,6 +228,14 @@ def _float_constant(value: ir.Value) -> float | None:
     return ir.FloatAttr(c).value if isinstance(c, ir.FloatAttr) else None
 
 
+def _readers(value: ir.Value) -> list[ir.Operation]:
+    """The ops reading `value`, through reshapes."""
+    found = []
+    for u in users(value):
+        found += _readers(u.results[0]) if u.name in _RESHAPES else [u]
+    return found
+
+
 def _only_user(value: ir.Value) -> ir.Operation | None:
     us = users(value)
     return us[0] if len(us) == 1 else None
@@ -227,7 +265,7 @@ def attention_backward_in(func: ir.Operation) -> AttentionBackward:
         raise NotAttentionBackward("dS is not an elementwise product")
     p_val, diff_op = None, None
     for v in _elementwise_inputs(ds_op):
-        d = defining_op(v)
+        d = defining_op(trace(v).value) if not trace(v).transposed else None
         if diff_op is None and _elementwise_with(d, "arith.subf") and len(_elementwise_inputs(d)) == 2:
             diff_op = d
         else:
@@ -264,8 +302,31 @@ def attention_backward_in(func: ir.Operation) -> AttentionBackward:
     dq_scale, dk_scale = _only_user(cq.result), _only_user(ck.result)
     if _scale_of(dq_scale) != scale or _scale_of(dk_scale) != scale:
         raise NotAttentionBackward("dQ and dK are not scaled like the scores")
+    if q_src.groups != 1 or do_src.groups != 1 or k_src.groups != v_src.groups:
+        raise NotAttentionBackward("K and V are not read with one grouping")
+    dk, dv = (_group_sum(v, k_src.groups) for v in (dk_scale.results[0], cv.result))
     return AttentionBackward(q_src, k_src, v_src, o_src, do_src, scale, scores.op, row_max,
-                             masked, bias, dq_scale.results[0], dk_scale.results[0], cv.result)
+                             masked, bias, dq_scale.results[0], dk, dv)
+
+
+def _group_sum(value: ir.Value, groups: int) -> ir.Value:
+    """The sum over the query heads of each K/V head's group of a [G, S, E] gradient
+    (through a reshape splitting G), the gradient itself when groups == 1."""
+    if groups == 1:
+        return value
+    user = _only_user(value)
+    if user is not None and user.name in _RESHAPES and ir.ShapedType(user.results[0].type).rank \
+            > ir.ShapedType(value.type).rank:
+        value, user = user.results[0], _only_user(user.results[0])
+    if user is None or not is_linalg_op(user) or len(loop_structure(user).reduction_dims) != 1 \
+            or _body_names(user)[-2:] != ["arith.addf", "linalg.yield"] \
+            or loop_structure(user).num_inputs != 1:
+        raise NotAttentionBackward("dK, dV of grouped-query attention are not summed per group")
+    ls = loop_structure(user)
+    red = ls.reduction_dims[0]
+    if ls.ranges[red] != groups or red >= ls.num_loops - 2:
+        raise NotAttentionBackward("dK, dV are not summed over the query heads of a group")
+    return user.results[0]
 
 
 def _rowsum_partner(d_op: ir.Operation, do_src: Source) -> Source:
@@ -305,10 +366,11 @@ def _scores_of(p: ir.Value, contractions: list[_Contraction]):
         if op.name == "linalg.generic" and "math.exp" in _body_names(op):
             found_exp = True
         chain.append(op)
-        for v in _elementwise_inputs(op):
-            d = defining_op(v)
-            if d is not None and ir.ShapedType(v.type).rank == ir.ShapedType(p.type).rank:
-                pending.append(d)
+        for v in _elementwise_inputs(op):  # the [.., L, S] inputs, through reshapes
+            src = trace(v)
+            if not src.transposed and src.groups == 1 and \
+                    list(ir.ShapedType(src.value.type).shape)[-2:] == list(ir.ShapedType(p.type).shape)[-2:]:
+                pending.append(defining_op(src.value))
     if not found_exp:
         raise NotAttentionBackward("P is not computed by an exp")
     scores = [c for c in contractions if any(
@@ -324,7 +386,7 @@ def _scores_of(p: ir.Value, contractions: list[_Contraction]):
     maxes = []
     for op in chain:
         for r in op.results:
-            for u in users(r):
+            for u in _readers(r):
                 if is_linalg_op(u) and loop_structure(u).reduction_dims and \
                         "arith.maximumf" in _body_names(u):
                     maxes.append((op, u))
