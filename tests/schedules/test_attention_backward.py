@@ -229,3 +229,23 @@ def test_the_printed_script_has_the_backward_step(kernel_file):
     script = str(compiled.script.module)
     assert "transform.named_sequence @fuse_backward" in script
     assert re.search(r"transform_ext\.fuse_attention_backward.*causal_delta = 0", script)
+
+
+def test_the_printed_script_replays_and_edits(kernel_file, tmp_path):
+    """--print-schedule's script replays to the same IR; editing the backward's key tile in
+    it changes the kernel's key loops (and the gradients stay right)."""
+    path = _path(kernel_file, _same((1, 2, 128, 16)), ", is_causal=True")
+    own = compile_kernel(path, backward=True, strict=True, stop_after="bufferize")
+    script = str(own.script.module)
+    script_file = tmp_path / "schedule.mlir"
+    script_file.write_text(script)
+    replayed = compile_kernel(path, backward=True, schedule_file=str(script_file),
+                              stop_after="bufferize")
+    assert str(replayed.module) == str(own.module)
+    edited = script.replace("key_tile = 64 : i64, query_tile = 64", "key_tile = 32 : i64, query_tile = 64")
+    assert edited != script
+    script_file.write_text(edited)
+    fused = compile_kernel(path, backward=True, schedule_file=str(script_file), stop_after="fuse")
+    assert "step %c32" in str(fused.module)
+    for r in compile_kernel(path, backward=True, schedule_file=str(script_file)).check():
+        assert r.ok, str(r)
