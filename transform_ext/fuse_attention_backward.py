@@ -53,7 +53,7 @@ FUSED_KERNEL = "lh.fused_kernel"
 
 
 def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, scale: float,
-                delta: int | None, bias: tuple[list[int], tuple[str, ...], int] | None = None,
+                delta: int | None, bias: tuple | None = None,
                 lse_given: bool = False, grp: int = 1) -> str:
     """The kernel as MLIR text: func.func private @name(q, k, v, o, dO[, bias][, lse]) ->
     (dQ, dK, dV); `bias`: (its shape, its dims' roles, heads), see

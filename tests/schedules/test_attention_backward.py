@@ -249,3 +249,47 @@ def test_the_printed_script_replays_and_edits(kernel_file, tmp_path):
     assert "step %c32" in str(fused.module)
     for r in compile_kernel(path, backward=True, schedule_file=str(script_file)).check():
         assert r.ok, str(r)
+
+
+HAND = """
+import math
+import torch
+class Model(torch.nn.Module):
+    def forward(self, q, k, v{extra}):
+        s = {scores}
+        {mask}
+        return torch.softmax(s, dim=-1) @ v
+def get_inputs():
+    torch.manual_seed(0)
+    return [torch.randn(2, 2, 64, 16), torch.randn(2, 2, 48, 16), torch.randn(2, 2, 48, 16){inputs}]
+def get_init_inputs():
+    return []
+"""
+
+HAND_FORMS = {
+    # name: (scores, mask, extra args, extra inputs, fused)
+    "scores_div": ("q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])", "", "", "", True),
+    "scores_mul": ("(q @ k.transpose(-1, -2)) * 0.125", "", "", "", True),
+    "unscaled": ("q @ k.transpose(-1, -2)", "", "", "", True),
+    "causal_triu_fill": ("q @ k.transpose(-1, -2) / 4.0",
+                         "s = s.masked_fill(torch.ones(64, 48, dtype=torch.bool).triu(1), float('-inf'))",
+                         "", "", True),
+    "q_scaled": ("(q * 0.3) @ k.transpose(-1, -2)", "", "", "", False),
+    "bool_mask_with_fully_masked_rows": (
+        "q @ k.transpose(-1, -2) / 4.0", "s = s.masked_fill(m, float('-inf'))", ", m",
+        ", (torch.rand(2, 1, 64, 48) > 0.7) | (torch.arange(64)[:, None] > 60)", False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HAND_FORMS))
+def test_attention_written_by_hand(kernel_file, name):
+    """The math backend's autograd graph (P kept from the forward, dS = dP P - P rowsum(dP P),
+    the scale applied to dS) is fused like the flash form; Q or K scaled before the scores,
+    and tensor masks (torch's NaN on fully masked rows has a pattern of its own), are not:
+    they fall back and must match torch, NaN for NaN."""
+    scores, mask, extra, inputs, fused = HAND_FORMS[name]
+    path = kernel_file(HAND.format(scores=scores, mask=mask, extra=extra, inputs=inputs))
+    compiled = compile_kernel(path, backward=True)
+    assert (compiled.family.name == "attention") == fused, compiled.notes
+    for r in compiled.check():
+        assert r.ok, str(r)

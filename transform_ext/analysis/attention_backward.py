@@ -23,7 +23,7 @@ from torch_mlir import ir
 
 from .attention import is_index_computation
 from .structure import is_linalg_op, loop_structure
-from ..common import block_ops, constant_value, defining_op, users
+from ..common import block_ops, constant_value, defining_op, depends_on, users
 
 
 class NotAttentionBackward(Exception):
@@ -75,6 +75,7 @@ class AttentionBackward:
     row_max: ir.Operation    # the max over keys of the masked scores (lse's)
     masked: bool             # an elementwise op between the scaled scores and P masks them
     bias: Bias | None        # the mask, when it is a tensor added to the scores
+    guarded: bool            # P = 0 on fully masked rows (SDPA; a softmax by hand has NaN)
     dq: ir.Value
     dk: ir.Value
     dv: ir.Value
@@ -205,22 +206,28 @@ def _body_names(op: ir.Operation) -> list[str]:
 
 
 def _scale_of(op: ir.Operation | None) -> float | None:
-    """c when `op` is an elementwise generic computing x * c (c a float constant)."""
+    """c when `op` is an elementwise generic computing x * c or x / (1 / c) of its one input
+    (c a float constant)."""
     if op is None or op.name != "linalg.generic" or not loop_structure(op).is_elementwise:
         return None
     body = [o.operation for o in op.regions[0].blocks[0].operations]
-    if len(body) < 2 or body[-2].name != "arith.mulf" or loop_structure(op).num_inputs != 1:
+    arg = op.regions[0].blocks[0].arguments[0]
+    if len(body) != 2 or body[0].name not in ("arith.mulf", "arith.divf") \
+            or loop_structure(op).num_inputs != 1 or body[1].operands[0] != body[0].results[0]:
         return None
-    mul = body[-2]
-    for v in mul.operands:
-        p = defining_op(v)
-        while p is not None and p.name == "arith.truncf":
-            v = p.operands[0]
-            p = defining_op(v)
-        c = _float_constant(v)
-        if c is not None:
-            return c
-    return None
+    x, y = body[0].operands
+    if body[0].name == "arith.mulf" and y == arg:
+        x, y = y, x
+    if x != arg:
+        return None
+    p = defining_op(y)
+    while p is not None and p.name == "arith.truncf":
+        y = p.operands[0]
+        p = defining_op(y)
+    c = _float_constant(y)
+    if c is None or (body[0].name == "arith.divf" and c == 0.0):
+        return None
+    return c if body[0].name == "arith.mulf" else 1.0 / c
 
 
 def _float_constant(value: ir.Value) -> float | None:
@@ -247,9 +254,18 @@ def attention_backward_in(func: ir.Operation) -> AttentionBackward:
     contractions = [c for c in map(_contraction, ops) if c is not None]
     # dQ = dS K and dK = dS^T Q read the same dS [G, L, S], reducing its keys and its queries
     found = [(a, ia, b) for a in contractions for ia in range(2) for b in contractions
-             if a is not b and not a.leaf(ia, "features").transposed and _elementwise_with(defining_op(a.leaf(ia, "features").value),
-                                                 "arith.mulf")
+             if a is not b and not a.leaf(ia, "features").transposed
+             and _elementwise_with(defining_op(a.leaf(ia, "features").value), "")
              and b.reads(a.leaf(ia, "features"), "rows") is not None]
+    # dS is computed from contractions (not a cast of an input, as Q in f32 is)
+    found = [f for f in found if any(
+        depends_on(defining_op(f[0].leaf(f[1], "features").value), c.result)
+        for c in contractions)]
+    if len(found) == 2:  # P, read by O = P V and dV = P^T dO, looks the same; dS reads P
+        later = [f for f in found if any(
+            depends_on(defining_op(f[0].leaf(f[1], "features").value), g[0].leaf(g[1], "features").value)
+            for g in found if g is not f)]
+        found = later
     if len(found) != 1:
         raise NotAttentionBackward(f"expected one dS read by dQ = dS K and dK = dS^T Q, "
                                    f"found {len(found)}")
@@ -259,26 +275,22 @@ def attention_backward_in(func: ir.Operation) -> AttentionBackward:
     k_src, q_src = cq.leaf(1 - iq, "rows"), ck.leaf(1 - ik, "rows")
     if ds_src.transposed:
         raise NotAttentionBackward("dS is stored transposed")
-    # dS = P * (dP - D)
-    ds_op = defining_op(ds_src.value)
-    if not _elementwise_with(ds_op, "arith.mulf"):
-        raise NotAttentionBackward("dS is not an elementwise product")
-    p_val, diff_op = None, None
-    for v in _elementwise_inputs(ds_op):
-        d = defining_op(trace(v).value) if not trace(v).transposed else None
-        if diff_op is None and _elementwise_with(d, "arith.subf") and len(_elementwise_inputs(d)) == 2:
-            diff_op = d
-        else:
-            p_val = v
-    if diff_op is None or p_val is None or len(_elementwise_inputs(ds_op)) != 2:
-        raise NotAttentionBackward("dS is not P (dP - D)")
-    dp_val, d_val = _elementwise_inputs(diff_op)
+    # dS' = c' dS: the math backend's graph scales dS before dQ and dK, the flash form after
+    ds_val, pre = ds_src.value, 1.0
+    if (c := _scale_of(defining_op(ds_val))) is not None:
+        ds_val, pre = defining_op(ds_val).operands[0], c
+    # the math backend's masked_fill(mask, -inf) passes dS through masked_fill(mask, 0): P is
+    # 0 there, so the fill changes nothing when its mask is the forward's (checked below)
+    filled = _zero_fill(defining_op(trace(ds_val).value))
+    if filled is not None:
+        ds_val = filled[0]
+    p_val, dp_val, d_val = _softmax_grad_parts(defining_op(trace(ds_val).value))
     dp = next((c for c in contractions if c.result == trace(dp_val).value
                and not trace(dp_val).transposed), None)
     d_op = defining_op(d_val)
     if dp is None or d_op is None or not is_linalg_op(d_op) \
             or len(loop_structure(d_op).reduction_dims) != 1:
-        raise NotAttentionBackward("dS's dP - D does not read dP = dO V^T and D = rowsum(dO O)")
+        raise NotAttentionBackward("dS's dP - D does not read dP = dO V^T and a row sum D")
     # dV = P^T dO: the contraction reading P over its queries
     p_src = trace(p_val)
     dvs = [(c, c.reads(p_src, "rows")) for c in contractions]
@@ -292,21 +304,147 @@ def attention_backward_in(func: ir.Operation) -> AttentionBackward:
     if i_do is None:
         raise NotAttentionBackward("dP is not dO V^T")
     v_src = dp.leaf(1 - i_do, "features")
-    # D = rowsum(dO * O) (rowsum(O) once a dO of ones is folded into it)
-    o_src = _rowsum_partner(d_op, do_src)
-    # P = exp(c S [masked] - lse): its scores contraction reads Q and K
-    scores, scale, masked, row_max, bias = _scores_of(p_val, contractions)
+    # D = rowsum(dO * O) (rowsum(O) once a dO of ones is folded into it), or the math
+    # backend's rowsum(dP * P) = rowsum(dO * O) with O = P V
+    o_src = _rowsum_partner(d_op, do_src, p_src, dp, contractions, cv)
+    # P = exp(c S [masked] - lse) or softmax(c S [masked]): its scores read Q and K
+    scores, scale, masked, row_max, bias, guarded = _scores_of(p_val, contractions)
     if scores.reads(q_src, "features") != 0 or scores.reads(k_src, "features") != 1:
         raise NotAttentionBackward("the recomputed scores do not read the Q and K of dQ, dK")
-    # dQ = c (dS K), dK = c (dS^T Q): the scale applied once after each
-    dq_scale, dk_scale = _only_user(cq.result), _only_user(ck.result)
-    if _scale_of(dq_scale) != scale or _scale_of(dk_scale) != scale:
-        raise NotAttentionBackward("dQ and dK are not scaled like the scores")
+    if not guarded and bias is not None:
+        raise NotAttentionBackward("a softmax written by hand over a tensor mask: torch gives "
+                                   "NaN on its fully masked rows, in a pattern of its own")
+    if filled is not None and filled[1] != _fill_mask(defining_op(row_max.operands[0])):
+        raise NotAttentionBackward("dS is filled with 0 where the scores are not masked")
+    if any(_scale_of(defining_op(s.value)) is not None for s in (q_src, k_src)):
+        # the forward's query blocks would take the scaled Q the kernel reads as well
+        raise NotAttentionBackward("Q or K is scaled before the scores (not fused yet)")
+    # dQ = c (dS K), dK = c (dS^T Q), dV = P^T dO, each as [.., rows, features]
+    dq = _canonical_result(cq, iq, scale / pre)
+    dk = _canonical_result(ck, ik, scale / pre)
+    dv = _canonical_result(cv, iv, 1.0)
     if q_src.groups != 1 or do_src.groups != 1 or k_src.groups != v_src.groups:
         raise NotAttentionBackward("K and V are not read with one grouping")
-    dk, dv = (_group_sum(v, k_src.groups) for v in (dk_scale.results[0], cv.result))
+    dk, dv = (_group_sum(v, k_src.groups) for v in (dk, dv))
     return AttentionBackward(q_src, k_src, v_src, o_src, do_src, scale, scores.op, row_max,
-                             masked, bias, dq_scale.results[0], dk, dv)
+                             masked, bias, guarded, dq, dk, dv)
+
+
+def _zero_fill(op: ir.Operation | None) -> tuple[ir.Value, ir.Value] | None:
+    """(x, mask) when `op` is an elementwise generic computing select(mask, 0, x) of its
+    inputs (masked_fill(x, mask, 0); the mask maybe stored as i8), else None."""
+    parts = _select_of(op)
+    if parts is None or _float_constant_in(op, parts[1]) != 0.0:
+        return None
+    return parts[2], parts[0]
+
+
+def _fill_mask(op: ir.Operation | None) -> ir.Value | None:
+    """The mask tensor of select(mask, -inf, x) (masked_fill(x, mask, -inf)), else None."""
+    parts = _select_of(op)
+    if parts is None or _float_constant_in(op, parts[1]) != float("-inf"):
+        return None
+    return parts[0]
+
+
+def _select_of(op: ir.Operation | None):
+    """(the condition's input tensor, the true value, the false value's input tensor) of an
+    elementwise generic yielding select(trunci? (cond input), t, false input), else None."""
+    if op is None or op.name != "linalg.generic" or not loop_structure(op).is_elementwise:
+        return None
+    block = op.regions[0].blocks[0]
+    ops = [o.operation for o in block.operations]
+    if len(ops) < 2 or ops[-2].name != "arith.select" or ops[-1].operands[0] != ops[-2].results[0]:
+        return None
+    cond, t, f = ops[-2].operands
+    c = defining_op(cond)
+    if c is not None and c.name == "arith.trunci":
+        cond = c.operands[0]
+    args = list(block.arguments)
+    n_in = loop_structure(op).num_inputs
+    if cond not in args[:n_in] or f not in args[:n_in]:
+        return None
+    return (trace(op.operands[args.index(cond)]).value, t,
+            op.operands[args.index(f)])
+
+
+def _float_constant_in(op: ir.Operation, value: ir.Value) -> float | None:
+    """The float constant `value` holds in `op`'s body (a constant, or an input reading a
+    splat), else None."""
+    args = list(op.regions[0].blocks[0].arguments)
+    if value in args[:loop_structure(op).num_inputs]:
+        value = op.operands[args.index(value)]
+    return _float_constant(value)
+
+
+def _softmax_grad_parts(op: ir.Operation | None) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """(P, dP, D) of dS = P (dP - D), or of the math backend's dS = dP P - P D (D read
+    broadcast along the keys), or say why not."""
+    if _elementwise_with(op, "arith.mulf") and len(_elementwise_inputs(op)) == 2:
+        for mine, other in ((0, 1), (1, 0)):
+            v = _elementwise_inputs(op)[mine]
+            src = trace(v)
+            d = defining_op(src.value) if not src.transposed else None
+            if _elementwise_with(d, "arith.subf") and len(_elementwise_inputs(d)) == 2:
+                dp, dd = _elementwise_inputs(d)
+                return _elementwise_inputs(op)[other], dp, dd
+    if _elementwise_with(op, "arith.subf") and len(_elementwise_inputs(op)) == 2:
+        a, b = (defining_op(v) for v in _elementwise_inputs(op))
+        if all(_elementwise_with(x, "arith.mulf") and len(_elementwise_inputs(x)) == 2 for x in (a, b)):
+            for p in _elementwise_inputs(b):
+                if p in list(_elementwise_inputs(a)):
+                    dp = next(v for v in _elementwise_inputs(a) if v != p)
+                    db = next((v for v in _elementwise_inputs(b) if v != p), None)
+                    if db is not None:
+                        return p, dp, _unbroadcast_rows(db)
+    raise NotAttentionBackward("dS is not P (dP - D)")
+
+
+def _unbroadcast_rows(value: ir.Value) -> ir.Value:
+    """The [.., L] row value a generic broadcasts along the keys to `value`, else `value`."""
+    p = defining_op(value)
+    if p is None or p.name != "linalg.generic" or len(p.operands) != 2:
+        return value
+    body = [o.operation for o in p.regions[0].blocks[0].operations]
+    ls = loop_structure(p)
+    n = ls.num_loops
+    if len(body) == 1 and body[0].operands[0] == p.regions[0].blocks[0].arguments[0] \
+            and not ls.reduction_dims and ls.maps[1] == ir.AffineMap.get_identity(n) \
+            and [e.position if isinstance(e, ir.AffineDimExpr) else None
+                 for e in ls.maps[0].results] == list(range(n - 1)):
+        return p.operands[0]
+    return value
+
+
+def _canonical_result(c: _Contraction, index: int, scale: float) -> ir.Value:
+    """The value holding `scale` times `c`'s result as [.., rows, features] (through a scale
+    by that constant unless it is 1, a last-two-dims transpose and reshapes of the leading
+    dims, each the only reader of the one before). `index`: the input whose kept dim is the
+    result's rows."""
+    ls = loop_structure(c.op)
+    dims = ls.contraction_dims()
+    kept = [e.position for e in ls.maps[index].results
+            if e.position not in dims["batch"] + dims["k"]]
+    out = [e.position for e in ls.output_map(0).results]
+    transposed = len(kept) != 1 or out.index(kept[0]) != len(out) - 2
+    value, pending = c.result, not math.isclose(scale, 1.0, rel_tol=1e-6)
+    while True:
+        user = _only_user(value)
+        if user is None:
+            break
+        if pending and (f := _scale_of(user)) is not None and math.isclose(f, scale, rel_tol=1e-6):
+            value, pending = user.results[0], False
+        elif user.name == "linalg.transpose" and _swaps_last_two(user) or \
+                (_copy_map(user) or (None,))[0] == "swap":
+            value, transposed = user.results[0], not transposed
+        elif user.name in _RESHAPES and _merges_leading(user) and transposed:
+            value = user.results[0]
+        else:
+            break
+    if transposed or pending:
+        raise NotAttentionBackward("a gradient stays transposed" if transposed else
+                                   "dQ and dK are not scaled like the scores")
+    return value
 
 
 def _group_sum(value: ir.Value, groups: int) -> ir.Value:
@@ -329,9 +467,17 @@ def _group_sum(value: ir.Value, groups: int) -> ir.Value:
     return user.results[0]
 
 
-def _rowsum_partner(d_op: ir.Operation, do_src: Source) -> Source:
-    """O of D = rowsum(dO * O) (`d_op` the reduction), or say why not."""
+def _rowsum_partner(d_op: ir.Operation, do_src: Source, p_src: Source, dp: _Contraction,
+                    contractions: list[_Contraction], dv: _Contraction) -> Source:
+    """O of D = rowsum(dO * O) (`d_op` the reduction), or, for D = rowsum(dP * P), the
+    output of the contraction O = P V; or say why not."""
     prod = defining_op(d_op.operands[0])
+    if _elementwise_with(prod, "arith.mulf") and len(_elementwise_inputs(prod)) == 2:
+        srcs = [trace(v) for v in _elementwise_inputs(prod)]
+        if any(s.same(p_src) for s in srcs) and any(s.value == dp.result for s in srcs):
+            pv = [c for c in contractions if c is not dv and c.reads(p_src, "features") is not None]
+            if len(pv) == 1:
+                return Source(pv[0].result, False)
     if _elementwise_with(prod, "arith.mulf") and len(_elementwise_inputs(prod)) == 2 \
             and all(m == ir.AffineMap.get_identity(m.n_dims) for m in loop_structure(prod).maps):
         srcs = [trace(v) for v in _elementwise_inputs(prod)]
@@ -346,12 +492,12 @@ def _rowsum_partner(d_op: ir.Operation, do_src: Source) -> Source:
 
 def _elementwise_with(op: ir.Operation | None, name: str) -> bool:
     return op is not None and op.name == "linalg.generic" and \
-        loop_structure(op).is_elementwise and name in _body_names(op)
+        loop_structure(op).is_elementwise and (not name or name in _body_names(op))
 
 
 def _scores_of(p: ir.Value, contractions: list[_Contraction]):
-    """(scores contraction, scale c, masked, row max, additive tensor mask or None) of
-    P = exp(c S [masked] - lse)."""
+    """(scores contraction, scale c, masked, row max, tensor mask or None, guarded) of
+    P = exp(c S [masked] - lse) or softmax(c S [masked])."""
     p_op = defining_op(p)
     seen, pending, found_exp = [], [p_op], False
     chain = []
@@ -378,13 +524,13 @@ def _scores_of(p: ir.Value, contractions: list[_Contraction]):
     if len(scores) != 1:
         raise NotAttentionBackward(f"expected P to read one scores contraction, found {len(scores)}")
     scores = scores[0]
-    scale_op = _only_user(scores.result)
-    scale = _scale_of(scale_op)
-    if scale is None:
-        raise NotAttentionBackward("the recomputed scores are not scaled by a constant")
+    scaled = _only_user(scores.result)
+    scale = _scale_of(scaled)
+    if scale is None:  # unscaled scores (or the scale is in Q or K)
+        scale, scaled = 1.0, scores.op
     # the masked scores: the last op of the chain from the scaled scores read by a max
     maxes = []
-    for op in chain:
+    for op in chain + [scores.op]:
         for r in op.results:
             for u in _readers(r):
                 if is_linalg_op(u) and loop_structure(u).reduction_dims and \
@@ -393,9 +539,12 @@ def _scores_of(p: ir.Value, contractions: list[_Contraction]):
     if len(maxes) != 1:
         raise NotAttentionBackward(f"expected one row max of the recomputed scores, found {len(maxes)}")
     masked_op, row_max = maxes[0]
-    masked = masked_op != scale_op
-    bias = _bias_of(masked_op, scale_op) if masked else None
-    return scores, scale, masked, row_max, bias
+    masked = masked_op != scaled
+    bias = _bias_of(masked_op, scaled) if masked else None
+    # the guard: a select of 0 on P's way (SDPA's fully masked rows; a mask fills -inf)
+    guarded = any((parts := _select_of(op)) is not None and _float_constant_in(op, parts[1]) == 0.0
+                  for op in chain)
+    return scores, scale, masked, row_max, bias, guarded
 
 
 def _bias_of(masked_op: ir.Operation, scaled: ir.Operation) -> Bias | None:
@@ -404,13 +553,13 @@ def _bias_of(masked_op: ir.Operation, scaled: ir.Operation) -> Bias | None:
     ls = loop_structure(masked_op)
     names = _body_names(masked_op)
     if ls.num_inputs != 2 or names != ["arith.addf", "linalg.yield"] \
-            or masked_op.operands[0] != scaled.results[0]:
+            or masked_op.operands[0] != scaled.results[0] \
+            or str(ir.ShapedType(masked_op.operands[1].type).element_type) != "f32":
         return None
-    value = masked_op.operands[1]
+    index = 1
+    value = masked_op.operands[index]
     producer = defining_op(value)
     if producer is not None and is_index_computation(producer):
-        return None
-    if str(ir.ShapedType(value.type).element_type) != "f32":
         return None
     rank = ls.num_loops
     loop_roles = {1: ["g"], 2: [], 3: ["g"], 4: ["b", "h"]}[rank] if rank in (2, 3, 4) else None
@@ -418,7 +567,7 @@ def _bias_of(masked_op: ir.Operation, scaled: ir.Operation) -> Bias | None:
         return None
     loop_roles = (loop_roles + ["q", "k"])[-rank:] if rank >= 2 else loop_roles
     roles = []
-    for e in ls.maps[1].results:
+    for e in ls.maps[index].results:
         if isinstance(e, ir.AffineDimExpr):
             roles.append(loop_roles[e.position])
         elif isinstance(e, ir.AffineConstantExpr) and e.value == 0:
