@@ -36,6 +36,8 @@ queries' groups; the value dim equal to the query/key dim; `query_tile` dividing
 user of dQ, dK, dV after the last op their sources are defined by.
 """
 
+import math
+
 from torch_mlir import ir
 from torch_mlir.dialects import ext, func, linalg, tensor, transform
 
@@ -291,9 +293,7 @@ def _shape(value: ir.Value) -> list[int]:
 
 def _groups_rows_cols(src: Source) -> tuple[int, int, int]:
     shape = _shape(src.value)
-    g = 1
-    for d in shape[:-2]:
-        g *= d
+    g = math.prod(shape[:-2])
     rows, cols = shape[-2:]
     return (g, cols, rows) if src.transposed else (g, rows, cols)
 
@@ -345,9 +345,7 @@ def _groups_of(rank: int) -> list[list[int]]:
 
 
 def _grouped_type(shape: list[int]) -> ir.Type:
-    g = 1
-    for d in shape[:-2]:
-        g *= d
+    g = math.prod(shape[:-2])
     return ir.RankedTensorType.get([g] + shape[-2:], ir.F32Type.get())
 
 
@@ -402,9 +400,7 @@ def _canonical_rows(rows: ir.Value, at: ir.Operation) -> ir.Value:
             t = ir.RankedTensorType.get([1] + shape, ir.F32Type.get())
             return tensor.ExpandShapeOp(t, rows, reassociation_attr([[0, 1]]), [], [1] + shape).result
         if len(shape) > 2:
-            g = 1
-            for d in shape[:-1]:
-                g *= d
+            g = math.prod(shape[:-1])
             t = ir.RankedTensorType.get([g, shape[-1]], ir.F32Type.get())
             groups = [list(range(len(shape) - 1)), [len(shape) - 1]]
             return tensor.CollapseShapeOp(t, rows, reassociation_attr(groups)).result
