@@ -123,6 +123,13 @@ class AttentionPlan:
     causal_delta: int | None
     split_unmasked: bool
     backward: BackwardPlan | None = None
+    forward: bool = True  # False: the payload is an attention backward alone
+
+    @staticmethod
+    def backward_only(params: AttentionParams, backward: BackwardPlan) -> "AttentionPlan":
+        """The plan of a payload holding an attention backward and no forward (the backward
+        graph AOTAutograd splits from a joint one): the backward is fused, nothing else."""
+        return AttentionPlan(params, False, (), 0, None, None, False, backward, forward=False)
 
 
 class _Normalized:
@@ -156,6 +163,11 @@ def plan_attention(payload: ir.Module, params: AttentionParams) -> AttentionPlan
         backward = plan_backward(trial)
         if backward is not None:
             _apply_steps(trial, [_fuse_backward(backward)])
+            if not _has_forward(trial):
+                if params.return_lse:
+                    raise NotAttention("return_lse: the payload has an attention backward "
+                                       "and no forward")
+                return AttentionPlan.backward_only(params, backward)
         find_attention(trial)  # NotAttention says why not
         _apply_steps(trial, [_share_kv_heads, _sink_normalization])
         _Normalized.source, _Normalized.text = source, str(trial)
@@ -171,6 +183,15 @@ def plan_attention(payload: ir.Module, params: AttentionParams) -> AttentionPlan
     # (a second one, a sliding window, must stay)
     return AttentionPlan(params, row_guard, tuple(sizes), query_tile, query_iv, delta,
                          delta is not None and index_masks(ops) == 1, backward)
+
+
+def _has_forward(payload: ir.Module) -> bool:
+    """Is there a forward attention among the function's top-level ops?"""
+    try:
+        find_attention(payload)
+    except NotAttention:
+        return False
+    return True
 
 
 def plan_backward(payload: ir.Module) -> BackwardPlan | None:
@@ -342,6 +363,8 @@ def _normalize(plan: AttentionPlan):
         root = include_step("fold_unit_dims", root)
         if plan.backward is not None:
             root = include_step("fuse_backward", root)
+        if not plan.forward:
+            return root
         for name, _ in _normalize_steps(plan.row_guard, plan.params):
             root = include_step(name, root)
         return root
@@ -395,6 +418,8 @@ def fuse_steps(plan: AttentionPlan) -> list[tuple[str, object]]:
              ("fold_shared_collapse", _fold_shared_collapse), ("fold_unit_dims", _fold_unit_dims)]
     if plan.backward is not None:
         steps.append(("fuse_backward", _fuse_backward(plan.backward)))
+    if not plan.forward:
+        return steps + [("normalize", _normalize(plan))]
     steps += _normalize_steps(plan.row_guard, plan.params)
     steps += [("normalize", _normalize(plan)), ("tile_query_blocks", tile_query_blocks(plan)),
               ("online_softmax", _online_softmax(plan))]
@@ -405,8 +430,8 @@ def fuse_steps(plan: AttentionPlan) -> list[tuple[str, object]]:
 
 def fuse_stage(plan: AttentionPlan):
     """@fuse: normalize, tile_query_blocks, online_softmax, causal_bounds (with a causal
-    mask), then canonicalization and CSE."""
-    names = ["normalize", "tile_query_blocks", "online_softmax"]
+    mask), then canonicalization and CSE; for a backward alone, normalize only."""
+    names = ["normalize", "tile_query_blocks", "online_softmax"] if plan.forward else ["normalize"]
     if plan.causal_delta is not None:
         names.append("causal_bounds")
 

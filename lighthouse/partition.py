@@ -1,0 +1,183 @@
+"""Split an ATen FX graph (as AOTAutograd hands a backend its forward, backward or inference
+graph) into the kernels lighthouse compiles one by one.
+
+A kernel family takes one kind of payload (an attention, a cross-entropy, a matmul, rows of
+elementwise ops and reductions), and a model's graph holds many. The graph is cut, in its
+own (topological) order, into parts:
+
+- an *anchor*: one op a family compiles as a kernel of its own, with the `getitem`s that
+  unpack its results (torch's CPU flash attention forward and backward, lighthouse's
+  cross-entropy ops). Its kind names the family's form of it (`ANCHORS`);
+- a *run*: the ops between two anchors, at most `max_ops` computing ops each (the generic
+  schedule's compile time grows with the payload);
+- *moves*: a run of views and copies only (the reshapes and transposes between two
+  anchors), which torch runs as it is: a view costs nothing there, and the next kernel
+  takes its input in any layout.
+
+Every part reads values defined before it (graph inputs, constants, earlier parts' results)
+and is a GraphModule of its own whose placeholders are those values and whose output is the
+tuple of its values read after it. Cutting in graph order keeps the parts a chain: part i
+reads only from parts before it. `Part.key` names a part's computation up to node names, so
+two identical blocks of a model share one compiled kernel.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx
+
+aten = torch.ops.aten
+
+# op -> the anchor kind: what family compiles it, in which form
+ANCHORS = {
+    aten._scaled_dot_product_flash_attention_for_cpu.default: "attention",
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default: "attention_backward",
+}
+
+# ops that only reinterpret or copy their input: a run of them alone is "moves"
+MOVES = {aten.view.default, aten._unsafe_view.default, aten.reshape.default,
+         aten.permute.default, aten.t.default, aten.transpose.int, aten.expand.default,
+         aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
+         aten.alias.default, aten.clone.default, aten.slice.Tensor, aten.select.int,
+         aten.split.Tensor, aten.split_with_sizes.default, aten.detach.default,
+         operator.getitem}
+
+
+# views that need their input's strides: a part reads its inputs in any layout (a kernel's
+# results are contiguous), so in a part they are reshapes (the same values: the graphs are
+# functional)
+_VIEWS = (aten.view.default, aten._unsafe_view.default)
+
+
+def register_anchor(op, kind: str) -> None:
+    """Make `op` an anchor of `kind` (lighthouse's own custom ops register themselves)."""
+    ANCHORS[op] = kind
+
+
+@dataclass
+class Part:
+    """One kernel's share of the graph: `kind` is an anchor kind or "run"."""
+
+    kind: str  # an anchor kind, "run" or "moves"
+    nodes: list[fx.Node]
+    inputs: list[fx.Node] = field(default_factory=list)
+    outputs: list[fx.Node] = field(default_factory=list)
+    module: fx.GraphModule | None = None
+
+    @property
+    def key(self) -> str:
+        """The part's computation with its nodes numbered in order: equal keys, equal kernels."""
+        return graph_key(self.module)
+
+    def describe(self) -> str:
+        ops = [n for n in self.nodes if n.op == "call_function" and n.target is not operator.getitem]
+        shown = sorted({_op_name(n.target) for n in ops})
+        more = f", ... ({len(shown)} kinds)" if len(shown) > 6 else ""
+        return f"{self.kind} of {len(ops)} ops ({', '.join(shown[:6])}{more})"
+
+
+def _op_name(target) -> str:
+    name = getattr(target, "__name__", str(target))
+    return str(target).removeprefix("aten.") if hasattr(target, "overloadpacket") else name
+
+
+def anchor_kind(node: fx.Node) -> str | None:
+    return ANCHORS.get(node.target) if node.op == "call_function" else None
+
+
+def split_graph(gm: fx.GraphModule, *, max_ops: int = 64) -> list[Part]:
+    """The parts of `gm` in order (module docstring); each part's `module` is built."""
+    parts: list[Part] = []
+    run: list[fx.Node] = []
+    computing = 0
+    owned: set[fx.Node] = set()
+
+    def flush():
+        nonlocal run, computing
+        if run:
+            parts.append(Part("run" if computing else "moves", run))
+        run, computing = [], 0
+
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node in owned:
+            continue
+        kind = anchor_kind(node)
+        if kind is not None:
+            flush()
+            members = [node] + [u for u in node.users if u.target is operator.getitem]
+            owned.update(members)
+            parts.append(Part(kind, members))
+            continue
+        run.append(node)
+        if node.target not in MOVES:
+            computing += 1
+            if computing >= max_ops:
+                flush()
+    flush()
+    _link(gm, parts)
+    return parts
+
+
+def _link(gm: fx.GraphModule, parts: list[Part]) -> None:
+    """Fill each part's inputs and outputs and build its GraphModule."""
+    for part in parts:
+        members = set(part.nodes)
+        inputs: list[fx.Node] = []
+        for n in part.nodes:
+            for a in n.all_input_nodes:
+                if a not in members and a not in inputs:
+                    inputs.append(a)
+        part.inputs = inputs
+        part.outputs = [n for n in part.nodes
+                        if any(u not in members for u in n.users)
+                        and not (n.target is not operator.getitem and _is_tuple(n))]
+        part.module = _sub_module(gm, part)
+
+
+def _is_tuple(node: fx.Node) -> bool:
+    return isinstance(node.meta.get("val"), (tuple, list))
+
+
+def _sub_module(gm: fx.GraphModule, part: Part) -> fx.GraphModule:
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for i, node in enumerate(part.inputs):
+        p = graph.placeholder(f"in{i}")
+        p.meta = dict(node.meta)
+        env[node] = p
+    for node in part.nodes:
+        env[node] = graph.node_copy(node, lambda n: env[n])
+        if node.target in _VIEWS:
+            env[node].target = aten.reshape.default
+    graph.output(tuple(env[n] for n in part.outputs))
+    return fx.GraphModule(gm, graph)
+
+
+def graph_key(gm: fx.GraphModule) -> str:
+    """A text naming `gm`'s computation: ops, constants and the wiring by position, and the
+    shape and dtype of every value (node names left out)."""
+    index: dict[fx.Node, int] = {}
+    lines = []
+
+    def ref(a):
+        if isinstance(a, fx.Node):
+            return f"%{index[a]}"
+        if isinstance(a, (list, tuple)):
+            return "[" + ",".join(ref(x) for x in a) + "]"
+        if isinstance(a, dict):
+            return "{" + ",".join(f"{k}:{ref(v)}" for k, v in sorted(a.items())) + "}"
+        return repr(a)
+
+    for i, node in enumerate(gm.graph.nodes):
+        index[node] = i
+        val = node.meta.get("val")
+        spec = (f"{list(val.shape)}:{val.dtype}" if isinstance(val, torch.Tensor)
+                else type(val).__name__)
+        target = node.target if node.op != "call_function" else _op_name(node.target)
+        if node.op == "placeholder":
+            target = "in"
+        lines.append(f"{node.op} {target} {ref(node.args)} {ref(node.kwargs)} {spec}")
+    return "\n".join(lines)
