@@ -4,7 +4,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.lighthouse-installed
 
-.PHONY: run test fuzz bench venv clean
+.PHONY: run test fuzz bench train venv clean
 
 venv: $(STAMP)
 
@@ -23,6 +23,10 @@ test: $(STAMP)
 # failures in tests/fuzz/failures/ (see tests/fuzz/profiles.py for the knobs)
 fuzz: $(STAMP)
 	FUZZ_PROFILE=fuzz $(VPY) -m pytest -q tests/fuzz --hypothesis-show-statistics
+
+# a small GPT trained eagerly, with torch.compile(backend="lighthouse") and with inductor
+train: $(STAMP)
+	$(VPY) examples/train_gpt.py
 
 bench: $(STAMP)
 	$(VPY) -m lighthouse.bench --csv bench.csv --json bench.json --plot bench.png
