@@ -7,7 +7,7 @@ position embeddings, `layers` blocks of pre-LayerNorm causal self-attention
 (F.scaled_dot_product_attention) and a tanh-GELU MLP, a final LayerNorm, a linear head and
 F.cross_entropy. The same initial weights and batches are trained with AdamW `steps` times
 eagerly, with torch.compile(backend="lighthouse") and (unless --no-inductor) with
-torch.compile's default backend, inductor. It prints the loss curves (eager and lighthouse
+torch.compile's default backend, inductor, each taking every step in turn. It prints the loss curves (eager and lighthouse
 must agree to --rtol at every step, else it exits 1), the tokens per second of each (median
 step after the first two, which compile), the compile time, and what each graph part was
 compiled by: the attention, cross-entropy, matmul or generic family, or torch (a fallback,
@@ -97,19 +97,33 @@ def batches(text: str, cfg: Config, steps: int, seed: int = 0):
     return out
 
 
-def train(model: nn.Module, step_fn, data) -> tuple[list[float], list[float]]:
-    """(losses, step seconds) of AdamW steps over `data`, calling step_fn(x, y) -> loss."""
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
-    losses, seconds = [], []
-    for x, y in data:
+class Trainer:
+    """One model trained with AdamW, calling step_fn(x, y) -> loss; records each step's loss
+    and seconds."""
+
+    def __init__(self, model: nn.Module, step_fn):
+        self.step_fn = step_fn
+        self.opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+        self.losses: list[float] = []
+        self.seconds: list[float] = []
+
+    def step(self, x, y) -> None:
         start = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        loss = step_fn(x, y)
+        self.opt.zero_grad(set_to_none=True)
+        loss = self.step_fn(x, y)
         loss.backward()
-        opt.step()
-        seconds.append(time.perf_counter() - start)
-        losses.append(loss.item())
-    return losses, seconds
+        self.opt.step()
+        self.seconds.append(time.perf_counter() - start)
+        self.losses.append(loss.item())
+
+
+def train(trainers: dict[str, Trainer], data) -> None:
+    """Every trainer takes each step in turn, the order rotating from step to step, so that
+    a load on the machine falls on all of them alike."""
+    names = list(trainers)
+    for i, (x, y) in enumerate(data):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            trainers[name].step(x, y)
 
 
 def tokens_per_second(cfg: Config, seconds: list[float]) -> float:
@@ -141,17 +155,16 @@ def main(argv=None) -> int:
         model.load_state_dict(initial)
         return model
 
-    runs = {}
-    eager = fresh()
-    runs["eager"] = train(eager, eager, data)
-    ours = fresh()
+    eager, ours = fresh(), fresh()
     options = {"threads": args.threads} if args.threads else {}
-    compiled = torch.compile(ours, backend="lighthouse", options=options)
-    runs["lighthouse"] = train(ours, compiled, data)
+    trainers = {"eager": Trainer(eager, eager),
+                "lighthouse": Trainer(ours, torch.compile(ours, backend="lighthouse",
+                                                          options=options))}
     if not args.no_inductor:
-        torch._dynamo.reset()
         theirs = fresh()
-        runs["inductor"] = train(theirs, torch.compile(theirs), data)
+        trainers["inductor"] = Trainer(theirs, torch.compile(theirs))
+    train(trainers, data)
+    runs = {name: (t.losses, t.seconds) for name, t in trainers.items()}
 
     print(f"GPT: {cfg.layers} blocks, width {cfg.width}, {cfg.heads} heads, context "
           f"{cfg.block}, batch {cfg.batch}, vocab {cfg.vocab}; {args.steps} AdamW steps on "

@@ -72,7 +72,8 @@ class PartReport:
     description: str
     family: str | None
     seconds: float = 0.0
-    cached: bool = False
+    cached: bool = False       # this process compiled the same kernel before
+    from_disk: bool = False    # loaded from the disk cache
     notes: list[str] = field(default_factory=list)
 
 
@@ -84,6 +85,7 @@ class Kernel:
     family: str | None
     notes: list[str]
     seconds: float
+    from_disk: bool = False  # loaded from the disk cache (lighthouse.kernel_cache)
 
 
 _CACHE: dict[tuple, Kernel] = {}
@@ -151,7 +153,8 @@ class CompiledGraph:
         lines = []
         for r in self.reports:
             how = r.family or "torch"
-            extra = " (cached)" if r.cached else f" ({r.seconds:.2f} s)" if r.family else ""
+            extra = " (cached)" if r.cached else f" ({r.seconds:.2f} s" + \
+                (", from the disk cache)" if r.from_disk else ")") if r.family else ""
             lines.append(f"  {r.description}: {how}{extra}")
             lines += [f"    note: {n}" for n in r.notes]
         return "\n".join(lines)
@@ -214,16 +217,25 @@ def _compile_part(part: Part, options: GraphOptions, name: str) -> tuple[Kernel,
     kernel = _compile_form(form, options, name)
     _CACHE[key] = kernel
     return kernel, PartReport(part.kind, description, kernel.family, kernel.seconds,
-                              notes=list(kernel.notes))
+                              from_disk=kernel.from_disk, notes=list(kernel.notes))
 
 
 def _compile_form(form, options: GraphOptions, name: str) -> Kernel:
-    """The kernel of a part's decomposed form, or its torch run with the reason noted."""
+    """The kernel of a part's decomposed form (from the disk cache when it holds it), or its
+    torch run with the reason noted."""
+    from . import kernel_cache
     from .compile import compile_payload
     from .ingress import import_graph
 
     start = time.perf_counter()
     graph, outputs = _without_trivial_outputs(form.graph)
+    disk_key = kernel_cache.key_of(repr(options), repr(form.key), graph_key(graph))
+    stored = kernel_cache.load(disk_key) if options.target == "cpu" else None
+    if stored is not None:
+        function, meta = stored
+        run = _assemble(function, outputs, meta["model_results"])
+        return Kernel(form.wrap(run), meta["family"], meta["notes"],
+                      time.perf_counter() - start, from_disk=True)
     try:
         if not any(isinstance(o, int) for o in outputs):
             raise _NothingToCompute
@@ -248,7 +260,12 @@ def _compile_form(form, options: GraphOptions, name: str) -> Kernel:
     for n in compiled.notes:
         note(f"{form.description}: {n}")
     function = compiled.function
-    run = _assemble(function, outputs, len(compiled.imported.result_specs))
+    model_results = len(compiled.imported.result_specs)
+    if options.target == "cpu" and function is not None:
+        kernel_cache.store(disk_key, function, dict(family=compiled.family.name,
+                                                    notes=list(compiled.notes),
+                                                    model_results=model_results))
+    run = _assemble(function, outputs, model_results)
     return Kernel(form.wrap(run), compiled.family.name, list(compiled.notes),
                   time.perf_counter() - start)
 

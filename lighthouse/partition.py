@@ -7,7 +7,10 @@ own (topological) order, into parts:
 
 - an *anchor*: one op a family compiles as a kernel of its own, with the `getitem`s that
   unpack its results (torch's CPU flash attention forward and backward, lighthouse's
-  cross-entropy ops). Its kind names the family's form of it (`ANCHORS`);
+  cross-entropy ops, a matmul). Its kind names the family's form of it (`ANCHORS`). A
+  matmul part also takes the views and transposes that only feed it (the matmul family
+  folds a transposed operand into its packing; apart, a kernel would copy it) and the
+  pointwise ops right after it that read it (its epilogue: bias, activation, residual);
 - a *run*: the ops between two anchors, at most `max_ops` computing ops each (the generic
   schedule's compile time grows with the payload);
 - *moves*: a run of views and copies only (the reshapes and transposes between two
@@ -35,6 +38,9 @@ aten = torch.ops.aten
 ANCHORS = {
     aten._scaled_dot_product_flash_attention_for_cpu.default: "attention",
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: "attention_backward",
+    aten.mm.default: "matmul",
+    aten.bmm.default: "matmul",
+    aten.addmm.default: "matmul",
 }
 
 # ops that only reinterpret or copy their input: a run of them alone is "moves"
@@ -89,11 +95,16 @@ def anchor_kind(node: fx.Node) -> str | None:
 
 
 def split_graph(gm: fx.GraphModule, *, max_ops: int = 64) -> list[Part]:
-    """The parts of `gm` in order (module docstring); each part's `module` is built."""
+    """The parts of `gm` in order (module docstring); each part's `module` is built. The
+    views feeding a matmul that other ops read too are copied for it (`gm` changes)."""
+    for node in list(gm.graph.nodes):
+        if anchor_kind(node) == "matmul":
+            _private_operand_moves(gm.graph, node)
     parts: list[Part] = []
     run: list[fx.Node] = []
     computing = 0
     owned: set[fx.Node] = set()
+    epilogue: Part | None = None  # the matmul part the next pointwise ops may join
 
     def flush():
         nonlocal run, computing
@@ -106,11 +117,19 @@ def split_graph(gm: fx.GraphModule, *, max_ops: int = 64) -> list[Part]:
             continue
         kind = anchor_kind(node)
         if kind is not None:
+            operands = _feeding_moves(node, run) if kind == "matmul" else []
+            run = [n for n in run if n not in operands]
             flush()
-            members = [node] + [u for u in node.users if u.target is operator.getitem]
+            members = operands + [node] + [u for u in node.users if u.target is operator.getitem]
             owned.update(members)
             parts.append(Part(kind, members))
+            epilogue = parts[-1] if kind == "matmul" else None
             continue
+        if epilogue is not None and _extends(epilogue, node):
+            epilogue.nodes.append(node)
+            owned.add(node)
+            continue
+        epilogue = None
         run.append(node)
         if node.target not in MOVES:
             computing += 1
@@ -119,6 +138,49 @@ def split_graph(gm: fx.GraphModule, *, max_ops: int = 64) -> list[Part]:
     flush()
     _link(gm, parts)
     return parts
+
+
+def _private_operand_moves(graph: fx.Graph, anchor: fx.Node) -> None:
+    """Each chain of moves feeding `anchor` read by other ops too is copied right before it
+    for it alone (a view costs nothing to repeat, and the matmul takes it whole)."""
+    for a in list(anchor.all_input_nodes):
+        if a.op == "call_function" and a.target in MOVES and len(a.users) > 1:
+            with graph.inserting_before(anchor):
+                copy = graph.node_copy(a)
+            anchor.replace_input_with(a, copy)
+            _private_operand_moves(graph, copy)
+
+
+def _feeding_moves(anchor: fx.Node, run: list[fx.Node]) -> list[fx.Node]:
+    """The moves of the open `run` that only feed `anchor` (directly or through each other),
+    in graph order."""
+    pulled: set[fx.Node] = set()
+    pending = list(anchor.all_input_nodes)
+    members = set(run)
+    while pending:
+        n = pending.pop()
+        if n in pulled or n not in members or n.target not in MOVES:
+            continue
+        if all(u is anchor or u in pulled for u in n.users):
+            pulled.add(n)
+            pending.extend(n.all_input_nodes)
+    return [n for n in run if n in pulled]
+
+
+def _extends(part: Part, node: fx.Node) -> bool:
+    """May `node` join the matmul `part` as its epilogue: a pointwise op or a reshape reading
+    the part's values, as large as the product (no broadcast beyond it), every other input
+    defined before the part."""
+    members = set(part.nodes)
+    if not any(a in members for a in node.all_input_nodes):
+        return False
+    is_reshape = node.target in _VIEWS or node.target is aten.reshape.default
+    if not is_reshape and torch.Tag.pointwise not in getattr(node.target, "tags", ()):
+        return False
+    product = next(n for n in part.nodes if anchor_kind(n) == "matmul").meta.get("val")
+    value = node.meta.get("val")
+    return isinstance(value, torch.Tensor) and isinstance(product, torch.Tensor) \
+        and value.numel() == product.numel()
 
 
 def _link(gm: fx.GraphModule, parts: list[Part]) -> None:

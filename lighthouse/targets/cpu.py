@@ -89,7 +89,9 @@ class CpuTarget:
 
         os.environ.setdefault("KMP_BLOCKTIME", "0")
         os.environ.setdefault("KMP_WARNINGS", "0")
-        engine = ExecutionEngine(module, opt_level=3, shared_libs=[openmp_runtime()])
+        # position-independent: the object file links into a shared library (kernel_cache)
+        engine = ExecutionEngine(module, opt_level=3, shared_libs=[openmp_runtime()],
+                                 enable_pic=True)
         return JitFunction(engine, arg_specs, result_specs,
                            error_messages=tuple(kernel_error_messages(module)))
 
