@@ -57,17 +57,54 @@ def decompose_part(part: Part) -> PartForm:
     return PartForm(graph, description, lambda run: run)
 
 
-def trace(fn, inputs: list[fx.Node]) -> fx.GraphModule:
+def trace(fn, inputs: list[fx.Node], *, functionalize: bool = False) -> fx.GraphModule:
     """`fn` traced on fake tensors shaped (and strided) as the `inputs`' example values, with
-    the ingress's joint decompositions, functionalized."""
+    the ingress's joint decompositions; `functionalize` for a function that mutates (a part
+    of AOTAutograd's graphs is functional already, and may hold prims views, which
+    functionalization refuses)."""
     from .ingress import _joint_decompositions
 
     specs = [n.meta["val"] for n in inputs]
     examples = [torch.empty_strided(v.shape, v.stride(), dtype=v.dtype)
                 if isinstance(v, torch.Tensor) else v for v in specs]
-    functional = torch.func.functionalize(fn, remove="mutations")
-    return make_fx(functional, tracing_mode="fake",
-                   decomposition_table=_joint_decompositions())(*examples)
+    if functionalize:
+        fn = torch.func.functionalize(fn, remove="mutations")
+    graph = make_fx(fn, tracing_mode="fake", decomposition_table=_joint_decompositions())(*examples)
+    if functionalize and copies_as_values(graph):
+        graph = make_fx(graph, tracing_mode="fake")(*examples)  # the new ops' example values
+    return graph
+
+
+def copies_as_values(gm: fx.GraphModule) -> int:
+    """Each `copy_(dst, src)` whose destination nobody reads after it becomes the value it
+    writes, src broadcast to dst's shape in dst's dtype (a decomposition run below
+    functionalization, as the label-smoothed loss's, may still write into a temporary).
+    Returns the number replaced; what remains is the importer's to refuse."""
+    replaced = 0
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.copy_.default:
+            continue
+        dst, src = node.args[:2]
+        if dst.op == "placeholder" or any(order[u] > order[node] for u in dst.users):
+            continue
+        want, have = dst.meta["val"], src.meta["val"]
+        with gm.graph.inserting_before(node):
+            value = src
+            if tuple(have.shape) != tuple(want.shape):
+                value = gm.graph.call_function(aten.expand.default, (value, list(want.shape)))
+            if have.dtype != want.dtype:
+                value = gm.graph.call_function(aten._to_copy.default, (value,),
+                                               {"dtype": want.dtype})
+            else:
+                value = gm.graph.call_function(aten.clone.default, (value,))
+        node.replace_all_uses_with(value)
+        gm.graph.erase_node(node)
+        replaced += 1
+    if replaced:
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+    return replaced
 
 
 def _cross_entropy(part: Part) -> fx.GraphModule:
@@ -81,7 +118,7 @@ def _cross_entropy(part: Part) -> fx.GraphModule:
         results = cross_entropy_with_grad(*args)
         return tuple(results[out.args[1]] for out in part.outputs)
 
-    return trace(form, part.inputs)
+    return trace(form, part.inputs, functionalize=True)
 
 
 def _attention_forward(part: Part, graph: fx.GraphModule, description: str) -> PartForm:

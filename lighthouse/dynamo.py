@@ -9,9 +9,11 @@ gave it; a part lighthouse cannot compile runs in torch; each reason is logged o
 "lighthouse"), never raised into the user's program unless `strict`.
 
 Options (`torch.compile(..., options={...})`): threads (int), schedule (a family name),
-strict (bool: anything not compiled by lighthouse is an error), max_ops (int: the most
-computing ops in one kernel of the generic runs), and the families' schedule options
-(query_tile, key_tile, row_tile, ...).
+strict (bool: anything not compiled as planned - a family that does not apply, a part or a
+graph run in torch - is an error), torch_fallback (bool, default True; False: a part or a
+graph that cannot be compiled is an error, a family that does not apply is not), max_ops
+(int: the most computing ops in one kernel of the generic runs), and the families' schedule
+options (query_tile, key_tile, row_tile, ...).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from .errors import LighthouseError, UnsupportedError
 from .family_ops import TracingModes
 from .graphs import GraphOptions, note
 
-_KNOWN = ("threads", "schedule", "strict", "max_ops", "target")
+_KNOWN = ("threads", "schedule", "strict", "torch_fallback", "max_ops", "target")
 
 # every CompileRecord made by the backend in this process (examples and tests read it)
 RECORDS: list[CompileRecord] = []
@@ -37,8 +39,10 @@ def graph_options(options: dict | None) -> GraphOptions:
     options = dict(options or {})
     general = {k: options.pop(k) for k in list(options) if k in _KNOWN}
     strict = general.get("strict", False)
-    if not isinstance(strict, bool):
-        raise UnsupportedError(f"lighthouse option 'strict' must be a bool, got {strict!r}")
+    torch_fallback = general.get("torch_fallback", not strict)
+    for name, value in (("strict", strict), ("torch_fallback", torch_fallback)):
+        if not isinstance(value, bool):
+            raise UnsupportedError(f"lighthouse option {name!r} must be a bool, got {value!r}")
     threads = general.get("threads")
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise UnsupportedError(f"lighthouse option 'threads' must be an int >= 1, got {threads!r}")
@@ -52,7 +56,8 @@ def graph_options(options: dict | None) -> GraphOptions:
         family_named(schedule)
     return GraphOptions(target=general.get("target", "cpu"), threads=threads, schedule=schedule,
                         schedule_options=tuple(sorted(parse_schedule_options(options).items())),
-                        strict=strict, torch_fallback=not strict, max_ops=max_ops)
+                        strict=strict, torch_fallback=torch_fallback and not strict,
+                        max_ops=max_ops)
 
 
 def lighthouse_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None,
@@ -69,7 +74,7 @@ def lighthouse_backend(gm: torch.fx.GraphModule, example_inputs, options: dict |
                 return aot_module_simplified(gm, list(args), decompositions=aot_decompositions(),
                                              **graph_compilers(graph_opts, record, "graph"))
         except Exception as exc:
-            if graph_opts.strict:
+            if not graph_opts.torch_fallback:
                 raise
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
             why = reason if isinstance(exc, LighthouseError) else \
@@ -83,7 +88,7 @@ def lighthouse_backend(gm: torch.fx.GraphModule, example_inputs, options: dict |
         try:
             return specialized(*args)
         except UnsupportedError as exc:
-            if graph_opts.strict:
+            if not graph_opts.torch_fallback:
                 raise
             note(f"a graph runs in torch: {exc}")
             return gm.forward(*args)
