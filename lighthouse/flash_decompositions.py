@@ -64,10 +64,24 @@ def flash_forward(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mas
 
 def flash_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *,
                    attn_mask=None, scale=None):
-    """aten._scaled_dot_product_flash_attention_for_cpu_backward: (dQ, dK, dV)."""
+    """aten._scaled_dot_product_flash_attention_for_cpu_backward: (dQ, dK, dV), lse
+    recomputed from the scores (see the module docstring)."""
+    return _flash_backward(grad_out, query, key, value, out, None, dropout_p, is_causal,
+                           attn_mask=attn_mask, scale=scale)
+
+
+def flash_backward_given_lse(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal,
+                             *, attn_mask=None, scale=None):
+    """The same, reading the forward's lse ([..., L] f32) instead of recomputing it: for a
+    forward that computed it (lighthouse.decompose: an f32 attention's kernel returns it)."""
+    return _flash_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal,
+                           attn_mask=attn_mask, scale=scale)
+
+
+def _flash_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *,
+                    attn_mask=None, scale=None):
     if dropout_p != 0.0:
         return NotImplemented
-    del logsumexp  # recomputed from the scores (see the module docstring)
     dtype = query.dtype
     heads, kv_heads = query.shape[-3], key.shape[-3]
     q = query.float()
@@ -75,7 +89,10 @@ def flash_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_ca
     do, o = grad_out.float(), out.float()
     c = _scale(query, scale)
     scores = _masked_scores(torch.matmul(q, k.transpose(-2, -1)) * c, is_causal, attn_mask)
-    lse = torch.logsumexp(scores, -1, keepdim=True)
+    if logsumexp is None:
+        lse = torch.logsumexp(scores, -1, keepdim=True)
+    else:
+        lse = logsumexp.float().unsqueeze(-1)
     p = torch.where(lse == float("-inf"), 0.0, torch.exp(scores - lse))
     dv = torch.matmul(p.transpose(-2, -1), do)
     dp = torch.matmul(do, v.transpose(-2, -1))

@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 from torch import fx
 
-from .errors import LighthouseError
+from .errors import LighthouseError, UnsupportedError
 from .partition import Part, graph_key, split_graph
 
 log = logging.getLogger("lighthouse")
@@ -236,8 +236,9 @@ def _compile_form(form, options: GraphOptions, name: str) -> Kernel:
         run = _assemble(function, outputs, meta["model_results"])
         return Kernel(form.wrap(run), meta["family"], meta["notes"],
                       time.perf_counter() - start, from_disk=True)
+    in_torch = _eager(form.eager) if form.eager is not None else form.wrap(_eager(form.graph))
     try:
-        if not any(isinstance(o, int) for o in outputs):
+        if not any(isinstance(o, int) for o in outputs) and not form.extra_results:
             raise _NothingToCompute
         target = options.make_target()
         if form.schedule_options:
@@ -249,18 +250,22 @@ def _compile_form(form, options: GraphOptions, name: str) -> Kernel:
         compiled = compile_payload(lambda: import_graph(graph, name=name), name=name,
                                    target=target, schedule=options.schedule,
                                    strict=options.strict)
+        model_results = len(compiled.imported.result_specs)
+        extras = len(compiled.result_names) - model_results
+        if extras != form.extra_results:
+            raise UnsupportedError(f"the {compiled.family.name} schedule returned {extras} "
+                                   f"results besides the graph's, {form.extra_results} wanted")
     except _NothingToCompute:
-        return Kernel(form.wrap(_eager(form.graph)), None, [], time.perf_counter() - start)
+        return Kernel(in_torch, None, [], time.perf_counter() - start)
     except LighthouseError as exc:
         if not options.torch_fallback:
             raise
         reason = f"{form.description}: runs in torch ({exc})"
         note(reason)
-        return Kernel(form.wrap(_eager(form.graph)), None, [reason], time.perf_counter() - start)
+        return Kernel(in_torch, None, [reason], time.perf_counter() - start)
     for n in compiled.notes:
         note(f"{form.description}: {n}")
     function = compiled.function
-    model_results = len(compiled.imported.result_specs)
     if options.target == "cpu" and function is not None:
         kernel_cache.store(disk_key, function, dict(family=compiled.family.name,
                                                     notes=list(compiled.notes),
@@ -283,9 +288,9 @@ def _eager(graph: fx.GraphModule) -> Callable[..., tuple]:
 
 
 def _assemble(function, outputs: list, n_results: int) -> Callable[..., tuple]:
-    """Run the kernel and place its results (the first `n_results`; a schedule may append
-    more) among the graph's outputs: ("input", i) forwards input i, ("same", j) repeats
-    output j, ("value", v) is a constant."""
+    """Run the kernel and place its first `n_results` results among the graph's outputs
+    (("input", i) forwards input i, ("same", j) repeats output j, ("value", v) is a
+    constant), then the results a schedule appends after them."""
 
     def run(*inputs):
         results = function(*inputs)
@@ -299,7 +304,7 @@ def _assemble(function, outputs: list, n_results: int) -> Callable[..., tuple]:
                 out.append(out[o[1]])
             else:
                 out.append(o[1])
-        return tuple(out)
+        return tuple(out) + tuple(results[n_results:])
 
     return run
 

@@ -24,7 +24,9 @@ keys. The kernel is a private function the target function calls in place of the
 backward (whose ops are then dead; run `inline` and canonicalization after this op). When
 O is the function's first result, computed in f32 by a softmax attention (analysis.attention.
 attention_of), lse comes from that forward: lse = m + log l beside O (append_lse_result's g,
-which the attention schedule fuses into its query blocks as for return_lse). Its
+which the attention schedule fuses into its query blocks as for return_lse); when the
+backward reads a given lse (an input: AOTAutograd's backward graph gets the forward's), the
+kernel reads it. Its
 scf.forall carries the unit attribute `lh.fused_kernel` (FUSED_KERNEL): the attention's
 query-block ops (pack_key_tiles.top_level_foralls) leave it alone.
 
@@ -415,7 +417,7 @@ def rewrite(target: ir.Operation, bwd: AttentionBackward, at: ir.Operation, size
     name = next(f"attention_backward_{n}" for n in range(1, len(taken) + 2)
                 if f"attention_backward_{n}" not in taken)
     bias = None if bwd.bias is None else (_shape(bwd.bias.value), bwd.bias.roles, bwd.bias.heads)
-    lse = _forward_lse(bwd)
+    lse = bwd.lse if bwd.lse is not None else _forward_lse(bwd)
     kernel = ir.Module.parse(kernel_text(name, g, L, S, e, query_tile, key_tile, bwd.scale, delta,
                                          bias, lse is not None, bwd.k.groups))
     kernel_func = block_ops(kernel.operation)[0]

@@ -266,7 +266,7 @@ def test_kernels_are_loaded_from_the_disk_cache_by_another_process(tmp_path):
             "torch.testing.assert_close(fast(x), m(x).detach(), rtol=1e-5, atol=1e-5)\n"
             "reports = [r for g in fast.records[0].graphs.values() for r in g.reports if r.family]\n"
             "print(sum(r.from_disk for r in reports), len(reports))\n")
-    env = {**__import__("os").environ, "LIGHTHOUSE_CACHE_DIR": str(tmp_path)}
+    env = {**__import__("os").environ, "LIGHTHOUSE_CACHE_DIR": str(tmp_path), "LIGHTHOUSE_CACHE": "1"}
     runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            env=env, timeout=600) for _ in range(2)]
     for r in runs:

@@ -293,3 +293,45 @@ def test_attention_written_by_hand(kernel_file, name):
     assert (compiled.family.name == "attention") == fused, compiled.notes
     for r in compiled.check():
         assert r.ok, str(r)
+
+
+GIVEN_LSE = """
+import torch
+import torch.nn.functional as F
+from lighthouse.extras import sdpa_log_sum_exp
+from lighthouse.flash_decompositions import flash_backward_given_lse
+class Model(torch.nn.Module):
+    def forward(self, do, q, k, v, o, lse):
+        return flash_backward_given_lse(do, q, k, v, o, lse, 0.0, {causal})
+def get_inputs():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 96, 32) for _ in range(3))
+    k[..., 0, :] = 40.0  # one key dominating: P far from uniform
+    o = F.scaled_dot_product_attention(q, k, v, is_causal={causal})
+    return [torch.randn_like(o), q, k, v, o, sdpa_log_sum_exp(q, k, is_causal={causal})]
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_backward_graph_alone_reads_the_given_lse(kernel_file, causal):
+    """AOTAutograd's backward graph, as torch.compile's backend decomposes it in f32: the
+    forward's lse is an input, which the kernel reads (no key loop recomputing it)."""
+    from tests.transform_ext.helpers import check
+
+    path = kernel_file(GIVEN_LSE.format(causal=causal))
+    compiled = compile_kernel(path, strict=True)
+    assert compiled.family.name == "attention"
+    for r in compiled.check():
+        assert r.ok, str(r)
+    fused = str(compile_kernel(path, strict=True, stop_after="fuse").module)
+    assert "arith.maximumf" not in fused
+    check(fused, """
+        CHECK: scf.forall
+        CHECK:   scf.for
+        CHECK:     tensor.extract_slice %{{.*}}[%{{.*}}, %{{.*}}] [1, 48] [1, 1] : tensor<4x96xf32> to tensor<48xf32>
+        CHECK:     scf.for
+        CHECK:       math.exp
+        CHECK: lh.fused_kernel
+    """)
