@@ -19,15 +19,22 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import statistics
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
+# As in lighthouse.bench: torch's OpenMP threads (libgomp) sleep when a parallel region ends
+# instead of spinning on the cores the next kernel needs (lighthouse's, on the OpenMP
+# runtime it compiles against, or inductor's); read when torch loads libgomp, so before the
+# import. The same for eager, lighthouse and inductor.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 TEXT = Path(__file__).resolve().parent.parent / "README.md"
 
