@@ -13,7 +13,11 @@ batch x heads (an scf.forall over G) and query block i of `query_tile` rows:
                           dQ_i += c dS K_j,  dK_j += c dS^T Q_i,  dV_j += P^T dO_i
 
 with dK and dV of the group carried through the query-block loop and dQ_i through the key
-loop: no L x S tensor exists, the tiles are [query_tile, key_tile]. A mask that is a tensor
+loop: no L x S tensor exists, the tiles are [query_tile, key_tile]. When the K/V groups do
+not divide among `threads`, each group's query blocks are shared by several forall
+iterations (block i by iteration i mod splits, so a causal mask's growing rows spread
+evenly), each accumulating dK and dV of its blocks apart; the shares are summed after the
+forall (query_splits). A mask that is a tensor
 added to the scores (torch turns a bool mask into one of 0 and -inf) is read per tile in
 place, broadcast as its dims say (analysis.attention_backward.Bias); rows it masks fully
 get lse = -inf, P = 0 and zero gradients. With `causal_delta`
@@ -58,13 +62,16 @@ FUSED_KERNEL = "lh.fused_kernel"
 
 def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, scale: float,
                 delta: int | None, bias: tuple | None = None,
-                lse_given: bool = False, grp: int = 1) -> str:
+                lse_given: bool = False, grp: int = 1, splits: int = 1) -> str:
     """The kernel as MLIR text: func.func private @name(q, k, v, o, dO[, bias][, lse]) ->
     (dQ, dK, dV); `bias`: (its shape, its dims' roles, heads), see
     analysis.attention_backward.Bias; `lse_given`: the rows' lse [G, L] is an argument (the
     forward's), else a first key loop computes it; `grp`: query heads per K/V head (K, V,
-    dK, dV have G / grp groups; query group g reads K/V group g // grp)."""
+    dK, dV have G / grp groups; query group g reads K/V group g // grp); `splits`: the query
+    blocks of a group are shared by this many forall iterations (block i by i mod splits),
+    each accumulating dK and dV of its blocks apart, summed after the forall."""
     Gk = G // grp
+    T = splits
 
     def t(*dims):
         return "tensor<" + "x".join(map(str, dims)) + "xf32>"
@@ -176,6 +183,34 @@ def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, sca
         %r = arith.select %isinf, %ninf, %s : f32
         linalg.yield %r : f32
       }} -> {t(bq)}"""
+    if T == 1:
+        q_all, kv_all, ivs, trips, at, one = t(G, L, E), t(Gk, S, E), "%gk", f"{Gk}", "", ""
+        dq_zero, dq_start, first_block, block_step = "", "%dq_r0", "%c0", "%cbq"
+        sums, results = "", "%r#0, %r#1, %r#2"
+    else:
+        q_all, kv_all, ivs, trips, at, one = (t(T, G, L, E), t(T, Gk, S, E), "%gk, %t",
+                                              f"{Gk}, {T}", "%t, ", "1, ")
+        # rows of dQ a split does not compute are 0 in its share
+        dq_zero = f"""
+    %dq_rz = linalg.fill ins(%zero : f32) outs(%dq_r0 : {t(grp, L, E)}) -> {t(grp, L, E)}
+    %i_first = affine.apply affine_map<(d0) -> (d0 * {bq})>(%t)
+    %c_step = arith.constant {T * bq} : index"""
+        dq_start, first_block, block_step = "%dq_rz", "%i_first", "%c_step"
+        red4 = ("indexing_maps = [affine_map<(s, a, b, c) -> (s, a, b, c)>, affine_map<(s, a, b, c) "
+                "-> (a, b, c)>], iterator_types = [\"reduction\", \"parallel\", \"parallel\", "
+                "\"parallel\"]")
+        add = """^bb0(%x: f32, %acc: f32):
+      %s = arith.addf %acc, %x : f32
+      linalg.yield %s : f32"""
+        sums = ""
+        for i, (nm, shape) in enumerate((("dq", (G, L, E)), ("dk", (Gk, S, E)), ("dv", (Gk, S, E)))):
+            sums += f"""
+  %{nm}_e = tensor.empty() : {t(*shape)}
+  %{nm}_z = linalg.fill ins(%zero : f32) outs(%{nm}_e : {t(*shape)}) -> {t(*shape)}
+  %{nm}_sum = linalg.generic {{{red4}}} ins(%r#{i} : {t(T, *shape)}) outs(%{nm}_z : {t(*shape)}) {{
+    {add}
+  }} -> {t(*shape)}"""
+        results = "%dq_sum, %dk_sum, %dv_sum"
     return f"""
 func.func private @{name}(%q: {t(G, L, E)}, %k: {t(Gk, S, E)}, %v: {t(Gk, S, E)}, %o: {t(G, L, E)}, %do: {t(G, L, E)}{extra_args}) -> ({t(G, L, E)}, {t(Gk, S, E)}, {t(Gk, S, E)}) {{
   %c0 = arith.constant 0 : index
@@ -190,22 +225,22 @@ func.func private @{name}(%q: {t(G, L, E)}, %k: {t(Gk, S, E)}, %v: {t(Gk, S, E)}
   %eT = tensor.empty() : {t(Gk, E, S)}
   %kT = linalg.transpose ins(%k : {t(Gk, S, E)}) outs(%eT : {t(Gk, E, S)}) permutation = [0, 2, 1]
   %vT = linalg.transpose ins(%v : {t(Gk, S, E)}) outs(%eT : {t(Gk, E, S)}) permutation = [0, 2, 1]
-  %dq0 = tensor.empty() : {t(G, L, E)}
-  %dk0 = tensor.empty() : {t(Gk, S, E)}
-  %dv0 = tensor.empty() : {t(Gk, S, E)}
+  %dq0 = tensor.empty() : {q_all}
+  %dk0 = tensor.empty() : {kv_all}
+  %dv0 = tensor.empty() : {kv_all}
   %cgrp = arith.constant {grp} : index
   %c1 = arith.constant 1 : index
-  %r:3 = scf.forall (%gk) in ({Gk}) shared_outs(%dq = %dq0, %dk = %dk0, %dv = %dv0) -> ({t(G, L, E)}, {t(Gk, S, E)}, {t(Gk, S, E)}) {{
-    %dk_g0 = tensor.extract_slice %dk[%gk, 0, 0] [1, {S}, {E}] [1, 1, 1] : {t(Gk, S, E)} to {t(S, E)}
-    %dv_g0 = tensor.extract_slice %dv[%gk, 0, 0] [1, {S}, {E}] [1, 1, 1] : {t(Gk, S, E)} to {t(S, E)}
+  %r:3 = scf.forall ({ivs}) in ({trips}) shared_outs(%dq = %dq0, %dk = %dk0, %dv = %dv0) -> ({q_all}, {kv_all}, {kv_all}) {{
+    %dk_g0 = tensor.extract_slice %dk[{at}%gk, 0, 0] [{one}1, {S}, {E}] [{one}1, 1, 1] : {kv_all} to {t(S, E)}
+    %dv_g0 = tensor.extract_slice %dv[{at}%gk, 0, 0] [{one}1, {S}, {E}] [{one}1, 1, 1] : {kv_all} to {t(S, E)}
     %g0 = affine.apply affine_map<(d0) -> (d0 * {grp})>(%gk)
-    %dq_r0 = tensor.extract_slice %dq[%g0, 0, 0] [{grp}, {L}, {E}] [1, 1, 1] : {t(G, L, E)} to {t(grp, L, E)}
+    %dq_r0 = tensor.extract_slice %dq[{at}%g0, 0, 0] [{one}{grp}, {L}, {E}] [{one}1, 1, 1] : {q_all} to {t(grp, L, E)}{dq_zero}
     %dk_gz = linalg.fill ins(%zero : f32) outs(%dk_g0 : {t(S, E)}) -> {t(S, E)}
     %dv_gz = linalg.fill ins(%zero : f32) outs(%dv_g0 : {t(S, E)}) -> {t(S, E)}
-    %heads:3 = scf.for %rq = %c0 to %cgrp step %c1 iter_args(%dq_r = %dq_r0, %dk_h = %dk_gz, %dv_h = %dv_gz) -> ({t(grp, L, E)}, {t(S, E)}, {t(S, E)}) {{
+    %heads:3 = scf.for %rq = %c0 to %cgrp step %c1 iter_args(%dq_r = {dq_start}, %dk_h = %dk_gz, %dv_h = %dv_gz) -> ({t(grp, L, E)}, {t(S, E)}, {t(S, E)}) {{
     %g = affine.apply affine_map<(d0, d1) -> (d0 * {grp} + d1)>(%gk, %rq){group_of}
     %dq_g0 = tensor.extract_slice %dq_r[%rq, 0, 0] [1, {L}, {E}] [1, 1, 1] : {t(grp, L, E)} to {t(L, E)}
-    %blk:3 = scf.for %i0 = %c0 to %cL step %cbq iter_args(%dq_g = %dq_g0, %dk_g = %dk_h, %dv_g = %dv_h) -> ({t(L, E)}, {t(S, E)}, {t(S, E)}) {{{causal_bound}
+    %blk:3 = scf.for %i0 = {first_block} to %cL step {block_step} iter_args(%dq_g = %dq_g0, %dk_g = %dk_h, %dv_g = %dv_h) -> ({t(L, E)}, {t(S, E)}, {t(S, E)}) {{{causal_bound}
       %q_i = tensor.extract_slice %q[%g, %i0, 0] [1, {bq}, {E}] [1, 1, 1] : {t(G, L, E)} to {t(bq, E)}
       %do_i = tensor.extract_slice %do[%g, %i0, 0] [1, {bq}, {E}] [1, 1, 1] : {t(G, L, E)} to {t(bq, E)}
       %o_i = tensor.extract_slice %o[%g, %i0, 0] [1, {bq}, {E}] [1, 1, 1] : {t(G, L, E)} to {t(bq, E)}
@@ -278,12 +313,12 @@ func.func private @{name}(%q: {t(G, L, E)}, %k: {t(Gk, S, E)}, %v: {t(Gk, S, E)}
     scf.yield %dq_rn, %blk#1, %blk#2 : {t(grp, L, E)}, {t(S, E)}, {t(S, E)}
     }}
     scf.forall.in_parallel {{
-      tensor.parallel_insert_slice %heads#0 into %dq[%g0, 0, 0] [{grp}, {L}, {E}] [1, 1, 1] : {t(grp, L, E)} into {t(G, L, E)}
-      tensor.parallel_insert_slice %heads#1 into %dk[%gk, 0, 0] [1, {S}, {E}] [1, 1, 1] : {t(S, E)} into {t(Gk, S, E)}
-      tensor.parallel_insert_slice %heads#2 into %dv[%gk, 0, 0] [1, {S}, {E}] [1, 1, 1] : {t(S, E)} into {t(Gk, S, E)}
+      tensor.parallel_insert_slice %heads#0 into %dq[{at}%g0, 0, 0] [{one}{grp}, {L}, {E}] [{one}1, 1, 1] : {t(grp, L, E)} into {q_all}
+      tensor.parallel_insert_slice %heads#1 into %dk[{at}%gk, 0, 0] [{one}1, {S}, {E}] [{one}1, 1, 1] : {t(S, E)} into {kv_all}
+      tensor.parallel_insert_slice %heads#2 into %dv[{at}%gk, 0, 0] [{one}1, {S}, {E}] [{one}1, 1, 1] : {t(S, E)} into {kv_all}
     }}
-  }} {{{FUSED_KERNEL}}}
-  return %r#0, %r#1, %r#2 : {t(G, L, E)}, {t(Gk, S, E)}, {t(Gk, S, E)}
+  }} {{{FUSED_KERNEL}}}{sums}
+  return {results} : {t(G, L, E)}, {t(Gk, S, E)}, {t(Gk, S, E)}
 }}
 """
 
@@ -409,8 +444,17 @@ def _canonical_rows(rows: ir.Value, at: ir.Operation) -> ir.Value:
     return rows
 
 
+def query_splits(kv_groups: int, query_blocks: int, threads: int) -> int:
+    """How many forall iterations share a K/V group's query blocks so that `threads` get
+    equal work: 1 when the groups divide among them, else the fewest making the iterations
+    a multiple of the threads (at most the blocks)."""
+    if kv_groups % threads == 0:
+        return 1
+    return max(1, min(threads // math.gcd(kv_groups, threads), query_blocks))
+
+
 def rewrite(target: ir.Operation, bwd: AttentionBackward, at: ir.Operation, sizes,
-            query_tile: int, key_tile: int, delta: int | None) -> None:
+            query_tile: int, key_tile: int, delta: int | None, threads: int = 1) -> None:
     g, L, S, e = sizes
     taken = {ir.StringAttr(op.attributes["sym_name"]).value
              for op in block_ops(target.parent) if "sym_name" in op.attributes}
@@ -418,8 +462,9 @@ def rewrite(target: ir.Operation, bwd: AttentionBackward, at: ir.Operation, size
                 if f"attention_backward_{n}" not in taken)
     bias = None if bwd.bias is None else (_shape(bwd.bias.value), bwd.bias.roles, bwd.bias.heads)
     lse = bwd.lse if bwd.lse is not None else _forward_lse(bwd)
+    splits = query_splits(g // bwd.k.groups, L // query_tile, threads)
     kernel = ir.Module.parse(kernel_text(name, g, L, S, e, query_tile, key_tile, bwd.scale, delta,
-                                         bias, lse is not None, bwd.k.groups))
+                                         bias, lse is not None, bwd.k.groups, splits))
     kernel_func = block_ops(kernel.operation)[0]
     kernel_func.detach_from_parent()
     ir.InsertionPoint(target).insert(kernel_func)
@@ -450,6 +495,7 @@ class FuseAttentionBackwardOp(TransformExt.Operation, name="fuse_attention_backw
     query_tile: ir.IntegerAttr
     key_tile: ir.IntegerAttr
     causal_delta: ir.IntegerAttr  # -1: no mask
+    threads: ir.IntegerAttr
 
     class Apply(transform.TransformOpInterface):
         @staticmethod
@@ -459,13 +505,14 @@ class FuseAttentionBackwardOp(TransformExt.Operation, name="fuse_attention_backw
                 kt = ir.IntegerAttr(op.key_tile).value
                 delta = ir.IntegerAttr(op.causal_delta).value
                 delta = None if delta < 0 else delta
+                threads = ir.IntegerAttr(op.threads).value
                 targets = payload_ops(state, op.target)
                 try:
                     plans = [plan(t, qt, kt, delta) for t in targets]
                 except Illegal as illegal:
                     return fail(NAME, illegal)
                 for t, (bwd, at, sizes) in zip(targets, plans):
-                    rewrite(t, bwd, at, sizes, qt, kt, delta)
+                    rewrite(t, bwd, at, sizes, qt, kt, delta, threads)
                 return Success
 
         @staticmethod
@@ -476,15 +523,16 @@ class FuseAttentionBackwardOp(TransformExt.Operation, name="fuse_attention_backw
 
 
 def fuse_attention_backward(func_handle: ir.Value, *, query_tile: int, key_tile: int,
-                            causal_delta: int | None = None) -> None:
+                            causal_delta: int | None = None, threads: int = 1) -> None:
     """Replace the attention backward of each function of `func_handle` by the fused
-    kernel (see the module docstring)."""
-    if query_tile < 1 or key_tile < 1:
-        raise ValueError(f"tiles must be >= 1, got {query_tile}, {key_tile}")
+    kernel (see the module docstring); its forall iterations are balanced for `threads`."""
+    if query_tile < 1 or key_tile < 1 or threads < 1:
+        raise ValueError(f"tiles and threads must be >= 1, got {query_tile}, {key_tile}, {threads}")
     i64 = ir.IntegerType.get_signless(64)
     FuseAttentionBackwardOp(func_handle, ir.IntegerAttr.get(i64, query_tile),
                             ir.IntegerAttr.get(i64, key_tile),
-                            ir.IntegerAttr.get(i64, -1 if causal_delta is None else causal_delta))
+                            ir.IntegerAttr.get(i64, -1 if causal_delta is None else causal_delta),
+                            ir.IntegerAttr.get(i64, threads))
 
 
-__all__ = ["FuseAttentionBackwardOp", "fuse_attention_backward", "kernel_text"]
+__all__ = ["FuseAttentionBackwardOp", "fuse_attention_backward", "kernel_text", "query_splits"]

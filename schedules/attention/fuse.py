@@ -103,6 +103,7 @@ class BackwardPlan:
     query_tile: int
     key_tile: int
     causal_delta: int | None
+    threads: int = 1
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,7 @@ class _Normalized:
     after steps 1-2 up to the row guard, and whether it has the guard): `check` and the
     script's plan read the same payload, so that prefix runs once on a copy per compile."""
 
-    source: str | None = None
+    source: tuple | None = None  # (payload text, threads)
     text: str = ""
     row_guard: bool = False
     backward: BackwardPlan | None = None
@@ -156,11 +157,11 @@ def plan_attention(payload: ir.Module, params: AttentionParams) -> AttentionPlan
     normalization applied to a copy, then the attention read from it (NotAttention, or the
     failing transform's error, when the schedule does not apply). Needs an active context."""
     transform_ext.load(payload.context)
-    source = str(payload)
+    source = (str(payload), params.threads)  # the backward's kernel is balanced for them
     if _Normalized.source != source:
-        trial = ir.Module.parse(source, payload.context)
+        trial = ir.Module.parse(source[0], payload.context)
         _apply_steps(trial, [_normalize_layout])
-        backward = plan_backward(trial)
+        backward = plan_backward(trial, params.threads)
         if backward is not None:
             _apply_steps(trial, [_fuse_backward(backward)])
             if not _has_forward(trial):
@@ -194,8 +195,9 @@ def _has_forward(payload: ir.Module) -> bool:
     return True
 
 
-def plan_backward(payload: ir.Module) -> BackwardPlan | None:
-    """The plan of the attention backward in a payload after step 1 (None: there is none)."""
+def plan_backward(payload: ir.Module, threads: int = 1) -> BackwardPlan | None:
+    """The plan of the attention backward in a payload after step 1 (None: there is none),
+    its kernel balanced for `threads`."""
     func = attention_func(payload)
     try:
         bwd = attention_backward_in(func)
@@ -210,7 +212,7 @@ def plan_backward(payload: ir.Module) -> BackwardPlan | None:
             raise NotAttention("the attention backward's mask is not causal (key <= query + "
                                "delta, delta >= 0)")
     return BackwardPlan(largest_divisor_at_most(rows(bwd.q), BACKWARD_TILE),
-                        largest_divisor_at_most(rows(bwd.k), BACKWARD_TILE), delta)
+                        largest_divisor_at_most(rows(bwd.k), BACKWARD_TILE), delta, threads)
 
 
 BACKWARD_TILE = 64
@@ -222,7 +224,8 @@ def _fuse_backward(backward: BackwardPlan):
     tiles), inlined; the forward's steps then see the forward alone."""
     def body(root: ir.Value) -> ir.Value:
         fuse_attention_backward(match(root, "func.func"), query_tile=backward.query_tile,
-                                key_tile=backward.key_tile, causal_delta=backward.causal_delta)
+                                key_tile=backward.key_tile, causal_delta=backward.causal_delta,
+                                threads=backward.threads)
         return apply_passes(root, "inline", "symbol-dce", "canonicalize", "cse")
 
     return body

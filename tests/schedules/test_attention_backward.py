@@ -335,3 +335,34 @@ def test_the_backward_graph_alone_reads_the_given_lse(kernel_file, causal):
         CHECK:       math.exp
         CHECK: lh.fused_kernel
     """)
+
+
+@pytest.mark.parametrize("shape, causal, splits", [
+    ((1, 1, 256, 32), True, "(2)"),   # one head: both threads share its query blocks
+    ((1, 3, 96, 16), False, "(3, 2)"),   # three heads on two threads
+])
+def test_heads_that_do_not_divide_among_the_threads_share_their_query_blocks(
+        kernel_file, shape, causal, splits):
+    path = _path(kernel_file, _same(shape), ", is_causal=True" if causal else "")
+    _check(compile_kernel(path, backward=True, strict=True, threads=2))
+    fused = str(compile_kernel(path, backward=True, strict=True, threads=2, stop_after="fuse").module)
+    kernel = fused[fused.index(f"in {splits}"):]
+    from tests.transform_ext.helpers import check
+
+    # each split accumulates dK, dV of its blocks apart; the shares are summed after it
+    check(kernel, """
+        CHECK: scf.for
+        CHECK: lh.fused_kernel
+        CHECK: iterator_types = ["reduction", "parallel", "parallel", "parallel"]
+    """)
+
+
+def test_query_splits():
+    from transform_ext.fuse_attention_backward import query_splits
+
+    assert query_splits(8, 16, 2) == 1
+    assert query_splits(1, 16, 2) == 2
+    assert query_splits(3, 16, 2) == 2
+    assert query_splits(3, 16, 4) == 4
+    assert query_splits(2, 16, 4) == 2
+    assert query_splits(1, 1, 2) == 1
