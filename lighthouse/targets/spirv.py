@@ -138,7 +138,23 @@ def device_llvm_ir(gpu_module: ir.Operation, subgroup_size: int) -> str:
         if foreign:
             raise StageError(f"gpu.module @{_sym(gpu_module)}: {sorted(set(foreign))[0]} has no "
                              "lowering to the XeVM LLVM dialect")
-        return translate_module_to_llvmir(device.operation)
+        return mangle_void_parameters(translate_module_to_llvmir(device.operation))
+
+
+_VOID_DECLARATION = re.compile(r"^declare [^@\n]*@_Z(\d+)(\w+)\(\)", re.M)
+
+
+def mangle_void_parameters(llvm_ir: str) -> str:
+    """`@_Z16get_sub_group_id()` -> `@_Z16get_sub_group_idv()`: the Itanium name of an
+    OpenCL builtin without parameters ends in `v` (its parameter list, void). MLIR's GPU to
+    SPIR-V-flavoured LLVM lowering names `get_sub_group_id` and `get_sub_group_local_id`
+    without it; IGC then finds no builtin of that name and leaves an external call (a stack
+    call to an unresolved symbol: the driver would not link the module)."""
+    for m in list(_VOID_DECLARATION.finditer(llvm_ir)):
+        length, name = int(m.group(1)), m.group(2)
+        if len(name) == length:
+            llvm_ir = llvm_ir.replace(f"@_Z{length}{name}(", f"@_Z{length}{name}v(")
+    return llvm_ir
 
 
 def _sym(op: ir.Operation) -> str:
