@@ -125,6 +125,7 @@ def device_llvm_ir(gpu_module: ir.Operation, subgroup_size: int) -> str:
             _allocas_to_entry_arrays(func)
             _scalar_unit_vector_loads(func)
             _legalize_vector_lengths(func)
+            _widen_dynamic_bool_extracts(func)
             if "gpu.kernel" in func.attributes:
                 func.attributes["intel_reqd_sub_group_size"] = ir.IntegerAttr.get(i32, subgroup_size)
         foreign = []
@@ -188,6 +189,38 @@ def _scalar_unit_vector_loads(func: ir.Operation) -> None:
             vector = llvm_d.InsertElementOp(llvm_d.PoisonOp(vtype).result, scalar, zero).result
         load.results[0].replace_all_uses_with(vector)
         load.erase()
+
+
+def _widen_dynamic_bool_extracts(func: ir.Operation) -> None:
+    """`extractelement <N x i1> %v, %i` at a dynamic index -> `trunc (extractelement
+    (zext %v to <N x i8>), %i)`. IGC 2.40 crashes (SIGSEGV) on a dynamic lane of a bool
+    vector (the lane-0 mask `<true, false, ...>[lane id]` of a one-row scattered read in the
+    loss kernels), while spirv-val accepts it."""
+    from torch_mlir.dialects import llvm as llvm_d
+
+    extracts = []
+
+    def visit(op):
+        if op.name == "llvm.extractelement":
+            vtype = ir.VectorType(op.operands[0].type)
+            index = defining_op(op.operands[1])
+            if (isinstance(vtype.element_type, ir.IntegerType)
+                    and vtype.element_type.width == 1
+                    and (index is None or index.name != "llvm.mlir.constant")):
+                extracts.append(op)
+        return ir.WalkResult.ADVANCE
+
+    func.walk(visit)
+    i8 = ir.IntegerType.get_signless(8)
+    for op in extracts:
+        vtype = ir.VectorType(op.operands[0].type)
+        with ir.InsertionPoint(op), op.location:
+            wide = llvm_d.ZExtOp(ir.VectorType.get(vtype.shape, i8), op.operands[0]).result
+            lane = llvm_d.ExtractElementOp(wide, op.operands[1]).result
+            bit = ir.Operation.create("llvm.trunc", results=[op.results[0].type],
+                                      operands=[lane]).results[0]
+        op.results[0].replace_all_uses_with(bit)
+        op.erase()
 
 
 # Vector lengths SPIR-V has (16 with the Vector16 capability every OpenCL device has).
