@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 from torch_mlir import ir
 
+from transform_ext.common import ops_named
+
 # what an index computation of a kernel may consist of: binary arith ops and their meaning
 _ARITH = {"arith.addi": lambda a, b: a + b, "arith.subi": lambda a, b: a - b,
           "arith.muli": lambda a, b: a * b, "arith.maxsi": max, "arith.minsi": min,
@@ -79,18 +81,6 @@ class KernelWork:
         return dict(self.__dict__)
 
 
-def _ops(func: ir.Operation, names: tuple[str, ...]) -> list[ir.Operation]:
-    found = []
-
-    def visit(op):
-        if op.name in names:
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    func.walk(visit)
-    return found
-
-
 def _bytes(t: ir.Type) -> int:
     shaped = ir.ShapedType(t)
     return math.prod(shaped.shape) * max(1, ir.ShapedType(t).element_type.width // 8)
@@ -115,12 +105,12 @@ def kernel_work(gpu_func: ir.Operation, subgroup_size: int) -> KernelWork:
     subgroups = max(1, threads // subgroup_size)
     groups = workgroups(gpu_func)
     per_group = [0] * len(groups)
-    for op in _ops(gpu_func, ("xegpu.dpas",)):
+    for op in ops_named(gpu_func, "xegpu.dpas"):
         (m, k), (_, n) = (ir.VectorType(v.type).shape for v in list(op.operands)[:2])
         for i, block in enumerate(groups):
             per_group[i] += 2 * m * n * k * trips(op, block)
     moved = 0
-    for op in _ops(gpu_func, ("xegpu.load_nd", "xegpu.store_nd")):
+    for op in ops_named(gpu_func, "xegpu.load_nd") + ops_named(gpu_func, "xegpu.store_nd"):
         tile = op.results[0].type if op.name == "xegpu.load_nd" else op.operands[0].type
         size = _bytes(tile) * _readers(op, subgroups)
         moved += size * sum(trips(op, block) for block in groups)

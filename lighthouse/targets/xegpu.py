@@ -107,7 +107,8 @@ class XeGpuParams:
     wg: workgroup tile [m, n] of contraction kernels; sg: subgroup tile [m, n]; k_tile:
     reduction step (elements of K per loop iteration); nb_prefetch: prefetch distance of the
     k loop in iterations; rows: rows per workgroup of row kernels (softmax, norms);
-    attention_sg_rows: query rows per subgroup of attention kernels; column_tile: columns per
+    attention_sg_rows: query rows per subgroup of attention kernels (default: the most that
+    fit the register file, schedules/attention/xegpu.py); column_tile: columns per
     step of the column loops of long-row kernels (softmax; default: chosen from the
     registers)."""
 
@@ -116,7 +117,7 @@ class XeGpuParams:
     k_tile: int | None = None
     nb_prefetch: int = 1
     rows: int | None = None
-    attention_sg_rows: int = 16
+    attention_sg_rows: int | None = None
     column_tile: int | None = None
 
     def __post_init__(self):

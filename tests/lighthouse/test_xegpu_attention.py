@@ -26,7 +26,7 @@ from tests.lighthouse.xegpu_helpers import (Lowered, dpas_flops, dumped_stages, 
                                             tile_descriptor, walk)
 
 STAGES = ["import", "cleanup", "fuse", "workgroups", "subgroups", "vectorize", "bufferize",
-          "gpu-outline", "xegpu", "xegpu-layouts", "xevm", "binary"]
+          "gpu-outline", "xegpu", "xegpu-layouts", "xevm", "binary", "native"]
 KERNEL = """
 import torch
 import torch.nn.functional as F
@@ -193,7 +193,7 @@ def test_a_single_query_block_is_split_in_two(tmp_path):
 
 @pytest.mark.parametrize("BH,S,config,dtype,message", [
     (1, 256, "", "float32", r"inputs of type f32: DPAS multiplies f16 or bf16"),
-    (1, 256, "key_tile=128", "float16", r"exceed the register file"),
+    (1, 256, "key_tile=128", "float16", r"of the register file"),
     (1, 192, "query_tile=96, key_tile=24", "float16",
      r"key tile \(24\) is not a multiple of the DPAS depth \(16\)"),
     (1, 144, "query_tile=48, key_tile=32", "float16",
