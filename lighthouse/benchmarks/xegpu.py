@@ -70,16 +70,6 @@ def native_rows(case: Case, chip: str) -> list[tuple]:
 
 def table(rows: list[tuple]) -> str:
     """The rows under COLUMNS, then the anchor."""
-    from ..targets.estimate import ANCHOR
+    from ..targets.estimate import format_table
 
-    text = [COLUMNS] + [tuple(str(c) for c in r) for r in rows]
-    widths = [max(len(r[i]) for r in text) for i in range(len(COLUMNS))]
-    lines = []
-    for i, r in enumerate(text):
-        lines.append("  ".join(c.ljust(w) if j < 4 else c.rjust(w)
-                               for j, (c, w) in enumerate(zip(r, widths))))
-        if i == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    name, rate = ANCHOR
-    lines.append(f"anchor: {name}: {rate / 1e12:.1f} TFLOP/s measured")
-    return "\n".join(lines)
+    return format_table(COLUMNS, rows, left=4)

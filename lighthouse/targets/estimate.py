@@ -98,15 +98,30 @@ def report_rows(kernels, chip) -> list[tuple]:
 def format_report(kernels, chip, version: str = "") -> str:
     """The --report table: per kernel the machine code's figures (per subgroup: instructions,
     spill bytes, DPAS, 2-D block loads/stores/prefetches; the GRF mode) and the estimate."""
-    rows = [REPORT_COLUMNS] + [tuple(str(c) for c in r) for r in report_rows(kernels, chip)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(REPORT_COLUMNS))]
-    lines = [f"{chip.name} ({chip.product}, peak {chip.peak_flops / 1e12:.1f} TFLOP/s f16, "
-             f"{chip.dram_gbps:.0f} GB/s){' ocloc ' + version if version else ''}"]
-    for i, r in enumerate(rows):
-        lines.append("  ".join(c.ljust(w) if j < 2 else c.rjust(w)
+    title = (f"{chip.name} ({chip.product}, peak {chip.peak_flops / 1e12:.1f} TFLOP/s f16, "
+             f"{chip.dram_gbps:.0f} GB/s){' ocloc ' + version if version else ''}")
+    return title + "\n" + format_table(REPORT_COLUMNS, report_rows(kernels, chip), left=2)
+
+
+def format_table(columns: tuple, rows: list[tuple], left: int) -> str:
+    """`rows` under `columns` (the first `left` columns aligned left, the others right),
+    then the anchor."""
+    text = [columns] + [tuple(str(c) for c in r) for r in rows]
+    widths = [max(len(r[i]) for r in text) for i in range(len(columns))]
+    lines = []
+    for i, r in enumerate(text):
+        lines.append("  ".join(c.ljust(w) if j < left else c.rjust(w)
                                for j, (c, w) in enumerate(zip(r, widths))))
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
     name, rate = ANCHOR
-    lines.append(f"anchor: {name}: {rate / 1e12:.1f} TFLOP/s measured")
+    pvc_percent = 100 * rate / _max1100_peak()
+    lines.append(f"anchor: {name}: {rate / 1e12:.1f} TFLOP/s measured "
+                 f"({pvc_percent:.0f}% of its DPAS peak)")
     return "\n".join(lines)
+
+
+def _max1100_peak() -> float:
+    from .xegpu import CHIPS
+
+    return CHIPS["pvc"].peak_flops

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from torch_mlir import ir
 
-from transform_ext.common import defining_op, user_op
+from transform_ext.common import defining_op, ops_named, user_op
 
 from ..errors import StageError, UnsupportedError
 
@@ -198,19 +198,13 @@ def _widen_dynamic_bool_extracts(func: ir.Operation) -> None:
     loss kernels), while spirv-val accepts it."""
     from torch_mlir.dialects import llvm as llvm_d
 
-    extracts = []
+    def dynamic_bool_lane(op):
+        element = ir.VectorType(op.operands[0].type).element_type
+        index = defining_op(op.operands[1])
+        return (isinstance(element, ir.IntegerType) and element.width == 1
+                and (index is None or index.name != "llvm.mlir.constant"))
 
-    def visit(op):
-        if op.name == "llvm.extractelement":
-            vtype = ir.VectorType(op.operands[0].type)
-            index = defining_op(op.operands[1])
-            if (isinstance(vtype.element_type, ir.IntegerType)
-                    and vtype.element_type.width == 1
-                    and (index is None or index.name != "llvm.mlir.constant")):
-                extracts.append(op)
-        return ir.WalkResult.ADVANCE
-
-    func.walk(visit)
+    extracts = [op for op in ops_named(func, "llvm.extractelement") if dynamic_bool_lane(op)]
     i8 = ir.IntegerType.get_signless(8)
     for op in extracts:
         vtype = ir.VectorType(op.operands[0].type)

@@ -20,6 +20,7 @@ with the fetch hint, they are not skipped.
 """
 
 import json
+import re
 import subprocess
 import time
 
@@ -353,7 +354,7 @@ def test_cli_report_and_device_binary(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "pvc (Data Center GPU Max 1100" in proc.stdout
     (row,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("main_kernel ")]
-    assert " attention " in row and "% xmx" in row
+    assert " attention " in row and re.search(r"\d+% (xmx|issue)$", row)
     assert out.read_bytes()[:4] == b"\x7fELF"
     assert json.loads(out.with_suffix(".json").read_text())["kernels"][0]["grf"] in (128, 256)
     cpu = run_cli(EXAMPLES / "softmax.py", "--set", "N=64", "--report")
