@@ -34,6 +34,7 @@ def xegpu_suite() -> list[Case]:
         attention("attention_f16_anchor", False, "float16"),
         attention("attention_f16_causal", True, "float16"),
         attention("attention_bf16", False, "bfloat16"),
+        attention("attention_bf16_causal", True, "bfloat16"),
         Case("cross_entropy_bf16", EXAMPLES / "cross_entropy.py",
              dict(N=4096, C=32000, DTYPE="bfloat16")),
         Case("cross_entropy_bf16_bwd", EXAMPLES / "cross_entropy.py",
