@@ -36,11 +36,20 @@ prefetch distance and layouts) into the script:
                  host module as gpu.binary (what Level Zero's zeModuleCreate loads); the
                  device LLVM bitcode (gpu-module-to-binary{format=llvm}) is kept for `-o *.bc`;
                  the `lh.kernel` / `lh.weights` annotations become the kernels' artifacts
-                 (the launch manifest) and leave the IR
+                 (the launch manifest) and leave the IR; each kernel's `lh.work` (DPAS FLOPs
+                 and block IO bytes counted on the xegpu-layouts IR, kernel_work.py) goes to
+                 its gpu.object's properties
+  native         each kernel's SPIR-V compiled by Intel's ocloc for the chip (ocloc.py: 128
+                 registers per thread, 256 when that spills); the GRF mode goes to the
+                 gpu.object's properties (`grf`) and the manifest, the device binary and its
+                 machine code's figures to the artifacts (`-o kernel.bin`, `--report` with
+                 the static estimate of estimate.py)
 No stage keeps state on the target for a later one: a schedule stage reruns from the dump of
-the stage before with the script, xevm and binary from the xegpu-layouts dump.
-There is no Intel GPU here: the target has no `jit`; it is checked through its IR and its
-validated SPIR-V, and the numerics through the CPU target running the same fused schedule.
+the stage before with the script, xevm and binary from the xegpu-layouts dump, native from
+the binary dump.
+There is no Intel GPU here: the target has no `jit`; it is checked through its IR, its
+validated SPIR-V and the machine code Intel's compiler makes of it, and the numerics through
+the CPU target running the same fused schedule.
 """
 
 from __future__ import annotations

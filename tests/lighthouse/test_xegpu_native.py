@@ -359,3 +359,24 @@ def test_cli_report_and_device_binary(tmp_path):
     assert json.loads(out.with_suffix(".json").read_text())["kernels"][0]["grf"] in (128, 256)
     cpu = run_cli(EXAMPLES / "softmax.py", "--set", "N=64", "--report")
     assert cpu.returncode == 2 and "--report needs --target xegpu" in cpu.stderr
+
+
+def test_native_reruns_from_the_binary_dump(tmp_path):
+    """What the native stage needs is in the IR: run in a fresh context on the binary
+    stage's dump by a fresh target, it gives the native stage's dump and the same build."""
+    from lighthouse.targets.xegpu import XeGpuTarget
+
+    dump = tmp_path / "dump"
+    compiled = compile_kernel(EXAMPLES / "log_softmax.py", overrides={"N": 64}, target="xegpu",
+                              target_options={"chip": "pvc"}, dump_dir=dump)
+    (binary,) = dump.glob("*-binary.mlir")
+    (native_dump,) = dump.glob("*-native.mlir")
+    ctx = ir.Context()
+    ctx.allow_unregistered_dialects = True
+    module = ir.Module.parse(binary.read_text(), ctx)
+    target = XeGpuTarget("pvc")
+    with ctx, ir.Location.unknown():
+        target.native(module)
+    assert str(module) == native_dump.read_text()
+    (again,), (first,) = target.kernels, compiled.target.kernels
+    assert again.machine == first.machine and again.work == first.work
