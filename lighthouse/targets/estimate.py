@@ -10,9 +10,9 @@ chip's peaks (lighthouse.targets.xegpu.Chip: Arc B580 for bmg, Max 1100 for pvc)
                t_xmx = max(ceil(W / cores) * mean, max) workgroup FLOPs / workgroup rate
   issue        the other instructions of the machine code (the online softmax's exp, row
                reductions and rescaling, addresses, block IO) issue at one per clock per EU
-               beside the XMX engine; the code runs once per DPAS step, so per DPAS
+               beside the XMX engine; per DPAS they are those of the loops that issue the
+               DPAS (the whole kernel when IGC unrolled them), so
                t_issue = t_xmx * (instructions - dpas) / dpas / clocks per DPAS
-               (the prologue and epilogue are counted as if in the loop: a slight excess)
   memory       t_dram = the kernel's arguments, each once / DRAM bandwidth (compulsory
                traffic: caches are assumed to catch every re-read, e.g. the K and V tiles
                every subgroup of an attention workgroup reads)
@@ -63,7 +63,9 @@ def estimate(work: dict, chip, machine=None) -> Estimate:
     t_issue = 0.0
     if machine is not None and machine.dpas and work["flops"]:
         clocks_per_dpas = 2 * m * n * k / chip.xmx_flops_per_clock
-        t_issue = t_xmx * (machine.instructions - machine.dpas) / machine.dpas / clocks_per_dpas
+        instructions, issued = ((machine.loop_instructions, machine.loop_dpas)
+                                if machine.loop_dpas else (machine.instructions, machine.dpas))
+        t_issue = t_xmx * (instructions - issued) / issued / clocks_per_dpas
     t_dram = work["io_bytes"] / (chip.dram_gbps * 1e9)
     times = {"xmx": t_xmx, "issue": t_issue, "dram": t_dram}
     bound = max(times, key=times.get)

@@ -19,6 +19,7 @@ binary. Its header and instructions give the `MachineCode`:
   store_block2d                      a 2-D block store
   R_SYM_ADDR_32: NAME                a relocation: NAME is an external function IGC did not
                                      resolve (a driver would refuse to link the module)
+  _label: ... jmpi _label            a loop: a jump back to a label above it
 """
 
 from __future__ import annotations
@@ -80,6 +81,10 @@ class MachineCode:
     block_prefetches: int
     block_load_bytes: int      # registers written by the block loads, in bytes, per thread
     unresolved: tuple[str, ...]
+    # the loops that issue DPAS (innermost such loops: a loop holding no other DPAS loop):
+    # their instructions and DPAS, what a DPAS step costs; 0 when no loop holds a DPAS
+    loop_instructions: int = 0
+    loop_dpas: int = 0
 
     @property
     def block_io(self) -> bool:
@@ -92,6 +97,32 @@ _DPAS = re.compile(r"^\s*(?:\([^)]*\)\s*)?dpas\.", re.M)
 _BLOCK_LOAD = re.compile(r"^\s*(?:\([^)]*\)\s*)?load_block2d\.\S+\s+\(\S+\)\s+(null|r\d+):(\d+)", re.M)
 _BLOCK_STORE = re.compile(r"^\s*(?:\([^)]*\)\s*)?store_block2d\.", re.M)
 _RELOCATION = re.compile(r"R_SYM_ADDR_32(?:_HI)?: (\w+)")
+_LABEL = re.compile(r"^(_\w+):\s*$")
+_INSTRUCTION = re.compile(r"^\s*(?:\([^)]*\)\s*)?[a-z][\w.]*\s")
+_BRANCH = re.compile(r"\b(?:jmpi|goto|while|brc|brd)\b.*?\s(_\w+)\b")
+
+
+def _dpas_loops(text: str) -> tuple[int, int]:
+    """(instructions, DPAS) of the innermost loops that hold DPAS (see MachineCode)."""
+    lines = text.splitlines()
+    labels, loops = {}, []
+    for i, line in enumerate(lines):
+        label = _LABEL.match(line)
+        if label:
+            labels[label.group(1)] = i
+            continue
+        branch = _BRANCH.search(line) if _INSTRUCTION.match(line) else None
+        if branch and branch.group(1) in labels:
+            loops.append((labels[branch.group(1)], i))
+    counted = []
+    for start, end in loops:
+        body = lines[start:end + 1]
+        dpas = sum(1 for ln in body if _DPAS.match(ln))
+        if dpas:
+            counted.append((start, end, sum(1 for ln in body if _INSTRUCTION.match(ln)), dpas))
+    inner = [c for c in counted if not any(o is not c and c[0] <= o[0] and o[1] <= c[1]
+                                           for o in counted)]
+    return sum(c[2] for c in inner), sum(c[3] for c in inner)
 
 
 def parse_assembly(text: str) -> MachineCode:
@@ -103,6 +134,7 @@ def parse_assembly(text: str) -> MachineCode:
     loads = _BLOCK_LOAD.findall(text)
     fills = [int(n) for dst, n in loads if dst != "null"]
     symbols = sorted({s for s in _RELOCATION.findall(text) if not s.startswith("__INTEL")})
+    loop_instructions, loop_dpas = _dpas_loops(text)
     return MachineCode(
         platform=header.get("platform", "?"), grf=int(grf.group(1)),
         instructions=int(header["instCount"]),
@@ -111,7 +143,8 @@ def parse_assembly(text: str) -> MachineCode:
         dpas=len(_DPAS.findall(text)), block_loads=len(fills),
         block_stores=len(_BLOCK_STORE.findall(text)),
         block_prefetches=sum(1 for dst, _ in loads if dst == "null"),
-        block_load_bytes=sum(fills) * GRF_BYTES, unresolved=tuple(symbols))
+        block_load_bytes=sum(fills) * GRF_BYTES, unresolved=tuple(symbols),
+        loop_instructions=loop_instructions, loop_dpas=loop_dpas)
 
 
 @dataclass(frozen=True)

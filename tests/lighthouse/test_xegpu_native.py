@@ -206,10 +206,12 @@ ASSEMBLY = """//.kernel main_kernel
 (W)     mov (1|M0)               r1.0<1>:ud    0x6E10CA2E:ud    //  R_SYM_ADDR_32: _Z16get_sub_group_id;
 (W)     mov (1|M0)               r1.0<1>:ud    0x0:ud    //  R_SYM_ADDR_32: __INTEL_PATCH_CROSS_THREAD_OFFSET_OFF_R0;
         load_block2d.ugm.d16.a64.ca.ca (1|M0)  null:0 [r3:1]       {I@2,$8} // $42
+_0_004:
         load_block2d.ugm.d32t.a64 (1|M0)  r19:8 [r118:1]           {I@1,$1} // $324
         load_block2d.ugm.d16.a64 (1|M0)  r3:4   [r120:1]           {$6} // $323
         dpas.8x8 (16|M0)         r11:f         null:f            r19:hf            r3.0:hf          {$1} // $325
 (W&f0.0) dpas.8x8 (16|M0)         r11:f         r11:f             r19:hf            r3.0:hf          {$1} // $326
+(W&~f0.0) jmpi                               _0_004                                                  // $840
         store_block2d.ugm.d16.a64 (1|M0)  [r5:1]  r7:4             {$2} // $400
 """
 
@@ -221,6 +223,7 @@ def test_parse_assembly_reads_the_header_and_counts_the_instructions():
     assert (mc.dpas, mc.block_loads, mc.block_stores, mc.block_prefetches) == (2, 2, 1, 1)
     assert mc.block_load_bytes == (8 + 4) * 64
     assert mc.unresolved == ("_Z16get_sub_group_id",)
+    assert (mc.loop_instructions, mc.loop_dpas) == (5, 2)   # the loop's loads, DPAS and jump
     clean = ocloc.parse_assembly(ASSEMBLY.replace("//.spill size 384\n", ""))
     assert clean.spill_bytes == 0
     with pytest.raises(StageError, match="numGRF"):
