@@ -395,8 +395,9 @@ class XeGpuTarget:
             field = {".spv": "spirv", ".bc": "bitcode", ".bin": "native"}[path.suffix]
             blobs = [(k.module, getattr(k, field)) for k in self.kernels]
             if any(b is None for _, b in blobs):
-                raise StageError(f"{path.name}: no {'device binary' if field == 'native' else 'device bitcode'} "
-                                 f"was produced{' (the native stage did not run)' if field == 'native' else ''}")
+                what = {"bitcode": "device bitcode",
+                        "native": "device binary (the native stage did not run)"}[field]
+                raise StageError(f"{path.name}: no {what} was produced")
             if len(blobs) == 1:
                 path.write_bytes(blobs[0][1])
             else:
