@@ -1,10 +1,11 @@
-# make run / make test / make fuzz / make bench: each bootstraps .venv when missing.
+# make run / make test / make fuzz / make bench: each bootstraps .venv when missing;
+# make test also fetches ocloc (make ocloc).
 PYTHON ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.lighthouse-installed
 
-.PHONY: run test fuzz bench train venv clean
+.PHONY: run test fuzz bench train venv clean ocloc
 
 venv: $(STAMP)
 
@@ -16,7 +17,13 @@ $(STAMP): pyproject.toml Makefile
 run: $(STAMP)
 	$(VPY) -m lighthouse.compile examples/attention.py --run --check
 
-test: $(STAMP)
+# Intel's offline GPU compiler for the xegpu target's native stage (Debian's packages,
+# unpacked into .cache/ocloc; a few seconds, then a no-op); the tests build every XeGPU
+# kernel with it. LIGHTHOUSE_OCLOC or an ocloc on PATH takes precedence at run time.
+ocloc:
+	tools/fetch-ocloc
+
+test: $(STAMP) ocloc
 	$(VPY) -m pytest -q
 
 # differential fuzzing against torch: 500 cases per family (FUZZ_EXAMPLES=N to change), shrunk
@@ -32,4 +39,4 @@ bench: $(STAMP)
 	$(VPY) -m lighthouse.bench --csv bench.csv --json bench.json --plot bench.png
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .cache

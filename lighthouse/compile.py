@@ -375,6 +375,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", help=f"force a schedule family ({', '.join(family_names())})")
     p.add_argument("--strict", action="store_true", help="a schedule that does not apply is an error")
     p.add_argument("--chip", help="xegpu: target chip (bmg or pvc)")
+    p.add_argument("--report", action="store_true",
+                   help="xegpu: per kernel the native code's GRF mode, instructions, spills, "
+                        "DPAS, 2-D block IO and a static time estimate against the chip's peak")
     p.add_argument("-o", "--output", metavar="FILE", help="write the final (or --emit) IR or artifact")
     p.add_argument("-v", "--verbose", action="store_true", help="stage timings and tracebacks")
     return p
@@ -425,6 +428,12 @@ def _main(args) -> int:
         else:
             print(text)
         return 0
+    if args.report:
+        reporter = getattr(compiled.target, "report", None)
+        if reporter is None:
+            raise UnsupportedError(f"--report needs --target xegpu (the {args.target} target "
+                                   "has no native machine code to report)")
+        print(reporter())
     if args.output:
         _write_artifact(compiled, Path(args.output))
     if args.run or args.check or args.bench:

@@ -204,6 +204,11 @@ def outline(rec: StepRecorder, threads: list[int], chip: str) -> None:
     rec.step("outline_kernels", outline_kernels)
 
 
+# Narrower tiles (a boolean mask's bytes) are not prefetched: XeGPU distributes an 8-bit
+# prefetch in 16-column pieces, and IGC has no 8-bit 2-D block prefetch 16 columns wide.
+MIN_PREFETCH_BITS = 16
+
+
 def insert_loop_prefetches(rec: StepRecorder, gpu_func: ir.Operation, subgroups: int,
                            inst: tuple[int, int], nb_prefetch: int = 1) -> None:
     """Prefetch the tiles that the loops of a kernel read `nb_prefetch` steps ahead
@@ -214,13 +219,18 @@ def insert_loop_prefetches(rec: StepRecorder, gpu_func: ir.Operation, subgroups:
     if nb_prefetch < 1:
         return
     transform_ext.load(gpu_func.context)
-    shapes = {tuple(ir.VectorType(op.results[0].type).shape[-2:])
-              for op in ops_named(gpu_func, "xegpu.load_nd")
-              if ir.VectorType(op.results[0].type).rank >= 2}
+    tiles = {(*ir.VectorType(op.results[0].type).shape[-2:],
+              ir.VectorType(op.results[0].type).element_type)
+             for op in ops_named(gpu_func, "xegpu.load_nd")
+             if ir.VectorType(op.results[0].type).rank >= 2}
     layouts = {}
-    for rows, cols in sorted(shapes):
+    for rows, cols, element in sorted(tiles, key=str):
+        key = loop_prefetches.tile_key(rows, cols, str(element))
+        if element.width < MIN_PREFETCH_BITS:
+            layouts[key] = ir.UnitAttr.get()
+            continue
         layout = prefetch_layout(rows, cols, subgroups, inst)
-        layouts[loop_prefetches.tile_key(rows, cols)] = ir.Attribute.parse(
+        layouts[key] = ir.Attribute.parse(
             "#xegpu.layout<" + ", ".join(f"{k} = {v}" for k, v in layout.items()) + ">")
     place = place_of(rec.trial.operation, gpu_func)
 
