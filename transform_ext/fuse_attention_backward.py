@@ -381,26 +381,27 @@ def _groups_of(rank: int) -> list[list[int]]:
     return [list(range(rank - 2)), [rank - 2], [rank - 1]]
 
 
-def _grouped_type(shape: list[int]) -> ir.Type:
+def _grouped_type(shape: list[int], element: ir.Type | None = None) -> ir.Type:
     g = math.prod(shape[:-2])
-    return ir.RankedTensorType.get([g] + shape[-2:], ir.F32Type.get())
+    return ir.RankedTensorType.get([g] + shape[-2:], element or ir.F32Type.get())
 
 
 def _canonical(src: Source, at: ir.Operation) -> ir.Value:
-    """`src` as a [G, rows, features] tensor, built before `at`."""
+    """`src` as a [G, rows, features] tensor (of its element type), built before `at`."""
     value = src.value
+    element = ir.ShapedType(value.type).element_type
     with ir.InsertionPoint(at), at.location:
         shape = _shape(value)
         if len(shape) > 3:
-            value = tensor.CollapseShapeOp(_grouped_type(shape), value,
+            value = tensor.CollapseShapeOp(_grouped_type(shape, element), value,
                                            reassociation_attr(_groups_of(len(shape)))).result
         elif len(shape) == 2:
-            t = ir.RankedTensorType.get([1] + shape, ir.F32Type.get())
+            t = ir.RankedTensorType.get([1] + shape, element)
             value = tensor.ExpandShapeOp(t, value, reassociation_attr([[0, 1], [2]]), [],
                                          [1] + shape).result
         if src.transposed:
             g, rows, cols = _shape(value)
-            init = tensor.EmptyOp([g, cols, rows], ir.F32Type.get()).result
+            init = tensor.EmptyOp([g, cols, rows], element).result
             value = linalg.transpose(value, outs=[init], permutation=[0, 2, 1])
     return value
 

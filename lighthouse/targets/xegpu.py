@@ -215,6 +215,10 @@ class XeGpuTarget:
     # 8 subgroups of 16 rows; 32 keys keep a subgroup's Q, O, K or V tile, S and P within
     # the register file for head dims up to 64 (AttentionTiles.register_bytes)
     attention_tiles = (128, 32)
+    # the attention backward in two passes (schedules/attention/xegpu_backward.py): query
+    # blocks of 64 rows with keys in steps of 32 (dQ), key blocks of 64 with query rows in
+    # steps of 32 (dK, dV)
+    attention_backward_tiles = (64, 32, 64, 32)
 
     def __init__(self, chip: str | None = None, params: XeGpuParams | None = None):
         chip = chip or DEFAULT_CHIP
