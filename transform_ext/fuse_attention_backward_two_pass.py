@@ -30,7 +30,8 @@ pass 2's query loop starts at the first tile not wholly above it, and the tiles 
 are masked by index. An additive mask (analysis.attention_backward.Bias) is read per tile
 in place, transposed in pass 2. The inputs are read through copies of their elementwise
 producers (type extensions), so the kernel shares no value with a forward computed beside
-it; a gradient whose only reader rounds it (an elementwise arith.truncf to f16/bf16) is
+it (and an f32 splat constant exactly representable in Q's f16/bf16, the ones --backward
+seeds dO with, is read in that type); a gradient whose only reader rounds it (an elementwise arith.truncf to f16/bf16) is
 written rounded by the kernel, which replaces that reader. The kernel is a private function
 the target function calls (inline it and canonicalize after this op); its foralls carry
 FUSED_KERNEL and, as an integer attribute BACKWARD_PASS, their pass (1 or 2).
@@ -43,13 +44,15 @@ dividing L, bk and bk2 dividing S.
 """
 
 import dataclasses
+import math
+import struct
 
 from torch_mlir import ir
-from torch_mlir.dialects import ext, func, tensor, transform
+from torch_mlir.dialects import arith, ext, func, tensor, transform
 
 from .analysis.attention_backward import AttentionBackward
-from .common import (Illegal, RewritesTargets, Success, block_ops, body_of, defining_op, fail,
-                     iterator_kinds, payload_ops, reassociation_attr, users)
+from .common import (Illegal, RewritesTargets, Success, block_ops, body_of, constant_value,
+                     defining_op, fail, iterator_kinds, payload_ops, reassociation_attr, users)
 from .dialect import TransformExt
 from .fuse_attention_backward import (FUSED_KERNEL, _canonical, _canonical_rows, _forward_lse,
                                       _groups_of, _shape, plan)
@@ -218,7 +221,7 @@ def _lse_loop(tile: _Tile, E: int, Gk: int, S: int, kend: str, k_element: str) -
           %mx = arith.maximumf %x, %acc : f32
           linalg.yield %mx : f32
         }} -> {rows}
-        %corr = linalg.generic {{indexing_maps = [{_ID1}, {_ID1}, {_ID1}, {_ID1}], iterator_types = ["parallel"]}} ins(%m, %mt, %l : {rows}, {rows}, {rows}) outs(%e_q : {rows}) {{
+        %corr = linalg.generic {{indexing_maps = [{_ID1}, {_ID1}, {_ID1}, {_ID1}], iterator_types = ["parallel"]}} ins(%m, %mt, %l : {rows}, {rows}, {rows}) outs(%l : {rows}) {{
         ^bb0(%mo: f32, %mn: f32, %lo: f32, %y: f32):
           %isinf = arith.cmpf oeq, %mo, %ninf : f32
           %dm = arith.subf %mo, %mn : f32
@@ -246,6 +249,38 @@ def _lse_loop(tile: _Tile, E: int, Gk: int, S: int, kend: str, k_element: str) -
         %r = arith.select %isinf, %ninf, %s : f32
         linalg.yield %r : f32
       }} -> {rows}"""
+
+
+# per-row values cross from pass 1 to pass 2 in lane form, [G, L, LANES], each row's value in
+# every lane: how a GPU subgroup holds a row's value after a reduction (XeGPU has no layout
+# for a vector of rows spread over the lanes), written by a 2-D block store
+LANES = 16
+
+
+def _lanes(name: str, rows: str, count: int) -> str:
+    """%name = the [count] vector `rows` in lane form [count, LANES]."""
+    return f"""
+      %{name}_e = tensor.empty() : {_t(count, LANES)}
+      %{name} = linalg.generic {{indexing_maps = [{_ROW}, {_ID2}], iterator_types = {_PARALLEL2}}} ins({rows} : {_t(count)}) outs(%{name}_e : {_t(count, LANES)}) {{
+      ^bb0(%x: f32, %y: f32):
+        linalg.yield %x : f32
+      }} -> {_t(count, LANES)}"""
+
+
+def _from_lanes(name: str, lanes: str, G: int, L: int, count: int) -> str:
+    """%name = the [count] per-row vector at rows %i0.. of group %g of the lane-form tensor
+    `lanes`, read as [LANES / 2, count] (its copies transposed: the rows along the GPU
+    lanes) and reduced by max over the identical copies (exact)."""
+    copies = LANES // 2
+    return f"""
+        %{name}_t = tensor.extract_slice {lanes}[%g, %i0, 0] [1, {count}, {copies}] [1, 1, 1] : {_t(G, L, LANES)} to {_t(count, copies)}
+        %{name}_e = tensor.empty() : {_t(count)}
+        %{name}_z = linalg.fill ins(%ninf : f32) outs(%{name}_e : {_t(count)}) -> {_t(count)}
+        %{name} = linalg.generic {{indexing_maps = [affine_map<(a, b) -> (b, a)>, {_COL}], iterator_types = ["reduction", "parallel"]}} ins(%{name}_t : {_t(count, copies)}) outs(%{name}_z : {_t(count)}) {{
+        ^bb0(%x: f32, %acc: f32):
+          %mx = arith.maximumf %x, %acc : f32
+          linalg.yield %mx : f32
+        }} -> {_t(count)}"""
 
 
 def _scaled_input(name: str, src: str, shape: tuple[int, int], element: str) -> str:
@@ -304,16 +339,11 @@ def two_pass_text(name: str, G: int, L: int, S: int, E: int, dq_tiles: tuple[int
     if lse_given:
         lse_block = f"""
       %lse = tensor.extract_slice %lse_in[%g, %i0] [1, {bq}] [1, 1] : {_t(G, L)} to {_t(bq)}"""
-        lse_outs, lse_out_types, lse_insert, lse_all = "", "", "", "%lse_in"
     else:
         lse_block = _lse_loop(tile1, E, Gk, S, kend, ek)
-        lse_outs, lse_out_types = ", %lse_o = %lse0", f", {_t(G, L)}"
-        lse_insert = f"""
-      tensor.parallel_insert_slice %lse into %lse_o[%g, %i0] [1, {bq}] [1, 1] : {_t(bq)} into {_t(G, L)}"""
-        lse_all = "%p1#2"
     s2, mask1 = tile1.mask("%s2_raw", "s2_m", "%e_qk")
     pass1 = f"""
-  %p1:{2 if lse_given else 3} = scf.forall (%g, %qb) in ({G}, {L // bq}) shared_outs(%dq = %dq0, %d_o = %d0{lse_outs}) -> ({_t(*q_all, element=el_q)}, {_t(G, L)}{lse_out_types}) {{
+  %p1:3 = scf.forall (%g, %qb) in ({G}, {L // bq}) shared_outs(%dq = %dq0, %d_o = %d0, %lse_o = %lse0) -> ({_t(*q_all, element=el_q)}, {_t(G, L, LANES)}, {_t(G, L, LANES)}) {{
       %i0 = affine.apply affine_map<(d0) -> (d0 * {bq})>(%qb)
       %gk = affine.apply affine_map<(d0) -> (d0 floordiv {grp})>(%g){group_of("      ")}{key_bound}
       %q_i = tensor.extract_slice %q[%g, %i0, 0] [1, {bq}, {E}] [1, 1, 1] : {_t(*q_all, element=eq)} to {_t(bq, E, element=eq)}{_scaled_input("qc", "%q_i", (bq, E), eq)}{_read("do_i", "%do", q_all, edo, "%g, %i0, 0", (bq, E), "      ")}{_read("o_i", "%o", q_all, eo, "%g, %i0, 0", (bq, E), "      ")}
@@ -330,11 +360,12 @@ def two_pass_text(name: str, G: int, L: int, S: int, E: int, dq_tiles: tuple[int
       %dq_z = linalg.fill ins(%zero : f32) outs(%qc_e : {_t(bq, E)}) -> {_t(bq, E)}
       %acc = scf.for %j0 = %c0 to {kend} step %cbk iter_args(%dq_i = %dq_z) -> ({_t(bq, E)}) {{{_read("kT_j", "%kT", kvT_all, ek, "%gk, 0, %j0", (E, bk))}{_read("vT_j", "%vT", kvT_all, ev, "%gk, 0, %j0", (E, bk))}{_read("k_j", "%k", kv_all, ek, "%gk, %j0, 0", (bk, E))}{_contraction("s2_raw", "%qc", _t(bq, E), "%kT_j", _t(E, bk), "%z_qk", tile1.type)}{mask1}{tile1.probabilities("pr", s2, "%lse", "%e_qk")}{_contraction("dp", "%do_i", _t(bq, E), "%vT_j", _t(E, bk), "%z_qk", tile1.type)}{tile1.score_gradient("ds", "%pr", "%dp", "%d_i", "%e_qk")}{_contraction("dq_n", "%ds", tile1.type, "%k_j", _t(bk, E), "%dq_i", _t(bq, E))}
         scf.yield %dq_n : {_t(bq, E)}
-      }}
+      }}{_lanes("d_l", "%d_i", bq)}{_lanes("lse_l", "%lse", bq)}
       %dq_t = tensor.extract_slice %dq[%g, %i0, 0] [1, {bq}, {E}] [1, 1, 1] : {_t(*q_all, element=el_q)} to {_t(bq, E, element=el_q)}{_scaled("dq_s", "%acc", _t(bq, E), "%dq_t", _t(bq, E, element=el_q), el_q)}
     scf.forall.in_parallel {{
       tensor.parallel_insert_slice %dq_s into %dq[%g, %i0, 0] [1, {bq}, {E}] [1, 1, 1] : {_t(bq, E, element=el_q)} into {_t(*q_all, element=el_q)}
-      tensor.parallel_insert_slice %d_i into %d_o[%g, %i0] [1, {bq}] [1, 1] : {_t(bq)} into {_t(G, L)}{lse_insert}
+      tensor.parallel_insert_slice %d_l into %d_o[%g, %i0, 0] [1, {bq}, {LANES}] [1, 1, 1] : {_t(bq, LANES)} into {_t(G, L, LANES)}
+      tensor.parallel_insert_slice %lse_l into %lse_o[%g, %i0, 0] [1, {bq}, {LANES}] [1, 1, 1] : {_t(bq, LANES)} into {_t(G, L, LANES)}
     }}
   }} {{{FUSED_KERNEL}, {BACKWARD_PASS} = 1 : i64}}"""
     # pass 2: dK and dV per key block ------------------------------------------------------
@@ -356,8 +387,7 @@ def two_pass_text(name: str, G: int, L: int, S: int, E: int, dq_tiles: tuple[int
     %heads:2 = scf.for %rq = %c0 to %cgrp step %c1 iter_args(%dk_h = %z_ke, %dv_h = %z_ke) -> ({ke}, {ke}) {{
       %g = affine.apply affine_map<(d0, d1) -> (d0 * {grp} + d1)>(%gk, %rq){group_of("      ")}
       %blk:2 = scf.for %i0 = {query_start} to %cL step %cbq2 iter_args(%dk_a = %dk_h, %dv_a = %dv_h) -> ({ke}, {ke}) {{{_read("qT_i", "%qT", qT_all, eq, "%g, 0, %i0", (E, bq2))}{_read("doT_i", "%doT", qT_all, edo, "%g, 0, %i0", (E, bq2))}{_read("q_i", "%q", q_all, eq, "%g, %i0, 0", (bq2, E))}{_read("do_i", "%do", q_all, edo, "%g, %i0, 0", (bq2, E))}
-        %lse_i = tensor.extract_slice {lse_all}[%g, %i0] [1, {bq2}] [1, 1] : {_t(G, L)} to {_t(bq2)}
-        %d_i = tensor.extract_slice %p1#1[%g, %i0] [1, {bq2}] [1, 1] : {_t(G, L)} to {_t(bq2)}{_contraction("st_raw", "%kc", ke, "%qT_i", _t(E, bq2), "%z_kq", kq)}{mask2}{tile2.probabilities("pt", st, "%lse_i", "%e_kq")}{_contraction("dv_n", "%pt", kq, "%do_i", _t(bq2, E), "%dv_a", ke)}{_contraction("dpt", "%v_b", ke, "%doT_i", _t(E, bq2), "%z_kq", kq)}{tile2.score_gradient("dst", "%pt", "%dpt", "%d_i", "%e_kq")}{_contraction("dk_n", "%dst", kq, "%q_i", _t(bq2, E), "%dk_a", ke)}
+{_from_lanes("lse_i", "%p1#2", G, L, bq2)}{_from_lanes("d_i", "%p1#1", G, L, bq2)}{_contraction("st_raw", "%kc", ke, "%qT_i", _t(E, bq2), "%z_kq", kq)}{mask2}{tile2.probabilities("pt", st, "%lse_i", "%e_kq")}{_contraction("dv_n", "%pt", kq, "%do_i", _t(bq2, E), "%dv_a", ke)}{_contraction("dpt", "%v_b", ke, "%doT_i", _t(E, bq2), "%z_kq", kq)}{tile2.score_gradient("dst", "%pt", "%dpt", "%d_i", "%e_kq")}{_contraction("dk_n", "%dst", kq, "%q_i", _t(bq2, E), "%dk_a", ke)}
         scf.yield %dk_n, %dv_n : {ke}, {ke}
       }}
       scf.yield %blk#0, %blk#1 : {ke}, {ke}
@@ -393,8 +423,8 @@ func.func private @{name}(%q: {_t(*q_all, element=eq)}, %k: {_t(*kv_all, element
   %edoT = tensor.empty() : {_t(*qT_all, element=edo)}
   %doT = linalg.transpose ins(%do : {_t(*q_all, element=edo)}) outs(%edoT : {_t(*qT_all, element=edo)}) permutation = [0, 2, 1]
   %dq0 = tensor.empty() : {_t(*q_all, element=el_q)}
-  %d0 = tensor.empty() : {_t(G, L)}
-  %lse0 = tensor.empty() : {_t(G, L)}
+  %d0 = tensor.empty() : {_t(G, L, LANES)}
+  %lse0 = tensor.empty() : {_t(G, L, LANES)}
   %dk0 = tensor.empty() : {_t(*kv_all, element=el_k)}
   %dv0 = tensor.empty() : {_t(*kv_all, element=el_v)}{pass1}{pass2}
   return %p1#0, %p2#0, %p2#1 : {results}
@@ -428,6 +458,29 @@ def narrow_source(value: ir.Value) -> ir.Value:
     return value
 
 
+def _exact_in(value: float, element: str) -> bool:
+    """Is the f32 `value` exactly an f16 / bf16 number?"""
+    bits = struct.unpack("<I", struct.pack("<f", value))[0]
+    if element == "bf16":
+        return bits & 0xFFFF == 0
+    return struct.unpack("<e", struct.pack("<e", value))[0] == value if abs(value) < 65504 \
+        else math.isinf(value)
+
+
+def narrow_splat(value: ir.Value, element: str, at: ir.Operation) -> ir.Value:
+    """An f32 splat constant `value` (the ones --backward seeds dO with) as an `element`
+    constant, built before `at`, when every element is exactly representable there."""
+    splat = constant_value(value)
+    if element not in NARROW or _element(value) != "f32" or defining_op(value).name != \
+            "arith.constant" or not isinstance(splat, ir.FloatAttr) or \
+            not _exact_in(ir.FloatAttr(splat).value, element):
+        return value
+    narrow = ir.RankedTensorType.get(_shape(value), ir.Type.parse(element))
+    with ir.InsertionPoint(at), at.location:
+        return arith.ConstantOp(narrow, ir.DenseElementsAttr.get_splat(
+            narrow, ir.FloatAttr.get(narrow.element_type, ir.FloatAttr(splat).value))).result
+
+
 def rounding_reader(value: ir.Value) -> ir.Operation | None:
     """The only reader of `value` when it rounds it elementwise to f16/bf16, else None."""
     readers = users(value)
@@ -458,6 +511,8 @@ def rewrite(target: ir.Operation, bwd: AttentionBackward, at: ir.Operation, size
     lse = bwd.lse if bwd.lse is not None else _forward_lse(bwd)
     sources = [dataclasses.replace(s, value=narrow_source(s.value))
                for s in (bwd.q, bwd.k, bwd.v, bwd.o, bwd.do)]
+    sources = [dataclasses.replace(s, value=narrow_splat(s.value, _element(sources[0].value), at))
+               for s in sources]
     gradients = (bwd.dq, bwd.dk, bwd.dv)
     readers = [rounding_reader(r) for r in gradients]
     outputs = [_element(r.results[0]) if r is not None else "f32" for r in readers]
