@@ -51,8 +51,9 @@ from torch_mlir import ir
 from torch_mlir.dialects import arith, ext, func, tensor, transform
 
 from .analysis.attention_backward import AttentionBackward
-from .common import (Illegal, RewritesTargets, Success, block_ops, body_of, constant_value,
-                     defining_op, fail, iterator_kinds, payload_ops, reassociation_attr, users)
+from .common import (Illegal, RewritesTargets, Success, block_ops, body_of, build_generic,
+                     clone_body, clone_op, constant_value, defining_op, fail, iterator_kinds,
+                     ops_named, payload_ops, reassociation_attr, users)
 from .dialect import TransformExt
 from .fuse_attention_backward import (FUSED_KERNEL, _canonical, _canonical_rows, _forward_lse,
                                       _groups_of, _shape, plan)
@@ -60,6 +61,8 @@ from .fuse_attention_backward import (FUSED_KERNEL, _canonical, _canonical_rows,
 NAME = "transform_ext.fuse_attention_backward_two_pass"
 # the integer attribute naming the pass (1: dQ over query blocks, 2: dK, dV over key blocks)
 BACKWARD_PASS = "lh.backward_pass"
+# marks, while the kernel is built, the conversion of a bias tile as stored to f32
+BIAS_TILE = "lh.bias_tile"
 NARROW = ("f16", "bf16")
 
 
@@ -135,17 +138,31 @@ class _Tile:
         }} -> {self.type}"""
 
     def _bias(self, src: str, dst: str, empty: str) -> str:
-        shape, roles, _ = self.bias
+        shape, roles, _, element = self.bias
         where = {"g": "%g", "b": "%gb", "h": "%gh", "q": "%i0", "k": "%j0", "1": "0"}
         queries, keys = (self.cols, self.rows) if self.keys_major else (self.rows, self.cols)
         size = {"q": queries, "k": keys}
         kept = [r for r in roles if r in "qk"]
         dim_of = ({"q": "b", "k": "a"} if self.keys_major else {"q": "a", "k": "b"})
-        tile = _t(*(size[r] for r in kept))
+        tile_shape = [size[r] for r in kept]
+        tile = _t(*tile_shape)
         tile_map = "affine_map<(a, b) -> (" + ", ".join(dim_of[r] for r in kept) + ")>"
-        bias_type = _t(*shape)
-        return f"""
-        %{dst}_b = tensor.extract_slice %bias[{", ".join(where[r] for r in roles)}] [{", ".join(str(size.get(r, 1)) for r in roles)}] [{", ".join("1" for _ in roles)}] : {bias_type} to {tile}
+        read = f"""
+        %{dst}_b = tensor.extract_slice %bias[{", ".join(where[r] for r in roles)}] [{", ".join(str(size.get(r, 1)) for r in roles)}] [{", ".join("1" for _ in roles)}] : {_t(*shape, element=element)} to {_t(*tile_shape, element=element)}"""
+        if element != "f32":
+            # the bias as stored; rewrite() replaces this conversion by the ops computing
+            # the f32 bias from it (BIAS_TILE)
+            dims = "abc"[:len(tile_shape)]
+            same = f"affine_map<({', '.join(dims)}) -> ({', '.join(dims)})>"
+            convert = "arith.uitofp" if element.startswith("i") else "arith.extf"
+            read = read.replace(f"%{dst}_b = ", f"%{dst}_s = ") + f"""
+        %{dst}_e = tensor.empty() : {tile}
+        %{dst}_b = linalg.generic {{indexing_maps = [{same}, {same}], iterator_types = [{", ".join(['"parallel"'] * len(dims))}]}} ins(%{dst}_s : {_t(*tile_shape, element=element)}) outs(%{dst}_e : {tile}) attrs = {{{BIAS_TILE}}} {{
+        ^bb0(%x: {element}, %y: f32):
+          %w = {convert} %x : {element} to f32
+          linalg.yield %w : f32
+        }} -> {tile}"""
+        return read + f"""
         %{dst} = linalg.generic {{indexing_maps = [{_ID2}, {tile_map}, {_ID2}], iterator_types = {_PARALLEL2}}} ins({src}, %{dst}_b : {self.type}, {tile}) outs({empty} : {self.type}) {{
         ^bb0(%s: f32, %bv: f32, %unused: f32):
           %r = arith.addf %s, %bv : f32
@@ -304,7 +321,9 @@ def two_pass_text(name: str, G: int, L: int, S: int, E: int, dq_tiles: tuple[int
     """The kernel as MLIR text: func.func private @name(q, k, v, o, dO[, bias][, lse]) ->
     (dQ, dK, dV); `inputs`, `outputs`: the element types of q, k, v, o, dO and of dQ, dK,
     dV (tiles are widened to f32 as they are read, gradients rounded as they are written);
-    `bias`: (its shape, its dims' roles, heads), see analysis.attention_backward.Bias;
+    `bias`: (its shape, its dims' roles, heads, its element type), see
+    analysis.attention_backward.Bias (read as stored, widened by a conversion marked
+    BIAS_TILE when not f32);
     `lse_given`: the rows' lse [G, L] is an argument, else pass 1 computes it; `grp`: query
     heads per K/V head (K, V, dK, dV have G / grp groups; query group g reads K/V group
     g // grp)."""
@@ -316,7 +335,7 @@ def two_pass_text(name: str, G: int, L: int, S: int, E: int, dq_tiles: tuple[int
     tile2 = _Tile(bk2, bq2, True, delta, bias)
     eq, ek, ev, eo, edo = inputs
     el_q, el_k, el_v = outputs
-    args = "" if bias is None else f", %bias: {_t(*bias[0])}"
+    args = "" if bias is None else f", %bias: {_t(*bias[0], element=bias[3])}"
     if lse_given:
         args += f", %lse_in: {_t(G, L)}"
     q_all, kv_all = (G, L, E), (Gk, S, E)
@@ -490,6 +509,92 @@ def rounding_reader(value: ir.Value) -> ir.Operation | None:
     return None
 
 
+def _external_constants(op: ir.Operation) -> list[ir.Value] | None:
+    """The values defined outside `op`'s body that it reads, when all are arith.constant
+    results (None otherwise)."""
+    body = body_of(op)
+    inside = set()
+    outside = []
+
+    def visit(nested):
+        for result in nested.results:
+            inside.add(result)
+        for region in nested.regions:
+            for block in region.blocks:
+                inside.update(block.arguments)
+        for value in nested.operands:
+            if value not in inside and value not in list(body.arguments) and value not in outside:
+                outside.append(value)
+        return ir.WalkResult.ADVANCE
+
+    for nested in body.operations:
+        nested.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    if any(defining_op(v) is None or defining_op(v).name != "arith.constant" for v in outside):
+        return None
+    return outside
+
+
+def _elementwise_step(op: ir.Operation | None) -> bool:
+    """Is `op` a linalg.generic of one input and one result, identity maps, parallel loops,
+    no linalg.index, not reading its initial value, and reading only constants from outside
+    its body?"""
+    if op is None or op.name != "linalg.generic" or len(op.operands) != 2 or len(op.results) != 1:
+        return False
+    maps = [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    identity = ir.AffineMap.get_identity(maps[0].n_dims)
+    body = body_of(op)
+    return all(m == identity for m in maps) and all(k == "parallel" for k in iterator_kinds(op)) \
+        and not any(o.operation.name == "linalg.index" for o in body.operations) \
+        and not any(True for _ in body.arguments[1].uses) and _external_constants(op) is not None
+
+
+def stored_chain(value: ir.Value) -> tuple[ir.Value, list[ir.Operation]]:
+    """(root, chain): `value` computed from a function argument `root` by the elementwise
+    steps `chain`, first to last (a bool mask turned into 0 / -inf, then widened); (value,
+    []) when it is not so computed."""
+    chain, current = [], value
+    while _elementwise_step(defining_op(current)):
+        chain.insert(0, defining_op(current))
+        current = chain[0].operands[0]
+    if not chain or not isinstance(current, ir.BlockArgument):
+        return value, []
+    return current, chain
+
+
+def _apply_chain(tile: ir.Value, chain: list[ir.Operation]) -> ir.Value:
+    """The ops of `chain` applied to `tile` (elementwise: the same ops on a tile), at the
+    current insertion point."""
+    shape = _shape(tile)
+    identity = ir.AffineMap.get_identity(len(shape))
+    for op in chain:
+        mapping = {}
+        for constant in _external_constants(op):
+            mapping[constant] = clone_op(defining_op(constant), {}).results[0]
+        element = ir.RankedTensorType(op.results[0].type).element_type
+        out = tensor.EmptyOp(shape, element).result
+        block = body_of(op)
+
+        def body(args, op=op, block=block, mapping=mapping):
+            mapping.update(zip(block.arguments, args))
+            return clone_body(op, mapping)
+
+        tile = build_generic([tile], [out], [identity, identity],
+                             ["parallel"] * len(shape), body).results[0]
+    return tile
+
+
+def _compute_bias_tiles(kernel_func: ir.Operation, chain: list[ir.Operation]) -> None:
+    """Replace each BIAS_TILE conversion of the kernel by `chain` applied to its stored
+    tile."""
+    for marked in ops_named(kernel_func, "linalg.generic"):
+        if BIAS_TILE not in marked.attributes:
+            continue
+        with ir.InsertionPoint(marked), marked.location:
+            tile = _apply_chain(marked.operands[0], chain)
+        marked.results[0].replace_all_uses_with(tile)
+        marked.erase()
+
+
 def check_tiles(target: ir.Operation, sizes, dq_tiles, dkv_tiles) -> None:
     """Illegal unless every tile divides its extent."""
     _, L, S, _ = sizes
@@ -507,7 +612,10 @@ def rewrite(target: ir.Operation, bwd: AttentionBackward, at: ir.Operation, size
              for op in block_ops(target.parent) if "sym_name" in op.attributes}
     name = next(f"attention_backward_{n}" for n in range(1, len(taken) + 2)
                 if f"attention_backward_{n}" not in taken)
-    bias = None if bwd.bias is None else (_shape(bwd.bias.value), bwd.bias.roles, bwd.bias.heads)
+    bias, bias_value, chain = None, None, []
+    if bwd.bias is not None:
+        bias_value, chain = stored_chain(bwd.bias.value)
+        bias = (_shape(bias_value), bwd.bias.roles, bwd.bias.heads, _element(bias_value))
     lse = bwd.lse if bwd.lse is not None else _forward_lse(bwd)
     sources = [dataclasses.replace(s, value=narrow_source(s.value))
                for s in (bwd.q, bwd.k, bwd.v, bwd.o, bwd.do)]
@@ -523,9 +631,10 @@ def rewrite(target: ir.Operation, bwd: AttentionBackward, at: ir.Operation, size
     kernel_func = block_ops(kernel.operation)[0]
     kernel_func.detach_from_parent()
     ir.InsertionPoint(target).insert(kernel_func)
+    _compute_bias_tiles(kernel_func, chain)
     args = [_canonical(s, at) for s in sources]
-    if bwd.bias is not None:
-        args.append(bwd.bias.value)
+    if bias_value is not None:
+        args.append(bias_value)
     if lse is not None:
         args.append(_canonical_rows(lse, at))
     gk = g // bwd.k.groups

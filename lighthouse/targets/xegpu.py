@@ -219,8 +219,8 @@ class XeGpuTarget:
     attention_tiles = (128, 32)
     # the attention backward in two passes (schedules/attention/xegpu_backward.py): query
     # blocks of 64 rows with keys in steps of 32 (dQ), key blocks of 64 with query rows in
-    # steps of 32 (dK, dV)
-    attention_backward_tiles = (64, 32, 64, 32)
+    # steps of 16 (dK, dV): 8 subgroups of 8 rows each, within the register file
+    attention_backward_tiles = (64, 32, 64, 16)
 
     def __init__(self, chip: str | None = None, params: XeGpuParams | None = None):
         chip = chip or DEFAULT_CHIP

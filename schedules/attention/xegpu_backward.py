@@ -86,24 +86,19 @@ class BackwardTiles:
         return self.subgroups * self.subgroup_size
 
     def register_bytes(self) -> int:
-        """Live registers of a subgroup at the peak of a loop step. Pass 1: Q, dO (16-bit)
-        and the f32 dQ accumulator throughout, with the K^T tile and S (f32), or the V^T
-        tile, P and dP, or the K tile and dS (f32 and 16-bit). Pass 2: K, V (16-bit) and the
-        f32 dK and dV accumulators throughout, the step's lse and D (f32, whole), with the
-        Q^T tile and S^T, or the dO tile, P^T (f32 and 16-bit), or the dO^T tile, P^T and
-        dP^T, or the Q tile and dS^T. With a position mask, the query and key positions
-        broadcast to the tile and their difference (i64)."""
+        """Live registers of a subgroup at the peak of a loop step, by a model calibrated on
+        IGC 2.40's builds (below). Pass 1: Q, dO (16-bit) and the f32 dQ accumulator, the
+        rows' lse, D and running max/sum throughout; per step one operand tile (K^T, V^T or
+        K: they serve DPAS phases one after the other) and two f32 [rows, step] tiles (P
+        with dP, or dS). Pass 2: K, V (16-bit) and the f32 dK and dV accumulators, the
+        step's lse and D throughout; per step two operand tiles (of Q^T, dO, dO^T, Q) and
+        two f32 tiles. A position mask (causal) adds one i64 [rows, step] tile."""
         narrow, r, e, c = 2, self.sg_rows, self.dim, self.step
-        tile = c * e * narrow            # an operand tile read whole
-        score = r * c * 4                # an f32 [rows, step] tile
-        mask = 2 * r * c * 8 if self.position_mask else 0
+        tile, score = c * e * narrow, r * c * 4
+        mask = r * c * 8 if self.position_mask else 0
         if self.backward_pass == 1:
-            live = 2 * r * e * narrow + r * e * 4 + 3 * r * 4
-            return live + mask + max(tile + score, tile + 2 * score,
-                                     tile + score + r * c * narrow)
-        live = 2 * r * e * narrow + 2 * r * e * 4 + 2 * c * 4
-        return live + mask + max(tile + score, tile + score + r * c * narrow,
-                                 tile + 2 * score, tile + score + r * c * narrow)
+            return r * e * (2 * narrow + 4) + 3 * r * 4 + tile + 2 * score + mask
+        return r * e * (2 * narrow + 2 * 4) + 2 * c * 4 + 2 * tile + 2 * score + mask
 
 
 def backward_foralls(func: ir.Operation) -> list[ir.Operation]:
@@ -126,6 +121,13 @@ def _contractions(loop: ir.Operation) -> list[ir.Operation]:
             and loop_structure(op).is_contraction]
 
 
+# Rows per subgroup to try, most first. REGISTER_SHARE (schedules/attention/xegpu.py) of the
+# register file bounds register_bytes; its calibration, f16 D = 64 [1, 2, 512, 64] on bmg
+# with 256 registers, (rows per subgroup, step): pass 1 builds without spills at (8, 16),
+# (8, 32), (8, 64), (16, 16) and spills at (16, 32) causal (320 B) and (16, 64) (3,904 B);
+# pass 2 builds at (8, 16) and spills at (8, 32) (640 B), (16, 16) (1,024 B), (16, 32)
+# (9,088 B). The model takes (8, 16), (8, 32), (16, 16) of pass 1 (causal: not (16, 16))
+# and (8, 16) of pass 2.
 SG_ROWS = (16, 8)
 
 
@@ -162,6 +164,14 @@ def plan_backward_pass(forall: ir.Operation, *, sg_rows: int | None, subgroup_si
     bounds = list(ir.DenseI64ArrayAttr(forall.attributes["staticUpperBound"]))
     if any(b < 0 for b in bounds):
         raise ValueError(f"{where}: dynamic forall bounds")
+    if number == 2:
+        for read in (op for loop in loops for op in ops_named(loop, "tensor.extract_slice")):
+            element = ir.RankedTensorType(read.results[0].type).element_type
+            if isinstance(element, ir.IntegerType):
+                raise ValueError(
+                    f"{where}: a mask of {element} is read in [keys, queries] tiles, transposed, "
+                    "and 2-D block reads transpose 32- and 64-bit data only: no XeGPU "
+                    "backward for a boolean attention mask yet")
     masked = any(ops_named(loop, "linalg.index") for loop in loops)
     dm, dn, dk = dpas
     budget = int(grf_bytes * REGISTER_SHARE)
