@@ -501,8 +501,12 @@ def narrow_splat(value: ir.Value, element: str, at: ir.Operation) -> ir.Value:
 
 
 def rounding_reader(value: ir.Value) -> ir.Operation | None:
-    """The only reader of `value` when it rounds it elementwise to f16/bf16, else None."""
+    """The only reader of `value` (through reshapes that are its only readers) when it
+    rounds it elementwise to f16/bf16, else None."""
     readers = users(value)
+    while len(readers) == 1 and readers[0].name in ("tensor.expand_shape", "tensor.collapse_shape"):
+        value = readers[0].results[0]
+        readers = users(value)
     if len(readers) == 1 and _elementwise_cast(readers[0], "arith.truncf") \
             and _element(readers[0].results[0]) in NARROW and readers[0].operands[0] == value:
         return readers[0]

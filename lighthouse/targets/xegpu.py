@@ -559,7 +559,8 @@ class _StageBuilder:
 
         forward = attention_forall(func)
         passes = backward_foralls(func)
-        unknown = [f for f in foralls if f != forward and f not in passes]
+        is_forward = lambda f: forward is not None and f == forward
+        unknown = [f for f in foralls if not is_forward(f) and f not in passes]
         if unknown:
             raise UnsupportedError(
                 f"xegpu: {len(unknown)} scf.forall of a fused schedule that is neither an "
@@ -569,13 +570,13 @@ class _StageBuilder:
                     grf_bytes=self.chip.grf_bytes, nb_prefetch=self.params.nb_prefetch)
         for forall in foralls:
             try:
-                if forall == forward:
+                if is_forward(forall):
                     tiles = plan_attention(forall, **chip)
                 else:
                     tiles = plan_backward_pass(forall, **chip)
             except ValueError as exc:
                 raise UnsupportedError(f"xegpu: {exc}") from exc
-            if forall == forward:
+            if is_forward(forall):
                 tile_attention(self.rec, tiles)
                 plan = KernelPlan("attention", f"attention at {forall.location}", tiles)
             else:
