@@ -39,8 +39,8 @@ FUSED_KERNEL and, as an integer attribute BACKWARD_PASS, their pass (1 or 2).
 Preconditions (checked first; a violation is a silenceable failure naming the op): those of
 fuse_attention_backward (one attention backward, static f32 tensors, K and V with the
 queries' groups, one head dim, an index-computed mask iff `causal_delta` >= 0 is given,
-the gradients' users after their sources), and every tile dividing its extent: bq and bq2
-dividing L, bk and bk2 dividing S.
+the gradients' users after their sources), no mask that needs a gradient, and every tile
+dividing its extent: bq and bq2 dividing L, bk and bk2 dividing S.
 """
 
 import dataclasses
@@ -53,10 +53,10 @@ from torch_mlir.dialects import arith, ext, func, tensor, transform
 from .analysis.attention_backward import AttentionBackward
 from .common import (Illegal, RewritesTargets, Success, block_ops, body_of, build_generic,
                      clone_body, clone_op, constant_value, defining_op, fail, iterator_kinds,
-                     ops_named, payload_ops, reassociation_attr, users)
+                     ops_named, payload_ops, users)
 from .dialect import TransformExt
 from .fuse_attention_backward import (FUSED_KERNEL, _canonical, _canonical_rows, _forward_lse,
-                                      _groups_of, _shape, plan)
+                                      _reshape, _shape, plan)
 
 NAME = "transform_ext.fuse_attention_backward_two_pass"
 # the integer attribute naming the pass (1: dQ over query blocks, 2: dK, dV over key blocks)
@@ -648,13 +648,8 @@ def rewrite(target: ir.Operation, bwd: AttentionBackward, at: ir.Operation, size
         call = func.CallOp(result_types, ir.FlatSymbolRefAttr.get(name), args)
     for old, reader, new in zip(gradients, readers, call.results):
         old = reader.results[0] if reader is not None else old
-        rank = ir.ShapedType(old.type).rank
         with ir.InsertionPoint(at), at.location:
-            if rank > 3:
-                new = tensor.ExpandShapeOp(old.type, new, reassociation_attr(_groups_of(rank)),
-                                           [], _shape(old)).result
-            elif rank == 2:
-                new = tensor.CollapseShapeOp(old.type, new, reassociation_attr([[0, 1], [2]])).result
+            new = _reshape(new, old.type)
         old.replace_all_uses_with(new)
 
 
@@ -680,6 +675,9 @@ class FuseAttentionBackwardTwoPassOp(TransformExt.Operation,
                         if len(dq_tiles) != 2 or len(dkv_tiles) != 2:
                             raise Illegal(t, "dq_tiles and dkv_tiles are pairs of tile sizes")
                         plans.append(plan(t, dq_tiles[0], dq_tiles[1], delta))
+                        if plans[-1][0].dbias is not None:
+                            raise Illegal(t, "the mask needs a gradient, which the two-pass "
+                                             "backward does not write")
                         check_tiles(t, plans[-1][2], dq_tiles, dkv_tiles)
                 except Illegal as illegal:
                     return fail(NAME, illegal)

@@ -274,3 +274,24 @@ def test_kernels_are_loaded_from_the_disk_cache_by_another_process(tmp_path):
     first, second = (r.stdout.split() for r in runs)
     assert first[0] == "0" and second[0] == second[1] != "0"
     assert list(tmp_path.iterdir())
+
+
+def test_attention_with_a_float_mask_that_needs_its_gradient():
+    """torch would take its math backend; traced as lighthouse::attention_masked, the forward
+    and the backward (with the mask's gradient) are the attention family's kernels."""
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(2, 2, 40, 16) for _ in range(3))
+    mask = torch.randn(1, 2, 40, 40)
+    mask[..., 7, :] = float("-inf")
+
+    def attend(q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+    want = forward_backward(attend, leaves(q, k, v, mask))
+    got = forward_backward(torch.compile(attend, backend="lighthouse"), leaves(q, k, v, mask))
+    assert_close(got[0], want[0])
+    for g, w in zip(got[1], want[1]):
+        assert_close(g, w)
+    parts = families()
+    assert ("attention", "attention") in parts["forward"]
+    assert ("attention_backward", "attention") in parts["backward"]
