@@ -115,12 +115,12 @@ class _Tile:
         self.delta, self.bias = delta, bias
         self.type = _t(rows, cols)
 
-    def mask(self, src: str, dst: str, empty: str) -> tuple[str, str]:
-        """(the masked tile's name, its ops): `src` plus the bias, or with -inf where the
-        causal mask removes a score."""
+    def mask(self, src: str, dst: str, empty: str, causal: bool = True) -> tuple[str, str]:
+        """(the masked tile's name, its ops): `src` plus the bias, or, `causal` (a tile the
+        diagonal crosses), with -inf where the causal mask removes a score."""
         if self.bias is not None:
             return f"%{dst}", self._bias(src, dst, empty)
-        if self.delta is None:
+        if self.delta is None or not causal:
             return src, ""
         rows, cols = ("%kpos", "%qpos") if self.keys_major else ("%qpos", "%kpos")
         row0, col0 = ("%j0", "%i0") if self.keys_major else ("%i0", "%j0")
@@ -225,14 +225,15 @@ def _sizes(tensor_shape, shape) -> list[int]:
     return [1] * (len(tensor_shape) - len(shape)) + list(shape)
 
 
-def _lse_loop(tile: _Tile, E: int, Gk: int, S: int, kend: str, k_element: str) -> str:
-    """Pass 1's first key loop: %lse, the rows' m + log l (-inf on fully masked rows)."""
+def _lse_loop(tile: _Tile, E: int, Gk: int, S: int, name: str, bounds: tuple[str, str],
+              inits: tuple[str, str], causal: bool, k_element: str) -> str:
+    """One of pass 1's first key loops, over the key tiles in `bounds`: %name:2, the rows'
+    online max m and sum l continued from `inits`."""
     bq, bk = tile.rows, tile.cols
     rows = _t(bq)
-    masked, mask_ops = tile.mask("%s_raw", "s_m", "%e_qk")
+    masked, mask_ops = tile.mask("%s_raw", "s_m", "%e_qk", causal)
     return f"""
-      %m_init = linalg.fill ins(%ninf : f32) outs(%e_q : {rows}) -> {rows}
-      %ml:2 = scf.for %j0 = %c0 to {kend} step %cbk iter_args(%m = %m_init, %l = %z_q) -> ({rows}, {rows}) {{{_read("kT_l", "%kT", (Gk, E, S), k_element, "%gk, 0, %j0", (E, bk))}{_contraction("s_raw", "%qc", _t(bq, E), "%kT_l", _t(E, bk), "%z_qk", tile.type)}{mask_ops}
+      %{name}:2 = scf.for %j0 = {bounds[0]} to {bounds[1]} step %cbk iter_args(%m = {inits[0]}, %l = {inits[1]}) -> ({rows}, {rows}) {{{_read("kT_l", "%kT", (Gk, E, S), k_element, "%gk, 0, %j0", (E, bk))}{_contraction("s_raw", "%qc", _t(bq, E), "%kT_l", _t(E, bk), "%z_qk", tile.type)}{mask_ops}
         %mt = linalg.generic {{indexing_maps = [{_ID2}, {_ROW}], iterator_types = ["parallel", "reduction"]}} ins({masked} : {tile.type}) outs(%m : {rows}) {{
         ^bb0(%x: f32, %acc: f32):
           %mx = arith.maximumf %x, %acc : f32
@@ -257,8 +258,21 @@ def _lse_loop(tile: _Tile, E: int, Gk: int, S: int, kend: str, k_element: str) -
           linalg.yield %s : f32
         }} -> {rows}
         scf.yield %mt, %ln : {rows}, {rows}
-      }}
-      %lse = linalg.generic {{indexing_maps = [{_ID1}, {_ID1}, {_ID1}], iterator_types = ["parallel"]}} ins(%ml#0, %ml#1 : {rows}, {rows}) outs(%e_q : {rows}) {{
+      }}"""
+
+
+def _lse(tile: _Tile, E: int, Gk: int, S: int, loops: list, k_element: str) -> str:
+    """Pass 1's first key loops (`loops`: (bounds, causal) each, in order): %lse, the rows'
+    m + log l (-inf on fully masked rows)."""
+    rows = _t(tile.rows)
+    text = f"""
+      %m_init = linalg.fill ins(%ninf : f32) outs(%e_q : {rows}) -> {rows}"""
+    inits = ("%m_init", "%z_q")
+    for i, (bounds, causal) in enumerate(loops):
+        text += _lse_loop(tile, E, Gk, S, f"ml{i}", bounds, inits, causal, k_element)
+        inits = (f"%ml{i}#0", f"%ml{i}#1")
+    return text + f"""
+      %lse = linalg.generic {{indexing_maps = [{_ID1}, {_ID1}, {_ID1}], iterator_types = ["parallel"]}} ins({inits[0]}, {inits[1]} : {rows}, {rows}) outs(%e_q : {rows}) {{
       ^bb0(%mx: f32, %lx: f32, %y: f32):
         %lg = math.log %lx : f32
         %s = arith.addf %mx, %lg : f32
@@ -272,6 +286,11 @@ def _lse_loop(tile: _Tile, E: int, Gk: int, S: int, kend: str, k_element: str) -
 # every lane: how a GPU subgroup holds a row's value after a reduction (XeGPU has no layout
 # for a vector of rows spread over the lanes), written by a 2-D block store
 LANES = 16
+
+
+def _signed(value: int) -> str:
+    """` + value` or ` - |value|` (an affine expression's constant term)."""
+    return f" + {value}" if value >= 0 else f" - {-value}"
 
 
 def _lanes(name: str, rows: str, count: int) -> str:
@@ -349,18 +368,31 @@ def two_pass_text(name: str, G: int, L: int, S: int, E: int, dq_tiles: tuple[int
 {indent}%gh = affine.apply affine_map<(d0) -> (d0 mod {bias[2]})>(%g)"""
 
     kend, key_bound = "%cS", ""
+    key_loops = [(("%c0", "%cS"), False)]
     if causal:
-        # keys < min(S, ceil((i0 + bq + delta) / bk) * bk): the tiles right of the diagonal go
+        # keys < min(S, ceil((i0 + bq + delta) / bk) * bk): the tiles right of the diagonal
+        # go; the tiles wholly left of it, keys < floor((i0 + delta + 1) / bk) * bk, need no
+        # mask (a first loop without it)
+        end = f"(d0 + {bq + delta + bk - 1}) floordiv {bk} * {bk}"
         key_bound = f"""
-      %kend0 = affine.min affine_map<(d0) -> ((d0 + {bq + delta} + {bk} - 1) floordiv {bk} * {bk}, {S})>(%i0)"""
+      %kend0 = affine.min affine_map<(d0) -> ({end}, {S})>(%i0)
+      %kfree = affine.min affine_map<(d0) -> ((d0 + {delta + 1}) floordiv {bk} * {bk}, {end}, {S})>(%i0)"""
         kend = "%kend0"
+        key_loops = [(("%c0", "%kfree"), False), (("%kfree", "%kend0"), True)]
     # pass 1: dQ, D and lse per query block -------------------------------------------------
     if lse_given:
         lse_block = f"""
       %lse = tensor.extract_slice %lse_in[%g, %i0] [1, {bq}] [1, 1] : {_t(G, L)} to {_t(bq)}"""
     else:
-        lse_block = _lse_loop(tile1, E, Gk, S, kend, ek)
-    s2, mask1 = tile1.mask("%s2_raw", "s2_m", "%e_qk")
+        lse_block = _lse(tile1, E, Gk, S, key_loops, ek)
+    dq_loops, acc = "", "%dq_z"
+    for i, ((lb, ub), masked) in enumerate(key_loops):
+        s2, mask1 = tile1.mask("%s2_raw", "s2_m", "%e_qk", masked)
+        dq_loops += f"""
+      %acc{i} = scf.for %j0 = {lb} to {ub} step %cbk iter_args(%dq_i = {acc}) -> ({_t(bq, E)}) {{{_read("kT_j", "%kT", kvT_all, ek, "%gk, 0, %j0", (E, bk))}{_read("vT_j", "%vT", kvT_all, ev, "%gk, 0, %j0", (E, bk))}{_read("k_j", "%k", kv_all, ek, "%gk, %j0, 0", (bk, E))}{_contraction("s2_raw", "%qc", _t(bq, E), "%kT_j", _t(E, bk), "%z_qk", tile1.type)}{mask1}{tile1.probabilities("pr", s2, "%lse", "%e_qk")}{_contraction("dp", "%do_i", _t(bq, E), "%vT_j", _t(E, bk), "%z_qk", tile1.type)}{tile1.score_gradient("ds", "%pr", "%dp", "%d_i", "%e_qk")}{_contraction("dq_n", "%ds", tile1.type, "%k_j", _t(bk, E), "%dq_i", _t(bq, E))}
+        scf.yield %dq_n : {_t(bq, E)}
+      }}"""
+        acc = f"%acc{i}"
     pass1 = f"""
   %p1:3 = scf.forall (%g, %qb) in ({G}, {L // bq}) shared_outs(%dq = %dq0, %d_o = %d0, %lse_o = %lse0) -> ({_t(*q_all, element=el_q)}, {_t(G, L, LANES)}, {_t(G, L, LANES)}) {{
       %i0 = affine.apply affine_map<(d0) -> (d0 * {bq})>(%qb)
@@ -376,11 +408,8 @@ def two_pass_text(name: str, G: int, L: int, S: int, E: int, dq_tiles: tuple[int
       }} -> {_t(bq)}
       %e_qk = tensor.empty() : {tile1.type}
       %z_qk = linalg.fill ins(%zero : f32) outs(%e_qk : {tile1.type}) -> {tile1.type}{lse_block}
-      %dq_z = linalg.fill ins(%zero : f32) outs(%qc_e : {_t(bq, E)}) -> {_t(bq, E)}
-      %acc = scf.for %j0 = %c0 to {kend} step %cbk iter_args(%dq_i = %dq_z) -> ({_t(bq, E)}) {{{_read("kT_j", "%kT", kvT_all, ek, "%gk, 0, %j0", (E, bk))}{_read("vT_j", "%vT", kvT_all, ev, "%gk, 0, %j0", (E, bk))}{_read("k_j", "%k", kv_all, ek, "%gk, %j0, 0", (bk, E))}{_contraction("s2_raw", "%qc", _t(bq, E), "%kT_j", _t(E, bk), "%z_qk", tile1.type)}{mask1}{tile1.probabilities("pr", s2, "%lse", "%e_qk")}{_contraction("dp", "%do_i", _t(bq, E), "%vT_j", _t(E, bk), "%z_qk", tile1.type)}{tile1.score_gradient("ds", "%pr", "%dp", "%d_i", "%e_qk")}{_contraction("dq_n", "%ds", tile1.type, "%k_j", _t(bk, E), "%dq_i", _t(bq, E))}
-        scf.yield %dq_n : {_t(bq, E)}
-      }}{_lanes("d_l", "%d_i", bq)}{_lanes("lse_l", "%lse", bq)}
-      %dq_t = tensor.extract_slice %dq[%g, %i0, 0] [1, {bq}, {E}] [1, 1, 1] : {_t(*q_all, element=el_q)} to {_t(bq, E, element=el_q)}{_scaled("dq_s", "%acc", _t(bq, E), "%dq_t", _t(bq, E, element=el_q), el_q)}
+      %dq_z = linalg.fill ins(%zero : f32) outs(%qc_e : {_t(bq, E)}) -> {_t(bq, E)}{dq_loops}{_lanes("d_l", "%d_i", bq)}{_lanes("lse_l", "%lse", bq)}
+      %dq_t = tensor.extract_slice %dq[%g, %i0, 0] [1, {bq}, {E}] [1, 1, 1] : {_t(*q_all, element=el_q)} to {_t(bq, E, element=el_q)}{_scaled("dq_s", acc, _t(bq, E), "%dq_t", _t(bq, E, element=el_q), el_q)}
     scf.forall.in_parallel {{
       tensor.parallel_insert_slice %dq_s into %dq[%g, %i0, 0] [1, {bq}, {E}] [1, 1, 1] : {_t(bq, E, element=el_q)} into {_t(*q_all, element=el_q)}
       tensor.parallel_insert_slice %d_l into %d_o[%g, %i0, 0] [1, {bq}, {LANES}] [1, 1, 1] : {_t(bq, LANES)} into {_t(G, L, LANES)}
@@ -388,14 +417,27 @@ def two_pass_text(name: str, G: int, L: int, S: int, E: int, dq_tiles: tuple[int
     }}
   }} {{{FUSED_KERNEL}, {BACKWARD_PASS} = 1 : i64}}"""
     # pass 2: dK and dV per key block ------------------------------------------------------
-    query_start, query_bound = "%c0", ""
+    query_bound = ""
+    query_loops = [(("%c0", "%cL"), False)]
     if causal:
-        # queries >= max(0, floor((j0 - delta) / bq2) * bq2): the tiles above the diagonal go
+        # queries >= max(0, floor((j0 - delta) / bq2) * bq2): the tiles above the diagonal
+        # go; from ceil((j0 + bk2 - 1 - delta) / bq2) * bq2 on the tiles are wholly below
+        # it (a second loop without the mask)
+        start = f"(d0{_signed(-delta)}) floordiv {bq2} * {bq2}"
         query_bound = f"""
-    %istart = affine.max affine_map<(d0) -> (0, (d0 - {delta}) floordiv {bq2} * {bq2})>(%j0)"""
-        query_start = "%istart"
+    %istart = affine.max affine_map<(d0) -> (0, {start})>(%j0)
+    %qfree0 = affine.max affine_map<(d0) -> ((d0{_signed(bk2 - 1 - delta + bq2 - 1)}) floordiv {bq2} * {bq2}, {start}, 0)>(%j0)
+    %qfree = affine.min affine_map<(d0) -> (d0, {L})>(%qfree0)"""
+        query_loops = [(("%istart", "%qfree"), True), (("%qfree", "%cL"), False)]
     kq, ke = tile2.type, _t(bk2, E)
-    st, mask2 = tile2.mask("%st_raw", "st_m", "%e_kq")
+    block_loops, carried = "", ("%dk_h", "%dv_h")
+    for i, ((lb, ub), masked) in enumerate(query_loops):
+        st, mask2 = tile2.mask("%st_raw", "st_m", "%e_kq", masked)
+        block_loops += f"""
+      %blk{i}:2 = scf.for %i0 = {lb} to {ub} step %cbq2 iter_args(%dk_a = {carried[0]}, %dv_a = {carried[1]}) -> ({ke}, {ke}) {{{_read("qT_i", "%qT", qT_all, eq, "%g, 0, %i0", (E, bq2))}{_read("doT_i", "%doT", qT_all, edo, "%g, 0, %i0", (E, bq2))}{_read("q_i", "%q", q_all, eq, "%g, %i0, 0", (bq2, E))}{_read("do_i", "%do", q_all, edo, "%g, %i0, 0", (bq2, E))}{_from_lanes("lse_i", "%p1#2", G, L, bq2)}{_from_lanes("d_i", "%p1#1", G, L, bq2)}{_contraction("st_raw", "%kc", ke, "%qT_i", _t(E, bq2), "%z_kq", kq)}{mask2}{tile2.probabilities("pt", st, "%lse_i", "%e_kq")}{_contraction("dv_n", "%pt", kq, "%do_i", _t(bq2, E), "%dv_a", ke)}{_contraction("dpt", "%v_b", ke, "%doT_i", _t(E, bq2), "%z_kq", kq)}{tile2.score_gradient("dst", "%pt", "%dpt", "%d_i", "%e_kq")}{_contraction("dk_n", "%dst", kq, "%q_i", _t(bq2, E), "%dk_a", ke)}
+        scf.yield %dk_n, %dv_n : {ke}, {ke}
+      }}"""
+        carried = (f"%blk{i}#0", f"%blk{i}#1")
     pass2 = f"""
   %p2:2 = scf.forall (%gk, %kb) in ({Gk}, {S // bk2}) shared_outs(%dk = %dk0, %dv = %dv0) -> ({_t(*kv_all, element=el_k)}, {_t(*kv_all, element=el_v)}) {{
     %j0 = affine.apply affine_map<(d0) -> (d0 * {bk2})>(%kb){query_bound}
@@ -404,12 +446,8 @@ def two_pass_text(name: str, G: int, L: int, S: int, E: int, dq_tiles: tuple[int
     %e_kq = tensor.empty() : {kq}
     %z_kq = linalg.fill ins(%zero : f32) outs(%e_kq : {kq}) -> {kq}
     %heads:2 = scf.for %rq = %c0 to %cgrp step %c1 iter_args(%dk_h = %z_ke, %dv_h = %z_ke) -> ({ke}, {ke}) {{
-      %g = affine.apply affine_map<(d0, d1) -> (d0 * {grp} + d1)>(%gk, %rq){group_of("      ")}
-      %blk:2 = scf.for %i0 = {query_start} to %cL step %cbq2 iter_args(%dk_a = %dk_h, %dv_a = %dv_h) -> ({ke}, {ke}) {{{_read("qT_i", "%qT", qT_all, eq, "%g, 0, %i0", (E, bq2))}{_read("doT_i", "%doT", qT_all, edo, "%g, 0, %i0", (E, bq2))}{_read("q_i", "%q", q_all, eq, "%g, %i0, 0", (bq2, E))}{_read("do_i", "%do", q_all, edo, "%g, %i0, 0", (bq2, E))}
-{_from_lanes("lse_i", "%p1#2", G, L, bq2)}{_from_lanes("d_i", "%p1#1", G, L, bq2)}{_contraction("st_raw", "%kc", ke, "%qT_i", _t(E, bq2), "%z_kq", kq)}{mask2}{tile2.probabilities("pt", st, "%lse_i", "%e_kq")}{_contraction("dv_n", "%pt", kq, "%do_i", _t(bq2, E), "%dv_a", ke)}{_contraction("dpt", "%v_b", ke, "%doT_i", _t(E, bq2), "%z_kq", kq)}{tile2.score_gradient("dst", "%pt", "%dpt", "%d_i", "%e_kq")}{_contraction("dk_n", "%dst", kq, "%q_i", _t(bq2, E), "%dk_a", ke)}
-        scf.yield %dk_n, %dv_n : {ke}, {ke}
-      }}
-      scf.yield %blk#0, %blk#1 : {ke}, {ke}
+      %g = affine.apply affine_map<(d0, d1) -> (d0 * {grp} + d1)>(%gk, %rq){group_of("      ")}{block_loops}
+      scf.yield {carried[0]}, {carried[1]} : {ke}, {ke}
     }}
     %dk_t = tensor.extract_slice %dk[%gk, %j0, 0] [1, {bk2}, {E}] [1, 1, 1] : {_t(*kv_all, element=el_k)} to {_t(bk2, E, element=el_k)}{_scaled("dk_s", "%heads#0", ke, "%dk_t", _t(bk2, E, element=el_k), el_k)}
     %dv_t = tensor.extract_slice %dv[%gk, %j0, 0] [1, {bk2}, {E}] [1, 1, 1] : {_t(*kv_all, element=el_v)} to {_t(bk2, E, element=el_v)}{_scaled("dv_s", "%heads#1", ke, "%dv_t", _t(bk2, E, element=el_v), el_v, factor=None)}

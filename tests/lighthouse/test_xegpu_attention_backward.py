@@ -87,7 +87,9 @@ def test_every_contraction_is_dpas_issuing_the_recomputation_flops(lowered):
             assert [str(ir.VectorType(v.type).element_type) for v in list(op.operands)[:2]] \
                 == [NARROW[dtype]] * 2
             assert str(ir.VectorType(op.results[0].type).element_type) == "f32"
-    assert [len(walk(funcs[k], "xegpu.dpas")) for k in KINDS[1:]] == [4, 4]
+    # causal: each loop twice, the tiles the diagonal crosses apart (masked)
+    copies = 2 if causal else 1
+    assert [len(walk(funcs[k], "xegpu.dpas")) for k in KINDS[1:]] == [4 * copies, 4 * copies]
     per_product = 2 * B * H * D
     if causal:
         # pass 1: query block [i0, i0 + 64) against the keys < i0 + 64 (tiles of 32); pass 2:
@@ -120,8 +122,9 @@ def test_tiles_move_by_2d_block_ops_and_rows_cross_in_lane_form(lowered):
     assert len(lane_stores) == 2
     lane_loads = [op for op in walk(funcs["attention_dkv"], "xegpu.load_nd")
                   if "16x8xf32" in tile_descriptor(op)]
-    assert len(lane_loads) == 2 and all("order = [0, 1]" in str(op.attributes["layout"])
-                                        for op in lane_loads)
+    copies = 2 if causal else 1   # causal: the masked loop, then the one below the diagonal
+    assert len(lane_loads) == 2 * copies and all(
+        "order = [0, 1]" in str(op.attributes["layout"]) for op in lane_loads)
     for kind, step in (("attention_dq", 32), ("attention_dkv", 16)):
         loads = [op for op in walk(funcs[kind], "xegpu.load_nd")
                  if f"x{narrow}" in tile_descriptor(op) and "scf.for" in str(op.parent.name)]
@@ -144,7 +147,8 @@ def test_tiles_move_by_2d_block_ops_and_rows_cross_in_lane_form(lowered):
 def test_the_key_block_kernel_reads_its_step_as_the_anchors_say(lowered):
     """Pass 2 per query step: the lane-form lse and D reduced over their copies and converted
     to the rows' layout (no shared memory), then S^T = K Q^T, dV += P^T dO, dP^T = V dO^T,
-    dK += dS^T Q, rows split over 8 subgroups, Q / dO tiles whole."""
+    dK += dS^T Q, rows split over 8 subgroups, Q / dO tiles whole (causal: the loop over
+    the tiles the diagonal crosses, masked by position, then the one over those below it)."""
     func = _funcs(lowered)["attention_dkv"]
     check(str(func), """
         CHECK: scf.for
@@ -159,6 +163,10 @@ def test_the_key_block_kernel_reads_its_step_as_the_anchors_say(lowered):
         CHECK: xegpu.store_nd
         CHECK: xegpu.store_nd
     """)
+    if lowered.shape[5]:
+        masked, unmasked = walk(func, "scf.for")
+        # the position test key <= query + delta
+        assert "arith.cmpi ule" in str(masked) and "arith.cmpi ule" not in str(unmasked)
 
 
 def test_no_buffer_but_the_rows_in_lane_form(lowered):

@@ -132,27 +132,42 @@ def fused(tmp_path_factory):
 
 
 def test_the_passes_are_two_foralls_bounded_by_the_diagonal(fused):
-    """Pass 1 over (heads, query blocks of 64): an lse loop and a dQ loop over key tiles of
-    32 stopping at the diagonal, D and lse written in lane form; pass 2 over (heads, key
-    blocks of 32): one loop over query tiles of 16 starting at the diagonal, reading lse
-    and D from pass 1 and accumulating dK and dV; f16 tiles widened as read, the gradients
-    written in f16."""
+    """Pass 1 over (heads, query blocks of 64): lse loops and dQ loops over key tiles of 32,
+    the tiles wholly left of the diagonal first (no mask), then those it crosses (masked by
+    position) up to it; D and lse written in lane form; pass 2 over (heads, key blocks of
+    32): loops over query tiles of 16 from the diagonal, the crossed tiles (masked) first,
+    reading lse and D from pass 1 and accumulating dK and dV; f16 tiles widened as read,
+    the gradients written in f16."""
     check(fused["fuse"], """
         CHECK: scf.forall (%{{.*}}, %{{.*}}) in (2, 2)
-        CHECK:   affine.min
-        CHECK:   scf.for %{{.*}} = %c0 to %{{.*}} step %c32
+        CHECK:   %[[END:.*]] = affine.min
+        CHECK:   %[[FREE:.*]] = affine.min
+        CHECK:   scf.for %{{.*}} = %c0 to %[[FREE]] step %c32
+        CHECK-NOT: linalg.index
+        CHECK:     arith.maximumf
+        CHECK:   scf.for %{{.*}} = %[[FREE]] to %[[END]] step %c32
+        CHECK:     linalg.index
         CHECK:     arith.maximumf
         CHECK:   math.log
-        CHECK:   scf.for %{{.*}} = %c0 to %{{.*}} step %c32
+        CHECK:   scf.for %{{.*}} = %c0 to %[[FREE]] step %c32
+        CHECK-NOT: linalg.index
+        CHECK:     math.exp
+        CHECK:   scf.for %{{.*}} = %[[FREE]] to %[[END]] step %c32
+        CHECK:     linalg.index
         CHECK:     math.exp
         CHECK:   tensor.parallel_insert_slice %{{.*}} : tensor<64x32xf16> into tensor<2x128x32xf16>
         CHECK:   tensor.parallel_insert_slice %{{.*}} : tensor<64x16xf32> into tensor<2x128x16xf32>
         CHECK:   tensor.parallel_insert_slice %{{.*}} : tensor<64x16xf32> into tensor<2x128x16xf32>
         CHECK: lh.backward_pass = 1
         CHECK: scf.forall (%{{.*}}, %{{.*}}) in (2, 4)
-        CHECK:   affine.max
-        CHECK:   scf.for %{{.*}} = %{{.*}} to %c128 step %c16
+        CHECK:   %[[START:.*]] = affine.max
+        CHECK:   %[[BELOW:.*]] = affine.min
+        CHECK:   scf.for %{{.*}} = %[[START]] to %[[BELOW]] step %c16
         CHECK:     tensor.extract_slice %{{.*}} [1, 16, 8] [1, 1, 1] : tensor<2x128x16xf32> to tensor<16x8xf32>
+        CHECK:     linalg.index
+        CHECK:     math.exp
+        CHECK:   scf.for %{{.*}} = %[[BELOW]] to %c128 step %c16
+        CHECK-NOT: linalg.index
         CHECK:     math.exp
         CHECK:   tensor.parallel_insert_slice %{{.*}} : tensor<32x32xf16> into tensor<2x128x32xf16>
         CHECK:   tensor.parallel_insert_slice %{{.*}} : tensor<32x32xf16> into tensor<2x128x32xf16>
