@@ -41,7 +41,8 @@ from ..common import annotate, any_op, apply_patterns, canonicalize, match
 from ..script import StepRecorder
 from ..xegpu.common import passes
 from ..xegpu.contraction import block_mapping, split
-from .xegpu import DPAS_TYPES, REGISTER_SHARE, _constant_index, _fuse_sliced_producers
+from .xegpu import (REGISTER_SHARE, _constant_index, _fuse_sliced_producers, check_tiles,
+                    input_dtype, static_bounds)
 
 # What each pass's workgroup computes, by its BACKWARD_PASS number.
 PASS_KINDS = {1: "attention_dq", 2: "attention_dkv"}
@@ -152,18 +153,8 @@ def plan_backward_pass(forall: ir.Operation, *, sg_rows: int | None, subgroup_si
         loop_step = _constant_index(loop.operands[2])
         if loop_step != step:
             raise ValueError(f"{where}: loop step {loop_step} differs from the tile's {step}")
-    inputs = [ir.RankedTensorType(v.type).element_type for v in forall.parent.regions[0]
-              .blocks[0].arguments if isinstance(v.type, ir.RankedTensorType)]
-    dtypes = sorted({str(t) for t in inputs if isinstance(t, ir.FloatType)})
-    if not dtypes or any(d not in DPAS_TYPES for d in dtypes):
-        raise ValueError(f"{where}: inputs of type {', '.join(dtypes) or 'none'}: DPAS multiplies "
-                         "f16 or bf16 (with f32 accumulation); give the attention float16 or "
-                         "bfloat16 inputs")
-    if len(dtypes) != 1:
-        raise ValueError(f"{where}: mixed input types {dtypes}")
-    bounds = list(ir.DenseI64ArrayAttr(forall.attributes["staticUpperBound"]))
-    if any(b < 0 for b in bounds):
-        raise ValueError(f"{where}: dynamic forall bounds")
+    dtype = input_dtype(forall, where)
+    bounds = static_bounds(forall, where)
     if number == 2:
         for read in (op for loop in loops for op in ops_named(loop, "tensor.extract_slice")):
             element = ir.RankedTensorType(read.results[0].type).element_type
@@ -177,7 +168,7 @@ def plan_backward_pass(forall: ir.Operation, *, sg_rows: int | None, subgroup_si
     budget = int(grf_bytes * REGISTER_SHARE)
 
     def tiles(r):
-        return BackwardTiles(number, rows, step, dim, r, tuple(bounds), dtypes[0], dpas,
+        return BackwardTiles(number, rows, step, dim, r, tuple(bounds), dtype, dpas,
                              subgroup_size, nb_prefetch, masked)
 
     if sg_rows is None:
@@ -190,16 +181,9 @@ def plan_backward_pass(forall: ir.Operation, *, sg_rows: int | None, subgroup_si
               ("loop step", step, dn, "DPAS columns"),
               ("head dim", dim, dk, "DPAS depth"),
               ("head dim", dim, dn, "DPAS columns")]
-    for what, extent, tile, tile_name in checks:
-        if extent % tile:
-            raise ValueError(f"{where}: {what} ({extent}) is not a multiple of the {tile_name} ({tile})")
     planned = tiles(sg_rows)
-    if planned.threads > max_threads:
-        raise ValueError(f"{where}: {planned.threads} threads per workgroup exceed {max_threads}")
-    if planned.register_bytes() > budget:
-        raise ValueError(f"{where}: a subgroup's tiles ({planned.register_bytes()} B) exceed "
-                         f"{budget} B of the register file ({grf_bytes} B); lower the "
-                         f"backward_tiles or attention_sg_rows")
+    check_tiles(where, planned, checks, max_threads, grf_bytes,
+                "the backward_tiles or attention_sg_rows")
     return planned
 
 
