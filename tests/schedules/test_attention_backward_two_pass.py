@@ -199,3 +199,13 @@ def test_the_printed_script_replays(kernel_file, tmp_path):
     replayed = compile_kernel(path, backward=True, schedule_file=str(script_file),
                               stop_after="bufferize")
     assert str(replayed.module) == str(own.module)
+
+
+def test_transposed_view_inputs_and_heads_of_odd_length(kernel_file):
+    """q, k, v given as [B, S, H, D].transpose(1, 2) views (read through their transposes),
+    S = 72: the tiles clamp to its divisors (24 rows, 12 keys)."""
+    path = kernel_file(KERNEL.format(q=(1, 2, 72, 16), kv=(1, 2, 72, 16), dtype="bfloat16",
+                                     kwargs=", is_causal=True", mask_arg="", mask="",
+                                     result="o", tiles=TILES).replace(
+        "torch.randn(1, 2, 72, 16)", "torch.randn(1, 72, 2, 16).transpose(1, 2)"))
+    _check(compile_kernel(path, backward=True, strict=True))
