@@ -131,6 +131,10 @@ def split_graph(gm: fx.GraphModule, *, max_ops: int = 64) -> list[Part]:
             continue
         epilogue = None
         run.append(node)
+        if _is_tuple(node):  # its getitems right after it: a part never passes a tuple on
+            unpack = [u for u in node.users if u.target is operator.getitem]
+            run += unpack
+            owned.update(unpack)
         if node.target not in MOVES:
             computing += 1
             if computing >= max_ops:
@@ -144,7 +148,8 @@ def _private_operand_moves(graph: fx.Graph, anchor: fx.Node) -> None:
     """Each chain of moves feeding `anchor` read by other ops too is copied right before it
     for it alone (a view costs nothing to repeat, and the matmul takes it whole)."""
     for a in list(anchor.all_input_nodes):
-        if a.op == "call_function" and a.target in MOVES and len(a.users) > 1:
+        if a.op == "call_function" and a.target in MOVES and a.target is not operator.getitem \
+                and len(a.users) > 1:
             with graph.inserting_before(anchor):
                 copy = graph.node_copy(a)
             anchor.replace_input_with(a, copy)
@@ -159,7 +164,8 @@ def _feeding_moves(anchor: fx.Node, run: list[fx.Node]) -> list[fx.Node]:
     members = set(run)
     while pending:
         n = pending.pop()
-        if n in pulled or n not in members or n.target not in MOVES:
+        if n in pulled or n not in members or n.target not in MOVES \
+                or n.target is operator.getitem:  # stays with the op whose result it unpacks
             continue
         if all(u is anchor or u in pulled for u in n.users):
             pulled.add(n)
@@ -175,8 +181,10 @@ def _extends(part: Part, node: fx.Node) -> bool:
     if not any(a in members for a in node.all_input_nodes):
         return False
     is_reshape = node.target in _VIEWS or node.target is aten.reshape.default
-    if not is_reshape and torch.Tag.pointwise not in getattr(node.target, "tags", ()):
-        return False
+    tags = getattr(node.target, "tags", ())
+    if not is_reshape and (torch.Tag.pointwise not in tags or _is_tuple(node)
+                           or torch.Tag.nondeterministic_seeded in tags):
+        return False  # not elementwise, several results, or random (dropout: run apart)
     product = next(n for n in part.nodes if anchor_kind(n) == "matmul").meta.get("val")
     value = node.meta.get("val")
     return isinstance(value, torch.Tensor) and isinstance(product, torch.Tensor) \

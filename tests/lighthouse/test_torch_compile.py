@@ -295,3 +295,19 @@ def test_attention_with_a_float_mask_that_needs_its_gradient():
     parts = families()
     assert ("attention", "attention") in parts["forward"]
     assert ("attention_backward", "attention") in parts["backward"]
+
+
+def test_dropout_draws_a_new_mask_each_call_and_its_backward_uses_it():
+    """Dropout in training: no bitwise match with torch's random stream (inductor has none
+    either), but dropout's law: a fresh mask per call, drop rate p, kept values scaled by
+    1 / (1 - p), the backward through the same mask."""
+    compiled = torch.compile(nn.Dropout(0.3), backend="lighthouse")
+    x = torch.ones(100, 100, requires_grad=True)
+    a, b = compiled(x), compiled(x)
+    assert not torch.equal(a, b)
+    for out in (a, b):
+        assert abs((out == 0).float().mean().item() - 0.3) < 0.03
+        kept = out[out != 0]
+        torch.testing.assert_close(kept, torch.full_like(kept, 1 / 0.7))
+    a.sum().backward()
+    assert torch.equal(x.grad, a.detach())
