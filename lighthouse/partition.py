@@ -144,6 +144,23 @@ def split_graph(gm: fx.GraphModule, *, max_ops: int = 64) -> list[Part]:
     return parts
 
 
+def split_part(gm: fx.GraphModule, part: Part) -> list[Part] | None:
+    """A run in two halves of its computing ops (each half's moves and getitems with it),
+    linked anew; None when it is not a run of two computing ops or more."""
+    computing = [n for n in part.nodes if n.target not in MOVES]
+    if part.kind != "run" or len(computing) < 2:
+        return None
+    cut = part.nodes.index(computing[len(computing) // 2])
+    while cut < len(part.nodes) and part.nodes[cut].target is operator.getitem:
+        cut += 1
+    halves = [Part("run", part.nodes[:cut]), Part("run", part.nodes[cut:])]
+    for half in halves:
+        if not any(n.target not in MOVES for n in half.nodes):
+            half.kind = "moves"
+    _link(gm, halves)
+    return halves
+
+
 def _private_operand_moves(graph: fx.Graph, anchor: fx.Node) -> None:
     """Each chain of moves feeding `anchor` read by other ops too is copied right before it
     for it alone (a view costs nothing to repeat, and the matmul takes it whole)."""
