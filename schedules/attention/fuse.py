@@ -211,11 +211,20 @@ def plan_backward(payload: ir.Module, threads: int = 1) -> BackwardPlan | None:
         if delta is None or delta < 0:
             raise NotAttention("the attention backward's mask is not causal (key <= query + "
                                "delta, delta >= 0)")
-    return BackwardPlan(largest_divisor_at_most(rows(bwd.q), BACKWARD_TILE),
-                        largest_divisor_at_most(rows(bwd.k), BACKWARD_TILE), delta, threads)
+    return BackwardPlan(backward_tile(rows(bwd.q)), backward_tile(rows(bwd.k)), delta, threads)
 
 
 BACKWARD_TILE = 64
+
+
+def backward_tile(length: int) -> int:
+    """The backward's tile of a length: the largest divisor up to BACKWARD_TILE when it is at
+    least half of it, else BACKWARD_TILE itself (the kernel pads the length to whole tiles:
+    a prime length would otherwise get 1-row tiles)."""
+    if length <= BACKWARD_TILE:
+        return length
+    tile = largest_divisor_at_most(length, BACKWARD_TILE)
+    return tile if 2 * tile >= BACKWARD_TILE else BACKWARD_TILE
 QUERY_BLOCKS = "lh.query_blocks"  # the forward's forall, in a payload with a fused backward
 
 
