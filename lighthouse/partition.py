@@ -7,7 +7,8 @@ own (topological) order, into parts:
 
 - an *anchor*: one op a family compiles as a kernel of its own, with the `getitem`s that
   unpack its results (torch's CPU flash attention forward and backward, lighthouse's
-  cross-entropy ops, a matmul). Its kind names the family's form of it (`ANCHORS`). A
+  cross-entropy ops, a matmul; an attention written by hand, its matmuls and softmax:
+  hand_written_attentions). Its kind names the family's form of it (`ANCHORS`). A
   matmul part also takes the views and transposes that only feed it (the matmul family
   folds a transposed operand into its packing; apart, a kernel would copy it) and the
   pointwise ops right after it that read it (its epilogue: bias, activation, residual);
@@ -100,10 +101,12 @@ def split_graph(gm: fx.GraphModule, *, max_ops: int = 64) -> list[Part]:
     for node in list(gm.graph.nodes):
         if anchor_kind(node) == "matmul":
             _private_operand_moves(gm.graph, node)
+    by_hand = hand_written_attentions(gm.graph)  # its last op -> its ops
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
     parts: list[Part] = []
     run: list[fx.Node] = []
     computing = 0
-    owned: set[fx.Node] = set()
+    owned: set[fx.Node] = {n for ops in by_hand.values() for n in ops[:-1]}
     epilogue: Part | None = None  # the matmul part the next pointwise ops may join
 
     def flush():
@@ -114,6 +117,17 @@ def split_graph(gm: fx.GraphModule, *, max_ops: int = 64) -> list[Part]:
 
     for node in gm.graph.nodes:
         if node.op != "call_function" or node in owned:
+            continue
+        if node in by_hand:
+            ops = by_hand[node]
+            operands = [n for op in ops if op.target in (aten.bmm.default,)
+                        for n in _feeding_moves(op, run)]
+            run = [n for n in run if n not in operands]
+            flush()
+            members = sorted(set(operands + ops), key=lambda n: order[n])
+            owned.update(members)
+            parts.append(Part("attention", members))
+            epilogue = None
             continue
         kind = anchor_kind(node)
         if kind is not None:
@@ -142,6 +156,69 @@ def split_graph(gm: fx.GraphModule, *, max_ops: int = 64) -> list[Part]:
     flush()
     _link(gm, parts)
     return parts
+
+
+_THROUGH = (aten.view.default, aten._unsafe_view.default, aten.reshape.default,
+            aten.expand.default, aten.alias.default, aten.clone.default,
+            aten.unsqueeze.default, aten.squeeze.dim)
+
+
+def hand_written_attentions(graph: fx.Graph) -> dict[fx.Node, list[fx.Node]]:
+    """Attention written by hand, softmax(scale and mask of Q K^T) V as batch matmuls around
+    a softmax (MinGPT's `masked_fill` of a causal buffer), each as its ops in graph order,
+    keyed by the last (the P V matmul): one part, which the attention family fuses instead
+    of three kernels around an L x S tensor. Only where the probabilities are read by P V
+    alone (a training graph saves them for the backward: left as they are)."""
+    found = {}
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target is not aten._softmax.default:
+            continue
+        after, cur = [], node
+        while len(cur.users) == 1:
+            (user,) = cur.users
+            if user.target is aten.bmm.default and user.args[0] is cur:
+                after.append(user)
+                break
+            if user.target not in _THROUGH:
+                break
+            after.append(user)
+            cur = user
+        if not after or after[-1].target is not aten.bmm.default:
+            continue
+        before = _scores_chain(node.args[0])
+        if before is None:
+            continue
+        ops = before + [node] + after
+        found[after[-1]] = ops
+    return found
+
+
+def _scores_chain(value) -> list[fx.Node] | None:
+    """The ops from a batch matmul to `value` (the softmax's input) through pointwise ops and
+    reshapes, each read once on the way, in order; None when there is no such matmul."""
+    chain, cur = [], value
+    while isinstance(cur, fx.Node) and cur.op == "call_function" and len(cur.users) == 1:
+        chain.append(cur)
+        if cur.target is aten.bmm.default:
+            return chain[::-1]
+        tags = getattr(cur.target, "tags", ())
+        if cur.target not in _THROUGH and torch.Tag.pointwise not in tags:
+            return None
+        nodes = [a for a in cur.args if isinstance(a, fx.Node)]
+        # the way to the scores: the input that is itself computed from a batch matmul
+        ahead = [a for a in nodes if _reaches_bmm(a)]
+        if len(ahead) != 1:
+            return None
+        cur = ahead[0]
+    return None
+
+
+def _reaches_bmm(node: fx.Node, depth: int = 8) -> bool:
+    if node.op != "call_function" or depth == 0:
+        return False
+    if node.target is aten.bmm.default:
+        return True
+    return any(_reaches_bmm(a, depth - 1) for a in node.all_input_nodes)
 
 
 def split_part(gm: fx.GraphModule, part: Part) -> list[Part] | None:
