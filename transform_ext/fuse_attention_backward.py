@@ -13,7 +13,9 @@ batch x heads (an scf.forall over G) and query block i of `query_tile` rows:
                           dQ_i += c dS K_j,  dK_j += c dS^T Q_i,  dV_j += P^T dO_i
 
 with dK and dV of the group carried through the query-block loop and dQ_i through the key
-loop: no L x S tensor exists, the tiles are [query_tile, key_tile]. When the K/V groups do
+loop: no L x S tensor exists, the tiles are [query_tile, key_tile]. Lengths the tiles do not
+divide are padded with zeros to whole tiles (a padded query row has dO = 0 and adds nothing,
+a padded key is masked out) and the results sliced back. When the K/V groups do
 not divide among `threads`, each group's query blocks are shared by several forall
 iterations (block i by iteration i mod splits, so a causal mask's growing rows spread
 evenly), each accumulating dK and dV of its blocks apart; the shares are summed after the
@@ -36,8 +38,8 @@ query-block ops (pack_key_tiles.top_level_foralls) leave it alone.
 
 Preconditions (checked on every target first; a violation is a silenceable failure naming
 the op): one attention backward in the function; static f32 tensors; K and V with the
-queries' groups; the value dim equal to the query/key dim; `query_tile` dividing L and
-`key_tile` dividing S; an index-computed mask in the payload iff `causal_delta` is given
+queries' groups; the value dim equal to the query/key dim; an index-computed mask in the
+payload iff `causal_delta` is given
 (>= 0); an additive mask f32 with broadcast dims of one; every
 user of dQ, dK, dV after the last op their sources are defined by.
 """
@@ -45,7 +47,7 @@ user of dQ, dK, dV after the last op their sources are defined by.
 import math
 
 from torch_mlir import ir
-from torch_mlir.dialects import ext, func, linalg, tensor, transform
+from torch_mlir.dialects import arith, ext, func, linalg, tensor, transform
 
 from .analysis.attention_backward import AttentionBackward, NotAttentionBackward, \
     Source, attention_backward_in
@@ -63,7 +65,7 @@ FUSED_KERNEL = "lh.fused_kernel"
 def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, scale: float,
                 delta: int | None, bias: tuple | None = None,
                 lse_given: bool = False, grp: int = 1, splits: int = 1,
-                bias_grad: bool = False) -> str:
+                bias_grad: bool = False, keys: int | None = None) -> str:
     """The kernel as MLIR text: func.func private @name(q, k, v, o, dO[, bias][, lse]) ->
     (dQ, dK, dV); `bias`: (its shape, its dims' roles, heads), see
     analysis.attention_backward.Bias; `lse_given`: the rows' lse [G, L] is an argument (the
@@ -73,7 +75,8 @@ def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, sca
     each accumulating dK and dV of its blocks apart, summed after the forall; `bias_grad`:
     one more result, the bias's gradient (dS summed where the bias is broadcast): the forall
     then runs over the splits alone, each taking every group's blocks i = split mod splits,
-    with dQ, dK, dV and the bias gradient accumulated apart and summed after it."""
+    with dQ, dK, dV and the bias gradient accumulated apart and summed after it; `keys`: the
+    keys actually there when S is padded past them (those after are masked out)."""
     Gk = G // grp
     T = splits
 
@@ -143,8 +146,27 @@ def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, sca
             %p = arith.mulf %x, %y : f32
             %s = arith.addf %acc, %p : f32
             linalg.yield %s : f32"""
-    s1, m1 = mask("%s_raw", "s_m")
-    s2, m2 = mask("%s2_raw", "s2_m")
+    def valid_keys(src, dst_name):
+        """`src` with the padded keys (at or past `keys`) masked out."""
+        if keys is None or keys >= S:
+            return src, ""
+        return f"%{dst_name}", f"""
+          %{dst_name} = linalg.generic {{indexing_maps = [affine_map<(a, b) -> (a, b)>, affine_map<(a, b) -> (a, b)>], iterator_types = ["parallel", "parallel"]}} ins({src} : {t(bq, bk)}) outs(%e_qk : {t(bq, bk)}) {{
+          ^bb0(%s: f32, %unused: f32):
+            %kj = linalg.index 1 : index
+            %ka = arith.addi %kj, %j0 : index
+            %ok = arith.cmpi ult, %ka, %ckeys : index
+            %r = arith.select %ok, %s, %ninf : f32
+            linalg.yield %r : f32
+          }} -> {t(bq, bk)}"""
+
+    def masked(src, dst_name):
+        value, text = mask(src, dst_name)
+        value, more = valid_keys(value, dst_name + "_v")
+        return value, text + more
+
+    s1, m1 = masked("%s_raw", "s_m")
+    s2, m2 = masked("%s2_raw", "s2_m")
     if lse_given:
         lse_block = f"""%lse = tensor.extract_slice %lse_in[%g, %i0] [1, {bq}] [1, 1] : {t(G, L)} to {t(bq)}"""
     else:
@@ -223,6 +245,7 @@ def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, sca
   %cdelta = arith.constant {delta or 0} : index
   %cL = arith.constant {L} : index
   %cS = arith.constant {S} : index
+  %ckeys = arith.constant {keys if keys is not None else S} : index
   %cbq = arith.constant {bq} : index
   %cbk = arith.constant {bk} : index
   %zero = arith.constant 0.0 : f32
@@ -432,6 +455,32 @@ def _bias_gradient_outer(t, G, Gk, L, S, E, bq, grp, T, bias_type, group) -> str
   }} {{{FUSED_KERNEL}}}"""
 
 
+def _padded_shape(bias: tuple, Lp: int, Sp: int) -> list[int]:
+    """The bias's shape with its query and key dims padded to Lp and Sp."""
+    shape, roles, _ = bias
+    return [Lp if r == "q" else Sp if r == "k" else d for d, r in zip(shape, roles)]
+
+
+def _pad_to(value: ir.Value, shape: list[int]) -> ir.Value:
+    """`value` at the start of a zero tensor of `shape` (itself when it has that shape)."""
+    if _shape(value) == list(shape):
+        return value
+    element = ir.ShapedType(value.type).element_type
+    zero = arith.ConstantOp(element, 0.0).result
+    padded = linalg.fill(zero, outs=[tensor.EmptyOp(list(shape), element).result])
+    return tensor.InsertSliceOp(value, padded, [], [], [], [0] * len(shape), _shape(value),
+                                [1] * len(shape)).result
+
+
+def _slice_to(value: ir.Value, shape: list[int]) -> ir.Value:
+    """The leading `shape` corner of `value` (itself when it has that shape)."""
+    if _shape(value) == list(shape):
+        return value
+    result = ir.RankedTensorType.get(list(shape), ir.ShapedType(value.type).element_type)
+    return tensor.ExtractSliceOp(result, value, [], [], [], [0] * len(shape), list(shape),
+                                 [1] * len(shape)).result
+
+
 def _reshape(value: ir.Value, to: ir.Type) -> ir.Value:
     """`value` as type `to`, a shape with as many elements in the same order (built here:
     collapsed to one dim, then expanded)."""
@@ -481,9 +530,6 @@ def plan(target: ir.Operation, query_tile: int, key_tile: int, delta: int | None
         raise Illegal(target, f"Q {_shape(bwd.q.value)}, K {_shape(bwd.k.value)}, V "
                               f"{_shape(bwd.v.value)}: the kernel needs K and V with the queries' "
                               f"heads (or a group of them each) and one head dim")
-    if L % query_tile or S % key_tile:
-        raise Illegal(target, f"query_tile {query_tile} must divide L = {L} and key_tile "
-                              f"{key_tile} must divide S = {S}")
     if (bwd.masked and bwd.bias is None) != (delta is not None):
         raise Illegal(bwd.row_max, "the scores are masked but no causal delta is given"
                       if bwd.masked else "a causal delta is given but the scores carry no "
@@ -590,29 +636,44 @@ def rewrite(target: ir.Operation, bwd: AttentionBackward, at: ir.Operation, size
     bias = None if bwd.bias is None else (_shape(bwd.bias.value), bwd.bias.roles, bwd.bias.heads)
     lse = bwd.lse if bwd.lse is not None else _forward_lse(bwd)
     bias_grad = bwd.dbias is not None
-    splits = min(L // query_tile, threads) if bias_grad else \
-        query_splits(g // bwd.k.groups, L // query_tile, threads)
-    kernel = ir.Module.parse(kernel_text(name, g, L, S, e, query_tile, key_tile, bwd.scale, delta,
-                                         bias, lse is not None, bwd.k.groups, splits, bias_grad))
+    # lengths the tiles do not divide: the rows padded with zeros to whole tiles (a padded
+    # query has dO = 0 and adds nothing; a padded key is masked out), the results sliced back
+    Lp, Sp = -(-L // query_tile) * query_tile, -(-S // key_tile) * key_tile
+    blocks = Lp // query_tile
+    splits = min(blocks, threads) if bias_grad else \
+        query_splits(g // bwd.k.groups, blocks, threads)
+    pad_bias = None if bias is None else _padded_shape(bias, Lp, Sp)
+    kernel = ir.Module.parse(kernel_text(
+        name, g, Lp, Sp, e, query_tile, key_tile, bwd.scale, delta,
+        None if bias is None else (pad_bias, bias[1], bias[2]), lse is not None,
+        bwd.k.groups, splits, bias_grad, keys=S))
     kernel_func = block_ops(kernel.operation)[0]
     kernel_func.detach_from_parent()
     ir.InsertionPoint(target).insert(kernel_func)
     args = [_canonical(s, at) for s in (bwd.q, bwd.k, bwd.v, bwd.o, bwd.do)]
-    if bwd.bias is not None:
-        args.append(bwd.bias.value)
+    with ir.InsertionPoint(at), at.location:
+        args = [_pad_to(a, [a_shape[0], rows, e])
+                for a, a_shape, rows in zip(args, map(_shape, args), (Lp, Sp, Sp, Lp, Lp))]
+        if bwd.bias is not None:
+            args.append(_pad_to(bwd.bias.value, pad_bias))
     if lse is not None:
-        args.append(_canonical_rows(lse, at))
+        rows = _canonical_rows(lse, at)
+        with ir.InsertionPoint(at), at.location:
+            args.append(_pad_to(rows, [g, Lp]))
     with ir.InsertionPoint(at), at.location:
         gk = g // bwd.k.groups
-        result_types = [ir.RankedTensorType.get([g, L, e], ir.F32Type.get()),
-                        ir.RankedTensorType.get([gk, S, e], ir.F32Type.get()),
-                        ir.RankedTensorType.get([gk, S, e], ir.F32Type.get())]
+        result_types = [ir.RankedTensorType.get([g, Lp, e], ir.F32Type.get()),
+                        ir.RankedTensorType.get([gk, Sp, e], ir.F32Type.get()),
+                        ir.RankedTensorType.get([gk, Sp, e], ir.F32Type.get())]
         if bias_grad:
-            result_types.append(bwd.bias.value.type)
+            result_types.append(ir.RankedTensorType.get(pad_bias, ir.F32Type.get()))
         call = func.CallOp(result_types, ir.FlatSymbolRefAttr.get(name), args)
+        results = [_slice_to(r, shape) for r, shape in
+                   zip(call.results, ([g, L, e], [gk, S, e], [gk, S, e]))]
         for op, index in bwd.dbias or []:
-            op.operands[index] = _reshape(call.results[3], op.operands[index].type)
-    for old, new in zip((bwd.dq, bwd.dk, bwd.dv), call.results):
+            dbias = _slice_to(call.results[3], _shape(bwd.bias.value))
+            op.operands[index] = _reshape(dbias, op.operands[index].type)
+    for old, new in zip((bwd.dq, bwd.dk, bwd.dv), results):
         rank = ir.ShapedType(old.type).rank
         with ir.InsertionPoint(at), at.location:
             if rank > 3:

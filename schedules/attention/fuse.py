@@ -228,15 +228,24 @@ def plan_backward(payload: ir.Module, threads: int = 1,
                                "delta, delta >= 0)")
     L, S = rows(bwd.q), rows(bwd.k)
     passes = None
-    if two_pass is not None:
+    if two_pass is not None:   # no padding in the two-pass kernel: tiles that divide
         bq, bk, bk2, bq2 = two_pass
         passes = ((largest_divisor_at_most(L, bq), largest_divisor_at_most(S, bk)),
                   (largest_divisor_at_most(S, bk2), largest_divisor_at_most(L, bq2)))
-    return BackwardPlan(largest_divisor_at_most(L, BACKWARD_TILE),
-                        largest_divisor_at_most(S, BACKWARD_TILE), delta, threads, passes)
+    return BackwardPlan(backward_tile(L), backward_tile(S), delta, threads, passes)
 
 
 BACKWARD_TILE = 64
+
+
+def backward_tile(length: int) -> int:
+    """The backward's tile of a length: the largest divisor up to BACKWARD_TILE when it is at
+    least half of it, else BACKWARD_TILE itself (the kernel pads the length to whole tiles:
+    a prime length would otherwise get 1-row tiles)."""
+    if length <= BACKWARD_TILE:
+        return length
+    tile = largest_divisor_at_most(length, BACKWARD_TILE)
+    return tile if 2 * tile >= BACKWARD_TILE else BACKWARD_TILE
 QUERY_BLOCKS = "lh.query_blocks"  # the forward's forall, in a payload with a fused backward
 
 

@@ -50,6 +50,10 @@ CASES = {
     "causal_explicit_scale": (_same((1, 2, 64, 16)), ", is_causal=True, scale=1.7"),
     "tiles_that_do_not_divide": (_same((1, 2, 96, 16)), ""),
     "odd_length_causal": (_same((1, 2, 70, 8)), ", is_causal=True"),
+    # prime lengths: padded to whole 64-row tiles (a padded key masked out)
+    "prime_length_causal": (_same((1, 2, 131, 16)), ", is_causal=True"),
+    "prime_queries_and_keys": ("[torch.randn(2, 2, 67, 16), torch.randn(2, 2, 131, 16), "
+                               "torch.randn(2, 2, 131, 16)]", ""),
     "one_head": (_same((1, 1, 70, 8)), ", is_causal=True"),
     "3d_inputs": (_same((3, 48, 16)), ", is_causal=True"),
     "queries_shorter_than_keys": ("[torch.randn(1, 2, 48, 16), torch.randn(1, 2, 80, 16), "
@@ -229,6 +233,7 @@ MASK_CASES = {
     "gqa": ("1, 4, 32, 16", "1, 2, 32, 16", "1, 4, 32, 32", "float32", ", enable_gqa=True", ""),
     "3d_inputs": ("3, 32, 16", "3, 32, 16", "32, 32", "float32", "", ""),
     "bf16": ("1, 2, 32, 32", "1, 2, 32, 32", "1, 1, 32, 32", "bfloat16", "", ""),
+    "prime_lengths": ("1, 2, 67, 16", "1, 2, 131, 16", "1, 2, 67, 131", "float32", "", ""),
 }
 
 
@@ -401,3 +406,19 @@ def test_query_splits():
     assert query_splits(3, 16, 4) == 4
     assert query_splits(2, 16, 4) == 2
     assert query_splits(1, 1, 2) == 1
+
+
+def test_a_prime_length_is_padded_to_whole_tiles(kernel_file):
+    """L = S = 131 (prime): 64-row tiles over the rows padded to 192 (not 1-row tiles), the
+    gradients sliced back."""
+    from tests.transform_ext.helpers import check
+
+    path = _path(kernel_file, _same((1, 2, 131, 16)), ", is_causal=True")
+    fused = str(compile_kernel(path, backward=True, strict=True, stop_after="fuse").module)
+    check(fused, """
+        CHECK: tensor.insert_slice {{.*}} : tensor<2x131x16xf32> into tensor<2x192x16xf32>
+        CHECK: scf.forall
+        CHECK:   tensor.extract_slice {{.*}} [1, 64, 16] [1, 1, 1] : tensor<2x192x16xf32> to tensor<64x16xf32>
+        CHECK: lh.fused_kernel
+        CHECK: tensor.extract_slice {{.*}}[0, 0, 0] [2, 131, 16] [1, 1, 1] : tensor<2x192x16xf32> to tensor<2x131x16xf32>
+    """)
