@@ -14,6 +14,7 @@ from torch_mlir.dialects import ext
 
 OP_MODULES: list[str] = [
     "drop_unused_results",
+    "deduplicate_generics",
     "fold_scalar_or_splat_constant",
     "fold_reshape_ops_by_expansion",
     "sink_normalization_past_contraction",
