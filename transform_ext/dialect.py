@@ -103,6 +103,9 @@ OP_MODULES: list[str] = [
     "promote_reductions_to_f32",
     "constants_to_arguments",
     "expand_math",
+    "match_logits_contraction",
+    "fold_gathers_through_contraction",
+    "fuse_linear_cross_entropy_backward",
 ]
 
 

@@ -1,0 +1,28 @@
+"""The linear cross-entropy's CPU vectorize stage: schedules/generic.py's vectorize stage (the
+contractions of the logits tiles, of dW and dh as register tiles of outer products; the
+class sums and the gradient tile along the rows' lanes), then the k loops of the register
+tiles unrolled `unroll` times so consecutive outer products overlap."""
+
+from __future__ import annotations
+
+from torch_mlir import ir
+from torch_mlir.dialects.transform import loop
+
+from transform_ext.match_register_tile_loops import match_register_tile_loops
+
+from ..generic import GenericParams
+from ..generic import vectorize_stage as generic_vectorize_stage
+
+UNROLL = 4
+
+
+def vectorize_stage(params: GenericParams, unroll: int = UNROLL):
+    """@vectorize of the linear cross-entropy script, as a stage body."""
+    generic = generic_vectorize_stage(params)
+
+    def body(root: ir.Value) -> None:
+        generic(root)
+        if unroll > 1:
+            loop.LoopUnrollOp(match_register_tile_loops(root), factor=unroll)
+
+    return body

@@ -1,0 +1,140 @@
+"""Fused linear cross-entropy: F.cross_entropy(F.linear(h, W[, b]), y) (nn.Linear with
+nn.CrossEntropyLoss, the usual view(-1, V)) without ever holding the [N, V] logits.
+
+Input: the linalg graph torch-mlir makes of the loss over S = h W^T [+ b] (forward, or the
+joint forward+backward graph): the cross-entropy family's log-softmax over S, the target
+logit gathered from it, class sums for label smoothing and weights, and in the joint graph
+the d logits G = E(S, ...) read by dh = G W, dW = G^T h and db = sum_n G.
+Schedule (the script's @fuse, one named step per item; decisions read by
+`plan_linear_cross_entropy` from a copy of the payload):
+  1. normalize and restructure as the cross_entropy family does (schedules/cross_entropy/
+     fuse.py steps 1-3; the logits they keep are S, the matmul's result,
+     transform_ext.match_logits_contraction), and name the target bounds checks;
+  2. fold_gathers: the target logit S[n, y_n] becomes the dot product h_n . W_{y_n}
+     (transform_ext.fold_gathers_through_contraction), so nothing reads S at an index;
+  3. fuse_backward (joint graph): transform_ext.fuse_linear_cross_entropy_backward replaces
+     G and its three readers by a loop over blocks of `backward_rows` rows, each a forall
+     over the threads' shares of the class tiles: S's tile recomputed from h and W, G's
+     tile from it and the forward's row statistics (m, log l: the saved lse), dW and db
+     accumulated per class tile, dh per thread and summed;
+  4. logits_classes_major: S stored [V, N] (store_scores_keys_major) with W read in place
+     (fold_key_transpose) and h^T made by a transpose: a CPU register tile of S's
+     contraction then has its lanes along the rows (h^T) and broadcasts W, and the max and
+     sums over the classes are elementwise;
+  5. the cross_entropy family's mark_class_sums and sink_root_readers, then tile_rows: the
+     last per-row op of the loss tiled into an scf.forall over blocks of `row_tile` rows,
+     its producers over the rows fused in (S^T's contraction, h^T, the row max and sums);
+  6. fuse_class_loops: in each row block, fuse_dependent_reduction_ops makes the row max,
+     the exp-sum (online, exp(m_old - m_new)) and every class sum ONE loop over tiles of
+     `class_tile` classes, with S^T's contraction computed per tile (its producer).
+No [N, V] tensor is left: the forward holds a [class_tile, row_tile] tile of S per thread,
+the backward a [class_tile, backward_rows] tile of S and of G per thread plus the threads'
+dh partials [threads, backward_rows, D]. The CPU @vectorize (cpu.py) is the generic one,
+the k loops of the register tiles unrolled.
+"""
+
+from __future__ import annotations
+
+from torch_mlir import ir
+from torch_mlir.dialects import transform
+from torch_mlir.dialects.transform import structured
+
+from transform_ext.filter_ops import filter_ops, filter_reductions
+from transform_ext.fold_gathers_through_contraction import fold_gathers_through_contraction
+from transform_ext.fold_key_transpose import fold_key_transpose
+from transform_ext.fuse_dependent_reduction_ops import fuse_dependent_reduction_ops
+from transform_ext.fuse_linear_cross_entropy_backward import fuse_linear_cross_entropy_backward
+from transform_ext.exclude_ops import exclude_ops
+from transform_ext.match_logits_contraction import match_logits_contraction
+from transform_ext.promote_indexed_extracts import promote_indexed_extracts
+from transform_ext.store_scores_keys_major import store_scores_keys_major
+
+from ..common import annotate, apply_passes, match
+from ..cross_entropy.fuse import (CLASS_SUM, mark_class_sums_reading, match_attr, merge_gradients,
+                                  name_target_checks, normalize, restructure_reading,
+                                  sink_root_readers, tile_rows)
+from ..script import include_step
+from .params import LinearCrossEntropyParams, LinearCrossEntropyPlan
+
+ROW_BLOCKS = "lh.row_blocks"  # the forward's forall (the backward's is a fused kernel's)
+
+
+def logits_result(func: ir.Value, row_max: ir.Value) -> ir.Value:
+    """The logits the loss reads: the result of its logits contraction (a value handle)."""
+    return transform.GetResultOp(transform.AnyValueType.get(), match_logits_contraction(func),
+                                 [0]).result
+
+
+restructure = restructure_reading(logits_result)
+mark_class_sums = mark_class_sums_reading(logits_result)
+
+
+def fold_gathers(root: ir.Value) -> ir.Value:
+    """Step 2: the gathers from S read dot products, their row operand promoted to an
+    input."""
+    func = match(root, "func.func")
+    fold_gathers_through_contraction(func)
+    promote_indexed_extracts(func)
+    return apply_passes(root, "canonicalize", "cse")
+
+
+def fuse_backward(params: LinearCrossEntropyParams):
+    """Step 3 of the module docstring."""
+    def body(root: ir.Value) -> ir.Value:
+        fuse_linear_cross_entropy_backward(match(root, "func.func"),
+                                           row_tile=params.backward_rows,
+                                           class_tile=params.class_tile, threads=params.threads)
+        return apply_passes(root, "canonicalize", "cse")
+
+    return body
+
+
+def logits_classes_major(root: ir.Value) -> ir.Value:
+    """Step 4 of the module docstring."""
+    logits = structured.GeneralizeOp(match_logits_contraction(match(root, "func.func"))).transformed
+    store_scores_keys_major(logits)
+    fold_key_transpose(logits)
+    return apply_passes(root, "canonicalize", "cse")
+
+
+def fuse_class_loops(params: LinearCrossEntropyParams):
+    """Step 6 of the module docstring, in every row block."""
+    def body(root: ir.Value) -> ir.Value:
+        blocks = structured.MatchOp(transform.AnyOpType.get(), root,
+                                    op_attrs={ROW_BLOCKS: ir.UnitAttr.get()}).result
+        group = match_attr(blocks, CLASS_SUM)
+        row_max = filter_reductions(group, combiner="max")
+        logits = filter_ops(match(blocks, "linalg.generic"), structure="contraction")
+        fuse_dependent_reduction_ops(row_max, exclude_ops(group, row_max), params.class_tile,
+                                     producers=[logits])
+        return apply_passes(root, "canonicalize", "cse")
+
+    return body
+
+
+def fuse_steps(plan: LinearCrossEntropyPlan) -> list[tuple[str, object]]:
+    """The named steps of the fuse stage, in order: (name, body(root) -> root)."""
+    steps = [("normalize", normalize(plan.fold_reshapes)), ("restructure", restructure)]
+    if plan.gradients:
+        steps.append(("merge_gradients", merge_gradients(plan.gradients)))
+    steps += [("name_target_checks", name_target_checks(plan.classes)),
+              ("fold_gathers", fold_gathers)]
+    if plan.backward:
+        steps.append(("fuse_backward", fuse_backward(plan.params)))
+    steps += [("logits_classes_major", logits_classes_major),
+              ("mark_class_sums", mark_class_sums),
+              ("sink_root_readers", sink_root_readers(plan.root)),
+              ("tile_rows", tile_rows(plan.rows, mark=ROW_BLOCKS)),
+              ("fuse_class_loops", fuse_class_loops(plan.params))]
+    return steps
+
+
+def fuse_stage(plan: LinearCrossEntropyPlan):
+    """@fuse: its steps in order."""
+    names = [name for name, _ in fuse_steps(plan)]
+
+    def body(root: ir.Value) -> None:
+        for name in names:
+            root = include_step(name, root)
+
+    return body
