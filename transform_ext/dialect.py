@@ -106,6 +106,9 @@ OP_MODULES: list[str] = [
     "match_logits_contraction",
     "fold_gathers_through_contraction",
     "fuse_linear_cross_entropy_backward",
+    "shrink_unread_inputs",
+    "fold_casts_into_contractions",
+    "read_reduction_constants",
 ]
 
 

@@ -3,7 +3,8 @@ the [N, V] logits or their gradient.
 
 For the backward of each target function (transform_ext/analysis/
 linear_cross_entropy_backward.py: S = h W^T, G = E(S, ...) elementwise, dh = G W,
-dW = G^T h, db = sum_n G; any of the three may be missing), with R = `row_tile`,
+dW = G^T h, db = sum_n G; any of the three may be missing; a transposed dh or dW is
+transposed once at the end), with R = `row_tile`,
 T = `threads`, C = `class_tile`:
 
     for each block of R rows s (sequential):
@@ -125,20 +126,50 @@ def _multiply_add(args: list[ir.Value]) -> list[ir.Value]:
     return [arith.addf(acc, arith.mulf(a, b))]
 
 
-def _contraction(a: ir.Value, a_dims: list[int], b: ir.Value, b_dims: list[int],
-                 acc: ir.Value, acc_dims: list[int], reduced: int) -> ir.Value:
-    """acc[acc_dims] += a[a_dims] b[b_dims] over three loops, `reduced` the reduction."""
-    iterators = ["reduction" if d == reduced else "parallel" for d in range(3)]
-    return build_generic([a, b], [acc], [_map(3, a_dims), _map(3, b_dims), _map(3, acc_dims)],
-                         iterators, _multiply_add).results[0]
+def _panels(b: ir.Value, width: int) -> ir.Value:
+    """B [K, N] as column panels P [N / width, K, width], P[j, k, l] = B[k, j width + l]: a
+    register tile's slice of B is then contiguous (rows of B 4 KiB apart would share cache
+    sets)."""
+    k, n = ir.RankedTensorType(b.type).shape
+    element = ir.RankedTensorType(b.type).element_type
+    split = tensor.ExpandShapeOp(ir.RankedTensorType.get([k, n // width, width], element), b,
+                                 reassociation_attr([[0], [1, 2]]), [], [k, n // width, width]).result
+    empty = tensor.EmptyOp([n // width, k, width], element).result
+    return linalg.transpose(split, outs=[empty], permutation=[1, 0, 2]).results[0]
+
+
+def _product(a: ir.Value, a_rows_first: bool, b: ir.Value, acc: ir.Value) -> ir.Value:
+    """acc[M, N] += sum_k A[m, k] B[k, n]: A is `a` ([M, K] when `a_rows_first`, else
+    [K, M]); B is `b`, [K, N] or its panels [N / w, K, w] (then acc is read as [M, N / w, w]
+    and the result reshaped back)."""
+    a_dims = lambda m, k: [m, k] if a_rows_first else [k, m]
+    if ir.RankedTensorType(b.type).rank == 2:
+        return build_generic([a, b], [acc], [_map(3, a_dims(0, 2)), _map(3, [2, 1]), _map(3, [0, 1])],
+                             ["parallel", "parallel", "reduction"], _multiply_add).results[0]
+    panels, _, width = ir.RankedTensorType(b.type).shape
+    rows, cols = ir.RankedTensorType(acc.type).shape
+    acc_type = ir.RankedTensorType(acc.type)
+    split = tensor.ExpandShapeOp(ir.RankedTensorType.get([rows, panels, width], acc_type.element_type),
+                                 acc, reassociation_attr([[0], [1, 2]]), [], [rows, panels, width]).result
+    out = build_generic([a, b], [split],
+                        [_map(4, a_dims(0, 3)), _map(4, [1, 3, 2]), _map(4, [0, 1, 2])],
+                        ["parallel", "parallel", "parallel", "reduction"], _multiply_add).results[0]
+    return tensor.CollapseShapeOp(acc_type, out, reassociation_attr([[0], [1, 2]])).result
+
+
+def _maybe_panels(b: ir.Value, width: int) -> ir.Value:
+    """`b` as panels of `width` columns when they divide its columns (width > 0)."""
+    n = ir.RankedTensorType(b.type).shape[1]
+    return _panels(b, width) if width and n % width == 0 and n > width else b
 
 
 class _Kernel:
     """The loop nest of the module docstring for one backward."""
 
     def __init__(self, bwd: LinearCrossEntropyBackward, row_tile: int, class_tile: int,
-                 threads: int):
+                 threads: int, panel: int):
         self.bwd = bwd
+        self.panel = panel
         self.n, self.v, self.d = bwd.logits.shape
         self.rows = min(row_tile, self.n)
         self.classes = min(class_tile, self.v)
@@ -185,7 +216,8 @@ class _Kernel:
         h_type = ir.RankedTensorType(h.type).element_type
         h_t = linalg.transpose(h_s, outs=[tensor.EmptyOp([d, rows], h_type).result],
                                permutation=[1, 0]).results[0]
-        block = _Block(self, s0, rows, h_s, h_t)
+        block = _Block(self, s0, rows, _maybe_panels(h_s, self.panel),
+                       _maybe_panels(h_t, self.panel))
         tiles = (self.v - self.v % self.classes) // self.classes
         shared = []
         if dh is not None:
@@ -274,14 +306,14 @@ class _Block:
         bwd, f32, d, rows = k.bwd, k.f32, k.d, self.rows
         dh, dw, db = k._unpack(carried)
         w_c = _slice(bwd.logits.weight, [c0, 0], [classes, d])
-        s_t = _contraction(w_c, [0, 2], self.h_t, [2, 1], _zeros([classes, rows], f32), [0, 1], 2)
+        s_t = _product(w_c, True, self.h_t, _zeros([classes, rows], f32))
         g_t = self.gradient_tile(s_t, c0, classes)
         result = []
         if dh is not None:
-            result.append(_contraction(g_t, [2, 0], w_c, [2, 1], dh, [0, 1], 2))
+            result.append(_product(g_t, False, _maybe_panels(w_c, k.panel), dh))
         if dw is not None:
             dw_c = _slice(dw, [local, 0], [classes, d])
-            dw_c = _contraction(g_t, [0, 2], self.h_s, [2, 1], dw_c, [0, 1], 2)
+            dw_c = _product(g_t, True, self.h_s, dw_c)
             result.append(_insert(dw_c, dw, [local, 0], [classes, d]))
         if db is not None:
             db_c = _slice(db, [local], [classes])
@@ -353,15 +385,21 @@ def _widen(value: ir.Value) -> ir.Value:
 
 
 def rewrite(bwd: LinearCrossEntropyBackward, row_tile: int, class_tile: int, threads: int,
-            rewriter) -> ir.Operation:
+            panel: int, rewriter) -> ir.Operation:
     g = bwd.gradient
     with ir.InsertionPoint(g), g.location:
-        dh, dw, db = _Kernel(bwd, row_tile, class_tile, threads).build()
+        dh, dw, db = _Kernel(bwd, row_tile, class_tile, threads, panel).build()
         if db is not None:
             t = ir.RankedTensorType(bwd.d_bias.results[0].type)
             if t.rank != 1:  # [1, V] or [V, 1]
                 db = tensor.ExpandShapeOp(t, db, reassociation_attr([list(range(t.rank))]), [],
                                           list(t.shape)).result
+        for role in bwd.transposed:  # d(h^T) = (G W)^T, d(W^T) = (G^T h)^T
+            value = dh if role == "rows" else dw
+            rows, cols = ir.RankedTensorType(value.type).shape
+            empty = tensor.EmptyOp([cols, rows], ir.F32Type.get()).result
+            flipped = linalg.transpose(value, outs=[empty], permutation=[1, 0]).results[0]
+            dh, dw = (flipped, dw) if role == "rows" else (dh, flipped)
     for op, value in ((bwd.d_rows, dh), (bwd.d_weight, dw), (bwd.d_bias, db)):
         if op is not None:
             rewriter.replace_op(op, [value])
@@ -379,6 +417,7 @@ class FuseLinearCrossEntropyBackwardOp(TransformExt.Operation,
     row_tile: ir.IntegerAttr
     class_tile: ir.IntegerAttr
     threads: ir.IntegerAttr
+    panel: ir.IntegerAttr
 
     class Apply(transform.TransformOpInterface):
         @staticmethod
@@ -387,17 +426,18 @@ class FuseLinearCrossEntropyBackwardOp(TransformExt.Operation,
                 rows = ir.IntegerAttr(op.row_tile).value
                 classes = ir.IntegerAttr(op.class_tile).value
                 threads = ir.IntegerAttr(op.threads).value
+                panel = ir.IntegerAttr(op.panel).value
                 targets = payload_ops(state, op.target)
                 try:
-                    if min(rows, classes, threads) < 1:
+                    if min(rows, classes, threads) < 1 or panel < 0:
                         raise Illegal(targets[0] if targets else op.operation,
-                                      f"row_tile, class_tile and threads must be >= 1, got "
-                                      f"{rows}, {classes}, {threads}")
+                                      f"row_tile, class_tile and threads must be >= 1 and panel "
+                                      f">= 0, got {rows}, {classes}, {threads}, {panel}")
                     plans = [plan(t) for t in targets]
                 except Illegal as illegal:
                     return fail(NAME, illegal)
                 for bwd in plans:
-                    rewrite(bwd, rows, classes, threads, rewriter)
+                    rewrite(bwd, rows, classes, threads, panel, rewriter)
                 return Success
 
         @staticmethod
@@ -408,13 +448,13 @@ class FuseLinearCrossEntropyBackwardOp(TransformExt.Operation,
 
 
 def fuse_linear_cross_entropy_backward(func_handle: ir.Value, *, row_tile: int, class_tile: int,
-                                       threads: int) -> None:
+                                       threads: int, panel: int = 0) -> None:
     """Replace the backward of the loss over linear logits of each function of
     `func_handle` by the fused loop nest (see the module docstring)."""
     i64 = ir.IntegerType.get_signless(64)
     FuseLinearCrossEntropyBackwardOp(func_handle, ir.IntegerAttr.get(i64, row_tile),
                                      ir.IntegerAttr.get(i64, class_tile),
-                                     ir.IntegerAttr.get(i64, threads))
+                                     ir.IntegerAttr.get(i64, threads), ir.IntegerAttr.get(i64, panel))
 
 
 __all__ = ["FuseLinearCrossEntropyBackwardOp", "fuse_linear_cross_entropy_backward",

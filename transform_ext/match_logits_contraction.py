@@ -2,8 +2,9 @@
 
     %logits = transform_ext.match_logits_contraction %func
 
-For every target function, the contraction that the one row max over the classes (the
-loss's log-softmax) of its body reads through elementwise ops (a bias add, a rounding to
+For every target (a function, or a loop whose body holds the loss: a row block's
+scf.forall), the contraction that the one row max over the classes (the loss's
+log-softmax) directly in its body reads through elementwise ops (a bias add, a rounding to
 bf16): S = h W^T, written [rows, classes] or, once stored classes-major, [classes, rows]
 (transform_ext/analysis/logits.py: row_max_contraction). One op per target, in target
 order. A target without one is a silenceable failure naming it and the reason. Read-only.
@@ -30,8 +31,8 @@ class MatchLogitsContractionOp(TransformExt.Operation, name="match_logits_contra
                 found = []
                 try:
                     for target in payload_ops(state, op.target):
-                        if target.name != "func.func":
-                            raise Illegal(target, "not a function")
+                        if len(target.regions) != 1 or len(target.regions[0].blocks) != 1:
+                            raise Illegal(target, "has no body")
                         try:
                             found.append(row_max_contraction(target.regions[0].blocks[0]))
                         except NotLogits as exc:

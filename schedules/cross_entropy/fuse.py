@@ -168,24 +168,18 @@ def name_target_checks(classes: int):
     return body
 
 
-def mark_class_sums_reading(logits_of):
+def mark_class_sums(root: ir.Value) -> ir.Value:
     """Mark the row max and the class reductions `CLASS_SUM` (the fused loop's group, tiled
     for vectors later). A class reduction whose class loop no operand shares with the logits
-    (`logits_of(func, row_max)`; the row sum of the one-hot gradient reads only targets and
-    loop indices) gets the logits as an unread input, mapped by the dims they share in the
-    whole graph: the fusion then sees it runs over the logits' classes."""
-    def body(root: ir.Value) -> ir.Value:
-        func = match(root, "func.func")
-        row_max = filter_reductions(match(func, "linalg.generic"), combiner="max")
-        transform.AnnotateOp(row_max, CLASS_SUM)
-        transform.AnnotateOp(match_class_reductions(row_max), CLASS_SUM)
-        add_unread_input(match_attr(func, CLASS_SUM), logits_of(func, row_max))
-        return root
-
-    return body
-
-
-mark_class_sums = mark_class_sums_reading(logits_argument)
+    (the row sum of the one-hot gradient reads only targets and loop indices) gets the logits
+    as an unread input, mapped by the dims they share in the whole graph: the fusion then
+    sees it runs over the logits' classes."""
+    func = match(root, "func.func")
+    row_max = filter_reductions(match(func, "linalg.generic"), combiner="max")
+    transform.AnnotateOp(row_max, CLASS_SUM)
+    transform.AnnotateOp(match_class_reductions(row_max), CLASS_SUM)
+    add_unread_input(match_attr(func, CLASS_SUM), trace_to_argument(row_max, 0))
+    return root
 
 
 def sink_root_readers(root_place: Place):

@@ -39,18 +39,21 @@ from torch_mlir import ir
 from torch_mlir.dialects import transform
 from torch_mlir.dialects.transform import structured
 
-from transform_ext.filter_ops import filter_ops, filter_reductions
+from transform_ext.filter_ops import filter_reductions
+from transform_ext.fold_casts_into_contractions import fold_casts_into_contractions
 from transform_ext.fold_gathers_through_contraction import fold_gathers_through_contraction
 from transform_ext.fold_key_transpose import fold_key_transpose
 from transform_ext.fuse_dependent_reduction_ops import fuse_dependent_reduction_ops
 from transform_ext.fuse_linear_cross_entropy_backward import fuse_linear_cross_entropy_backward
 from transform_ext.exclude_ops import exclude_ops
 from transform_ext.match_logits_contraction import match_logits_contraction
+from transform_ext.match_class_reductions import match_class_reductions
 from transform_ext.promote_indexed_extracts import promote_indexed_extracts
+from transform_ext.shrink_unread_inputs import shrink_unread_inputs
 from transform_ext.store_scores_keys_major import store_scores_keys_major
 
 from ..common import annotate, apply_passes, match
-from ..cross_entropy.fuse import (CLASS_SUM, mark_class_sums_reading, match_attr, merge_gradients,
+from ..cross_entropy.fuse import (CLASS_SUM, match_attr, merge_gradients,
                                   name_target_checks, normalize, restructure_reading,
                                   sink_root_readers, tile_rows)
 from ..script import include_step
@@ -59,14 +62,46 @@ from .params import LinearCrossEntropyParams, LinearCrossEntropyPlan
 ROW_BLOCKS = "lh.row_blocks"  # the forward's forall (the backward's is a fused kernel's)
 
 
-def logits_result(func: ir.Value, row_max: ir.Value) -> ir.Value:
-    """The logits the loss reads: the result of its logits contraction (a value handle)."""
-    return transform.GetResultOp(transform.AnyValueType.get(), match_logits_contraction(func),
-                                 [0]).result
+def logits_shape(func: ir.Value, row_max: ir.Value) -> ir.Value:
+    """An [N, V] value standing for the logits in the restructure (which reads only its
+    shape, and keeps it as an unread loop bound where one is needed: shrink_bounds shrinks
+    those): the logits contraction's init (a value handle; not the contraction's result,
+    whose op the restructure consumes with the other generics)."""
+    return transform.GetOperandOp(transform.AnyValueType.get(), match_logits_contraction(func),
+                                  [2]).result
 
 
-restructure = restructure_reading(logits_result)
-mark_class_sums = mark_class_sums_reading(logits_result)
+def fold_casts(root: ir.Value) -> ir.Value:
+    """Step 1: the logits contraction generalized, reading h and W in place: the widening
+    of bf16/f16 operands and the transpose of W folded into it
+    (transform_ext.fold_casts_into_contractions)."""
+    logits = structured.GeneralizeOp(match_logits_contraction(match(root, "func.func"))).transformed
+    fold_casts_into_contractions(logits)
+    return apply_passes(root, "canonicalize", "cse")
+
+
+restructure = restructure_reading(logits_shape)
+
+
+def shrink_bounds(root: ir.Value) -> ir.Value:
+    """Step 1: the logits kept by the restructure as an unread bound of a loop over the
+    classes (the one-hot row sum of the gradient reads only the targets) become an empty
+    [V] bound (transform_ext.shrink_unread_inputs): only the ops reading S stay its
+    readers."""
+    shrink_unread_inputs(match(root, "func.func"))
+    return apply_passes(root, "canonicalize", "cse")
+
+
+def mark_class_sums(root: ir.Value) -> ir.Value:
+    """Step 5: the row max and the class reductions over S's classes marked `CLASS_SUM`
+    (the fused loop's group). Class reductions that do not read S (the one-hot row sum)
+    share no dim with it: they stay outside the row blocks, as loops over [N, V] indices
+    that read no [N, V] tensor."""
+    func = match(root, "func.func")
+    row_max = filter_reductions(match(func, "linalg.generic"), combiner="max")
+    transform.AnnotateOp(row_max, CLASS_SUM)
+    transform.AnnotateOp(match_class_reductions(row_max), CLASS_SUM)
+    return root
 
 
 def fold_gathers(root: ir.Value) -> ir.Value:
@@ -83,7 +118,8 @@ def fuse_backward(params: LinearCrossEntropyParams):
     def body(root: ir.Value) -> ir.Value:
         fuse_linear_cross_entropy_backward(match(root, "func.func"),
                                            row_tile=params.backward_rows,
-                                           class_tile=params.class_tile, threads=params.threads)
+                                           class_tile=params.class_tile, threads=params.threads,
+                                           panel=params.panel)
         return apply_passes(root, "canonicalize", "cse")
 
     return body
@@ -91,7 +127,7 @@ def fuse_backward(params: LinearCrossEntropyParams):
 
 def logits_classes_major(root: ir.Value) -> ir.Value:
     """Step 4 of the module docstring."""
-    logits = structured.GeneralizeOp(match_logits_contraction(match(root, "func.func"))).transformed
+    logits = match_logits_contraction(match(root, "func.func"))
     store_scores_keys_major(logits)
     fold_key_transpose(logits)
     return apply_passes(root, "canonicalize", "cse")
@@ -104,7 +140,7 @@ def fuse_class_loops(params: LinearCrossEntropyParams):
                                     op_attrs={ROW_BLOCKS: ir.UnitAttr.get()}).result
         group = match_attr(blocks, CLASS_SUM)
         row_max = filter_reductions(group, combiner="max")
-        logits = filter_ops(match(blocks, "linalg.generic"), structure="contraction")
+        logits = match_logits_contraction(blocks)
         fuse_dependent_reduction_ops(row_max, exclude_ops(group, row_max), params.class_tile,
                                      producers=[logits])
         return apply_passes(root, "canonicalize", "cse")
@@ -114,7 +150,9 @@ def fuse_class_loops(params: LinearCrossEntropyParams):
 
 def fuse_steps(plan: LinearCrossEntropyPlan) -> list[tuple[str, object]]:
     """The named steps of the fuse stage, in order: (name, body(root) -> root)."""
-    steps = [("normalize", normalize(plan.fold_reshapes)), ("restructure", restructure)]
+    steps = [("normalize", normalize(plan.fold_reshapes)), ("fold_casts", fold_casts),
+             ("restructure", restructure),
+             ("shrink_bounds", shrink_bounds)]
     if plan.gradients:
         steps.append(("merge_gradients", merge_gradients(plan.gradients)))
     steps += [("name_target_checks", name_target_checks(plan.classes)),

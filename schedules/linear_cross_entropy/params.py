@@ -24,8 +24,11 @@ class LinearCrossEntropyParams:
     backward_rows: int = 256
     threads: int = 2
     block_bytes: int = 512 * 1024
+    panel: int = 0
 
     def __post_init__(self):
+        if self.panel < 0:
+            raise ValueError(f"LinearCrossEntropyParams.panel must be >= 0, got {self.panel}")
         for name in ("class_tile", "backward_rows", "threads", "block_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"LinearCrossEntropyParams.{name} must be >= 1, got "
@@ -37,7 +40,8 @@ class LinearCrossEntropyParams:
     def for_cpu(cls, cpu, threads: int, **options) -> "LinearCrossEntropyParams":
         """The parameters on a CPU described by `cpu` (lighthouse.targets.description
         CpuDescription), then `options`: a forward block's h^T in half of L2."""
-        return cls(**{"threads": threads, "block_bytes": cpu.l2_bytes // 2, **options})
+        return cls(**{"threads": threads, "block_bytes": cpu.l2_bytes // 2,
+                      "panel": 2 * cpu.f32_lanes, **options})
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ from ..cross_entropy.plan import row_producers
 from ..cross_entropy.recognize import has_rank0_reshape, last_row_op
 from ..generic import largest_divisor_at_most
 from ..prepare import check_by_planning
-from .fuse import (ROW_BLOCKS, fold_gathers, fuse_backward, fuse_class_loops, logits_classes_major,
-                   mark_class_sums, name_target_checks, normalize, restructure,
+from .fuse import (ROW_BLOCKS, fold_casts, fold_gathers, fuse_backward, fuse_class_loops, logits_classes_major,
+                   mark_class_sums, name_target_checks, normalize, restructure, shrink_bounds,
                    sink_root_readers)
 from ..cross_entropy.fuse import tile_rows
 from .params import LinearCrossEntropyParams, LinearCrossEntropyPlan
@@ -63,8 +63,10 @@ def plan_linear_cross_entropy(payload: ir.Module,
     trial = ir.Module.parse(key[0], payload.context)
     fold_reshapes = False  # (the logits' contraction keeps its 2-D form)
     _apply(trial, normalize(fold_reshapes))
+    _apply(trial, fold_casts)
     logits = _logits(trial)
     _apply(trial, restructure)
+    _apply(trial, shrink_bounds)
     n, classes, _ = _logits(trial).shape
     if n < 2 or classes < 2:
         raise NotLinearCrossEntropy(f"the logits are [{n}, {classes}]: one row or one class "

@@ -4,11 +4,12 @@ With S = h W^T (analysis/logits.py) the loss reads, the backward is
 
     G = E(S, ...)        elementwise over [N, V] (the loss's d logits: softmax minus the
                          one-hot, smoothed, weighted and scaled as the loss is)
-    dh = G W             a contraction over the classes       ([N, D])
-    dW = G^T h           a contraction over the rows           ([V, D], G^T a linalg.transpose
-                         or G read transposed)
+    dh = G W             a contraction over the classes       ([N, D], or dh^T = W^T G^T)
+    dW = G^T h           a contraction over the rows           ([V, D], or dW^T = h^T G)
     db = sum_n G         a sum over the rows                   ([V], or [1, V])
 
+(G, W and h read directly or through 2-D linalg.transpose ops; a transposed result is the
+backward of a transposed view, d(h^T) = (G W)^T).
 `linear_cross_entropy_backward_in(block)` finds them (any of dh, dW, db may be missing, at
 least one is there) or raises NotLinearCrossEntropyBackward with the reason: G must be the
 one elementwise reader of S with S's shape; every reader of G must be one of the three
@@ -42,6 +43,7 @@ class LinearCrossEntropyBackward:
     d_weight: ir.Operation | None    # dW = G^T h
     d_bias: ir.Operation | None      # db = sum_n G
     transposes: list                 # linalg.transpose ops of G (read by dW only)
+    transposed: tuple = ()           # the roles ("rows", "weight") whose result is transposed
 
     @property
     def replaced(self) -> list[ir.Operation]:
@@ -115,9 +117,10 @@ def _multiply_add_into_zeros(op: ir.Operation, what: str) -> None:
 
 
 def _classify(op: ir.Operation, g_value: ir.Value, transposed: bool,
-              logits: LogitsContraction) -> str:
-    """'rows' (dh), 'weight' (dW) or 'bias' (db) for a reader `op` of G (or of G^T when
-    `transposed`); NotLinearCrossEntropyBackward otherwise."""
+              logits: LogitsContraction) -> tuple[str, bool]:
+    """('rows' (dh), 'weight' (dW) or 'bias' (db), whether the result is transposed) for a
+    reader `op` of G (or of G^T when `transposed`); NotLinearCrossEntropyBackward
+    otherwise."""
     if not is_linalg_op(op):
         raise NotLinearCrossEntropyBackward(f"the gradient of the logits is read by {op.name}")
     ls = loop_structure(op)
@@ -130,14 +133,25 @@ def _classify(op: ir.Operation, g_value: ir.Value, transposed: bool,
     if is_contraction(op) and ls.num_inputs == 2:
         _multiply_add_into_zeros(op, "a contraction of the logits' gradient")
         other = op.operands[1 - index]
-        other_dims = dim_positions(ls.maps[1 - index])
-        reduced = [d for d in ls.reduction_dims]
-        if reduced == [class_dim] and other == logits.weight and out is not None and \
-                len(other_dims) == 2 and other_dims[0] == class_dim and out == [rows_dim, other_dims[1]]:
-            return "rows"
-        if reduced == [rows_dim] and other == logits.rows and out is not None and \
-                len(other_dims) == 2 and other_dims[0] == rows_dim and out == [class_dim, other_dims[1]]:
-            return "weight"
+        direct = dim_positions(ls.maps[1 - index])
+        traced = transposed_source(other)
+        reduced = ls.reduction_dims
+        for role, source, kept in (("rows", logits.weight, rows_dim),
+                                   ("weight", logits.rows, class_dim)):
+            summed = class_dim if role == "rows" else rows_dim
+            if other == source:
+                other_dims = direct
+            elif traced is not None and traced[0] == source:  # dims of the source
+                other_dims = direct[::-1]
+            else:
+                continue
+            if reduced != [summed] or len(other_dims) != 2 or other_dims[0] != summed \
+                    or out is None:
+                continue
+            if out == [kept, other_dims[1]]:
+                return role, False
+            if out == [other_dims[1], kept]:
+                return role, True
         raise NotLinearCrossEntropyBackward(
             f"a contraction ({op.name}) of the logits' gradient is neither G W (d rows) nor "
             f"G^T h (d weight) with the layer's own h and W")
@@ -146,7 +160,7 @@ def _classify(op: ir.Operation, g_value: ir.Value, transposed: bool,
             and all(d is not None or _is_zero_expr(e) for d, e in
                     zip(out, ls.output_map(0).results)):
         _multiply_add_into_zeros(op, "the sum of the logits' gradient over the rows")
-        return "bias"
+        return "bias", False
     raise NotLinearCrossEntropyBackward(
         f"the gradient of the logits is read by {op.name}, which is not G W, G^T h or a sum "
         f"over the rows")
@@ -164,6 +178,7 @@ def linear_cross_entropy_backward_in(block: ir.Block) -> LinearCrossEntropyBackw
         raise NotLinearCrossEntropyBackward(str(exc))
     g, rows_loop, class_loop = _gradient(logits)
     roles: dict[str, ir.Operation] = {}
+    flipped = []
     transposes = []
     pending = [(op, g.results[0], False) for op in _readers(g.results[0])]
     while pending:
@@ -173,12 +188,15 @@ def linear_cross_entropy_backward_in(block: ir.Block) -> LinearCrossEntropyBackw
             transposes.append(op)
             pending.extend((r, op.results[0], not transposed) for r in _readers(op.results[0]))
             continue
-        role = _classify(op, value, transposed, logits)
+        role, flip = _classify(op, value, transposed, logits)
         if role in roles:
             raise NotLinearCrossEntropyBackward(f"the gradient of the logits has two {role} "
                                                 f"contractions")
         roles[role] = op
+        if flip:
+            flipped.append(role)
     if not roles:
         raise NotLinearCrossEntropyBackward("nothing reads the gradient of the logits")
     return LinearCrossEntropyBackward(logits, g, rows_loop, class_loop, roles.get("rows"),
-                                      roles.get("weight"), roles.get("bias"), transposes)
+                                      roles.get("weight"), roles.get("bias"), transposes,
+                                      tuple(flipped))
