@@ -11,7 +11,8 @@ l, computed by a new linalg.generic D over R's loops and k: D's body computes th
 as R's body does (the ops they depend on, cloned), gathers one element of each operand of
 S per k (tensor.extract; an operand made by a 2-D linalg.transpose is read from its source
 with the indices swapped, so W^T need not exist), and accumulates them with S's own body
-(its casts, f32 accumulation). R no longer reads S: with every gather folded, S can be
+(its casts, f32 accumulation); an unread empty [K] input holds k's extent. R no longer
+reads S: with every gather folded, S can be
 computed per tile. Exact up to the order of the sum over k.
 
 Targets: functions; the gathers are the tensor.extract ops directly in the bodies of the
@@ -120,13 +121,16 @@ def _dot_product(reader: ir.Operation, extract: ir.Operation) -> ir.Value:
                         if isinstance(v, ir.BlockArgument) and v.owner == block} |
                        {v.arg_number for v in list(extract.operands)[1:]
                         if isinstance(v, ir.BlockArgument) and v.owner == block})
-    inputs = [reader.operands[i] for i in args_read]
     extend = lambda m: ir.AffineMap.get(n_loops + 1, 0, list(m.results))
-    maps = [extend(rls.maps[i]) for i in args_read]
+    bound = ir.AffineMap.get(n_loops + 1, 0, [ir.AffineDimExpr.get(n_loops)])
     out_map = ir.AffineMap.get(n_loops + 1, 0, [ir.AffineDimExpr.get(d) for d in range(n_loops)])
     acc_type = ir.RankedTensorType(source.results[0].type).element_type
     f_body = body_of(source)
     with ir.InsertionPoint(reader), reader.location:
+        # k's extent: an unread [K] tensor (the gathers read the operands, not the loops)
+        depth = tensor.EmptyOp([sls.ranges[k]], acc_type).result
+        inputs = [reader.operands[i] for i in args_read] + [depth]
+        maps = [extend(rls.maps[i]) for i in args_read] + [bound]
         empty = tensor.EmptyOp(list(rls.ranges), acc_type).result
         init = _zeros_like(source, empty)
 

@@ -3,38 +3,44 @@ the [N, V] logits or their gradient.
 
 For the backward of each target function (transform_ext/analysis/
 linear_cross_entropy_backward.py: S = h W^T, G = E(S, ...) elementwise, dh = G W,
-dW = G^T h, db = sum_n G; any of the three may be missing; a transposed dh or dW is
-transposed once at the end), with R = `row_tile`,
+dW = G^T h, and the column sums Z = reduce_n F(S, G, ...) such as db = sum_n G; any may be
+missing; a transposed dh or dW is transposed once at the end), with R = `row_tile`,
 T = `threads`, C = `class_tile`:
 
     for each block of R rows s (sequential):
-        h_s, h_s^T (transposed once per block)
+        h_s, h_s^T (transposed once per block; as column panels of `panel` when given)
         scf.forall t < T over a contiguous share of the class tiles:
             dh_t = 0                                  [R, D], one per thread
             for each class tile c of the share:
                 S_c^T = W_c h_s^T                     [C, R]  (recomputed: no [N, V] S)
                 G_c^T = E(S_c^T, ...)                 [C, R]  (E's body, at the tile's rows
                                                                 and classes)
-                dW_c += G_c^T h_s,  db_c += sum_r G_c^T,  dh_t += G_c W_c
+                dW_c += G_c^T h_s,  Z_c = F(S_c^T, G_c^T, ...) reduced into Z_c,
+                dh_t += G_c W_c
         (the last V mod C classes: one more tile after the forall)
         dh_s = sum_t dh_t
     (the last N mod R rows: one more block of their own size)
 
-dW and db accumulate over the row blocks in f32 (each thread owns its classes: no
-conflict); dh over the threads' partial sums [T, R, D], the only memory besides the tiles.
-The layouts keep the vector lanes along a contiguous dim in every product: S^T and G^T
-[classes, rows] (lanes along the rows, h_s^T), W read in place. The contractions
-multiply-add in f32 (f16/bf16 operands widened, as torch's kernels accumulate); G keeps E's
-element type (torch rounds d logits to bf16 before its bf16 products). The loop over the
-row blocks carries the unit attribute `lh.fused_kernel`: it is fused, the schedule's later
-steps leave it alone.
+dW and the column sums accumulate over the row blocks (each thread owns its classes: no
+conflict; a column sum starts from its own init and combines with its own body); dh over the
+threads' partial sums [T, R, D], the only memory besides the tiles. The layouts keep the
+vector lanes along a contiguous dim in every product: S^T and G^T [classes, rows] (lanes
+along the rows, h_s^T), W read in place; with `panel` = w > 0 the [K, N] right operands of
+the products (h_s^T, h_s, W_c) are read as column panels [N / w, K, w] when w divides N,
+so a register tile's slice is contiguous. The contractions multiply-add in f32 (f16/bf16
+operands widened, as torch's kernels accumulate); G keeps E's element type (torch rounds
+d logits to bf16 before its bf16 products). The loop over the row blocks carries the unit
+attribute `lh.fused_kernel` (when it has more than one iteration): it is fused, the
+schedule's later steps leave it alone.
 
 Preconditions (checked on every target first; a violation is a silenceable failure naming
-the op): one such backward; static shapes; E's body without regions, E reading S [rows,
-classes] and every other tensor through a projected map (an [N, V] one only when it is a
-function argument); every reader of G is dh, dW (through transposes of G) or db; their
-results' users after E. The results of dh, dW, db are replaced (db reshaped to its type);
-G and those ops die (canonicalize after this op).
+the op): one such backward; static shapes; E's and the column sums' bodies without regions,
+reading S or G [rows, classes] and every other tensor through a projected map (an [N, V]
+one only when it is a function argument); every reader of G is dh, dW (through transposes
+of G) or a column sum; the users of the replaced results after every value the kernel
+reads (it is built right after the last of them). The
+results of dh, dW and the column sums are replaced; G and those ops die (canonicalize
+after this op).
 """
 
 
@@ -43,6 +49,7 @@ from torch_mlir.dialects import arith, ext, linalg, scf, tensor, transform
 
 from .analysis.linear_cross_entropy_backward import (LinearCrossEntropyBackward,
                                                      NotLinearCrossEntropyBackward,
+                                                     RowsAndClasses,
                                                      linear_cross_entropy_backward_in)
 from .analysis.structure import dim_positions, loop_structure
 from .common import (Illegal, RewritesTargets, Success, block_ops, body_of, build_generic,
@@ -57,25 +64,77 @@ DYNAMIC = ir.ShapedType.get_dynamic_stride_or_offset()
 # ----------------------------------------------------------------------------- legality
 
 
-def plan(target: ir.Operation) -> LinearCrossEntropyBackward:
-    """The backward of `target` meeting the preconditions, or Illegal."""
+def _insertion_point(bwd: LinearCrossEntropyBackward, ops: list[ir.Operation]) -> ir.Operation:
+    """The op the kernel is built before: right after the last op defining a value that G,
+    the column sums (their bodies too), h or W read; Illegal when a user of a replaced
+    result comes before it."""
+    position = {op: i for i, op in enumerate(ops)}
+    tiled = ([bwd.gradient.op] if bwd.gradient is not None else []) + [c.op for c in bwd.column_sums]
+    inits = {c.op.operands[loop_structure(c.op).num_inputs] for c in bwd.column_sums}
+    for init in inits:
+        _init_ops(init)  # (rebuilt at the kernel: where they are does not matter)
+    values = [bwd.logits.rows, bwd.logits.weight]
+    for op in tiled:
+        values += [v for inner in walk_ops(op, lambda o: True) for v in inner.operands
+                   if v not in inits]
+    last = -1
+    for value in values:
+        producer = None if isinstance(value, ir.BlockArgument) else value.owner
+        producer = getattr(producer, "operation", producer)
+        if producer in position and producer not in tiled:
+            last = max(last, position[producer])
+    for op in bwd.replaced:
+        for user in users(op.results[0]):
+            if user in position and position[user] <= last:
+                raise Illegal(user, "reads a gradient before the values the fused backward "
+                                    "reads are computed")
+    return ops[last + 1]
+
+
+_PURE = ("tensor.empty", "linalg.fill", "arith.constant")
+
+
+def _init_ops(value: ir.Value) -> list[ir.Operation]:
+    """The ops computing a column sum's init from constants only (tensor.empty, fills,
+    input-less generics, their constants), in order; Illegal when it reads data."""
+    found: list[ir.Operation] = []
+
+    def visit(v: ir.Value) -> None:
+        if isinstance(v, ir.BlockArgument):
+            raise Illegal(v.owner.owner, "a reduction over the rows starts from an argument")
+        op = getattr(v.owner, "operation", v.owner)
+        if op in found:
+            return
+        if op.name == "linalg.generic" and loop_structure(op).num_inputs == 0:
+            for inner in body_of(op).operations:
+                for operand in inner.operation.operands:
+                    if not isinstance(operand, ir.BlockArgument) and \
+                            getattr(operand.owner, "operation", operand.owner).parent != op:
+                        visit(operand)
+        elif op.name not in _PURE:
+            raise Illegal(op, "a reduction over the rows starts from a value computed from data")
+        for operand in op.operands:
+            visit(operand)
+        found.append(op)
+
+    visit(value)
+    return found
+
+
+def plan(target: ir.Operation) -> tuple[LinearCrossEntropyBackward, ir.Operation]:
+    """The backward of `target` meeting the preconditions and the op to build the kernel
+    before, or Illegal."""
     if target.name != "func.func":
         raise Illegal(target, "not a function")
     try:
         bwd = linear_cross_entropy_backward_in(target.regions[0].blocks[0])
     except NotLinearCrossEntropyBackward as exc:
         raise Illegal(target, str(exc))
-    g = bwd.gradient
-    if walk_ops(g, lambda o: o != g and len(o.regions) > 0):
-        raise Illegal(g, "the gradient's body holds an op with a region")
-    if not loop_structure(g).is_static:
-        raise Illegal(g, "the gradient has dynamic extents")
-    position = {op: i for i, op in enumerate(block_ops(target))}
-    for op in bwd.replaced:
-        for user in users(op.results[0]):
-            if user in position and position[user] < position[g]:
-                raise Illegal(user, "reads a gradient before the logits' gradient is computed")
-    return bwd
+    tiled = ([bwd.gradient] if bwd.gradient is not None else []) + bwd.column_sums
+    for item in tiled:
+        if walk_ops(item.op, lambda o: o != item.op and len(o.regions) > 0):
+            raise Illegal(item.op, "its body holds an op with a region")
+    return bwd, _insertion_point(bwd, block_ops(target))
 
 
 # ----------------------------------------------------------------------------- building
@@ -109,6 +168,13 @@ def _insert(source: ir.Value, dest: ir.Value, offsets: list, sizes: list) -> ir.
                                 [1] * len(sizes)).result
 
 
+def _parallel_insert(source: ir.Value, dest: ir.Value, offsets: list, sizes: list) -> None:
+    offs, static_offs = _split(offsets)
+    szs, static_szs = _split(sizes)
+    tensor.ParallelInsertSliceOp(source, dest, offs, szs, [], static_offs, static_szs,
+                                 [1] * len(sizes))
+
+
 def _zeros(shape: list[int], element: ir.Type) -> ir.Value:
     empty = tensor.EmptyOp(shape, element).result
     zero = arith.ConstantOp(element, ir.FloatAttr.get(element, 0.0)).result
@@ -119,11 +185,15 @@ def _map(n: int, dims: list[int]) -> ir.AffineMap:
     return ir.AffineMap.get(n, 0, [ir.AffineDimExpr.get(d) for d in dims])
 
 
+def _widen(value: ir.Value) -> ir.Value:
+    f32 = ir.F32Type.get()
+    return value if value.type == f32 else arith.extf(f32, value)
+
+
 def _multiply_add(args: list[ir.Value]) -> list[ir.Value]:
     """acc + a b in f32 (f16/bf16 operands widened)."""
-    f32 = ir.F32Type.get()
-    a, b, acc = [v if v.type == f32 else arith.extf(f32, v) for v in args]
-    return [arith.addf(acc, arith.mulf(a, b))]
+    a, b, acc = args
+    return [arith.addf(acc, arith.mulf(_widen(a), _widen(b)))]
 
 
 def _panels(b: ir.Value, width: int) -> ir.Value:
@@ -138,6 +208,12 @@ def _panels(b: ir.Value, width: int) -> ir.Value:
     return linalg.transpose(split, outs=[empty], permutation=[1, 0, 2]).results[0]
 
 
+def _maybe_panels(b: ir.Value, width: int) -> ir.Value:
+    """`b` as panels of `width` columns when they divide its columns (width > 0)."""
+    n = ir.RankedTensorType(b.type).shape[1]
+    return _panels(b, width) if width and n % width == 0 and n > width else b
+
+
 def _product(a: ir.Value, a_rows_first: bool, b: ir.Value, acc: ir.Value) -> ir.Value:
     """acc[M, N] += sum_k A[m, k] B[k, n]: A is `a` ([M, K] when `a_rows_first`, else
     [K, M]); B is `b`, [K, N] or its panels [N / w, K, w] (then acc is read as [M, N / w, w]
@@ -147,46 +223,76 @@ def _product(a: ir.Value, a_rows_first: bool, b: ir.Value, acc: ir.Value) -> ir.
         return build_generic([a, b], [acc], [_map(3, a_dims(0, 2)), _map(3, [2, 1]), _map(3, [0, 1])],
                              ["parallel", "parallel", "reduction"], _multiply_add).results[0]
     panels, _, width = ir.RankedTensorType(b.type).shape
-    rows, cols = ir.RankedTensorType(acc.type).shape
+    rows, _ = ir.RankedTensorType(acc.type).shape
     acc_type = ir.RankedTensorType(acc.type)
-    split = tensor.ExpandShapeOp(ir.RankedTensorType.get([rows, panels, width], acc_type.element_type),
-                                 acc, reassociation_attr([[0], [1, 2]]), [], [rows, panels, width]).result
+    split_type = ir.RankedTensorType.get([rows, panels, width], acc_type.element_type)
+    split = tensor.ExpandShapeOp(split_type, acc, reassociation_attr([[0], [1, 2]]), [],
+                                 [rows, panels, width]).result
     out = build_generic([a, b], [split],
                         [_map(4, a_dims(0, 3)), _map(4, [1, 3, 2]), _map(4, [0, 1, 2])],
                         ["parallel", "parallel", "parallel", "reduction"], _multiply_add).results[0]
     return tensor.CollapseShapeOp(acc_type, out, reassociation_attr([[0], [1, 2]])).result
 
 
-def _maybe_panels(b: ir.Value, width: int) -> ir.Value:
-    """`b` as panels of `width` columns when they divide its columns (width > 0)."""
-    n = ir.RankedTensorType(b.type).shape[1]
-    return _panels(b, width) if width and n % width == 0 and n > width else b
+class _ClassAccumulator:
+    """A result accumulated per class over the row blocks (dW [V, D], a column sum [.., V, ..]):
+    its full value, the axis of its classes."""
+
+    def __init__(self, init: ir.Value, axis: int):
+        self.init, self.axis = init, axis
+        self.shape = list(ir.RankedTensorType(init.type).shape)
+
+    def slice(self, value: ir.Value, offset, size) -> ir.Value:
+        offsets = [0] * len(self.shape)
+        sizes = list(self.shape)
+        offsets[self.axis], sizes[self.axis] = offset, size
+        return _slice(value, offsets, sizes)
+
+    def insert(self, part: ir.Value, value: ir.Value, offset, size) -> ir.Value:
+        offsets = [0] * len(self.shape)
+        sizes = list(self.shape)
+        offsets[self.axis], sizes[self.axis] = offset, size
+        return _insert(part, value, offsets, sizes)
+
+    def parallel_insert(self, part: ir.Value, value: ir.Value, offset, size) -> None:
+        offsets = [0] * len(self.shape)
+        sizes = list(self.shape)
+        offsets[self.axis], sizes[self.axis] = offset, size
+        _parallel_insert(part, value, offsets, sizes)
 
 
 class _Kernel:
-    """The loop nest of the module docstring for one backward."""
+    """The loop nest of the module docstring for one backward. The carried values: dh
+    (when there is one), then one _ClassAccumulator per dW and column sum."""
 
     def __init__(self, bwd: LinearCrossEntropyBackward, row_tile: int, class_tile: int,
                  threads: int, panel: int):
         self.bwd = bwd
-        self.panel = panel
         self.n, self.v, self.d = bwd.logits.shape
         self.rows = min(row_tile, self.n)
         self.classes = min(class_tile, self.v)
         self.threads = threads
+        self.panel = panel
         self.f32 = ir.F32Type.get()
-        self.g_type = ir.RankedTensorType(bwd.gradient.results[0].type).element_type
+        self.has_dh = bwd.d_rows is not None
+        self.accumulators: list[_ClassAccumulator] = []
 
-    def build(self) -> tuple[ir.Value | None, ir.Value | None, ir.Value | None]:
-        """(dh, dW, db) as f32 [N, D], [V, D], [V], at the current insertion point."""
+    def build(self) -> list[ir.Value]:
+        """dh (when there is one), dW (when there is one) and the column sums, at the
+        current insertion point."""
         bwd, f32 = self.bwd, self.f32
-        carried = []
-        if bwd.d_rows is not None:
-            carried.append(tensor.EmptyOp([self.n, self.d], f32).result)
+        carried = [tensor.EmptyOp([self.n, self.d], f32).result] if self.has_dh else []
         if bwd.d_weight is not None:
-            carried.append(_zeros([self.v, self.d], f32))
-        if bwd.d_bias is not None:
-            carried.append(_zeros([self.v], f32))
+            self.accumulators.append(_ClassAccumulator(_zeros([self.v, self.d], f32), 0))
+        for column in bwd.column_sums:
+            ls = loop_structure(column.op)
+            init = column.op.operands[ls.num_inputs]
+            mapping: dict = {}
+            for op in _init_ops(init):  # its init, rebuilt here (from constants only)
+                clone_op(op, mapping)
+            axis = dim_positions(ls.output_map(0)).index(column.class_loop)
+            self.accumulators.append(_ClassAccumulator(mapping[init], axis))
+        carried += [a.init for a in self.accumulators]
         full = self.n - self.n % self.rows
         loop = scf.ForOp(_index(0), _index(full), _index(self.rows), carried)
         loop.operation.attributes[FUSED_KERNEL] = ir.UnitAttr.get()
@@ -196,22 +302,15 @@ class _Kernel:
         results = list(loop.results)
         if self.n % self.rows:
             results = self.row_block(_index(full), self.n % self.rows, results)
-        it = iter(results)
-        return tuple(next(it) if op is not None else None
-                     for op in (bwd.d_rows, bwd.d_weight, bwd.d_bias))
-
-    def _unpack(self, carried: list) -> tuple:
-        it = iter(carried)
-        bwd = self.bwd
-        return tuple(next(it) if op is not None else None
-                     for op in (bwd.d_rows, bwd.d_weight, bwd.d_bias))
+        return results
 
     def row_block(self, s0: ir.Value, rows: int, carried: list) -> list[ir.Value]:
         """One block of `rows` rows from s0: the forall over the threads' classes, the
         remainder class tile, dh_s into dh."""
-        bwd, f32, d = self.bwd, self.f32, self.d
-        dh, dw, db = self._unpack(carried)
-        h = bwd.logits.rows
+        f32, d = self.f32, self.d
+        dh = carried[0] if self.has_dh else None
+        accumulated = carried[1:] if self.has_dh else carried
+        h = self.bwd.logits.rows
         h_s = _slice(h, [s0, 0], [rows, d])
         h_type = ir.RankedTensorType(h.type).element_type
         h_t = linalg.transpose(h_s, outs=[tensor.EmptyOp([d, rows], h_type).result],
@@ -219,78 +318,55 @@ class _Kernel:
         block = _Block(self, s0, rows, _maybe_panels(h_s, self.panel),
                        _maybe_panels(h_t, self.panel))
         tiles = (self.v - self.v % self.classes) // self.classes
-        shared = []
-        if dh is not None:
-            shared.append(tensor.EmptyOp([self.threads, rows, d], f32).result)
-        if dw is not None:
-            shared.append(dw)
-        if db is not None:
-            shared.append(db)
+        shared = ([tensor.EmptyOp([self.threads, rows, d], f32).result] if self.has_dh else []) \
+            + accumulated
         forall = scf.ForallOp([0], [self.threads], [1], shared_outs=shared)
         with ir.InsertionPoint(forall.body):
             t = forall.induction_variables[0]
             lo = arith.muli(arith.divui(arith.muli(t, _index(tiles)), _index(self.threads)),
                             _index(self.classes))
-            t1 = arith.addi(t, _index(1))
-            hi = arith.muli(arith.divui(arith.muli(t1, _index(tiles)), _index(self.threads)),
-                            _index(self.classes))
+            hi = arith.muli(arith.divui(arith.muli(arith.addi(t, _index(1)), _index(tiles)),
+                                        _index(self.threads)), _index(self.classes))
             size = arith.subi(hi, lo)
-            outs = self._unpack(list(forall.inner_iter_args))
-            inits = []
-            if dh is not None:
-                inits.append(_zeros([rows, d], f32))
-            if dw is not None:
-                inits.append(_slice(outs[1], [lo, 0], [size, d]))
-            if db is not None:
-                inits.append(_slice(outs[2], [lo], [size]))
+            outs = list(forall.inner_iter_args)
+            outs_acc = outs[1:] if self.has_dh else outs
+            inits = ([_zeros([rows, d], f32)] if self.has_dh else []) + \
+                [a.slice(v, lo, size) for a, v in zip(self.accumulators, outs_acc)]
             loop = scf.ForOp(lo, hi, _index(self.classes), inits)
             with ir.InsertionPoint(loop.body):
                 c0 = loop.induction_variable
-                local = arith.subi(c0, lo)
-                scf.YieldOp(block.class_tile(c0, local, self.classes,
+                scf.YieldOp(block.class_tile(c0, arith.subi(c0, lo), self.classes,
                                              list(loop.inner_iter_args)))
-            parts = self._unpack(list(loop.results))
+            parts = list(loop.results)
             parallel = scf.InParallelOp()
             with ir.InsertionPoint(parallel.block):
-                if dh is not None:
-                    tensor.ParallelInsertSliceOp(
-                        parts[0], outs[0], [t], [], [], [DYNAMIC, 0, 0], [1, rows, d], [1, 1, 1])
-                if dw is not None:
-                    tensor.ParallelInsertSliceOp(parts[1], outs[1], [lo], [size], [],
-                                                 [DYNAMIC, 0], [DYNAMIC, d], [1, 1])
-                if db is not None:
-                    tensor.ParallelInsertSliceOp(parts[2], outs[2], [lo], [size], [],
-                                                 [DYNAMIC], [DYNAMIC], [1])
-        partial, dw, db = self._unpack(list(forall.results))
+                if self.has_dh:
+                    _parallel_insert(parts[0], outs[0], [t, 0, 0], [1, rows, d])
+                for a, part, out in zip(self.accumulators, parts[1:] if self.has_dh else parts,
+                                        outs_acc):
+                    a.parallel_insert(part, out, lo, size)
+        results = list(forall.results)
+        partial = results[0] if self.has_dh else None
+        accumulated = results[1:] if self.has_dh else results
         rest = self.v % self.classes
         extra = None
         if rest:
             c0 = self.v - rest
-            inits = []
-            if dh is not None:
-                inits.append(_zeros([rows, d], f32))
-            if dw is not None:
-                inits.append(_slice(dw, [c0, 0], [rest, d]))
-            if db is not None:
-                inits.append(_slice(db, [c0], [rest]))
-            tile = self._unpack(block.class_tile(_index(c0), _index(0), rest, inits))
-            extra = tile[0]
-            if dw is not None:
-                dw = _insert(tile[1], dw, [c0, 0], [rest, d])
-            if db is not None:
-                db = _insert(tile[2], db, [c0], [rest])
+            inits = ([_zeros([rows, d], f32)] if self.has_dh else []) + \
+                [a.slice(v, c0, rest) for a, v in zip(self.accumulators, accumulated)]
+            tile = block.class_tile(_index(c0), _index(0), rest, inits)
+            extra = tile[0] if self.has_dh else None
+            parts = tile[1:] if self.has_dh else tile
+            accumulated = [a.insert(p, v, c0, rest)
+                           for a, p, v in zip(self.accumulators, parts, accumulated)]
         result = []
-        if dh is not None:
+        if self.has_dh:
             init = extra if extra is not None else _zeros([rows, d], f32)
             dh_s = build_generic([partial], [init], [_map(3, [0, 1, 2]), _map(3, [1, 2])],
                                  ["reduction", "parallel", "parallel"],
                                  lambda args: [arith.addf(args[1], args[0])]).results[0]
             result.append(_insert(dh_s, dh, [s0, 0], [rows, d]))
-        if dw is not None:
-            result.append(dw)
-        if db is not None:
-            result.append(db)
-        return result
+        return result + accumulated
 
 
 class _Block:
@@ -300,115 +376,114 @@ class _Block:
         self.k, self.s0, self.rows, self.h_s, self.h_t = kernel, s0, rows, h_s, h_t
 
     def class_tile(self, c0: ir.Value, local: ir.Value, classes: int, carried: list) -> list:
-        """The tile of `classes` classes from c0 (at `local` in the carried dW and db):
-        S^T, G^T, then dW, db, dh updated; returns the carried values."""
+        """The tile of `classes` classes from c0 (at `local` in the carried accumulators):
+        S^T, G^T, then dW, the column sums, dh updated; returns the carried values."""
         k = self.k
-        bwd, f32, d, rows = k.bwd, k.f32, k.d, self.rows
-        dh, dw, db = k._unpack(carried)
+        bwd, f32, d = k.bwd, k.f32, k.d
+        dh = carried[0] if k.has_dh else None
+        accumulated = carried[1:] if k.has_dh else carried
         w_c = _slice(bwd.logits.weight, [c0, 0], [classes, d])
-        s_t = _product(w_c, True, self.h_t, _zeros([classes, rows], f32))
-        g_t = self.gradient_tile(s_t, c0, classes)
+        s_t = _product(w_c, True, self.h_t, _zeros([classes, self.rows], f32))
+        tiles = {bwd.logits.result: s_t}
+        if bwd.gradient is not None:
+            g = bwd.gradient
+            g_type = ir.RankedTensorType(g.op.results[0].type).element_type
+            out = tensor.EmptyOp([classes, self.rows], g_type).result
+            tiles[g.op.results[0]] = self.tile_op(g, tiles, c0, classes, out, _map(2, [0, 1]))
         result = []
         if dh is not None:
+            g_t = tiles[bwd.gradient.op.results[0]]
             result.append(_product(g_t, False, _maybe_panels(w_c, k.panel), dh))
-        if dw is not None:
-            dw_c = _slice(dw, [local, 0], [classes, d])
-            dw_c = _product(g_t, True, self.h_s, dw_c)
-            result.append(_insert(dw_c, dw, [local, 0], [classes, d]))
-        if db is not None:
-            db_c = _slice(db, [local], [classes])
-            db_c = build_generic([g_t], [db_c], [_map(2, [0, 1]), _map(2, [0])],
-                                 ["parallel", "reduction"],
-                                 lambda args: [arith.addf(args[1], _widen(args[0]))]).results[0]
-            result.append(_insert(db_c, db, [local], [classes]))
+        sums = iter(zip(k.accumulators, accumulated))
+        if bwd.d_weight is not None:
+            acc, dw = next(sums)
+            g_t = tiles[bwd.gradient.op.results[0]]
+            dw_c = _product(g_t, True, self.h_s, acc.slice(dw, local, classes))
+            result.append(acc.insert(dw_c, dw, local, classes))
+        for column, (acc, total) in zip(bwd.column_sums, sums):
+            part = self.tile_op(column, tiles, c0, classes, acc.slice(total, local, classes))
+            result.append(acc.insert(part, total, local, classes))
         return result
 
-    def gradient_tile(self, s_t: ir.Value, c0: ir.Value, classes: int) -> ir.Value:
-        """G^T [classes, rows] = E at the tile's classes and rows: E's loops (rows, classes)
-        become (1, 0); every input is sliced to the tile along the dims it reads (S is the
-        recomputed S^T); linalg.index counts from the tile's origin."""
-        k = self.k
-        bwd = k.bwd
-        g = bwd.gradient
-        ls = loop_structure(g)
-        loop_of = {bwd.rows_loop: 1, bwd.class_loop: 0}
-        origin = {bwd.rows_loop: self.s0, bwd.class_loop: c0}
-        extent = {bwd.rows_loop: self.rows, bwd.class_loop: classes}
+    def tile_op(self, item: RowsAndClasses, tiles: dict, c0: ir.Value, classes: int,
+                out: ir.Value, out_map: ir.AffineMap | None = None) -> ir.Value:
+        """`item`'s op at the tile's classes and rows, into `out` (through `out_map`, else
+        its own output map): its loops (rows, classes) become (1, 0); S and G read as their
+        [classes, rows] tiles, every other input sliced to the tile along the dims it reads;
+        linalg.index counts from the tile's origin."""
+        op = item.op
+        ls = loop_structure(op)
+        loop_of = {item.rows_loop: 1, item.class_loop: 0}
+        origin = {item.rows_loop: self.s0, item.class_loop: c0}
+        extent = {item.rows_loop: self.rows, item.class_loop: classes}
+
+        def tile_map(amap: ir.AffineMap) -> ir.AffineMap:
+            return ir.AffineMap.get(2, 0, [ir.AffineDimExpr.get(loop_of[ir.AffineDimExpr(e).position])
+                                           if isinstance(e, ir.AffineDimExpr) else e
+                                           for e in amap.results])
+
         inputs, maps = [], []
-        for value, amap in zip(list(g.operands)[:ls.num_inputs], ls.maps):
-            if value == bwd.logits.result:
-                inputs.append(s_t)
+        for value, amap in zip(list(op.operands)[:ls.num_inputs], ls.maps):
+            if value in tiles:
+                inputs.append(tiles[value])
                 maps.append(_map(2, [0, 1]))
                 continue
-            results = []
             if isinstance(value.type, ir.RankedTensorType):
                 offsets, sizes = [], []
                 for axis, expr in enumerate(amap.results):
                     if isinstance(expr, ir.AffineDimExpr):
                         offsets.append(origin[expr.position])
                         sizes.append(extent[expr.position])
-                        results.append(ir.AffineDimExpr.get(loop_of[expr.position]))
                     else:
                         offsets.append(0)
                         sizes.append(ir.RankedTensorType(value.type).shape[axis])
-                        results.append(expr)
                 value = _slice(value, offsets, sizes)
             inputs.append(value)
-            maps.append(ir.AffineMap.get(2, 0, results))
-        out = tensor.EmptyOp([classes, self.rows], k.g_type).result
-        body = body_of(g)
+            maps.append(tile_map(amap))
+        body = body_of(op)
 
         def clone(args):
-            mapping = {body.arguments[i]: args[i] for i in range(ls.num_inputs)}
-            mapping[body.arguments[ls.num_inputs]] = args[ls.num_inputs]
-            for op in list(body.operations)[:-1]:
-                op = op.operation
-                if op.name == "linalg.index":
-                    dim = ir.IntegerAttr(op.attributes["dim"]).value
+            mapping = {body.arguments[i]: args[i] for i in range(ls.num_inputs + 1)}
+            for inner in list(body.operations)[:-1]:
+                inner = inner.operation
+                if inner.name == "linalg.index":
+                    dim = ir.IntegerAttr(inner.attributes["dim"]).value
                     i64 = ir.IntegerType.get_signless(64)
-                    local = linalg.IndexOp(ir.IntegerAttr.get(i64, loop_of[dim])).result
-                    mapping[op.results[0]] = arith.addi(local, origin[dim])
+                    index = linalg.IndexOp(ir.IntegerAttr.get(i64, loop_of[dim])).result
+                    mapping[inner.results[0]] = arith.addi(index, origin[dim])
                     continue
-                clone_op(op, mapping)
+                clone_op(inner, mapping)
             return [mapping.get(v, v) for v in terminator(body).operands]
 
-        return build_generic(inputs, [out], maps + [_map(2, [0, 1])], ["parallel", "parallel"],
-                             clone).results[0]
-
-
-def _widen(value: ir.Value) -> ir.Value:
-    f32 = ir.F32Type.get()
-    return value if value.type == f32 else arith.extf(f32, value)
+        iterators = ["parallel", "reduction" if item.rows_loop in ls.reduction_dims else "parallel"]
+        out_map = out_map or tile_map(ls.output_map(0))
+        return build_generic(inputs, [out], maps + [out_map], iterators, clone).results[0]
 
 
 # ----------------------------------------------------------------------------- rewrite
 
 
-def rewrite(bwd: LinearCrossEntropyBackward, row_tile: int, class_tile: int, threads: int,
-            panel: int, rewriter) -> ir.Operation:
-    g = bwd.gradient
-    with ir.InsertionPoint(g), g.location:
-        dh, dw, db = _Kernel(bwd, row_tile, class_tile, threads, panel).build()
-        if db is not None:
-            t = ir.RankedTensorType(bwd.d_bias.results[0].type)
-            if t.rank != 1:  # [1, V] or [V, 1]
-                db = tensor.ExpandShapeOp(t, db, reassociation_attr([list(range(t.rank))]), [],
-                                          list(t.shape)).result
-        for role in bwd.transposed:  # d(h^T) = (G W)^T, d(W^T) = (G^T h)^T
-            value = dh if role == "rows" else dw
-            rows, cols = ir.RankedTensorType(value.type).shape
-            empty = tensor.EmptyOp([cols, rows], ir.F32Type.get()).result
-            flipped = linalg.transpose(value, outs=[empty], permutation=[1, 0]).results[0]
-            dh, dw = (flipped, dw) if role == "rows" else (dh, flipped)
-    for op, value in ((bwd.d_rows, dh), (bwd.d_weight, dw), (bwd.d_bias, db)):
-        if op is not None:
-            rewriter.replace_op(op, [value])
+def rewrite(bwd: LinearCrossEntropyBackward, at: ir.Operation, row_tile: int, class_tile: int,
+            threads: int, panel: int, rewriter) -> None:
+    with ir.InsertionPoint(at), at.location:
+        results = iter(_Kernel(bwd, row_tile, class_tile, threads, panel).build())
+        replaced = [(op, next(results)) for op in (bwd.d_rows, bwd.d_weight) if op is not None]
+        replaced += [(column.op, next(results)) for column in bwd.column_sums]
+        for i, (op, value) in enumerate(replaced):
+            role = "rows" if op is bwd.d_rows else "weight"
+            if op in (bwd.d_rows, bwd.d_weight) and role in bwd.transposed:
+                # d(h^T) = (G W)^T, d(W^T) = (G^T h)^T
+                rows, cols = ir.RankedTensorType(value.type).shape
+                empty = tensor.EmptyOp([cols, rows], ir.F32Type.get()).result
+                replaced[i] = (op, linalg.transpose(value, outs=[empty],
+                                                    permutation=[1, 0]).results[0])
+    for op, value in replaced:
+        rewriter.replace_op(op, [value])
     for op in reversed(bwd.transposes):
         if not any(list(r.uses) for r in op.results):
             rewriter.erase_op(op)
-    if not list(g.results[0].uses):
-        rewriter.erase_op(g)
-    return g
+    if bwd.gradient is not None and not list(bwd.gradient.op.results[0].uses):
+        rewriter.erase_op(bwd.gradient.op)
 
 
 class FuseLinearCrossEntropyBackwardOp(TransformExt.Operation,
@@ -436,8 +511,8 @@ class FuseLinearCrossEntropyBackwardOp(TransformExt.Operation,
                     plans = [plan(t) for t in targets]
                 except Illegal as illegal:
                     return fail(NAME, illegal)
-                for bwd in plans:
-                    rewrite(bwd, rows, classes, threads, panel, rewriter)
+                for bwd, at in plans:
+                    rewrite(bwd, at, rows, classes, threads, panel, rewriter)
                 return Success
 
         @staticmethod

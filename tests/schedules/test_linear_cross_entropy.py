@@ -164,14 +164,23 @@ def _allocations(payload) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
-def test_no_logits_sized_buffer_after_bufferization(backward):
+@pytest.mark.parametrize("bias", [False, True], ids=["linear", "bias_weight_smoothing"])
+def test_no_logits_sized_buffer_after_bufferization(kernel_file, backward, bias):
     """After bufferization no buffer holds the logits or their gradient: none is [N, V]
-    (or [V, N]) and none has as many elements as the logits; the largest are the
-    gradients' own [V, D] and the backward's dh partials [threads, rows, D]."""
-    n, d, v = 192, 32, 1000
-    c = compile_kernel(EXAMPLES / "linear_cross_entropy.py", overrides=dict(N=n, D=d, V=v),
-                       backward=backward, stop_after="bufferize")
-    assert c.family.name == "linear_cross_entropy"
+    (or [V, N]) and none has as many elements as a quarter of the logits; the largest are
+    the gradients' own [V, D] and the backward's dh partials [threads, rows, D]. With a
+    bias, class weights and label smoothing too (db, read from the logits once the loss is
+    restructured, and the smoothing's class sums)."""
+    n, d, v = 600, 32, 1000
+    if bias:
+        path = kernel(kernel_file, n=n, d=d, v=v, args="h, y", inputs="h, y",
+                      init=MODULE.format(bias=True, loss="weight=torch.rand(V), "
+                                                        "label_smoothing=0.1"),
+                      body="return self.loss(self.head(h), y)", options="")
+    else:
+        path = kernel(kernel_file, n=n, d=d, v=v, options="")
+    c = compile_kernel(path, backward=backward, stop_after="bufferize")
+    assert c.family.name == "linear_cross_entropy", c.notes
     shapes = _allocations(c.module)
     assert shapes
     for shape in shapes:

@@ -6,15 +6,18 @@ With S = h W^T (analysis/logits.py) the loss reads, the backward is
                          one-hot, smoothed, weighted and scaled as the loss is)
     dh = G W             a contraction over the classes       ([N, D], or dh^T = W^T G^T)
     dW = G^T h           a contraction over the rows           ([V, D], or dW^T = h^T G)
-    db = sum_n G         a sum over the rows                   ([V], or [1, V])
+    db = sum_n G         a reduction over the rows             ([V], or [1, V]); after the
+                         restructure of the loss it may read S itself, E inlined in its body:
+                         any reduction over the rows of a function of S or G (a "column sum")
 
 (G, W and h read directly or through 2-D linalg.transpose ops; a transposed result is the
 backward of a transposed view, d(h^T) = (G W)^T).
-`linear_cross_entropy_backward_in(block)` finds them (any of dh, dW, db may be missing, at
-least one is there) or raises NotLinearCrossEntropyBackward with the reason: G must be the
-one elementwise reader of S with S's shape; every reader of G must be one of the three
-(through transposes of G); the contractions multiply-add into zeros in f32, reading W and h
-as S does; G reads no other [N, V] tensor than S and function arguments.
+
+`linear_cross_entropy_backward_in(block)` finds them (any may be missing, one at least is
+there) or raises NotLinearCrossEntropyBackward with the reason: at most one elementwise
+reader of S with S's shape (G); every reader of G one of the above (through transposes of
+G); the contractions multiply-add into zeros in f32, reading W and h as S does; G and the
+column sums read no other [N, V] tensor than S, G and function arguments.
 """
 
 from __future__ import annotations
@@ -34,20 +37,28 @@ class NotLinearCrossEntropyBackward(Exception):
 
 
 @dataclass
+class RowsAndClasses:
+    """A 2-loop op over [rows, classes] reading S (or G): which loop is which."""
+
+    op: ir.Operation
+    rows_loop: int
+    class_loop: int
+
+
+@dataclass
 class LinearCrossEntropyBackward:
     logits: LogitsContraction
-    gradient: ir.Operation           # G = E(S, ...), [N, V] or its transpose layout
-    rows_loop: int                   # G's loop dim over the rows
-    class_loop: int                  # G's loop dim over the classes
+    gradient: RowsAndClasses | None  # G = E(S, ...), when a contraction reads it
     d_rows: ir.Operation | None      # dh = G W
     d_weight: ir.Operation | None    # dW = G^T h
-    d_bias: ir.Operation | None      # db = sum_n G
+    column_sums: list                # RowsAndClasses: reductions over the rows (db)
     transposes: list                 # linalg.transpose ops of G (read by dW only)
     transposed: tuple = ()           # the roles ("rows", "weight") whose result is transposed
 
     @property
     def replaced(self) -> list[ir.Operation]:
-        return [op for op in (self.d_rows, self.d_weight, self.d_bias) if op is not None]
+        return [op for op in (self.d_rows, self.d_weight) if op is not None] + \
+            [c.op for c in self.column_sums]
 
 
 def _readers(value: ir.Value) -> list[ir.Operation]:
@@ -59,42 +70,79 @@ def _readers(value: ir.Value) -> list[ir.Operation]:
     return found
 
 
-def _gradient(logits: LogitsContraction) -> tuple[ir.Operation, int, int]:
-    """G, its rows loop and its class loop."""
+def _rows_and_classes(op: ir.Operation, value: ir.Value, transposed: bool = False):
+    """(rows loop, class loop) of a 2-loop linalg.generic reading `value` ([rows, classes],
+    or [classes, rows] when `transposed`) through plain dims; None otherwise."""
+    if not is_linalg_op(op) or op.name != "linalg.generic" or len(op.results) != 1:
+        return None
+    ls = loop_structure(op)
+    if ls.num_loops != 2 or not ls.is_static:
+        return None
+    index = list(op.operands).index(value)
+    if index >= ls.num_inputs:
+        return None
+    dims = dim_positions(ls.maps[index])
+    if len(dims) != 2 or None in dims or dims[0] == dims[1]:
+        return None
+    return (dims[1], dims[0]) if transposed else (dims[0], dims[1])
+
+
+def _check_inputs(op: ir.Operation, tiled: set, rows_loop: int, class_loop: int, what: str):
+    """`op` reads every tensor through plain dims or unit constants, and the [N, V] ones
+    are in `tiled` (S, G) or function arguments."""
+    ls = loop_structure(op)
+    for value, amap in zip(list(op.operands)[:ls.num_inputs], ls.maps):
+        if not _broadcast_map(amap):
+            raise NotLinearCrossEntropyBackward(f"{what} reads a tensor through a "
+                                                f"non-projected indexing map")
+        if value not in tiled and isinstance(value.type, ir.RankedTensorType) and \
+                {rows_loop, class_loop} <= set(p for p in dim_positions(amap) if p is not None) \
+                and not isinstance(value, ir.BlockArgument):
+            raise NotLinearCrossEntropyBackward(f"{what} reads an [N, V] tensor computed in "
+                                                f"the function besides the logits")
+
+
+def _gradient(logits: LogitsContraction) -> RowsAndClasses | None:
+    """G: the elementwise reader of S with S's shape (None: there is none)."""
     s = logits.result
     shape = list(ir.RankedTensorType(s.type).shape)
     found = []
     for op in _readers(s):
-        if not is_linalg_op(op) or op.name != "linalg.generic":
+        loops = _rows_and_classes(op, s)
+        if loops is None or loop_structure(op).reduction_dims or \
+                list(ir.RankedTensorType(op.results[0].type).shape) != shape:
             continue
-        ls = loop_structure(op)
-        if ls.reduction_dims or len(op.results) != 1 or ls.num_loops != 2:
-            continue
-        if list(ir.RankedTensorType(op.results[0].type).shape) != shape:
-            continue
-        found.append(op)
-    if len(found) != 1:
+        found.append(RowsAndClasses(op, *loops))
+    if len(found) > 1:
         raise NotLinearCrossEntropyBackward(
             f"expected one elementwise op over the logits computing their gradient, found "
             f"{len(found)}")
+    if not found:
+        return None
     g = found[0]
-    ls = loop_structure(g)
-    index = list(g.operands).index(s)
-    rows_loop, class_loop = dim_positions(ls.maps[index])
-    if rows_loop is None or class_loop is None or \
-            dim_positions(ls.output_map(0)) != [rows_loop, class_loop]:
+    if dim_positions(loop_structure(g.op).output_map(0)) != [g.rows_loop, g.class_loop]:
         raise NotLinearCrossEntropyBackward("the gradient of the logits is not computed "
                                             "[rows, classes] from them")
-    for value, amap in zip(list(g.operands)[:ls.num_inputs], ls.maps):
-        if not amap.is_projected_permutation and not _broadcast_map(amap):
-            raise NotLinearCrossEntropyBackward("the gradient reads a tensor through a "
-                                                "non-projected indexing map")
-        if value != s and isinstance(value.type, ir.RankedTensorType) and \
-                {rows_loop, class_loop} <= set(p for p in dim_positions(amap) if p is not None) \
-                and not isinstance(value, ir.BlockArgument):
-            raise NotLinearCrossEntropyBackward("the gradient reads an [N, V] tensor computed "
-                                                "in the function besides the logits")
-    return g, rows_loop, class_loop
+    _check_inputs(g.op, {s}, g.rows_loop, g.class_loop, "the gradient of the logits")
+    return g
+
+
+def _column_sum(op: ir.Operation, value: ir.Value, tiled: set,
+                transposed: bool = False) -> RowsAndClasses | None:
+    """A reduction over the rows of a function of `value` (S or G), written per class; None
+    when `op` is not one."""
+    loops = _rows_and_classes(op, value, transposed)
+    if loops is None:
+        return None
+    rows_loop, class_loop = loops
+    ls = loop_structure(op)
+    out = ls.output_map(0)
+    if ls.reduction_dims != [rows_loop] or reduction_combiner(op) is None or \
+            [d for d in dim_positions(out) if d is not None] != [class_loop] or \
+            not all(d is not None or _is_zero_expr(e) for d, e in zip(dim_positions(out), out.results)):
+        return None
+    _check_inputs(op, tiled, rows_loop, class_loop, "a reduction over the rows")
+    return RowsAndClasses(op, rows_loop, class_loop)
 
 
 def _broadcast_map(amap: ir.AffineMap) -> bool:
@@ -118,9 +166,8 @@ def _multiply_add_into_zeros(op: ir.Operation, what: str) -> None:
 
 def _classify(op: ir.Operation, g_value: ir.Value, transposed: bool,
               logits: LogitsContraction) -> tuple[str, bool]:
-    """('rows' (dh), 'weight' (dW) or 'bias' (db), whether the result is transposed) for a
-    reader `op` of G (or of G^T when `transposed`); NotLinearCrossEntropyBackward
-    otherwise."""
+    """('rows' (dh) or 'weight' (dW), whether the result is transposed) for a contraction
+    reading G (or G^T when `transposed`); NotLinearCrossEntropyBackward otherwise."""
     if not is_linalg_op(op):
         raise NotLinearCrossEntropyBackward(f"the gradient of the logits is read by {op.name}")
     ls = loop_structure(op)
@@ -155,12 +202,6 @@ def _classify(op: ir.Operation, g_value: ir.Value, transposed: bool,
         raise NotLinearCrossEntropyBackward(
             f"a contraction ({op.name}) of the logits' gradient is neither G W (d rows) nor "
             f"G^T h (d weight) with the layer's own h and W")
-    if reduction_combiner(op) == "add" and ls.num_inputs == 1 and ls.reduction_dims == [rows_dim] \
-            and out is not None and [d for d in out if d is not None] == [class_dim] \
-            and all(d is not None or _is_zero_expr(e) for d, e in
-                    zip(out, ls.output_map(0).results)):
-        _multiply_add_into_zeros(op, "the sum of the logits' gradient over the rows")
-        return "bias", False
     raise NotLinearCrossEntropyBackward(
         f"the gradient of the logits is read by {op.name}, which is not G W, G^T h or a sum "
         f"over the rows")
@@ -176,17 +217,27 @@ def linear_cross_entropy_backward_in(block: ir.Block) -> LinearCrossEntropyBackw
         logits = row_max_logits(block)
     except NotLogits as exc:
         raise NotLinearCrossEntropyBackward(str(exc))
-    g, rows_loop, class_loop = _gradient(logits)
+    s = logits.result
+    g = _gradient(logits)
+    tiled = {s} | ({g.op.results[0]} if g is not None else set())
+    sums = [c for c in (_column_sum(op, s, tiled) for op in _readers(s)) if c is not None]
     roles: dict[str, ir.Operation] = {}
     flipped = []
     transposes = []
-    pending = [(op, g.results[0], False) for op in _readers(g.results[0])]
+    pending = [(op, g.op.results[0], False) for op in _readers(g.op.results[0])] if g else []
     while pending:
         op, value, transposed = pending.pop(0)
         traced = transposed_source(op.results[0]) if op.name == "linalg.transpose" else None
         if traced is not None:
             transposes.append(op)
             pending.extend((r, op.results[0], not transposed) for r in _readers(op.results[0]))
+            continue
+        column = _column_sum(op, value, tiled, transposed)
+        if column is not None:
+            if transposed:
+                raise NotLinearCrossEntropyBackward("a reduction over the rows reads the "
+                                                    "gradient of the logits transposed")
+            sums.append(column)
             continue
         role, flip = _classify(op, value, transposed, logits)
         if role in roles:
@@ -195,8 +246,8 @@ def linear_cross_entropy_backward_in(block: ir.Block) -> LinearCrossEntropyBackw
         roles[role] = op
         if flip:
             flipped.append(role)
-    if not roles:
-        raise NotLinearCrossEntropyBackward("nothing reads the gradient of the logits")
-    return LinearCrossEntropyBackward(logits, g, rows_loop, class_loop, roles.get("rows"),
-                                      roles.get("weight"), roles.get("bias"), transposes,
-                                      tuple(flipped))
+    if not roles and not sums:
+        raise NotLinearCrossEntropyBackward("no gradient of the logits is computed")
+    return LinearCrossEntropyBackward(logits, g if roles or any(
+        g is not None and g.op.results[0] in list(c.op.operands) for c in sums) else None,
+        roles.get("rows"), roles.get("weight"), sums, transposes, tuple(flipped))
