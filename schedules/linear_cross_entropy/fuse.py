@@ -7,23 +7,28 @@ logit gathered from it, class sums for label smoothing and weights, and in the j
 the d logits G = E(S, ...) read by dh = G W, dW = G^T h and db = sum_n G.
 Schedule (the script's @fuse, one named step per item; decisions read by
 `plan_linear_cross_entropy` from a copy of the payload):
-  1. normalize and restructure as the cross_entropy family does (schedules/cross_entropy/
-     fuse.py steps 1-3; the logits they keep are S, the matmul's result,
-     transform_ext.match_logits_contraction), and name the target bounds checks;
+  1. normalize (the cross_entropy family's, reshapes not folded by expansion); fold_casts:
+     S's contraction reads h and W in place (bf16/f16 widenings and W's transpose folded
+     into it, transform_ext.fold_casts_into_contractions); restructure as the
+     cross_entropy family does (its step 2, the [N, V] values kept being S's,
+     transform_ext.match_logits_contraction); shrink_bounds: S kept as an unread bound of a
+     class loop becomes an empty [V] (transform_ext.shrink_unread_inputs); the target
+     bounds checks named;
   2. fold_gathers: the target logit S[n, y_n] becomes the dot product h_n . W_{y_n}
      (transform_ext.fold_gathers_through_contraction), so nothing reads S at an index;
   3. fuse_backward (joint graph): transform_ext.fuse_linear_cross_entropy_backward replaces
-     G and its three readers by a loop over blocks of `backward_rows` rows, each a forall
-     over the threads' shares of the class tiles: S's tile recomputed from h and W, G's
-     tile from it and the forward's row statistics (m, log l: the saved lse), dW and db
-     accumulated per class tile, dh per thread and summed;
+     G and its readers (and the reductions over the rows of S, db) by a loop over blocks of
+     `backward_rows` rows, each a forall over the threads' shares of the class tiles: S's
+     tile recomputed from h and W, G's tile from it and the forward's row statistics (m,
+     log l: the saved lse), dW and db accumulated per class tile, dh per thread and summed;
   4. logits_classes_major: S stored [V, N] (store_scores_keys_major) with W read in place
      (fold_key_transpose) and h^T made by a transpose: a CPU register tile of S's
      contraction then has its lanes along the rows (h^T) and broadcasts W, and the max and
      sums over the classes are elementwise;
-  5. the cross_entropy family's mark_class_sums and sink_root_readers, then tile_rows: the
-     last per-row op of the loss tiled into an scf.forall over blocks of `row_tile` rows,
-     its producers over the rows fused in (S^T's contraction, h^T, the row max and sums);
+  5. mark_class_sums (the row max and the class reductions reading S), the cross_entropy
+     family's sink_root_readers, then tile_rows: the last per-row op of the loss tiled into
+     an scf.forall over blocks of `row_tile` rows (marked ROW_BLOCKS), its producers over
+     the rows fused in (S^T's contraction, h^T, the row max and sums, the dot products);
   6. fuse_class_loops: in each row block, fuse_dependent_reduction_ops makes the row max,
      the exp-sum (online, exp(m_old - m_new)) and every class sum ONE loop over tiles of
      `class_tile` classes, with S^T's contraction computed per tile (its producer).
@@ -31,6 +36,10 @@ No [N, V] tensor is left: the forward holds a [class_tile, row_tile] tile of S p
 the backward a [class_tile, backward_rows] tile of S and of G per thread plus the threads'
 dh partials [threads, backward_rows, D]. The CPU @vectorize (cpu.py) is the generic one,
 the k loops of the register tiles unrolled.
+Not taken (the reason in the fallback's note): the logits read otherwise (returned, a
+reduction over rows and classes), a weight read [D, V] without a transpose, label smoothing
+of bf16/f16 logits (torch rounds each log-probability before summing them, which needs the
+final log-sum-exp: a second sweep the forward loop does not make).
 """
 
 from __future__ import annotations
@@ -52,14 +61,17 @@ from transform_ext.promote_indexed_extracts import promote_indexed_extracts
 from transform_ext.shrink_unread_inputs import shrink_unread_inputs
 from transform_ext.store_scores_keys_major import store_scores_keys_major
 
-from ..common import annotate, apply_passes, match
-from ..cross_entropy.fuse import (CLASS_SUM, match_attr, merge_gradients,
-                                  name_target_checks, normalize, restructure_reading,
-                                  sink_root_readers, tile_rows)
+from ..common import apply_passes, match
+from ..cross_entropy.fuse import (CLASS_SUM, match_attr, name_target_checks, normalize,
+                                  restructure_reading, sink_root_readers, tile_rows)
 from ..script import include_step
 from .params import LinearCrossEntropyParams, LinearCrossEntropyPlan
 
 ROW_BLOCKS = "lh.row_blocks"  # the forward's forall (the backward's is a fused kernel's)
+
+# the cross_entropy family's normalization without folding reshapes by expansion: the
+# logits' contraction of [B, T, D] hidden states keeps its 2-D form on the collapsed rows
+normalize_loss = normalize(False)
 
 
 def logits_shape(func: ir.Value, row_max: ir.Value) -> ir.Value:
@@ -150,12 +162,9 @@ def fuse_class_loops(params: LinearCrossEntropyParams):
 
 def fuse_steps(plan: LinearCrossEntropyPlan) -> list[tuple[str, object]]:
     """The named steps of the fuse stage, in order: (name, body(root) -> root)."""
-    steps = [("normalize", normalize(plan.fold_reshapes)), ("fold_casts", fold_casts),
-             ("restructure", restructure),
-             ("shrink_bounds", shrink_bounds)]
-    if plan.gradients:
-        steps.append(("merge_gradients", merge_gradients(plan.gradients)))
-    steps += [("name_target_checks", name_target_checks(plan.classes)),
+    steps = [("normalize", normalize_loss), ("fold_casts", fold_casts),
+             ("restructure", restructure), ("shrink_bounds", shrink_bounds),
+             ("name_target_checks", name_target_checks(plan.classes)),
               ("fold_gathers", fold_gathers)]
     if plan.backward:
         steps.append(("fuse_backward", fuse_backward(plan.params)))

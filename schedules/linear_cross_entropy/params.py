@@ -47,13 +47,10 @@ class LinearCrossEntropyParams:
 @dataclass(frozen=True)
 class LinearCrossEntropyPlan:
     """What the script is built from: the parameters and what the payload showed at each
-    step of a trial on a copy. gradients: places of the gradients to merge into one (empty
-    with at most one); classes: V; backward: the joint graph's backward is fused; root:
-    place of the forward's root (the last per-row op); rows: its row tiling."""
+    step of a trial on a copy. classes: V; backward: the joint graph's backward is fused;
+    root: place of the forward's root (the last per-row op); rows: its row tiling."""
 
     params: LinearCrossEntropyParams
-    fold_reshapes: bool
-    gradients: tuple[Place, ...]
     classes: int
     backward: bool
     root: Place

@@ -1,9 +1,8 @@
 """The plan of a linear cross-entropy payload, which the check and the script share.
 
 `plan_linear_cross_entropy` applies the schedule's steps (fuse.py) to a copy of the payload
-one at a time, each decision read from the copy before the step that needs it: reshape
-folding, V, whether the joint graph's backward is fused, the root of the forward and its
-row tiling. `check` plans on its copy after cleanup; the compile's script is built from the
+one at a time, each decision read from the copy before the step that needs it: V, whether
+the joint graph's backward is fused, the root of the forward and its row tiling. `check` plans on its copy after cleanup; the compile's script is built from the
 same payload text, so the last plan made is kept.
 """
 
@@ -15,20 +14,19 @@ import transform_ext
 from transform_ext.analysis.dims import DimClasses
 from transform_ext.analysis.linear_cross_entropy_backward import (
     NotLinearCrossEntropyBackward, linear_cross_entropy_backward_in)
-from transform_ext.analysis.logits import NotLogits, row_max, row_max_logits
+from transform_ext.analysis.logits import NotLogits, row_max, row_max_contraction, row_max_logits
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
 from transform_ext.common import block_ops, user_op
 
 from ..common import place_of, run_schedule
 from ..cross_entropy.params import RowTiling
 from ..cross_entropy.plan import row_producers
-from ..cross_entropy.recognize import has_rank0_reshape, last_row_op
+from ..cross_entropy.recognize import last_row_op
 from ..generic import largest_divisor_at_most
 from ..prepare import check_by_planning
-from .fuse import (ROW_BLOCKS, fold_casts, fold_gathers, fuse_backward, fuse_class_loops, logits_classes_major,
-                   mark_class_sums, name_target_checks, normalize, restructure, shrink_bounds,
-                   sink_root_readers)
-from ..cross_entropy.fuse import tile_rows
+from .fuse import (ROW_BLOCKS, fold_casts, fold_gathers, fuse_backward, fuse_class_loops,
+                   logits_classes_major, mark_class_sums, name_target_checks, normalize_loss,
+                   restructure, shrink_bounds, sink_root_readers, tile_rows)
 from .params import LinearCrossEntropyParams, LinearCrossEntropyPlan
 from .recognize import NotLinearCrossEntropy, linear_cross_entropy_func
 
@@ -61,37 +59,31 @@ def plan_linear_cross_entropy(payload: ir.Module,
         if isinstance(arg.type, ir.RankedTensorType) and 0 in list(arg.type.shape):
             raise NotLinearCrossEntropy(f"an input is empty ({arg.type})")
     trial = ir.Module.parse(key[0], payload.context)
-    fold_reshapes = False  # (the logits' contraction keeps its 2-D form)
-    _apply(trial, normalize(fold_reshapes))
-    _apply(trial, fold_casts)
-    logits = _logits(trial)
-    _apply(trial, restructure)
-    _apply(trial, shrink_bounds)
+    for step in (normalize_loss, fold_casts):
+        _apply(trial, step)
+    _logits(trial)  # the row max reads the logits of a linear layer (else: the reason)
+    for step in (restructure, shrink_bounds):
+        _apply(trial, step)
     n, classes, _ = _logits(trial).shape
     if n < 2 or classes < 2:
         raise NotLinearCrossEntropy(f"the logits are [{n}, {classes}]: one row or one class "
                                     f"leaves no loop to fuse")
-    _apply(trial, name_target_checks(classes))
-    _apply(trial, fold_gathers)
+    for step in (name_target_checks(classes), fold_gathers):
+        _apply(trial, step)
     backward = _has_backward(trial)
     if backward:
         _apply(trial, fuse_backward(params))
-    _apply(trial, logits_classes_major)
-    _apply(trial, mark_class_sums)
-    func = linear_cross_entropy_func(trial)
-    m = row_max(func.regions[0].blocks[0]).results[0]
-    ops = [op for op in block_ops(func) if is_linalg_op(op)]
-    classes_of = DimClasses(ops)
-    root = last_row_op(ops, row_max(func.regions[0].blocks[0]), classes_of)
+    for step in (logits_classes_major, mark_class_sums):
+        _apply(trial, step)
+    block = linear_cross_entropy_func(trial).regions[0].blocks[0]
+    ops = [op for op in block_ops(block.owner) if is_linalg_op(op)]
+    root = last_row_op(ops, row_max(block), DimClasses(ops))
     root_place = place_of(trial.operation, root)
     _apply(trial, sink_root_readers(root_place))
-    rows = _row_tiling(trial, root, params)
-    _apply(trial, tile_rows(rows, mark=ROW_BLOCKS))
-    import os
-    if os.environ.get("LCE_DUMP"): print(trial)
-    _apply(trial, fuse_class_loops(params))
-    del logits, m
-    plan = LinearCrossEntropyPlan(params, fold_reshapes, (), classes, backward, root_place, rows)
+    rows = _row_tiling(trial, root, params)  # the root as chosen before its readers moved
+    for step in (tile_rows(rows, mark=ROW_BLOCKS), fuse_class_loops(params)):
+        _apply(trial, step)
+    plan = LinearCrossEntropyPlan(params, classes, backward, root_place, rows)
     _Plans.key, _Plans.plan = key, plan
     return plan
 
@@ -129,10 +121,11 @@ def _has_backward(payload: ir.Module) -> bool:
 def _row_tiling(payload: ir.Module, root: ir.Operation,
                 params: LinearCrossEntropyParams) -> RowTiling:
     """The root over blocks of rows and its producers over the rows, by their places among
-    the ops `structured.match` finds (nested ones, the fused backward's, included)."""
-    func = linear_cross_entropy_func(payload)
-    block = func.regions[0].blocks[0]
-    linalg_ops = [op for op in block_ops(func) if is_linalg_op(op)]
+    the ops `structured.match` finds (nested ones, the fused backward's, included). Blocks
+    of `row_tile` rows, else as many as keep h^T of a block [D, rows] f32 within
+    `block_bytes` with four blocks per thread at least; a divisor of N."""
+    block = linear_cross_entropy_func(payload).regions[0].blocks[0]
+    linalg_ops = [op for op in block_ops(block.owner) if is_linalg_op(op)]
     classes = DimClasses(linalg_ops)
     m = row_max(block).results[0]
     producers = row_producers(root, linalg_ops, classes, m)
@@ -142,7 +135,8 @@ def _row_tiling(payload: ir.Module, root: ir.Operation,
     if len(row_dims) != 1 or m.type.rank != 1:
         raise NotLinearCrossEntropy("the loss's per-row op does not run over one row dim")
     extent = ls.ranges[row_dims[0]]
-    _, _, depth = row_max_logits(block).shape if False else (None, None, _depth(payload))
+    contraction = loop_structure(row_max_contraction(block))
+    depth = contraction.ranges[contraction.contraction_dims()["k"][0]]
     want = params.row_tile or max(1, min(params.block_bytes // (4 * depth),
                                          extent // (4 * params.threads)))
     sizes = [0] * ls.num_loops
@@ -151,16 +145,6 @@ def _row_tiling(payload: ir.Module, root: ir.Operation,
     candidates = [op for op in _walk(payload) if op.name in names]
     places = tuple(candidates.index(op) for op in [root] + producers)
     return RowTiling(names, len(candidates), places, tuple(sizes))
-
-
-def _depth(payload: ir.Module) -> int:
-    """D: the depth of the logits contraction (stored classes-major by now)."""
-    func = linear_cross_entropy_func(payload)
-    from transform_ext.analysis.logits import row_max_contraction
-
-    contraction = row_max_contraction(func.regions[0].blocks[0])
-    ls = loop_structure(contraction)
-    return ls.ranges[ls.contraction_dims()["k"][0]]
 
 
 def _walk(payload: ir.Module) -> list[ir.Operation]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from torch_mlir import ir
 
-from ..common import defining_op, is_zero, user_op
+from ..common import is_zero, user_op
 from .classify import is_contraction, reduction_combiner
 from .logits import LogitsContraction, NotLogits, row_max_logits, transposed_source
 from .structure import dim_positions, is_linalg_op, loop_structure
