@@ -26,8 +26,8 @@ from torch_mlir.dialects import arith, ext, transform
 
 from .analysis.classify import is_contraction
 from .analysis.structure import loop_structure
-from .common import (Illegal, ReplacesTargets, Success, body_of, build_generic, clone_op,
-                     defining_op, fail, iterator_kinds, payload_ops, terminator)
+from .common import (Illegal, ReplacesTargets, Success, body_of, defining_op, fail,
+                     payload_ops, rebuild_generic, terminator)
 from .dialect import TransformExt
 
 NAME = "transform_ext.fold_casts_into_contractions"
@@ -90,8 +90,9 @@ def foldable(op: ir.Operation) -> list[int]:
     return found
 
 
-def fold(op: ir.Operation) -> ir.Operation:
-    """`op` rebuilt once with every foldable input read from its source."""
+def fold(op: ir.Operation, rewriter) -> ir.Operation:
+    """`op` rebuilt once with every foldable input read from its source; returns the new
+    op."""
     ls = loop_structure(op)
     block = body_of(op)
     folded = foldable(op)
@@ -108,24 +109,15 @@ def fold(op: ir.Operation) -> ir.Operation:
             widen.append(None)
         inputs.append(value)
         maps.append(amap)
-    outputs = list(op.operands)[ls.num_inputs:]
 
-    def body(args):
-        mapping = {}
-        for i in range(ls.num_inputs):
-            arg = args[i]
-            if widen[i]:
-                arg = arith.extf(widen[i], arg)
-            mapping[block.arguments[i]] = arg
-        for j in range(len(outputs)):
+    def mapping_of(args):
+        mapping = {block.arguments[i]: arith.extf(widen[i], args[i]) if widen[i] else args[i]
+                   for i in range(ls.num_inputs)}
+        for j in range(ls.num_outputs):
             mapping[block.arguments[ls.num_inputs + j]] = args[ls.num_inputs + j]
-        for inner in list(block.operations)[:-1]:
-            clone_op(inner.operation, mapping)
-        return [mapping.get(v, v) for v in terminator(block).operands]
+        return mapping
 
-    with ir.InsertionPoint(op), op.location:
-        return build_generic(inputs, outputs, maps + ls.maps[ls.num_inputs:], iterator_kinds(op),
-                             body, name_from=op).operation
+    return rebuild_generic(op, inputs, maps, mapping_of, rewriter)
 
 
 class FoldCastsIntoContractionsOp(TransformExt.Operation, name="fold_casts_into_contractions"):
@@ -147,8 +139,7 @@ class FoldCastsIntoContractionsOp(TransformExt.Operation, name="fold_casts_into_
                 for target in targets:
                     while foldable(target):
                         producers = [defining_op(target.operands[i]) for i in foldable(target)]
-                        new = fold(target)
-                        rewriter.replace_op(target, list(new.results))
+                        new = fold(target, rewriter)
                         for producer in producers:
                             if not any(list(r.uses) for r in producer.results):
                                 rewriter.erase_op(producer)

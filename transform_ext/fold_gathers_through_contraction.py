@@ -31,7 +31,7 @@ from .analysis.classify import is_contraction
 from .analysis.logits import transposed_source
 from .analysis.structure import dim_positions, loop_structure
 from .common import (Illegal, RewritesTargets, Success, body_of, build_generic, clone_op,
-                     defining_op, fail, is_zero, iterator_kinds, payload_ops, terminator)
+                     defining_op, fail, is_zero, payload_ops, rebuild_generic, terminator)
 from .dialect import TransformExt
 from .fold_gathers_through_elementwise import check_has_body, extracts_in, linalg_ops_of
 
@@ -167,30 +167,21 @@ def _zeros_like(source: ir.Operation, empty: ir.Value) -> ir.Value:
 
 def rewrite(reader: ir.Operation, extracts: list[ir.Operation], rewriter) -> None:
     dots = [_dot_product(reader, e) for e in extracts]
-    view = reader.opview
-    inputs, outputs = list(view.inputs), list(view.outputs)
-    maps = [m.value for m in view.indexing_maps]
-    n_loops = loop_structure(reader).num_loops
-    identity = ir.AffineMap.get_identity(n_loops)
+    ls = loop_structure(reader)
     block = body_of(reader)
-    position = {e: len(inputs) + i for i, e in enumerate(extracts)}
+    identity = ir.AffineMap.get_identity(ls.num_loops)
+    n_in = ls.num_inputs
 
-    def body(args):
-        mapping = {block.arguments[i]: args[i] for i in range(len(inputs))}
-        for j in range(len(outputs)):
-            mapping[block.arguments[len(inputs) + j]] = args[len(inputs) + len(dots) + j]
-        for e, p in position.items():
-            mapping[e.results[0]] = args[p]
-        for inner in list(block.operations)[:-1]:
-            if inner.operation not in position:
-                clone_op(inner.operation, mapping)
-        return [mapping.get(v, v) for v in terminator(block).operands]
+    def mapping_of(args):
+        mapping = {block.arguments[i]: args[i] for i in range(n_in)}
+        for j in range(ls.num_outputs):
+            mapping[block.arguments[n_in + j]] = args[n_in + len(dots) + j]
+        for k, extract in enumerate(extracts):
+            mapping[extract.results[0]] = args[n_in + k]
+        return mapping
 
-    with ir.InsertionPoint(reader), reader.location:
-        new = build_generic(inputs + dots, outputs,
-                            maps[:len(inputs)] + [identity] * len(dots) + maps[len(inputs):],
-                            iterator_kinds(reader), body, name_from=reader)
-    rewriter.replace_op(reader, list(new.results))
+    rebuild_generic(reader, list(reader.operands)[:n_in] + dots,
+                    ls.maps[:n_in] + [identity] * len(dots), mapping_of, rewriter, skip=extracts)
 
 
 class FoldGathersThroughContractionOp(TransformExt.Operation,

@@ -20,8 +20,8 @@ from torch_mlir.dialects import arith, ext, transform
 
 from .analysis.classify import COMBINERS
 from .analysis.structure import loop_structure
-from .common import (RewritesTargets, Success, body_of, build_generic, clone_op, defining_op,
-                     iterator_kinds, payload_ops, terminator, walk_ops)
+from .common import (RewritesTargets, Success, body_of, defining_op, payload_ops,
+                     rebuild_generic, terminator, walk_ops)
 from .dialect import TransformExt
 
 
@@ -51,34 +51,22 @@ def rewrite(op: ir.Operation, constant: ir.Operation, rewriter) -> None:
     ls = loop_structure(op)
     block = body_of(op)
     dims = ls.reduction_dims
-    view = op.opview
-    inputs, outputs = list(view.inputs), list(view.outputs)
-    maps = [m.value for m in view.indexing_maps]
-    combine = defining_op(terminator(block).operands[0])
     with ir.InsertionPoint(op), op.location:
         t = ir.RankedTensorType.get([ls.ranges[d] for d in dims], constant.results[0].type)
-        splat = arith.ConstantOp(t, ir.DenseElementsAttr.get_splat(t, constant.attributes["value"])).result
-        amap = ir.AffineMap.get(ls.num_loops, 0, [ir.AffineDimExpr.get(d) for d in dims])
+        splat = arith.ConstantOp(t, ir.DenseElementsAttr.get_splat(
+            t, constant.attributes["value"])).result
+    amap = ir.AffineMap.get(ls.num_loops, 0, [ir.AffineDimExpr.get(d) for d in dims])
+    n_in = ls.num_inputs
 
-        def body(args):
-            mapping = {block.arguments[i]: args[i] for i in range(len(inputs))}
-            for j in range(len(outputs)):
-                mapping[block.arguments[len(inputs) + j]] = args[len(inputs) + 1 + j]
-            for inner in list(block.operations)[:-1]:
-                inner = inner.operation
-                if inner == combine:
-                    mapping[constant.results[0]] = args[len(inputs)]
-                clone_op(inner, mapping)
-            return [mapping.get(v, v) for v in terminator(block).operands]
+    def mapping_of(args):
+        mapping = {block.arguments[i]: args[i] for i in range(n_in)}
+        for j in range(ls.num_outputs):
+            mapping[block.arguments[n_in + j]] = args[n_in + 1 + j]
+        mapping[constant.results[0]] = args[n_in]  # (a constant in the body is not cloned)
+        return mapping
 
-        new = build_generic(inputs + [splat], outputs,
-                            maps[:len(inputs)] + [amap] + maps[len(inputs):],
-                            iterator_kinds(op), body, name_from=op)
-    for k in range(len(op.attributes)):
-        attr = op.attributes[k]
-        if attr.name not in ("indexing_maps", "iterator_types", "operandSegmentSizes"):
-            new.attributes[attr.name] = attr.attr
-    rewriter.replace_op(op, list(new.results))
+    rebuild_generic(op, list(op.operands)[:n_in] + [splat], ls.maps[:n_in] + [amap], mapping_of,
+                    rewriter, skip=(constant,))
 
 
 class ReadReductionConstantsOp(TransformExt.Operation, name="read_reduction_constants"):

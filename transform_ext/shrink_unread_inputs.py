@@ -18,8 +18,8 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, tensor, transform
 
 from .analysis.structure import dim_positions, loop_structure
-from .common import (Illegal, RewritesTargets, Success, body_of, build_generic, clone_op, fail,
-                     iterator_kinds, payload_ops, terminator)
+from .common import (Illegal, RewritesTargets, Success, body_of, fail, payload_ops,
+                     rebuild_generic)
 from .dialect import TransformExt
 from .fold_gathers_through_elementwise import check_has_body, linalg_ops_of
 
@@ -62,7 +62,6 @@ def rewrite(op: ir.Operation, plan: list[tuple[int, list[int]]], rewriter) -> No
     kept = [i for i in range(ls.num_inputs) if i not in unread]
     inputs = [op.operands[i] for i in kept]
     maps = [ls.maps[i] for i in kept]
-    outputs = list(op.operands)[ls.num_inputs:]
     with ir.InsertionPoint(op), op.location:
         for i, needed in plan:
             if needed:
@@ -71,21 +70,13 @@ def rewrite(op: ir.Operation, plan: list[tuple[int, list[int]]], rewriter) -> No
                 maps.append(ir.AffineMap.get(ls.num_loops, 0,
                                              [ir.AffineDimExpr.get(d) for d in needed]))
 
-        def body(args):
-            mapping = {block.arguments[i]: args[k] for k, i in enumerate(kept)}
-            for j in range(len(outputs)):
-                mapping[block.arguments[ls.num_inputs + j]] = args[len(inputs) + j]
-            for inner in list(block.operations)[:-1]:
-                clone_op(inner.operation, mapping)
-            return [mapping.get(v, v) for v in terminator(block).operands]
+    def mapping_of(args):
+        mapping = {block.arguments[i]: args[k] for k, i in enumerate(kept)}
+        for j in range(ls.num_outputs):
+            mapping[block.arguments[ls.num_inputs + j]] = args[len(inputs) + j]
+        return mapping
 
-        new = build_generic(inputs, outputs, maps + ls.maps[ls.num_inputs:], iterator_kinds(op),
-                            body, name_from=op)
-    for k in range(len(op.attributes)):
-        attr = op.attributes[k]
-        if attr.name not in ("indexing_maps", "iterator_types", "operandSegmentSizes"):
-            new.attributes[attr.name] = attr.attr
-    rewriter.replace_op(op, list(new.results))
+    rebuild_generic(op, inputs, maps, mapping_of, rewriter)
 
 
 class ShrinkUnreadInputsOp(TransformExt.Operation, name="shrink_unread_inputs"):
