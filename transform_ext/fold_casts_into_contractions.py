@@ -12,8 +12,8 @@ T through map M where T is
 
 so C no longer needs T: torch-mlir's bf16 linear layer widens h and W^T to f32 copies
 ([D, V] for the weight) before its f32 matmul; folded, the matmul reads the bf16 h and W,
-widening each element as it multiplies. Exact: extf is, and a transpose only moves
-elements. Repeated to a fixed point (the widening of a transpose); T's producer is erased
+widening each element as it multiplies (arith.extf: the contraction stays one to linalg's
+contraction interface). Exact: extf is, and a transpose only moves elements. Repeated to a fixed point (the widening of a transpose); T's producer is erased
 when nothing else reads it.
 
 Targets: linalg.generic contractions (generalize named ones first); any other target is a

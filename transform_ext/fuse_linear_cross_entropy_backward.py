@@ -27,9 +27,10 @@ threads' partial sums [T, R, D], the only memory besides the tiles. The layouts 
 vector lanes along a contiguous dim in every product: S^T and G^T [classes, rows] (lanes
 along the rows, h_s^T), W read in place; with `panel` = w > 0 the [K, N] right operands of
 the products (h_s^T, h_s, W_c) are read as column panels [N / w, K, w] when w divides N,
-so a register tile's slice is contiguous. The contractions multiply-add in f32 (f16/bf16
-operands widened, as torch's kernels accumulate); G keeps E's element type (torch rounds
-d logits to bf16 before its bf16 products). The loop over the row blocks carries the unit
+so a register tile's slice is contiguous. The products multiply-add in f32 on f32 operands
+(f16/bf16 h_s, h_s^T, W_c and G^T widened once per block or tile: exact, as torch's kernels
+accumulate); G's tile keeps E's element type before it is widened (torch rounds d logits
+to bf16 before its bf16 products). The loop over the row blocks carries the unit
 attribute `lh.fused_kernel` (when it has more than one iteration): it is fused, the
 schedule's later steps leave it alone.
 
@@ -55,6 +56,7 @@ from .analysis.structure import dim_positions, loop_structure
 from .common import (Illegal, RewritesTargets, Success, block_ops, body_of, build_generic,
                      clone_op, fail, payload_ops, reassociation_attr, terminator, users, walk_ops)
 from .dialect import TransformExt
+from .widen_contraction_operands import extend_to_f32
 
 NAME = "transform_ext.fuse_linear_cross_entropy_backward"
 FUSED_KERNEL = "lh.fused_kernel"
@@ -186,14 +188,25 @@ def _map(n: int, dims: list[int]) -> ir.AffineMap:
 
 
 def _widen(value: ir.Value) -> ir.Value:
-    f32 = ir.F32Type.get()
-    return value if value.type == f32 else arith.extf(f32, value)
+    return value if value.type == ir.F32Type.get() else extend_to_f32(value)
 
 
 def _multiply_add(args: list[ir.Value]) -> list[ir.Value]:
     """acc + a b in f32 (f16/bf16 operands widened)."""
     a, b, acc = args
     return [arith.addf(acc, arith.mulf(_widen(a), _widen(b)))]
+
+
+def _in_f32(x: ir.Value) -> ir.Value:
+    """`x` widened to f32 (itself when it is f32): the products then run on f32 operands,
+    each 16-bit element widened once instead of once per multiply."""
+    t = ir.RankedTensorType(x.type)
+    if str(t.element_type) == "f32":
+        return x
+    f32 = ir.F32Type.get()
+    identity = ir.AffineMap.get_identity(t.rank)
+    return build_generic([x], [tensor.EmptyOp(list(t.shape), f32).result], [identity, identity],
+                         ["parallel"] * t.rank, lambda args: [extend_to_f32(args[0])]).results[0]
 
 
 def _panels(b: ir.Value, width: int) -> ir.Value:
@@ -315,8 +328,8 @@ class _Kernel:
         h_type = ir.RankedTensorType(h.type).element_type
         h_t = linalg.transpose(h_s, outs=[tensor.EmptyOp([d, rows], h_type).result],
                                permutation=[1, 0]).results[0]
-        block = _Block(self, s0, rows, _maybe_panels(h_s, self.panel),
-                       _maybe_panels(h_t, self.panel))
+        block = _Block(self, s0, rows, _maybe_panels(_in_f32(h_s), self.panel),
+                       _maybe_panels(_in_f32(h_t), self.panel))
         tiles = (self.v - self.v % self.classes) // self.classes
         shared = ([tensor.EmptyOp([self.threads, rows, d], f32).result] if self.has_dh else []) \
             + accumulated
@@ -382,7 +395,7 @@ class _Block:
         bwd, f32, d = k.bwd, k.f32, k.d
         dh = carried[0] if k.has_dh else None
         accumulated = carried[1:] if k.has_dh else carried
-        w_c = _slice(bwd.logits.weight, [c0, 0], [classes, d])
+        w_c = _in_f32(_slice(bwd.logits.weight, [c0, 0], [classes, d]))
         s_t = _product(w_c, True, self.h_t, _zeros([classes, self.rows], f32))
         tiles = {bwd.logits.result: s_t}
         if bwd.gradient is not None:
@@ -391,13 +404,13 @@ class _Block:
             out = tensor.EmptyOp([classes, self.rows], g_type).result
             tiles[g.op.results[0]] = self.tile_op(g, tiles, c0, classes, out, _map(2, [0, 1]))
         result = []
+        g_t = _in_f32(tiles[bwd.gradient.op.results[0]]) if dh is not None or \
+            bwd.d_weight is not None else None
         if dh is not None:
-            g_t = tiles[bwd.gradient.op.results[0]]
             result.append(_product(g_t, False, _maybe_panels(w_c, k.panel), dh))
         sums = iter(zip(k.accumulators, accumulated))
         if bwd.d_weight is not None:
             acc, dw = next(sums)
-            g_t = tiles[bwd.gradient.op.results[0]]
             dw_c = _product(g_t, True, self.h_s, acc.slice(dw, local, classes))
             result.append(acc.insert(dw_c, dw, local, classes))
         for column, (acc, total) in zip(bwd.column_sums, sums):
