@@ -1,8 +1,9 @@
 """Recognizing a cross-entropy over the logits of a linear layer.
 
 `recognize` is the cheap test the family registry runs on an import: a log-softmax (max,
-exp, log) whose row max reads a contraction, through elementwise ops and reshapes (the
-logits h W^T [+ b] of F.linear / nn.Linear, viewed as [N, V]). The plan (plan.py) then says
+exp, log) whose row max reads a contraction without batch dims, through elementwise ops and
+reshapes (the logits h W^T [+ b] of F.linear / nn.Linear, viewed as [N, V]), in a function
+taking i32/i64 targets (an attention's backward has a log-sum-exp over a contraction too). The plan (plan.py) then says
 whether the schedule takes it, or why not.
 """
 
@@ -41,7 +42,7 @@ def _reads_contraction(value: ir.Value) -> bool:
         if not is_linalg_op(producer):
             return False
         if is_contraction(producer):
-            return True
+            return not loop_structure(producer).contraction_dims()["batch"]
         ls = loop_structure(producer)
         if ls.reduction_dims:
             return False
@@ -50,12 +51,19 @@ def _reads_contraction(value: ir.Value) -> bool:
 
 
 def recognize(payload: ir.Module) -> bool:
-    """Cheap test: a log-softmax (max, exp, log) whose max reduction reads a contraction."""
+    """Cheap test: a log-softmax (max, exp, log) whose max reduction reads a contraction
+    without batch dims, in a function taking i32/i64 tensors (the targets; an attention's
+    log-sum-exp has none, its masks are booleans)."""
     names = {op.name for op in walk_ops(payload.operation, lambda op: True)}
     if not {"arith.maximumf", "math.exp", "math.log"} <= names:
         return False
     funcs = [op.operation for op in payload.body.operations if op.operation.name == "func.func"]
     for func in funcs:
+        if not any(isinstance(a.type, ir.RankedTensorType) and
+                   isinstance(a.type.element_type, ir.IntegerType) and
+                   ir.IntegerType(a.type.element_type).width >= 32
+                   for a in func.regions[0].blocks[0].arguments):
+            continue
         for op in block_ops(func):
             if not is_linalg_op(op) or not op.regions or \
                     "reduction" not in loop_structure(op).iterators:
