@@ -242,3 +242,12 @@ def test_falls_back_with_a_reason(kernel_file):
     assert c.family.name == "generic"
     assert c.notes and "the linear_cross_entropy schedule does not apply" in c.notes[0]
     assert_matches(c)
+
+
+@pytest.mark.parametrize("body", [
+    "l = F.cross_entropy(F.linear(h, w), y, reduction='none'); return l.sum() / 7, l",
+    "s = F.linear(h, w); return F.cross_entropy(s, y) + F.cross_entropy(s, y, label_smoothing=0.1)",
+], ids=["loss_read_twice", "two_losses_on_one_head"])
+def test_neighbours(kernel_file, body):
+    """A per-row loss returned beside its own sum; two losses over one head's logits."""
+    assert_matches(compiled(kernel(kernel_file, body), backward=True))
