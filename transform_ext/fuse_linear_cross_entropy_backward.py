@@ -483,7 +483,7 @@ def rewrite(bwd: LinearCrossEntropyBackward, at: ir.Operation, row_tile: int, cl
         replaced = [(op, next(results)) for op in (bwd.d_rows, bwd.d_weight) if op is not None]
         replaced += [(column.op, next(results)) for column in bwd.column_sums]
         for i, (op, value) in enumerate(replaced):
-            role = "rows" if op is bwd.d_rows else "weight"
+            role = "rows" if op == bwd.d_rows else "weight"
             if op in (bwd.d_rows, bwd.d_weight) and role in bwd.transposed:
                 # d(h^T) = (G W)^T, d(W^T) = (G^T h)^T
                 rows, cols = ir.RankedTensorType(value.type).shape

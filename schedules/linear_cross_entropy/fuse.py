@@ -31,22 +31,25 @@ Schedule (the script's @fuse, one named step per item; decisions read by
      the rows fused in (S^T's contraction, h^T, the row max and sums, the dot products);
   6. fuse_class_loops: in each row block, fuse_dependent_reduction_ops makes the row max,
      the exp-sum (online, exp(m_old - m_new)) and every class sum ONE loop over tiles of
-     `class_tile` classes, with S^T's contraction computed per tile (its producer).
+     `class_tile` classes, with S^T's contraction computed per tile (its producer); a class
+     sum that needs the final exp-sum (label smoothing of bf16/f16 logits: torch rounds each
+     log-probability before summing) gets a second loop over the class tiles after it, the
+     logits tile recomputed in it.
 No [N, V] tensor is left: the forward holds a [class_tile, row_tile] tile of S per thread,
 the backward a [class_tile, backward_rows] tile of S and of G per thread plus the threads'
 dh partials [threads, backward_rows, D]. The CPU @vectorize (cpu.py) is the generic one,
 the k loops of the register tiles unrolled.
 Not taken (the reason in the fallback's note): the logits read otherwise (returned, a
-reduction over rows and classes), a weight read [D, V] without a transpose, label smoothing
-of bf16/f16 logits (torch rounds each log-probability before summing them, which needs the
-final log-sum-exp: a second sweep the forward loop does not make).
+reduction over rows and classes), a weight read [D, V] without a transpose (W passed as a
+transposed view), hidden states that torch.export turns into a batch matmul with a
+broadcast weight (a non-contiguous 3-D h).
 """
 
 from __future__ import annotations
 
 from torch_mlir import ir
 from torch_mlir.dialects import transform
-from torch_mlir.dialects.transform import structured
+from torch_mlir.dialects.transform import loop, structured
 
 from transform_ext.filter_ops import filter_reductions
 from transform_ext.fold_casts_into_contractions import fold_casts_into_contractions
@@ -63,9 +66,9 @@ from transform_ext.store_scores_keys_major import store_scores_keys_major
 
 from ..common import apply_passes, match
 from ..cross_entropy.fuse import (CLASS_SUM, match_attr, name_target_checks, normalize,
-                                  restructure_reading, sink_root_readers, tile_rows)
+                                  restructure_reading, sink_root_readers, split_handle, tile_rows)
 from ..script import include_step
-from .params import LinearCrossEntropyParams, LinearCrossEntropyPlan
+from .params import LateSum, LinearCrossEntropyParams, LinearCrossEntropyPlan
 
 ROW_BLOCKS = "lh.row_blocks"  # the forward's forall (the backward's is a fused kernel's)
 
@@ -145,16 +148,34 @@ def logits_classes_major(root: ir.Value) -> ir.Value:
     return apply_passes(root, "canonicalize", "cse")
 
 
-def fuse_class_loops(params: LinearCrossEntropyParams):
-    """Step 6 of the module docstring, in every row block."""
+def fuse_class_loops(params: LinearCrossEntropyParams, late: tuple[LateSum, ...] = (),
+                     group_size: int = 0):
+    """Step 6 of the module docstring, in every row block; then each late class sum (one
+    that reads a reduction of the group other than the row max: sum_c round(x_c - m -
+    log l), label smoothing of bf16 logits, needs the final l) gets a loop of its own over
+    the class tiles with S^T's tile computed in it (a second sweep: the logits recomputed)."""
     def body(root: ir.Value) -> ir.Value:
         blocks = structured.MatchOp(transform.AnyOpType.get(), root,
                                     op_attrs={ROW_BLOCKS: ir.UnitAttr.get()}).result
         group = match_attr(blocks, CLASS_SUM)
+        lates = []
+        if late:
+            parts = split_handle(group, group_size)
+            lates = [parts[s.place] for s in late]
+            group = exclude_ops(group, transform.MergeHandlesOp(lates).result)
         row_max = filter_reductions(group, combiner="max")
         logits = match_logits_contraction(blocks)
         fuse_dependent_reduction_ops(row_max, exclude_ops(group, row_max), params.class_tile,
                                      producers=[logits])
+        for target, s in zip(lates, late):
+            any_op = transform.AnyOpType.get()
+            producer = transform.GetProducerOfOperand(any_op, target, s.logits_operand).producer
+            init = transform.GetProducerOfOperand(any_op, producer, 2).producer  # its zero fill
+            tiled = structured.TileUsingForOp(target, sizes=list(s.tile_sizes))
+            structured.FuseIntoContainingOp(producer, tiled.loops[0])
+            structured.FuseIntoContainingOp(init, tiled.loops[0])
+            if s.peel:  # the last, partial class tile as a static tile of its own
+                loop.LoopPeelOp(any_op, any_op, tiled.loops[0])
         return apply_passes(root, "canonicalize", "cse")
 
     return body
@@ -172,7 +193,7 @@ def fuse_steps(plan: LinearCrossEntropyPlan) -> list[tuple[str, object]]:
               ("mark_class_sums", mark_class_sums),
               ("sink_root_readers", sink_root_readers(plan.root)),
               ("tile_rows", tile_rows(plan.rows, mark=ROW_BLOCKS)),
-              ("fuse_class_loops", fuse_class_loops(plan.params))]
+              ("fuse_class_loops", fuse_class_loops(plan.params, plan.late, plan.group_size))]
     return steps
 
 

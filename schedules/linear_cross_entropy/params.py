@@ -45,13 +45,30 @@ class LinearCrossEntropyParams:
 
 
 @dataclass(frozen=True)
+class LateSum:
+    """A class sum of a row block that reads a reduction of the fused group besides the row
+    max (its final value): place among the block's marked class reductions (match order),
+    the operand reading S^T, tile_using_for sizes over its loops (the class tile), whether
+    the class tile leaves a partial last tile (peeled into a static one)."""
+
+    place: int
+    logits_operand: int
+    tile_sizes: tuple[int, ...]
+    peel: bool = False
+
+
+@dataclass(frozen=True)
 class LinearCrossEntropyPlan:
     """What the script is built from: the parameters and what the payload showed at each
     step of a trial on a copy. classes: V; backward: the joint graph's backward is fused;
-    root: place of the forward's root (the last per-row op); rows: its row tiling."""
+    root: place of the forward's root (the last per-row op); rows: its row tiling; late:
+    the late class sums (fuse.py: fuse_class_loops) among the `group_size` marked class
+    reductions of a row block."""
 
     params: LinearCrossEntropyParams
     classes: int
     backward: bool
     root: Place
     rows: RowTiling
+    late: tuple[LateSum, ...] = ()
+    group_size: int = 0

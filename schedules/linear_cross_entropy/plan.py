@@ -2,8 +2,9 @@
 
 `plan_linear_cross_entropy` applies the schedule's steps (fuse.py) to a copy of the payload
 one at a time, each decision read from the copy before the step that needs it: V, whether
-the joint graph's backward is fused, the root of the forward and its row tiling. `check` plans on its copy after cleanup; the compile's script is built from the
-same payload text, so the last plan made is kept.
+the joint graph's backward is fused, the root of the forward and its row tiling, the late
+class sums. `check` plans on its copy after cleanup; the compile's script is built from
+the same payload text, so the last plan made is kept.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from transform_ext.analysis.linear_cross_entropy_backward import (
     NotLinearCrossEntropyBackward, linear_cross_entropy_backward_in)
 from transform_ext.analysis.logits import NotLogits, row_max, row_max_contraction, row_max_logits
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
-from transform_ext.common import block_ops, user_op
+from transform_ext.analysis.classify import reduction_combiner
+from transform_ext.common import block_ops, defining_op, user_op
 
 from ..common import place_of, run_schedule
 from ..cross_entropy.params import RowTiling
@@ -27,7 +29,8 @@ from ..prepare import check_by_planning
 from .fuse import (ROW_BLOCKS, fold_casts, fold_gathers, fuse_backward, fuse_class_loops,
                    logits_classes_major, mark_class_sums, name_target_checks, normalize_loss,
                    restructure, shrink_bounds, sink_root_readers, tile_rows)
-from .params import LinearCrossEntropyParams, LinearCrossEntropyPlan
+from .fuse import CLASS_SUM
+from .params import LateSum, LinearCrossEntropyParams, LinearCrossEntropyPlan
 from .recognize import NotLinearCrossEntropy, linear_cross_entropy_func
 
 
@@ -81,9 +84,10 @@ def plan_linear_cross_entropy(payload: ir.Module,
     root_place = place_of(trial.operation, root)
     _apply(trial, sink_root_readers(root_place))
     rows = _row_tiling(trial, root, params)  # the root as chosen before its readers moved
-    for step in (tile_rows(rows, mark=ROW_BLOCKS), fuse_class_loops(params)):
-        _apply(trial, step)
-    plan = LinearCrossEntropyPlan(params, classes, backward, root_place, rows)
+    _apply(trial, tile_rows(rows, mark=ROW_BLOCKS))
+    late, group_size = _late_sums(trial, params)
+    _apply(trial, fuse_class_loops(params, late, group_size))
+    plan = LinearCrossEntropyPlan(params, classes, backward, root_place, rows, late, group_size)
     _Plans.key, _Plans.plan = key, plan
     return plan
 
@@ -145,6 +149,59 @@ def _row_tiling(payload: ir.Module, root: ir.Operation,
     candidates = [op for op in _walk(payload) if op.name in names]
     places = tuple(candidates.index(op) for op in [root] + producers)
     return RowTiling(names, len(candidates), places, tuple(sizes))
+
+
+def _late_sums(payload: ir.Module, params: LinearCrossEntropyParams) -> tuple[tuple, int]:
+    """The late class sums of the (first) row block and the number of its marked class
+    reductions: those reading, through the block's ops, a marked reduction other than the
+    row max (fuse.py: fuse_class_loops)."""
+    blocks = [op for op in _walk(payload) if ROW_BLOCKS in op.attributes]
+    if not blocks:
+        raise NotLinearCrossEntropy("the loss's rows were not tiled into blocks")
+    body = blocks[0].regions[0].blocks[0]
+    group = [op for op in _walk_in(blocks[0]) if CLASS_SUM in op.attributes]
+    row_max_op = next(op for op in group if reduction_combiner(op) == "max")
+    logits = row_max_contraction(body).results[0]
+    inside = {o.operation for o in body.operations}
+
+    def reads_group(op, seen) -> bool:
+        for value in op.operands:
+            producer = defining_op(value)
+            if producer is None or producer not in inside or producer in seen:
+                continue
+            seen.add(producer)
+            if producer in group and producer != row_max_op:
+                return True
+            if not is_linalg_op(producer) or loop_structure(producer).is_elementwise:
+                if reads_group(producer, seen):
+                    return True
+        return False
+
+    late = []
+    for place, op in enumerate(group):
+        if op == row_max_op or not reads_group(op, set()):
+            continue
+        if logits not in list(op.operands):
+            raise NotLinearCrossEntropy("a class sum reads the final sum of the exponentials "
+                                        "but not the logits")
+        ls = loop_structure(op)
+        sizes = [0] * ls.num_loops
+        k = ls.reduction_dims[0]
+        sizes[k] = min(params.class_tile, ls.ranges[k])
+        late.append(LateSum(place, list(op.operands).index(logits), tuple(sizes),
+                            ls.ranges[k] % sizes[k] != 0))
+    return tuple(late), len(group)
+
+
+def _walk_in(op: ir.Operation) -> list[ir.Operation]:
+    found = []
+
+    def visit(o):
+        found.append(o)
+        return ir.WalkResult.ADVANCE
+
+    op.walk(visit, ir.WalkOrder.POST_ORDER)
+    return found
 
 
 def _walk(payload: ir.Module) -> list[ir.Operation]:
