@@ -120,11 +120,13 @@ def mark_class_sums(root: ir.Value) -> ir.Value:
 
 
 def fold_gathers(root: ir.Value) -> ir.Value:
-    """Step 2: the gathers from S read dot products, their row operand promoted to an
-    input."""
+    """Step 2: the gathers from S read dot products, their row operand promoted to an input
+    (which then bounds the depth loop: the empty [D] bound goes, before CSE could merge it
+    with a [V] bound of a class loop when D = V and tie the depth to the classes)."""
     func = match(root, "func.func")
     fold_gathers_through_contraction(func)
     promote_indexed_extracts(func)
+    shrink_unread_inputs(func)
     return apply_passes(root, "canonicalize", "cse")
 
 

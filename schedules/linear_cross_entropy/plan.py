@@ -67,10 +67,15 @@ def plan_linear_cross_entropy(payload: ir.Module,
     _logits(trial)  # the row max reads the logits of a linear layer (else: the reason)
     for step in (restructure, shrink_bounds):
         _apply(trial, step)
-    n, classes, _ = _logits(trial).shape
+    n, classes, depth = _logits(trial).shape
     if n < 2 or classes < 2:
         raise NotLinearCrossEntropy(f"the logits are [{n}, {classes}]: one row or one class "
                                     f"leaves no loop to fuse")
+    if depth == classes:
+        # h^T [D, N] and S^T [V, N] would share one empty init (CSE), which ties the depth
+        # to the classes in the loop-dim analysis the fusion reads
+        raise NotLinearCrossEntropy(f"the depth equals the classes ({depth}): the fusion "
+                                    f"cannot tell them apart")
     for step in (name_target_checks(classes), fold_gathers):
         _apply(trial, step)
     backward = _has_backward(trial)

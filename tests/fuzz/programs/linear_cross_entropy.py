@@ -1,9 +1,8 @@
 """Kernels of the linear cross-entropy family: the LM head and its loss,
 `F.cross_entropy(F.linear(h, W[, b]), y)` or `nn.Linear` with `nn.CrossEntropyLoss`; N, D
 and V odd or not dividing the tiles, 3-D hidden states flattened with view(-1, V), a bias,
-class weights, ignore_index (default, -1, a real class), label smoothing (f32 only: the
-family refuses it for bf16/f16 logits), none/mean/sum, all rows ignored, large logits,
-f32/f16/bf16 hidden states and weights in any layout."""
+class weights, ignore_index (default, -1, a real class), label smoothing, none/mean/sum,
+all rows ignored, large logits, f32/f16/bf16 hidden states and weights in any layout."""
 
 from __future__ import annotations
 
@@ -67,9 +66,8 @@ def linear_cross_entropy_kernels(draw) -> str:
     reduction = draw(st.sampled_from(("mean", "sum", "none")))
     if reduction != "mean":
         kwargs.append(f"reduction={reduction!r}")
-    if w.dtype == "float32":
-        smoothing = draw(st.sampled_from((0.0, 0.1, 1.0)))
-        if smoothing:
-            kwargs.append(f"label_smoothing={smoothing}")
+    smoothing = draw(st.sampled_from((0.0, 0.1, 1.0)))
+    if smoothing:
+        kwargs.append(f"label_smoothing={smoothing}")
     loss = w.let(f"F.cross_entropy({', '.join([logits, target] + kwargs)})", prefix="loss")
     return w.render([loss])
