@@ -331,14 +331,17 @@ def family_named(name: str) -> Family:
 
 def choose_family(module, *, requested: str | None = None, strict: bool = False,
                   notes: list[str] | None = None, target=None) -> Family:
-    """The requested family, or the first specialized family that recognizes the payload;
-    when its check fails: the generic family and a note naming the reason (an error under
-    `strict`). `target`: the target compiled for (None: the host CPU)."""
+    """The requested family, or the first specialized family that recognizes the payload
+    (on a target without a CPU vector unit, one with a GPU lowering); when its check fails:
+    the generic family and a note naming the reason (an error under `strict`). `target`:
+    the target compiled for (None: the host CPU)."""
     notes = notes if notes is not None else []
     if requested is not None:
         family = family_named(requested)
     else:
-        family = next((f for f in SPECIALIZED if f.recognize(module)), GENERIC)
+        gpu = target is not None and target.cpu is None
+        family = next((f for f in SPECIALIZED if (f.gpu_form is not None or not gpu)
+                       and f.recognize(module)), GENERIC)
     reason = family.check(module, target)
     if reason is None:
         return family

@@ -259,3 +259,17 @@ def test_falls_back_with_a_reason(kernel_file):
 def test_neighbours(kernel_file, body):
     """A per-row loss returned beside its own sum; two losses over one head's logits."""
     assert_matches(compiled(kernel(kernel_file, body), backward=True))
+
+
+def test_not_chosen_for_a_gpu_target():
+    """The family lowers for the CPU only: on the XeGPU target the payload goes the way it
+    went before (a family with a GPU lowering, or generic), on the CPU it is chosen."""
+    from lighthouse.compile import make_target
+    from lighthouse.families import choose_family
+    from lighthouse.ingress import import_forward
+    from lighthouse.kernel import load_kernel
+
+    k = load_kernel(EXAMPLES / "linear_cross_entropy.py", dict(N=16, D=8, V=40, DTYPE="float16"))
+    module = import_forward(k.model, k.inputs).module
+    assert choose_family(module).name == "linear_cross_entropy"
+    assert choose_family(module, target=make_target("xegpu")).name != "linear_cross_entropy"
