@@ -22,8 +22,11 @@ where the insert_slice put them.
 
 Rewritten: every insert_slice nested in (or equal to) the targets that has a stride other
 than 1 on a dim of size > 1, or is rank-reducing, or whose source holds more than
-`max_elements` elements; the others (the tiles of tiled linalg ops) are left alone.
-Precondition: static sizes, strides and source shape (offsets may be dynamic). A target
+`max_elements` elements; the others (the tiles of tiled linalg ops) are left alone, and so
+is an update in place: a source computed (through the inits of destination-style ops and
+loops) into a slice of the destination at the same offsets, sizes and strides, which
+bufferization writes where it is (a class tile of dW accumulated in a loop; tiled into
+copies, it was copied out and back per tile). Precondition: static sizes, strides and source shape (offsets may be dynamic). A target
 that is itself an insert_slice without them is a silenceable failure (nothing rewritten);
 nested ones are left alone, as the vectorizer leaves them.
 """
