@@ -63,6 +63,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--csv", metavar="FILE", help="write the rows as CSV")
     p.add_argument("--json", metavar="FILE", help="write machine, settings and rows as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="bar chart of speedups and peak memory")
+    p.add_argument("--target", choices=["cpu", "xegpu"], default="cpu",
+                   help="xegpu: no GPU runs here; each kernel is compiled to machine code by "
+                        "ocloc and estimated statically against the chip's peak")
+    p.add_argument("--chip", action="append", choices=["bmg", "pvc"],
+                   help="xegpu: the chips to compile for (repeatable; default both)")
     p.add_argument("-v", "--verbose", action="store_true", help="tracebacks on errors")
     return p
 
@@ -106,6 +111,8 @@ def choose_cases(args):
 
 
 def run(args) -> int:
+    if args.target == "xegpu":
+        return run_xegpu(args)
     from .benchmarks import report
     from .benchmarks.isolate import run_isolated
     from .benchmarks.limits import measure_limits
@@ -164,6 +171,47 @@ def run(args) -> int:
         print(f"failing: {', '.join(failing)}", file=sys.stderr)
         return 1
     return 0
+
+
+def run_xegpu(args) -> int:
+    """The static XeGPU table (lighthouse/benchmarks/xegpu.py): every case compiled through
+    the native stage for each chip, each in a child process; an error is a row of its own
+    and makes the exit status 1."""
+    import json
+
+    from .benchmarks import xegpu
+    from .benchmarks.isolate import run_isolated
+    from .benchmarks.suite import apply_overrides, file_cases, select
+
+    if args.kernelbench:
+        raise KernelFileError("--target xegpu runs the XeGPU suite or kernel files, not --kernelbench")
+    if args.kernels:
+        cases = file_cases(args.kernels)
+    else:
+        cases = xegpu.quick_xegpu_suite() if args.quick else xegpu.xegpu_suite()
+    cases = apply_overrides(select(cases, args.only),
+                            dict(parse_override(o) for o in args.overrides))
+    chips = args.chip or ["bmg", "pvc"]
+    timeout = args.timeout or (120.0 if args.quick else 900.0)
+    rows, failed = [], []
+    for case in cases:
+        for chip in chips:
+            print(f"{case.name} on {chip} ...", end="", file=sys.stderr, flush=True)
+            outcome = run_isolated(xegpu.native_rows, case, chip, timeout=timeout)
+            if outcome.status == "ok":
+                rows += outcome.value
+                print(" ok", file=sys.stderr, flush=True)
+            else:
+                failed.append(f"{case.name} on {chip}: {outcome.status}: {outcome.error}")
+                rows.append((case.name, chip, "-", outcome.status.upper()) + ("-",) * 9)
+                print(f" {outcome.status}", file=sys.stderr, flush=True)
+    print(xegpu.table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(
+            {"columns": list(xegpu.COLUMNS), "rows": [list(r) for r in rows]}, indent=2))
+    for line in failed:
+        print(f"error: {line}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def bench_settings(args) -> dict:

@@ -67,6 +67,17 @@ def make_target(name: str, threads: int | None = None, *, runtime_checks: bool =
     raise StageError(f"unknown target {name!r}; targets are: cpu, xegpu")
 
 
+def with_schedule_options(target, options: dict):
+    """`target` with the (parsed) schedule options `options` for the families to read."""
+    if not options or not hasattr(target, "options"):
+        return target
+    options = tuple(sorted(options.items()))
+    if dataclasses.is_dataclass(target):
+        return dataclasses.replace(target, options=options)
+    target.options = options
+    return target
+
+
 def cleanup(module) -> None:
     from schedules.prepare import cleanup as prepare
 
@@ -155,7 +166,7 @@ class CheckReport:
 
 @dataclass
 class Compiled:
-    kernel: Kernel
+    kernel: Kernel | None  # None for a graph compiled from Python (lighthouse.api)
     imported: Imported
     family: Family
     pipeline: Pipeline
@@ -238,22 +249,33 @@ def compile_kernel(path, *, overrides=None, backward=False, target="cpu", thread
         schedule_options = parse_schedule_options(kernel.config)
     except UnsupportedError as exc:
         raise UnsupportedError(f"{kernel.path}: {exc}") from None
-    if schedule_options and hasattr(target_obj, "options"):
-        options = tuple(sorted(schedule_options.items()))
-        if dataclasses.is_dataclass(target_obj):
-            target_obj = dataclasses.replace(target_obj, options=options)
-        else:
-            target_obj.options = options
+    target_obj = with_schedule_options(target_obj, schedule_options)
     importer = import_joint if backward else import_forward
-    imported = importer(kernel.model, kernel.inputs, name=str(kernel.path))
+    return compile_payload(lambda: importer(kernel.model, kernel.inputs, name=str(kernel.path)),
+                           name=str(kernel.path), target=target_obj,
+                           schedule=schedule or kernel.config.get("schedule"), strict=strict,
+                           stop_after=stop_after, dump_dir=dump_dir, schedule_file=schedule_file,
+                           kernel=kernel, start=start)
+
+
+def compile_payload(importer, *, name: str, target, schedule=None, strict=False, stop_after=None,
+                    dump_dir=None, schedule_file=None, kernel: Kernel | None = None,
+                    start: float | None = None) -> Compiled:
+    """Compile the payload `importer()` imports (an Imported) with the family `schedule`
+    names or the one that recognizes it, on `target` (a target object); JIT it when the
+    pipeline runs to the end. A family whose stages fail falls back to the next one
+    (fallback_family) with a note, the payload imported again, except under `strict` or
+    with a `schedule_file`."""
+    start = time.perf_counter() if start is None else start
+    imported = importer()
     notes: list[str] = []
-    family = choose_family(imported.module, requested=schedule or kernel.config.get("schedule"),
-                           strict=strict, notes=notes, target=target_obj)
+    family = choose_family(imported.module, requested=schedule, strict=strict, notes=notes,
+                           target=target)
     import_seconds = time.perf_counter() - start
     first_failure = None
     while True:
         try:
-            return _lower(kernel, imported, family, target_obj, notes, stop_after=stop_after,
+            return _lower(name, kernel, imported, family, target, notes, stop_after=stop_after,
                           dump_dir=dump_dir, import_seconds=import_seconds,
                           schedule_file=schedule_file)
         except StageError as exc:
@@ -267,14 +289,14 @@ def compile_kernel(path, *, overrides=None, backward=False, target="cpu", thread
             notes.append(f"the {family.name} schedule failed on this payload ({exc}); "
                          f"using the {fallback.name} schedule")
             family = fallback
-            imported = importer(kernel.model, kernel.inputs, name=str(kernel.path))
+            imported = importer()
         except LighthouseError:
             if first_failure is not None:  # the fallback cannot take it either: the cause
                 raise first_failure from None
             raise
 
 
-def _lower(kernel, imported, family, target_obj, notes, *, stop_after, dump_dir,
+def _lower(name, kernel, imported, family, target_obj, notes, *, stop_after, dump_dir,
            import_seconds, schedule_file=None) -> Compiled:
     """Run the stages of `family` on the imported payload; JIT it when they all ran."""
     script = ScheduleScript(family, target_obj, Path(schedule_file) if schedule_file else None)
@@ -282,11 +304,11 @@ def _lower(kernel, imported, family, target_obj, notes, *, stop_after, dump_dir,
     pipeline.check_stage(stop_after)
     result_specs = list(imported.result_specs)
 
-    def after_stage(name, module):
+    def after_stage(stage, module):
         # a schedule may add results (attention's log-sum-exp): read them from the signature
         # it leaves (the model's own keep their torch dtypes: bool is stored as i8 by then)
-        if name == "vectorize":
-            scheduled = _tensor_result_specs(module, str(kernel.path))
+        if stage == "vectorize":
+            scheduled = _tensor_result_specs(module, name)
             result_specs[len(imported.result_specs):] = scheduled[len(imported.result_specs):]
 
     pipeline.run(imported.module, stop_after=stop_after, dump_dir=dump_dir, on_stage=after_stage)
@@ -353,6 +375,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", help=f"force a schedule family ({', '.join(family_names())})")
     p.add_argument("--strict", action="store_true", help="a schedule that does not apply is an error")
     p.add_argument("--chip", help="xegpu: target chip (bmg or pvc)")
+    p.add_argument("--report", action="store_true",
+                   help="xegpu: per kernel the native code's GRF mode, instructions, spills, "
+                        "DPAS, 2-D block IO and a static time estimate against the chip's peak")
     p.add_argument("-o", "--output", metavar="FILE", help="write the final (or --emit) IR or artifact")
     p.add_argument("-v", "--verbose", action="store_true", help="stage timings and tracebacks")
     return p
@@ -403,6 +428,12 @@ def _main(args) -> int:
         else:
             print(text)
         return 0
+    if args.report:
+        reporter = getattr(compiled.target, "report", None)
+        if reporter is None:
+            raise UnsupportedError(f"--report needs --target xegpu (the {args.target} target "
+                                   "has no native machine code to report)")
+        print(reporter())
     if args.output:
         _write_artifact(compiled, Path(args.output))
     if args.run or args.check or args.bench:

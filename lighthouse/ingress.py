@@ -20,6 +20,7 @@ as loops and linalg (lighthouse/tm_tensor_lowering.py), scans by lower_scans.
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .errors import IngressError
-from .flash_decompositions import SdpaIn4d, flash_decompositions
+from .flash_decompositions import SdpaIn4d, SdpaMaskGradient, flash_decompositions
 from .tm_tensor_lowering import (index_decompositions, lower_scatters, lower_sorts,
                                  prepare_index_puts)
 
@@ -176,9 +177,9 @@ def import_joint(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel")
     flat_args = tuple(inputs[i] for i in tensor_pos) + tuple(params.values())
     importer, diagnostics = _quiet_importer()
     try:
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]), SdpaIn4d():
-            gm = make_fx(torch.func.functionalize(joint, remove="mutations"),
-                         decomposition_table=_joint_decompositions())(*flat_args)
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]), SdpaMaskGradient(), \
+                SdpaIn4d():
+            gm = _trace_joint(joint, flat_args)
         empty_tensors_without_work(gm)
         prepare_index_puts(gm)
         module = fx.stateless_fx_import(gm, output_type="linalg-on-tensors", model_name="main",
@@ -190,6 +191,55 @@ def import_joint(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel")
     names = ([f"out{i}" for i in range(n_out)] + [f"d_input{i}" for i in grad_pos]
              + [f"d_{k}" for k in param_names])
     return _finish(module, flat_args, reference, expected, names, name)
+
+
+def import_graph(gm: torch.fx.GraphModule, *, name: str = "graph") -> Imported:
+    """Import an ATen-level FX graph (AOTAutograd's forward, backward or inference graph, or
+    a part of one: lighthouse.partition) whose placeholders and nodes carry their example
+    values in `meta["val"]` and whose output is a tuple of tensors. The graph is copied,
+    never rewritten. The function's arguments are the placeholders, its results the
+    outputs; there is no torch reference (`Imported.reference` raises)."""
+    from torch_mlir import fx
+
+    gm = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    specs = [node.meta.get("val") for node in gm.graph.nodes if node.op == "placeholder"]
+    for i, val in enumerate(specs):
+        if not isinstance(val, torch.Tensor):
+            raise IngressError(f"{name}: input {i} is {type(val).__name__}, not a tensor")
+    importer, diagnostics = _quiet_importer()
+    try:
+        empty_tensors_without_work(gm)
+        prepare_index_puts(gm)
+        module = fx.stateless_fx_import(gm, output_type="linalg-on-tensors", model_name="main",
+                                        fx_importer=importer)
+    except Exception as exc:
+        raise IngressError(_describe_import_failure(name, exc, diagnostics)) from exc
+    outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+
+    def reference():
+        raise IngressError(f"{name}: a graph has no torch reference")
+
+    names = [f"out{i}" for i in range(len(outputs))]
+    return _finish(module, tuple(specs), reference, outputs, names, name)
+
+
+def _trace_joint(joint, flat_args) -> torch.fx.GraphModule:
+    """`joint` traced functionalized with the joint decompositions. torch.func.functionalize
+    has no rule for an autograd.Function under vjp (the attention with a mask gradient,
+    flash_decompositions.AttentionMasked): such a joint is traced first as it is, then that
+    graph functionalized and decomposed."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    try:
+        return make_fx(torch.func.functionalize(joint, remove="mutations"),
+                       decomposition_table=_joint_decompositions())(*flat_args)
+    except RuntimeError as exc:
+        if "Functionalize rule for custom_function_call" not in str(exc):
+            raise
+    plain = make_fx(joint)(*flat_args)
+    return make_fx(torch.func.functionalize(plain, remove="mutations"),
+                   decomposition_table=_joint_decompositions())(*flat_args)
 
 
 def empty_tensors_without_work(gm: torch.fx.GraphModule) -> int:

@@ -13,6 +13,12 @@ sys.path.insert(0, str(ROOT))
 # it is pinned to one machine's (AVX-512, 48 KiB L1d, 2 MiB L2); the code still runs on the
 # host. Set LIGHTHOUSE_CPU to run the suite for another description.
 os.environ.setdefault("LIGHTHOUSE_CPU", "vector_bits=512,vector_registers=32,l1d=48K,l2=2M,l3=480M")
+# Compiled kernels go to a cache of this session's own (lighthouse.kernel_cache; children
+# inherit it), never the user's.
+if "LIGHTHOUSE_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["LIGHTHOUSE_CACHE_DIR"] = tempfile.mkdtemp(prefix="lighthouse-test-kernels-")
 
 
 @pytest.fixture

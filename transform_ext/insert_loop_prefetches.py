@@ -22,7 +22,8 @@ attention's.)
 Sites: the xegpu.load_nd ops directly in the body of an scf.for nested in (or equal to) the
 targets whose tensor descriptor is loop-invariant and whose offsets are loop-invariant or
 index arithmetic (arith, index) on the induction variable, at least one of them on it;
-other loads are left alone. `layouts` is a dictionary from "RxC" to an #xegpu.layout; a
+other loads are left alone. `layouts` is a dictionary from "RxCxT" to an #xegpu.layout, or
+to `unit` for a tile that is not to be prefetched; a
 site whose tile has no layout there is a silenceable failure naming it (nothing inserted),
 and so is nb_prefetch < 1. The target handle is only read.
 """
@@ -36,9 +37,11 @@ from .dialect import TransformExt
 NAME = "transform_ext.insert_loop_prefetches"
 
 
-def tile_key(rows: int, cols: int) -> str:
-    """The key of a [rows, cols] tile in the `layouts` dictionary."""
-    return f"{rows}x{cols}"
+def tile_key(rows: int, cols: int, element_type: str) -> str:
+    """The key of a [rows, cols] tile of `element_type` in the `layouts` dictionary (the
+    instruction tile of a prefetch depends on the element size: 2-D block rows are at
+    least 32 bytes wide)."""
+    return f"{rows}x{cols}x{element_type}"
 
 
 def _inside(op: ir.Operation, container: ir.Operation) -> bool:
@@ -101,14 +104,16 @@ class _Loop:
         return found
 
 
-def _layout_of(load: ir.Operation, layouts: ir.DictAttr) -> ir.Attribute:
-    shape = list(ir.VectorType(load.results[0].type).shape)
+def _layout_of(load: ir.Operation, layouts: ir.DictAttr) -> ir.Attribute | None:
+    vector = ir.VectorType(load.results[0].type)
+    shape = list(vector.shape)
     if len(shape) < 2:
         raise Illegal(load, f"a {len(shape)}-D load has no 2-D block prefetch")
-    key = tile_key(*shape[-2:])
+    key = tile_key(*shape[-2:], str(vector.element_type))
     if key not in layouts:
         raise Illegal(load, f"no prefetch layout for a {key} tile")
-    return layouts[key]
+    layout = layouts[key]
+    return None if isinstance(layout, ir.UnitAttr) else layout
 
 
 def _prefetch(analysis: _Loop, load: ir.Operation, layout: ir.Attribute, nb_prefetch: int) -> None:
@@ -162,7 +167,9 @@ class InsertLoopPrefetchesOp(TransformExt.Operation, name="insert_loop_prefetche
                     for loop in ops_named(target, "scf.for"):
                         analysis = _Loop(loop)
                         for load in analysis.sites():
-                            _prefetch(analysis, load, _layout_of(load, layouts), nb_prefetch)
+                            layout = _layout_of(load, layouts)
+                            if layout is not None:
+                                _prefetch(analysis, load, layout, nb_prefetch)
                 return Success
 
         @staticmethod
@@ -175,7 +182,7 @@ class InsertLoopPrefetchesOp(TransformExt.Operation, name="insert_loop_prefetche
 def insert_loop_prefetches(target: ir.Value, nb_prefetch: int,
                            layouts: dict[str, ir.Attribute]) -> InsertLoopPrefetchesOp:
     """Prefetch the loop-read tiles of the kernels in `target` `nb_prefetch` steps ahead,
-    with the layout `layouts[tile_key(rows, cols)]` per tile shape."""
+    with the layout `layouts[tile_key(rows, cols, element type)]` per tile."""
     i64 = ir.IntegerType.get_signless(64)
     return InsertLoopPrefetchesOp(target, ir.IntegerAttr.get(i64, nb_prefetch),
                                   layouts=ir.DictAttr.get(layouts))

@@ -68,8 +68,9 @@ class CpuTarget:
     options: tuple = ()
     runtime_checks: bool = False
     cpu: CpuDescription = field(default_factory=host_cpu)
-    # the attention schedule chooses its own tiles on the CPU
+    # the attention schedule chooses its own tiles on the CPU, its backward in one pass
     attention_tiles: ClassVar[tuple[int, int] | None] = None
+    attention_backward_tiles: ClassVar[tuple[int, int, int, int] | None] = None
 
     def __post_init__(self):
         if self.threads < 1:
@@ -89,7 +90,9 @@ class CpuTarget:
 
         os.environ.setdefault("KMP_BLOCKTIME", "0")
         os.environ.setdefault("KMP_WARNINGS", "0")
-        engine = ExecutionEngine(module, opt_level=3, shared_libs=[openmp_runtime()])
+        # position-independent: the object file links into a shared library (kernel_cache)
+        engine = ExecutionEngine(module, opt_level=3, shared_libs=[openmp_runtime()],
+                                 enable_pic=True)
         return JitFunction(engine, arg_specs, result_specs,
                            error_messages=tuple(kernel_error_messages(module)))
 

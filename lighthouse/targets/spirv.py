@@ -32,7 +32,7 @@ from pathlib import Path
 
 from torch_mlir import ir
 
-from transform_ext.common import defining_op, user_op
+from transform_ext.common import defining_op, ops_named, user_op
 
 from ..errors import StageError, UnsupportedError
 
@@ -125,6 +125,7 @@ def device_llvm_ir(gpu_module: ir.Operation, subgroup_size: int) -> str:
             _allocas_to_entry_arrays(func)
             _scalar_unit_vector_loads(func)
             _legalize_vector_lengths(func)
+            _widen_dynamic_bool_extracts(func)
             if "gpu.kernel" in func.attributes:
                 func.attributes["intel_reqd_sub_group_size"] = ir.IntegerAttr.get(i32, subgroup_size)
         foreign = []
@@ -138,7 +139,23 @@ def device_llvm_ir(gpu_module: ir.Operation, subgroup_size: int) -> str:
         if foreign:
             raise StageError(f"gpu.module @{_sym(gpu_module)}: {sorted(set(foreign))[0]} has no "
                              "lowering to the XeVM LLVM dialect")
-        return translate_module_to_llvmir(device.operation)
+        return mangle_void_parameters(translate_module_to_llvmir(device.operation))
+
+
+_VOID_DECLARATION = re.compile(r"^declare [^@\n]*@_Z(\d+)(\w+)\(\)", re.M)
+
+
+def mangle_void_parameters(llvm_ir: str) -> str:
+    """`@_Z16get_sub_group_id()` -> `@_Z16get_sub_group_idv()`: the Itanium name of an
+    OpenCL builtin without parameters ends in `v` (its parameter list, void). MLIR's GPU to
+    SPIR-V-flavoured LLVM lowering names `get_sub_group_id` and `get_sub_group_local_id`
+    without it; IGC then finds no builtin of that name and leaves an external call (a stack
+    call to an unresolved symbol: the driver would not link the module)."""
+    for m in list(_VOID_DECLARATION.finditer(llvm_ir)):
+        length, name = int(m.group(1)), m.group(2)
+        if len(name) == length:
+            llvm_ir = llvm_ir.replace(f"@_Z{length}{name}(", f"@_Z{length}{name}v(")
+    return llvm_ir
 
 
 def _sym(op: ir.Operation) -> str:
@@ -172,6 +189,32 @@ def _scalar_unit_vector_loads(func: ir.Operation) -> None:
             vector = llvm_d.InsertElementOp(llvm_d.PoisonOp(vtype).result, scalar, zero).result
         load.results[0].replace_all_uses_with(vector)
         load.erase()
+
+
+def _widen_dynamic_bool_extracts(func: ir.Operation) -> None:
+    """`extractelement <N x i1> %v, %i` at a dynamic index -> `trunc (extractelement
+    (zext %v to <N x i8>), %i)`. IGC 2.40 crashes (SIGSEGV) on a dynamic lane of a bool
+    vector (the lane-0 mask `<true, false, ...>[lane id]` of a one-row scattered read in the
+    loss kernels), while spirv-val accepts it."""
+    from torch_mlir.dialects import llvm as llvm_d
+
+    def dynamic_bool_lane(op):
+        element = ir.VectorType(op.operands[0].type).element_type
+        index = defining_op(op.operands[1])
+        return (isinstance(element, ir.IntegerType) and element.width == 1
+                and (index is None or index.name != "llvm.mlir.constant"))
+
+    extracts = [op for op in ops_named(func, "llvm.extractelement") if dynamic_bool_lane(op)]
+    i8 = ir.IntegerType.get_signless(8)
+    for op in extracts:
+        vtype = ir.VectorType(op.operands[0].type)
+        with ir.InsertionPoint(op), op.location:
+            wide = llvm_d.ZExtOp(ir.VectorType.get(vtype.shape, i8), op.operands[0]).result
+            lane = llvm_d.ExtractElementOp(wide, op.operands[1]).result
+            bit = ir.Operation.create("llvm.trunc", results=[op.results[0].type],
+                                      operands=[lane]).results[0]
+        op.results[0].replace_all_uses_with(bit)
+        op.erase()
 
 
 # Vector lengths SPIR-V has (16 with the Vector16 capability every OpenCL device has).

@@ -36,11 +36,20 @@ prefetch distance and layouts) into the script:
                  host module as gpu.binary (what Level Zero's zeModuleCreate loads); the
                  device LLVM bitcode (gpu-module-to-binary{format=llvm}) is kept for `-o *.bc`;
                  the `lh.kernel` / `lh.weights` annotations become the kernels' artifacts
-                 (the launch manifest) and leave the IR
+                 (the launch manifest) and leave the IR; each kernel's `lh.work` (DPAS FLOPs
+                 and block IO bytes counted on the xegpu-layouts IR, kernel_work.py) goes to
+                 its gpu.object's properties
+  native         each kernel's SPIR-V compiled by Intel's ocloc for the chip (ocloc.py: 128
+                 registers per thread, 256 when that spills); the GRF mode goes to the
+                 gpu.object's properties (`grf`) and the manifest, the device binary and its
+                 machine code's figures to the artifacts (`-o kernel.bin`, `--report` with
+                 the static estimate of estimate.py)
 No stage keeps state on the target for a later one: a schedule stage reruns from the dump of
-the stage before with the script, xevm and binary from the xegpu-layouts dump.
-There is no Intel GPU here: the target has no `jit`; it is checked through its IR and its
-validated SPIR-V, and the numerics through the CPU target running the same fused schedule.
+the stage before with the script, xevm and binary from the xegpu-layouts dump, native from
+the binary dump.
+There is no Intel GPU here: the target has no `jit`; it is checked through its IR, its
+validated SPIR-V and the machine code Intel's compiler makes of it, and the numerics through
+the CPU target running the same fused schedule.
 """
 
 from __future__ import annotations
@@ -60,9 +69,10 @@ from ..pipeline import Stage
 
 @dataclass(frozen=True)
 class Chip:
-    """What the schedules need to know about one Intel GPU generation."""
+    """What the schedules need to know about one Intel GPU generation, and the peaks of the
+    product the static estimate is measured against (lighthouse/targets/estimate.py)."""
 
-    name: str
+    name: str                          # also ocloc's -device
     subgroup_size: int                 # lanes per subgroup (SIMD width of the kernels)
     dpas: tuple[int, int, int]         # DPAS M x N x K for f16/bf16 with f32 accumulation
     max_workgroup_threads: int         # lanes per workgroup
@@ -70,15 +80,32 @@ class Chip:
     block_width_bytes: int             # 2-D block load: max row width in bytes
     block_height: int                  # 2-D block load: max rows
     xe_cores: int
+    product: str = ""
+    eus_per_core: int = 8              # vector engines (each with one XMX engine) per Xe-core
+    clock_ghz: float = 1.0             # the clock of the product's peak figures
+    xmx_flops_per_clock: int = 512     # f16/bf16 dense FLOPs per clock of one XMX engine
+    dram_gbps: float = 1.0             # memory bandwidth, GB/s
+
+    @property
+    def peak_flops(self) -> float:
+        """f16/bf16 DPAS FLOP/s of the whole chip."""
+        return self.xe_cores * self.eus_per_core * self.xmx_flops_per_clock * self.clock_ghz * 1e9
 
 
+# Intel's product figures: Arc B580 (Xe2, 20 Xe-cores, 160 XMX engines at 2.85 GHz: 233 TOPS
+# int8 = 116.7 TFLOP/s f16, 456 GB/s GDDR6); Data Center GPU Max 1100 (Xe-HPC, 56 Xe-cores,
+# 448 XMX engines at 1.55 GHz: 355.6 TFLOP/s f16, 1228.8 GB/s HBM2e).
 CHIPS = {
-    "bmg": Chip("bmg", 16, (8, 16, 16), 1024, 256 * 64, 64, 32, 20),
-    "pvc": Chip("pvc", 16, (8, 16, 16), 1024, 256 * 64, 64, 32, 128),
+    "bmg": Chip("bmg", 16, (8, 16, 16), 1024, 256 * 64, 64, 32, 20, "Arc B580",
+                clock_ghz=2.85, xmx_flops_per_clock=256, dram_gbps=456.0),
+    "pvc": Chip("pvc", 16, (8, 16, 16), 1024, 256 * 64, 64, 32, 56, "Data Center GPU Max 1100",
+                clock_ghz=1.55, xmx_flops_per_clock=512, dram_gbps=1228.8),
 }
 DEFAULT_CHIP = "bmg"
 # Plan kinds of a cross-entropy loss: its row kernel and its reductions over the rows.
 LOSS_KINDS = frozenset({"cross_entropy", "row_sum"})
+# Plan kinds of the two passes of an attention backward (schedules/attention/xegpu_backward.py)
+BACKWARD_KINDS = frozenset({"attention_dq", "attention_dkv"})
 # Workgroup tiles [m, n] of contraction kernels, largest first.
 WORKGROUP_TILES = ((256, 256), (256, 128), (128, 256), (128, 128), (64, 128), (128, 64),
                    (64, 64), (32, 64), (64, 32), (32, 32), (16, 32), (8, 32), (16, 16), (8, 16))
@@ -91,7 +118,8 @@ class XeGpuParams:
     wg: workgroup tile [m, n] of contraction kernels; sg: subgroup tile [m, n]; k_tile:
     reduction step (elements of K per loop iteration); nb_prefetch: prefetch distance of the
     k loop in iterations; rows: rows per workgroup of row kernels (softmax, norms);
-    attention_sg_rows: query rows per subgroup of attention kernels; column_tile: columns per
+    attention_sg_rows: query rows per subgroup of attention kernels (default: the most that
+    fit the register file, schedules/attention/xegpu.py); column_tile: columns per
     step of the column loops of long-row kernels (softmax; default: chosen from the
     registers)."""
 
@@ -100,7 +128,7 @@ class XeGpuParams:
     k_tile: int | None = None
     nb_prefetch: int = 1
     rows: int | None = None
-    attention_sg_rows: int = 16
+    attention_sg_rows: int | None = None
     column_tile: int | None = None
 
     def __post_init__(self):
@@ -142,6 +170,9 @@ class KernelArtifact:
     subgroup_size: int
     spirv: bytes
     bitcode: bytes | None = None
+    work: dict | None = None          # kernel_work.KernelWork fields (None: not countable)
+    native: bytes | None = None       # the native stage's device binary
+    machine: object | None = None     # its ocloc.MachineCode (GRF mode, spills, dpas, ...)
 
 
 @dataclass
@@ -168,6 +199,10 @@ SCRIPT_STAGES = (
 # and removes them.
 KERNEL_ATTR = "lh.kernel"
 WEIGHTS_ATTR = "lh.weights"
+# The work of each kernel (kernel_work.KernelWork as a dictionary of integers), written on
+# its gpu.module by @xegpu_layouts; the binary stage keeps it in the gpu.object's properties
+# (`work`), where the native stage adds the GRF mode the launch must use (`grf`).
+WORK_ATTR = "lh.work"
 
 
 class XeGpuTarget:
@@ -182,6 +217,10 @@ class XeGpuTarget:
     # 8 subgroups of 16 rows; 32 keys keep a subgroup's Q, O, K or V tile, S and P within
     # the register file for head dims up to 64 (AttentionTiles.register_bytes)
     attention_tiles = (128, 32)
+    # the attention backward in two passes (schedules/attention/xegpu_backward.py): query
+    # blocks of 64 rows with keys in steps of 32 (dQ), key blocks of 64 with query rows in
+    # steps of 16 (dK, dV): 8 subgroups of 8 rows each, within the register file
+    attention_backward_tiles = (64, 32, 64, 16)
 
     def __init__(self, chip: str | None = None, params: XeGpuParams | None = None):
         chip = chip or DEFAULT_CHIP
@@ -190,7 +229,7 @@ class XeGpuTarget:
         self.chip = CHIPS[chip]
         self.params = params or XeGpuParams()
         self.options: tuple = ()          # the kernel file's LIGHTHOUSE dict, as sorted pairs
-        # the artifacts of the binary stage (read from the IR it translates)
+        # the artifacts of the binary and native stages (read from the IR they translate)
         self.kernels: list[KernelArtifact] = []
         self.weight_specs: list[dict] = []
 
@@ -263,6 +302,8 @@ class XeGpuTarget:
         return [
             Stage("xevm", self.xevm, "XeGPU -> XeVM -> LLVM (device) and host launch code"),
             Stage("binary", self.binary, "validated SPIR-V kernels embedded in the host module"),
+            Stage("native", self.native, f"each kernel compiled by Intel's ocloc for "
+                  f"{self.chip.name}, in the GRF mode it needs"),
         ]
 
     # ----------------------------------------------------------------------------- stages
@@ -277,8 +318,12 @@ class XeGpuTarget:
         (KERNEL_ATTR); the annotations are read into the artifacts and removed."""
         from . import spirv
 
-        kernels_of = {}
+        kernels_of, works = {}, {}
         for gm in spirv.gpu_modules(module):
+            name = ir.StringAttr(gm.attributes["sym_name"]).value
+            if WORK_ATTR in gm.attributes:
+                works[name] = ir.DictAttr(gm.attributes[WORK_ATTR])
+                del gm.attributes[WORK_ATTR]
             if KERNEL_ATTR not in gm.attributes:
                 raise StageError(f"gpu.module @{ir.StringAttr(gm.attributes['sym_name']).value}: "
                                  f"no {KERNEL_ATTR} annotation (the script's @gpu_outline "
@@ -304,31 +349,61 @@ class XeGpuTarget:
                                  f"subgroup size {entry.subgroup_size}, expected "
                                  f"({threads}, 1, 1) / {self.chip.subgroup_size}")
             grid = tuple(grid) + (1,) * (3 - len(grid))
+            work = works.get(sm.name)
             kernels.append(KernelArtifact(entry.name, sm.name, kind, description, grid,
                                           entry.local_size, entry.subgroup_size, sm.binary,
-                                          bitcode.get(sm.name)))
-        embed_spirv(module, translated)
+                                          bitcode.get(sm.name), _integers(work)))
+        embed_spirv(module, translated, works)
         self.kernels, self.weight_specs = kernels, weights
+
+    def native(self, module: ir.Module) -> None:
+        """Each gpu.binary's SPIR-V compiled by ocloc for the chip (ocloc.build: 128
+        registers per thread, 256 when that spills); the GRF mode is written in the object's
+        properties (`grf`), the device binary and its machine code go to the artifacts."""
+        from . import ocloc
+
+        by_module = {k.module: k for k in self.kernels}
+        with module.context:
+            for name, (op, obj) in _binaries(module).items():
+                build = ocloc.build(bytes(obj.object), self.chip.name, f"kernel @{name}")
+                properties = ({e.name: e.attr for e in ir.DictAttr(obj.properties)}
+                              if obj.properties else {})
+                properties["grf"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64),
+                                                       build.machine.grf)
+                op.attributes["objects"] = ir.ArrayAttr.get([_object(obj, properties)])
+                kernel = by_module.get(name)
+                if kernel is None:   # rerun from the binary stage's dump: no artifacts yet
+                    kernel = KernelArtifact(name, name, "", "", (1, 1, 1), (1, 1, 1),
+                                            self.chip.subgroup_size, bytes(obj.object),
+                                            work=_integers(properties.get("work")))
+                    self.kernels.append(kernel)
+                kernel.native, kernel.machine = build.binary, build.machine
 
     # ------------------------------------------------------------------------ artifacts
     def emit_artifact(self, compiled, stage: str, path: Path | None) -> bool:
-        """`--emit binary -o F.spv` writes the SPIR-V; other stages print IR as usual."""
-        if stage == "binary" and path is not None and path.suffix in (".spv", ".bc", ".json"):
+        """`--emit binary -o F.spv` writes the SPIR-V, `--emit native -o F.bin` the device
+        binary; other stages print IR as usual."""
+        suffixes = {"binary": (".spv", ".bc", ".json"), "native": (".spv", ".bc", ".json", ".bin")}
+        if path is not None and path.suffix in suffixes.get(stage, ()):
             self.write_artifact(compiled, path)
             return True
         return False
 
     def write_artifact(self, compiled, path: Path) -> None:
         """By suffix: .spv SPIR-V (one kernel, or <stem>.<gpu.module>.spv each), .bc device LLVM
-        bitcode, .json launch manifest (grid, local size, subgroup size, arguments), anything
-        else the final IR (host module with the embedded SPIR-V)."""
+        bitcode, .bin the chip's device binary (the native stage's), .json launch manifest
+        (grid, local size, subgroup size, GRF mode, arguments), anything else the final IR
+        (host module with the embedded SPIR-V)."""
         path = Path(path)
-        if path.suffix in (".spv", ".bc"):
+        if path.suffix in (".spv", ".bc", ".bin"):
             if not self.kernels:
                 raise StageError(f"{path.name}: the kernel was not compiled to the binary stage")
-            blobs = [(k.module, k.spirv if path.suffix == ".spv" else k.bitcode) for k in self.kernels]
+            field = {".spv": "spirv", ".bc": "bitcode", ".bin": "native"}[path.suffix]
+            blobs = [(k.module, getattr(k, field)) for k in self.kernels]
             if any(b is None for _, b in blobs):
-                raise StageError(f"{path.name}: no device bitcode was produced")
+                what = {"bitcode": "device bitcode",
+                        "native": "device binary (the native stage did not run)"}[field]
+                raise StageError(f"{path.name}: no {what} was produced")
             if len(blobs) == 1:
                 path.write_bytes(blobs[0][1])
             else:
@@ -340,8 +415,20 @@ class XeGpuTarget:
         else:
             path.write_text(str(compiled.module))
 
+    def report(self) -> str:
+        """Per kernel: the native machine code's figures and the static estimate
+        (lighthouse/targets/estimate.py); StageError before the native stage ran."""
+        from .estimate import format_report
+        from .ocloc import find_ocloc, ocloc_version
+
+        if not any(k.machine for k in self.kernels):
+            raise StageError("--report needs the native stage (the compile stopped before it)")
+        return format_report(self.kernels, self.chip, ocloc_version(find_ocloc()))
+
     def manifest(self, compiled) -> dict:
-        """What a Level Zero launcher needs: per kernel the grid, local size, subgroup size."""
+        """What a Level Zero launcher needs: per kernel the grid, local size, subgroup size,
+        and after the native stage the GRF mode to build or load it with (`grf`: 256 means
+        the SPIR-V is built with -ze-opt-large-register-file) and its machine code's figures."""
         imported = compiled.imported
         return {
             "chip": self.chip.name,
@@ -353,7 +440,8 @@ class XeGpuTarget:
             "weights": self.weight_specs,
             "kernels": [{"name": k.name, "module": k.module, "kind": k.kind, "computes": k.description,
                          "grid": list(k.grid), "local_size": list(k.local_size),
-                         "subgroup_size": k.subgroup_size, "spirv_bytes": len(k.spirv)}
+                         "subgroup_size": k.subgroup_size, "spirv_bytes": len(k.spirv),
+                         **_native_entry(k)}
                         for k in self.kernels],
         }
 
@@ -466,22 +554,36 @@ class _StageBuilder:
         """Foralls of a fused schedule (one per kernel) become workgroup grids as they are;
         payload ops outside them are refused (they would need kernels of their own)."""
         from schedules.attention.xegpu import attention_forall, plan_attention, tile_attention
+        from schedules.attention.xegpu_backward import (backward_foralls, backward_pass_of,
+                                                        plan_backward_pass, tile_backward)
 
-        forall = attention_forall(func)
-        if forall is None or len(foralls) != 1:
+        forward = attention_forall(func)
+        passes = backward_foralls(func)
+        is_forward = lambda f: forward is not None and f == forward
+        unknown = [f for f in foralls if not is_forward(f) and f not in passes]
+        if unknown:
             raise UnsupportedError(
-                f"xegpu: {len(foralls)} scf.forall of a fused schedule that is not attention: no "
-                "GPU mapping for it yet")
-        try:
-            tiles = plan_attention(forall, sg_rows=self.params.attention_sg_rows,
-                                   subgroup_size=self.chip.subgroup_size, dpas=self.chip.dpas,
-                                   max_threads=self.chip.max_workgroup_threads,
-                                   grf_bytes=self.chip.grf_bytes, nb_prefetch=self.params.nb_prefetch)
-        except ValueError as exc:
-            raise UnsupportedError(f"xegpu: {exc}") from exc
-        description = f"attention at {forall.location}"
-        tile_attention(self.rec, tiles)
-        self.plans.append(KernelPlan("attention", description, tiles))
+                f"xegpu: {len(unknown)} scf.forall of a fused schedule that is neither an "
+                "attention nor a pass of its backward: no GPU mapping for it yet")
+        chip = dict(sg_rows=self.params.attention_sg_rows, subgroup_size=self.chip.subgroup_size,
+                    dpas=self.chip.dpas, max_threads=self.chip.max_workgroup_threads,
+                    grf_bytes=self.chip.grf_bytes, nb_prefetch=self.params.nb_prefetch)
+        for forall in foralls:
+            try:
+                if is_forward(forall):
+                    tiles = plan_attention(forall, **chip)
+                else:
+                    tiles = plan_backward_pass(forall, **chip)
+            except ValueError as exc:
+                raise UnsupportedError(f"xegpu: {exc}") from exc
+            if is_forward(forall):
+                tile_attention(self.rec, tiles)
+                plan = KernelPlan("attention", f"attention at {forall.location}", tiles)
+            else:
+                tile_backward(self.rec, tiles)
+                plan = KernelPlan(tiles.kind, f"attention backward pass "
+                                  f"{backward_pass_of(forall)} at {forall.location}", tiles)
+            self.plans.append(plan)
 
     def subgroups(self) -> None:
         """Each workgroup forall annotated with its subgroup decomposition (xegpu.sg_layout,
@@ -581,6 +683,8 @@ class _StageBuilder:
 
     def xegpu_layouts(self) -> None:
         from schedules.attention.xegpu import annotate_attention, check_kernel
+        from schedules.attention.xegpu_backward import (annotate_backward, backward_anchors,
+                                                        split_loads)
         from schedules.common import match
         from schedules.cross_entropy.xegpu_layouts import (annotate_loss_kernel, kernel_anchors,
                                                            prefetch_shape)
@@ -609,6 +713,11 @@ class _StageBuilder:
                                            plan.tiles.nb_prefetch)
                     check_kernel(func)
                     shapes.append(None)
+                elif plan.kind in BACKWARD_KINDS:
+                    insert_loop_prefetches(rec, func, plan.tiles.subgroups, chip.dpas[:2],
+                                           plan.tiles.nb_prefetch)
+                    split_loads(rec, func)
+                    shapes.append(backward_anchors(func, plan.tiles))
                 elif plan.kind in LOSS_KINDS:
                     insert_loop_prefetches(rec, func, *prefetch_shape(plan.tiles), nb_prefetch)
                     shapes.append(kernel_anchors(func, plan.tiles))
@@ -626,12 +735,44 @@ class _StageBuilder:
                     annotate_kernel(handle, plan.tiles, shape)
                 elif plan.kind == "attention":
                     annotate_attention(handle, plan.tiles)
+                elif plan.kind in BACKWARD_KINDS:
+                    annotate_backward(handle, shape)
                 elif plan.kind in LOSS_KINDS:
                     annotate_loss_kernel(handle, shape)
                 else:
                     annotate_rows(handle, plan.tiles)
 
         rec.step("anchor_layouts", body)
+        self._kernel_work()
+
+    def _kernel_work(self) -> None:
+        """Each gpu.module annotated with its kernel's work (WORK_ATTR: DPAS FLOPs, block IO
+        bytes, counted on the trial with every loop's trips per workgroup); a kernel whose
+        loop bounds are not computed from constants and block ids gets none."""
+        from schedules.common import annotate, match
+        from torch_mlir.dialects import transform
+
+        from .kernel_work import NotEvaluable, kernel_work
+
+        i64 = ir.IntegerType.get_signless(64)
+        works = []
+        for func in ops_named(self.trial, "gpu.func"):
+            try:
+                work = kernel_work(func, self.chip.subgroup_size).as_dict()
+            except NotEvaluable:
+                works.append(None)
+                continue
+            works.append(ir.DictAttr.get({k: ir.IntegerAttr.get(i64, v) for k, v in work.items()}))
+        count = len(works)
+
+        def body(root):
+            handles = transform.SplitHandleOp([transform.AnyOpType.get()] * count,
+                                              match(root, "gpu.module")).results
+            for handle, work in zip(list(handles), works):
+                if work is not None:
+                    annotate(handle, WORK_ATTR, work)
+
+        self.rec.step("kernel_work", body)
 
     # ---------------------------------------------------------------------- parameters
     def contraction_tiles(self, group):
@@ -772,15 +913,45 @@ def _weights_annotation(attr) -> list[dict]:
     return out
 
 
-def embed_spirv(module: ir.Module, translated) -> None:
-    """Replace each gpu.module by a gpu.binary holding its SPIR-V (`bin` format)."""
+def embed_spirv(module: ir.Module, translated, works: dict | None = None) -> None:
+    """Replace each gpu.module by a gpu.binary holding its SPIR-V (`bin` format), with the
+    kernel's work (WORK_ATTR) as the object's `work` property."""
     _modules_to_binaries(module)
     by_name = {sm.name: sm for sm in translated}
+    works = works or {}
     with module.context:
         for name, (op, obj) in _binaries(module).items():
-            escaped = "".join(f"\\{b:02X}" for b in by_name[name].binary)
-            spirv_obj = ir.Attribute.parse(f'#gpu.object<{obj.target}, bin = "{escaped}">')
-            op.attributes["objects"] = ir.ArrayAttr.get([spirv_obj])
+            properties = {"work": works[name]} if name in works else {}
+            op.attributes["objects"] = ir.ArrayAttr.get([_object(obj, properties,
+                                                                 by_name[name].binary)])
+
+
+def _object(obj, properties: dict, binary: bytes | None = None) -> ir.Attribute:
+    """#gpu.object on `obj`'s target holding `binary` (default: obj's own) and `properties`."""
+    blob = bytes(obj.object) if binary is None else binary
+    escaped = "".join(f"\\{b:02X}" for b in blob)
+    props = f"properties = {ir.DictAttr.get(properties)}, " if properties else ""
+    return ir.Attribute.parse(f'#gpu.object<{obj.target}, {props}bin = "{escaped}">')
+
+
+def _native_entry(kernel: KernelArtifact) -> dict:
+    """The manifest's fields of a kernel the native stage compiled (none before it)."""
+    mc = kernel.machine
+    if mc is None:
+        return {}
+    return {"grf": mc.grf, "native_bytes": len(kernel.native),
+            "machine_code": {"instructions": mc.instructions, "spill_bytes": mc.spill_bytes,
+                             "flag_spills": mc.flag_spills, "dpas": mc.dpas,
+                             "block_loads": mc.block_loads, "block_stores": mc.block_stores,
+                             "block_prefetches": mc.block_prefetches},
+            "work": kernel.work}
+
+
+def _integers(attr) -> dict | None:
+    """A dictionary attribute of integers as a dict (None stays None)."""
+    if attr is None:
+        return None
+    return {entry.name: ir.IntegerAttr(entry.attr).value for entry in ir.DictAttr(attr)}
 
 
 def _modules_to_binaries(module: ir.Module) -> None:

@@ -53,6 +53,7 @@ from transform_ext.fold_key_transpose import fold_key_transpose
 from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion
 from transform_ext.fold_scalar_or_splat_constant import fold_scalar_or_splat_constant
 from transform_ext.fuse_attention_backward import fuse_attention_backward
+from transform_ext.fuse_attention_backward_two_pass import fuse_attention_backward_two_pass
 from transform_ext.fuse_elementwise_producers import fuse_elementwise_producers
 from transform_ext.fuse_key_loops import fuse_key_loops
 from transform_ext.match_attention import match_attention
@@ -81,18 +82,26 @@ class AttentionParams:
     function also returns the per-row log-sum-exp of the scaled, masked scores,
     lse = m + log(l) ([..., L]; -inf on fully masked rows), after the attention output.
     key_major: store the scores [..., keys, queries] (store_scores_keys_major: vector
-    lanes along the queries; what CPU register tiles want)."""
+    lanes along the queries; what CPU register tiles want). backward_tiles: the attention
+    backward of a joint graph in two passes (transform_ext.fuse_attention_backward_two_pass,
+    a GPU's form): (query rows per block, keys per step) of the dQ pass, then (keys per
+    block, query rows per step) of the dK, dV pass; None: one pass (the CPU's form)."""
 
     query_tile: int | None = None
     key_tile: int = 64
     threads: int = 2
     return_lse: bool = False
     key_major: bool = False
+    backward_tiles: tuple[int, int, int, int] | None = None
 
     def __post_init__(self):
         for name in ("query_tile", "key_tile", "threads"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"AttentionParams.{name} must be >= 1, got {getattr(self, name)}")
+        if self.backward_tiles is not None and (len(self.backward_tiles) != 4
+                                                or min(self.backward_tiles) < 1):
+            raise ValueError(f"AttentionParams.backward_tiles must be four sizes >= 1, got "
+                             f"{self.backward_tiles}")
 
 
 @dataclass(frozen=True)
@@ -103,6 +112,10 @@ class BackwardPlan:
     query_tile: int
     key_tile: int
     causal_delta: int | None
+    threads: int = 1
+    # two passes (AttentionParams.backward_tiles, each clamped to a divisor of its extent):
+    # ((query rows, keys per step) of the dQ pass, (keys, query rows per step) of dK, dV)
+    two_pass: tuple[tuple[int, int], tuple[int, int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -123,6 +136,13 @@ class AttentionPlan:
     causal_delta: int | None
     split_unmasked: bool
     backward: BackwardPlan | None = None
+    forward: bool = True  # False: the payload is an attention backward alone
+
+    @staticmethod
+    def backward_only(params: AttentionParams, backward: BackwardPlan) -> "AttentionPlan":
+        """The plan of a payload holding an attention backward and no forward (the backward
+        graph AOTAutograd splits from a joint one): the backward is fused, nothing else."""
+        return AttentionPlan(params, False, (), 0, None, None, False, backward, forward=False)
 
 
 class _Normalized:
@@ -130,7 +150,7 @@ class _Normalized:
     after steps 1-2 up to the row guard, and whether it has the guard): `check` and the
     script's plan read the same payload, so that prefix runs once on a copy per compile."""
 
-    source: str | None = None
+    source: tuple | None = None  # (payload text, threads, backward tiles)
     text: str = ""
     row_guard: bool = False
     backward: BackwardPlan | None = None
@@ -149,13 +169,19 @@ def plan_attention(payload: ir.Module, params: AttentionParams) -> AttentionPlan
     normalization applied to a copy, then the attention read from it (NotAttention, or the
     failing transform's error, when the schedule does not apply). Needs an active context."""
     transform_ext.load(payload.context)
-    source = str(payload)
+    # the backward's kernel is balanced for the threads, in one or two passes
+    source = (str(payload), params.threads, params.backward_tiles)
     if _Normalized.source != source:
-        trial = ir.Module.parse(source, payload.context)
+        trial = ir.Module.parse(source[0], payload.context)
         _apply_steps(trial, [_normalize_layout])
-        backward = plan_backward(trial)
+        backward = plan_backward(trial, params.threads, params.backward_tiles)
         if backward is not None:
             _apply_steps(trial, [_fuse_backward(backward)])
+            if not _has_forward(trial):
+                if params.return_lse:
+                    raise NotAttention("return_lse: the payload has an attention backward "
+                                       "and no forward")
+                return AttentionPlan.backward_only(params, backward)
         find_attention(trial)  # NotAttention says why not
         _apply_steps(trial, [_share_kv_heads, _sink_normalization])
         _Normalized.source, _Normalized.text = source, str(trial)
@@ -173,8 +199,20 @@ def plan_attention(payload: ir.Module, params: AttentionParams) -> AttentionPlan
                          delta is not None and index_masks(ops) == 1, backward)
 
 
-def plan_backward(payload: ir.Module) -> BackwardPlan | None:
-    """The plan of the attention backward in a payload after step 1 (None: there is none)."""
+def _has_forward(payload: ir.Module) -> bool:
+    """Is there a forward attention among the function's top-level ops?"""
+    try:
+        find_attention(payload)
+    except NotAttention:
+        return False
+    return True
+
+
+def plan_backward(payload: ir.Module, threads: int = 1,
+                  two_pass: tuple[int, int, int, int] | None = None) -> BackwardPlan | None:
+    """The plan of the attention backward in a payload after step 1 (None: there is none),
+    its kernel balanced for `threads`, in two passes with the tiles `two_pass`
+    (AttentionParams.backward_tiles)."""
     func = attention_func(payload)
     try:
         bwd = attention_backward_in(func)
@@ -188,11 +226,26 @@ def plan_backward(payload: ir.Module) -> BackwardPlan | None:
         if delta is None or delta < 0:
             raise NotAttention("the attention backward's mask is not causal (key <= query + "
                                "delta, delta >= 0)")
-    return BackwardPlan(largest_divisor_at_most(rows(bwd.q), BACKWARD_TILE),
-                        largest_divisor_at_most(rows(bwd.k), BACKWARD_TILE), delta)
+    L, S = rows(bwd.q), rows(bwd.k)
+    passes = None
+    if two_pass is not None:   # no padding in the two-pass kernel: tiles that divide
+        bq, bk, bk2, bq2 = two_pass
+        passes = ((largest_divisor_at_most(L, bq), largest_divisor_at_most(S, bk)),
+                  (largest_divisor_at_most(S, bk2), largest_divisor_at_most(L, bq2)))
+    return BackwardPlan(backward_tile(L), backward_tile(S), delta, threads, passes)
 
 
 BACKWARD_TILE = 64
+
+
+def backward_tile(length: int) -> int:
+    """The backward's tile of a length: the largest divisor up to BACKWARD_TILE when it is at
+    least half of it, else BACKWARD_TILE itself (the kernel pads the length to whole tiles:
+    a prime length would otherwise get 1-row tiles)."""
+    if length <= BACKWARD_TILE:
+        return length
+    tile = largest_divisor_at_most(length, BACKWARD_TILE)
+    return tile if 2 * tile >= BACKWARD_TILE else BACKWARD_TILE
 QUERY_BLOCKS = "lh.query_blocks"  # the forward's forall, in a payload with a fused backward
 
 
@@ -200,8 +253,15 @@ def _fuse_backward(backward: BackwardPlan):
     """Step 1b: the attention backward as one fused kernel (its own loops over query and key
     tiles), inlined; the forward's steps then see the forward alone."""
     def body(root: ir.Value) -> ir.Value:
-        fuse_attention_backward(match(root, "func.func"), query_tile=backward.query_tile,
-                                key_tile=backward.key_tile, causal_delta=backward.causal_delta)
+        if backward.two_pass is not None:
+            fuse_attention_backward_two_pass(match(root, "func.func"),
+                                             dq_tiles=backward.two_pass[0],
+                                             dkv_tiles=backward.two_pass[1],
+                                             causal_delta=backward.causal_delta)
+        else:
+            fuse_attention_backward(match(root, "func.func"), query_tile=backward.query_tile,
+                                    key_tile=backward.key_tile,
+                                    causal_delta=backward.causal_delta, threads=backward.threads)
         return apply_passes(root, "inline", "symbol-dce", "canonicalize", "cse")
 
     return body
@@ -342,6 +402,8 @@ def _normalize(plan: AttentionPlan):
         root = include_step("fold_unit_dims", root)
         if plan.backward is not None:
             root = include_step("fuse_backward", root)
+        if not plan.forward:
+            return root
         for name, _ in _normalize_steps(plan.row_guard, plan.params):
             root = include_step(name, root)
         return root
@@ -395,6 +457,8 @@ def fuse_steps(plan: AttentionPlan) -> list[tuple[str, object]]:
              ("fold_shared_collapse", _fold_shared_collapse), ("fold_unit_dims", _fold_unit_dims)]
     if plan.backward is not None:
         steps.append(("fuse_backward", _fuse_backward(plan.backward)))
+    if not plan.forward:
+        return steps + [("normalize", _normalize(plan))]
     steps += _normalize_steps(plan.row_guard, plan.params)
     steps += [("normalize", _normalize(plan)), ("tile_query_blocks", tile_query_blocks(plan)),
               ("online_softmax", _online_softmax(plan))]
@@ -405,8 +469,8 @@ def fuse_steps(plan: AttentionPlan) -> list[tuple[str, object]]:
 
 def fuse_stage(plan: AttentionPlan):
     """@fuse: normalize, tile_query_blocks, online_softmax, causal_bounds (with a causal
-    mask), then canonicalization and CSE."""
-    names = ["normalize", "tile_query_blocks", "online_softmax"]
+    mask), then canonicalization and CSE; for a backward alone, normalize only."""
+    names = ["normalize", "tile_query_blocks", "online_softmax"] if plan.forward else ["normalize"]
     if plan.causal_delta is not None:
         names.append("causal_bounds")
 

@@ -31,13 +31,14 @@ def find_attention(payload: ir.Module) -> AttentionOps:
 
 def recognize(payload: ir.Module) -> bool:
     """Cheap test: a max, an exp and two contractions (named matmuls, or linalg.generics
-    whose innermost loop is a reduction: two contractions and the softmax's max)."""
+    whose innermost loop is a reduction: two contractions and the softmax's max), or an exp
+    and five named matmuls (a backward given its lse: S, dP, dV, dQ, dK)."""
     names = [op.name for op in walk_ops(payload.operation, lambda op: True)]
     matmuls = sum(n.startswith(("linalg.batch_matmul", "linalg.matmul")) for n in names)
     inner_reductions = len(walk_ops(payload.operation, lambda op: op.name == "linalg.generic"
                                     and iterator_kinds(op)[-1:] == ["reduction"]))
-    return "arith.maximumf" in names and "math.exp" in names and (
-        matmuls >= 2 or inner_reductions >= 3)
+    return "math.exp" in names and (matmuls >= 5 or "arith.maximumf" in names and (
+        matmuls >= 2 or inner_reductions >= 3))
 
 
 def softmax_over_one_key(payload: ir.Module) -> bool:
@@ -191,9 +192,22 @@ def causal_offset(payload: ir.Module, ops: AttentionOps) -> int | None:
     """delta such that every masked-in score has key <= query + delta (a causal mask, with
     torch's is_causal delta = 0), read from the index computation that masks the scores
     (added, S + M with M = select(pred, 0, -inf), or selected, select(pred, -inf, S));
-    None when the scores carry no such mask."""
+    None when the scores carry no such mask. `ops.row_max` reads the masked scores row by
+    row: their max over the keys, or (an attention backward given its lse) S - lse."""
     row_max = ops.row_max
-    producer = defining_op(row_max.operands[0])
+    rls = loop_structure(row_max)
+    if rls.reduction_dims:
+        scores_index, key_dim = 0, rls.reduction_dims[0]
+        m_dims = dim_positions(rls.output_map(0))
+    else:  # S - lse: the scores read in full, lse along all but the key dim
+        n = rls.num_loops
+        scores_index = next((i for i in range(rls.num_inputs)
+                             if rls.maps[i] == ir.AffineMap.get_identity(n)), None)
+        if scores_index is None or rls.num_inputs != 2:
+            return None
+        key_dim = n - 1
+        m_dims = [d for d in dim_positions(rls.maps[1 - scores_index]) if d is not None]
+    producer = defining_op(row_max.operands[scores_index])
     while producer is not None and (producer.name in ("tensor.expand_shape", "tensor.collapse_shape")
                                     or producer.name == "linalg.generic" and _is_cast(producer)):
         # a bf16 softmax reads ext(masked S); grouped-query attention's heads are regrouped
@@ -207,13 +221,11 @@ def causal_offset(payload: ir.Module, ops: AttentionOps) -> int | None:
     if allowed is None:
         return None
     # in the scores (either layout) the key is the dim m reduces, the query the one m keeps last
-    rls = loop_structure(row_max)
-    r_in = dim_positions(rls.maps[0])
-    m_dims = dim_positions(rls.output_map(0))
+    r_in = dim_positions(rls.maps[scores_index])
     if not m_dims or m_dims[-1] not in r_in:
         return None
     # positions from the end: a reshape between may merge or split the leading dims
-    key_pos = r_in.index(rls.reduction_dims[0]) - len(r_in)
+    key_pos = r_in.index(key_dim) - len(r_in)
     query_pos = r_in.index(m_dims[-1]) - len(r_in)
     out = dim_positions(ls.output_map(0))
     if max(-key_pos, -query_pos) > len(out) or min(key_pos, query_pos) < -2:

@@ -30,7 +30,7 @@ from torch_mlir.dialects import transform
 from torch_mlir.dialects.transform import structured, tensor as ttensor, xegpu
 
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
-from transform_ext.common import Illegal, block_ops, defining_op
+from transform_ext.common import Illegal, block_ops, defining_op, ops_named
 from transform_ext.match_attention_forall import (attention_forall, contractions, key_loops,
                                                   match_attention_forall)
 from transform_ext.match_attention_kernel_ops import attention_kernel_ops, match_attention_kernel_ops
@@ -60,6 +60,7 @@ class AttentionTiles:
     dpas: tuple[int, int, int] = (8, 16, 16)
     subgroup_size: int = 16
     nb_prefetch: int = 1
+    position_mask: bool = False    # a key loop masks by query and key positions (causal)
 
     @property
     def subgroups(self) -> int:
@@ -80,7 +81,9 @@ class AttentionTiles:
     def register_bytes(self) -> int:
         """Live registers of a subgroup at the peak of a key step: Q and the f32 O
         accumulator throughout, with the K tile (read whole) and S (f32) for Q K^T, or the V
-        tile, S (f32, until its row sum) and P for P V; plus the rows' m, l and correction."""
+        tile, S and exp(S - m) (f32, until the row sum) and P for P V; plus the rows' m, l
+        and correction; with a position mask, the query and key positions broadcast to the
+        [rows, keys] tile and their difference (i64)."""
         narrow = 2
         q = self.sg_rows * self.qk_dim * narrow
         o = self.sg_rows * self.v_dim * 4
@@ -88,7 +91,8 @@ class AttentionTiles:
         p = self.sg_rows * self.key_tile * narrow
         k = self.key_tile * self.qk_dim * narrow
         v = self.key_tile * self.v_dim * narrow
-        return q + o + max(k + s, v + s + p) + 3 * self.sg_rows * 4
+        mask = 2 * self.sg_rows * self.key_tile * 8 if self.position_mask else 0
+        return q + o + max(k + s, v + 2 * s + p) + mask + 3 * self.sg_rows * 4
 
 
 # ------------------------------------------------------------------------------ analysis
@@ -100,11 +104,24 @@ def _constant_index(value: ir.Value) -> int | None:
     return None
 
 
-def plan_attention(forall: ir.Operation, *, sg_rows: int, subgroup_size: int,
+# Rows per subgroup to try, most first: more rows reuse each K and V tile a subgroup reads
+# for more DPAS work.
+SG_ROWS = (16, 8)
+# The share of the register file the tiles of register_bytes may take: the rest holds
+# addresses, loop state and the compiler's temporaries. Calibrated with IGC 2.40 on f16
+# [1, 4, 256, 64] attention for bmg with 256 registers (16 KiB), rows x keys per subgroup:
+# within it 8 x 32 (model 9.8 KB; causal 13.8 KB) and 16 x 16 (11.0 KB) build without
+# spills; beyond it 16 x 32 (15.4 KB) spills 384 B and causal 16 x 16 (15.0 KB) 1,472 B.
+# Every attention kernel of tests/lighthouse/test_xegpu_native.py builds within the bound.
+REGISTER_SHARE = 7 / 8
+
+
+def plan_attention(forall: ir.Operation, *, sg_rows: int | None, subgroup_size: int,
                    dpas: tuple[int, int, int], max_threads: int, grf_bytes: int,
                    nb_prefetch: int = 1) -> AttentionTiles:
     """Tiles of the fused kernel read from its IR, validated against the DPAS shape and the
-    chip (ValueError naming the dimension otherwise)."""
+    chip (ValueError naming the dimension otherwise). sg_rows None: the most rows per
+    subgroup (SG_ROWS) whose tiles fit REGISTER_SHARE of the register file `grf_bytes`."""
     where = f"attention at {forall.location}"
     if len(forall.results) != 1:
         raise ValueError(f"{where}: {len(forall.results)} results per query block (an extra "
@@ -119,15 +136,7 @@ def plan_attention(forall: ir.Operation, *, sg_rows: int, subgroup_size: int,
     key_tile = s_ls.ranges[s_dims["n"][0]]
     qk_dim = s_ls.ranges[s_dims["k"][0]]
     v_dim = v_ls.ranges[v_dims["n"][0]]
-    inputs = [ir.RankedTensorType(v.type).element_type for v in forall.parent.regions[0]
-              .blocks[0].arguments if isinstance(v.type, ir.RankedTensorType)]
-    dtypes = sorted({str(t) for t in inputs if isinstance(t, ir.FloatType)})
-    if not dtypes or any(d not in DPAS_TYPES for d in dtypes):
-        raise ValueError(f"{where}: inputs of type {', '.join(dtypes) or 'none'}: DPAS multiplies "
-                         "f16 or bf16 (with f32 accumulation); give the attention float16 or "
-                         "bfloat16 inputs")
-    if len(dtypes) != 1:
-        raise ValueError(f"{where}: mixed input types {dtypes}")
+    dtype = input_dtype(forall, where)
     for loop in loops:
         step = _constant_index(loop.operands[2])
         if step != key_tile:
@@ -139,28 +148,63 @@ def plan_attention(forall: ir.Operation, *, sg_rows: int, subgroup_size: int,
         raise ValueError(f"{where}: the key length is not a multiple of the key tile "
                          f"({key_tile}): a remainder tile outside the key loop has no GPU form "
                          "yet; choose key_tile dividing the key length")
-    bounds = [ir.DenseI64ArrayAttr(forall.attributes["staticUpperBound"])[i]
-              for i in range(len(ir.DenseI64ArrayAttr(forall.attributes["staticUpperBound"])))]
-    if any(b < 0 for b in bounds):
-        raise ValueError(f"{where}: dynamic forall bounds")
+    bounds = static_bounds(forall, where)
     dm, dn, dk = dpas
+    masked = any(ops_named(loop, "linalg.index") for loop in loops)
+    budget = int(grf_bytes * REGISTER_SHARE)
+    if sg_rows is None:
+        fitting = [r for r in SG_ROWS if query_tile % r == 0 and r % dm == 0 and AttentionTiles(
+            query_tile, key_tile, qk_dim, v_dim, r, (), dtype, dpas, subgroup_size,
+            nb_prefetch, masked).register_bytes() <= budget]
+        sg_rows = fitting[0] if fitting else SG_ROWS[-1]
     checks = [("query rows per workgroup", query_tile, sg_rows, "rows per subgroup"),
               ("rows per subgroup", sg_rows, dm, "DPAS rows"),
               ("key tile", key_tile, dk, "DPAS depth"),
               ("key tile", key_tile, dn, "DPAS columns"),
               ("head dim of Q and K", qk_dim, dk, "DPAS depth"),
               ("head dim of V", v_dim, dn, "DPAS columns")]
+    tiles = AttentionTiles(query_tile, key_tile, qk_dim, v_dim, sg_rows, tuple(bounds), dtype,
+                           dpas, subgroup_size, nb_prefetch, masked)
+    check_tiles(where, tiles, checks, max_threads, grf_bytes, "key_tile or attention_sg_rows")
+    return tiles
+
+
+def input_dtype(forall: ir.Operation, where: str) -> str:
+    """The one float type of the inputs of `forall`'s function, f16 or bf16 (ValueError
+    naming the types otherwise)."""
+    inputs = [ir.RankedTensorType(v.type).element_type for v in forall.parent.regions[0]
+              .blocks[0].arguments if isinstance(v.type, ir.RankedTensorType)]
+    dtypes = sorted({str(t) for t in inputs if isinstance(t, ir.FloatType)})
+    if not dtypes or any(d not in DPAS_TYPES for d in dtypes):
+        raise ValueError(f"{where}: inputs of type {', '.join(dtypes) or 'none'}: DPAS multiplies "
+                         "f16 or bf16 (with f32 accumulation); give the attention float16 or "
+                         "bfloat16 inputs")
+    if len(dtypes) != 1:
+        raise ValueError(f"{where}: mixed input types {dtypes}")
+    return dtypes[0]
+
+
+def static_bounds(forall: ir.Operation, where: str) -> list[int]:
+    bounds = list(ir.DenseI64ArrayAttr(forall.attributes["staticUpperBound"]))
+    if any(b < 0 for b in bounds):
+        raise ValueError(f"{where}: dynamic forall bounds")
+    return bounds
+
+
+def check_tiles(where: str, tiles, checks, max_threads: int, grf_bytes: int, lower: str) -> None:
+    """ValueError naming the first violation: an extent of `checks` (what, extent, tile,
+    tile name) that the tile does not divide, more threads than `max_threads`, or a
+    subgroup's register_bytes beyond REGISTER_SHARE of `grf_bytes` (`lower`: the options
+    that shrink them)."""
     for what, extent, tile, tile_name in checks:
         if extent % tile:
             raise ValueError(f"{where}: {what} ({extent}) is not a multiple of the {tile_name} ({tile})")
-    tiles = AttentionTiles(query_tile, key_tile, qk_dim, v_dim, sg_rows, tuple(bounds), dtypes[0],
-                           dpas, subgroup_size, nb_prefetch)
     if tiles.threads > max_threads:
         raise ValueError(f"{where}: {tiles.threads} threads per workgroup exceed {max_threads}")
-    if tiles.register_bytes() > grf_bytes:
-        raise ValueError(f"{where}: a subgroup's tiles ({tiles.register_bytes()} B) exceed the "
-                         f"register file ({grf_bytes} B); lower query_tile / key_tile")
-    return tiles
+    budget = int(grf_bytes * REGISTER_SHARE)
+    if tiles.register_bytes() > budget:
+        raise ValueError(f"{where}: a subgroup's tiles ({tiles.register_bytes()} B) exceed "
+                         f"{budget} B of the register file ({grf_bytes} B); lower {lower}")
 
 
 # -------------------------------------------------------------------------------- tiling

@@ -36,8 +36,13 @@ def _mark(what: str) -> None:
 
 def run_case(path: str, backward: bool, log_path: str, schedule: str | None = None) -> dict:
     """The outcome of one case (see the module docstring), with the CPU seconds it took
-    (`cpu_seconds`: the child's own, whatever else runs on the machine)."""
-    result = _run_case(path, backward, log_path, schedule)
+    (`cpu_seconds`: the child's own, whatever else runs on the machine). FUZZ_ROUTE=
+    torch.compile compiles the kernel file's model with torch.compile(backend="lighthouse",
+    strict) instead of compile_kernel (`_run_case_compiled`)."""
+    if os.environ.get("FUZZ_ROUTE") == "torch.compile":
+        result = _run_case_compiled(path, backward, log_path)
+    else:
+        result = _run_case(path, backward, log_path, schedule)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return {**result, "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 2)}
 
@@ -86,6 +91,75 @@ def _run_case(path: str, backward: bool, log_path: str, schedule: str | None) ->
         result["offset_only"] = _passes_without_offsets(compiled)
         result["exact_agrees"] = _matches_exact_results(compiled, results, expected, backward)
     return result
+
+
+def _run_case_compiled(path: str, backward: bool, log_path: str) -> dict:
+    """The case through torch.compile(backend="lighthouse", options={"torch_fallback":
+    False}): the model's outputs and (backward) the gradients of its float inputs and
+    parameters, seeded by ones, against eager torch's by the --check rule. A part lighthouse
+    cannot compile is an error, an honest refusal only when torch-mlir cannot lower an op
+    (honest_refusal); the notes logged (a family that failed and fell back) are the case's."""
+    import copy
+    import logging
+
+    import torch
+
+    from lighthouse.compile import compare
+    from lighthouse.kernel import load_kernel
+
+    log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    faulthandler.enable(file=sys.stderr)
+    kernel = load_kernel(path)
+    inputs = tuple(kernel.inputs)
+    from lighthouse.ingress import _differentiable
+
+    grad_pos = _differentiable(kernel.model, inputs, [i for i, t in enumerate(inputs)
+                                                      if t.is_floating_point()])
+    expected = _results_of(kernel.model, inputs, backward, grad_pos)
+    model = copy.deepcopy(kernel.model)
+    compiled = torch.compile(model, backend="lighthouse", options={"torch_fallback": False})
+    notes: list[str] = []
+
+    class Notes(logging.Handler):
+        def emit(self, record):
+            notes.append(record.getMessage())
+
+    logging.getLogger("lighthouse").addHandler(Notes())
+
+    class Compiled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, *args):
+            return compiled(*args)
+
+    _mark("phase compile+run")
+    try:
+        results = _results_of(Compiled(), inputs, backward, grad_pos)
+    except Exception as exc:
+        text = str(exc)
+        found = re.search(r"torch-mlir cannot lower (?:torch\.)?(aten\.\w+)", text)
+        honest = False
+        if found is not None:
+            from lighthouse.errors import IngressError
+
+            honest = honest_refusal(IngressError(found.group(0)), path, backward)
+        return {"status": "error", "phase": "compile", "type": type(exc).__name__,
+                "message": text.strip().splitlines()[0][:400] if text.strip() else "",
+                "honest": honest}
+    _mark("phase check")
+    names = [f"result{i}" for i in range(len(expected))]
+    reports = [compare(n, g, w) for n, g, w in zip(names, results, expected)]
+    failing = [i for i, r in enumerate(reports) if not r.ok]
+    return {"family": "torch.compile", "notes": notes, "reports": [str(r) for r in reports],
+            "mismatches": [_mismatch(reports[i], results[i], expected[i]) for i in failing],
+            "status": "mismatch" if failing else "ok"}
 
 
 def _matches_exact_results(compiled, results, expected, backward: bool) -> bool:
@@ -140,9 +214,10 @@ def _same_nonfinite(a, b) -> bool:
             torch.equal(torch.isneginf(a), torch.isneginf(b)))
 
 
-def _results_of(model, inputs: tuple, backward: bool) -> tuple:
+def _results_of(model, inputs: tuple, backward: bool, grad_pos=None) -> tuple:
     """The model's results as lighthouse orders them: the outputs, then (backward) the
-    gradients of the differentiable float inputs and of the parameters, outputs seeded by ones."""
+    gradients of the differentiable float inputs (`grad_pos`, found by probing `model` when
+    None) and of the parameters, outputs seeded by ones."""
     import torch
 
     from lighthouse.ingress import _differentiable
@@ -153,8 +228,9 @@ def _results_of(model, inputs: tuple, backward: bool) -> tuple:
     if not backward:
         with torch.no_grad():
             return as_tuple(model(*inputs))
-    grad_pos = _differentiable(model, inputs, [i for i, t in enumerate(inputs)
-                                               if t.is_floating_point()])
+    if grad_pos is None:
+        grad_pos = _differentiable(model, inputs, [i for i, t in enumerate(inputs)
+                                                   if t.is_floating_point()])
     wrt_inputs = [inputs[i].clone().requires_grad_(True) for i in grad_pos]
     full = list(inputs)
     for i, t in zip(grad_pos, wrt_inputs):

@@ -155,14 +155,15 @@ def _triage(source: str, backward: bool, name: str, verdict: Verdict) -> list[st
     return lines
 
 
-def fuzz_test(family: str):
-    """Decorates a family's @given test with its settings; under FUZZ_SURVEY=1 the test runs
-    every case (a failure does not stop it, nothing is shrunk), keeps the smallest kernel of
-    each failure signature, and fails at the end listing them."""
+def fuzz_test(family: str, *, examples: dict | None = None):
+    """Decorates a family's @given test with its settings (`examples`: the cases per profile,
+    when not the default); under FUZZ_SURVEY=1 the test runs every case (a failure does not
+    stop it, nothing is shrunk), keeps the smallest kernel of each failure signature, and
+    fails at the end listing them."""
     from .profiles import fuzz_settings
 
     def decorate(test):
-        test = fuzz_settings(family)(test)
+        test = fuzz_settings(family, examples)(test)
         if not SURVEY:
             return test
 
@@ -186,6 +187,9 @@ def reproduce_command(path: Path, backward: bool) -> str:
     from .child import compile_options
 
     shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    if os.environ.get("FUZZ_ROUTE") == "torch.compile":
+        return (f"PYTHONPATH=. python -c \"from tests.fuzz.child import _run_case_compiled as r; "
+                f"print(r('{shown}', {backward}, '/dev/stdout'))\"")
     flags = " --backward" if backward else ""
     if compile_options().get("runtime_checks"):
         flags += " --runtime-checks"

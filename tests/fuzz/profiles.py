@@ -10,6 +10,9 @@ default 90) bounds each case; FUZZ_LOG=FILE appends a JSON line per case. FUZZ_S
 campaigns: hypothesis stops generating soon after its first failures) runs every case of the
 profile, keeps the smallest kernel of each failure signature unshrunk, and fails at the end
 (see harness.fuzz_test). FUZZ_AVOID=tag,... is read by the strategies (programs/writer.py).
+FUZZ_ROUTE=torch.compile compiles each case through torch.compile(backend="lighthouse")
+instead of the kernel-file driver (child.py); test_torch_compile_route.py does so for a few
+cases per family (FUZZ_EXAMPLES_<FAMILY>_ROUTE=N, default 4 under ci, 100 under fuzz).
 """
 
 from __future__ import annotations
@@ -24,13 +27,13 @@ if PROFILE not in DEFAULT_EXAMPLES:
     raise ValueError(f"FUZZ_PROFILE={PROFILE!r}: profiles are {', '.join(DEFAULT_EXAMPLES)}")
 
 
-def examples(family: str) -> int:
+def examples(family: str, defaults: dict | None = None) -> int:
     value = os.environ.get(f"FUZZ_EXAMPLES_{family.upper()}", os.environ.get("FUZZ_EXAMPLES"))
-    return int(value) if value else DEFAULT_EXAMPLES[PROFILE]
+    return int(value) if value else (defaults or DEFAULT_EXAMPLES)[PROFILE]
 
 
-def fuzz_settings(family: str) -> settings:
-    common = dict(max_examples=examples(family), deadline=None, print_blob=True,
+def fuzz_settings(family: str, defaults: dict | None = None) -> settings:
+    common = dict(max_examples=examples(family, defaults), deadline=None, print_blob=True,
                   suppress_health_check=list(HealthCheck))
     if PROFILE == "fuzz":
         return settings(**common)

@@ -465,3 +465,24 @@ def test_timing_rotates_through_every_side_within_the_budget():
     assert [len(t) for t in times.values()] == [5, 5, 5]
     assert 0.01 <= min(times["ours"]) and max(times["ours"]) < min(times["torch"])
     assert max(times["torch"]) < min(times["inductor"])
+
+
+def test_xegpu_mode_prints_the_machine_code_table_beside_the_anchor(tmp_path):
+    """--target xegpu: each kernel file compiled through the native stage (ocloc) for the
+    chip, a row per kernel with its GRF mode, spills, DPAS, block IO and the estimate; a
+    kernel that does not lower (f32 matmul: DPAS takes f16/bf16) is an error row, exit 1."""
+    from tests.lighthouse.test_xegpu_attention import _write
+
+    attention = _write(tmp_path / "attention.py", 1, 2, 256, 64, "float16", False)
+    out = tmp_path / "x.json"
+    r = run_bench("--target", "xegpu", "--chip", "pvc", attention, ROOT / "examples" / "matmul.py",
+                  "--set", "N=64", "--json", out)
+    assert r.returncode == 1 and "error: matmul on pvc: raised" in r.stderr
+    (row,) = [ln for ln in r.stdout.splitlines() if ln.startswith("attention ")]
+    cells = row.split()
+    assert cells[1:4] == ["pvc", "main_kernel", "attention"] and cells[4] in ("128", "256")
+    (failed,) = [ln for ln in r.stdout.splitlines() if ln.startswith("matmul ")]
+    assert failed.split()[1:4] == ["pvc", "-", "RAISED"]
+    assert "anchor: upstream lighthouse fused attention" in r.stdout
+    saved = json.loads(out.read_text())
+    assert saved["columns"][:3] == ["case", "chip", "kernel"] and len(saved["rows"]) == 2

@@ -24,7 +24,7 @@ from tests.lighthouse.xegpu_helpers import (Lowered, dumped_stages, dpas_flops, 
                                            kernel_plans, walk)
 
 STAGES = ["import", "cleanup", "fuse", "workgroups", "subgroups", "vectorize", "bufferize",
-          "gpu-outline", "xegpu", "xegpu-layouts", "xevm", "binary"]
+          "gpu-outline", "xegpu", "xegpu-layouts", "xevm", "binary", "native"]
 SMALL_MLP = {"BATCH": 64, "IN_FEATURES": 64, "HIDDEN": 128, "OUT_FEATURES": 64}
 PAYLOADS = {
     "matmul_f16": ("matmul_f16.py", {"M": 64, "N": 128, "K": 96}, 1),

@@ -26,7 +26,7 @@ from tests.lighthouse.xegpu_helpers import (Lowered, dpas_flops, dumped_stages, 
                                             tile_descriptor, walk)
 
 STAGES = ["import", "cleanup", "fuse", "workgroups", "subgroups", "vectorize", "bufferize",
-          "gpu-outline", "xegpu", "xegpu-layouts", "xevm", "binary"]
+          "gpu-outline", "xegpu", "xegpu-layouts", "xevm", "binary", "native"]
 KERNEL = """
 import torch
 import torch.nn.functional as F
@@ -182,6 +182,37 @@ def test_schedule_options_set_the_tiles(tmp_path):
     assert [list(ir.VectorType(op.results[0].type).shape) for op in contracts] == [[64, 16], [64, 64]]
 
 
+@pytest.mark.parametrize("D, causal, rows", [(64, False, 8), (32, False, 16),
+                                              (32, True, 8)])
+def test_rows_per_subgroup_are_the_most_whose_tiles_fit_the_registers(tmp_path, D, causal, rows):
+    """Keys per step 32: a subgroup's 16 rows of D = 64 (Q, the f32 O, K or V, S, exp(S - m)
+    and P) pass 7/8 of the 16 KiB register file (the build spills), 8 rows fit; with D = 32
+    16 rows fit, unless a causal mask's position tiles (i64 [rows, keys]) take their place
+    (register_bytes)."""
+    from schedules.attention.xegpu import REGISTER_SHARE
+
+    kernel = _write(tmp_path / "k.py", 1, 2, 256, D, "float16", causal)
+    compiled = compile_kernel(kernel, target="xegpu", stop_after="workgroups")
+    tiles = kernel_plans(compiled)[0].tiles
+    budget = compiled.target.chip.grf_bytes * REGISTER_SHARE
+    assert (tiles.sg_rows, tiles.key_tile, tiles.position_mask) == (rows, 32, causal)
+    assert tiles.register_bytes() <= budget
+    if rows == 8:
+        import dataclasses
+
+        assert dataclasses.replace(tiles, sg_rows=16).register_bytes() > budget
+
+
+def test_rows_per_subgroup_beyond_the_registers_are_refused(tmp_path):
+    from lighthouse.targets.xegpu import XeGpuParams
+
+    kernel = _write(tmp_path / "k.py", 1, 2, 256, 64, "float16", False)
+    with pytest.raises(UnsupportedError, match=r"exceed 14336 B of the register file \(16384 B\); "
+                                               r"lower key_tile or attention_sg_rows"):
+        compile_kernel(kernel, target="xegpu", stop_after="workgroups",
+                       target_options={"params": XeGpuParams(attention_sg_rows=16)})
+
+
 def test_a_single_query_block_is_split_in_two(tmp_path):
     # B = H = 1 and S = the query tile: the attention schedule halves the block so the
     # query-block forall (one workgroup each) survives canonicalization
@@ -193,7 +224,7 @@ def test_a_single_query_block_is_split_in_two(tmp_path):
 
 @pytest.mark.parametrize("BH,S,config,dtype,message", [
     (1, 256, "", "float32", r"inputs of type f32: DPAS multiplies f16 or bf16"),
-    (1, 256, "key_tile=128", "float16", r"exceed the register file"),
+    (1, 256, "key_tile=128", "float16", r"of the register file"),
     (1, 192, "query_tile=96, key_tile=24", "float16",
      r"key tile \(24\) is not a multiple of the DPAS depth \(16\)"),
     (1, 144, "query_tile=48, key_tile=32", "float16",

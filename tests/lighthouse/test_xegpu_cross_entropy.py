@@ -30,7 +30,7 @@ from lighthouse.targets.xegpu import XeGpuParams
 from tests.lighthouse.xegpu_helpers import Lowered, dumped_stages, enclosing, walk
 
 STAGES = ["import", "cleanup", "fuse", "workgroups", "subgroups", "vectorize", "bufferize",
-          "gpu-outline", "xegpu", "xegpu-layouts", "xevm", "binary"]
+          "gpu-outline", "xegpu", "xegpu-layouts", "xevm", "binary", "native"]
 KERNEL = """
 import torch
 import torch.nn.functional as F

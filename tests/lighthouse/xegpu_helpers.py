@@ -8,6 +8,7 @@ import re
 from torch_mlir import ir
 
 from lighthouse.targets import spirv
+from lighthouse.targets.kernel_work import trips
 
 
 class Lowered:
@@ -56,39 +57,6 @@ def enclosing(op, name):
 
 def grid(gpu_func) -> tuple[int, int, int]:
     return tuple(ir.DenseI32ArrayAttr(gpu_func.attributes["known_grid_size"]))
-
-
-def evaluate(value, block_id: dict) -> int:
-    """The integer an index computation of a kernel yields in the workgroup `block_id`
-    ({'x': .., 'y': .., 'z': ..}); constants, block ids and the integer arith ops only."""
-    owner = value.owner
-    owner = getattr(owner, "operation", owner)
-    if not isinstance(owner, ir.Operation):
-        raise AssertionError(f"{value} is not computed from constants and block ids")
-    name = owner.name
-    if name == "arith.constant":
-        return ir.IntegerAttr(owner.attributes["value"]).value
-    if name == "gpu.block_id":
-        return block_id[str(owner.attributes["dimension"]).rstrip(">").split()[-1]]
-    a, b = (evaluate(v, block_id) for v in owner.operands)
-    ops = {"arith.addi": lambda: a + b, "arith.subi": lambda: a - b, "arith.muli": lambda: a * b,
-           "arith.maxsi": lambda: max(a, b), "arith.minsi": lambda: min(a, b),
-           "arith.ceildivsi": lambda: -(-a // b), "arith.divsi": lambda: int(a / b),
-           "arith.floordivsi": lambda: a // b}
-    if name not in ops:
-        raise AssertionError(f"cannot evaluate {name}")
-    return ops[name]()
-
-
-def trips(op, block_id: dict) -> int:
-    """Product of the trip counts of the scf.for loops around `op` in one workgroup."""
-    count, parent = 1, op.parent
-    while parent is not None and parent.name != "gpu.func":
-        if parent.name == "scf.for":
-            lb, ub, step = (evaluate(v, block_id) for v in list(parent.operands)[:3])
-            count *= max(0, -(-(ub - lb) // step))
-        parent = parent.parent
-    return count
 
 
 def dpas_flops(module) -> int:

@@ -42,7 +42,7 @@ module attributes {gpu.container_module} {
 LAYOUT = "#xegpu.layout<sg_layout = [4, 2], sg_data = [8, 32], inst_data = [8, 16]>"
 
 
-def _layouts(key=tile_key(32, 64)):
+def _layouts(key=tile_key(32, 64, "f16")):
     return {key: ir.Attribute.parse(LAYOUT)}
 
 
@@ -91,8 +91,25 @@ def test_rejects_a_tile_without_a_layout():
     message = apply_expect_failure(
         payload, lambda root: insert_loop_prefetches(match(root, "gpu.func"), 1, _layouts("16x64")))
     assert "transform_ext.insert_loop_prefetches: xegpu.load_nd" in message
-    assert "no prefetch layout for a 32x64 tile" in message
+    assert "no prefetch layout for a 32x64xf16 tile" in message
     assert str(payload) == before
+
+
+def test_a_tile_mapped_to_unit_is_not_prefetched():
+    payload = parse(KERNEL)
+    apply(payload, lambda root: insert_loop_prefetches(
+        match(root, "gpu.func"), 1, {tile_key(32, 64, "f16"): ir.UnitAttr.get()}))
+    assert "xegpu.prefetch_nd" not in str(payload)
+
+
+def test_a_layout_is_per_element_type():
+    """A layout for [32, 64] i8 tiles does not apply to [32, 64] f16 ones (their instruction
+    tiles differ: 2-D block rows are at least 32 bytes wide)."""
+    payload = parse(KERNEL)
+    message = apply_expect_failure(
+        payload, lambda root: insert_loop_prefetches(match(root, "gpu.func"), 1,
+                                                     _layouts(tile_key(32, 64, "i8"))))
+    assert "no prefetch layout for a 32x64xf16 tile" in message
 
 
 def test_rejects_no_step_ahead():

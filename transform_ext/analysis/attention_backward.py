@@ -1,7 +1,8 @@
 """The ops of an attention backward (FlashAttention-2 recomputation form), found by walking
 the IR of a function:
 
-    S = c Q K^T [masked],  P = exp(S - lse) (0 where lse = -inf, lse from a max over S),
+    S = c Q K^T [masked],  P = exp(S - lse) (0 where lse = -inf; lse from a max over S, or
+                                              given: the forward's, an input of the graph),
     D = rowsum(dO * O),  dV = P^T dO,  dP = dO V^T,  dS = P (dP - D),
     dQ = c dS K,  dK = c dS^T Q
 
@@ -23,7 +24,7 @@ from torch_mlir import ir
 
 from .attention import is_index_computation
 from .structure import is_linalg_op, loop_structure
-from ..common import block_ops, constant_value, defining_op, depends_on, users
+from ..common import block_ops, constant_value, defining_op, depends_on, user_op, users
 
 
 class NotAttentionBackward(Exception):
@@ -72,13 +73,18 @@ class AttentionBackward:
     do: Source
     scale: float
     scores: ir.Operation     # S = Q K^T (before the scale and mask)
-    row_max: ir.Operation    # the max over keys of the masked scores (lse's)
+    row_max: ir.Operation    # the max over keys of the masked scores (lse's), or, with a
+                             # given lse, the op computing S - lse
     masked: bool             # an elementwise op between the scaled scores and P masks them
     bias: Bias | None        # the mask, when it is a tensor added to the scores
     guarded: bool            # P = 0 on fully masked rows (SDPA; a softmax by hand has NaN)
     dq: ir.Value
     dk: ir.Value
     dv: ir.Value
+    lse: ir.Value | None = None  # the given [.., L] log-sum-exp (None: computed from S)
+    # the bias's gradient: the operand slots (op, index) that read dS summed to the bias's
+    # shape (the mask added to the scores needs a gradient), or None
+    dbias: list | None = None
 
 
 _RESHAPES = ("tensor.collapse_shape", "tensor.expand_shape")
@@ -308,7 +314,7 @@ def attention_backward_in(func: ir.Operation) -> AttentionBackward:
     # backend's rowsum(dP * P) = rowsum(dO * O) with O = P V
     o_src = _rowsum_partner(d_op, do_src, p_src, dp, contractions, cv)
     # P = exp(c S [masked] - lse) or softmax(c S [masked]): its scores read Q and K
-    scores, scale, masked, row_max, bias, guarded = _scores_of(p_val, contractions)
+    scores, scale, masked, row_max, bias, guarded, lse = _scores_of(p_val, contractions)
     if scores.reads(q_src, "features") != 0 or scores.reads(k_src, "features") != 1:
         raise NotAttentionBackward("the recomputed scores do not read the Q and K of dQ, dK")
     if not guarded and bias is not None:
@@ -326,8 +332,60 @@ def attention_backward_in(func: ir.Operation) -> AttentionBackward:
     if q_src.groups != 1 or do_src.groups != 1 or k_src.groups != v_src.groups:
         raise NotAttentionBackward("K and V are not read with one grouping")
     dk, dv = (_group_sum(v, k_src.groups) for v in (dk, dv))
+    dbias = _bias_gradient(trace(ds_val).value, (cq.op, ck.op), bias)
     return AttentionBackward(q_src, k_src, v_src, o_src, do_src, scale, scores.op, row_max,
-                             masked, bias, guarded, dq, dk, dv)
+                             masked, bias, guarded, dq, dk, dv, lse, dbias)
+
+
+_LAYOUT = ("tensor.collapse_shape", "tensor.expand_shape", "linalg.transpose")
+
+
+def _bias_gradient(ds: ir.Value, contractions: tuple, bias: Bias | None) -> list | None:
+    """The operand slots reading the bias's gradient, dS summed over the dims the bias is
+    broadcast along (a reduction of dS, or dS itself when it has the bias's elements): the
+    readers of dS, through layout ops, other than the ops dQ and dK are computed from. None when
+    there are none; NotAttentionBackward when there are others, or no bias they could be
+    the gradient of."""
+    others, pending = [], [(ds, False)]
+    while pending:
+        value, transposed = pending.pop()
+        for use in value.uses:
+            op = user_op(use)
+            if op in contractions or any(depends_on(c, r) for c in contractions
+                                         for r in op.results):
+                continue  # on the way to dQ or dK (a scale, a zero fill, a transpose)
+            swap = op.name == "linalg.transpose" or (_copy_map(op) or (None,))[0] == "swap"
+            if swap or op.name in _LAYOUT:
+                pending.append((op.results[0], transposed or swap))
+                continue
+            others.append((op, use.operand_number, value, transposed))
+    if not others:
+        return None
+    if bias is None:
+        raise NotAttentionBackward("dS is read besides dQ and dK, and there is no mask it "
+                                   "would be the gradient of")
+    if len(others) == 1 and not others[0][3]:
+        op, index, ds, _ = others[0]
+        red = loop_structure(op) if is_linalg_op(op) else None
+        if red is not None and red.reduction_dims and red.num_inputs == 1 \
+                and red.maps[0] == ir.AffineMap.get_identity(red.num_loops) \
+                and _body_names(op)[-2:] == ["arith.addf", "linalg.yield"] \
+                and _same_elements(op.results[0], bias):
+            return [(user_op(u), u.operand_number) for u in op.results[0].uses]
+        if _same_elements(ds, bias):
+            return [(op, index)]
+    raise NotAttentionBackward("dS is read besides dQ and dK, not as the mask's gradient "
+                               "(dS summed where the mask is broadcast)")
+
+
+def _same_elements(a: ir.Value, bias: Bias) -> bool:
+    """Does `a`, dS or dS summed where the bias is broadcast (reshaped, not transposed), hold
+    the bias's elements in the bias's order: as many, and the bias's dims read in the
+    scores' order (groups, then queries, then keys)?"""
+    count = lambda v: math.prod(ir.ShapedType(v.type).shape)
+    order = {"g": 0, "b": 0, "h": 1, "q": 2, "k": 3}
+    ranks = [order[r] for r in bias.roles if r != "1"]
+    return count(a) == count(bias.value) and ranks == sorted(ranks)
 
 
 def _zero_fill(op: ir.Operation | None) -> tuple[ir.Value, ir.Value] | None:
@@ -496,8 +554,9 @@ def _elementwise_with(op: ir.Operation | None, name: str) -> bool:
 
 
 def _scores_of(p: ir.Value, contractions: list[_Contraction]):
-    """(scores contraction, scale c, masked, row max, tensor mask or None, guarded) of
-    P = exp(c S [masked] - lse) or softmax(c S [masked])."""
+    """(scores contraction, scale c, masked, row max (or the op computing S - lse), tensor
+    mask or None, guarded, the given lse or None) of P = exp(c S [masked] - lse) or
+    softmax(c S [masked])."""
     p_op = defining_op(p)
     seen, pending, found_exp = [], [p_op], False
     chain = []
@@ -536,15 +595,49 @@ def _scores_of(p: ir.Value, contractions: list[_Contraction]):
                 if is_linalg_op(u) and loop_structure(u).reduction_dims and \
                         "arith.maximumf" in _body_names(u):
                     maxes.append((op, u))
-    if len(maxes) != 1:
+    given = _given_lse(chain) if not maxes else None
+    if given is not None:
+        masked_op, row_max, lse = given
+        if masked_op not in chain + [scores.op]:
+            raise NotAttentionBackward("S - lse does not read the recomputed scores")
+    elif len(maxes) != 1:
         raise NotAttentionBackward(f"expected one row max of the recomputed scores, found {len(maxes)}")
-    masked_op, row_max = maxes[0]
+    else:
+        (masked_op, row_max), lse = maxes[0], None
     masked = masked_op != scaled
     bias = _bias_of(masked_op, scaled) if masked else None
     # the guard: a select of 0 on P's way (SDPA's fully masked rows; a mask fills -inf)
     guarded = any((parts := _select_of(op)) is not None and _float_constant_in(op, parts[1]) == 0.0
                   for op in chain)
-    return scores, scale, masked, row_max, bias, guarded
+    return scores, scale, masked, row_max, bias, guarded, lse
+
+
+def _given_lse(chain: list[ir.Operation]):
+    """(the masked scores' op, the op computing S - lse, lse) when P's chain subtracts a
+    given [.., L] lse read along the keys (a tensor no max over S computes), else None."""
+    for op in chain:
+        ls = loop_structure(op)
+        if op.name != "linalg.generic" or ls.num_inputs != 2 or "arith.subf" not in _body_names(op):
+            continue
+        n = ls.num_loops
+        full = [i for i in range(2) if ls.maps[i] == ir.AffineMap.get_identity(n)]
+        rows = [i for i in range(2) if _reads_rows(ls.maps[i], n)]
+        if len(full) != 1 or len(rows) != 1:
+            continue
+        lse = trace(op.operands[rows[0]])
+        if lse.transposed or str(ir.ShapedType(lse.value.type).element_type) != "f32":
+            continue
+        masked = defining_op(trace(op.operands[full[0]]).value)
+        return masked, op, lse.value
+    return None
+
+
+def _reads_rows(amap: ir.AffineMap, n: int) -> bool:
+    """Does `amap` read every loop dim but the last (the keys), in order, unit dims aside?"""
+    dims = [e.position for e in amap.results if isinstance(e, ir.AffineDimExpr)]
+    others = [e for e in amap.results if not isinstance(e, ir.AffineDimExpr)]
+    return dims == list(range(n - 1)) and all(
+        isinstance(e, ir.AffineConstantExpr) and e.value == 0 for e in others)
 
 
 def _bias_of(masked_op: ir.Operation, scaled: ir.Operation) -> Bias | None:
