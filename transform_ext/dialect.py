@@ -108,6 +108,12 @@ OP_MODULES: list[str] = [
     "promote_reductions_to_f32",
     "constants_to_arguments",
     "expand_math",
+    "match_logits_contraction",
+    "fold_gathers_through_contraction",
+    "fuse_linear_cross_entropy_backward",
+    "shrink_unread_inputs",
+    "fold_casts_into_contractions",
+    "read_reduction_constants",
 ]
 
 

@@ -10,19 +10,24 @@ from lighthouse.targets.cpu import CpuTarget
 from schedules.generic import GenericParams, fuse_generic, vectorize_generic
 
 
-def run_module(payload: ir.Module, args, *, threads: int = 2):
-    """Compile `payload` (its @main) for the CPU and call it on torch tensors `args`."""
+def run_module(payload: ir.Module, args, *, threads: int = 2, cleanup: bool = True,
+               before_vectorize=None):
+    """Compile `payload` (its @main) for the CPU and call it on torch tensors `args`
+    (`cleanup`: run the cleanup stage first, as a compile does on an import;
+    `before_vectorize(payload)`: a rewrite between the generic fuse and vectorize stages)."""
     func = next(op for op in payload.body.operations if op.operation.name == "func.func")
     fn_type = ir.TypeAttr(func.attributes["function_type"]).value
     arg_specs = [_spec_of_type(t, "payload", "arg") for t in fn_type.inputs]
     result_specs = [_spec_of_type(t, "payload", "result") for t in fn_type.results]
     target = CpuTarget(threads=threads)
     params = GenericParams(threads=threads)
-    from lighthouse.compile import cleanup
+    from lighthouse.compile import cleanup as cleanup_stage
 
-    stages = [Stage("cleanup", cleanup),
-              Stage("fuse", lambda m: fuse_generic(m, params)),
-              Stage("vectorize", lambda m: vectorize_generic(m, params))] + target.stages()
+    stages = [Stage("cleanup", cleanup_stage)] if cleanup else []
+    stages += [Stage("fuse", lambda m: fuse_generic(m, params))]
+    if before_vectorize is not None:
+        stages.append(Stage("before-vectorize", before_vectorize))
+    stages += [Stage("vectorize", lambda m: vectorize_generic(m, params))] + target.stages()
     Pipeline(stages).run(payload)
     return target.jit(payload, arg_specs, result_specs)(*args)
 
