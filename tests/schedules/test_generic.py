@@ -1,6 +1,7 @@
 """The generic schedule's register tiles: a contraction's accumulator producer (a fill, an
 elementwise op) is computed per register tile, in registers; numerics against torch."""
 
+import math
 import re
 
 import pytest
@@ -207,3 +208,21 @@ def test_an_edited_vector_tile_in_the_printed_script_is_applied(kernel_file, tmp
     vectors = set(re.findall(r"vector<(\d+x\d+)xf32>", (tmp_path / "dump" / "04-vectorize.mlir").read_text()))
     assert vectors == {"1x16"}, vectors
     _assert_matches(compiled)
+
+
+@pytest.mark.parametrize("expr", [
+    "torch.nn.functional.layer_norm(x, (6, 10, 12))",
+    "torch.nn.functional.group_norm(x, 3)",
+    "torch.var_mean(x, (1, 2, 3))[0] + x.mean((1, 2, 3))",
+])
+def test_norm_statistics_read_x_without_a_widened_copy(kernel_file, expr):
+    """A norm's variance is summed in f64 (torch-mlir's lowering): x widened to f64 is read
+    by two sums, so it used to be stored whole per row block; each sum now widens the
+    elements it reads (no f64 buffer of x's size after bufferization), and the values stay
+    torch's."""
+    inputs = "[torch.randn(5, 6, 10, 12, generator=g) * 3 + 7]"
+    bufferized = str(_compile(kernel_file, expr, inputs, "x", stop_after="bufferize").module)
+    f64_buffers = [math.prod(int(d) for d in shape.split("x") if d) for shape in
+                   re.findall(r"memref\.alloc\(\)[^\n]*: memref<([0-9x]*)xf64>", bufferized)]
+    assert f64_buffers and max(f64_buffers) <= 15, f64_buffers  # the rows' sums alone
+    _assert_matches(_compile(kernel_file, expr, inputs, "x"))
