@@ -5,9 +5,10 @@ One transform script (`generic_script`), two named sequences:
   1. the assertions of result-producing generics are split out (`transform_ext.split_assertions`),
      unit dims folded and elementwise ops fused into their consumers
      (`linalg-fold-unit-extent-dims`, `linalg-fuse-elementwise-ops`, canonicalization),
-     then elementwise producers that several ops read computed inside each reduction reading
-     them (`transform_ext.inline_elementwise_producers`: a norm's x widened to f64 for
-     its two variance sums was stored whole per row block, [rows, C, H, W] f64);
+     then elementwise producers read only by reductions computed inside each of them
+     (`transform_ext.inline_elementwise_producers`, whole: a norm's x widened to f64 for
+     its two variance sums was stored per row block, [rows, C, H, W] f64; softmax's exp,
+     also read by the division, stays stored once);
   2. `transform_ext.fuse_roots_into_foralls`: repeatedly, the last untiled linalg op of the
      function (a root: nothing after it reads it) has its outer parallel dims tiled into an
      `scf.forall` (enough tiles for the threads, and small enough that a tile's
@@ -116,7 +117,7 @@ def fuse_stage(params: GenericParams):
         apply_passes(match(root, "func.func"), "linalg-fuse-elementwise-ops")
         canonicalize(root)
         inline_elementwise_producers(filter_ops(match(root, "linalg.generic"),
-                                                structure="reduction"))
+                                                structure="reduction"), whole=True)
         canonicalize(root)
         fuse_roots_into_foralls(match(root, "func.func"), threads=params.threads,
                                 tiles_per_thread=params.tiles_per_thread,
