@@ -269,8 +269,9 @@ BACKWARD_ON_GPU = ("the linear_cross_entropy schedule does not apply (its fused 
                    "dh per row block) have no XeGPU lowering yet; the CPU target runs them)")
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
-def test_refused_by_name_for_a_gpu_target(backward):
+def test_refused_by_name_for_a_gpu_target(backward, dtype):
     """The family lowers for the CPU only: on the XeGPU target it refuses naming what has no
     lowering there (the forward; the forward and the backward of the joint graph), a note
     before the family the payload goes to, an error under strict; on the CPU it is chosen."""
@@ -280,7 +281,7 @@ def test_refused_by_name_for_a_gpu_target(backward):
     from lighthouse.ingress import import_forward, import_joint
     from lighthouse.kernel import load_kernel
 
-    k = load_kernel(EXAMPLES / "linear_cross_entropy.py", dict(N=16, D=8, V=40, DTYPE="float16"))
+    k = load_kernel(EXAMPLES / "linear_cross_entropy.py", dict(N=16, D=8, V=40, DTYPE=dtype))
     module = (import_joint if backward else import_forward)(k.model, k.inputs).module
     refusal = BACKWARD_ON_GPU if backward else FORWARD_ON_GPU
     assert choose_family(module).name == "linear_cross_entropy"
