@@ -295,9 +295,11 @@ def _linear_cross_entropy_recognize(module):
 
 
 def _linear_cross_entropy_check(module, target=None):
+    """On a GPU target the reason names what has no GPU lowering (forward, backward)."""
     from schedules.linear_cross_entropy import check
 
-    return check(module, family_params("linear_cross_entropy", target).schedule)
+    gpu = target is not None and target.cpu is None
+    return check(module, family_params("linear_cross_entropy", target).schedule, gpu=gpu)
 
 
 def _linear_cross_entropy_script(module, target):
@@ -312,7 +314,8 @@ def _linear_cross_entropy_script(module, target):
 
 
 # A loss over the logits of a linear layer (the log-softmax's max reads a matmul). Before
-# attention and matmul, which would take its contractions; no GPU lowering yet.
+# attention and matmul, which would take its contractions; no GPU lowering yet (on a GPU
+# target its check names what has none, and the choice goes on to the next family).
 LINEAR_CROSS_ENTROPY = Family("linear_cross_entropy", _linear_cross_entropy_recognize,
                               _linear_cross_entropy_check, _linear_cross_entropy_script,
                               gpu_form=None)
@@ -334,17 +337,33 @@ def family_named(name: str) -> Family:
 def choose_family(module, *, requested: str | None = None, strict: bool = False,
                   notes: list[str] | None = None, target=None) -> Family:
     """The requested family, or the first specialized family that recognizes the payload
-    (on a target without a CPU vector unit, one with a GPU lowering); when its check fails:
-    the generic family and a note naming the reason (an error under `strict`). `target`:
-    the target compiled for (None: the host CPU)."""
+    (on a target without a CPU vector unit, one with a GPU lowering: one without that
+    recognizes it gives a note with its check's reason, an error under `strict`); when its
+    check fails: the generic family and a note naming the reason (an error under `strict`).
+    `target`: the target compiled for (None: the host CPU)."""
     notes = notes if notes is not None else []
+    refused = []   # families without a GPU lowering that recognized the payload on a GPU
     if requested is not None:
         family = family_named(requested)
     else:
         gpu = target is not None and target.cpu is None
-        family = next((f for f in SPECIALIZED if (f.gpu_form is not None or not gpu)
-                       and f.recognize(module)), GENERIC)
+        family = GENERIC
+        for candidate in SPECIALIZED:
+            if not candidate.recognize(module):
+                continue
+            if gpu and candidate.gpu_form is None:
+                why = candidate.check(module, target) or "it has no GPU lowering"
+                if strict:
+                    raise ScheduleMismatch(f"the {candidate.name} schedule does not apply ({why})")
+                refused.append((candidate, why))
+                continue
+            family = candidate
+            break
     reason = family.check(module, target)
+    chosen = family if reason is None else GENERIC
+    for refusal, why in refused:
+        notes.append(f"the {refusal.name} schedule does not apply ({why}); using the "
+                     f"{chosen.name} schedule")
     if reason is None:
         return family
     message = f"the {family.name} schedule does not apply ({reason})"

@@ -35,11 +35,31 @@ from .recognize import NotLinearCrossEntropy, linear_cross_entropy_func
 
 
 def check(payload: ir.Module,
-          params: LinearCrossEntropyParams = LinearCrossEntropyParams()) -> str | None:
+          params: LinearCrossEntropyParams = LinearCrossEntropyParams(),
+          gpu: bool = False) -> str | None:
     """None when this schedule applies to `payload`, else the one-line reason (the plan of
-    `params` is made on a copy after cleanup, and kept for the compile's script)."""
-    return check_by_planning(payload, lambda trial: plan_linear_cross_entropy(trial, params),
-                             NotLinearCrossEntropy)
+    `params` is made on a copy after cleanup, and kept for the compile's script). `gpu`:
+    for a GPU target, where a payload the schedule takes is refused naming what has no
+    lowering there (`gpu_refusal`)."""
+    def plan(trial: ir.Module) -> None:
+        made = plan_linear_cross_entropy(trial, params)
+        if gpu:
+            raise NotLinearCrossEntropy(gpu_refusal(made))
+
+    return check_by_planning(payload, plan, NotLinearCrossEntropy)
+
+
+def gpu_refusal(plan: LinearCrossEntropyPlan) -> str:
+    """Why the fused schedule of `plan` does not run on a GPU target: its forward (the
+    logits tile h W^T per class tile inside the online log-sum-exp, the target logit
+    h_n . W_{y_n}) and its backward (dW per class tile, dh per row block, the logits
+    recomputed) have no XeGPU lowering."""
+    if plan.backward:
+        return ("its fused forward and backward (logits tiles h W^T in the online "
+                "log-sum-exp; dW per class tile, dh per row block) have no XeGPU lowering "
+                "yet; the CPU target runs them")
+    return ("its fused forward (logits tiles h W^T in the online log-sum-exp) has no XeGPU "
+            "lowering yet; the CPU target runs it")
 
 
 class _Plans:
