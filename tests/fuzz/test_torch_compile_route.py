@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from .harness import check_kernel, fuzz_test
 from .programs.attention import attention_kernels
 from .programs.cross_entropy import cross_entropy_kernels
+from .programs.linear_cross_entropy import linear_cross_entropy_kernels
 from .programs.matmul import matmul_kernels
 from .programs.rows import row_kernels
 
@@ -32,5 +33,7 @@ def _routed(family, strategy):
 
 test_attention_through_torch_compile = _routed("attention", attention_kernels())
 test_cross_entropy_through_torch_compile = _routed("cross_entropy", cross_entropy_kernels())
+test_linear_cross_entropy_through_torch_compile = _routed(
+    "linear_cross_entropy", linear_cross_entropy_kernels())
 test_matmul_through_torch_compile = _routed("matmul", matmul_kernels())
 test_rows_through_torch_compile = _routed("rows", row_kernels())
