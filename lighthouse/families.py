@@ -139,8 +139,16 @@ def _cross_entropy_params(target, options) -> FamilyParams:
     return FamilyParams(params, _generic_params(target, options).vector)
 
 
+def _convolution_params(target, options) -> FamilyParams:
+    from schedules.convolution import ConvolutionParams
+
+    cpu = target.cpu
+    return FamilyParams(ConvolutionParams.for_cpu(cpu, target.threads) if cpu else None,
+                        _generic_params(target, options).vector)
+
+
 _PARAMS = {"generic": _generic_params, "matmul": _matmul_params, "attention": _attention_params,
-           "cross_entropy": _cross_entropy_params}
+           "cross_entropy": _cross_entropy_params, "convolution": _convolution_params}
 
 
 def family_params(family: str, target) -> FamilyParams:
@@ -221,6 +229,36 @@ def _matmul_check(module, target=None):
 MATMUL = Family("matmul", _matmul_recognize, _matmul_check, _matmul_script)
 
 
+def _convolution_script(module, target):
+    """The recorded plan of the payload after cleanup where the target has a CPU vector unit
+    (the schedule is written for one); the generic script elsewhere."""
+    from schedules.convolution import convolution_script, plan_convolution
+
+    params = family_params("convolution", target)
+    if params.schedule is None:
+        return _generic_script(module, target)
+    return convolution_script(plan_convolution(module, params.schedule, params.vector),
+                              params.vector)
+
+
+def _convolution_recognize(module):
+    from schedules.convolution import recognize
+
+    return recognize(module)
+
+
+def _convolution_check(module, target=None):
+    from schedules.convolution import check
+
+    return check(module)
+
+
+# Convolution-dominated payloads (1-D/2-D/3-D, depthwise, grouped, transposed convolutions
+# and the chains after them). Before matmul: their weight gradients hold contractions too.
+CONVOLUTION = Family("convolution", _convolution_recognize, _convolution_check,
+                     _convolution_script)
+
+
 def _attention_recognize(module):
     from schedules.attention import recognize
 
@@ -275,7 +313,7 @@ def _cross_entropy_script(module, target):
 CROSS_ENTROPY = Family("cross_entropy", _cross_entropy_recognize, _cross_entropy_check,
                        _cross_entropy_script, gpu_form="loss")
 
-SPECIALIZED: list[Family] = [CROSS_ENTROPY, ATTENTION, MATMUL]
+SPECIALIZED: list[Family] = [CROSS_ENTROPY, ATTENTION, CONVOLUTION, MATMUL]
 
 
 def family_names() -> list[str]:

@@ -103,6 +103,8 @@ OP_MODULES: list[str] = [
     "promote_reductions_to_f32",
     "constants_to_arguments",
     "expand_math",
+    "convolution_to_contraction",
+    "drop_contraction_masks",
 ]
 
 

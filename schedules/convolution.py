@@ -1,0 +1,541 @@
+"""The convolution family: payloads dominated by convolutions (1-D, 2-D, 3-D; strided,
+padded, dilated, grouped, depthwise, pointwise, transposed) on the CPU.
+
+Math, per convolution (transform_ext.analysis.convolution names the dims):
+    Y[b, g, f, o] = I[b, g, f, o] + sum_{c, k} X[b, g, c, o s + k t] W[g, f, c, k]
+with I the accumulator's producer (zeros, or the bias broadcast), optionally followed by an
+elementwise epilogue E (ReLU, a residual add, ...). A direct convolution on the matmul
+family's register tile: the output's rows (output channels f, or the groups g of a
+depthwise convolution) times its lanes (the innermost image dim o_w, contiguous in X and
+Y), each step of the reduction an outer product of MR filter values (broadcast) and NR
+image values (a vector load of X at o_w s + k t):
+    acc[f0 : f0 + MR, o_w0 : o_w0 + NR] += W[f, c, k] (x) X[c, o_w0 s + k t : + NR s : s]
+No im2col buffer: the register tile reads X where it is.
+
+Preconditions: static shapes; f32, f16 or bf16 (16-bit operands extended in the body, f32
+accumulation as torch-mlir imports them); the lanes dim is the innermost dim of X and Y.
+A transposed convolution (torch-mlir imports it as a convolution over the input stuffed
+with zeros, s - 1 between neighbours) is first split into s^d convolutions over the input
+itself, one per phase of the output (transform_ext.split_transposed_convolution), so no
+multiply reads a stuffed zero.
+
+fuse (the script's @fuse: steps recorded on a trial copy by `plan_convolution`):
+  1. normalize: assertions split out, elementwise ops fused (the epilogue becomes one
+     generic), stuffed convolutions split into phases, convolutions and the bias
+     broadcast generalized to linalg.generic;
+  2. per convolution, last first: the epilogue (or the convolution) is tiled into an
+     `scf.forall` over (batch, group, a block of tile_rows output channels, blocks of the
+     outer image dims) with the convolution and its accumulator producer fused in; inside,
+     register tiles (outer image dims by 1, the lanes by NR, the rows by MR, rows
+     innermost so that the image rows a tile reads stay in L1 across the row tiles); the
+     accumulator producer computed per register tile
+     (transform_ext.fuse_init_into_register_tile); the input channels and the window by
+     1 (loops c, k_1 .. k_d innermost); the tile, now of a window of one element, rebuilt
+     as a contraction (transform_ext.convolution_to_contraction); the epilogue tiled to
+     register tiles after the convolution's;
+  3. any other linalg op is tiled for threads as the generic schedule does.
+vectorize (@vectorize): every op of step 2 vectorized at its register tile (edge tiles
+masked), the contraction lowered by the target to MR x NR/lanes FMAs per step, the
+accumulator hoisted into registers across the reduction loops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch_mlir import ir
+from torch_mlir.dialects import transform
+from torch_mlir.dialects.transform import structured
+from torch_mlir.dialects.transform import vector as tvec
+
+import transform_ext
+from transform_ext.analysis.convolution import ConvolutionDims, NotConvolution, convolution_dims
+from transform_ext.analysis.structure import is_linalg_op, loop_structure
+from transform_ext.convolution_to_contraction import convolution_to_contraction
+from transform_ext.drop_contraction_masks import drop_contraction_masks
+from transform_ext.fuse_init_into_register_tile import fuse_init_into_register_tile
+from transform_ext.remove_annotation import remove_annotation
+from transform_ext.split_assertions import split_assertions
+
+from .common import (annotate, any_op, apply_passes, apply_patterns, at_place, canonicalize,
+                     foreach, hoist_loop_invariant_subsets, match, place_of)
+from .generic import (GenericParams, func_ops, generic_script, parallel_tile_sizes,
+                      register_tile_for, top_level_linalg_ops, vector_tile_sizes)
+from .generic import vectorize_stage as generic_vectorize_stage
+from .matmul import find_epilogue
+from .script import StepRecorder, build_script, include_step
+
+ROLE = "lh.cv_role"            # string attribute: the part of the schedule an op plays
+VECTOR_SIZES = "lh.cv_vector"  # i64 array: vector sizes of the op's nominal tile
+_DONE = "lh.cv_done"           # a convolution already scheduled
+
+FLOAT_TYPES = ("f32", "f16", "bf16")
+
+
+class NotApplicable(Exception):
+    """The payload is not one this schedule takes; the message is the one-line reason."""
+
+
+@dataclass(frozen=True)
+class ConvolutionParams:
+    """register: (MR, NR) accumulator tile, MR rows (output channels) x NR lanes (the
+    innermost image dim), NR a multiple of the f32 vector width. tile_rows: output channels
+    of one forall tile at most (a multiple of MR). threads: the forall tiles are sized so
+    that every thread gets work (at least tiles_per_thread tiles each, when the shape
+    allows)."""
+
+    register: tuple[int, int] = (8, 32)
+    tile_rows: int = 128
+    threads: int = 2
+    tiles_per_thread: int = 4
+
+    def __post_init__(self):
+        mr, nr = self.register
+        if mr < 1 or nr < 1:
+            raise ValueError(f"register tile must be positive, got {self.register}")
+        if self.tile_rows < mr or self.tile_rows % mr:
+            raise ValueError(f"tile_rows={self.tile_rows} must be a positive multiple of {mr}")
+        if self.threads < 1 or self.tiles_per_thread < 1:
+            raise ValueError("threads and tiles_per_thread must be >= 1")
+
+    @staticmethod
+    def for_cpu(cpu, threads: int) -> "ConvolutionParams":
+        """The parameters on a CPU described by `cpu` (lighthouse.targets.description
+        CpuDescription): the register tile of its vector registers (register_tile_for)."""
+        mr, nr = register_tile_for(cpu.f32_lanes, cpu.vector_registers)
+        return ConvolutionParams(register=(mr, nr), tile_rows=16 * mr, threads=threads)
+
+
+# ----------------------------------------------------------------------------- analysis
+
+@dataclass
+class Convolution:
+    """A convolution of the payload and how its register tile covers it: `rows`, the loop
+    dim along the tile's MR rows (None: one row), `lanes`, the dim along its NR lanes."""
+
+    dims: ConvolutionDims
+    rows: int | None
+    lanes: int
+
+    @property
+    def op(self) -> ir.Operation:
+        return self.dims.op
+
+    @property
+    def work(self) -> int:
+        w = 1
+        for r in self.dims.ranges:
+            w *= r
+        return w
+
+
+def _element_type_name(value) -> str:
+    return str(value.type.element_type)
+
+
+def analyze_convolution(op: ir.Operation) -> Convolution:
+    """The convolution's register tile roles, or NotApplicable with the reason."""
+    name = f"{op.name} at {op.location}"
+    try:
+        dims = convolution_dims(op)
+    except NotConvolution as exc:
+        raise NotApplicable(f"{name} is not a convolution ({exc})") from None
+    for v in list(op.operands) + list(op.results):
+        if not isinstance(v.type, ir.RankedTensorType):
+            raise NotApplicable(f"{name} has an operand of type {v.type} (wants ranked tensors)")
+        if _element_type_name(v) not in FLOAT_TYPES:
+            raise NotApplicable(f"{name} has element type {_element_type_name(v)} "
+                                f"(wants f32, f16 or bf16)")
+    if _element_type_name(op.results[0]) != "f32":
+        raise NotApplicable(f"{name} accumulates in {_element_type_name(op.results[0])} "
+                            f"(wants f32)")
+    ls = loop_structure(op)
+    x_map, y_map = ls.maps[dims.input_index], ls.output_map(0)
+    last = len(x_map.results) - 1
+    if last not in dims.exprs:
+        raise NotApplicable(f"{name}: the innermost dim of its image is not an image dim "
+                            f"(wants channels-first layouts)")
+    lanes = dims.exprs[last].image
+    if not isinstance(y_map.results[-1], ir.AffineDimExpr) or y_map.results[-1].position != lanes:
+        raise NotApplicable(f"{name}: its output's innermost dim is not the image's")
+    rows = None
+    for candidates in (dims.out_channel, dims.group):
+        wide = [d for d in candidates if dims.ranges[d] > 1]
+        if wide:
+            rows = max(wide, key=lambda d: dims.ranges[d])
+            break
+    return Convolution(dims, rows, lanes)
+
+
+def _convolution_ops(payload: ir.Module) -> list[ir.Operation]:
+    """Top-level convolutions not scheduled yet."""
+    found = []
+    for func in func_ops(payload):
+        for op in top_level_linalg_ops(func):
+            if _DONE in op.attributes or ROLE in op.attributes:
+                continue
+            try:
+                convolution_dims(op, static=False)
+            except NotConvolution:
+                continue
+            found.append(op)
+    return found
+
+
+def find_convolutions(payload: ir.Module) -> list[Convolution]:
+    """The convolutions this schedule takes (others are tiled like the generic schedule)."""
+    found = []
+    for op in _convolution_ops(payload):
+        try:
+            found.append(analyze_convolution(op))
+        except NotApplicable:
+            pass
+    return found
+
+
+def _work(op: ir.Operation) -> int:
+    w = 1
+    for r in loop_structure(op).ranges:
+        w *= r or 1
+    return w
+
+
+def recognize(payload: ir.Module) -> bool:
+    """The payload's heavy ops are convolutions: their multiply-adds outnumber the loop
+    iterations of all other linalg ops together."""
+    convolutions = set(_convolution_ops(payload))
+    conv, other = 0, 0
+    for func in func_ops(payload):
+        for op in top_level_linalg_ops(func):
+            if op in convolutions:
+                conv += _work(op)
+            else:
+                other += _work(op)
+    return conv > 0 and conv >= other
+
+
+def check(payload: ir.Module) -> str | None:
+    """None when the schedule applies (some convolution fits it), else the reason."""
+    reasons = []
+    for op in _convolution_ops(payload):
+        try:
+            analyze_convolution(op)
+            return None
+        except NotApplicable as exc:
+            reasons.append(str(exc))
+    return reasons[0] if reasons else "the payload has no convolution"
+
+
+# ----------------------------------------------------------------------------- tiles
+
+@dataclass(frozen=True)
+class ConvolutionTiles:
+    """Tile sizes over the convolution's loop dims (0: not tiled). forall: one thread's
+    tile; register: MR x NR (1 on the outer image dims) with `interchange` putting the
+    rows innermost; reduction: 1 on the input channels and window dims."""
+
+    forall: list[int]
+    register: list[int]
+    interchange: list[int]
+    reduction: list[int]
+    vector: list[int]          # the register tile's sizes over the contraction's dims
+    output: list[int]          # the register tile over the output's dims
+
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def convolution_tiles(c: Convolution, params: ConvolutionParams) -> ConvolutionTiles:
+    """The tiles of convolution `c` (see ConvolutionTiles): forall tiles of tile_rows rows
+    (the whole rows dim when it fits, else a multiple of MR dividing it if there is one)
+    over every batch and group and the outer image dims split until the threads have
+    tiles_per_thread tiles each (divisors: tiles stay static)."""
+    d, ranges = c.dims, c.dims.ranges
+    mr, nr = params.register
+    rank = len(ranges)
+    rows_extent = ranges[c.rows] if c.rows is not None else 1
+    mr = min(mr, rows_extent)
+    lanes = params.register[1] // 2
+    nr = min(nr, -(-ranges[c.lanes] // lanes) * lanes)
+    forall = [0] * rank
+    for dim in d.batch + d.group + d.out_channel:
+        forall[dim] = 1
+    if c.rows is not None:
+        forall[c.rows] = 0 if rows_extent <= params.tile_rows else next(
+            (t for t in range(params.tile_rows // mr * mr, 0, -mr) if rows_extent % t == 0),
+            params.tile_rows // mr * mr)
+    outer = [o for o in d.image if o != c.lanes]
+    count = 1
+    for dim in d.batch + d.group + d.out_channel:
+        if forall[dim]:
+            count *= -(-ranges[dim] // forall[dim])
+    wanted = params.threads * params.tiles_per_thread
+    for o in outer:
+        forall[o] = ranges[o]
+    for o in outer:
+        if count >= wanted:
+            break
+        need = -(-wanted // count)
+        split = next((t for t in _divisors(ranges[o]) if t >= need), ranges[o])
+        forall[o] = ranges[o] // split
+        count *= split
+    forall = [0 if s == ranges[i] and i not in d.batch + d.group else s for i, s in enumerate(forall)]
+    register = [0] * rank
+    for dim in d.batch + d.group + d.out_channel + outer:
+        register[dim] = 1
+    if c.rows is not None:
+        register[c.rows] = mr
+    register[c.lanes] = nr
+    order = [x for x in d.batch + d.group + d.out_channel if x != c.rows] + outer + [c.lanes]
+    order += [c.rows] if c.rows is not None else []
+    order += [x for x in range(rank) if x not in order]
+    reduction = [0] * rank
+    for dim in d.in_channel + [k for k in d.window if k is not None]:
+        reduction[dim] = 1
+    window = {k for k in d.window if k is not None}
+    vector = [register[i] or 1 if i not in d.in_channel else 1
+              for i in range(rank) if i not in window]
+    y_map = loop_structure(c.op).output_map(0)
+    output = [register[e.position] or 1 for e in y_map.results]
+    return ConvolutionTiles(forall, register, order, reduction, vector, output)
+
+
+# ----------------------------------------------------------------------------- fuse
+
+def _tile(handle, sizes, interchange=None):
+    t = structured.TileUsingForOp(handle, sizes=sizes, interchange=interchange)
+    return t.tiled_linalg_op, list(t.loops)
+
+
+def _fuse_into(producer, containing):
+    f = structured.FuseIntoContainingOp(producer, containing)
+    return f.fused_op, f.new_containing_op
+
+
+def _set_role(handle, role: str, vector_sizes: list[int] | None = None) -> None:
+    annotate(handle, ROLE, ir.StringAttr.get(role))
+    if vector_sizes is not None:
+        annotate(handle, VECTOR_SIZES, ir.DenseI64ArrayAttr.get(vector_sizes))
+
+
+def _single_use(value) -> ir.Operation | None:
+    uses = list(value.uses)
+    if len(uses) != 1:
+        return None
+    owner = uses[0].owner
+    return getattr(owner, "operation", owner)
+
+
+def _accumulator_producer(c: Convolution) -> ir.Operation | None:
+    """The fill or elementwise generic computing the accumulator's start, used by the
+    convolution alone (computed per register tile), else None."""
+    from transform_ext.analysis.tiles import per_tile_producer
+
+    value = c.op.operands[2]
+    owner = value.owner
+    producer = getattr(owner, "operation", owner)
+    if not isinstance(producer, ir.Operation) or not is_linalg_op(producer):
+        return None
+    if len(list(value.uses)) != 1 or not per_tile_producer(producer):
+        return None
+    return producer
+
+
+def _schedule(rec: StepRecorder, c: Convolution, params: ConvolutionParams) -> None:
+    """Step 2 of the module docstring for one convolution."""
+    tiles = convolution_tiles(c, params)
+    epilogue = find_epilogue(c.op.results[0])
+    init = _accumulator_producer(c)
+    places = {i: place_of(rec.trial.operation, op) for i, op in enumerate([epilogue, c.op, init])
+              if op is not None}
+
+    def body(root):
+        h = {i: at_place(root, place) for i, place in places.items()}
+        conv = h[1]
+        annotate(conv, _DONE)
+        if epilogue is not None:
+            t = structured.TileUsingForallOp(h[0], tile_sizes=_output_sizes(c, tiles.forall))
+            forall, tiled_epilogue = t.forall_op, t.tiled_op
+            conv, forall = _fuse_into(conv, forall)
+        else:
+            t = structured.TileUsingForallOp(conv, tile_sizes=tiles.forall)
+            forall, conv = t.forall_op, t.tiled_op
+        if init is not None:
+            _, forall = _fuse_into(h[2], forall)
+        conv, _ = _tile(conv, tiles.register, interchange=tiles.interchange)
+        if init is not None:
+            fuse_init_into_register_tile(conv)
+        if init is not None:
+            producer = transform.GetProducerOfOperand(any_op(), conv, 2).producer
+            _set_role(producer, "init", tiles.output)
+        conv, _ = _tile(conv, tiles.reduction)
+        kernel = convolution_to_contraction(conv)
+        _set_role(kernel, "register", tiles.vector)
+        if epilogue is not None:
+            tiled_epilogue, _ = _tile(tiled_epilogue, _output_sizes(c, tiles.register))
+            _set_role(tiled_epilogue, "epilogue", tiles.output)
+        canonicalize(match(root, "func.func"))
+
+    rec.step("tile", body)
+
+
+def _output_sizes(c: Convolution, sizes: list[int]) -> list[int]:
+    """Tile sizes over the convolution's loops as sizes over its output's dims (the loops
+    of an epilogue with an identity map)."""
+    y_map = loop_structure(c.op).output_map(0)
+    return [sizes[e.position] for e in y_map.results]
+
+
+def _schedule_others(rec: StepRecorder, params: GenericParams) -> None:
+    """Linalg ops outside the convolutions' tiles: tiled for threads like the generic schedule."""
+    for func in list(func_ops(rec.trial)):
+        while True:
+            roots = [(op, sizes) for op in top_level_linalg_ops(func) if ROLE not in op.attributes
+                     and _DONE not in op.attributes
+                     and (sizes := parallel_tile_sizes(op, params)) is not None]
+            if not roots:
+                break
+            root, sizes = roots[-1]
+            place = place_of(rec.trial.operation, root)
+
+            def body(r, place=place, sizes=sizes):
+                structured.FuseOp(at_place(r, place), tile_sizes=sizes, use_forall=True,
+                                  apply_cleanup=True)
+
+            rec.step("tile_other", body)
+
+
+def _normalize(root: ir.Value) -> ir.Value:
+    """Assertions split out, elementwise ops fused, convolutions and broadcasts generalized."""
+    split_assertions(root)
+    root = apply_passes(root, "canonicalize", "cse")
+    apply_passes(match(root, "func.func"), "linalg-fuse-elementwise-ops")
+    root = apply_passes(root, "canonicalize", "cse")
+    return root
+
+
+@dataclass(frozen=True)
+class ConvolutionPlan:
+    """The script's steps as recorded on a trial of the payload; None when no convolution
+    is left for the schedule (the generic script)."""
+
+    fuse: tuple | None
+    vectorize: object | None
+
+
+def _generalize_convolutions(rec: StepRecorder) -> None:
+    """Named convolutions and the broadcasts feeding them as linalg.generic (the tiles and
+    the per-register-tile accumulator work on generics)."""
+    names = set()
+    for c in find_convolutions(rec.trial):
+        names.add(c.op.name)
+        init = c.op.operands[2].owner
+        init = getattr(init, "operation", init)
+        if isinstance(init, ir.Operation) and init.name == "linalg.broadcast":
+            names.add(init.name)
+    names.discard("linalg.generic")
+    if not names:
+        return
+
+    def body(root):
+        structured.GeneralizeOp(match(root, sorted(names)))
+
+    rec.step("generalize", body)
+
+
+def plan_convolution(payload: ir.Module, params: ConvolutionParams,
+                     generic: GenericParams) -> ConvolutionPlan:
+    """The fuse stage on a copy of `payload` (after cleanup; read, not rewritten), one
+    recorded step at a time, then the vectorize stage's body from what it left."""
+    transform_ext.load(payload.context)
+    rec = StepRecorder(ir.Module.parse(str(payload), payload.context))
+    rec.step("normalize", _normalize)
+    _generalize_convolutions(rec)
+    if not find_convolutions(rec.trial):
+        return ConvolutionPlan(None, None)
+    while True:
+        found = find_convolutions(rec.trial)
+        if not found:
+            break
+        _schedule(rec, found[-1], params)
+    _schedule_others(rec, generic)
+    rec.step("canonicalize", lambda root: apply_passes(root, "canonicalize", "cse"))
+    return ConvolutionPlan(tuple(rec.steps), _vectorize_body(rec.trial, generic))
+
+
+def convolution_script(plan: ConvolutionPlan, generic: GenericParams) -> ir.Module:
+    """@fuse (the recorded steps in order) and @vectorize; the generic script when the plan
+    has no convolution. Needs an active context and location."""
+    if plan.fuse is None:
+        return generic_script(generic)
+    names = [name for name, _ in plan.fuse]
+
+    def fuse(root: ir.Value) -> None:
+        for name in names:
+            root = include_step(name, root)
+
+    return build_script([("fuse", fuse), ("vectorize", plan.vectorize)], list(plan.fuse))
+
+
+# ----------------------------------------------------------------------------- vectorize
+
+def _vector_plan(payload: ir.Module):
+    """(op with a role, its vector sizes) and the other linalg ops with the generic
+    schedule's vector tiles."""
+    plan, others = [], []
+
+    def visit(op):
+        if is_linalg_op(op):
+            if ROLE in op.attributes:
+                plan.append((op, list(op.attributes[VECTOR_SIZES])))
+            else:
+                others.append(op)
+            return ir.WalkResult.SKIP
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return plan, others
+
+
+def _vectorize_body(payload: ir.Module, generic: GenericParams):
+    """The vectorize stage: each op with a role at its vector sizes (edge tiles masked), the
+    others tiled and vectorized as the generic schedule does; loop invariants hoisted so
+    that the accumulator stays in registers across the reduction loops."""
+    plan, others = _vector_plan(payload)
+    if not plan:
+        return generic_vectorize_stage(generic)
+    tiles = [(op, vector_tile_sizes(op, generic)) for op in others]
+    places = [place_of(payload.operation, op) for op, _ in plan + tiles]
+    # a whole or peeled tile has static sizes (no masks), an edge tile the nominal ones
+    sizes = [None if loop_structure(op).is_static else s for op, s in plan]
+    tiles = [s for _, s in tiles]
+
+    def body(root):
+        handles = [at_place(root, place) for place in places]
+        n = len(plan)
+        for h, vector_sizes in zip(handles, sizes):
+            structured.VectorizeOp(h, vector_sizes=vector_sizes)
+        for h, sizes_of_tile in zip(handles[n:], tiles):
+            if sizes_of_tile is not None:
+                h, _ = _tile(h, sizes_of_tile)
+            seq = transform.SequenceOp(transform.FailurePropagationMode.Suppress, [], h)
+            with ir.InsertionPoint(seq.body):
+                structured.VectorizeOp(seq.bodyTarget, vectorize_nd_extract=True)
+                transform.YieldOp()
+        func = match(root, "func.func")
+        apply_patterns(func, tvec.ApplyLowerMaskedTransfersPatternsOp)
+        apply_patterns(func, tvec.ApplyTransferPermutationPatternsOp)
+        apply_patterns(func, tvec.ApplyVectorReductionToContractPatternsOp)
+        canonicalize(func)
+        drop_contraction_masks(func)
+        apply_patterns(func, tvec.ApplyCastAwayVectorLeadingOneDimPatternsOp, apply_cse=True)
+        canonicalize(func)
+        foreach(match(func, "scf.for"), lambda loop: transform.ApplyLoopInvariantCodeMotionOp(loop))
+        hoist_loop_invariant_subsets(func)
+        canonicalize(func)
+        for attr in (ROLE, VECTOR_SIZES, _DONE):
+            remove_annotation(root, attr)
+
+    return body
