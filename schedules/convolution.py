@@ -53,7 +53,10 @@ from transform_ext.analysis.convolution import ConvolutionDims, NotConvolution, 
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
 from transform_ext.convolution_to_contraction import convolution_to_contraction
 from transform_ext.drop_contraction_masks import drop_contraction_masks
+from transform_ext.common import Illegal
 from transform_ext.fuse_init_into_register_tile import fuse_init_into_register_tile
+from transform_ext.split_transposed_convolution import analyze as analyze_stuffed
+from transform_ext.split_transposed_convolution import split_transposed_convolution
 from transform_ext.remove_annotation import remove_annotation
 from transform_ext.split_assertions import split_assertions
 
@@ -158,13 +161,29 @@ def analyze_convolution(op: ir.Operation) -> Convolution:
     lanes = dims.exprs[last].image
     if not isinstance(y_map.results[-1], ir.AffineDimExpr) or y_map.results[-1].position != lanes:
         raise NotApplicable(f"{name}: its output's innermost dim is not the image's")
-    rows = None
-    for candidates in (dims.out_channel, dims.group):
-        wide = [d for d in candidates if dims.ranges[d] > 1]
-        if wide:
-            rows = max(wide, key=lambda d: dims.ranges[d])
-            break
-    return Convolution(dims, rows, lanes)
+    return Convolution(dims, _rows_dim(dims, lanes), lanes)
+
+
+# Output channels of fewer than this many rows: the register tile's rows run along another
+# dim (a depthwise convolution's image rows) so that it holds enough accumulators.
+MIN_CHANNEL_ROWS = 4
+
+
+def _rows_dim(dims: ConvolutionDims, lanes: int) -> int | None:
+    """The dim along the register tile's rows: the widest output channel dim (its filter
+    values broadcast, the image vector shared by the rows) when it has MIN_CHANNEL_ROWS or
+    more; else the image dim outside the lanes, else a batch dim (the filter value shared,
+    each row its own image vector); None (one row) when all have extent 1. Never a group
+    dim: rows along a dim of both operands would broadcast the filter across the lanes of
+    another dim than its own (a transposing broadcast)."""
+    wide = [d for d in dims.out_channel if dims.ranges[d] >= MIN_CHANNEL_ROWS]
+    if wide:
+        return max(wide, key=lambda d: dims.ranges[d])
+    outer = [o for o in dims.image if o != lanes and dims.ranges[o] > 1]
+    if outer:
+        return outer[-1]
+    batch = [b for b in dims.batch if dims.ranges[b] > 1]
+    return batch[-1] if batch else None
 
 
 def _convolution_ops(payload: ir.Module) -> list[ir.Operation]:
@@ -243,60 +262,67 @@ class ConvolutionTiles:
 
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def _tile_of(extent: int, unit: int, largest: int) -> int:
+    """The largest multiple of `unit` dividing `extent` up to `largest`, else `largest`
+    rounded down to `unit` (a partial last tile); the whole extent when it fits."""
+    if extent <= largest:
+        return extent
+    top = max(unit, largest // unit * unit)
+    return next((t for t in range(top, 0, -unit) if extent % t == 0), top)
 
 
 def convolution_tiles(c: Convolution, params: ConvolutionParams) -> ConvolutionTiles:
-    """The tiles of convolution `c` (see ConvolutionTiles): forall tiles of tile_rows rows
-    (the whole rows dim when it fits, else a multiple of MR dividing it if there is one)
-    over every batch and group and the outer image dims split until the threads have
-    tiles_per_thread tiles each (divisors: tiles stay static)."""
+    """The tiles of convolution `c` (see ConvolutionTiles). forall: 1 on every batch, group
+    and output channel dim, except the rows: tile_rows of them (`_tile_of`); the outer image
+    dims whole, then split (by divisors, outermost first; the rows dim in multiples of MR)
+    until the threads have tiles_per_thread tiles each. register: MR x NR (NR rounded down
+    to whole vectors covering the lanes dim when it is narrower), 1 elsewhere."""
     d, ranges = c.dims, c.dims.ranges
-    mr, nr = params.register
     rank = len(ranges)
     rows_extent = ranges[c.rows] if c.rows is not None else 1
-    mr = min(mr, rows_extent)
-    lanes = params.register[1] // 2
-    nr = min(nr, -(-ranges[c.lanes] // lanes) * lanes)
+    mr = min(params.register[0], rows_extent)
+    vector_lanes = params.register[1] // 2
+    nr = min(params.register[1], -(-ranges[c.lanes] // vector_lanes) * vector_lanes)
+    outer = [o for o in d.image if o != c.lanes]
     forall = [0] * rank
     for dim in d.batch + d.group + d.out_channel:
         forall[dim] = 1
+    for o in outer:
+        forall[o] = ranges[o]
     if c.rows is not None:
-        forall[c.rows] = 0 if rows_extent <= params.tile_rows else next(
-            (t for t in range(params.tile_rows // mr * mr, 0, -mr) if rows_extent % t == 0),
-            params.tile_rows // mr * mr)
-    outer = [o for o in d.image if o != c.lanes]
+        forall[c.rows] = _tile_of(rows_extent, mr, params.tile_rows if c.rows in d.out_channel
+                                  else rows_extent)
     count = 1
-    for dim in d.batch + d.group + d.out_channel:
+    for dim in range(rank):
         if forall[dim]:
             count *= -(-ranges[dim] // forall[dim])
     wanted = params.threads * params.tiles_per_thread
     for o in outer:
-        forall[o] = ranges[o]
-    for o in outer:
         if count >= wanted:
             break
+        unit = mr if o == c.rows else 1
         need = -(-wanted // count)
-        split = next((t for t in _divisors(ranges[o]) if t >= need), ranges[o])
-        forall[o] = ranges[o] // split
-        count *= split
-    forall = [0 if s == ranges[i] and i not in d.batch + d.group else s for i, s in enumerate(forall)]
+        sizes = [t for t in range(unit, ranges[o] + 1, unit) if ranges[o] % t == 0] or [forall[o]]
+        size = max([t for t in sizes if ranges[o] // t >= need] or [min(sizes)])
+        count = count // -(-ranges[o] // forall[o]) * (ranges[o] // size)
+        forall[o] = size
+    forall = [0 if s == ranges[i] and i not in d.batch + d.group + d.out_channel else s
+              for i, s in enumerate(forall)]
+    if c.rows is not None and forall[c.rows] == ranges[c.rows]:
+        forall[c.rows] = 0
     register = [0] * rank
     for dim in d.batch + d.group + d.out_channel + outer:
         register[dim] = 1
     if c.rows is not None:
         register[c.rows] = mr
     register[c.lanes] = nr
-    order = [x for x in d.batch + d.group + d.out_channel if x != c.rows] + outer + [c.lanes]
+    order = [x for x in d.batch + d.group + d.out_channel + outer if x != c.rows] + [c.lanes]
     order += [c.rows] if c.rows is not None else []
-    order += [x for x in range(rank) if x not in order]
     reduction = [0] * rank
     for dim in d.in_channel + [k for k in d.window if k is not None]:
         reduction[dim] = 1
     window = {k for k in d.window if k is not None}
-    vector = [register[i] or 1 if i not in d.in_channel else 1
-              for i in range(rank) if i not in window]
+    vector = [1 if i in d.in_channel else register[i] or 1 for i in range(rank) if i not in window]
     y_map = loop_structure(c.op).output_map(0)
     output = [register[e.position] or 1 for e in y_map.results]
     return ConvolutionTiles(forall, register, order, reduction, vector, output)
@@ -425,6 +451,28 @@ class ConvolutionPlan:
     vectorize: object | None
 
 
+def _split_transposed(rec: StepRecorder) -> None:
+    """Convolutions over inputs stuffed with zeros (transposed convolutions) split into one
+    convolution per output phase (transform_ext.split_transposed_convolution)."""
+    stuffed = []
+    for op in _convolution_ops(rec.trial):
+        try:
+            analyze_stuffed(op)
+        except Illegal:
+            continue
+        stuffed.append(place_of(rec.trial.operation, op))
+    if not stuffed:
+        return
+
+    def body(root):
+        handles = [at_place(root, place) for place in stuffed]
+        for h in handles:
+            split_transposed_convolution(h)
+        canonicalize(match(root, "func.func"))
+
+    rec.step("split_phases", body)
+
+
 def _generalize_convolutions(rec: StepRecorder) -> None:
     """Named convolutions and the broadcasts feeding them as linalg.generic (the tiles and
     the per-register-tile accumulator work on generics)."""
@@ -452,6 +500,7 @@ def plan_convolution(payload: ir.Module, params: ConvolutionParams,
     transform_ext.load(payload.context)
     rec = StepRecorder(ir.Module.parse(str(payload), payload.context))
     rec.step("normalize", _normalize)
+    _split_transposed(rec)
     _generalize_convolutions(rec)
     if not find_convolutions(rec.trial):
         return ConvolutionPlan(None, None)
@@ -508,8 +557,9 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams):
         return generic_vectorize_stage(generic)
     tiles = [(op, vector_tile_sizes(op, generic)) for op in others]
     places = [place_of(payload.operation, op) for op, _ in plan + tiles]
-    # a whole or peeled tile has static sizes (no masks), an edge tile the nominal ones
-    sizes = [None if loop_structure(op).is_static else s for op, s in plan]
+    # the nominal sizes, also for a tile smaller than them: its lanes past the edge are
+    # masked in reads and writes (a vector of 30 lanes would be legalized lane by lane)
+    sizes = [s for _, s in plan]
     tiles = [s for _, s in tiles]
 
     def body(root):

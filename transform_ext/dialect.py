@@ -105,6 +105,7 @@ OP_MODULES: list[str] = [
     "expand_math",
     "convolution_to_contraction",
     "drop_contraction_masks",
+    "split_transposed_convolution",
 ]
 
 
