@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 from torch_mlir import ir
 from torch_mlir.dialects import transform
-from torch_mlir.dialects.transform import structured
+from torch_mlir.dialects.transform import loop, structured
 from torch_mlir.dialects.transform import vector as tvec
 
 import transform_ext
@@ -70,7 +70,9 @@ from .script import StepRecorder, build_script, include_step
 
 ROLE = "lh.cv_role"            # string attribute: the part of the schedule an op plays
 VECTOR_SIZES = "lh.cv_vector"  # i64 array: vector sizes of the op's nominal tile
+LANES = "lh.cv_lanes"          # i64: the loop dim of the register tile's lanes
 _DONE = "lh.cv_done"           # a convolution already scheduled
+_TILE = "lh.cv_tile"           # the register tiles of the convolution being scheduled
 
 FLOAT_TYPES = ("f32", "f16", "bf16")
 
@@ -259,6 +261,10 @@ class ConvolutionTiles:
     reduction: list[int]
     vector: list[int]          # the register tile's sizes over the contraction's dims
     output: list[int]          # the register tile over the output's dims
+    vector_lanes: int          # the lanes dim among the contraction's dims
+    output_lanes: int          # the lanes dim among the output's dims
+    peel: int | None           # the lanes loop among the register loops, when its last
+                               # tile is partial (peeled: vectorized at fewer lanes)
 
 
 
@@ -325,7 +331,12 @@ def convolution_tiles(c: Convolution, params: ConvolutionParams) -> ConvolutionT
     vector = [1 if i in d.in_channel else register[i] or 1 for i in range(rank) if i not in window]
     y_map = loop_structure(c.op).output_map(0)
     output = [register[e.position] or 1 for e in y_map.results]
-    return ConvolutionTiles(forall, register, order, reduction, vector, output)
+    kept = [i for i in range(rank) if i not in window]
+    output_lanes = [e.position for e in y_map.results].index(c.lanes)
+    tiled = [x for x in order if register[x]]
+    peel = tiled.index(c.lanes) if ranges[c.lanes] > nr and ranges[c.lanes] % nr else None
+    return ConvolutionTiles(forall, register, order, reduction, vector, output,
+                            kept.index(c.lanes), output_lanes, peel)
 
 
 # ----------------------------------------------------------------------------- fuse
@@ -340,10 +351,11 @@ def _fuse_into(producer, containing):
     return f.fused_op, f.new_containing_op
 
 
-def _set_role(handle, role: str, vector_sizes: list[int] | None = None) -> None:
+def _set_role(handle, role: str, vector_sizes: list[int], lanes: int) -> None:
+    """Annotate the ops of `handle` with their ROLE, nominal VECTOR_SIZES and LANES dim."""
     annotate(handle, ROLE, ir.StringAttr.get(role))
-    if vector_sizes is not None:
-        annotate(handle, VECTOR_SIZES, ir.DenseI64ArrayAttr.get(vector_sizes))
+    annotate(handle, VECTOR_SIZES, ir.DenseI64ArrayAttr.get(vector_sizes))
+    annotate(handle, LANES, ir.IntegerAttr.get(ir.IntegerType.get_signless(64), lanes))
 
 
 def _single_use(value) -> ir.Operation | None:
@@ -390,18 +402,24 @@ def _schedule(rec: StepRecorder, c: Convolution, params: ConvolutionParams) -> N
             forall, conv = t.forall_op, t.tiled_op
         if init is not None:
             _, forall = _fuse_into(h[2], forall)
-        conv, _ = _tile(conv, tiles.register, interchange=tiles.interchange)
+        conv, loops = _tile(conv, tiles.register, interchange=tiles.interchange)
         if init is not None:
             fuse_init_into_register_tile(conv)
+        if tiles.peel is not None:
+            annotate(conv, _TILE)
+            loop.LoopPeelOp(any_op(), any_op(), loops[tiles.peel])
+            conv = structured.MatchOp(any_op(), forall, op_attrs={_TILE: ir.UnitAttr.get()}).result
         if init is not None:
             producer = transform.GetProducerOfOperand(any_op(), conv, 2).producer
-            _set_role(producer, "init", tiles.output)
+            _set_role(producer, "init", tiles.output, tiles.output_lanes)
         conv, _ = _tile(conv, tiles.reduction)
         kernel = convolution_to_contraction(conv)
-        _set_role(kernel, "register", tiles.vector)
+        _set_role(kernel, "register", tiles.vector, tiles.vector_lanes)
         if epilogue is not None:
             tiled_epilogue, _ = _tile(tiled_epilogue, _output_sizes(c, tiles.register))
-            _set_role(tiled_epilogue, "epilogue", tiles.output)
+            _set_role(tiled_epilogue, "epilogue", tiles.output, tiles.output_lanes)
+        if tiles.peel is not None:
+            remove_annotation(root, _TILE)
         canonicalize(match(root, "func.func"))
 
     rec.step("tile", body)
@@ -530,7 +548,20 @@ def convolution_script(plan: ConvolutionPlan, generic: GenericParams) -> ir.Modu
 
 # ----------------------------------------------------------------------------- vectorize
 
-def _vector_plan(payload: ir.Module):
+def _role_vector_sizes(op: ir.Operation, lanes: int) -> list[int]:
+    """The vector sizes of an op with a role: its nominal sizes, but along the lanes a
+    static tile narrower than them (a peeled last tile, a narrow image) takes whole vectors
+    of `lanes` covering it; its lanes past the edge are masked in reads and writes (a vector
+    of 30 lanes would be legalized lane by lane)."""
+    sizes = list(op.attributes[VECTOR_SIZES])
+    dim = ir.IntegerAttr(op.attributes[LANES]).value
+    extent = loop_structure(op).ranges[dim]
+    if extent is not None and extent < sizes[dim]:
+        sizes[dim] = -(-extent // lanes) * lanes
+    return sizes
+
+
+def _vector_plan(payload: ir.Module, lanes: int):
     """(op with a role, its vector sizes) and the other linalg ops with the generic
     schedule's vector tiles."""
     plan, others = [], []
@@ -538,7 +569,7 @@ def _vector_plan(payload: ir.Module):
     def visit(op):
         if is_linalg_op(op):
             if ROLE in op.attributes:
-                plan.append((op, list(op.attributes[VECTOR_SIZES])))
+                plan.append((op, _role_vector_sizes(op, lanes)))
             else:
                 others.append(op)
             return ir.WalkResult.SKIP
@@ -552,13 +583,11 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams):
     """The vectorize stage: each op with a role at its vector sizes (edge tiles masked), the
     others tiled and vectorized as the generic schedule does; loop invariants hoisted so
     that the accumulator stays in registers across the reduction loops."""
-    plan, others = _vector_plan(payload)
+    plan, others = _vector_plan(payload, generic.register_tile[1] // 2)
     if not plan:
         return generic_vectorize_stage(generic)
     tiles = [(op, vector_tile_sizes(op, generic)) for op in others]
     places = [place_of(payload.operation, op) for op, _ in plan + tiles]
-    # the nominal sizes, also for a tile smaller than them: its lanes past the edge are
-    # masked in reads and writes (a vector of 30 lanes would be legalized lane by lane)
     sizes = [s for _, s in plan]
     tiles = [s for _, s in tiles]
 
@@ -585,7 +614,7 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams):
         foreach(match(func, "scf.for"), lambda loop: transform.ApplyLoopInvariantCodeMotionOp(loop))
         hoist_loop_invariant_subsets(func)
         canonicalize(func)
-        for attr in (ROLE, VECTOR_SIZES, _DONE):
+        for attr in (ROLE, VECTOR_SIZES, LANES, _DONE):
             remove_annotation(root, attr)
 
     return body
