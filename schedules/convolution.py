@@ -56,6 +56,8 @@ from transform_ext.drop_contraction_masks import drop_contraction_masks
 from transform_ext.common import Illegal
 from transform_ext.fuse_init_into_register_tile import fuse_init_into_register_tile
 from transform_ext.split_transposed_convolution import analyze as analyze_stuffed
+from transform_ext.split_strided_convolution import analyze as analyze_strided
+from transform_ext.split_strided_convolution import split_strided_convolution
 from transform_ext.split_transposed_convolution import split_transposed_convolution
 from transform_ext.remove_annotation import remove_annotation
 from transform_ext.split_assertions import split_assertions
@@ -87,12 +89,18 @@ class ConvolutionParams:
     innermost image dim), NR a multiple of the f32 vector width. tile_rows: output channels
     of one forall tile at most (a multiple of MR). threads: the forall tiles are sized so
     that every thread gets work (at least tiles_per_thread tiles each, when the shape
-    allows)."""
+    allows). block_bytes: when the image rows and filter values one register tile reads
+    over all input channels exceed it, the channels are split into blocks that fit (a loop
+    over the blocks around the register tiles, the accumulators reloaded per block);
+    tile_bytes: the output of a forall tile of such a convolution, which stays in cache
+    across the blocks, is at most this."""
 
     register: tuple[int, int] = (8, 32)
     tile_rows: int = 128
     threads: int = 2
     tiles_per_thread: int = 4
+    block_bytes: int = 24 << 10
+    tile_bytes: int = 256 << 10
 
     def __post_init__(self):
         mr, nr = self.register
@@ -102,13 +110,18 @@ class ConvolutionParams:
             raise ValueError(f"tile_rows={self.tile_rows} must be a positive multiple of {mr}")
         if self.threads < 1 or self.tiles_per_thread < 1:
             raise ValueError("threads and tiles_per_thread must be >= 1")
+        if self.block_bytes < 1 or self.tile_bytes < 1:
+            raise ValueError("block_bytes and tile_bytes must be >= 1")
 
     @staticmethod
     def for_cpu(cpu, threads: int) -> "ConvolutionParams":
         """The parameters on a CPU described by `cpu` (lighthouse.targets.description
-        CpuDescription): the register tile of its vector registers (register_tile_for)."""
+        CpuDescription): the register tile of its vector registers (register_tile_for);
+        channel blocks whose image rows and filter values fill at most half of L1; forall
+        tiles of a blocked convolution whose output fills at most a quarter of L2."""
         mr, nr = register_tile_for(cpu.f32_lanes, cpu.vector_registers)
-        return ConvolutionParams(register=(mr, nr), tile_rows=16 * mr, threads=threads)
+        return ConvolutionParams(register=(mr, nr), tile_rows=16 * mr, threads=threads,
+                                 block_bytes=cpu.l1d_bytes // 2, tile_bytes=cpu.l2_bytes // 4)
 
 
 # ----------------------------------------------------------------------------- analysis
@@ -265,6 +278,7 @@ class ConvolutionTiles:
     output_lanes: int          # the lanes dim among the output's dims
     peel: int | None           # the lanes loop among the register loops, when its last
                                # tile is partial (peeled: vectorized at fewer lanes)
+    channel_block: list[int] | None  # the input channel block (None: all channels at once)
 
 
 
@@ -329,6 +343,9 @@ def convolution_tiles(c: Convolution, params: ConvolutionParams) -> ConvolutionT
         reduction[dim] = 1
     window = {k for k in d.window if k is not None}
     vector = [1 if i in d.in_channel else register[i] or 1 for i in range(rank) if i not in window]
+    block = _channel_block(c, params, mr, nr)
+    if block is not None:
+        _fit_output_tile(c, params, forall, outer, mr)
     y_map = loop_structure(c.op).output_map(0)
     output = [register[e.position] or 1 for e in y_map.results]
     kept = [i for i in range(rank) if i not in window]
@@ -336,7 +353,63 @@ def convolution_tiles(c: Convolution, params: ConvolutionParams) -> ConvolutionT
     tiled = [x for x in order if register[x]]
     peel = tiled.index(c.lanes) if ranges[c.lanes] > nr and ranges[c.lanes] % nr else None
     return ConvolutionTiles(forall, register, order, reduction, vector, output,
-                            kept.index(c.lanes), output_lanes, peel)
+                            kept.index(c.lanes), output_lanes, peel, block)
+
+
+def _channel_block(c: Convolution, params: ConvolutionParams, mr: int, nr: int) -> list[int] | None:
+    """Tile sizes splitting the widest input channel dim into blocks whose image rows and
+    filter values (per register tile) fit params.block_bytes, None when all fit."""
+    d, ranges = c.dims, c.dims.ranges
+    wide = [x for x in d.in_channel if ranges[x] > 1]
+    if not wide:
+        return None
+    channel = max(wide, key=lambda x: ranges[x])
+    rows = mr if c.rows is not None and c.rows in d.image else 1
+    x_elements, w_elements = 1, mr if c.rows in d.out_channel else 1
+    for w in d.exprs.values():
+        k = ranges[w.window] if w.window is not None else 1
+        w_elements *= k
+        if w.image == c.lanes:
+            x_elements *= nr * w.stride + (k - 1) * w.dilation
+        elif w.image == c.rows:
+            x_elements *= (rows - 1) * w.stride + (k - 1) * w.dilation + 1
+        else:
+            x_elements *= k
+    others = 1
+    for x in d.in_channel:
+        if x != channel:
+            others *= ranges[x]
+    per_channel = 4 * others * (x_elements + w_elements)
+    fit = params.block_bytes // per_channel
+    if fit >= ranges[channel]:
+        return None
+    size = max([t for t in range(1, max(1, fit) + 1) if ranges[channel] % t == 0])
+    sizes = [0] * len(ranges)
+    sizes[channel] = size
+    return sizes
+
+
+def _fit_output_tile(c: Convolution, params: ConvolutionParams, forall: list[int],
+                     outer: list[int], mr: int) -> None:
+    """Split the outer image dims of `forall` (in place, by divisors, outermost first)
+    until a tile's output holds at most params.tile_bytes."""
+    ranges = c.dims.ranges
+    output_dims = [e.position for e in loop_structure(c.op).output_map(0).results]
+
+    def tile_bytes():
+        size = 4
+        for dim in output_dims:
+            size *= forall[dim] or ranges[dim]
+        return size
+
+    for o in outer:
+        unit = mr if o == c.rows else 1
+        while tile_bytes() > params.tile_bytes:
+            current = forall[o] or ranges[o]
+            smaller = [t for t in range(unit, current, unit) if ranges[o] % t == 0]
+            if not smaller:
+                break
+            forall[o] = smaller[-1]
 
 
 # ----------------------------------------------------------------------------- fuse
@@ -381,48 +454,84 @@ def _accumulator_producer(c: Convolution) -> ir.Operation | None:
     return producer
 
 
-def _schedule(rec: StepRecorder, c: Convolution, params: ConvolutionParams) -> None:
-    """Step 2 of the module docstring for one convolution."""
-    tiles = convolution_tiles(c, params)
-    epilogue = find_epilogue(c.op.results[0])
-    init = _accumulator_producer(c)
-    places = {i: place_of(rec.trial.operation, op) for i, op in enumerate([epilogue, c.op, init])
-              if op is not None}
+def accumulation_chain(c: Convolution, candidates: list[Convolution]) -> list[Convolution]:
+    """The convolutions whose results `c` accumulates onto, first first, then `c`: while
+    the accumulator of the first is the result of another of `candidates` used by nothing
+    else (the phases of a strided convolution, transform_ext.split_strided_convolution)."""
+    by_op = {x.op: x for x in candidates}
+    chain = [c]
+    while True:
+        value = chain[0].op.operands[2]
+        owner = value.owner
+        owner = getattr(owner, "operation", owner)
+        if owner not in by_op or len(list(value.uses)) != 1 or by_op[owner] in chain:
+            return chain
+        chain.insert(0, by_op[owner])
+
+
+def _schedule(rec: StepRecorder, chain: list[Convolution], params: ConvolutionParams) -> None:
+    """Step 2 of the module docstring for an accumulation chain (one convolution, or the
+    phases of a strided one: one forall tile computes them all in turn, each its own
+    register tiles over the same output tile)."""
+    last = chain[-1]
+    tiles = [convolution_tiles(c, params) for c in chain]
+    forall_tiles = tiles[-1]
+    epilogue = find_epilogue(last.op.results[0])
+    init = _accumulator_producer(chain[0])
+    ops = [epilogue, init] + [c.op for c in chain]
+    places = {i: place_of(rec.trial.operation, op) for i, op in enumerate(ops) if op is not None}
 
     def body(root):
         h = {i: at_place(root, place) for i, place in places.items()}
-        conv = h[1]
-        annotate(conv, _DONE)
+        convs = [h[2 + i] for i in range(len(chain))]
+        for conv in convs:
+            annotate(conv, _DONE)
         if epilogue is not None:
-            t = structured.TileUsingForallOp(h[0], tile_sizes=_output_sizes(c, tiles.forall))
+            t = structured.TileUsingForallOp(h[0], tile_sizes=_output_sizes(last, forall_tiles.forall))
             forall, tiled_epilogue = t.forall_op, t.tiled_op
-            conv, forall = _fuse_into(conv, forall)
+            convs[-1], forall = _fuse_into(convs[-1], forall)
         else:
-            t = structured.TileUsingForallOp(conv, tile_sizes=tiles.forall)
-            forall, conv = t.forall_op, t.tiled_op
+            t = structured.TileUsingForallOp(convs[-1], tile_sizes=forall_tiles.forall)
+            forall, convs[-1] = t.forall_op, t.tiled_op
+        for i in range(len(convs) - 2, -1, -1):
+            convs[i], forall = _fuse_into(convs[i], forall)
+        first = tiles[0]
+        fused_init = init is not None and first.channel_block is None
         if init is not None:
-            _, forall = _fuse_into(h[2], forall)
-        conv, loops = _tile(conv, tiles.register, interchange=tiles.interchange)
-        if init is not None:
-            fuse_init_into_register_tile(conv)
-        if tiles.peel is not None:
-            annotate(conv, _TILE)
-            loop.LoopPeelOp(any_op(), any_op(), loops[tiles.peel])
-            conv = structured.MatchOp(any_op(), forall, op_attrs={_TILE: ir.UnitAttr.get()}).result
-        if init is not None:
-            producer = transform.GetProducerOfOperand(any_op(), conv, 2).producer
-            _set_role(producer, "init", tiles.output, tiles.output_lanes)
-        conv, _ = _tile(conv, tiles.reduction)
-        kernel = convolution_to_contraction(conv)
-        _set_role(kernel, "register", tiles.vector, tiles.vector_lanes)
+            init_h, forall = _fuse_into(h[1], forall)
+            if not fused_init:  # the tile starts from I, then the channel blocks add
+                init_h, _ = _tile(init_h, first.output)
+                _set_role(init_h, "init", first.output, first.output_lanes)
+        for i, (conv, tile) in enumerate(zip(convs, tiles)):
+            _register_tiles(conv, tile, forall, fused_init and i == 0)
         if epilogue is not None:
-            tiled_epilogue, _ = _tile(tiled_epilogue, _output_sizes(c, tiles.register))
-            _set_role(tiled_epilogue, "epilogue", tiles.output, tiles.output_lanes)
-        if tiles.peel is not None:
-            remove_annotation(root, _TILE)
+            tiled_epilogue, _ = _tile(tiled_epilogue, _output_sizes(last, forall_tiles.register))
+            _set_role(tiled_epilogue, "epilogue", forall_tiles.output, forall_tiles.output_lanes)
         canonicalize(match(root, "func.func"))
 
     rec.step("tile", body)
+
+
+def _register_tiles(conv, tiles: ConvolutionTiles, forall, fuse_init: bool) -> None:
+    """A convolution's tile in the forall: channel blocks, register tiles (the lanes' last
+    partial tile peeled), the accumulator start per register tile when `fuse_init`, the
+    reductions by 1, then each register tile rebuilt as a contraction."""
+    if tiles.channel_block is not None:
+        conv, _ = _tile(conv, tiles.channel_block)
+    conv, loops = _tile(conv, tiles.register, interchange=tiles.interchange)
+    if fuse_init:
+        fuse_init_into_register_tile(conv)
+    if tiles.peel is not None:
+        annotate(conv, _TILE)
+        loop.LoopPeelOp(any_op(), any_op(), loops[tiles.peel])
+        conv = structured.MatchOp(any_op(), forall, op_attrs={_TILE: ir.UnitAttr.get()}).result
+        remove_annotation(conv, _TILE)
+    if fuse_init:
+        producer = transform.GetProducerOfOperand(any_op(), conv, 2).producer
+        _set_role(producer, "init", tiles.output, tiles.output_lanes)
+    conv, _ = _tile(conv, tiles.reduction)
+    kernel = convolution_to_contraction(conv)
+    _set_role(kernel, "register", tiles.vector, tiles.vector_lanes)
 
 
 def _output_sizes(c: Convolution, sizes: list[int]) -> list[int]:
@@ -469,26 +578,26 @@ class ConvolutionPlan:
     vectorize: object | None
 
 
-def _split_transposed(rec: StepRecorder) -> None:
-    """Convolutions over inputs stuffed with zeros (transposed convolutions) split into one
-    convolution per output phase (transform_ext.split_transposed_convolution)."""
-    stuffed = []
+def _split_phases(rec: StepRecorder, name: str, legal, split) -> None:
+    """The convolutions `legal` accepts (it raises Illegal otherwise) split by `split`, in
+    one recorded step."""
+    found = []
     for op in _convolution_ops(rec.trial):
         try:
-            analyze_stuffed(op)
+            legal(op)
         except Illegal:
             continue
-        stuffed.append(place_of(rec.trial.operation, op))
-    if not stuffed:
+        found.append(place_of(rec.trial.operation, op))
+    if not found:
         return
 
     def body(root):
-        handles = [at_place(root, place) for place in stuffed]
+        handles = [at_place(root, place) for place in found]
         for h in handles:
-            split_transposed_convolution(h)
+            split(h)
         canonicalize(match(root, "func.func"))
 
-    rec.step("split_phases", body)
+    rec.step(name, body)
 
 
 def _generalize_convolutions(rec: StepRecorder) -> None:
@@ -518,7 +627,9 @@ def plan_convolution(payload: ir.Module, params: ConvolutionParams,
     transform_ext.load(payload.context)
     rec = StepRecorder(ir.Module.parse(str(payload), payload.context))
     rec.step("normalize", _normalize)
-    _split_transposed(rec)
+    # transposed convolutions: no products of stuffed zeros; strided ones: unit-stride lanes
+    _split_phases(rec, "split_transposed", analyze_stuffed, split_transposed_convolution)
+    _split_phases(rec, "split_strided", analyze_strided, split_strided_convolution)
     _generalize_convolutions(rec)
     if not find_convolutions(rec.trial):
         return ConvolutionPlan(None, None)
@@ -526,7 +637,7 @@ def plan_convolution(payload: ir.Module, params: ConvolutionParams,
         found = find_convolutions(rec.trial)
         if not found:
             break
-        _schedule(rec, found[-1], params)
+        _schedule(rec, accumulation_chain(found[-1], found), params)
     _schedule_others(rec, generic)
     rec.step("canonicalize", lambda root: apply_passes(root, "canonicalize", "cse"))
     return ConvolutionPlan(tuple(rec.steps), _vectorize_body(rec.trial, generic))

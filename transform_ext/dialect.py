@@ -106,6 +106,7 @@ OP_MODULES: list[str] = [
     "convolution_to_contraction",
     "drop_contraction_masks",
     "split_transposed_convolution",
+    "split_strided_convolution",
 ]
 
 
