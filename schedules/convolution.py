@@ -480,6 +480,8 @@ def _schedule(rec: StepRecorder, chain: list[Convolution], params: ConvolutionPa
     init = _accumulator_producer(chain[0])
     ops = [epilogue, init] + [c.op for c in chain]
     places = {i: place_of(rec.trial.operation, op) for i, op in enumerate(ops) if op is not None}
+    epilogue_forall = _output_sizes(last, forall_tiles.forall)
+    epilogue_register = _output_sizes(last, forall_tiles.register)
 
     def body(root):
         h = {i: at_place(root, place) for i, place in places.items()}
@@ -487,7 +489,7 @@ def _schedule(rec: StepRecorder, chain: list[Convolution], params: ConvolutionPa
         for conv in convs:
             annotate(conv, _DONE)
         if epilogue is not None:
-            t = structured.TileUsingForallOp(h[0], tile_sizes=_output_sizes(last, forall_tiles.forall))
+            t = structured.TileUsingForallOp(h[0], tile_sizes=epilogue_forall)
             forall, tiled_epilogue = t.forall_op, t.tiled_op
             convs[-1], forall = _fuse_into(convs[-1], forall)
         else:
@@ -505,7 +507,7 @@ def _schedule(rec: StepRecorder, chain: list[Convolution], params: ConvolutionPa
         for i, (conv, tile) in enumerate(zip(convs, tiles)):
             _register_tiles(conv, tile, forall, fused_init and i == 0)
         if epilogue is not None:
-            tiled_epilogue, _ = _tile(tiled_epilogue, _output_sizes(last, forall_tiles.register))
+            tiled_epilogue, _ = _tile(tiled_epilogue, epilogue_register)
             _set_role(tiled_epilogue, "epilogue", forall_tiles.output, forall_tiles.output_lanes)
         canonicalize(match(root, "func.func"))
 

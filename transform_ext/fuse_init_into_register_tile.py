@@ -15,7 +15,8 @@ offsets of the loop dims its map reads) with the accumulator slice as its init, 
 loops start from P's destination instead (P is erased). The accumulator producer is then
 computed in registers, tile by tile, instead of in a pass over memory of its own.
 
-Targets: tiled contractions or convolutions (one output). Legality, checked on every target first: its
+Targets: tiled contractions or convolutions (one output; an edge tile's sizes may be
+dynamic). Legality, checked on every target first: its
 accumulator is a static-stride extract_slice of a value carried by enclosing scf.for loops
 from such a single-use producer. Otherwise a silenceable failure naming the op, nothing
 rewritten. The handle is only read: the contraction stays, with its accumulator replaced.
@@ -33,6 +34,7 @@ from .dialect import TransformExt
 
 NAME = "transform_ext.fuse_init_into_register_tile"
 DYNAMIC = ir.ShapedType.get_dynamic_stride_or_offset()
+DYNAMIC_SIZE = ir.ShapedType.get_dynamic_size()
 
 
 def _loop_init(value: ir.Value) -> ir.Value:
@@ -73,7 +75,9 @@ def rewrite(tiled: ir.Operation, slice_op: ir.Operation, producer: ir.Operation,
     view = slice_op.opview
     dynamic = iter(view.offsets)
     offsets = [next(dynamic) if o == DYNAMIC else o for o in view.static_offsets]
-    sizes, strides = list(view.static_sizes), list(view.static_strides)
+    dynamic_sizes = iter(view.sizes)
+    sizes = [next(dynamic_sizes) if s == DYNAMIC_SIZE else s for s in view.static_sizes]
+    strides = list(view.static_strides)
     pls = loop_structure(producer)
     with ir.InsertionPoint(tiled), tiled.location:
         slices = {}  # input index -> its slice under the tile, built before the clone reads it
@@ -86,10 +90,12 @@ def rewrite(tiled: ir.Operation, slice_op: ir.Operation, producer: ir.Operation,
             szs = [sizes[d] for d in dims]
             static = [o if isinstance(o, int) else DYNAMIC for o in offs]
             dyn = [o for o in offs if not isinstance(o, int)]
+            static_sizes = [z if isinstance(z, int) else DYNAMIC_SIZE for z in szs]
+            dyn_sizes = [z for z in szs if not isinstance(z, int)]
             t = value.type
             slices[j] = tensor.ExtractSliceOp(
-                ir.RankedTensorType.get(szs, t.element_type, t.encoding), value, dyn, [], [],
-                static, szs, [strides[d] for d in dims]).result
+                ir.RankedTensorType.get(static_sizes, t.element_type, t.encoding), value, dyn,
+                dyn_sizes, [], static, static_sizes, [strides[d] for d in dims]).result
         tile = producer.clone()
         for j, piece in slices.items():
             tile.operands[j] = piece

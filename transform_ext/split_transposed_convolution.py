@@ -25,8 +25,8 @@ that slice of the result, or a slice of I itself.
 
 Targets: convolutions (transform_ext.analysis.convolution) of stride 1 whose image is such
 a Z: a tensor.insert_slice of static offsets, sizes and strides, stride > 1 in some image
-dim, the whole of every other dim, into a constant zero; possibly through a
-tensor.expand_shape that leaves the image dims alone. Otherwise a silenceable failure
+dim, the whole of every other dim, into a constant zero (or a chain of them, each stuffing
+other dims); possibly through a tensor.expand_shape that leaves the image dims alone. Otherwise a silenceable failure
 naming the op and the reason, nothing rewritten. Result `phases`: the phase convolutions
 (linalg.generic). The target handle is consumed.
 """
@@ -96,14 +96,7 @@ def analyze(op: ir.Operation) -> Stuffed:
         producer = defining_op(image)
     if producer is None or producer.name != "tensor.insert_slice":
         raise Illegal(op, "its image is not a tensor.insert_slice (of an input stuffed with zeros)")
-    view = producer.opview
-    if len(view.offsets) or len(view.sizes) or len(view.strides):
-        raise Illegal(op, "its image's tensor.insert_slice has dynamic offsets, sizes or strides")
-    if not is_zero(producer.operands[1]):
-        raise Illegal(op, "its image's tensor.insert_slice writes into a tensor that is not zero")
-    offsets, sizes, strides = (list(view.static_offsets), list(view.static_sizes),
-                               list(view.static_strides))
-    x = producer.operands[0]
+    x, offsets, strides = _stuffing(op, producer)
     z_shape = list(producer.results[0].type.shape)
     if expand is not None:
         groups = [list(g) for g in ir.ArrayAttr(expand.attributes["reassociation"])]
@@ -120,13 +113,37 @@ def analyze(op: ir.Operation) -> Stuffed:
         x_axis[pos] = axis
     image_axes = set(x_axis.values())
     for axis in range(len(z_shape)):
-        if axis not in image_axes and (offsets[axis] != 0 or strides[axis] != 1
-                                       or sizes[axis] != z_shape[axis]):
+        if axis not in image_axes and axis in offsets:
             raise Illegal(op, f"its input is stuffed along dim {axis}, which is not an image dim")
-    if all(strides[a] == 1 for a in image_axes):
+    if all(strides.get(a, 1) == 1 for a in image_axes):
         raise Illegal(op, "its image is not stuffed (strides 1: a padded input)")
-    return Stuffed(op, dims, x, expand, x_axis, {p: strides[a] for p, a in x_axis.items()},
-                   {p: offsets[a] for p, a in x_axis.items()})
+    return Stuffed(op, dims, x, expand, x_axis, {p: strides.get(a, 1) for p, a in x_axis.items()},
+                   {p: offsets.get(a, 0) for p, a in x_axis.items()})
+
+
+def _stuffing(op: ir.Operation, insert: ir.Operation):
+    """(x, {dim: offset}, {dim: stride}) of Z = insert_slice(x into zeros), or of a chain of
+    insert_slices into zeros each stuffing its own dims (x at `offset`, `stride` apart
+    along a stuffed dim; every other dim whole)."""
+    offsets, strides = {}, {}
+    value = insert.results[0]
+    while insert is not None and insert.name == "tensor.insert_slice":
+        view = insert.opview
+        if len(view.offsets) or len(view.sizes) or len(view.strides):
+            raise Illegal(op, "its image's tensor.insert_slice has dynamic offsets, sizes or strides")
+        if not is_zero(insert.operands[1]):
+            raise Illegal(op, "its image's tensor.insert_slice writes into a tensor that is not zero")
+        dest = list(insert.operands[1].type.shape)
+        for axis, (o, z, t) in enumerate(zip(view.static_offsets, view.static_sizes,
+                                             view.static_strides)):
+            if (o, t, z) == (0, 1, dest[axis]):
+                continue
+            if axis in offsets:
+                raise Illegal(op, f"its image is stuffed twice along dim {axis}")
+            offsets[axis], strides[axis] = o, t
+        value = insert.operands[0]
+        insert = defining_op(value)
+    return value, offsets, strides
 
 
 def phases_of_dim(O: int, K: int, d: int, s: int, off: int) -> list[Phase]:
