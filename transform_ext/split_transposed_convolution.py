@@ -39,7 +39,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, linalg, tensor, transform
 
 from .analysis.convolution import NotConvolution, convolution_dims
-from .analysis.structure import loop_structure
+from .analysis.structure import dim_positions, loop_structure
 from .common import (Illegal, ReplacesTargets, Success, build_generic, clone_body, defining_op,
                      fail, is_zero, payload_ops)
 from .dialect import TransformExt
@@ -208,13 +208,27 @@ def _strided(value: ir.Value, offsets, sizes, strides) -> ir.Value:
                                  [], _i64s(offsets), _i64s(sizes), _i64s(strides)).result
 
 
+def _recomputable(producer: ir.Operation, y_strides) -> bool:
+    """A fill, a broadcast, or an elementwise generic (identity output map) whose inputs
+    do not vary along the strided dims: its clone over a slice of those dims computes the
+    slice of its result."""
+    if producer.name in ("linalg.fill", "linalg.broadcast"):
+        return True
+    if producer.name != "linalg.generic" or len(producer.results) != 1:
+        return False
+    ls = loop_structure(producer)
+    if ls.reduction_dims or ls.output_map(0) != ir.AffineMap.get_identity(ls.num_loops):
+        return False
+    strided = {axis for axis, s in enumerate(y_strides) if s != 1}
+    return all(not (set(dim_positions(m)) & strided) and m.is_projected_permutation
+               for m in ls.maps[:ls.num_inputs])
+
+
 def _init_over(init: ir.Value, dest: ir.Value, y_offsets, y_sizes, y_strides) -> ir.Value:
     """The accumulator start of one phase, written into `dest` (a slice of the result): a
-    clone of I's producer when it is a fill or a broadcast over dims the slice keeps whole,
-    else I's own slice copied."""
+    clone of I's producer when `_recomputable`, else I's own slice copied."""
     producer = defining_op(init)
-    if producer is not None and producer.name in ("linalg.fill", "linalg.broadcast") \
-            and len(list(init.uses)) == 1:
+    if producer is not None and len(list(init.uses)) == 1 and _recomputable(producer, y_strides):
         clone = producer.clone()
         clone.operands[len(clone.operands) - 1] = dest
         clone.results[0].set_type(dest.type)

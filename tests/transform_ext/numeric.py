@@ -10,8 +10,9 @@ from lighthouse.targets.cpu import CpuTarget
 from schedules.generic import GenericParams, fuse_generic, vectorize_generic
 
 
-def run_module(payload: ir.Module, args, *, threads: int = 2):
-    """Compile `payload` (its @main) for the CPU and call it on torch tensors `args`."""
+def run_module(payload: ir.Module, args, *, threads: int = 2, family: str = "generic"):
+    """Compile `payload` (its @main) for the CPU with the schedule of `family` and call it
+    on torch tensors `args`."""
     func = next(op for op in payload.body.operations if op.operation.name == "func.func")
     fn_type = ir.TypeAttr(func.attributes["function_type"]).value
     arg_specs = [_spec_of_type(t, "payload", "arg") for t in fn_type.inputs]
@@ -20,9 +21,25 @@ def run_module(payload: ir.Module, args, *, threads: int = 2):
     params = GenericParams(threads=threads)
     from lighthouse.compile import cleanup
 
-    stages = [Stage("cleanup", cleanup),
-              Stage("fuse", lambda m: fuse_generic(m, params)),
-              Stage("vectorize", lambda m: vectorize_generic(m, params))] + target.stages()
+    if family == "generic":
+        stages = [Stage("cleanup", cleanup),
+                  Stage("fuse", lambda m: fuse_generic(m, params)),
+                  Stage("vectorize", lambda m: vectorize_generic(m, params))] + target.stages()
+    else:
+        from lighthouse.families import family_named
+        from schedules.script import apply_stage
+
+        script = {}
+
+        def stage(name):
+            def run(m):
+                if not script:
+                    with m.context, ir.Location.unknown():
+                        script["module"] = family_named(family).script(m, target)
+                apply_stage(m, script["module"], name)
+            return Stage(name, run)
+
+        stages = [Stage("cleanup", cleanup), stage("fuse"), stage("vectorize")] + target.stages()
     Pipeline(stages).run(payload)
     return target.jit(payload, arg_specs, result_specs)(*args)
 
