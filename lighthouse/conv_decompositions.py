@@ -10,7 +10,8 @@ y [N, F, *O]) and the output's gradient dy:
          (groups g, stride d, padding p, dilation s), its first K outputs per image dim
     db = sum_{n, o} dy[n, f, o]
 For y = conv_transpose(x, w) (w [C, F/g, *K], y[o] += x[i] w[k] at o = i s + k d - p):
-    dx = conv(dy, w)  (same s, p, d, g)
+    dx = conv(dy, w)  (same s, p, d, g; its first I outputs: an output padding of the
+         stride or more, which a dilation allows, reaches past x)
     dw[c, f, k] = sum_{n, i} x[n, c, i] dy[n, f, i s + k d - p]: a convolution of dy seen as
          [F/g, g N, *O] with x seen as [C, N, *I] as the filter (groups g, stride d, padding
          p, dilation s), its first K outputs
@@ -52,6 +53,11 @@ def _window_gradient(image, kernel, groups, stride, padding, dilation, window):
     image seen as [A/g, g N, *I] with kernel seen as [B, N, *O] gives out[a', b, k] (a' in
     b's group); returned as [B, A/g, *K], the filter's layout for both directions."""
     rank = len(window)
+    if rank == 3 and groups > 1 and image.shape[0] == 1:
+        # one channel per group: torch-mlir cannot lower a 3-D depthwise convolution; a zero
+        # batch beside the one adds products of zeros only
+        image = torch.cat([image, torch.zeros_like(image)])
+        kernel = torch.cat([kernel, torch.zeros_like(kernel)])
     out = aten.convolution.default(_batch_as_channels(image, groups), _channels_first(kernel),
                                    None, list(dilation), list(padding), list(stride), False,
                                    [0] * rank, groups)
@@ -68,9 +74,11 @@ def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding
     window = list(weight.shape[2:])
     grad_input = grad_weight = grad_bias = None
     if output_mask[0]:
-        if transposed:
+        if transposed:  # an output padding of a stride or more reaches past the input
             grad_input = aten.convolution.default(grad_output, weight, None, stride, padding,
                                                   dilation, False, [0] * rank, groups)
+            grad_input = grad_input[(slice(None), slice(None),
+                                     *(slice(0, i) for i in input.shape[2:]))]
         else:
             reach = [(i + 2 * p - d * (k - 1) - 1) % s for i, p, d, k, s in
                      zip(input.shape[2:], padding, dilation, window, stride)]
