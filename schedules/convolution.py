@@ -674,6 +674,17 @@ def _role_vector_sizes(op: ir.Operation, lanes: int) -> list[int]:
     return sizes
 
 
+def _extracts_16_bit(op: ir.Operation) -> bool:
+    """Does `op` read a 16-bit tensor element by element (tensor.extract: a gather once
+    vectorized, which LLVM's x86 backend cannot select for bf16; such ops, a filter flipped
+    for a transposed convolution, stay scalar loops)?"""
+    def extracts(inner):
+        return inner.name == "tensor.extract" and \
+            ir.RankedTensorType(inner.operands[0].type).element_type.width == 16
+    from transform_ext.common import walk_ops
+    return bool(walk_ops(op, extracts))
+
+
 def _vector_plan(payload: ir.Module, lanes: int):
     """(op with a role, its vector sizes) and the other linalg ops with the generic
     schedule's vector tiles."""
@@ -702,6 +713,7 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams):
     tiles = [(op, vector_tile_sizes(op, generic)) for op in others]
     places = [place_of(payload.operation, op) for op, _ in plan + tiles]
     sizes = [s for _, s in plan]
+    gathers = [not _extracts_16_bit(op) for op, _ in tiles]
     tiles = [s for _, s in tiles]
 
     def body(root):
@@ -709,17 +721,21 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams):
         n = len(plan)
         for h, vector_sizes in zip(handles, sizes):
             structured.VectorizeOp(h, vector_sizes=vector_sizes)
-        for h, sizes_of_tile in zip(handles[n:], tiles):
+        for h, sizes_of_tile, gather in zip(handles[n:], tiles, gathers):
             if sizes_of_tile is not None:
                 h, _ = _tile(h, sizes_of_tile)
+            # an op the vectorizer cannot take stays a (correct) loop nest
             seq = transform.SequenceOp(transform.FailurePropagationMode.Suppress, [], h)
             with ir.InsertionPoint(seq.body):
-                structured.VectorizeOp(seq.bodyTarget, vectorize_nd_extract=True)
+                structured.VectorizeOp(seq.bodyTarget, vectorize_nd_extract=gather)
                 transform.YieldOp()
         func = match(root, "func.func")
         apply_patterns(func, tvec.ApplyLowerMaskedTransfersPatternsOp)
         apply_patterns(func, tvec.ApplyTransferPermutationPatternsOp)
-        apply_patterns(func, tvec.ApplyVectorReductionToContractPatternsOp)
+        # f16/bf16 operands extended inside the contraction (the lowering extends each
+        # vector it multiplies, never a 1-lane vector of a unit dim)
+        apply_patterns(func, tvec.ApplyVectorReductionToContractPatternsOp,
+                       tvec.ApplyFoldArithExtensionPatternsOp)
         canonicalize(func)
         drop_contraction_masks(func)
         apply_patterns(func, tvec.ApplyCastAwayVectorLeadingOneDimPatternsOp, apply_cse=True)

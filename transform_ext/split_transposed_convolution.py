@@ -201,6 +201,9 @@ def _window_of_x(x: ir.Value, axes: dict[int, Phase]) -> ir.Value:
 
 
 def _strided(value: ir.Value, offsets, sizes, strides) -> ir.Value:
+    """tensor.extract_slice of `value` (itself when the slice is the whole); a dim of one
+    element takes stride 1 (a stride there only upsets the strided layouts of bufferization)."""
+    strides = [1 if size == 1 else stride for size, stride in zip(sizes, strides)]
     t = value.type
     if list(offsets) == [0] * len(sizes) and list(sizes) == list(t.shape) and set(strides) == {1}:
         return value

@@ -106,10 +106,41 @@ def test_convolution_matches_torch(kernel_file, case):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("case", ["conv2d_padded", "transposed_strided", "depthwise"])
+@pytest.mark.parametrize("case", ["conv2d_padded", "transposed_strided", "depthwise",
+                                  "conv1d_strided_dilated", "transposed_stride1"])
 def test_half_convolutions_accumulate_in_f32(kernel_file, dtype, case):
+    """Also the deinterleaved image of a strided convolution and the zero-stuffed one of a
+    transposed convolution of stride 1: bf16 copies LLVM's x86 backend could not select
+    (lighthouse.targets.bf16_vectors.bf16_memory_as_i16)."""
     module, shape = CASES[case]
     assert_matches(compile_kernel(conv_kernel(kernel_file, module, shape, dtype=dtype)))
+
+
+def test_fuzzer_findings(kernel_file):
+    """A bf16 grouped transposed 3-D convolution of one channel per group with view
+    operands (masked bf16 loads of 8 image rows: LLVM aborted); a strided 1 x 1 grouped
+    convolution whose filter slice strode along a dim of one element (bufferization
+    refused the layout)."""
+    grouped = kernel_file("""
+        import torch
+        import torch.nn.functional as F
+        DTYPE = torch.bfloat16
+        class Model(torch.nn.Module):
+            def forward(self, x, w):
+                return F.relu(F.conv_transpose3d(x, w, None, groups=2))
+        def get_inputs():
+            g = torch.Generator().manual_seed(0)
+            x = torch.randn(2, 2, 2, 1, 8, generator=g).to(DTYPE).transpose(-2, -1)
+            w = (torch.randn(2, 2, 3, 4, 5, generator=g) * 0.577).to(DTYPE).transpose(-2, -1)
+            return [x, w]
+        def get_init_inputs():
+            return []
+        """)
+    assert_matches(compile_kernel(grouped))
+    path = conv_kernel(kernel_file, "Conv2d(12, 24, (1, 1), stride=(2, 2), padding=(1, 1), "
+                       "dilation=(1, 3), groups=12)", None,
+                       input="torch.randn(2, 22, 12, 1, generator=g).transpose(1, 2)")
+    assert_matches(compile_kernel(path))
 
 
 def test_transposed_view_inputs(kernel_file):
@@ -163,14 +194,24 @@ def test_depthwise_separable(kernel_file):
     assert_matches(compile_kernel(path))
 
 
+BACKWARD = {
+    # an output padding (below the dilation) beyond the stride: the input gradient, a
+    # convolution of the output's, reaches past the input (its forward output is one
+    # element: the generic schedule may take that)
+    "transposed_output_padding_past_input": ("ConvTranspose1d(5, 15, 4, padding=4, dilation=2, "
+                                             "groups=5, output_padding=1, bias=False)", "2, 5, 2"),
+}
+
+
 @pytest.mark.parametrize("case", ["conv2d_padded", "conv1d_strided_dilated", "conv3d_strided",
                                   "conv2d_grouped", "depthwise", "transposed_strided",
-                                  "transposed_grouped_dilated", "transposed_depthwise"])
+                                  "transposed_grouped_dilated", "transposed_depthwise",
+                                  "transposed_output_padding_past_input"])
 def test_backward(kernel_file, case):
     """The joint graph: the input gradient is a (transposed) convolution of the output's
     gradient, the weight gradient a convolution of the input with it (torch-mlir lowers
     neither for grouped or transposed convolutions: lighthouse.conv_decompositions)."""
-    module, shape = CASES[case]
+    module, shape = {**CASES, **BACKWARD}[case]
     compiled = compile_kernel(conv_kernel(kernel_file, module, shape), backward=True)
     assert compiled.family is CONVOLUTION, compiled.notes
     for r in compiled.check():
