@@ -26,7 +26,7 @@ from torch_mlir.dialects import arith, ext, tensor, transform
 from .analysis.convolution import NotConvolution, convolution_dims
 from .analysis.structure import loop_structure
 from .common import (Illegal, ReplacesTargets, Success, build_generic, clone_body,
-                     defining_op, fail, payload_ops, walk_ops)
+                     defining_op, fail, i64_array, payload_ops, walk_ops)
 from .dialect import TransformExt
 
 NAME = "transform_ext.convolution_to_contraction"
@@ -50,10 +50,6 @@ def _check(op: ir.Operation):
     return dims
 
 
-def _attr_i64s(values) -> ir.DenseI64ArrayAttr:
-    return ir.DenseI64ArrayAttr.get(list(values))
-
-
 def _size(value: ir.Value, axis: int):
     """The extent of `value` along `axis`: an int when static, else a tensor.dim."""
     t = value.type
@@ -71,8 +67,8 @@ def _slice(source: ir.Value, sizes: list, strides: list[int], keep: list[bool]) 
     result = ir.RankedTensorType.get([s for s, k in zip(static, keep) if k], t.element_type)
     rank = len(sizes)
     return tensor.ExtractSliceOp(result, source, [], [s for s in sizes if not isinstance(s, int)],
-                                 [], _attr_i64s([0] * rank), _attr_i64s(static),
-                                 _attr_i64s(strides)).result
+                                 [], i64_array([0] * rank), i64_array(static),
+                                 i64_array(strides)).result
 
 
 def rewrite(op: ir.Operation, dims, rewriter) -> ir.Operation:

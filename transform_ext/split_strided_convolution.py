@@ -31,9 +31,8 @@ from torch_mlir.dialects import ext, tensor, transform
 from .analysis.convolution import NotConvolution, convolution_dims
 from .analysis.structure import loop_structure
 from .common import (Illegal, ReplacesTargets, Success, build_generic, clone_body, fail,
-                     payload_ops)
+                     i64_array, payload_ops, strided_slice, zero_padded)
 from .dialect import TransformExt
-from .split_transposed_convolution import _i64s, _strided, _zero
 
 NAME = "transform_ext.split_strided_convolution"
 
@@ -73,17 +72,9 @@ def _deinterleave(x: ir.Value, axis: int, s: int) -> ir.Value:
     shape = list(t.shape)
     rank = len(shape)
     width = -(-shape[axis] // s)
-    if width * s != shape[axis]:
-        high = [0] * rank
-        high[axis] = width * s - shape[axis]
-        padded = list(shape)
-        padded[axis] = width * s
-        pad = tensor.PadOp(ir.RankedTensorType.get(padded, t.element_type), x, [], [],
-                           _i64s([0] * rank), _i64s(high))
-        block = pad.regions[0].blocks.append(*[ir.IndexType.get()] * rank)
-        with ir.InsertionPoint(block):
-            tensor.YieldOp(_zero(t.element_type))
-        x = pad.result
+    high = [0] * rank
+    high[axis] = width * s - shape[axis]
+    x = zero_padded(x, [0] * rank, high)
     out_shape = shape[:axis] + [s, width] + shape[axis + 1:]
     empty = tensor.EmptyOp(out_shape, t.element_type).result
     n = rank + 1
@@ -115,13 +106,13 @@ def rewrite(op: ir.Operation, dims, position: int, rewriter) -> list[ir.Operatio
             row_shape = sizes[:position] + sizes[position + 1:]
             image = tensor.ExtractSliceOp(
                 ir.RankedTensorType.get(row_shape, x.type.element_type), x_s, [], [], [],
-                _i64s(offsets), _i64s(sizes), _i64s([1] * len(sizes))).result
+                i64_array(offsets), i64_array(sizes), i64_array([1] * len(sizes))).result
             w_q = w
             if w_axis is not None:
                 shape = list(w.type.shape)
                 w_offsets, w_sizes, w_strides = [0] * len(shape), list(shape), [1] * len(shape)
                 w_offsets[w_axis], w_sizes[w_axis], w_strides[w_axis] = k0, M, t
-                w_q = _strided(w, w_offsets, w_sizes, w_strides)
+                w_q = strided_slice(w, w_offsets, w_sizes, w_strides)
             expr = ir.AffineDimExpr.get(we.image)
             if we.window is not None:
                 expr = expr + ir.AffineDimExpr.get(we.window) * e
@@ -175,4 +166,4 @@ def split_strided_convolution(target: ir.Value) -> ir.Value:
     return SplitStridedConvolutionOp(target).phases
 
 
-__all__ = ["SplitStridedConvolutionOp", "split_strided_convolution", "lane_phases"]
+__all__ = ["SplitStridedConvolutionOp", "split_strided_convolution", "lane_phases", "analyze"]

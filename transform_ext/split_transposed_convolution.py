@@ -41,7 +41,7 @@ from torch_mlir.dialects import ext, linalg, tensor, transform
 from .analysis.convolution import NotConvolution, convolution_dims
 from .analysis.structure import dim_positions, loop_structure
 from .common import (Illegal, ReplacesTargets, Success, build_generic, clone_body, defining_op,
-                     fail, is_zero, payload_ops)
+                     fail, i64_array, is_zero, payload_ops, strided_slice, zero_padded)
 from .dialect import TransformExt
 
 NAME = "transform_ext.split_transposed_convolution"
@@ -74,10 +74,6 @@ class Stuffed:
     x_axis: dict[int, int]         # position in the conv's image operand -> axis of x
     strides: dict[int, int]        # position -> the stuffing stride
     offsets: dict[int, int]        # position -> the stuffing offset
-
-
-def _i64s(values) -> ir.DenseI64ArrayAttr:
-    return ir.DenseI64ArrayAttr.get(list(values))
 
 
 def analyze(op: ir.Operation) -> Stuffed:
@@ -165,16 +161,9 @@ def phases_of_dim(O: int, K: int, d: int, s: int, off: int) -> list[Phase]:
     return out
 
 
-def _zero(element_type: ir.Type) -> ir.Value:
-    from torch_mlir.dialects import arith
-
-    return arith.ConstantOp(element_type, ir.FloatAttr.get(element_type, 0.0)).result
-
-
 def _window_of_x(x: ir.Value, axes: dict[int, Phase]) -> ir.Value:
     """X_q: x over [lo, hi] along each image axis (the phase's), zero outside x."""
-    t = x.type
-    shape = list(t.shape)
+    shape = list(x.type.shape)
     offsets, sizes, low, high = [0] * len(shape), list(shape), [0] * len(shape), [0] * len(shape)
     for axis, ph in axes.items():
         extent = ph.hi - ph.lo + 1
@@ -185,30 +174,7 @@ def _window_of_x(x: ir.Value, axes: dict[int, Phase]) -> ir.Value:
         else:
             offsets[axis], sizes[axis] = first, size
             low[axis], high[axis] = first - ph.lo, ph.hi - last
-    window = x
-    if offsets != [0] * len(shape) or sizes != shape:
-        window = tensor.ExtractSliceOp(ir.RankedTensorType.get(sizes, t.element_type), x, [], [], [],
-                                       _i64s(offsets), _i64s(sizes), _i64s([1] * len(shape))).result
-    if any(low) or any(high):
-        padded = [s + lo + hi for s, lo, hi in zip(sizes, low, high)]
-        pad = tensor.PadOp(ir.RankedTensorType.get(padded, t.element_type), window, [], [],
-                           _i64s(low), _i64s(high))
-        block = pad.regions[0].blocks.append(*[ir.IndexType.get()] * len(shape))
-        with ir.InsertionPoint(block):
-            tensor.YieldOp(_zero(t.element_type))
-        window = pad.result
-    return window
-
-
-def _strided(value: ir.Value, offsets, sizes, strides) -> ir.Value:
-    """tensor.extract_slice of `value` (itself when the slice is the whole); a dim of one
-    element takes stride 1 (a stride there only upsets the strided layouts of bufferization)."""
-    strides = [1 if size == 1 else stride for size, stride in zip(sizes, strides)]
-    t = value.type
-    if list(offsets) == [0] * len(sizes) and list(sizes) == list(t.shape) and set(strides) == {1}:
-        return value
-    return tensor.ExtractSliceOp(ir.RankedTensorType.get(list(sizes), t.element_type), value, [], [],
-                                 [], _i64s(offsets), _i64s(sizes), _i64s(strides)).result
+    return zero_padded(strided_slice(x, offsets, sizes, [1] * len(shape)), low, high)
 
 
 def _recomputable(producer: ir.Operation, y_strides) -> bool:
@@ -236,7 +202,7 @@ def _init_over(init: ir.Value, dest: ir.Value, y_offsets, y_sizes, y_strides) ->
         clone.operands[len(clone.operands) - 1] = dest
         clone.results[0].set_type(dest.type)
         return clone.results[0]
-    piece = _strided(init, y_offsets, y_sizes, y_strides)
+    piece = strided_slice(init, y_offsets, y_sizes, y_strides)
     return linalg.copy(piece, outs=[dest])
 
 
@@ -263,14 +229,14 @@ def rewrite(st: Stuffed, rewriter) -> list[ir.Operation]:
             for pos, ph in phase.items():
                 a = y_axis[dims.exprs[pos].image]
                 y_offsets[a], y_sizes[a], y_strides[a] = ph.q, ph.J, st.strides[pos]
-            dest = _strided(result, y_offsets, y_sizes, y_strides)
+            dest = strided_slice(result, y_offsets, y_sizes, y_strides)
             init = _init_over(op.operands[2], dest, y_offsets, y_sizes, y_strides)
             value = init
             if all(ph.M for ph in phase.values()):
                 value = _phase_convolution(st, phase, init, x_map, w_map, y_map, w_axis)
                 convs.append(defining_op(value))
-            result = tensor.InsertSliceOp(value, result, [], [], [], _i64s(y_offsets), _i64s(y_sizes),
-                                          _i64s(y_strides)).result
+            result = tensor.InsertSliceOp(value, result, [], [], [], i64_array(y_offsets), i64_array(y_sizes),
+                                          i64_array(y_strides)).result
     rewriter.replace_op(op, [result])
     return convs
 
@@ -286,7 +252,7 @@ def _phase_convolution(st: Stuffed, phase: dict[int, Phase], init: ir.Value, x_m
         for pos, ph in phase.items():
             shape[pos] = ph.hi - ph.lo + 1
         image = tensor.ExpandShapeOp(ir.RankedTensorType.get(shape, window.type.element_type), window,
-                                     st.expand.attributes["reassociation"], [], _i64s(shape)).result
+                                     st.expand.attributes["reassociation"], [], i64_array(shape)).result
     w = op.operands[dims.filter_index]
     w_offsets, w_sizes, w_strides = [0] * len(w.type.shape), list(w.type.shape), [1] * len(w.type.shape)
     for pos, ph in phase.items():
@@ -294,7 +260,7 @@ def _phase_convolution(st: Stuffed, phase: dict[int, Phase], init: ir.Value, x_m
         if k is not None:
             a = w_axis[k]
             w_offsets[a], w_sizes[a], w_strides[a] = ph.k0, ph.M, ph.t
-    w_q = _strided(w, w_offsets, w_sizes, w_strides)
+    w_q = strided_slice(w, w_offsets, w_sizes, w_strides)
     exprs = []
     for pos, e in enumerate(x_map.results):
         if pos in phase:
@@ -352,4 +318,5 @@ def split_transposed_convolution(target: ir.Value) -> ir.Value:
     return SplitTransposedConvolutionOp(target).phases
 
 
-__all__ = ["SplitTransposedConvolutionOp", "split_transposed_convolution", "phases_of_dim", "Phase"]
+__all__ = ["SplitTransposedConvolutionOp", "split_transposed_convolution", "phases_of_dim", "Phase",
+           "analyze"]
