@@ -23,8 +23,9 @@ run: $(STAMP)
 ocloc:
 	tools/fetch-ocloc
 
+# two workers (the machine's cores: compiles are single-threaded), a test file per worker
 test: $(STAMP) ocloc
-	$(VPY) -m pytest -q
+	$(VPY) -m pytest -q -n 2 --dist loadfile
 
 # differential fuzzing against torch: 500 cases per family (FUZZ_EXAMPLES=N to change), shrunk
 # failures in tests/fuzz/failures/ (see tests/fuzz/profiles.py for the knobs)

@@ -44,7 +44,7 @@ class Family:
 # type of their values (a tuple: a sequence of that many values of those types).
 SCHEDULE_OPTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "attention": {"query_tile": int, "key_tile": int, "return_lse": bool, "key_major": bool,
-                  "register_tile": (int, int)},
+                  "register_tile": (int, int), "backward_tiles": (int, int, int, int)},
     "cross_entropy": {"row_tile": int, "class_tile": int, "lanes": int},
 }
 
@@ -117,11 +117,13 @@ def _matmul_params(target, options) -> FamilyParams:
 
 def _attention_params(target, options) -> FamilyParams:
     """Tiles from the options, else the target's own (`attention_tiles`, e.g. a GPU
-    workgroup's rows), else the schedule's defaults; scores keys-major by default where
+    workgroup's rows, and `attention_backward_tiles`), else the schedule's defaults; scores keys-major by default where
     there is a CPU vector unit (its register tiles want the lanes along the queries)."""
     from schedules.attention import AttentionParams
 
     known = dict(zip(("query_tile", "key_tile"), target.attention_tiles or ()))
+    if target.attention_backward_tiles is not None:
+        known["backward_tiles"] = target.attention_backward_tiles
     known["key_major"] = target.cpu is not None
     known.update({k: v for k, v in options.items() if k != "register_tile"})
     vector = _generic_params(target, options).vector

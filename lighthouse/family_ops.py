@@ -11,7 +11,9 @@ kernel where torch would hand it pieces.
   decomposition would save the [N, C] log-probabilities and split the loss over two graphs
   that the family could not fuse.
 - `F.scaled_dot_product_attention` of 3-D inputs is traced as 4-D (ingress.SdpaIn4d), so
-  torch takes its flash op (an attention anchor);
+  torch takes its flash op (an attention anchor), and with a float mask that needs a
+  gradient as `lighthouse::attention_masked` (flash_decompositions.SdpaMaskGradient: an
+  anchor whose backward also gives the mask's gradient);
 - f16/bf16 group norms are traced in f32 (ingress._GroupNormInF32), as torch computes them.
 """
 
@@ -149,8 +151,8 @@ def torch_forms():
 @contextlib.contextmanager
 def TracingModes():
     """The modes AOTAutograd traces under (module docstring)."""
-    from .flash_decompositions import SdpaIn4d
+    from .flash_decompositions import SdpaIn4d, SdpaMaskGradient
     from .ingress import _GroupNormInF32
 
-    with _FamilyForms(), SdpaIn4d(), _GroupNormInF32():
+    with _FamilyForms(), SdpaMaskGradient(), SdpaIn4d(), _GroupNormInF32():
         yield

@@ -26,6 +26,8 @@ import math
 
 import torch
 
+from .partition import register_anchor
+
 aten = torch.ops.aten
 
 
@@ -79,7 +81,7 @@ def flash_backward_given_lse(grad_out, query, key, value, out, logsumexp, dropou
 
 
 def _flash_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *,
-                    attn_mask=None, scale=None):
+                    attn_mask=None, scale=None, mask_grad=False):
     if dropout_p != 0.0:
         return NotImplemented
     dtype = query.dtype
@@ -101,7 +103,111 @@ def _flash_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_c
     dq = torch.matmul(ds, k) * c
     dk = torch.matmul(ds.transpose(-2, -1), q) * c
     dk, dv = (_sum_kv_groups(t, kv_heads) for t in (dk, dv))
+    if mask_grad:  # the mask is added to the scores: its gradient is dS, summed where broadcast
+        return dq.to(dtype), dk.to(dtype), dv.to(dtype), \
+            _sum_to(ds, attn_mask.shape).to(attn_mask.dtype)
     return dq.to(dtype), dk.to(dtype), dv.to(dtype)
+
+
+def _sum_to(t: torch.Tensor, shape) -> torch.Tensor:
+    """`t` summed over the dims a tensor of `shape` is broadcast along to `t`'s shape."""
+    lead = t.dim() - len(shape)
+    dims = list(range(lead)) + [lead + i for i, n in enumerate(shape)
+                                if n == 1 and t.shape[lead + i] != 1]
+    return t.sum(dims, keepdim=True).reshape(shape) if dims else t
+
+
+@torch.library.custom_op("lighthouse::attention_masked", mutates_args=())
+def attention_masked(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attn_mask: torch.Tensor, is_causal: bool, scale: float | None,
+                     enable_gqa: bool) -> torch.Tensor:
+    """F.scaled_dot_product_attention with an additive float mask that needs a gradient:
+    torch's own would take its math backend and keep the L x S probabilities; this op
+    decomposes into the flash forward (O), and its backward (AttentionMasked) into
+    `attention_masked_backward` (dQ, dK, dV and the mask's gradient)."""
+    return torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+        enable_gqa=enable_gqa)
+
+
+@attention_masked.register_fake
+def _(query, key, value, attn_mask, is_causal, scale, enable_gqa):
+    return query.new_empty(*query.shape[:-1], value.shape[-1])
+
+
+@torch.library.custom_op("lighthouse::attention_masked_backward", mutates_args=())
+def attention_masked_backward(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                              value: torch.Tensor, out: torch.Tensor, attn_mask: torch.Tensor,
+                              is_causal: bool, scale: float | None
+                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dQ, dK, dV, d mask) of `attention_masked`, in the FlashAttention-2 form."""
+    return tuple(t.clone() for t in _flash_backward(
+        grad_out, query, key, value, out, None, 0.0, is_causal, attn_mask=attn_mask,
+        scale=scale, mask_grad=True))
+
+
+@attention_masked_backward.register_fake
+def _(grad_out, query, key, value, out, attn_mask, is_causal, scale):
+    return (torch.empty_like(query), torch.empty_like(key), torch.empty_like(value),
+            torch.empty_like(attn_mask))
+
+
+class AttentionMasked(torch.autograd.Function):
+    """`lighthouse::attention_masked` with its backward `lighthouse::attention_masked_backward`
+    (a Function with setup_context: torch.func.vjp, as `--backward` traces, and AOTAutograd
+    both take it)."""
+
+    @staticmethod
+    def forward(query, key, value, attn_mask, is_causal, scale, enable_gqa):
+        return torch.ops.lighthouse.attention_masked(query, key, value, attn_mask, is_causal,
+                                                     scale, enable_gqa)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        query, key, value, attn_mask, is_causal, scale, _ = inputs
+        ctx.is_causal, ctx.scale = is_causal, scale
+        ctx.save_for_backward(query, key, value, attn_mask, output)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        query, key, value, attn_mask, out = ctx.saved_tensors
+        dq, dk, dv, dmask = torch.ops.lighthouse.attention_masked_backward(
+            grad_out, query, key, value, out, attn_mask, ctx.is_causal, ctx.scale)
+        return dq, dk, dv, dmask, None, None, None
+
+
+register_anchor(torch.ops.lighthouse.attention_masked.default, "attention")
+register_anchor(torch.ops.lighthouse.attention_masked_backward.default, "attention_backward")
+
+
+def _attention_masked_forward(query, key, value, attn_mask, is_causal, scale, enable_gqa):
+    return flash_forward(query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale)[0]
+
+
+def _attention_masked_backward(grad_out, query, key, value, out, attn_mask, is_causal, scale):
+    return _flash_backward(grad_out, query, key, value, out, None, 0.0, is_causal,
+                           attn_mask=attn_mask, scale=scale, mask_grad=True)
+
+
+class SdpaMaskGradient(torch.overrides.TorchFunctionMode):
+    """`F.scaled_dot_product_attention` with a float mask that needs a gradient traced as
+    `lighthouse::attention_masked` (see there), so its backward is the fused one with the
+    mask's gradient; other calls as they are."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
+                     "enable_gqa")
+            bound = {**dict(zip(names, args)), **kwargs}
+            mask = bound.get("attn_mask")
+            if isinstance(mask, torch.Tensor) and mask.is_floating_point() \
+                    and mask.requires_grad and not bound.get("dropout_p"):
+                return AttentionMasked.apply(
+                    bound["query"], bound["key"], bound["value"], mask,
+                    bool(bound.get("is_causal", False)), bound.get("scale"),
+                    bool(bound.get("enable_gqa", False)))
+        return func(*args, **kwargs)
 
 
 def _repeat_kv_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
@@ -144,4 +250,6 @@ class SdpaIn4d(torch.overrides.TorchFunctionMode):
 
 def flash_decompositions() -> dict:
     return {aten._scaled_dot_product_flash_attention_for_cpu.default: flash_forward,
-            aten._scaled_dot_product_flash_attention_for_cpu_backward.default: flash_backward}
+            aten._scaled_dot_product_flash_attention_for_cpu_backward.default: flash_backward,
+            torch.ops.lighthouse.attention_masked.default: _attention_masked_forward,
+            torch.ops.lighthouse.attention_masked_backward.default: _attention_masked_backward}

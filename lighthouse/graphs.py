@@ -11,8 +11,9 @@ copies only) runs in torch.
 
 When a part cannot be compiled (an op torch-mlir cannot import, a dtype the runtime lacks,
 a failing stage) it runs in torch - its decomposed form, so what the other parts read of it
-is the same - and the reason is logged once (logger "lighthouse"); with `strict` the error
-is raised instead.
+is the same - and the reason is logged once (logger "lighthouse"); with `torch_fallback`
+off the error is raised instead. A run whose import fails is first split in halves, again
+and again, so that only the ops torch-mlir cannot import run in torch.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from typing import Callable
 import torch
 from torch import fx
 
-from .errors import LighthouseError, UnsupportedError
-from .partition import Part, graph_key, split_graph
+from .errors import IngressError, LighthouseError, UnsupportedError
+from .partition import Part, graph_key, split_graph, split_part
 
 log = logging.getLogger("lighthouse")
 _logged: set[str] = set()
@@ -86,6 +87,7 @@ class Kernel:
     notes: list[str]
     seconds: float
     from_disk: bool = False  # loaded from the disk cache (lighthouse.kernel_cache)
+    import_failed: bool = False  # runs in torch: an op torch-mlir cannot import
 
 
 _CACHE: dict[tuple, Kernel] = {}
@@ -177,10 +179,19 @@ def compile_graph(gm: fx.GraphModule, example_inputs=None, options: GraphOptions
     placeholders' `meta["val"]` give the shapes and dtypes."""
     options = options or GraphOptions()
     drop_unread_ops(gm.graph)
-    parts = split_graph(gm, max_ops=options.max_ops)
-    kernels, reports = [], []
-    for i, part in enumerate(parts):
-        kernel, report = _compile_part(part, options, f"{name} part {i}")
+    pending = split_graph(gm, max_ops=options.max_ops)
+    parts, kernels, reports = [], [], []
+    while pending:
+        part = pending.pop(0)
+        kernel, report = _compile_part(part, options, f"{name} part {len(parts)}")
+        halves = split_part(gm, part) if kernel.import_failed else None
+        if halves:  # only the ops torch-mlir cannot import run in torch, not the whole run
+            pending[:0] = halves
+            continue
+        if kernel.import_failed:
+            for reason in kernel.notes:
+                note(reason)
+        parts.append(part)
         kernels.append(kernel)
         reports.append(report)
     return CompiledGraph(gm, parts, kernels, reports)
@@ -261,8 +272,11 @@ def _compile_form(form, options: GraphOptions, name: str) -> Kernel:
         if not options.torch_fallback:
             raise
         reason = f"{form.description}: runs in torch ({exc})"
-        note(reason)
-        return Kernel(in_torch, None, [reason], time.perf_counter() - start)
+        import_failed = isinstance(exc, IngressError)
+        if not import_failed:
+            note(reason)
+        return Kernel(in_torch, None, [reason], time.perf_counter() - start,
+                      import_failed=import_failed)
     for n in compiled.notes:
         note(f"{form.description}: {n}")
     function = compiled.function

@@ -32,7 +32,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from .errors import IngressError
 from .conv_decompositions import (convolution_decompositions,
                                   transposed_convolution_decompositions)
-from .flash_decompositions import SdpaIn4d, flash_decompositions
+from .flash_decompositions import SdpaIn4d, SdpaMaskGradient, flash_decompositions
 from .tm_tensor_lowering import (index_decompositions, lower_scatters, lower_sorts,
                                  prepare_index_puts)
 
@@ -179,9 +179,9 @@ def import_joint(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel")
     flat_args = tuple(inputs[i] for i in tensor_pos) + tuple(params.values())
     importer, diagnostics = _quiet_importer()
     try:
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]), SdpaIn4d():
-            gm = make_fx(torch.func.functionalize(joint, remove="mutations"),
-                         decomposition_table=_joint_decompositions())(*flat_args)
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]), SdpaMaskGradient(), \
+                SdpaIn4d():
+            gm = _trace_joint(joint, flat_args)
         empty_tensors_without_work(gm)
         prepare_index_puts(gm)
         module = fx.stateless_fx_import(gm, output_type="linalg-on-tensors", model_name="main",
@@ -224,6 +224,24 @@ def import_graph(gm: torch.fx.GraphModule, *, name: str = "graph") -> Imported:
 
     names = [f"out{i}" for i in range(len(outputs))]
     return _finish(module, tuple(specs), reference, outputs, names, name)
+
+
+def _trace_joint(joint, flat_args) -> torch.fx.GraphModule:
+    """`joint` traced functionalized with the joint decompositions. torch.func.functionalize
+    has no rule for an autograd.Function under vjp (the attention with a mask gradient,
+    flash_decompositions.AttentionMasked): such a joint is traced first as it is, then that
+    graph functionalized and decomposed."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    try:
+        return make_fx(torch.func.functionalize(joint, remove="mutations"),
+                       decomposition_table=_joint_decompositions())(*flat_args)
+    except RuntimeError as exc:
+        if "Functionalize rule for custom_function_call" not in str(exc):
+            raise
+    plain = make_fx(joint)(*flat_args)
+    return make_fx(torch.func.functionalize(plain, remove="mutations"),
+                   decomposition_table=_joint_decompositions())(*flat_args)
 
 
 def empty_tensors_without_work(gm: torch.fx.GraphModule) -> int:

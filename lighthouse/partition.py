@@ -7,7 +7,8 @@ own (topological) order, into parts:
 
 - an *anchor*: one op a family compiles as a kernel of its own, with the `getitem`s that
   unpack its results (torch's CPU flash attention forward and backward, lighthouse's
-  cross-entropy ops, a matmul). Its kind names the family's form of it (`ANCHORS`). A
+  cross-entropy ops, a matmul; an attention written by hand, its matmuls and softmax:
+  hand_written_attentions). Its kind names the family's form of it (`ANCHORS`). A
   matmul part also takes the views and transposes that only feed it (the matmul family
   folds a transposed operand into its packing; apart, a kernel would copy it) and the
   pointwise ops right after it that read it (its epilogue: bias, activation, residual);
@@ -100,10 +101,12 @@ def split_graph(gm: fx.GraphModule, *, max_ops: int = 64) -> list[Part]:
     for node in list(gm.graph.nodes):
         if anchor_kind(node) == "matmul":
             _private_operand_moves(gm.graph, node)
+    by_hand = hand_written_attentions(gm.graph)  # its last op -> its ops
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
     parts: list[Part] = []
     run: list[fx.Node] = []
     computing = 0
-    owned: set[fx.Node] = set()
+    owned: set[fx.Node] = {n for ops in by_hand.values() for n in ops[:-1]}
     epilogue: Part | None = None  # the matmul part the next pointwise ops may join
 
     def flush():
@@ -114,6 +117,17 @@ def split_graph(gm: fx.GraphModule, *, max_ops: int = 64) -> list[Part]:
 
     for node in gm.graph.nodes:
         if node.op != "call_function" or node in owned:
+            continue
+        if node in by_hand:
+            ops = by_hand[node]
+            operands = [n for op in ops if op.target in (aten.bmm.default,)
+                        for n in _feeding_moves(op, run)]
+            run = [n for n in run if n not in operands]
+            flush()
+            members = sorted(set(operands + ops), key=lambda n: order[n])
+            owned.update(members)
+            parts.append(Part("attention", members))
+            epilogue = None
             continue
         kind = anchor_kind(node)
         if kind is not None:
@@ -131,6 +145,10 @@ def split_graph(gm: fx.GraphModule, *, max_ops: int = 64) -> list[Part]:
             continue
         epilogue = None
         run.append(node)
+        if _is_tuple(node):  # its getitems right after it: a part never passes a tuple on
+            unpack = [u for u in node.users if u.target is operator.getitem]
+            run += unpack
+            owned.update(unpack)
         if node.target not in MOVES:
             computing += 1
             if computing >= max_ops:
@@ -140,11 +158,92 @@ def split_graph(gm: fx.GraphModule, *, max_ops: int = 64) -> list[Part]:
     return parts
 
 
+_THROUGH = (aten.view.default, aten._unsafe_view.default, aten.reshape.default,
+            aten.expand.default, aten.alias.default, aten.clone.default,
+            aten.unsqueeze.default, aten.squeeze.dim)
+
+
+def hand_written_attentions(graph: fx.Graph) -> dict[fx.Node, list[fx.Node]]:
+    """Attention written by hand, softmax(scale and mask of Q K^T) V as batch matmuls around
+    a softmax (MinGPT's `masked_fill` of a causal buffer), each as its ops in graph order,
+    keyed by the last (the P V matmul): one part, which the attention family fuses instead
+    of three kernels around an L x S tensor. Only where the probabilities are read by P V
+    alone (a training graph saves them for the backward: left as they are)."""
+    found = {}
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target is not aten._softmax.default:
+            continue
+        after, cur = [], node
+        while len(cur.users) == 1:
+            (user,) = cur.users
+            if user.target is aten.bmm.default and user.args[0] is cur:
+                after.append(user)
+                break
+            if user.target not in _THROUGH:
+                break
+            after.append(user)
+            cur = user
+        if not after or after[-1].target is not aten.bmm.default:
+            continue
+        before = _scores_chain(node.args[0])
+        if before is None:
+            continue
+        ops = before + [node] + after
+        found[after[-1]] = ops
+    return found
+
+
+def _scores_chain(value) -> list[fx.Node] | None:
+    """The ops from a batch matmul to `value` (the softmax's input) through pointwise ops and
+    reshapes, each read once on the way, in order; None when there is no such matmul."""
+    chain, cur = [], value
+    while isinstance(cur, fx.Node) and cur.op == "call_function" and len(cur.users) == 1:
+        chain.append(cur)
+        if cur.target is aten.bmm.default:
+            return chain[::-1]
+        tags = getattr(cur.target, "tags", ())
+        if cur.target not in _THROUGH and torch.Tag.pointwise not in tags:
+            return None
+        nodes = [a for a in cur.args if isinstance(a, fx.Node)]
+        # the way to the scores: the input that is itself computed from a batch matmul
+        ahead = [a for a in nodes if _reaches_bmm(a)]
+        if len(ahead) != 1:
+            return None
+        cur = ahead[0]
+    return None
+
+
+def _reaches_bmm(node: fx.Node, depth: int = 8) -> bool:
+    if node.op != "call_function" or depth == 0:
+        return False
+    if node.target is aten.bmm.default:
+        return True
+    return any(_reaches_bmm(a, depth - 1) for a in node.all_input_nodes)
+
+
+def split_part(gm: fx.GraphModule, part: Part) -> list[Part] | None:
+    """A run in two halves of its computing ops (each half's moves and getitems with it),
+    linked anew; None when it is not a run of two computing ops or more."""
+    computing = [n for n in part.nodes if n.target not in MOVES]
+    if part.kind != "run" or len(computing) < 2:
+        return None
+    cut = part.nodes.index(computing[len(computing) // 2])
+    while cut < len(part.nodes) and part.nodes[cut].target is operator.getitem:
+        cut += 1
+    halves = [Part("run", part.nodes[:cut]), Part("run", part.nodes[cut:])]
+    for half in halves:
+        if not any(n.target not in MOVES for n in half.nodes):
+            half.kind = "moves"
+    _link(gm, halves)
+    return halves
+
+
 def _private_operand_moves(graph: fx.Graph, anchor: fx.Node) -> None:
     """Each chain of moves feeding `anchor` read by other ops too is copied right before it
     for it alone (a view costs nothing to repeat, and the matmul takes it whole)."""
     for a in list(anchor.all_input_nodes):
-        if a.op == "call_function" and a.target in MOVES and len(a.users) > 1:
+        if a.op == "call_function" and a.target in MOVES and a.target is not operator.getitem \
+                and len(a.users) > 1:
             with graph.inserting_before(anchor):
                 copy = graph.node_copy(a)
             anchor.replace_input_with(a, copy)
@@ -159,7 +258,8 @@ def _feeding_moves(anchor: fx.Node, run: list[fx.Node]) -> list[fx.Node]:
     members = set(run)
     while pending:
         n = pending.pop()
-        if n in pulled or n not in members or n.target not in MOVES:
+        if n in pulled or n not in members or n.target not in MOVES \
+                or n.target is operator.getitem:  # stays with the op whose result it unpacks
             continue
         if all(u is anchor or u in pulled for u in n.users):
             pulled.add(n)
@@ -175,8 +275,10 @@ def _extends(part: Part, node: fx.Node) -> bool:
     if not any(a in members for a in node.all_input_nodes):
         return False
     is_reshape = node.target in _VIEWS or node.target is aten.reshape.default
-    if not is_reshape and torch.Tag.pointwise not in getattr(node.target, "tags", ()):
-        return False
+    tags = getattr(node.target, "tags", ())
+    if not is_reshape and (torch.Tag.pointwise not in tags or _is_tuple(node)
+                           or torch.Tag.nondeterministic_seeded in tags):
+        return False  # not elementwise, several results, or random (dropout: run apart)
     product = next(n for n in part.nodes if anchor_kind(n) == "matmul").meta.get("val")
     value = node.meta.get("val")
     return isinstance(value, torch.Tensor) and isinstance(product, torch.Tensor) \

@@ -3,7 +3,7 @@
 For the attention in each target function (transform_ext/analysis/attention.py: row max m,
 row sum l = sum_j exp(S_ij - m_i), output O):
 
-    lse_i = m_i + log(l_i) = log sum_j exp(S_ij)        (-inf on fully masked rows)
+    lse_i = m_i + log(l_i) = log sum_j exp(S_ij)        (-inf on fully masked rows: m_i = -inf)
 
 computed by one linalg.generic that also passes O through, (O, lse broadcast along the
 value dim) = g(O, m, l), with lse read back as the slice of value column 0; the function
@@ -76,7 +76,11 @@ def lse_beside_output(ops: AttentionOps, at: ir.Operation, etype: ir.Type | None
 
         def body(args):
             o, mv, lv = args[:3]
-            lse = arith.addf(mv, math_dialect.log(lv))
+            # a fully masked row (m = -inf) has lse = -inf whatever its l (0, or NaN where
+            # the sum was left unguarded: only O's guard reads the row max)
+            ninf = arith.constant(mv.type, float("-inf"))
+            masked = arith.cmpf(arith.CmpFPredicate.OEQ, mv, ninf)
+            lse = arith.select(masked, ninf, arith.addf(mv, math_dialect.log(lv)))
             if lse.type != etype:
                 lse = arith.truncf(etype, lse)
             return [o, lse]

@@ -13,7 +13,9 @@ batch x heads (an scf.forall over G) and query block i of `query_tile` rows:
                           dQ_i += c dS K_j,  dK_j += c dS^T Q_i,  dV_j += P^T dO_i
 
 with dK and dV of the group carried through the query-block loop and dQ_i through the key
-loop: no L x S tensor exists, the tiles are [query_tile, key_tile]. When the K/V groups do
+loop: no L x S tensor exists, the tiles are [query_tile, key_tile]. Lengths the tiles do not
+divide are padded with zeros to whole tiles (a padded query row has dO = 0 and adds nothing,
+a padded key is masked out) and the results sliced back. When the K/V groups do
 not divide among `threads`, each group's query blocks are shared by several forall
 iterations (block i by iteration i mod splits, so a causal mask's growing rows spread
 evenly), each accumulating dK and dV of its blocks apart; the shares are summed after the
@@ -36,8 +38,8 @@ query-block ops (pack_key_tiles.top_level_foralls) leave it alone.
 
 Preconditions (checked on every target first; a violation is a silenceable failure naming
 the op): one attention backward in the function; static f32 tensors; K and V with the
-queries' groups; the value dim equal to the query/key dim; `query_tile` dividing L and
-`key_tile` dividing S; an index-computed mask in the payload iff `causal_delta` is given
+queries' groups; the value dim equal to the query/key dim; an index-computed mask in the
+payload iff `causal_delta` is given
 (>= 0); an additive mask f32 with broadcast dims of one; every
 user of dQ, dK, dV after the last op their sources are defined by.
 """
@@ -45,7 +47,7 @@ user of dQ, dK, dV after the last op their sources are defined by.
 import math
 
 from torch_mlir import ir
-from torch_mlir.dialects import ext, func, linalg, tensor, transform
+from torch_mlir.dialects import arith, ext, func, linalg, tensor, transform
 
 from .analysis.attention_backward import AttentionBackward, NotAttentionBackward, \
     Source, attention_backward_in
@@ -62,14 +64,19 @@ FUSED_KERNEL = "lh.fused_kernel"
 
 def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, scale: float,
                 delta: int | None, bias: tuple | None = None,
-                lse_given: bool = False, grp: int = 1, splits: int = 1) -> str:
+                lse_given: bool = False, grp: int = 1, splits: int = 1,
+                bias_grad: bool = False, keys: int | None = None) -> str:
     """The kernel as MLIR text: func.func private @name(q, k, v, o, dO[, bias][, lse]) ->
     (dQ, dK, dV); `bias`: (its shape, its dims' roles, heads), see
     analysis.attention_backward.Bias; `lse_given`: the rows' lse [G, L] is an argument (the
     forward's), else a first key loop computes it; `grp`: query heads per K/V head (K, V,
     dK, dV have G / grp groups; query group g reads K/V group g // grp); `splits`: the query
     blocks of a group are shared by this many forall iterations (block i by i mod splits),
-    each accumulating dK and dV of its blocks apart, summed after the forall."""
+    each accumulating dK and dV of its blocks apart, summed after the forall; `bias_grad`:
+    one more result, the bias's gradient (dS summed where the bias is broadcast): the forall
+    then runs over the splits alone, each taking every group's blocks i = split mod splits,
+    with dQ, dK, dV and the bias gradient accumulated apart and summed after it; `keys`: the
+    keys actually there when S is padded past them (those after are masked out)."""
     Gk = G // grp
     T = splits
 
@@ -139,8 +146,27 @@ def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, sca
             %p = arith.mulf %x, %y : f32
             %s = arith.addf %acc, %p : f32
             linalg.yield %s : f32"""
-    s1, m1 = mask("%s_raw", "s_m")
-    s2, m2 = mask("%s2_raw", "s2_m")
+    def valid_keys(src, dst_name):
+        """`src` with the padded keys (at or past `keys`) masked out."""
+        if keys is None or keys >= S:
+            return src, ""
+        return f"%{dst_name}", f"""
+          %{dst_name} = linalg.generic {{indexing_maps = [affine_map<(a, b) -> (a, b)>, affine_map<(a, b) -> (a, b)>], iterator_types = ["parallel", "parallel"]}} ins({src} : {t(bq, bk)}) outs(%e_qk : {t(bq, bk)}) {{
+          ^bb0(%s: f32, %unused: f32):
+            %kj = linalg.index 1 : index
+            %ka = arith.addi %kj, %j0 : index
+            %ok = arith.cmpi ult, %ka, %ckeys : index
+            %r = arith.select %ok, %s, %ninf : f32
+            linalg.yield %r : f32
+          }} -> {t(bq, bk)}"""
+
+    def masked(src, dst_name):
+        value, text = mask(src, dst_name)
+        value, more = valid_keys(value, dst_name + "_v")
+        return value, text + more
+
+    s1, m1 = masked("%s_raw", "s_m")
+    s2, m2 = masked("%s2_raw", "s2_m")
     if lse_given:
         lse_block = f"""%lse = tensor.extract_slice %lse_in[%g, %i0] [1, {bq}] [1, 1] : {t(G, L)} to {t(bq)}"""
     else:
@@ -183,10 +209,23 @@ def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, sca
         %r = arith.select %isinf, %ninf, %s : f32
         linalg.yield %r : f32
       }} -> {t(bq)}"""
-    if T == 1:
+    def db_arg(name, init):
+        return f", {name} = {init}" if bias_grad else ""
+
+    def db_yield(value):
+        return f", {value}" if bias_grad else ""
+
+    n = 4 if bias_grad else 3
+    db_type = f", {bias_type}" if bias_grad else ""
+    db_update = _bias_gradient_tile(bias, bq, bk) if bias_grad else ""
+    dk_start, dv_start = "%dk_gz", "%dv_gz"
+    if bias_grad:
+        q_all, kv_all = t(T, G, L, E), t(T, Gk, S, E)
+        dq_start, dk_start, dv_start = "%dq_r0", "%dk_g0", "%dv_g0"
+        first_block, block_step = "%i_first", "%c_step"
+    elif T == 1:
         q_all, kv_all, ivs, trips, at, one = t(G, L, E), t(Gk, S, E), "%gk", f"{Gk}", "", ""
         dq_zero, dq_start, first_block, block_step = "", "%dq_r0", "%c0", "%cbq"
-        sums, results = "", "%r#0, %r#1, %r#2"
     else:
         q_all, kv_all, ivs, trips, at, one = (t(T, G, L, E), t(T, Gk, S, E), "%gk, %t",
                                               f"{Gk}, {T}", "%t, ", "1, ")
@@ -196,27 +235,17 @@ def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, sca
     %i_first = affine.apply affine_map<(d0) -> (d0 * {bq})>(%t)
     %c_step = arith.constant {T * bq} : index"""
         dq_start, first_block, block_step = "%dq_rz", "%i_first", "%c_step"
-        red4 = ("indexing_maps = [affine_map<(s, a, b, c) -> (s, a, b, c)>, affine_map<(s, a, b, c) "
-                "-> (a, b, c)>], iterator_types = [\"reduction\", \"parallel\", \"parallel\", "
-                "\"parallel\"]")
-        add = """^bb0(%x: f32, %acc: f32):
-      %s = arith.addf %acc, %x : f32
-      linalg.yield %s : f32"""
-        sums = ""
-        for i, (nm, shape) in enumerate((("dq", (G, L, E)), ("dk", (Gk, S, E)), ("dv", (Gk, S, E)))):
-            sums += f"""
-  %{nm}_e = tensor.empty() : {t(*shape)}
-  %{nm}_z = linalg.fill ins(%zero : f32) outs(%{nm}_e : {t(*shape)}) -> {t(*shape)}
-  %{nm}_sum = linalg.generic {{{red4}}} ins(%r#{i} : {t(T, *shape)}) outs(%{nm}_z : {t(*shape)}) {{
-    {add}
-  }} -> {t(*shape)}"""
-        results = "%dq_sum, %dk_sum, %dv_sum"
-    return f"""
-func.func private @{name}(%q: {t(G, L, E)}, %k: {t(Gk, S, E)}, %v: {t(Gk, S, E)}, %o: {t(G, L, E)}, %do: {t(G, L, E)}{extra_args}) -> ({t(G, L, E)}, {t(Gk, S, E)}, {t(Gk, S, E)}) {{
+    shapes = [("dq", (G, L, E)), ("dk", (Gk, S, E)), ("dv", (Gk, S, E))]
+    if bias_grad:
+        shapes.append(("db", tuple(bias[0])))
+    sums = _split_sums(shapes, T, t) if T > 1 or bias_grad else ""
+    results = ", ".join(f"%{nm}_sum" for nm, _ in shapes) if sums else "%r#0, %r#1, %r#2"
+    head = f"""func.func private @{name}(%q: {t(G, L, E)}, %k: {t(Gk, S, E)}, %v: {t(Gk, S, E)}, %o: {t(G, L, E)}, %do: {t(G, L, E)}{extra_args}) -> ({t(G, L, E)}, {t(Gk, S, E)}, {t(Gk, S, E)}{db_type}) {{
   %c0 = arith.constant 0 : index
   %cdelta = arith.constant {delta or 0} : index
   %cL = arith.constant {L} : index
   %cS = arith.constant {S} : index
+  %ckeys = arith.constant {keys if keys is not None else S} : index
   %cbq = arith.constant {bq} : index
   %cbk = arith.constant {bk} : index
   %zero = arith.constant 0.0 : f32
@@ -225,22 +254,11 @@ func.func private @{name}(%q: {t(G, L, E)}, %k: {t(Gk, S, E)}, %v: {t(Gk, S, E)}
   %eT = tensor.empty() : {t(Gk, E, S)}
   %kT = linalg.transpose ins(%k : {t(Gk, S, E)}) outs(%eT : {t(Gk, E, S)}) permutation = [0, 2, 1]
   %vT = linalg.transpose ins(%v : {t(Gk, S, E)}) outs(%eT : {t(Gk, E, S)}) permutation = [0, 2, 1]
-  %dq0 = tensor.empty() : {q_all}
-  %dk0 = tensor.empty() : {kv_all}
-  %dv0 = tensor.empty() : {kv_all}
-  %cgrp = arith.constant {grp} : index
-  %c1 = arith.constant 1 : index
-  %r:3 = scf.forall ({ivs}) in ({trips}) shared_outs(%dq = %dq0, %dk = %dk0, %dv = %dv0) -> ({q_all}, {kv_all}, {kv_all}) {{
-    %dk_g0 = tensor.extract_slice %dk[{at}%gk, 0, 0] [{one}1, {S}, {E}] [{one}1, 1, 1] : {kv_all} to {t(S, E)}
-    %dv_g0 = tensor.extract_slice %dv[{at}%gk, 0, 0] [{one}1, {S}, {E}] [{one}1, 1, 1] : {kv_all} to {t(S, E)}
-    %g0 = affine.apply affine_map<(d0) -> (d0 * {grp})>(%gk)
-    %dq_r0 = tensor.extract_slice %dq[{at}%g0, 0, 0] [{one}{grp}, {L}, {E}] [{one}1, 1, 1] : {q_all} to {t(grp, L, E)}{dq_zero}
-    %dk_gz = linalg.fill ins(%zero : f32) outs(%dk_g0 : {t(S, E)}) -> {t(S, E)}
-    %dv_gz = linalg.fill ins(%zero : f32) outs(%dv_g0 : {t(S, E)}) -> {t(S, E)}
-    %heads:3 = scf.for %rq = %c0 to %cgrp step %c1 iter_args(%dq_r = {dq_start}, %dk_h = %dk_gz, %dv_h = %dv_gz) -> ({t(grp, L, E)}, {t(S, E)}, {t(S, E)}) {{
+"""
+    group = f"""    %heads:{n} = scf.for %rq = %c0 to %cgrp step %c1 iter_args(%dq_r = {dq_start}, %dk_h = {dk_start}, %dv_h = {dv_start}{db_arg('%db_h', '%db_x')}) -> ({t(grp, L, E)}, {t(S, E)}, {t(S, E)}{db_type}) {{
     %g = affine.apply affine_map<(d0, d1) -> (d0 * {grp} + d1)>(%gk, %rq){group_of}
     %dq_g0 = tensor.extract_slice %dq_r[%rq, 0, 0] [1, {L}, {E}] [1, 1, 1] : {t(grp, L, E)} to {t(L, E)}
-    %blk:3 = scf.for %i0 = {first_block} to %cL step {block_step} iter_args(%dq_g = %dq_g0, %dk_g = %dk_h, %dv_g = %dv_h) -> ({t(L, E)}, {t(S, E)}, {t(S, E)}) {{{causal_bound}
+    %blk:{n} = scf.for %i0 = {first_block} to %cL step {block_step} iter_args(%dq_g = %dq_g0, %dk_g = %dk_h, %dv_g = %dv_h{db_arg('%db_g', '%db_h')}) -> ({t(L, E)}, {t(S, E)}, {t(S, E)}{db_type}) {{{causal_bound}
       %q_i = tensor.extract_slice %q[%g, %i0, 0] [1, {bq}, {E}] [1, 1, 1] : {t(G, L, E)} to {t(bq, E)}
       %do_i = tensor.extract_slice %do[%g, %i0, 0] [1, {bq}, {E}] [1, 1, 1] : {t(G, L, E)} to {t(bq, E)}
       %o_i = tensor.extract_slice %o[%g, %i0, 0] [1, {bq}, {E}] [1, 1, 1] : {t(G, L, E)} to {t(bq, E)}
@@ -262,7 +280,7 @@ func.func private @{name}(%q: {t(G, L, E)}, %k: {t(Gk, S, E)}, %v: {t(Gk, S, E)}
       %z_qk = linalg.fill ins(%zero : f32) outs(%e_qk : {t(bq, bk)}) -> {t(bq, bk)}
       {lse_block}
       %dq_z = linalg.fill ins(%zero : f32) outs(%e_qe : {t(bq, E)}) -> {t(bq, E)}
-      %acc:3 = scf.for %j0 = %c0 to {kend} step %cbk iter_args(%dq_i = %dq_z, %dk_a = %dk_g, %dv_a = %dv_g) -> ({t(bq, E)}, {t(S, E)}, {t(S, E)}) {{
+      %acc:{n} = scf.for %j0 = %c0 to {kend} step %cbk iter_args(%dq_i = %dq_z, %dk_a = %dk_g, %dv_a = %dv_g{db_arg('%db_a', '%db_g')}) -> ({t(bq, E)}, {t(S, E)}, {t(S, E)}{db_type}) {{
         %kT_j = tensor.extract_slice %kT[%gk, 0, %j0] [1, {E}, {bk}] [1, 1, 1] : {t(Gk, E, S)} to {t(E, bk)}
         %vT_j = tensor.extract_slice %vT[%gk, 0, %j0] [1, {E}, {bk}] [1, 1, 1] : {t(Gk, E, S)} to {t(E, bk)}
         %k_j = tensor.extract_slice %k[%gk, %j0, 0] [1, {bk}, {E}] [1, 1, 1] : {t(Gk, S, E)} to {t(bk, E)}
@@ -285,7 +303,7 @@ func.func private @{name}(%q: {t(G, L, E)}, %k: {t(Gk, S, E)}, %v: {t(Gk, S, E)}
           %df = arith.subf %dpp, %dd : f32
           %r = arith.mulf %pp, %df : f32
           linalg.yield %r : f32
-        }} -> {t(bq, bk)}
+        }} -> {t(bq, bk)}{db_update}
         %dq_n = linalg.generic {{{contr(mmA, mmB)}}} ins(%ds, %k_j : {t(bq, bk)}, {t(bk, E)}) outs(%dq_i : {t(bq, E)}) {{
           {mac}
         }} -> {t(bq, E)}
@@ -299,7 +317,7 @@ func.func private @{name}(%q: {t(G, L, E)}, %k: {t(Gk, S, E)}, %v: {t(Gk, S, E)}
           {mac}
         }} -> {t(bk, E)}
         %dv_u = tensor.insert_slice %dv_n into %dv_a[%j0, 0] [{bk}, {E}] [1, 1] : {t(bk, E)} into {t(S, E)}
-        scf.yield %dq_n, %dk_u, %dv_u : {t(bq, E)}, {t(S, E)}, {t(S, E)}
+        scf.yield %dq_n, %dk_u, %dv_u{db_yield('%db_u')} : {t(bq, E)}, {t(S, E)}, {t(S, E)}{db_type}
       }}
       %dq_s = linalg.generic {{indexing_maps = [{id2}, {id2}], iterator_types = ["parallel", "parallel"]}} ins(%acc#0 : {t(bq, E)}) outs(%e_qe : {t(bq, E)}) {{
       ^bb0(%x: f32, %y: f32):
@@ -307,21 +325,177 @@ func.func private @{name}(%q: {t(G, L, E)}, %k: {t(Gk, S, E)}, %v: {t(Gk, S, E)}
         linalg.yield %m : f32
       }} -> {t(bq, E)}
       %dq_u = tensor.insert_slice %dq_s into %dq_g[%i0, 0] [{bq}, {E}] [1, 1] : {t(bq, E)} into {t(L, E)}
-      scf.yield %dq_u, %acc#1, %acc#2 : {t(L, E)}, {t(S, E)}, {t(S, E)}
+      scf.yield %dq_u, %acc#1, %acc#2{db_yield('%acc#3')} : {t(L, E)}, {t(S, E)}, {t(S, E)}{db_type}
     }}
     %dq_rn = tensor.insert_slice %blk#0 into %dq_r[%rq, 0, 0] [1, {L}, {E}] [1, 1, 1] : {t(L, E)} into {t(grp, L, E)}
-    scf.yield %dq_rn, %blk#1, %blk#2 : {t(grp, L, E)}, {t(S, E)}, {t(S, E)}
+    scf.yield %dq_rn, %blk#1, %blk#2{db_yield('%blk#3')} : {t(grp, L, E)}, {t(S, E)}, {t(S, E)}{db_type}
     }}
-    scf.forall.in_parallel {{
+"""
+    if bias_grad:
+        outer = _bias_gradient_outer(t, G, Gk, L, S, E, bq, grp, T, bias_type, group)
+    else:
+        outer = f"""  %dq0 = tensor.empty() : {q_all}
+  %dk0 = tensor.empty() : {kv_all}
+  %dv0 = tensor.empty() : {kv_all}
+  %cgrp = arith.constant {grp} : index
+  %c1 = arith.constant 1 : index
+  %r:3 = scf.forall ({ivs}) in ({trips}) shared_outs(%dq = %dq0, %dk = %dk0, %dv = %dv0) -> ({q_all}, {kv_all}, {kv_all}) {{
+    %dk_g0 = tensor.extract_slice %dk[{at}%gk, 0, 0] [{one}1, {S}, {E}] [{one}1, 1, 1] : {kv_all} to {t(S, E)}
+    %dv_g0 = tensor.extract_slice %dv[{at}%gk, 0, 0] [{one}1, {S}, {E}] [{one}1, 1, 1] : {kv_all} to {t(S, E)}
+    %g0 = affine.apply affine_map<(d0) -> (d0 * {grp})>(%gk)
+    %dq_r0 = tensor.extract_slice %dq[{at}%g0, 0, 0] [{one}{grp}, {L}, {E}] [{one}1, 1, 1] : {q_all} to {t(grp, L, E)}{dq_zero}
+    %dk_gz = linalg.fill ins(%zero : f32) outs(%dk_g0 : {t(S, E)}) -> {t(S, E)}
+    %dv_gz = linalg.fill ins(%zero : f32) outs(%dv_g0 : {t(S, E)}) -> {t(S, E)}
+""" + group + f"""    scf.forall.in_parallel {{
       tensor.parallel_insert_slice %heads#0 into %dq[{at}%g0, 0, 0] [{one}{grp}, {L}, {E}] [{one}1, 1, 1] : {t(grp, L, E)} into {q_all}
       tensor.parallel_insert_slice %heads#1 into %dk[{at}%gk, 0, 0] [{one}1, {S}, {E}] [{one}1, 1, 1] : {t(S, E)} into {kv_all}
       tensor.parallel_insert_slice %heads#2 into %dv[{at}%gk, 0, 0] [{one}1, {S}, {E}] [{one}1, 1, 1] : {t(S, E)} into {kv_all}
     }}
-  }} {{{FUSED_KERNEL}}}{sums}
-  return {results} : {t(G, L, E)}, {t(Gk, S, E)}, {t(Gk, S, E)}
+  }} {{{FUSED_KERNEL}}}"""
+    return head + outer + f"""{sums}
+  return {results} : {t(G, L, E)}, {t(Gk, S, E)}, {t(Gk, S, E)}{db_type}
 }}
 """
 
+
+def _tensor_type(*dims) -> str:
+    return "tensor<" + "".join(f"{d}x" for d in dims) + "f32>"
+
+
+def _bias_tile_view(bias: tuple, bq: int, bk: int):
+    """(offsets, sizes, strides, the tile's type, its map from a score tile's (query, key),
+    the tile dims kept) of the bias's slice under one [bq, bk] score tile (see Bias: its
+    dims' roles)."""
+    shape, roles, _ = bias
+    where = {"g": "%g", "b": "%gb", "h": "%gh", "q": "%i0", "k": "%j0", "1": "0"}
+    size = {"q": bq, "k": bk}
+    kept = [r for r in roles if r in "qk"]
+    return (", ".join(where[r] for r in roles), ", ".join(str(size.get(r, 1)) for r in roles),
+            ", ".join("1" for _ in roles), _tensor_type(*(size[r] for r in kept)),
+            "affine_map<(a, b) -> (" + ", ".join({"q": "a", "k": "b"}[r] for r in kept) + ")>",
+            kept)
+
+
+def _bias_gradient_tile(bias: tuple, bq: int, bk: int) -> str:
+    """The bias gradient's update by one dS tile: dS summed over the tile dims the bias is
+    broadcast along, added into the bias's slice (%db_a -> %db_u)."""
+    offsets, sizes, strides, tile, tile_map, kept = _bias_tile_view(bias, bq, bk)
+    bias_type = _tensor_type(*bias[0])
+    kinds = ", ".join('"parallel"' if r in kept else '"reduction"' for r in "qk")
+    return f"""
+        %db_j = tensor.extract_slice %db_a[{offsets}] [{sizes}] [{strides}] : {bias_type} to {tile}
+        %db_n = linalg.generic {{indexing_maps = [affine_map<(a, b) -> (a, b)>, {tile_map}], iterator_types = [{kinds}]}} ins(%ds : {_tensor_type(bq, bk)}) outs(%db_j : {tile}) {{
+        ^bb0(%x: f32, %acc: f32):
+          %s = arith.addf %acc, %x : f32
+          linalg.yield %s : f32
+        }} -> {tile}
+        %db_u = tensor.insert_slice %db_n into %db_a[{offsets}] [{sizes}] [{strides}] : {tile} into {bias_type}"""
+
+
+def _split_sums(shapes: list, T: int, t) -> str:
+    """Each `name` of `shapes` summed over the leading splits dim of %r#i: %name_sum."""
+    text = ""
+    for i, (nm, shape) in enumerate(shapes):
+        dims = ", ".join(f"d{j}" for j in range(len(shape)))
+        maps = (f"affine_map<(s, {dims}) -> (s, {dims})>, affine_map<(s, {dims}) -> ({dims})>"
+                if shape else "affine_map<(s) -> (s)>, affine_map<(s) -> ()>")
+        kinds = ", ".join(['"reduction"'] + ['"parallel"'] * len(shape))
+        text += f"""
+  %{nm}_e = tensor.empty() : {t(*shape)}
+  %{nm}_z = linalg.fill ins(%zero : f32) outs(%{nm}_e : {t(*shape)}) -> {t(*shape)}
+  %{nm}_sum = linalg.generic {{indexing_maps = [{maps}], iterator_types = [{kinds}]}} ins(%r#{i} : {t(T, *shape)}) outs(%{nm}_z : {t(*shape)}) {{
+  ^bb0(%x: f32, %acc: f32):
+    %s = arith.addf %acc, %x : f32
+    linalg.yield %s : f32
+  }} -> {t(*shape)}"""
+    return text
+
+
+def _bias_gradient_outer(t, G, Gk, L, S, E, bq, grp, T, bias_type, group) -> str:
+    """The forall over the splits, each running every group (kernel_text's bias_grad)."""
+    bias_shape = bias_type.removeprefix("tensor<").removesuffix("f32>")
+    db_all = f"tensor<{T}x{bias_shape}f32>"
+    dims = [d for d in bias_shape.split("x") if d]
+    zeros, ones = "".join(", 0" for _ in dims), "".join(", 1" for _ in dims)
+    at = f"[%t{zeros}] [1{''.join(', ' + d for d in dims)}] [1{ones}]"
+    return f"""  %dq0 = tensor.empty() : {t(T, G, L, E)}
+  %dk0 = tensor.empty() : {t(T, Gk, S, E)}
+  %dv0 = tensor.empty() : {t(T, Gk, S, E)}
+  %db0 = tensor.empty() : {db_all}
+  %cgrp = arith.constant {grp} : index
+  %c1 = arith.constant 1 : index
+  %cGk = arith.constant {Gk} : index
+  %c_step = arith.constant {T * bq} : index
+  %r:4 = scf.forall (%t) in ({T}) shared_outs(%dq = %dq0, %dk = %dk0, %dv = %dv0, %db = %db0) -> ({t(T, G, L, E)}, {t(T, Gk, S, E)}, {t(T, Gk, S, E)}, {db_all}) {{
+    %dq_t0 = tensor.extract_slice %dq[%t, 0, 0, 0] [1, {G}, {L}, {E}] [1, 1, 1, 1] : {t(T, G, L, E)} to {t(G, L, E)}
+    %dk_t0 = tensor.extract_slice %dk[%t, 0, 0, 0] [1, {Gk}, {S}, {E}] [1, 1, 1, 1] : {t(T, Gk, S, E)} to {t(Gk, S, E)}
+    %dv_t0 = tensor.extract_slice %dv[%t, 0, 0, 0] [1, {Gk}, {S}, {E}] [1, 1, 1, 1] : {t(T, Gk, S, E)} to {t(Gk, S, E)}
+    %db_t0 = tensor.extract_slice %db{at} : {db_all} to {bias_type}
+    %dq_tz = linalg.fill ins(%zero : f32) outs(%dq_t0 : {t(G, L, E)}) -> {t(G, L, E)}
+    %dk_tz = linalg.fill ins(%zero : f32) outs(%dk_t0 : {t(Gk, S, E)}) -> {t(Gk, S, E)}
+    %dv_tz = linalg.fill ins(%zero : f32) outs(%dv_t0 : {t(Gk, S, E)}) -> {t(Gk, S, E)}
+    %db_tz = linalg.fill ins(%zero : f32) outs(%db_t0 : {bias_type}) -> {bias_type}
+    %i_first = affine.apply affine_map<(d0) -> (d0 * {bq})>(%t)
+    %grs:4 = scf.for %gk = %c0 to %cGk step %c1 iter_args(%dq_t = %dq_tz, %dk_t = %dk_tz, %dv_t = %dv_tz, %db_x = %db_tz) -> ({t(G, L, E)}, {t(Gk, S, E)}, {t(Gk, S, E)}, {bias_type}) {{
+    %dk_g0 = tensor.extract_slice %dk_t[%gk, 0, 0] [1, {S}, {E}] [1, 1, 1] : {t(Gk, S, E)} to {t(S, E)}
+    %dv_g0 = tensor.extract_slice %dv_t[%gk, 0, 0] [1, {S}, {E}] [1, 1, 1] : {t(Gk, S, E)} to {t(S, E)}
+    %g0 = affine.apply affine_map<(d0) -> (d0 * {grp})>(%gk)
+    %dq_r0 = tensor.extract_slice %dq_t[%g0, 0, 0] [{grp}, {L}, {E}] [1, 1, 1] : {t(G, L, E)} to {t(grp, L, E)}
+{group}    %dq_tn = tensor.insert_slice %heads#0 into %dq_t[%g0, 0, 0] [{grp}, {L}, {E}] [1, 1, 1] : {t(grp, L, E)} into {t(G, L, E)}
+    %dk_tn = tensor.insert_slice %heads#1 into %dk_t[%gk, 0, 0] [1, {S}, {E}] [1, 1, 1] : {t(S, E)} into {t(Gk, S, E)}
+    %dv_tn = tensor.insert_slice %heads#2 into %dv_t[%gk, 0, 0] [1, {S}, {E}] [1, 1, 1] : {t(S, E)} into {t(Gk, S, E)}
+    scf.yield %dq_tn, %dk_tn, %dv_tn, %heads#3 : {t(G, L, E)}, {t(Gk, S, E)}, {t(Gk, S, E)}, {bias_type}
+    }}
+    scf.forall.in_parallel {{
+      tensor.parallel_insert_slice %grs#0 into %dq[%t, 0, 0, 0] [1, {G}, {L}, {E}] [1, 1, 1, 1] : {t(G, L, E)} into {t(T, G, L, E)}
+      tensor.parallel_insert_slice %grs#1 into %dk[%t, 0, 0, 0] [1, {Gk}, {S}, {E}] [1, 1, 1, 1] : {t(Gk, S, E)} into {t(T, Gk, S, E)}
+      tensor.parallel_insert_slice %grs#2 into %dv[%t, 0, 0, 0] [1, {Gk}, {S}, {E}] [1, 1, 1, 1] : {t(Gk, S, E)} into {t(T, Gk, S, E)}
+      tensor.parallel_insert_slice %grs#3 into %db{at} : {bias_type} into {db_all}
+    }}
+  }} {{{FUSED_KERNEL}}}"""
+
+
+def _padded_shape(bias: tuple, Lp: int, Sp: int) -> list[int]:
+    """The bias's shape with its query and key dims padded to Lp and Sp."""
+    shape, roles, _ = bias
+    return [Lp if r == "q" else Sp if r == "k" else d for d, r in zip(shape, roles)]
+
+
+def _pad_to(value: ir.Value, shape: list[int]) -> ir.Value:
+    """`value` at the start of a zero tensor of `shape` (itself when it has that shape)."""
+    if _shape(value) == list(shape):
+        return value
+    element = ir.ShapedType(value.type).element_type
+    zero = arith.ConstantOp(element, 0.0).result
+    padded = linalg.fill(zero, outs=[tensor.EmptyOp(list(shape), element).result])
+    return tensor.InsertSliceOp(value, padded, [], [], [], [0] * len(shape), _shape(value),
+                                [1] * len(shape)).result
+
+
+def _slice_to(value: ir.Value, shape: list[int]) -> ir.Value:
+    """The leading `shape` corner of `value` (itself when it has that shape)."""
+    if _shape(value) == list(shape):
+        return value
+    result = ir.RankedTensorType.get(list(shape), ir.ShapedType(value.type).element_type)
+    return tensor.ExtractSliceOp(result, value, [], [], [], [0] * len(shape), list(shape),
+                                 [1] * len(shape)).result
+
+
+def _reshape(value: ir.Value, to: ir.Type) -> ir.Value:
+    """`value` as type `to`, a shape with as many elements in the same order (built here:
+    collapsed to one dim, then expanded)."""
+    src, dst = _shape(value), list(ir.ShapedType(to).shape)
+    if src == dst:
+        return value
+    element = ir.ShapedType(value.type).element_type
+    flat = ir.RankedTensorType.get([math.prod(src)], element)
+    if len(src) != 1:
+        value = tensor.CollapseShapeOp(flat, value,
+                                       reassociation_attr([list(range(len(src)))])).result
+    if len(dst) != 1:
+        value = tensor.ExpandShapeOp(to, value, reassociation_attr([list(range(len(dst)))]), [],
+                                     dst).result
+    return value
 
 
 def _shape(value: ir.Value) -> list[int]:
@@ -356,9 +530,6 @@ def plan(target: ir.Operation, query_tile: int, key_tile: int, delta: int | None
         raise Illegal(target, f"Q {_shape(bwd.q.value)}, K {_shape(bwd.k.value)}, V "
                               f"{_shape(bwd.v.value)}: the kernel needs K and V with the queries' "
                               f"heads (or a group of them each) and one head dim")
-    if L % query_tile or S % key_tile:
-        raise Illegal(target, f"query_tile {query_tile} must divide L = {L} and key_tile "
-                              f"{key_tile} must divide S = {S}")
     if (bwd.masked and bwd.bias is None) != (delta is not None):
         raise Illegal(bwd.row_max, "the scores are masked but no causal delta is given"
                       if bwd.masked else "a causal delta is given but the scores carry no "
@@ -370,7 +541,8 @@ def plan(target: ir.Operation, query_tile: int, key_tile: int, delta: int | None
     last_source = max((position[defining_op(s.value)] for s in srcs
                        if defining_op(s.value) in position), default=-1)
     results = [bwd.dq, bwd.dk, bwd.dv]
-    first_user = min(position[u] for r in results for u in users(r))
+    readers = [u for r in results for u in users(r)] + [op for op, _ in bwd.dbias or []]
+    first_user = min(position[u] for u in readers if u in position)
     if first_user <= last_source:
         raise Illegal(ops[first_user], "a user of the gradients comes before their sources")
     return bwd, ops[first_user], (g, L, S, e)
@@ -381,26 +553,27 @@ def _groups_of(rank: int) -> list[list[int]]:
     return [list(range(rank - 2)), [rank - 2], [rank - 1]]
 
 
-def _grouped_type(shape: list[int]) -> ir.Type:
+def _grouped_type(shape: list[int], element: ir.Type | None = None) -> ir.Type:
     g = math.prod(shape[:-2])
-    return ir.RankedTensorType.get([g] + shape[-2:], ir.F32Type.get())
+    return ir.RankedTensorType.get([g] + shape[-2:], element or ir.F32Type.get())
 
 
 def _canonical(src: Source, at: ir.Operation) -> ir.Value:
-    """`src` as a [G, rows, features] tensor, built before `at`."""
+    """`src` as a [G, rows, features] tensor (of its element type), built before `at`."""
     value = src.value
+    element = ir.ShapedType(value.type).element_type
     with ir.InsertionPoint(at), at.location:
         shape = _shape(value)
         if len(shape) > 3:
-            value = tensor.CollapseShapeOp(_grouped_type(shape), value,
+            value = tensor.CollapseShapeOp(_grouped_type(shape, element), value,
                                            reassociation_attr(_groups_of(len(shape)))).result
         elif len(shape) == 2:
-            t = ir.RankedTensorType.get([1] + shape, ir.F32Type.get())
+            t = ir.RankedTensorType.get([1] + shape, element)
             value = tensor.ExpandShapeOp(t, value, reassociation_attr([[0, 1], [2]]), [],
                                          [1] + shape).result
         if src.transposed:
             g, rows, cols = _shape(value)
-            init = tensor.EmptyOp([g, cols, rows], ir.F32Type.get()).result
+            init = tensor.EmptyOp([g, cols, rows], element).result
             value = linalg.transpose(value, outs=[init], permutation=[0, 2, 1])
     return value
 
@@ -462,24 +635,45 @@ def rewrite(target: ir.Operation, bwd: AttentionBackward, at: ir.Operation, size
                 if f"attention_backward_{n}" not in taken)
     bias = None if bwd.bias is None else (_shape(bwd.bias.value), bwd.bias.roles, bwd.bias.heads)
     lse = bwd.lse if bwd.lse is not None else _forward_lse(bwd)
-    splits = query_splits(g // bwd.k.groups, L // query_tile, threads)
-    kernel = ir.Module.parse(kernel_text(name, g, L, S, e, query_tile, key_tile, bwd.scale, delta,
-                                         bias, lse is not None, bwd.k.groups, splits))
+    bias_grad = bwd.dbias is not None
+    # lengths the tiles do not divide: the rows padded with zeros to whole tiles (a padded
+    # query has dO = 0 and adds nothing; a padded key is masked out), the results sliced back
+    Lp, Sp = -(-L // query_tile) * query_tile, -(-S // key_tile) * key_tile
+    blocks = Lp // query_tile
+    splits = min(blocks, threads) if bias_grad else \
+        query_splits(g // bwd.k.groups, blocks, threads)
+    pad_bias = None if bias is None else _padded_shape(bias, Lp, Sp)
+    kernel = ir.Module.parse(kernel_text(
+        name, g, Lp, Sp, e, query_tile, key_tile, bwd.scale, delta,
+        None if bias is None else (pad_bias, bias[1], bias[2]), lse is not None,
+        bwd.k.groups, splits, bias_grad, keys=S))
     kernel_func = block_ops(kernel.operation)[0]
     kernel_func.detach_from_parent()
     ir.InsertionPoint(target).insert(kernel_func)
     args = [_canonical(s, at) for s in (bwd.q, bwd.k, bwd.v, bwd.o, bwd.do)]
-    if bwd.bias is not None:
-        args.append(bwd.bias.value)
+    with ir.InsertionPoint(at), at.location:
+        args = [_pad_to(a, [a_shape[0], rows, e])
+                for a, a_shape, rows in zip(args, map(_shape, args), (Lp, Sp, Sp, Lp, Lp))]
+        if bwd.bias is not None:
+            args.append(_pad_to(bwd.bias.value, pad_bias))
     if lse is not None:
-        args.append(_canonical_rows(lse, at))
+        rows = _canonical_rows(lse, at)
+        with ir.InsertionPoint(at), at.location:
+            args.append(_pad_to(rows, [g, Lp]))
     with ir.InsertionPoint(at), at.location:
         gk = g // bwd.k.groups
-        result_types = [ir.RankedTensorType.get([g, L, e], ir.F32Type.get()),
-                        ir.RankedTensorType.get([gk, S, e], ir.F32Type.get()),
-                        ir.RankedTensorType.get([gk, S, e], ir.F32Type.get())]
+        result_types = [ir.RankedTensorType.get([g, Lp, e], ir.F32Type.get()),
+                        ir.RankedTensorType.get([gk, Sp, e], ir.F32Type.get()),
+                        ir.RankedTensorType.get([gk, Sp, e], ir.F32Type.get())]
+        if bias_grad:
+            result_types.append(ir.RankedTensorType.get(pad_bias, ir.F32Type.get()))
         call = func.CallOp(result_types, ir.FlatSymbolRefAttr.get(name), args)
-    for old, new in zip((bwd.dq, bwd.dk, bwd.dv), call.results):
+        results = [_slice_to(r, shape) for r, shape in
+                   zip(call.results, ([g, L, e], [gk, S, e], [gk, S, e]))]
+        for op, index in bwd.dbias or []:
+            dbias = _slice_to(call.results[3], _shape(bwd.bias.value))
+            op.operands[index] = _reshape(dbias, op.operands[index].type)
+    for old, new in zip((bwd.dq, bwd.dk, bwd.dv), results):
         rank = ir.ShapedType(old.type).rank
         with ir.InsertionPoint(at), at.location:
             if rank > 3:

@@ -18,10 +18,10 @@ COLUMNS = ("case", "chip") + REPORT_COLUMNS
 
 
 def xegpu_suite() -> list[Case]:
-    """The XeGPU kernels at realistic sizes: 16-bit contractions and attention (DPAS), the
-    row kernels and the loss."""
-    def attention(name, causal, dtype):
-        case = _attention(name, 4096, causal)
+    """The XeGPU kernels at realistic sizes: 16-bit contractions and attention forward and
+    forward+backward (DPAS), the row kernels and the loss."""
+    def attention(name, causal, dtype, backward=False):
+        case = _attention(name, 4096, causal, backward=backward)
         case.overrides.update(B=2, DTYPE=dtype)
         return case
 
@@ -35,6 +35,8 @@ def xegpu_suite() -> list[Case]:
         attention("attention_f16_causal", True, "float16"),
         attention("attention_bf16", False, "bfloat16"),
         attention("attention_bf16_causal", True, "bfloat16"),
+        attention("attention_f16_bwd", False, "float16", backward=True),
+        attention("attention_bf16_causal_bwd", True, "bfloat16", backward=True),
         Case("cross_entropy_bf16", EXAMPLES / "cross_entropy.py",
              dict(N=4096, C=32000, DTYPE="bfloat16")),
         Case("cross_entropy_bf16_bwd", EXAMPLES / "cross_entropy.py",
@@ -43,8 +45,8 @@ def xegpu_suite() -> list[Case]:
 
 
 def quick_xegpu_suite() -> list[Case]:
-    def attention(name, causal):
-        case = _attention(name, 256, causal, h=2)
+    def attention(name, causal, backward=False):
+        case = _attention(name, 256, causal, h=2, backward=backward)
         case.overrides["DTYPE"] = "float16"
         return case
 
@@ -53,6 +55,7 @@ def quick_xegpu_suite() -> list[Case]:
         Case("softmax", EXAMPLES / "softmax.py", dict(N=64, C=1024)),
         attention("attention_f16", False),
         attention("attention_f16_causal", True),
+        attention("attention_f16_bwd", False, backward=True),
         Case("cross_entropy", EXAMPLES / "cross_entropy.py", dict(N=64, C=4000)),
     ]
 

@@ -69,8 +69,9 @@ class CpuTarget:
     options: tuple = ()
     runtime_checks: bool = False
     cpu: CpuDescription = field(default_factory=host_cpu)
-    # the attention schedule chooses its own tiles on the CPU
+    # the attention schedule chooses its own tiles on the CPU, its backward in one pass
     attention_tiles: ClassVar[tuple[int, int] | None] = None
+    attention_backward_tiles: ClassVar[tuple[int, int, int, int] | None] = None
 
     def __post_init__(self):
         if self.threads < 1:

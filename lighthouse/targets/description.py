@@ -9,6 +9,8 @@ A family reads a target through these attributes only, never through its name:
   options          the kernel file's LIGHTHOUSE dict, as sorted pairs
   attention_tiles  (query rows, keys per step) the target needs of the attention schedule,
                    None: the schedule's own choice
+  attention_backward_tiles  the attention backward in two passes with these tiles
+                   (schedules.attention.AttentionParams.backward_tiles), None: in one pass
 The host CPU is described once per process (`host_cpu`): its vector unit from the flags of
 /proc/cpuinfo, its caches from /sys/devices/system/cpu/cpu0/cache.
 """

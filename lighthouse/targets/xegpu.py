@@ -104,6 +104,8 @@ CHIPS = {
 DEFAULT_CHIP = "bmg"
 # Plan kinds of a cross-entropy loss: its row kernel and its reductions over the rows.
 LOSS_KINDS = frozenset({"cross_entropy", "row_sum"})
+# Plan kinds of the two passes of an attention backward (schedules/attention/xegpu_backward.py)
+BACKWARD_KINDS = frozenset({"attention_dq", "attention_dkv"})
 # Workgroup tiles [m, n] of contraction kernels, largest first.
 WORKGROUP_TILES = ((256, 256), (256, 128), (128, 256), (128, 128), (64, 128), (128, 64),
                    (64, 64), (32, 64), (64, 32), (32, 32), (16, 32), (8, 32), (16, 16), (8, 16))
@@ -215,6 +217,10 @@ class XeGpuTarget:
     # 8 subgroups of 16 rows; 32 keys keep a subgroup's Q, O, K or V tile, S and P within
     # the register file for head dims up to 64 (AttentionTiles.register_bytes)
     attention_tiles = (128, 32)
+    # the attention backward in two passes (schedules/attention/xegpu_backward.py): query
+    # blocks of 64 rows with keys in steps of 32 (dQ), key blocks of 64 with query rows in
+    # steps of 16 (dK, dV): 8 subgroups of 8 rows each, within the register file
+    attention_backward_tiles = (64, 32, 64, 16)
 
     def __init__(self, chip: str | None = None, params: XeGpuParams | None = None):
         chip = chip or DEFAULT_CHIP
@@ -548,22 +554,36 @@ class _StageBuilder:
         """Foralls of a fused schedule (one per kernel) become workgroup grids as they are;
         payload ops outside them are refused (they would need kernels of their own)."""
         from schedules.attention.xegpu import attention_forall, plan_attention, tile_attention
+        from schedules.attention.xegpu_backward import (backward_foralls, backward_pass_of,
+                                                        plan_backward_pass, tile_backward)
 
-        forall = attention_forall(func)
-        if forall is None or len(foralls) != 1:
+        forward = attention_forall(func)
+        passes = backward_foralls(func)
+        is_forward = lambda f: forward is not None and f == forward
+        unknown = [f for f in foralls if not is_forward(f) and f not in passes]
+        if unknown:
             raise UnsupportedError(
-                f"xegpu: {len(foralls)} scf.forall of a fused schedule that is not attention: no "
-                "GPU mapping for it yet")
-        try:
-            tiles = plan_attention(forall, sg_rows=self.params.attention_sg_rows,
-                                   subgroup_size=self.chip.subgroup_size, dpas=self.chip.dpas,
-                                   max_threads=self.chip.max_workgroup_threads,
-                                   grf_bytes=self.chip.grf_bytes, nb_prefetch=self.params.nb_prefetch)
-        except ValueError as exc:
-            raise UnsupportedError(f"xegpu: {exc}") from exc
-        description = f"attention at {forall.location}"
-        tile_attention(self.rec, tiles)
-        self.plans.append(KernelPlan("attention", description, tiles))
+                f"xegpu: {len(unknown)} scf.forall of a fused schedule that is neither an "
+                "attention nor a pass of its backward: no GPU mapping for it yet")
+        chip = dict(sg_rows=self.params.attention_sg_rows, subgroup_size=self.chip.subgroup_size,
+                    dpas=self.chip.dpas, max_threads=self.chip.max_workgroup_threads,
+                    grf_bytes=self.chip.grf_bytes, nb_prefetch=self.params.nb_prefetch)
+        for forall in foralls:
+            try:
+                if is_forward(forall):
+                    tiles = plan_attention(forall, **chip)
+                else:
+                    tiles = plan_backward_pass(forall, **chip)
+            except ValueError as exc:
+                raise UnsupportedError(f"xegpu: {exc}") from exc
+            if is_forward(forall):
+                tile_attention(self.rec, tiles)
+                plan = KernelPlan("attention", f"attention at {forall.location}", tiles)
+            else:
+                tile_backward(self.rec, tiles)
+                plan = KernelPlan(tiles.kind, f"attention backward pass "
+                                  f"{backward_pass_of(forall)} at {forall.location}", tiles)
+            self.plans.append(plan)
 
     def subgroups(self) -> None:
         """Each workgroup forall annotated with its subgroup decomposition (xegpu.sg_layout,
@@ -663,6 +683,8 @@ class _StageBuilder:
 
     def xegpu_layouts(self) -> None:
         from schedules.attention.xegpu import annotate_attention, check_kernel
+        from schedules.attention.xegpu_backward import (annotate_backward, backward_anchors,
+                                                        split_loads)
         from schedules.common import match
         from schedules.cross_entropy.xegpu_layouts import (annotate_loss_kernel, kernel_anchors,
                                                            prefetch_shape)
@@ -691,6 +713,11 @@ class _StageBuilder:
                                            plan.tiles.nb_prefetch)
                     check_kernel(func)
                     shapes.append(None)
+                elif plan.kind in BACKWARD_KINDS:
+                    insert_loop_prefetches(rec, func, plan.tiles.subgroups, chip.dpas[:2],
+                                           plan.tiles.nb_prefetch)
+                    split_loads(rec, func)
+                    shapes.append(backward_anchors(func, plan.tiles))
                 elif plan.kind in LOSS_KINDS:
                     insert_loop_prefetches(rec, func, *prefetch_shape(plan.tiles), nb_prefetch)
                     shapes.append(kernel_anchors(func, plan.tiles))
@@ -708,6 +735,8 @@ class _StageBuilder:
                     annotate_kernel(handle, plan.tiles, shape)
                 elif plan.kind == "attention":
                     annotate_attention(handle, plan.tiles)
+                elif plan.kind in BACKWARD_KINDS:
+                    annotate_backward(handle, shape)
                 elif plan.kind in LOSS_KINDS:
                     annotate_loss_kernel(handle, shape)
                 else:

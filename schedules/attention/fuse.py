@@ -53,6 +53,7 @@ from transform_ext.fold_key_transpose import fold_key_transpose
 from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion
 from transform_ext.fold_scalar_or_splat_constant import fold_scalar_or_splat_constant
 from transform_ext.fuse_attention_backward import fuse_attention_backward
+from transform_ext.fuse_attention_backward_two_pass import fuse_attention_backward_two_pass
 from transform_ext.fuse_elementwise_producers import fuse_elementwise_producers
 from transform_ext.fuse_key_loops import fuse_key_loops
 from transform_ext.match_attention import match_attention
@@ -81,18 +82,26 @@ class AttentionParams:
     function also returns the per-row log-sum-exp of the scaled, masked scores,
     lse = m + log(l) ([..., L]; -inf on fully masked rows), after the attention output.
     key_major: store the scores [..., keys, queries] (store_scores_keys_major: vector
-    lanes along the queries; what CPU register tiles want)."""
+    lanes along the queries; what CPU register tiles want). backward_tiles: the attention
+    backward of a joint graph in two passes (transform_ext.fuse_attention_backward_two_pass,
+    a GPU's form): (query rows per block, keys per step) of the dQ pass, then (keys per
+    block, query rows per step) of the dK, dV pass; None: one pass (the CPU's form)."""
 
     query_tile: int | None = None
     key_tile: int = 64
     threads: int = 2
     return_lse: bool = False
     key_major: bool = False
+    backward_tiles: tuple[int, int, int, int] | None = None
 
     def __post_init__(self):
         for name in ("query_tile", "key_tile", "threads"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"AttentionParams.{name} must be >= 1, got {getattr(self, name)}")
+        if self.backward_tiles is not None and (len(self.backward_tiles) != 4
+                                                or min(self.backward_tiles) < 1):
+            raise ValueError(f"AttentionParams.backward_tiles must be four sizes >= 1, got "
+                             f"{self.backward_tiles}")
 
 
 @dataclass(frozen=True)
@@ -104,6 +113,9 @@ class BackwardPlan:
     key_tile: int
     causal_delta: int | None
     threads: int = 1
+    # two passes (AttentionParams.backward_tiles, each clamped to a divisor of its extent):
+    # ((query rows, keys per step) of the dQ pass, (keys, query rows per step) of dK, dV)
+    two_pass: tuple[tuple[int, int], tuple[int, int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -138,7 +150,7 @@ class _Normalized:
     after steps 1-2 up to the row guard, and whether it has the guard): `check` and the
     script's plan read the same payload, so that prefix runs once on a copy per compile."""
 
-    source: tuple | None = None  # (payload text, threads)
+    source: tuple | None = None  # (payload text, threads, backward tiles)
     text: str = ""
     row_guard: bool = False
     backward: BackwardPlan | None = None
@@ -157,11 +169,12 @@ def plan_attention(payload: ir.Module, params: AttentionParams) -> AttentionPlan
     normalization applied to a copy, then the attention read from it (NotAttention, or the
     failing transform's error, when the schedule does not apply). Needs an active context."""
     transform_ext.load(payload.context)
-    source = (str(payload), params.threads)  # the backward's kernel is balanced for them
+    # the backward's kernel is balanced for the threads, in one or two passes
+    source = (str(payload), params.threads, params.backward_tiles)
     if _Normalized.source != source:
         trial = ir.Module.parse(source[0], payload.context)
         _apply_steps(trial, [_normalize_layout])
-        backward = plan_backward(trial, params.threads)
+        backward = plan_backward(trial, params.threads, params.backward_tiles)
         if backward is not None:
             _apply_steps(trial, [_fuse_backward(backward)])
             if not _has_forward(trial):
@@ -195,9 +208,11 @@ def _has_forward(payload: ir.Module) -> bool:
     return True
 
 
-def plan_backward(payload: ir.Module, threads: int = 1) -> BackwardPlan | None:
+def plan_backward(payload: ir.Module, threads: int = 1,
+                  two_pass: tuple[int, int, int, int] | None = None) -> BackwardPlan | None:
     """The plan of the attention backward in a payload after step 1 (None: there is none),
-    its kernel balanced for `threads`."""
+    its kernel balanced for `threads`, in two passes with the tiles `two_pass`
+    (AttentionParams.backward_tiles)."""
     func = attention_func(payload)
     try:
         bwd = attention_backward_in(func)
@@ -211,11 +226,26 @@ def plan_backward(payload: ir.Module, threads: int = 1) -> BackwardPlan | None:
         if delta is None or delta < 0:
             raise NotAttention("the attention backward's mask is not causal (key <= query + "
                                "delta, delta >= 0)")
-    return BackwardPlan(largest_divisor_at_most(rows(bwd.q), BACKWARD_TILE),
-                        largest_divisor_at_most(rows(bwd.k), BACKWARD_TILE), delta, threads)
+    L, S = rows(bwd.q), rows(bwd.k)
+    passes = None
+    if two_pass is not None:   # no padding in the two-pass kernel: tiles that divide
+        bq, bk, bk2, bq2 = two_pass
+        passes = ((largest_divisor_at_most(L, bq), largest_divisor_at_most(S, bk)),
+                  (largest_divisor_at_most(S, bk2), largest_divisor_at_most(L, bq2)))
+    return BackwardPlan(backward_tile(L), backward_tile(S), delta, threads, passes)
 
 
 BACKWARD_TILE = 64
+
+
+def backward_tile(length: int) -> int:
+    """The backward's tile of a length: the largest divisor up to BACKWARD_TILE when it is at
+    least half of it, else BACKWARD_TILE itself (the kernel pads the length to whole tiles:
+    a prime length would otherwise get 1-row tiles)."""
+    if length <= BACKWARD_TILE:
+        return length
+    tile = largest_divisor_at_most(length, BACKWARD_TILE)
+    return tile if 2 * tile >= BACKWARD_TILE else BACKWARD_TILE
 QUERY_BLOCKS = "lh.query_blocks"  # the forward's forall, in a payload with a fused backward
 
 
@@ -223,9 +253,15 @@ def _fuse_backward(backward: BackwardPlan):
     """Step 1b: the attention backward as one fused kernel (its own loops over query and key
     tiles), inlined; the forward's steps then see the forward alone."""
     def body(root: ir.Value) -> ir.Value:
-        fuse_attention_backward(match(root, "func.func"), query_tile=backward.query_tile,
-                                key_tile=backward.key_tile, causal_delta=backward.causal_delta,
-                                threads=backward.threads)
+        if backward.two_pass is not None:
+            fuse_attention_backward_two_pass(match(root, "func.func"),
+                                             dq_tiles=backward.two_pass[0],
+                                             dkv_tiles=backward.two_pass[1],
+                                             causal_delta=backward.causal_delta)
+        else:
+            fuse_attention_backward(match(root, "func.func"), query_tile=backward.query_tile,
+                                    key_tile=backward.key_tile,
+                                    causal_delta=backward.causal_delta, threads=backward.threads)
         return apply_passes(root, "inline", "symbol-dce", "canonicalize", "cse")
 
     return body

@@ -136,15 +136,7 @@ def plan_attention(forall: ir.Operation, *, sg_rows: int | None, subgroup_size: 
     key_tile = s_ls.ranges[s_dims["n"][0]]
     qk_dim = s_ls.ranges[s_dims["k"][0]]
     v_dim = v_ls.ranges[v_dims["n"][0]]
-    inputs = [ir.RankedTensorType(v.type).element_type for v in forall.parent.regions[0]
-              .blocks[0].arguments if isinstance(v.type, ir.RankedTensorType)]
-    dtypes = sorted({str(t) for t in inputs if isinstance(t, ir.FloatType)})
-    if not dtypes or any(d not in DPAS_TYPES for d in dtypes):
-        raise ValueError(f"{where}: inputs of type {', '.join(dtypes) or 'none'}: DPAS multiplies "
-                         "f16 or bf16 (with f32 accumulation); give the attention float16 or "
-                         "bfloat16 inputs")
-    if len(dtypes) != 1:
-        raise ValueError(f"{where}: mixed input types {dtypes}")
+    dtype = input_dtype(forall, where)
     for loop in loops:
         step = _constant_index(loop.operands[2])
         if step != key_tile:
@@ -156,16 +148,13 @@ def plan_attention(forall: ir.Operation, *, sg_rows: int | None, subgroup_size: 
         raise ValueError(f"{where}: the key length is not a multiple of the key tile "
                          f"({key_tile}): a remainder tile outside the key loop has no GPU form "
                          "yet; choose key_tile dividing the key length")
-    bounds = [ir.DenseI64ArrayAttr(forall.attributes["staticUpperBound"])[i]
-              for i in range(len(ir.DenseI64ArrayAttr(forall.attributes["staticUpperBound"])))]
-    if any(b < 0 for b in bounds):
-        raise ValueError(f"{where}: dynamic forall bounds")
+    bounds = static_bounds(forall, where)
     dm, dn, dk = dpas
     masked = any(ops_named(loop, "linalg.index") for loop in loops)
     budget = int(grf_bytes * REGISTER_SHARE)
     if sg_rows is None:
         fitting = [r for r in SG_ROWS if query_tile % r == 0 and r % dm == 0 and AttentionTiles(
-            query_tile, key_tile, qk_dim, v_dim, r, (), dtypes[0], dpas, subgroup_size,
+            query_tile, key_tile, qk_dim, v_dim, r, (), dtype, dpas, subgroup_size,
             nb_prefetch, masked).register_bytes() <= budget]
         sg_rows = fitting[0] if fitting else SG_ROWS[-1]
     checks = [("query rows per workgroup", query_tile, sg_rows, "rows per subgroup"),
@@ -174,18 +163,48 @@ def plan_attention(forall: ir.Operation, *, sg_rows: int | None, subgroup_size: 
               ("key tile", key_tile, dn, "DPAS columns"),
               ("head dim of Q and K", qk_dim, dk, "DPAS depth"),
               ("head dim of V", v_dim, dn, "DPAS columns")]
+    tiles = AttentionTiles(query_tile, key_tile, qk_dim, v_dim, sg_rows, tuple(bounds), dtype,
+                           dpas, subgroup_size, nb_prefetch, masked)
+    check_tiles(where, tiles, checks, max_threads, grf_bytes, "key_tile or attention_sg_rows")
+    return tiles
+
+
+def input_dtype(forall: ir.Operation, where: str) -> str:
+    """The one float type of the inputs of `forall`'s function, f16 or bf16 (ValueError
+    naming the types otherwise)."""
+    inputs = [ir.RankedTensorType(v.type).element_type for v in forall.parent.regions[0]
+              .blocks[0].arguments if isinstance(v.type, ir.RankedTensorType)]
+    dtypes = sorted({str(t) for t in inputs if isinstance(t, ir.FloatType)})
+    if not dtypes or any(d not in DPAS_TYPES for d in dtypes):
+        raise ValueError(f"{where}: inputs of type {', '.join(dtypes) or 'none'}: DPAS multiplies "
+                         "f16 or bf16 (with f32 accumulation); give the attention float16 or "
+                         "bfloat16 inputs")
+    if len(dtypes) != 1:
+        raise ValueError(f"{where}: mixed input types {dtypes}")
+    return dtypes[0]
+
+
+def static_bounds(forall: ir.Operation, where: str) -> list[int]:
+    bounds = list(ir.DenseI64ArrayAttr(forall.attributes["staticUpperBound"]))
+    if any(b < 0 for b in bounds):
+        raise ValueError(f"{where}: dynamic forall bounds")
+    return bounds
+
+
+def check_tiles(where: str, tiles, checks, max_threads: int, grf_bytes: int, lower: str) -> None:
+    """ValueError naming the first violation: an extent of `checks` (what, extent, tile,
+    tile name) that the tile does not divide, more threads than `max_threads`, or a
+    subgroup's register_bytes beyond REGISTER_SHARE of `grf_bytes` (`lower`: the options
+    that shrink them)."""
     for what, extent, tile, tile_name in checks:
         if extent % tile:
             raise ValueError(f"{where}: {what} ({extent}) is not a multiple of the {tile_name} ({tile})")
-    tiles = AttentionTiles(query_tile, key_tile, qk_dim, v_dim, sg_rows, tuple(bounds), dtypes[0],
-                           dpas, subgroup_size, nb_prefetch, masked)
     if tiles.threads > max_threads:
         raise ValueError(f"{where}: {tiles.threads} threads per workgroup exceed {max_threads}")
+    budget = int(grf_bytes * REGISTER_SHARE)
     if tiles.register_bytes() > budget:
         raise ValueError(f"{where}: a subgroup's tiles ({tiles.register_bytes()} B) exceed "
-                         f"{budget} B of the register file ({grf_bytes} B); lower key_tile "
-                         f"or attention_sg_rows")
-    return tiles
+                         f"{budget} B of the register file ({grf_bytes} B); lower {lower}")
 
 
 # -------------------------------------------------------------------------------- tiling

@@ -7,8 +7,9 @@ the trial copy as they are recorded, so what follows reads the IR they leave):
   vectorize      every linalg op of a workgroup tile becomes whole-tile vector ops
                  (`vectorize_children_and_apply_patterns`, type extensions folded into
                  `vector.contract`), loop-invariant accumulators are hoisted out of the
-                 reduction loops, and contraction operands are narrowed to DPAS types
-                 (`transform_ext.narrow_contracts_for_dpas`);
+                 reduction loops, dot products per row become products and row reductions
+                 (`transform_ext.split_row_dot_contracts`), and contraction operands are
+                 narrowed to DPAS types (`transform_ext.narrow_contracts_for_dpas`);
   bufferize      one-shot bufferization with identity layouts, results as out-parameters
                  (written in place through a reshape), subviews folded into the transfers,
                  function-level buffers in device memory;
@@ -38,6 +39,7 @@ from transform_ext.fold_reads_of_splat_writes import fold_reads_of_splat_writes
 from transform_ext.forward_reshaped_writes import forward_reshaped_writes
 from transform_ext import insert_loop_prefetches as loop_prefetches
 from transform_ext.narrow_contracts_for_dpas import DPAS_TYPES, narrow_contracts_for_dpas
+from transform_ext.split_row_dot_contracts import split_row_dot_contracts
 from transform_ext.transpose_contract_operands import transpose_contract_operands
 from transform_ext.split_assertions import split_assertions
 from transform_ext.write_results_in_place import write_results_in_place
@@ -132,6 +134,7 @@ def vectorize(rec: StepRecorder, *, contractions: bool = True, gathers: bool = F
         canonicalize(func)
         fold_reads_of_splat_writes(func)
         transpose_contract_operands(func)
+        split_row_dot_contracts(func)
         narrow_contracts_for_dpas(func)
 
     rec.step("hoist_and_narrow", hoist)
@@ -205,7 +208,8 @@ def outline(rec: StepRecorder, threads: list[int], chip: str) -> None:
 
 
 # Narrower tiles (a boolean mask's bytes) are not prefetched: XeGPU distributes an 8-bit
-# prefetch in 16-column pieces, and IGC has no 8-bit 2-D block prefetch 16 columns wide.
+# prefetch in 16-column pieces, and IGC has no 8-bit 2-D block prefetch 16 columns wide;
+# nor are tiles narrower than one instruction (the attention backward's per-row vectors).
 MIN_PREFETCH_BITS = 16
 
 
@@ -226,7 +230,7 @@ def insert_loop_prefetches(rec: StepRecorder, gpu_func: ir.Operation, subgroups:
     layouts = {}
     for rows, cols, element in sorted(tiles, key=str):
         key = loop_prefetches.tile_key(rows, cols, str(element))
-        if element.width < MIN_PREFETCH_BITS:
+        if element.width < MIN_PREFETCH_BITS or cols % inst[1]:
             layouts[key] = ir.UnitAttr.get()
             continue
         layout = prefetch_layout(rows, cols, subgroups, inst)

@@ -3,6 +3,7 @@ forward and backward graphs of attention, cross-entropy and an MLP, which family
 each part, fallbacks, recompilation, options, bad inputs and the entry point."""
 
 import logging
+import math
 import subprocess
 import sys
 
@@ -274,3 +275,70 @@ def test_kernels_are_loaded_from_the_disk_cache_by_another_process(tmp_path):
     first, second = (r.stdout.split() for r in runs)
     assert first[0] == "0" and second[0] == second[1] != "0"
     assert list(tmp_path.iterdir())
+
+
+def test_attention_with_a_float_mask_that_needs_its_gradient():
+    """torch would take its math backend; traced as lighthouse::attention_masked, the forward
+    and the backward (with the mask's gradient) are the attention family's kernels."""
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(2, 2, 40, 16) for _ in range(3))
+    mask = torch.randn(1, 2, 40, 40)
+    mask[..., 7, :] = float("-inf")
+
+    def attend(q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+    want = forward_backward(attend, leaves(q, k, v, mask))
+    got = forward_backward(torch.compile(attend, backend="lighthouse"), leaves(q, k, v, mask))
+    assert_close(got[0], want[0])
+    for g, w in zip(got[1], want[1]):
+        assert_close(g, w)
+    parts = families()
+    assert ("attention", "attention") in parts["forward"]
+    assert ("attention_backward", "attention") in parts["backward"]
+
+
+def test_dropout_draws_a_new_mask_each_call_and_its_backward_uses_it():
+    """Dropout in training: no bitwise match with torch's random stream (inductor has none
+    either), but dropout's law: a fresh mask per call, drop rate p, kept values scaled by
+    1 / (1 - p), the backward through the same mask."""
+    compiled = torch.compile(nn.Dropout(0.3), backend="lighthouse")
+    x = torch.ones(100, 100, requires_grad=True)
+    a, b = compiled(x), compiled(x)
+    assert not torch.equal(a, b)
+    for out in (a, b):
+        assert abs((out == 0).float().mean().item() - 0.3) < 0.03
+        kept = out[out != 0]
+        torch.testing.assert_close(kept, torch.full_like(kept, 1 / 0.7))
+    a.sum().backward()
+    assert torch.equal(x.grad, a.detach())
+
+
+class HandWritten(nn.Module):
+    """MinGPT's attention: a causal buffer, masked_fill, softmax, P V."""
+
+    def __init__(self, length=64):
+        super().__init__()
+        self.register_buffer("bias", torch.tril(torch.ones(length, length)).view(1, 1, length, length))
+
+    def forward(self, q, k, v):
+        t = q.size(-2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+        return F.softmax(att, dim=-1) @ v
+
+
+def test_attention_written_by_hand_is_one_attention_part():
+    torch.manual_seed(0)
+    model = HandWritten()
+    q, k, v = (torch.randn(2, 3, 64, 16) for _ in range(3))
+    compiled = torch.compile(model, backend="lighthouse")
+    with torch.no_grad():
+        assert_close(compiled(q, k, v), model(q, k, v))
+    assert ("attention", "attention") in families()["inference"]
+    # training keeps the probabilities for the backward: the parts stay apart, still right
+    torch._dynamo.reset()
+    want = forward_backward(model, leaves(q, k, v))
+    got = forward_backward(torch.compile(model, backend="lighthouse"), leaves(q, k, v))
+    for g, w in zip(got[1], want[1]):
+        assert_close(g, w)

@@ -2,8 +2,8 @@
 bmg and pvc by the native stage, checked through the machine code IGC writes.
 
 Kernels: matmul f16, the f16 MLP's two layers, softmax, log-softmax, attention (f16 and
-bf16, causal and not), cross-entropy forward (f32) and forward+backward (bf16; f32 with class
-weights and label smoothing). For each kernel on each chip:
+bf16, causal and not; forward and forward+backward: the backward's two passes), cross-entropy
+forward (f32) and forward+backward (bf16; f32 with class weights and label smoothing). For each kernel on each chip:
   - it builds, in the GRF mode the native stage chose (256 only when 128 spills more), with
     at most ocloc.SPILL_BOUND bytes of spill (what IGC's `//.spill size` counts: GRF and
     flag-register spills; these kernels keep none but a few flag spills in registers);
@@ -50,6 +50,9 @@ KERNELS = {
     "attention_f16_causal": (("attention", 1, 2, 256, 64, "float16", True), {}),
     "attention_bf16": (("attention", 1, 2, 256, 64, "bfloat16", False), {}),
     "attention_bf16_causal": (("attention", 2, 2, 256, 64, "bfloat16", True), {}),
+    "attention_bwd_f16": (("attention", 1, 2, 256, 64, "float16", False), {"backward": True}),
+    "attention_bwd_bf16_causal": (("attention", 2, 2, 256, 64, "bfloat16", True),
+                                  {"backward": True}),
     "cross_entropy": (("loss", "float32", False, 0.0), {}),
     "cross_entropy_bf16_bwd": (("loss", "bfloat16", False, 0.0), {"backward": True}),
     "cross_entropy_weight_smoothing_bwd": (("loss", "float32", True, 0.1), {"backward": True}),
@@ -101,6 +104,25 @@ def _subgroup_dpas(op) -> int:
     return (sg_m // 8) * (sg_n // 16) * (k // 16)
 
 
+def _per_loop_step(ops) -> list[int]:
+    """The DPAS a subgroup issues per step of each loop holding DPAS ops directly (the
+    kernel's body counting as one loop)."""
+    steps = {}
+    for op in ops:
+        steps[str(op.parent)] = steps.get(str(op.parent), 0) + _subgroup_dpas(op)
+    return list(steps.values())
+
+
+def _whole_copies(count: int, steps: list[int]) -> bool:
+    """Is `count` a sum of whole copies of every loop's step, at least one each (IGC may
+    unroll each loop its own number of times)?"""
+    if not steps:
+        return count == 0
+    first, rest = steps[0], steps[1:]
+    return any(_whole_copies(count - copies * first, rest)
+               for copies in range(1, count // first + 1))
+
+
 def test_every_kernel_builds_for_the_chip_within_the_spill_bound(native):
     for kernel in native.target.kernels:
         mc = kernel.machine
@@ -122,8 +144,9 @@ def test_large_grf_only_where_128_registers_spill(native):
 
 
 def test_machine_code_issues_the_dpas_of_the_payload(native):
-    """The machine code holds whole copies of the DPAS the IR gives a subgroup per loop
-    step (IGC unrolls loops of a few constant trips), and no more than a subgroup issues;
+    """The machine code holds whole copies of the DPAS the IR gives a subgroup per step of
+    each loop (IGC unrolls loops of a few constant trips, each loop its own number of
+    times), and no more than a subgroup issues;
     over the grid (the work's loop trips per workgroup) the DPAS issued times the DPAS
     shape's FLOPs are the payload's contraction FLOPs (causal: the key tiles up to the
     diagonal)."""
@@ -137,23 +160,51 @@ def test_machine_code_issues_the_dpas_of_the_payload(native):
         if per_step == 0:
             assert kernel.machine.dpas == 0, kernel.module
         else:
-            assert kernel.machine.dpas % per_step == 0, (kernel.module, kernel.machine.dpas)
+            assert _whole_copies(kernel.machine.dpas, _per_loop_step(ops)), \
+                (kernel.module, kernel.machine.dpas)
             assert per_step <= kernel.machine.dpas <= issued, kernel.module
         assert kernel.work is not None
         total += kernel.work["flops"]
         assert estimate(kernel.work, native.chip).dpas * 2 * m * n * k == kernel.work["flops"]
     assert total == dpas_flops(native.ir("xegpu-layouts"))
     payload = payload_contraction_flops(native.ir("cleanup"))
-    if "causal" in native.name:
-        B, H, S, D = attention.CASES["bf16_causal"][:4] if "bf16" in native.name else \
-            (1, 2, 256, 64)
-        qt = native.plans[0].tiles.query_tile
-        keys = sum(qt * min(S, i0 + qt) for i0 in range(0, S, qt))
-        assert total == 2 * (2 * B * H * D * keys) < payload
+    if native.name.startswith("attention"):
+        B, H, S, D = KERNELS[native.name][0][1:5]
+        forward, backward = _attention_tile_products(native, S)
+        assert total == 2 * B * H * D * (forward + backward)
+        if "bwd" in native.name:
+            # the payload's forward (S, P V) and backward (S, dP, dV, dQ, dK) contractions,
+            # the passes recompute S and dP in both, and S again for lse
+            assert payload == 7 * 2 * B * H * D * S * S
+        if "causal" in native.name:
+            assert total < payload
+        elif "bwd" not in native.name:
+            assert total == payload
     else:
         assert total == payload
     if native.name.startswith(("matmul", "mlp", "attention")):
         assert total > 0
+
+
+def _attention_tile_products(native, S: int) -> tuple[int, int]:
+    """(query x key pairs the forward's DPAS cover times its 2 products, those of the
+    backward's passes times their 4 each): every pair, or causal, those of the key tiles up
+    to the diagonal (forward and pass 1: keys below the query block's end; pass 2: queries
+    from the key block's start)."""
+    plans = native.plans
+    causal = "causal" in native.name
+    qt = plans[0].tiles.query_tile
+    forward = sum(qt * min(S, i0 + qt) for i0 in range(0, S, qt)) if causal else S * S
+    backward = 0
+    for plan in plans[1:]:
+        rows = plan.tiles.rows
+        if not causal:
+            backward += 4 * S * S
+        elif plan.kind == "attention_dq":
+            backward += 4 * sum(rows * min(S, i0 + rows) for i0 in range(0, S, rows))
+        else:
+            backward += 4 * sum(rows * (S - j0) for j0 in range(0, S, rows))
+    return 2 * forward, backward
 
 
 def test_block_io_of_the_ir_is_2d_block_io_in_the_machine_code(native):

@@ -50,6 +50,10 @@ CASES = {
     "causal_explicit_scale": (_same((1, 2, 64, 16)), ", is_causal=True, scale=1.7"),
     "tiles_that_do_not_divide": (_same((1, 2, 96, 16)), ""),
     "odd_length_causal": (_same((1, 2, 70, 8)), ", is_causal=True"),
+    # prime lengths: padded to whole 64-row tiles (a padded key masked out)
+    "prime_length_causal": (_same((1, 2, 131, 16)), ", is_causal=True"),
+    "prime_queries_and_keys": ("[torch.randn(2, 2, 67, 16), torch.randn(2, 2, 131, 16), "
+                               "torch.randn(2, 2, 131, 16)]", ""),
     "one_head": (_same((1, 1, 70, 8)), ", is_causal=True"),
     "3d_inputs": (_same((3, 48, 16)), ", is_causal=True"),
     "queries_shorter_than_keys": ("[torch.randn(1, 2, 48, 16), torch.randn(1, 2, 80, 16), "
@@ -201,24 +205,60 @@ def test_a_bf16_backward_computes_lse_in_a_first_key_loop(kernel_file):
     """)
 
 
-def test_a_mask_it_does_not_fuse_falls_back_with_a_note(kernel_file):
-    path = kernel_file("""
-        import torch
-        import torch.nn.functional as F
-        class Model(torch.nn.Module):
-            def forward(self, q, k, v, m):
-                return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
-        def get_inputs():
-            torch.manual_seed(0)
-            return [torch.randn(1, 2, 32, 16) for _ in range(3)] + [torch.randn(32, 32)]
-        def get_init_inputs():
-            return []
-    """)
-    compiled = compile_kernel(path, backward=True)
-    assert compiled.family.name != "attention"
-    assert any("attention" in n for n in compiled.notes), compiled.notes
-    for r in compiled.check():
-        assert r.ok, str(r)
+MASK_WITH_GRADIENT = """
+import torch
+import torch.nn.functional as F
+class Model(torch.nn.Module):
+    def forward(self, q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m{kwargs})
+def get_inputs():
+    torch.manual_seed(0)
+    q = torch.randn({q}, dtype=torch.{dtype})
+    k, v = (torch.randn({kv}, dtype=torch.{dtype}) for _ in range(2))
+    m = torch.randn({mask}, dtype=torch.{dtype})
+    {edit}
+    return [q, k, v, m]
+def get_init_inputs():
+    return []
+"""
+
+MASK_CASES = {
+    # name: (q shape, k/v shape, mask shape, dtype, SDPA keywords, an edit of the mask)
+    "2d_mask": ("1, 2, 32, 16", "1, 2, 32, 16", "32, 32", "float32", "", ""),
+    "per_head": ("2, 2, 48, 16", "2, 2, 48, 16", "1, 2, 48, 48", "float32", "", ""),
+    "key_bias": ("2, 2, 40, 16", "2, 2, 56, 16", "2, 1, 1, 56", "float32", "", ""),
+    "full": ("2, 2, 32, 8", "2, 2, 32, 8", "2, 2, 32, 32", "float32", ", scale=0.3", ""),
+    "fully_masked_rows": ("1, 2, 32, 16", "1, 2, 32, 16", "1, 2, 32, 32", "float32", "",
+                          "m[:, :, 3] = float('-inf')"),
+    "gqa": ("1, 4, 32, 16", "1, 2, 32, 16", "1, 4, 32, 32", "float32", ", enable_gqa=True", ""),
+    "3d_inputs": ("3, 32, 16", "3, 32, 16", "32, 32", "float32", "", ""),
+    "bf16": ("1, 2, 32, 32", "1, 2, 32, 32", "1, 1, 32, 32", "bfloat16", "", ""),
+    "prime_lengths": ("1, 2, 67, 16", "1, 2, 131, 16", "1, 2, 67, 131", "float32", "", ""),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MASK_CASES))
+def test_a_float_mask_gets_its_gradient(kernel_file, name):
+    """A float mask that needs a gradient: torch would take its math backend (P kept,
+    L x S); the fused backward also writes the mask's gradient, dS summed where the mask is
+    broadcast (lighthouse::attention_masked)."""
+    q, kv, mask, dtype, kwargs, edit = MASK_CASES[name]
+    path = kernel_file(MASK_WITH_GRADIENT.format(q=q, kv=kv, mask=mask, dtype=dtype, kwargs=kwargs,
+                                     edit=edit))
+    compiled = _check(compile_kernel(path, backward=True, strict=True))
+    assert "d_input3" in compiled.result_names
+
+
+def test_a_mask_gradient_holds_no_l_by_s_buffer_but_its_own(kernel_file):
+    """The mask [1, 1, L, S]'s gradient is by definition L x S: the only such buffers are its
+    per-split shares; dS and P stay tiles."""
+    path = kernel_file(MASK_WITH_GRADIENT.format(q="2, 2, 128, 16", kv="2, 2, 128, 16", mask="1, 1, 128, 128",
+                                     dtype="float32", kwargs="", edit=""))
+    bufferized = str(compile_kernel(path, backward=True, strict=True, threads=2,
+                                    stop_after="bufferize").module)
+    allocs = re.findall(r"memref\.alloca?\(\)[^\n]*?: memref<([0-9x]+)x\w+>", bufferized)
+    big = sorted({a for a in allocs if a.split("x").count("128") >= 2})
+    assert big == ["2x128x128"], big  # two splits' shares of the mask's gradient
 
 
 def test_the_printed_script_has_the_backward_step(kernel_file):
@@ -366,3 +406,19 @@ def test_query_splits():
     assert query_splits(3, 16, 4) == 4
     assert query_splits(2, 16, 4) == 2
     assert query_splits(1, 1, 2) == 1
+
+
+def test_a_prime_length_is_padded_to_whole_tiles(kernel_file):
+    """L = S = 131 (prime): 64-row tiles over the rows padded to 192 (not 1-row tiles), the
+    gradients sliced back."""
+    from tests.transform_ext.helpers import check
+
+    path = _path(kernel_file, _same((1, 2, 131, 16)), ", is_causal=True")
+    fused = str(compile_kernel(path, backward=True, strict=True, stop_after="fuse").module)
+    check(fused, """
+        CHECK: tensor.insert_slice {{.*}} : tensor<2x131x16xf32> into tensor<2x192x16xf32>
+        CHECK: scf.forall
+        CHECK:   tensor.extract_slice {{.*}} [1, 64, 16] [1, 1, 1] : tensor<2x192x16xf32> to tensor<64x16xf32>
+        CHECK: lh.fused_kernel
+        CHECK: tensor.extract_slice {{.*}}[0, 0, 0] [2, 131, 16] [1, 1, 1] : tensor<2x192x16xf32> to tensor<2x131x16xf32>
+    """)

@@ -27,8 +27,11 @@ def test_lse_is_computed_with_the_output_and_returned_last():
         CHECK: %[[O:.*]] = linalg.generic {{.*}} outs(%{{.*}} : tensor<2x4x6xf32>)
         CHECK: %[[BOTH:.*]]:2 = linalg.generic {{.*}} ins(%[[O]], %[[M]], %[[L]] : tensor<2x4x6xf32>, tensor<2x4xf32>, tensor<2x4xf32>)
         CHECK-NEXT: ^bb0(%[[OV:[^:]*]]: f32, %[[MV:[^:]*]]: f32, %[[LV:[^:]*]]: f32,
+        CHECK-NEXT: %[[NINF:.*]] = arith.constant 0xFF800000 : f32
+        CHECK-NEXT: %[[MASKED:.*]] = arith.cmpf oeq, %[[MV]], %[[NINF]] : f32
         CHECK-NEXT: %[[LOG:.*]] = math.log %[[LV]] : f32
-        CHECK-NEXT: %[[LSE:.*]] = arith.addf %[[MV]], %[[LOG]] : f32
+        CHECK-NEXT: %[[SUM:.*]] = arith.addf %[[MV]], %[[LOG]] : f32
+        CHECK-NEXT: %[[LSE:.*]] = arith.select %[[MASKED]], %[[NINF]], %[[SUM]] : f32
         CHECK-NEXT: linalg.yield %[[OV]], %[[LSE]] : f32, f32
         CHECK: %[[ROWS:.*]] = tensor.extract_slice %[[BOTH]]#1[0, 0, 0] [2, 4, 1] [1, 1, 1] : tensor<2x4x6xf32> to tensor<2x4xf32>
         CHECK: return %[[BOTH]]#0, %[[L]], %[[ROWS]]

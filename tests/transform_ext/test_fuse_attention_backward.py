@@ -60,11 +60,23 @@ def test_a_mask_needs_the_causal_delta():
     assert "the scores are masked but no causal delta is given" in message
 
 
-def test_tiles_must_divide_the_lengths():
+def test_tiles_that_do_not_divide_the_lengths_pad_them():
+    """L = S = 32 in query tiles of 12 and key tiles of 24: the kernel runs over 36 query and
+    48 key rows (zeros, the padded keys masked out: a key index compared with 32), and its
+    results are sliced back to 32."""
     payload = _joint(causal=False)
-    message = apply_expect_failure(payload, lambda root: fuse_attention_backward(
-        match(root, "func.func"), query_tile=12, key_tile=8))
-    assert "query_tile 12 must divide L = 32" in message
+    apply(payload, lambda root: fuse_attention_backward(
+        match(root, "func.func"), query_tile=12, key_tile=24))
+    check(str(payload), """
+        CHECK: func.func private @[[K:attention_backward_[0-9]+]](%{{.*}}: tensor<2x36x16xf32>, %{{.*}}: tensor<2x48x16xf32>
+        CHECK:   %[[KEYS:.*]] = arith.constant 32 : index
+        CHECK:   scf.forall
+        CHECK:     arith.cmpi ult, %{{.*}}, %[[KEYS]] : index
+        CHECK: func.func @main
+        CHECK:   tensor.insert_slice %{{.*}} into %{{.*}}[0, 0, 0] [2, 32, 16] [1, 1, 1] : tensor<2x32x16xf32> into tensor<2x36x16xf32>
+        CHECK:   %[[R:.*]]:3 = call @[[K]](
+        CHECK:   tensor.extract_slice %[[R]]#0[0, 0, 0] [2, 32, 16] [1, 1, 1] : tensor<2x36x16xf32> to tensor<2x32x16xf32>
+    """)
 
 
 def test_a_forward_attention_is_refused():

@@ -24,7 +24,7 @@ from torch_mlir import ir
 
 from .attention import is_index_computation
 from .structure import is_linalg_op, loop_structure
-from ..common import block_ops, constant_value, defining_op, depends_on, users
+from ..common import block_ops, constant_value, defining_op, depends_on, user_op, users
 
 
 class NotAttentionBackward(Exception):
@@ -82,6 +82,9 @@ class AttentionBackward:
     dk: ir.Value
     dv: ir.Value
     lse: ir.Value | None = None  # the given [.., L] log-sum-exp (None: computed from S)
+    # the bias's gradient: the operand slots (op, index) that read dS summed to the bias's
+    # shape (the mask added to the scores needs a gradient), or None
+    dbias: list | None = None
 
 
 _RESHAPES = ("tensor.collapse_shape", "tensor.expand_shape")
@@ -329,8 +332,60 @@ def attention_backward_in(func: ir.Operation) -> AttentionBackward:
     if q_src.groups != 1 or do_src.groups != 1 or k_src.groups != v_src.groups:
         raise NotAttentionBackward("K and V are not read with one grouping")
     dk, dv = (_group_sum(v, k_src.groups) for v in (dk, dv))
+    dbias = _bias_gradient(trace(ds_val).value, (cq.op, ck.op), bias)
     return AttentionBackward(q_src, k_src, v_src, o_src, do_src, scale, scores.op, row_max,
-                             masked, bias, guarded, dq, dk, dv, lse)
+                             masked, bias, guarded, dq, dk, dv, lse, dbias)
+
+
+_LAYOUT = ("tensor.collapse_shape", "tensor.expand_shape", "linalg.transpose")
+
+
+def _bias_gradient(ds: ir.Value, contractions: tuple, bias: Bias | None) -> list | None:
+    """The operand slots reading the bias's gradient, dS summed over the dims the bias is
+    broadcast along (a reduction of dS, or dS itself when it has the bias's elements): the
+    readers of dS, through layout ops, other than the ops dQ and dK are computed from. None when
+    there are none; NotAttentionBackward when there are others, or no bias they could be
+    the gradient of."""
+    others, pending = [], [(ds, False)]
+    while pending:
+        value, transposed = pending.pop()
+        for use in value.uses:
+            op = user_op(use)
+            if op in contractions or any(depends_on(c, r) for c in contractions
+                                         for r in op.results):
+                continue  # on the way to dQ or dK (a scale, a zero fill, a transpose)
+            swap = op.name == "linalg.transpose" or (_copy_map(op) or (None,))[0] == "swap"
+            if swap or op.name in _LAYOUT:
+                pending.append((op.results[0], transposed or swap))
+                continue
+            others.append((op, use.operand_number, value, transposed))
+    if not others:
+        return None
+    if bias is None:
+        raise NotAttentionBackward("dS is read besides dQ and dK, and there is no mask it "
+                                   "would be the gradient of")
+    if len(others) == 1 and not others[0][3]:
+        op, index, ds, _ = others[0]
+        red = loop_structure(op) if is_linalg_op(op) else None
+        if red is not None and red.reduction_dims and red.num_inputs == 1 \
+                and red.maps[0] == ir.AffineMap.get_identity(red.num_loops) \
+                and _body_names(op)[-2:] == ["arith.addf", "linalg.yield"] \
+                and _same_elements(op.results[0], bias):
+            return [(user_op(u), u.operand_number) for u in op.results[0].uses]
+        if _same_elements(ds, bias):
+            return [(op, index)]
+    raise NotAttentionBackward("dS is read besides dQ and dK, not as the mask's gradient "
+                               "(dS summed where the mask is broadcast)")
+
+
+def _same_elements(a: ir.Value, bias: Bias) -> bool:
+    """Does `a`, dS or dS summed where the bias is broadcast (reshaped, not transposed), hold
+    the bias's elements in the bias's order: as many, and the bias's dims read in the
+    scores' order (groups, then queries, then keys)?"""
+    count = lambda v: math.prod(ir.ShapedType(v.type).shape)
+    order = {"g": 0, "b": 0, "h": 1, "q": 2, "k": 3}
+    ranks = [order[r] for r in bias.roles if r != "1"]
+    return count(a) == count(bias.value) and ranks == sorted(ranks)
 
 
 def _zero_fill(op: ir.Operation | None) -> tuple[ir.Value, ir.Value] | None:
