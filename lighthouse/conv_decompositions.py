@@ -25,6 +25,15 @@ is decomposed here the way torch-mlir lowers the others: the input stuffed with 
 (Z[(K - 1) d - p + i s] = x[i], one `slice_scatter` per image dim) and a convolution of
 stride 1 over Z with the filter flipped and its channel dims swapped per group,
 W'[g F/g + f, c, k] = w[g C/g + c, f, K - 1 - k].
+
+A convolution whose innermost image dim is narrow (fewer than NARROW_LANES outputs: a few
+masked vector lanes per register tile) and has a window of one tap, stride 1 and no padding
+(a (3, 3, 1) kernel over [.., H, W, D]) reads each of its output's rows from one row of x
+at the same place; with the dim before it of stride 1, the two are one image dim of W D
+elements: a tap k of that dim moves by k d D elements, its padding by p D, so
+    y[.., w, e] = conv(x seen as [.., W D], dilation d D, padding p D)[.., w D + e]
+is one convolution of a rank lower, its output seen back as [.., W_out, D] (repeated while
+it applies: a 1 x 1 convolution over a 7 x 7 image is one of 49 lanes).
 """
 
 from __future__ import annotations
@@ -112,10 +121,45 @@ def _per_dim(values, rank: int) -> list[int]:
     return values * rank if len(values) == 1 else values
 
 
+# An innermost output dim narrower than this is merged with the dim before it when it can
+# be (module docstring): 4 vectors of 16 f32 lanes.
+NARROW_LANES = 64
+
+
+def _collapsible(input, weight, stride, padding, transposed) -> bool:
+    """Can the innermost image dim be merged with the one before it (module docstring)?"""
+    rank = input.dim() - 2
+    if transposed or rank < 2:
+        return False
+    stride, padding = _per_dim(stride, rank), _per_dim(padding, rank)
+    inner = input.shape[-1]
+    return (weight.shape[-1] == 1 and stride[-1] == 1 and padding[-1] == 0 and stride[-2] == 1
+            and inner < NARROW_LANES)
+
+
+def _collapsed(input, weight, bias, stride, padding, dilation, groups):
+    """The convolution with its two innermost image dims merged (module docstring)."""
+    rank = input.dim() - 2
+    stride, padding, dilation = (_per_dim(v, rank) for v in (stride, padding, dilation))
+    inner = input.shape[-1]
+    x = input.reshape(*input.shape[:-2], input.shape[-2] * inner)
+    w = weight.reshape(weight.shape[:-1])
+    stride, padding = stride[:-1], padding[:-2] + [padding[-2] * inner]
+    dilation = dilation[:-2] + [dilation[-2] * inner]
+    if _collapsible(x, w, stride, padding, False):
+        y = _collapsed(x, w, bias, stride, padding, dilation, groups)
+    else:
+        y = aten.convolution.default(x, w, bias, stride, padding, dilation, False,
+                                     [0] * (rank - 1), groups)
+    return y.reshape(*y.shape[:-1], y.shape[-1] // inner, inner)
+
+
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
                 groups):
     """aten.convolution, with the transposed convolutions torch-mlir gets wrong stuffed
-    here (module docstring)."""
+    here and narrow innermost image dims merged (module docstring)."""
+    if _collapsible(input, weight, stride, padding, transposed):
+        return _collapsed(input, weight, bias, stride, padding, dilation, groups)
     if not _depthwise_transposed(input, weight, bias, stride, padding, dilation, transposed,
                                  output_padding, groups):
         return NotImplemented

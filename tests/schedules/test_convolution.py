@@ -93,6 +93,15 @@ CASES = {
     # (lighthouse.conv_decompositions)
     "transposed_depthwise": ("ConvTranspose2d(6, 12, 3, stride=2, padding=1, output_padding=1, "
                              "groups=6)", "2, 6, 5, 7"),
+    # a narrow innermost dim of one tap merged with the one before it
+    # (lighthouse.conv_decompositions; KernelBench 59): padded and dilated there, grouped,
+    # 2-D columns, twice (a 1 x 1 over 5 x 6), and a stride before it that stops the merge
+    "narrow_inner_3d": ("Conv3d(3, 8, (3, 3, 1), padding=(1, 2, 0), dilation=(1, 2, 1))",
+                        "2, 3, 5, 6, 10"),
+    "narrow_inner_grouped": ("Conv3d(4, 6, (2, 3, 1), groups=2, bias=False)", "1, 4, 4, 7, 9"),
+    "narrow_inner_column": ("Conv2d(4, 8, (3, 1), padding=(1, 0))", "2, 4, 9, 7"),
+    "narrow_inner_pointwise": ("Conv2d(5, 12, 1)", "2, 5, 5, 6"),
+    "narrow_inner_strided": ("Conv2d(4, 8, (3, 1), stride=(2, 1))", "1, 4, 9, 7"),
     # odd sizes: one output lane, one image row, batch 1
     "one_lane": ("Conv2d(3, 8, (2, 5))", "1, 3, 4, 5"),
     "one_row": ("Conv2d(4, 8, (1, 3), bias=False)", "1, 4, 1, 30"),
@@ -206,7 +215,7 @@ BACKWARD = {
 @pytest.mark.parametrize("case", ["conv2d_padded", "conv1d_strided_dilated", "conv3d_strided",
                                   "conv2d_grouped", "depthwise", "transposed_strided",
                                   "transposed_grouped_dilated", "transposed_depthwise",
-                                  "transposed_output_padding_past_input"])
+                                  "transposed_output_padding_past_input", "narrow_inner_3d"])
 def test_backward(kernel_file, case):
     """The joint graph: the input gradient is a (transposed) convolution of the output's
     gradient, the weight gradient a convolution of the input with it (torch-mlir lowers
@@ -257,6 +266,20 @@ def test_transposed_convolution_reads_no_stuffed_zeros():
         CHECK-NOT: tensor.insert_slice {{.*}} [1, 1, 2, 2] : tensor<1x4x5x6xf32>
         CHECK: scf.forall
     """)
+
+
+@pytest.mark.parametrize("case, imported", [
+    ("narrow_inner_3d", "linalg.conv_2d_nchw_fchw {dilations = dense<[1, 20]> : vector<2xi64>"),
+    ("narrow_inner_pointwise", "linalg.conv_1d_ncw_fcw"),
+    ("narrow_inner_strided", "linalg.conv_2d_nchw_fchw")])
+def test_a_narrow_inner_dim_of_one_tap_merges_into_the_one_before(kernel_file, case, imported):
+    """[.., H, W, D] with a window (kh, kw, 1) is imported as a convolution over [.., H, W D]
+    of dilation d D along W D; a 1 x 1 convolution over 5 x 6 as one over 30 lanes; a
+    stride along W keeps both dims."""
+    module, shape = CASES[case]
+    ir_text = str(compile_kernel(conv_kernel(kernel_file, module, shape),
+                                 stop_after="import").module)
+    filecheck(ir_text, f"CHECK: {imported}")
 
 
 # ----------------------------------------------------------------------------- choice
