@@ -402,11 +402,16 @@ def i64_array(values) -> ir.DenseI64ArrayAttr:
     return ir.DenseI64ArrayAttr.get(list(values))
 
 
+def slice_strides(sizes, strides) -> list[int]:
+    """`strides` with 1 on the dims of one element: a stride there only upsets the strided
+    layouts of bufferization (a copy it cannot lower to a plain one)."""
+    return [1 if size == 1 else stride for size, stride in zip(sizes, strides)]
+
+
 def strided_slice(value: ir.Value, offsets, sizes, strides) -> ir.Value:
     """tensor.extract_slice of `value` with static offsets, sizes and strides (`value`
-    itself when the slice is the whole); a dim of one element takes stride 1 (a stride there
-    only upsets the strided layouts of bufferization). At the current insertion point."""
-    strides = [1 if size == 1 else stride for size, stride in zip(sizes, strides)]
+    itself when the slice is the whole), `slice_strides`. At the current insertion point."""
+    strides = slice_strides(sizes, strides)
     t = value.type
     if list(offsets) == [0] * len(sizes) and list(sizes) == list(t.shape) and set(strides) <= {1}:
         return value

@@ -41,7 +41,8 @@ from torch_mlir.dialects import ext, linalg, tensor, transform
 from .analysis.convolution import NotConvolution, convolution_dims
 from .analysis.structure import dim_positions, loop_structure
 from .common import (Illegal, ReplacesTargets, Success, build_generic, clone_body, defining_op,
-                     fail, i64_array, is_zero, payload_ops, strided_slice, zero_padded)
+                     fail, i64_array, is_zero, payload_ops, slice_strides, strided_slice,
+                     zero_padded)
 from .dialect import TransformExt
 
 NAME = "transform_ext.split_transposed_convolution"
@@ -229,6 +230,7 @@ def rewrite(st: Stuffed, rewriter) -> list[ir.Operation]:
             for pos, ph in phase.items():
                 a = y_axis[dims.exprs[pos].image]
                 y_offsets[a], y_sizes[a], y_strides[a] = ph.q, ph.J, st.strides[pos]
+            y_strides = slice_strides(y_sizes, y_strides)
             dest = strided_slice(result, y_offsets, y_sizes, y_strides)
             init = _init_over(op.operands[2], dest, y_offsets, y_sizes, y_strides)
             value = init

@@ -102,6 +102,10 @@ CASES = {
     "narrow_inner_column": ("Conv2d(4, 8, (3, 1), padding=(1, 0))", "2, 4, 9, 7"),
     "narrow_inner_pointwise": ("Conv2d(5, 12, 1)", "2, 5, 5, 6"),
     "narrow_inner_strided": ("Conv2d(4, 8, (3, 1), stride=(2, 1))", "1, 4, 9, 7"),
+    # a stride along a dim of one output element (the fuzzer: a phase's strided insert into
+    # the result fell to a memref copy the JIT could not link); a one-row neighbour
+    "transposed_one_output": ("ConvTranspose1d(3, 3, 1, stride=2, bias=False)", "3, 3, 1"),
+    "transposed_one_row": ("ConvTranspose2d(3, 4, (1, 3), stride=2)", "2, 3, 1, 5"),
     # odd sizes: one output lane, one image row, batch 1
     "one_lane": ("Conv2d(3, 8, (2, 5))", "1, 3, 4, 5"),
     "one_row": ("Conv2d(4, 8, (1, 3), bias=False)", "1, 4, 1, 30"),
