@@ -356,9 +356,28 @@ def convolution_tiles(c: Convolution, params: ConvolutionParams) -> ConvolutionT
                             kept.index(c.lanes), output_lanes, peel, block)
 
 
+def writes_strided_lanes(c: Convolution) -> bool:
+    """Is the convolution's result inserted into a tensor strided along its lanes (a phase of
+    a transposed convolution, transform_ext.split_transposed_convolution)? Its tiles are
+    then read and written element by element where masked."""
+    y_map = loop_structure(c.op).output_map(0)
+    axis = [e.position for e in y_map.results].index(c.lanes)
+    for use in c.op.results[0].uses:
+        owner = getattr(use.owner, "operation", use.owner)
+        if owner.name == "tensor.insert_slice" and use.operand_number == 0:
+            strides = list(owner.opview.static_strides)
+            if axis < len(strides) and strides[axis] != 1:
+                return True
+    return False
+
+
 def _channel_block(c: Convolution, params: ConvolutionParams, mr: int, nr: int) -> list[int] | None:
     """Tile sizes splitting the widest input channel dim into blocks whose image rows and
-    filter values (per register tile) fit params.block_bytes, None when all fit."""
+    filter values (per register tile) fit params.block_bytes, None when all fit or when the
+    output is strided along the lanes (`writes_strided_lanes`: one block keeps the tile's
+    start in registers and writes it once, where each block would read and write it)."""
+    if writes_strided_lanes(c):
+        return None
     d, ranges = c.dims, c.dims.ranges
     wide = [x for x in d.in_channel if ranges[x] > 1]
     if not wide:
