@@ -68,7 +68,7 @@ from .generic import (GenericParams, func_ops, generic_script, parallel_tile_siz
                       register_tile_for, top_level_linalg_ops, vector_tile_sizes)
 from .generic import vectorize_stage as generic_vectorize_stage
 from .matmul import find_epilogue
-from .script import StepRecorder, build_script, include_step
+from .script import StepRecorder, recorded_script
 
 ROLE = "lh.cv_role"            # string attribute: the part of the schedule an op plays
 VECTOR_SIZES = "lh.cv_vector"  # i64 array: vector sizes of the op's nominal tile
@@ -669,13 +669,7 @@ def convolution_script(plan: ConvolutionPlan, generic: GenericParams) -> ir.Modu
     has no convolution. Needs an active context and location."""
     if plan.fuse is None:
         return generic_script(generic)
-    names = [name for name, _ in plan.fuse]
-
-    def fuse(root: ir.Value) -> None:
-        for name in names:
-            root = include_step(name, root)
-
-    return build_script([("fuse", fuse), ("vectorize", plan.vectorize)], list(plan.fuse))
+    return recorded_script(plan.fuse, plan.vectorize)
 
 
 # ----------------------------------------------------------------------------- vectorize
