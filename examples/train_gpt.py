@@ -10,7 +10,7 @@ eagerly, with torch.compile(backend="lighthouse") and (unless --no-inductor) wit
 torch.compile's default backend, inductor, each taking every step in turn. It prints the loss curves (eager and lighthouse
 must agree to --rtol at every step, else it exits 1), the tokens per second of each (median
 step after the first two, which compile), the compile time, and what each graph part was
-compiled by: the attention, cross-entropy, matmul or generic family, or torch (a fallback,
+compiled by: the attention, linear cross-entropy (head and loss), matmul or generic family, or torch (a fallback,
 with its reason).
 """
 

@@ -290,7 +290,11 @@ def compile_payload(importer, *, name: str, target, schedule=None, strict=False,
                          f"using the {fallback.name} schedule")
             family = fallback
             imported = importer()
-        except LighthouseError:
+        except LighthouseError as exc:
+            # the notes so far (a family that did not apply) go with the error
+            error = first_failure if first_failure is not None else exc
+            for note in notes:
+                error.add_note(note)
             if first_failure is not None:  # the fallback cannot take it either: the cause
                 raise first_failure from None
             raise
@@ -390,6 +394,8 @@ def main(argv=None) -> int:
     except LighthouseError as exc:
         if args.verbose:
             traceback.print_exc()
+        for note in getattr(exc, "__notes__", ()):
+            print(f"note: {note}", file=sys.stderr)
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
 

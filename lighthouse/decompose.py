@@ -16,6 +16,8 @@ takes (lighthouse.flash_decompositions):
 - cross_entropy (`lighthouse::cross_entropy`, lighthouse.family_ops): F.cross_entropy's
   loss and, when the op computes it, its gradient seeded by ones, traced through
   `torch.func.vjp` as `--backward` imports a loss (the cross-entropy family's joint form).
+- linear_cross_entropy (`lighthouse::linear_cross_entropy`): the same over F.linear's
+  logits, with dh, dW, db (the linear cross-entropy family's joint form).
 - run: the ops as they are.
 """
 
@@ -62,8 +64,8 @@ def decompose_part(part: Part) -> PartForm:
     from .flash_decompositions import flash_backward_given_lse
 
     description = part.describe()
-    if part.kind == "cross_entropy":
-        return PartForm(_cross_entropy(part), description, _same)
+    if part.kind in ("cross_entropy", "linear_cross_entropy"):
+        return PartForm(_loss(part), description, _same)
     f32 = any(isinstance(v := n.meta.get("val"), torch.Tensor) and v.dtype == torch.float32
               for n in part.inputs[:1])
     if part.kind == "attention_backward" and f32:
@@ -128,15 +130,17 @@ def copies_as_values(gm: fx.GraphModule) -> int:
     return replaced
 
 
-def _cross_entropy(part: Part) -> fx.GraphModule:
-    from .family_ops import cross_entropy_with_grad
+def _loss(part: Part) -> fx.GraphModule:
+    from .family_ops import cross_entropy_with_grad, linear_cross_entropy_with_grad
 
     op = part.nodes[0]
+    with_grad = cross_entropy_with_grad if part.kind == "cross_entropy" \
+        else linear_cross_entropy_with_grad
 
     def form(*values):
         env = dict(zip(part.inputs, values))
         args = [env[a] if isinstance(a, fx.Node) else a for a in op.args]
-        results = cross_entropy_with_grad(*args)
+        results = with_grad(*args)
         return tuple(results[out.args[1]] for out in part.outputs)
 
     return trace(form, part.inputs, functionalize=True)

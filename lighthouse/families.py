@@ -46,6 +46,7 @@ SCHEDULE_OPTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "attention": {"query_tile": int, "key_tile": int, "return_lse": bool, "key_major": bool,
                   "register_tile": (int, int), "backward_tiles": (int, int, int, int)},
     "cross_entropy": {"row_tile": int, "class_tile": int, "lanes": int},
+    "linear_cross_entropy": {"row_tile": int, "class_tile": int, "backward_rows": int},
 }
 
 
@@ -149,8 +150,18 @@ def _convolution_params(target, options) -> FamilyParams:
                         _generic_params(target, options).vector)
 
 
+def _linear_cross_entropy_params(target, options) -> FamilyParams:
+    from schedules.linear_cross_entropy import LinearCrossEntropyParams
+
+    cpu = target.cpu
+    params = (LinearCrossEntropyParams.for_cpu(cpu, target.threads, **options) if cpu
+              else LinearCrossEntropyParams(threads=target.threads, **options))
+    return FamilyParams(params, _generic_params(target, options).vector)
+
+
 _PARAMS = {"generic": _generic_params, "matmul": _matmul_params, "attention": _attention_params,
-           "cross_entropy": _cross_entropy_params, "convolution": _convolution_params}
+           "cross_entropy": _cross_entropy_params, "convolution": _convolution_params,
+           "linear_cross_entropy": _linear_cross_entropy_params}
 
 
 def family_params(family: str, target) -> FamilyParams:
@@ -315,7 +326,40 @@ def _cross_entropy_script(module, target):
 CROSS_ENTROPY = Family("cross_entropy", _cross_entropy_recognize, _cross_entropy_check,
                        _cross_entropy_script, gpu_form="loss")
 
-SPECIALIZED: list[Family] = [CROSS_ENTROPY, ATTENTION, CONVOLUTION, MATMUL]
+def _linear_cross_entropy_recognize(module):
+    from schedules.linear_cross_entropy import recognize
+
+    return recognize(module)
+
+
+def _linear_cross_entropy_check(module, target=None):
+    """On a GPU target the reason names what has no GPU lowering (forward, backward)."""
+    from schedules.linear_cross_entropy import check
+
+    gpu = target is not None and target.cpu is None
+    return check(module, family_params("linear_cross_entropy", target).schedule, gpu=gpu)
+
+
+def _linear_cross_entropy_script(module, target):
+    """The plan read from the payload after cleanup (the check's, with the same params),
+    @vectorize with a CPU vector unit only."""
+    from schedules.linear_cross_entropy import (linear_cross_entropy_script,
+                                                plan_linear_cross_entropy)
+
+    params = family_params("linear_cross_entropy", target)
+    return linear_cross_entropy_script(plan_linear_cross_entropy(module, params.schedule),
+                                       params.vector)
+
+
+# A loss over the logits of a linear layer (the log-softmax's max reads a matmul). Before
+# attention and matmul, which would take its contractions; no GPU lowering yet (on a GPU
+# target its check names what has none, and the choice goes on to the next family).
+LINEAR_CROSS_ENTROPY = Family("linear_cross_entropy", _linear_cross_entropy_recognize,
+                              _linear_cross_entropy_check, _linear_cross_entropy_script,
+                              gpu_form=None)
+
+SPECIALIZED: list[Family] = [LINEAR_CROSS_ENTROPY, CROSS_ENTROPY, ATTENTION, CONVOLUTION,
+                             MATMUL]
 
 
 def family_names() -> list[str]:
@@ -331,15 +375,34 @@ def family_named(name: str) -> Family:
 
 def choose_family(module, *, requested: str | None = None, strict: bool = False,
                   notes: list[str] | None = None, target=None) -> Family:
-    """The requested family, or the first specialized family that recognizes the payload;
-    when its check fails: the generic family and a note naming the reason (an error under
-    `strict`). `target`: the target compiled for (None: the host CPU)."""
+    """The requested family, or the first specialized family that recognizes the payload
+    (on a target without a CPU vector unit, one with a GPU lowering: one without that
+    recognizes it gives a note with its check's reason, an error under `strict`); when its
+    check fails: the generic family and a note naming the reason (an error under `strict`).
+    `target`: the target compiled for (None: the host CPU)."""
     notes = notes if notes is not None else []
+    refused = []   # families without a GPU lowering that recognized the payload on a GPU
     if requested is not None:
         family = family_named(requested)
     else:
-        family = next((f for f in SPECIALIZED if f.recognize(module)), GENERIC)
+        gpu = target is not None and target.cpu is None
+        family = GENERIC
+        for candidate in SPECIALIZED:
+            if not candidate.recognize(module):
+                continue
+            if gpu and candidate.gpu_form is None:
+                why = candidate.check(module, target) or "it has no GPU lowering"
+                if strict:
+                    raise ScheduleMismatch(f"the {candidate.name} schedule does not apply ({why})")
+                refused.append((candidate, why))
+                continue
+            family = candidate
+            break
     reason = family.check(module, target)
+    chosen = family if reason is None else GENERIC
+    for refusal, why in refused:
+        notes.append(f"the {refusal.name} schedule does not apply ({why}); using the "
+                     f"{chosen.name} schedule")
     if reason is None:
         return family
     message = f"the {family.name} schedule does not apply ({reason})"

@@ -552,15 +552,18 @@ def _seed_like(out):
 def _differentiable(model, inputs: tuple, positions: list[int]) -> list[int]:
     """The float inputs torch can differentiate through: some cannot (the class weights of
     nll_loss raise "not differentiable with respect to argument"). Each is probed by calling
-    the model on meta tensors with only that input requiring grad; an input whose probe
-    fails any other way is kept (the real trace reports the problem)."""
+    the model on meta tensors (its parameters and buffers too) with only that input
+    requiring grad; an input whose probe fails any other way is kept (the real trace reports
+    the problem)."""
+    state = {k: v.detach().to("meta") for k, v in
+             list(model.named_parameters()) + list(model.named_buffers())}
     keep = []
     for i in positions:
         probe = [t.detach().to("meta") if isinstance(t, torch.Tensor) else t for t in inputs]
         probe[i].requires_grad_(True)
         try:
             with torch.enable_grad():
-                model(*probe)
+                torch.func.functional_call(model, state, tuple(probe))
         except RuntimeError as exc:
             if "not differentiable with respect to argument" in str(exc):
                 continue

@@ -4,7 +4,11 @@ One transform script (`generic_script`), two named sequences:
 @fuse:
   1. the assertions of result-producing generics are split out (`transform_ext.split_assertions`),
      unit dims folded and elementwise ops fused into their consumers
-     (`linalg-fold-unit-extent-dims`, `linalg-fuse-elementwise-ops`, canonicalization);
+     (`linalg-fold-unit-extent-dims`, `linalg-fuse-elementwise-ops`, canonicalization),
+     then elementwise producers read only by reductions computed inside each of them
+     (`transform_ext.inline_elementwise_producers`, whole: a norm's x widened to f64 for
+     its two variance sums was stored per row block, [rows, C, H, W] f64; softmax's exp,
+     also read by the division, stays stored once);
   2. `transform_ext.fuse_roots_into_foralls`: repeatedly, the last untiled linalg op of the
      function (a root: nothing after it reads it) has its outer parallel dims tiled into an
      `scf.forall` (enough tiles for the threads, and small enough that a tile's
@@ -44,7 +48,9 @@ import transform_ext
 from transform_ext.analysis.structure import func_ops, single_func, top_level_linalg_ops
 from transform_ext.analysis.tiles import parallel_tile_sizes, vector_tile_sizes
 from transform_ext.common import largest_divisor_at_most
+from transform_ext.filter_ops import filter_ops
 from transform_ext.fuse_roots_into_foralls import fuse_roots_into_foralls
+from transform_ext.inline_elementwise_producers import inline_elementwise_producers
 from transform_ext.interchange_lane_dims_innermost import interchange_lane_dims_innermost
 from transform_ext.scalarize_rank0_generics import scalarize_rank0_generics
 from transform_ext.split_assertions import split_assertions
@@ -109,6 +115,9 @@ def fuse_stage(params: GenericParams):
         root = apply_passes(root, "linalg-fold-unit-extent-dims")
         canonicalize(root)
         apply_passes(match(root, "func.func"), "linalg-fuse-elementwise-ops")
+        canonicalize(root)
+        inline_elementwise_producers(filter_ops(match(root, "linalg.generic"),
+                                                structure="reduction"), whole=True)
         canonicalize(root)
         fuse_roots_into_foralls(match(root, "func.func"), threads=params.threads,
                                 tiles_per_thread=params.tiles_per_thread,

@@ -361,30 +361,34 @@ def is_zero(value: ir.Value) -> bool:
     return False
 
 
-def append_input(op: ir.Operation, value: ir.Value, amap: ir.AffineMap, rewriter=None) -> ir.Operation:
-    """Rebuild linalg.generic `op` with one more input (`value` through `amap`) that its body
-    does not read, every other attribute kept; the new op replaces `op` (through `rewriter`
-    inside a transform op) and is returned."""
+STRUCTURAL_ATTRS = ("indexing_maps", "iterator_types", "operandSegmentSizes")
+
+
+def rebuild_generic(op: ir.Operation, inputs, input_maps, mapping_of, rewriter=None,
+                    skip=()) -> ir.Operation:
+    """Replace linalg.generic `op` by one reading `inputs` through `input_maps`, its outputs,
+    their maps, its iterators and its other attributes kept: `op`'s body is cloned (but the
+    ops in `skip`) with the values `mapping_of(args)` maps (args: the new block's arguments,
+    inputs then outputs; it returns {old value: new value}, op's output block arguments
+    included). Through `rewriter` inside a transform op; returns the new op."""
     view = op.opview
-    inputs = list(view.inputs)
     outputs = list(view.outputs)
     maps = [m.value for m in view.indexing_maps]
     block = body_of(op)
 
     def body(args):
-        mapping = {block.arguments[i]: args[i] for i in range(len(inputs))}
-        for j in range(len(outputs)):
-            mapping[block.arguments[len(inputs) + j]] = args[len(inputs) + 1 + j]
+        mapping = mapping_of(args)
         for inner in list(block.operations)[:-1]:
-            clone_op(inner.operation, mapping)
+            if inner.operation not in skip:
+                clone_op(inner.operation, mapping)
         return [mapping.get(v, v) for v in terminator(block).operands]
 
     with op.context, op.location, ir.InsertionPoint(op):
-        new = build_generic(inputs + [value], outputs, maps[:len(inputs)] + [amap] + maps[len(inputs):],
+        new = build_generic(list(inputs), outputs, list(input_maps) + maps[len(view.inputs):],
                             iterator_kinds(op), body, name_from=op)
     attrs = op.attributes
     for i in range(len(attrs)):
-        if attrs[i].name not in ("indexing_maps", "iterator_types", "operandSegmentSizes"):
+        if attrs[i].name not in STRUCTURAL_ATTRS:
             new.attributes[attrs[i].name] = attrs[i].attr
     if rewriter is not None:
         rewriter.replace_op(op, list(new.results))
@@ -393,6 +397,25 @@ def append_input(op: ir.Operation, value: ir.Value, amap: ir.AffineMap, rewriter
             old.replace_all_uses_with(res)
         op.erase()
     return new.operation
+
+
+def append_input(op: ir.Operation, value: ir.Value, amap: ir.AffineMap, rewriter=None) -> ir.Operation:
+    """Rebuild linalg.generic `op` with one more input (`value` through `amap`) that its body
+    does not read, every other attribute kept; the new op replaces `op` (through `rewriter`
+    inside a transform op) and is returned."""
+    view = op.opview
+    inputs = list(view.inputs)
+    n_out = len(list(view.outputs))
+    block = body_of(op)
+
+    def mapping_of(args):
+        mapping = {block.arguments[i]: args[i] for i in range(len(inputs))}
+        for j in range(n_out):
+            mapping[block.arguments[len(inputs) + j]] = args[len(inputs) + 1 + j]
+        return mapping
+
+    maps = [m.value for m in view.indexing_maps]
+    return rebuild_generic(op, inputs + [value], maps[:len(inputs)] + [amap], mapping_of, rewriter)
 
 
 # ----------------------------------------------------------------------------- slices

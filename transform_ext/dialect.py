@@ -14,6 +14,7 @@ from torch_mlir.dialects import ext
 
 OP_MODULES: list[str] = [
     "drop_unused_results",
+    "deduplicate_generics",
     "fold_scalar_or_splat_constant",
     "fold_reshape_ops_by_expansion",
     "sink_normalization_past_contraction",
@@ -111,6 +112,12 @@ OP_MODULES: list[str] = [
     "drop_contraction_masks",
     "split_transposed_convolution",
     "split_strided_convolution",
+    "match_logits_contraction",
+    "fold_gathers_through_contraction",
+    "fuse_linear_cross_entropy_backward",
+    "shrink_unread_inputs",
+    "fold_casts_into_contractions",
+    "read_reduction_constants",
 ]
 
 

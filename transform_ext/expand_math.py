@@ -1,4 +1,4 @@
-"""expand_math: polynomial expansions of math.exp / log / tanh / erf (f32 arithmetic).
+"""expand_math: polynomial expansions of math.exp / log / log1p / tanh / erf (f32 arithmetic).
 
 This MLIR build has no `math-polynomial-approximation` pass, LLVM scalarizes vector `exp` &
 co. into libm calls, and XeVM has no lowering of math.erf. `expand_math_in(op)` (the CPU
@@ -14,6 +14,10 @@ exp(x):  transform_ext/exp_expansion.py's expansion with subnormals kept (`exp(b
 log(x):  x = m 2^e with m in [sqrt(1/2), sqrt(2)) (denormals scaled by 2^23 first),
          log(m) = 2 atanh(s), s = (m-1)/(m+1), odd series to s^13; + e ln2 (hi/lo).
          log(0) = -inf, log(x<0) = NaN, log(inf) = inf.
+log1p(x): u = 1 + x rounded, log1p(x) = log(u) * x / (u - 1) (the rounding error of u
+         cancels in the ratio: within a few ulp of log's accuracy); x itself where u = 1
+         (|x| < 2^-24, and -0 stays -0); log(u) where u = inf (x / (u - 1) would be NaN).
+         softplus (log1p(exp(x))) vectorizes with it.
 tanh(x): |x| < 0.625: x + x^3 P(x^2) (fitted, tools/fit_math_polynomials.py);
          else sign(x) (1 - 2 / (exp(2|x|) + 1)).
 erf(x):  |x| < 0.875: x P(x^2); |x| < 4: sign(x) (1 - exp(-x^2) Q(x)); else sign(x).
@@ -52,7 +56,7 @@ ERFC_SCALED = (0.2155524795362947, -0.12118879677629996, 0.06469222822120992,
                -0.00027625383701163867, 9.528879688264231e-05, -4.092182463650408e-05,
                2.86539462595492e-05, -9.936216865410205e-06)
 
-EXPANDED = ("math.exp", "math.log", "math.tanh", "math.erf")
+EXPANDED = ("math.exp", "math.log", "math.log1p", "math.tanh", "math.erf")
 
 
 def _exp(b: F32Builder, x):
@@ -82,6 +86,15 @@ def _log(b: F32Builder, x):
     return arith.select(b.cmp(P.OGE, x, b.f(0.0)), result, b.f(math.nan))  # NaN and x < 0
 
 
+def _log1p(b: F32Builder, x):
+    P = arith.CmpFPredicate
+    u = arith.addf(x, b.f(1.0))
+    d = arith.subf(u, b.f(1.0))
+    result = arith.mulf(_log(b, u), arith.divf(x, d))
+    result = arith.select(b.cmp(P.OEQ, d, b.f(0.0)), x, result)
+    return arith.select(b.cmp(P.OEQ, u, b.f(math.inf)), b.f(math.inf), result)
+
+
 def _sign_like(b: F32Builder, value, x):
     """copysign(value, x) for value >= 0."""
     return mmath.copysign(value, x)
@@ -109,7 +122,8 @@ def _erf(b: F32Builder, x):
     return arith.select(b.cmp(P.OLT, a, b.f(0.875)), small, _sign_like(b, mid, x))
 
 
-_IMPLS = {"math.exp": _exp, "math.log": _log, "math.tanh": _tanh, "math.erf": _erf}
+_IMPLS = {"math.exp": _exp, "math.log": _log, "math.log1p": _log1p, "math.tanh": _tanh,
+          "math.erf": _erf}
 
 
 def _element_type(t: ir.Type) -> ir.Type:
@@ -117,7 +131,7 @@ def _element_type(t: ir.Type) -> ir.Type:
 
 
 def expand_math_in(root: ir.Operation, ops=EXPANDED, ldexp: bool = False) -> int:
-    """Rewrite every op named in `ops` (default: exp, log, tanh and erf) on f32/f16/bf16
+    """Rewrite every op named in `ops` (default: exp, log, log1p, tanh and erf) on f32/f16/bf16
     (scalar or vector) nested in `root` into its polynomial; return the count. `ldexp`:
     scale by powers of two with LLVM's ldexp (for targets where it is one instruction,
     AVX-512)."""

@@ -16,7 +16,9 @@ loop of C was bounded only by T, an unread input keeps its bounds: the `witness`
 new tensor.empty of T's shape.
 
 Each consumer (in handle order) inlines its first inlinable input, is rebuilt, and repeats
-until none is left. With a `witness` (one value, e.g. the logits from trace_to_argument),
+until none is left. With `whole`, only producers whose every reader is one of the consumers
+are inlined (so none is left stored: a reduction's producer that an elementwise op also
+reads stays whole and is not computed twice). With a `witness` (one value, e.g. the logits from trace_to_argument),
 only producers of tensors shaped like it are inlined. Legality first: every consumer must be
 a linalg.generic on tensors, and the witness one ranked tensor; else a silenceable failure
 (nothing rewritten). The consumers' handle is consumed (match the rebuilt ops again).
@@ -63,9 +65,12 @@ def inlinable_operand(consumer: ir.Operation, k: int) -> ir.Operation | None:
     producer = defining_op(consumer.operands[k])
     if producer is None or producer.block != consumer.block or not is_elementwise_producer(producer):
         return None
-    cmap = terms(linalg.get_indexing_maps(consumer)[k])
+    maps = [terms(m) for m in linalg.get_indexing_maps(consumer)]
+    if any(m is None for m in maps):  # a map beyond dims and constants (a convolution's)
+        return None
+    cmap = maps[k]
     n_loops = len(iterator_kinds(consumer))
-    if cmap is None or any(isinstance(t, Const) for t in cmap):
+    if any(isinstance(t, Const) for t in cmap):
         return None
     if len(producer.operands) == 1:
         return producer  # only loop indices (an iota): free to recompute under a broadcast
@@ -185,8 +190,16 @@ def _check_consumer(op: ir.Operation) -> None:
         raise Illegal(op, "it works on buffers")
 
 
+READER = "lh.inline_reader"  # marks the consumers while `whole` looks at a producer's readers
+
+
+def _read_only_by_consumers(producer: ir.Operation) -> bool:
+    return all(READER in use.owner.attributes for r in producer.results for use in r.uses)
+
+
 class InlineElementwiseProducersOp(TransformExt.Operation, name="inline_elementwise_producers"):
     consumers: ext.Operand[transform.AnyOpType]
+    whole: ir.IntegerAttr  # i1
     witness: ext.Operand[transform.AnyValueType] | None = None
 
     class Apply(transform.TransformOpInterface):
@@ -207,16 +220,21 @@ class InlineElementwiseProducersOp(TransformExt.Operation, name="inline_elementw
                         _check_consumer(c)
                 except Illegal as illegal:
                     return fail(NAME, illegal)
-                if witness is None:
-                    def wanted(p):
-                        return True
-                else:
-                    shape = list(witness.type.shape)
+                whole = bool(ir.IntegerAttr(op.whole).value)
+                shape = None if witness is None else list(witness.type.shape)
 
-                    def wanted(p):
-                        return list(p.results[0].type.shape) == shape
-                for c in consumers:
-                    inline_all(c, wanted, witness, rewriter)
+                def wanted(p):
+                    return (shape is None or list(p.results[0].type.shape) == shape) and \
+                        (not whole or _read_only_by_consumers(p))
+
+                if whole:
+                    for c in consumers:
+                        c.attributes[READER] = ir.UnitAttr.get()
+                rebuilt = [inline_all(c, wanted, witness, rewriter) for c in consumers]
+                if whole:
+                    for c in rebuilt:
+                        if READER in c.attributes:
+                            del c.attributes[READER]
                 return Success
 
         @staticmethod
@@ -232,10 +250,13 @@ class InlineElementwiseProducersOp(TransformExt.Operation, name="inline_elementw
             transform.modifies_payload(effects)
 
 
-def inline_elementwise_producers(consumers: ir.Value, witness: ir.Value | None = None):
+def inline_elementwise_producers(consumers: ir.Value, witness: ir.Value | None = None, *,
+                                 whole: bool = False):
     """Inline the elementwise producers of the ops in `consumers` into them (see the module
     docstring)."""
-    return InlineElementwiseProducersOp(consumers, witness=witness)
+    return InlineElementwiseProducersOp(
+        consumers, ir.IntegerAttr.get(ir.IntegerType.get_signless(1), int(whole)),
+        witness=witness)
 
 
 __all__ = ["InlineElementwiseProducersOp", "inline_elementwise_producers", "inline_producer",

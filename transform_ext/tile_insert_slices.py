@@ -22,8 +22,11 @@ where the insert_slice put them.
 
 Rewritten: every insert_slice nested in (or equal to) the targets that has a stride other
 than 1 on a dim of size > 1, or is rank-reducing, or whose source holds more than
-`max_elements` elements; the others (the tiles of tiled linalg ops) are left alone.
-Precondition: static sizes, strides and source shape (offsets may be dynamic). A target
+`max_elements` elements; the others (the tiles of tiled linalg ops) are left alone, and so
+is an update in place: a source computed (through the inits of destination-style ops and
+loops) into a slice of the destination at the same offsets, sizes and strides, which
+bufferization writes where it is (a class tile of dW accumulated in a loop; tiled into
+copies, it was copied out and back per tile). Precondition: static sizes, strides and source shape (offsets may be dynamic). A target
 that is itself an insert_slice without them is a silenceable failure (nothing rewritten);
 nested ones are left alone, as the vectorizer leaves them.
 """
@@ -34,7 +37,7 @@ import math
 from torch_mlir import ir
 from torch_mlir.dialects import arith, ext, scf, tensor, transform
 
-from .common import (Illegal, RewritesTargets, Success, fail, largest_divisor_at_most, payload_ops,
+from .common import (Illegal, RewritesTargets, Success, defining_op, fail, largest_divisor_at_most, payload_ops,
                      reassociation_attr, walk_ops)
 from .dialect import TransformExt
 
@@ -49,9 +52,50 @@ def is_static(op: ir.Operation) -> bool:
         ir.RankedTensorType(view.source.type).has_static_shape
 
 
+def updates_in_place(op: ir.Operation) -> bool:
+    """The source is computed into a slice of the destination taken at the same offsets,
+    sizes and strides (through the inits of destination-style ops and loops): after
+    bufferization the insert writes nothing."""
+    view = op.opview
+    value = view.source
+    for _ in range(64):
+        producer = defining_op(value)
+        if producer is None:
+            return False
+        if producer.name == "tensor.extract_slice":
+            src = producer.opview
+            return src.source == view.dest and \
+                list(src.static_offsets) == list(view.static_offsets) and \
+                list(src.offsets) == list(view.offsets) and \
+                list(src.static_sizes) == list(view.static_sizes) and \
+                list(src.static_strides) == list(view.static_strides)
+        if producer.name == "scf.for":
+            index = list(producer.results).index(value)
+            value = producer.operands[3 + index]
+            continue
+        inits = _destination_of(producer, value)
+        if inits is None:
+            return False
+        value = inits
+    return False
+
+
+def _destination_of(producer: ir.Operation, result: ir.Value):
+    """The init a destination-style op writes `result` into, else None."""
+    if producer.name in ("vector.transfer_write",):
+        return producer.operands[1]
+    if producer.name.startswith("linalg.") and "operandSegmentSizes" in producer.attributes:
+        sizes = list(ir.DenseI32ArrayAttr(producer.attributes["operandSegmentSizes"]))
+        index = list(producer.results).index(result)
+        return producer.operands[sizes[0] + index]
+    return None
+
+
 def needs_tiling(op: ir.Operation, max_elements: int) -> bool:
     """A static insert_slice the vectorizer would get wrong or make too large a vector of."""
     view = op.opview
+    if updates_in_place(op):
+        return False
     sizes, strides = list(view.static_sizes), list(view.static_strides)
     source = ir.RankedTensorType(view.source.type)
     if any(st != 1 and n > 1 for n, st in zip(sizes, strides)):

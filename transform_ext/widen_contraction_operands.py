@@ -63,7 +63,7 @@ def _elementwise(value: ir.Value, result_type: ir.Type, body) -> ir.Operation:
     return op.operation
 
 
-def _extend_to_f32(x: ir.Value) -> ir.Value:
+def extend_to_f32(x: ir.Value) -> ir.Value:
     """x (f16 or bf16) as f32, exactly (bf16: its bits shifted up by 16)."""
     f32 = ir.F32Type.get()
     if not isinstance(x.type, ir.BF16Type):
@@ -85,7 +85,7 @@ def widen(op: ir.Operation, rewriter) -> tuple[ir.Operation, list[ir.Operation |
             value = op.operands[index]
             extension = None
             if value.type.element_type != f32:
-                extension = _elementwise(value, f32, _extend_to_f32)
+                extension = _elementwise(value, f32, extend_to_f32)
                 value = extension.results[0]
             inputs.append(value)
             extensions.append(extension)
@@ -146,4 +146,4 @@ def widen_contraction_operands(target: ir.Value) -> tuple[ir.Value, ir.Value, ir
     return op.contraction, op.lhs, op.rhs
 
 
-__all__ = ["WidenContractionOperandsOp", "widen_contraction_operands", "widen"]
+__all__ = ["extend_to_f32", "WidenContractionOperandsOp", "widen_contraction_operands", "widen"]

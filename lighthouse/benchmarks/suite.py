@@ -92,6 +92,17 @@ def default_suite() -> list[Case]:
         _example("cross_entropy_bf16", "cross_entropy", N=4096, C=32000, DTYPE="bfloat16"),
         _example("cross_entropy_bf16_bwd", "cross_entropy", backward=True, N=4096, C=32000,
                  DTYPE="bfloat16"),
+        _example("linear_cross_entropy", "linear_cross_entropy", N=4096, D=1024, V=32000),
+        _example("linear_cross_entropy_bwd", "linear_cross_entropy", backward=True, N=4096,
+                 D=1024, V=32000),
+        _example("linear_cross_entropy_bf16", "linear_cross_entropy", N=4096, D=1024, V=32000,
+                 DTYPE="bfloat16"),
+        _example("linear_cross_entropy_bf16_bwd", "linear_cross_entropy", backward=True,
+                 N=4096, D=1024, V=32000, DTYPE="bfloat16"),
+        _example("linear_cross_entropy_128k", "linear_cross_entropy", N=1024, D=1024,
+                 V=128256),
+        _example("linear_cross_entropy_128k_bwd", "linear_cross_entropy", backward=True,
+                 N=1024, D=1024, V=128256),
         *_convolutions(),
     ]
 
@@ -129,6 +140,9 @@ def quick_suite() -> list[Case]:
         _example("conv2d", "convolution", N=2, C=8, H=20, W=37, F=16),
         _example("conv_transpose2d", "convolution", N=2, C=8, H=10, W=13, F=8, STRIDE=2,
                  TRANSPOSED=True),
+        _example("linear_cross_entropy", "linear_cross_entropy", N=96, D=64, V=1000),
+        _example("linear_cross_entropy_bwd", "linear_cross_entropy", backward=True, N=96, D=64,
+                 V=1000),
     ]
 
 

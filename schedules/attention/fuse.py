@@ -46,6 +46,7 @@ from transform_ext.analysis.structure import loop_structure
 from transform_ext.append_lse_result import append_lse_result
 from transform_ext.bound_causal_key_loops import bound_causal_key_loops
 from transform_ext.common import defining_op, walk_ops
+from transform_ext.deduplicate_generics import deduplicate_generics
 from transform_ext.drop_broadcast_dims import drop_broadcast_dims
 from transform_ext.drop_unused_results import drop_unused_results
 from transform_ext.filter_keys_major_scores import filter_keys_major_scores
@@ -413,7 +414,8 @@ def _normalize(plan: AttentionPlan):
 
 def tile_query_blocks(plan: AttentionPlan):
     """Step 3: the output tiled into an scf.forall over query blocks, the ops computing its
-    query rows fused into it one at a time."""
+    query rows fused into it one at a time; a producer fused twice (for a reader inside and
+    for a result the forall yields) computed once."""
     def body(root: ir.Value) -> ir.Value:
         output, producers = match_query_block_ops(match(root, "func.func"))
         tiled = structured.TileUsingForallOp(output, tile_sizes=list(plan.tile_sizes))
@@ -421,6 +423,8 @@ def tile_query_blocks(plan: AttentionPlan):
             annotate(tiled.forall_op, QUERY_BLOCKS)
         foreach(producers,
                 lambda producer: structured.FuseIntoContainingOp(producer, tiled.forall_op))
+        root = apply_passes(root, "canonicalize", "cse")
+        deduplicate_generics(match(root, "func.func"))
         return apply_passes(root, "canonicalize", "cse")
 
     return body

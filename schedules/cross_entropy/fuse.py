@@ -81,7 +81,7 @@ from transform_ext.split_assertions import split_assertions
 from transform_ext.split_reduction_lanes import split_reduction_lanes
 from transform_ext.trace_to_argument import trace_to_argument
 
-from ..common import Place, apply_passes, at_place, canonicalize, foreach, match
+from ..common import Place, annotate, apply_passes, at_place, canonicalize, foreach, match
 from ..script import include_step
 from .params import ClassLoop, CrossEntropyPlan, RowTiling
 
@@ -107,20 +107,35 @@ def normalize(fold_reshapes: bool):
     return body
 
 
-def restructure(root: ir.Value) -> ir.Value:
-    """Step 2 of the module docstring (canonicalize and cse as passes between the rewrites)."""
-    func = match(root, "func.func")
-    fold_gathers_through_elementwise(func)
-    promote_indexed_extracts(func)
-    root = apply_passes(root, "canonicalize", "cse")
-    generics = match(match(root, "func.func"), "linalg.generic")
-    logits = trace_to_argument(filter_reductions(generics, combiner="max"), 0)
-    inline_elementwise_producers(generics, witness=logits)
-    root = apply_passes(root, "canonicalize", "cse")
-    row_max = filter_reductions(match(match(root, "func.func"), "linalg.generic"), combiner="max")
-    split_class_reductions(row_max)
-    split_affine_reductions(row_max)
-    return apply_passes(root, "canonicalize", "cse")
+def logits_argument(func: ir.Value, row_max: ir.Value) -> ir.Value:
+    """The logits a cross-entropy reads: the function argument its row max is computed from
+    (a value handle)."""
+    return trace_to_argument(row_max, 0)
+
+
+def restructure_reading(logits_of):
+    """Step 2 of the module docstring, the logits (the [N, C] tensor the rewrites keep:
+    `logits_of(func, row_max)`, a value handle) found by `logits_of` (canonicalize and cse
+    as passes between the rewrites)."""
+    def body(root: ir.Value) -> ir.Value:
+        func = match(root, "func.func")
+        fold_gathers_through_elementwise(func)
+        promote_indexed_extracts(func)
+        root = apply_passes(root, "canonicalize", "cse")
+        func = match(root, "func.func")
+        generics = match(func, "linalg.generic")
+        logits = logits_of(func, filter_reductions(generics, combiner="max"))
+        inline_elementwise_producers(generics, witness=logits)
+        root = apply_passes(root, "canonicalize", "cse")
+        row_max = filter_reductions(match(match(root, "func.func"), "linalg.generic"), combiner="max")
+        split_class_reductions(row_max)
+        split_affine_reductions(row_max)
+        return apply_passes(root, "canonicalize", "cse")
+
+    return body
+
+
+restructure = restructure_reading(logits_argument)
 
 
 def merge_gradients(places: tuple[Place, ...]):
@@ -176,9 +191,10 @@ def sink_root_readers(root_place: Place):
     return body
 
 
-def tile_rows(rows: RowTiling):
+def tile_rows(rows: RowTiling, mark: str | None = None):
     """Step 4: the root tiled into an scf.forall over row blocks, its producers over the
-    rows fused in one at a time (CSE first: equal slices of one producer become one use)."""
+    rows fused in one at a time (CSE first: equal slices of one producer become one use);
+    the forall annotated `mark` when given."""
     def body(root: ir.Value) -> ir.Value:
         func = match(root, "func.func")
         handles = split_handle(match(func, list(rows.names)), rows.count)
@@ -186,6 +202,8 @@ def tile_rows(rows: RowTiling):
         for producer in [handles[i] for i in rows.places[1:]]:
             canonicalize(func)
             structured.FuseIntoContainingOp(producer, tiled.forall_op)
+        if mark is not None:  # (the fusions replace the forall: mark the last one)
+            annotate(tiled.forall_op, mark)
         return apply_passes(root, "canonicalize", "cse")
 
     return body

@@ -99,7 +99,7 @@ def _row_tiling(payload: ir.Module, ops: CrossEntropyOps,
     linalg_ops = [op for op in block_ops(func) if is_linalg_op(op)]
     classes = DimClasses(linalg_ops)
     m = ops.row_max.results[0]
-    producers = _row_producers(ops.root, linalg_ops, classes, m)
+    producers = row_producers(ops.root, linalg_ops, classes, m)
     sizes = [0] * loop_structure(ops.root).num_loops
     for l in ops.row_dims[:-1]:
         sizes[l] = 1
@@ -129,7 +129,7 @@ def _row_tile(ops: CrossEntropyOps, params: CrossEntropyParams) -> tuple[int, li
     return largest_divisor_at_most(last, want), extents
 
 
-def _row_producers(root, linalg_ops, classes, m) -> list[ir.Operation]:
+def row_producers(root, linalg_ops, classes, m) -> list[ir.Operation]:
     """The linalg ops `root` reads through chains of ops that run over the rows in parallel
     (they can be computed per row block), consumers first."""
 

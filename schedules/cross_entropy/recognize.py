@@ -145,7 +145,7 @@ def find_cross_entropy(payload: ir.Module) -> CrossEntropyOps:
         return CrossEntropyOps(row_max, class_sums, None, None, class_dim, [], gradients)
     gradient = gradients[0] if gradients else None
     row_dims = [p for p in range(m.type.rank)]
-    root = gradient if gradient is not None else _last_row_op(ops, row_max, classes)
+    root = gradient if gradient is not None else last_row_op(ops, row_max, classes)
     root_rows = []
     for p in row_dims:
         for l in range(loop_structure(root).num_loops):
@@ -174,7 +174,7 @@ def _returned_ops(func: ir.Operation) -> list[ir.Operation]:
     return found
 
 
-def _last_row_op(ops, row_max, classes) -> ir.Operation:
+def last_row_op(ops, row_max, classes) -> ir.Operation:
     """The last op over the rows (m's dims, all parallel) that depends on m."""
     m = row_max.results[0]
     last = None

@@ -13,8 +13,9 @@ SMALL = {
     "layer_norm": {"N": 24, "D": 200},
     "attention": {"B": 1, "H": 2, "S": 80, "D": 32},
     "cross_entropy": {"N": 40, "C": 1000},
+    "linear_cross_entropy": {"N": 40, "D": 32, "V": 300},
 }
-BACKWARD = ["mlp", "softmax", "layer_norm", "attention", "cross_entropy"]
+BACKWARD = ["mlp", "softmax", "layer_norm", "attention", "cross_entropy", "linear_cross_entropy"]
 
 
 def _assert_matches(compiled):

@@ -1,4 +1,4 @@
-"""The polynomial exp/log/tanh/erf of the CPU target: few-ulp accuracy against torch (f32),
+"""The polynomial exp/log/log1p/tanh/erf of the CPU target: few-ulp accuracy against torch (f32),
 special values, and that they replace the libm calls in vectorized code; the flushing
 variant of the one exp expansion (transform_ext.expand_fast_exp): its ulp error and its
 edges; the coefficients are tools/fit_math_polynomials.py's."""
@@ -20,7 +20,8 @@ from tests.transform_ext.helpers import apply, parse
 from tests.transform_ext.numeric import run_module
 from transform_ext.expand_fast_exp import expand_fast_exp
 
-FUNCS = {"exp": torch.exp, "log": torch.log, "tanh": torch.tanh, "erf": torch.erf}
+FUNCS = {"exp": torch.exp, "log": torch.log, "log1p": torch.log1p, "tanh": torch.tanh,
+         "erf": torch.erf}
 
 
 def _kernel(kernel_file, name, n):
@@ -50,6 +51,10 @@ def _points(name: str) -> torch.Tensor:
     elif name == "log":
         x = torch.cat([torch.logspace(-37, 38, 20000), torch.rand(4000, generator=g) * 2,
                        torch.tensor([1e-40, 3e-42, 1.0, 2.0, 0.5])])
+    elif name == "log1p":
+        x = torch.cat([torch.logspace(-37, 38, 20000), -torch.logspace(-37, -0.0001, 8000),
+                       torch.randn(4000, generator=g) * 1e-3, torch.rand(4000, generator=g) * 20,
+                       torch.tensor([5.9e-8, 6e-8, -5.9e-8, 1e-7, -0.5, -0.9999999])])
     elif name == "tanh":
         x = torch.cat([torch.linspace(-12, 12, 20000), torch.randn(4000, generator=g) * 1e-3,
                        torch.tensor([0.6249, 0.625, 0.6251, -0.625])])
@@ -69,7 +74,8 @@ def scaling(request, monkeypatch):
     return ldexp
 
 
-@pytest.mark.parametrize("name,max_ulp", [("exp", 1.5), ("log", 3), ("tanh", 2), ("erf", 3)])
+@pytest.mark.parametrize("name,max_ulp", [("exp", 1.5), ("log", 3), ("log1p", 4), ("tanh", 2),
+                                           ("erf", 3)])
 def test_accuracy_in_ulp(kernel_file, scaling, name, max_ulp):
     x = _points(name)
     compiled = compile_kernel(_kernel(kernel_file, name, x.numel()))
@@ -173,3 +179,25 @@ def test_coefficients_are_the_fit_tools(fit, literal):
 def test_erfc_interval_is_the_fit_tools():
     tool = _fit_tool()
     assert (expand_math.ERFC_MID, expand_math.ERFC_HALF) == (tool.ERFC_MID, tool.ERFC_HALF)
+
+
+def test_softplus_is_vectorized_and_matches_torch(kernel_file):
+    """softplus = log1p(exp(x)) below its threshold: both expanded, no libm call left."""
+    path = kernel_file("""
+        import torch
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                return torch.nn.functional.softplus(x, beta=2.0, threshold=15.0)
+        def get_inputs():
+            return [torch.zeros(4099)]
+        def get_init_inputs():
+            return []
+    """)
+    compiled = compile_kernel(path)
+    assert "llvm.call @log1pf" not in str(compiled.module)
+    assert "llvm.call @expf" not in str(compiled.module)
+    x = torch.cat([torch.linspace(-60, 60, 4000), torch.tensor([7.49, 7.5, 7.51, -0.0, 0.0]),
+                   torch.randn(94) * 1e-4])
+    got = compiled.run(x)[0]
+    torch.testing.assert_close(got, torch.nn.functional.softplus(x, beta=2.0, threshold=15.0),
+                               rtol=5e-7, atol=1e-38)

@@ -132,6 +132,86 @@ def test_cross_entropy_without_gradients_is_the_forward_alone():
     assert families() == {"inference": [("cross_entropy", "cross_entropy")]}
 
 
+class LmHead(nn.Module):
+    """An LM head and its loss as GPT code writes them; `tied`: W is the embedding's."""
+
+    def __init__(self, width=32, vocab=101, bias=True, tied=False, **loss_options):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(vocab, width)
+        self.head = nn.Linear(width, vocab, bias=bias)
+        if tied:
+            self.head.weight = self.embed.weight
+        self.loss_options = loss_options
+
+    def forward(self, idx, target, with_logits=False):
+        logits = self.head(torch.tanh(self.embed(idx)))
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), target.view(-1),
+                               **self.loss_options)
+        return (loss, logits) if with_logits else loss
+
+
+def lm_batch(vocab=101, ignored=3):
+    torch.manual_seed(1)
+    idx, target = torch.randint(0, vocab, (2, 13)), torch.randint(0, vocab, (2, 13))
+    target[0, :ignored] = -100
+    return idx, target
+
+
+def grads_of(model, *inputs, dtype=torch.float32, **kwargs):
+    model.zero_grad()
+    out = model(*inputs, **kwargs)
+    loss = out[0] if isinstance(out, tuple) else out
+    (loss + (out[1].float().square().mean() if isinstance(out, tuple) else 0)).backward()
+    return [loss] + [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("kwargs, dtype", [
+    (dict(), torch.float32),
+    (dict(bias=False, reduction="sum", label_smoothing=0.1), torch.float32),
+    (dict(tied=True), torch.float32),
+    (dict(weight=True), torch.float32),
+    (dict(), torch.bfloat16),
+])
+def test_lm_head_and_loss_are_one_linear_cross_entropy_part(kwargs, dtype):
+    if kwargs.pop("weight", False):
+        kwargs["weight"] = torch.rand(101) + 0.5
+    model = LmHead(**kwargs).to(dtype)
+    want = grads_of(model, *lm_batch())
+    got = grads_of(torch.compile(model, backend="lighthouse"), *lm_batch())
+    for g, w in zip(got, want):
+        assert_close(g.float(), w.float(), dtype)
+    assert ("linear_cross_entropy", "linear_cross_entropy") in families()["forward"]
+
+
+def test_lm_head_whose_logits_are_also_returned_gets_both_gradients():
+    model = LmHead()
+    want = grads_of(model, *lm_batch(), with_logits=True)
+    got = grads_of(torch.compile(model, backend="lighthouse"), *lm_batch(), with_logits=True)
+    for g, w in zip(got, want):
+        assert_close(g, w)
+    assert ("linear_cross_entropy", "linear_cross_entropy") in families()["forward"]
+
+
+def test_lm_loss_per_token_with_gradients_is_the_cross_entropy_family():
+    model = LmHead(reduction="none")
+    idx, target = lm_batch()
+    want = model(idx, target)
+    got = torch.compile(model, backend="lighthouse")(idx, target)
+    assert_close(got, want)
+    got.sum().backward()
+    assert ("cross_entropy", "cross_entropy") in families()["forward"]
+
+
+def test_lm_loss_in_inference_is_the_linear_cross_entropy_forward():
+    model = LmHead(reduction="none")
+    with torch.no_grad():
+        want = model(*lm_batch())
+        got = torch.compile(model, backend="lighthouse")(*lm_batch())
+    assert_close(got, want)
+    assert ("linear_cross_entropy", "linear_cross_entropy") in families()["inference"]
+
+
 def mlp(width=32):
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(approximate="tanh"),
@@ -255,7 +335,7 @@ def test_training_example_matches_eager():
                        timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "losses agree with eager" in r.stdout
-    assert "attention_backward" in r.stdout and "cross_entropy" in r.stdout
+    assert "attention_backward" in r.stdout and "linear_cross_entropy" in r.stdout
 
 
 def test_kernels_are_loaded_from_the_disk_cache_by_another_process(tmp_path):

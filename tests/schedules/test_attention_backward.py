@@ -64,6 +64,12 @@ CASES = {
     "bf16": (_same((1, 2, 64, 32), "bfloat16"), ""),
     "bf16_causal": (_same((1, 2, 64, 32), "bfloat16"), ", is_causal=True"),
     "f16": (_same((1, 2, 64, 32), "float16"), ""),
+    # the widened Q read by the forward and the backward: fused into the query blocks twice
+    # (two row maxima before transform_ext.deduplicate_generics merged the copies)
+    "f16_gqa_causal_strided_v": ("[torch.randn(1, 3, 66, 32, dtype=torch.float16) * 0.13, "
+                                 "torch.randn(1, 1, 66, 32, dtype=torch.float16), "
+                                 "torch.randn(1, 1, 66, 64, dtype=torch.float16)[..., ::2]]",
+                                 ", is_causal=True, scale=1.0, enable_gqa=True"),
 }
 
 

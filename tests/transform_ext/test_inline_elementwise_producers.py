@@ -158,3 +158,60 @@ def test_a_consumer_that_is_not_a_generic_is_refused():
     assert "transform_ext.inline_elementwise_producers: linalg.fill at" in message
     assert "not a linalg.generic" in message
     assert str(payload) == before
+
+
+def test_whole_leaves_a_producer_that_another_op_also_reads():
+    """With whole, the sum does not inline x - m (the elementwise op outside the handle
+    reads it too: it would be computed twice and still stored); both in the handle do."""
+    payload = parse(INLINE)
+    apply(payload, lambda root: inline_elementwise_producers(
+        filter_reductions(match(root, "linalg.generic")), whole=True))
+    assert str(payload).count("linalg.generic") == 3 and "lh.inline_reader" not in str(payload)
+    payload = parse(INLINE)
+    apply(payload, lambda root: inline_elementwise_producers(match(root, "linalg.generic"),
+                                                             whole=True))
+    assert str(payload).count("linalg.generic") == 2 and "lh.inline_reader" not in str(payload)
+    x, m = torch.randn(4, 8), torch.randn(4)
+    got = run_module(payload, [x, m])
+    torch.testing.assert_close(got[0], (x - m[:, None]).exp().sum(1))
+    torch.testing.assert_close(got[1], (x - m[:, None]).square())
+
+
+STRIDED = """
+#in = affine_map<(d0, d1) -> (d0 * 2 + d1)>
+#w = affine_map<(d0, d1) -> (d1)>
+#out = affine_map<(d0, d1) -> (d0)>
+#id = affine_map<(d0) -> (d0)>
+func.func @main(%x: tensor<9xf32>, %w: tensor<3xf32>) -> tensor<4xf32> {
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<3xf32>
+  %w2 = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel"]}
+      ins(%w : tensor<3xf32>) outs(%e : tensor<3xf32>) {
+  ^bb0(%a: f32, %o: f32):
+    %t = arith.mulf %a, %a : f32
+    linalg.yield %t : f32
+  } -> tensor<3xf32>
+  %e1 = tensor.empty() : tensor<4xf32>
+  %z = linalg.fill ins(%zero : f32) outs(%e1 : tensor<4xf32>) -> tensor<4xf32>
+  %y = linalg.generic {indexing_maps = [#in, #w, #out], iterator_types = ["parallel", "reduction"]}
+      ins(%x, %w2 : tensor<9xf32>, tensor<3xf32>) outs(%z : tensor<4xf32>) {
+  ^bb0(%a: f32, %b: f32, %o: f32):
+    %p = arith.mulf %a, %b : f32
+    %s = arith.addf %p, %o : f32
+    linalg.yield %s : f32
+  } -> tensor<4xf32>
+  return %y : tensor<4xf32>
+}
+"""
+
+
+def test_a_consumer_with_a_strided_map_is_left_as_it_is():
+    """A 1-D convolution reads x through d0 * 2 + d1, which the rebuilt maps cannot
+    express: the consumer keeps its producer (it used to crash the rewrite)."""
+    payload = parse(STRIDED)
+    apply(payload, lambda root: inline_elementwise_producers(match(root, "linalg.generic")))
+    assert str(payload).count("linalg.generic") == 2
+    x, w = torch.randn(9), torch.randn(3)
+    got = run_module(payload, [x, w])[0]
+    want = torch.stack([(x[2 * i:2 * i + 3] * w * w).sum() for i in range(4)])
+    torch.testing.assert_close(got, want)

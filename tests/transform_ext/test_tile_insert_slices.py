@@ -157,3 +157,26 @@ def test_leaves_nested_dynamic_inserts_alone():
     before = str(payload)
     apply(payload, lambda root: tile_insert_slices(match(root, "func.func"), 64, 256))
     assert str(payload) == before
+
+
+def test_an_update_in_place_is_left_alone():
+    """A large tile computed into a slice of the destination at the same offsets (a class
+    tile of dW accumulated in a loop) is written in place by bufferization: no copy loop."""
+    payload = parse("""
+    func.func @main(%dst: tensor<256x64xf32>, %a: tensor<64x64xf32>, %i: index) -> tensor<256x64xf32> {
+      %tile = tensor.extract_slice %dst[%i, 0] [64, 64] [1, 1] : tensor<256x64xf32> to tensor<64x64xf32>
+      %sum = linalg.add ins(%tile, %a : tensor<64x64xf32>, tensor<64x64xf32>) outs(%tile : tensor<64x64xf32>) -> tensor<64x64xf32>
+      %r = tensor.insert_slice %sum into %dst[%i, 0] [64, 64] [1, 1] : tensor<64x64xf32> into tensor<256x64xf32>
+      %moved = tensor.insert_slice %sum into %dst[0, 0] [64, 64] [1, 1] : tensor<64x64xf32> into tensor<256x64xf32>
+      %s = linalg.add ins(%r, %moved : tensor<256x64xf32>, tensor<256x64xf32>) outs(%dst : tensor<256x64xf32>) -> tensor<256x64xf32>
+      return %s : tensor<256x64xf32>
+    }
+    """)
+    apply(payload, lambda root: tile_insert_slices(match(root, "func.func"), 16, max_elements=256))
+    check(str(payload), """
+        CHECK: %[[SUM:.*]] = linalg.add
+        CHECK: tensor.insert_slice %[[SUM]] into %{{.*}}[%{{.*}}, 0] [64, 64] [1, 1]
+        CHECK: scf.for
+        CHECK:   scf.for
+        CHECK:     tensor.insert_slice {{.*}}[1, 16] [1, 1]
+    """)

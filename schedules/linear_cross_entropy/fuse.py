@@ -1,0 +1,210 @@
+"""Fused linear cross-entropy: F.cross_entropy(F.linear(h, W[, b]), y) (nn.Linear with
+nn.CrossEntropyLoss, the usual view(-1, V)) without ever holding the [N, V] logits.
+
+Input: the linalg graph torch-mlir makes of the loss over S = h W^T [+ b] (forward, or the
+joint forward+backward graph): the cross-entropy family's log-softmax over S, the target
+logit gathered from it, class sums for label smoothing and weights, and in the joint graph
+the d logits G = E(S, ...) read by dh = G W, dW = G^T h and db = sum_n G.
+Schedule (the script's @fuse, one named step per item; decisions read by
+`plan_linear_cross_entropy` from a copy of the payload):
+  1. normalize (the cross_entropy family's, reshapes not folded by expansion); fold_casts:
+     S's contraction reads h and W in place (bf16/f16 widenings and W's transpose folded
+     into it, transform_ext.fold_casts_into_contractions); restructure as the
+     cross_entropy family does (its step 2, the [N, V] values kept being S's,
+     transform_ext.match_logits_contraction); shrink_bounds: S kept as an unread bound of a
+     class loop becomes an empty [V] (transform_ext.shrink_unread_inputs); the target
+     bounds checks named;
+  2. fold_gathers: the target logit S[n, y_n] becomes the dot product h_n . W_{y_n}
+     (transform_ext.fold_gathers_through_contraction), so nothing reads S at an index;
+  3. fuse_backward (joint graph): transform_ext.fuse_linear_cross_entropy_backward replaces
+     G and its readers (and the reductions over the rows of S, db) by a loop over blocks of
+     `backward_rows` rows, each a forall over the threads' shares of the class tiles: S's
+     tile recomputed from h and W, G's tile from it and the forward's row statistics (m,
+     log l: the saved lse), dW and db accumulated per class tile, dh per thread and summed;
+  4. logits_classes_major: S stored [V, N] (store_scores_keys_major) with W read in place
+     (fold_key_transpose) and h^T made by a transpose: a CPU register tile of S's
+     contraction then has its lanes along the rows (h^T) and broadcasts W, and the max and
+     sums over the classes are elementwise;
+  5. mark_class_sums (the row max and the class reductions reading S), the cross_entropy
+     family's sink_root_readers, then tile_rows: the last per-row op of the loss tiled into
+     an scf.forall over blocks of `row_tile` rows (marked ROW_BLOCKS), its producers over
+     the rows fused in (S^T's contraction, h^T, the row max and sums, the dot products);
+  6. fuse_class_loops: in each row block, fuse_dependent_reduction_ops makes the row max,
+     the exp-sum (online, exp(m_old - m_new)) and every class sum ONE loop over tiles of
+     `class_tile` classes, with S^T's contraction computed per tile (its producer); a class
+     sum that needs the final exp-sum (label smoothing of bf16/f16 logits: torch rounds each
+     log-probability before summing) gets a second loop over the class tiles after it, the
+     logits tile recomputed in it.
+No [N, V] tensor is left: the forward holds a [class_tile, row_tile] tile of S per thread,
+the backward a [class_tile, backward_rows] tile of S and of G per thread plus the threads'
+dh partials [threads, backward_rows, D]. The CPU @vectorize (cpu.py) is the generic one,
+the k loops of the register tiles unrolled.
+Not taken (the reason in the fallback's note): the logits read otherwise (returned, a
+reduction over rows and classes), a weight read [D, V] without a transpose (W passed as a
+transposed view), hidden states that torch.export turns into a batch matmul with a
+broadcast weight (a non-contiguous 3-D h).
+"""
+
+from __future__ import annotations
+
+from torch_mlir import ir
+from torch_mlir.dialects import transform
+from torch_mlir.dialects.transform import loop, structured
+
+from transform_ext.filter_ops import filter_reductions
+from transform_ext.fold_casts_into_contractions import fold_casts_into_contractions
+from transform_ext.fold_gathers_through_contraction import fold_gathers_through_contraction
+from transform_ext.fold_key_transpose import fold_key_transpose
+from transform_ext.fuse_dependent_reduction_ops import fuse_dependent_reduction_ops
+from transform_ext.fuse_linear_cross_entropy_backward import fuse_linear_cross_entropy_backward
+from transform_ext.exclude_ops import exclude_ops
+from transform_ext.match_logits_contraction import match_logits_contraction
+from transform_ext.match_class_reductions import match_class_reductions
+from transform_ext.promote_indexed_extracts import promote_indexed_extracts
+from transform_ext.shrink_unread_inputs import shrink_unread_inputs
+from transform_ext.store_scores_keys_major import store_scores_keys_major
+
+from ..common import apply_passes, match
+from ..cross_entropy.fuse import (CLASS_SUM, match_attr, name_target_checks, normalize,
+                                  restructure_reading, sink_root_readers, split_handle, tile_rows)
+from ..script import include_step
+from .params import LateSum, LinearCrossEntropyParams, LinearCrossEntropyPlan
+
+ROW_BLOCKS = "lh.row_blocks"  # the forward's forall (the backward's is a fused kernel's)
+
+# the cross_entropy family's normalization without folding reshapes by expansion: the
+# logits' contraction of [B, T, D] hidden states keeps its 2-D form on the collapsed rows
+normalize_loss = normalize(False)
+
+
+def logits_shape(func: ir.Value, row_max: ir.Value) -> ir.Value:
+    """An [N, V] value standing for the logits in the restructure (which reads only its
+    shape, and keeps it as an unread loop bound where one is needed: shrink_bounds shrinks
+    those): the logits contraction's init (a value handle; not the contraction's result,
+    whose op the restructure consumes with the other generics)."""
+    return transform.GetOperandOp(transform.AnyValueType.get(), match_logits_contraction(func),
+                                  [2]).result
+
+
+def fold_casts(root: ir.Value) -> ir.Value:
+    """Step 1: the logits contraction generalized, reading h and W in place: the widening
+    of bf16/f16 operands and the transpose of W folded into it
+    (transform_ext.fold_casts_into_contractions)."""
+    logits = structured.GeneralizeOp(match_logits_contraction(match(root, "func.func"))).transformed
+    fold_casts_into_contractions(logits)
+    return apply_passes(root, "canonicalize", "cse")
+
+
+restructure = restructure_reading(logits_shape)
+
+
+def shrink_bounds(root: ir.Value) -> ir.Value:
+    """Step 1: the logits kept by the restructure as an unread bound of a loop over the
+    classes (the one-hot row sum of the gradient reads only the targets) become an empty
+    [V] bound (transform_ext.shrink_unread_inputs): only the ops reading S stay its
+    readers."""
+    shrink_unread_inputs(match(root, "func.func"))
+    return apply_passes(root, "canonicalize", "cse")
+
+
+def mark_class_sums(root: ir.Value) -> ir.Value:
+    """Step 5: the row max and the class reductions over S's classes marked `CLASS_SUM`
+    (the fused loop's group). Class reductions that do not read S (the one-hot row sum)
+    share no dim with it: they stay outside the row blocks, as loops over [N, V] indices
+    that read no [N, V] tensor."""
+    func = match(root, "func.func")
+    row_max = filter_reductions(match(func, "linalg.generic"), combiner="max")
+    transform.AnnotateOp(row_max, CLASS_SUM)
+    transform.AnnotateOp(match_class_reductions(row_max), CLASS_SUM)
+    return root
+
+
+def fold_gathers(root: ir.Value) -> ir.Value:
+    """Step 2: the gathers from S read dot products, their row operand promoted to an input
+    (which then bounds the depth loop: the empty [D] bound goes, before CSE could merge it
+    with a [V] bound of a class loop when D = V and tie the depth to the classes)."""
+    func = match(root, "func.func")
+    fold_gathers_through_contraction(func)
+    promote_indexed_extracts(func)
+    shrink_unread_inputs(func)
+    return apply_passes(root, "canonicalize", "cse")
+
+
+def fuse_backward(params: LinearCrossEntropyParams):
+    """Step 3 of the module docstring."""
+    def body(root: ir.Value) -> ir.Value:
+        fuse_linear_cross_entropy_backward(match(root, "func.func"),
+                                           row_tile=params.backward_rows,
+                                           class_tile=params.class_tile, threads=params.threads,
+                                           panel=params.panel)
+        return apply_passes(root, "canonicalize", "cse")
+
+    return body
+
+
+def logits_classes_major(root: ir.Value) -> ir.Value:
+    """Step 4 of the module docstring."""
+    logits = match_logits_contraction(match(root, "func.func"))
+    store_scores_keys_major(logits)
+    fold_key_transpose(logits)
+    return apply_passes(root, "canonicalize", "cse")
+
+
+def fuse_class_loops(params: LinearCrossEntropyParams, late: tuple[LateSum, ...] = (),
+                     group_size: int = 0):
+    """Step 6 of the module docstring, in every row block; then each late class sum (one
+    that reads a reduction of the group other than the row max: sum_c round(x_c - m -
+    log l), label smoothing of bf16 logits, needs the final l) gets a loop of its own over
+    the class tiles with S^T's tile computed in it (a second sweep: the logits recomputed)."""
+    def body(root: ir.Value) -> ir.Value:
+        blocks = structured.MatchOp(transform.AnyOpType.get(), root,
+                                    op_attrs={ROW_BLOCKS: ir.UnitAttr.get()}).result
+        group = match_attr(blocks, CLASS_SUM)
+        lates = []
+        if late:
+            parts = split_handle(group, group_size)
+            lates = [parts[s.place] for s in late]
+            group = exclude_ops(group, transform.MergeHandlesOp(lates).result)
+        row_max = filter_reductions(group, combiner="max")
+        logits = match_logits_contraction(blocks)
+        fuse_dependent_reduction_ops(row_max, exclude_ops(group, row_max), params.class_tile,
+                                     producers=[logits])
+        for target, s in zip(lates, late):
+            any_op = transform.AnyOpType.get()
+            producer = transform.GetProducerOfOperand(any_op, target, s.logits_operand).producer
+            init = transform.GetProducerOfOperand(any_op, producer, 2).producer  # its zero fill
+            tiled = structured.TileUsingForOp(target, sizes=list(s.tile_sizes))
+            structured.FuseIntoContainingOp(producer, tiled.loops[0])
+            structured.FuseIntoContainingOp(init, tiled.loops[0])
+            if s.peel:  # the last, partial class tile as a static tile of its own
+                loop.LoopPeelOp(any_op, any_op, tiled.loops[0])
+        return apply_passes(root, "canonicalize", "cse")
+
+    return body
+
+
+def fuse_steps(plan: LinearCrossEntropyPlan) -> list[tuple[str, object]]:
+    """The named steps of the fuse stage, in order: (name, body(root) -> root)."""
+    steps = [("normalize", normalize_loss), ("fold_casts", fold_casts),
+             ("restructure", restructure), ("shrink_bounds", shrink_bounds),
+             ("name_target_checks", name_target_checks(plan.classes)),
+              ("fold_gathers", fold_gathers)]
+    if plan.backward:
+        steps.append(("fuse_backward", fuse_backward(plan.params)))
+    steps += [("logits_classes_major", logits_classes_major),
+              ("mark_class_sums", mark_class_sums),
+              ("sink_root_readers", sink_root_readers(plan.root)),
+              ("tile_rows", tile_rows(plan.rows, mark=ROW_BLOCKS)),
+              ("fuse_class_loops", fuse_class_loops(plan.params, plan.late, plan.group_size))]
+    return steps
+
+
+def fuse_stage(plan: LinearCrossEntropyPlan):
+    """@fuse: its steps in order."""
+    names = [name for name, _ in fuse_steps(plan)]
+
+    def body(root: ir.Value) -> None:
+        for name in names:
+            root = include_step(name, root)
+
+    return body

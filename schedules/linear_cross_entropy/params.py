@@ -1,0 +1,74 @@
+"""What a linear cross-entropy script is built from: the schedule's parameters
+(LinearCrossEntropyParams) and the plan read from the payload (LinearCrossEntropyPlan, made by
+plan.py; the steps are fuse.py's)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..common import Place
+from ..cross_entropy.params import RowTiling
+
+
+@dataclass(frozen=True)
+class LinearCrossEntropyParams:
+    """row_tile: rows per iteration of the forward's scf.forall (0: h^T of a block fills at
+    most `block_bytes`, with enough blocks for `threads` workers; a divisor of N);
+    class_tile: classes per step of the fused loops (the logits tile is class_tile x rows);
+    backward_rows: rows per block of the backward (the remainder block is handled);
+    threads: workers the foralls are balanced for (the backward's forall has one iteration
+    per thread)."""
+
+    row_tile: int = 0
+    class_tile: int = 64
+    backward_rows: int = 256
+    threads: int = 2
+    block_bytes: int = 512 * 1024
+    panel: int = 0
+
+    def __post_init__(self):
+        if self.panel < 0:
+            raise ValueError(f"LinearCrossEntropyParams.panel must be >= 0, got {self.panel}")
+        for name in ("class_tile", "backward_rows", "threads", "block_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"LinearCrossEntropyParams.{name} must be >= 1, got "
+                                 f"{getattr(self, name)}")
+        if self.row_tile < 0:
+            raise ValueError(f"LinearCrossEntropyParams.row_tile must be >= 0, got {self.row_tile}")
+
+    @classmethod
+    def for_cpu(cls, cpu, threads: int, **options) -> "LinearCrossEntropyParams":
+        """The parameters on a CPU described by `cpu` (lighthouse.targets.description
+        CpuDescription), then `options`: a forward block's h^T in half of L2."""
+        return cls(**{"threads": threads, "block_bytes": cpu.l2_bytes // 2,
+                      "panel": 2 * cpu.f32_lanes, **options})
+
+
+@dataclass(frozen=True)
+class LateSum:
+    """A class sum of a row block that reads a reduction of the fused group besides the row
+    max (its final value): place among the block's marked class reductions (match order),
+    the operand reading S^T, tile_using_for sizes over its loops (the class tile), whether
+    the class tile leaves a partial last tile (peeled into a static one)."""
+
+    place: int
+    logits_operand: int
+    tile_sizes: tuple[int, ...]
+    peel: bool = False
+
+
+@dataclass(frozen=True)
+class LinearCrossEntropyPlan:
+    """What the script is built from: the parameters and what the payload showed at each
+    step of a trial on a copy. classes: V; backward: the joint graph's backward is fused;
+    root: place of the forward's root (the last per-row op); rows: its row tiling; late:
+    the late class sums (fuse.py: fuse_class_loops) among the `group_size` marked class
+    reductions of a row block."""
+
+    params: LinearCrossEntropyParams
+    classes: int
+    backward: bool
+    root: Place
+    rows: RowTiling
+    late: tuple[LateSum, ...] = ()
+    group_size: int = 0

@@ -1,0 +1,241 @@
+"""The plan of a linear cross-entropy payload, which the check and the script share.
+
+`plan_linear_cross_entropy` applies the schedule's steps (fuse.py) to a copy of the payload
+one at a time, each decision read from the copy before the step that needs it: V, whether
+the joint graph's backward is fused, the root of the forward and its row tiling, the late
+class sums. `check` plans on its copy after cleanup; the compile's script is built from
+the same payload text, so the last plan made is kept.
+"""
+
+from __future__ import annotations
+
+from torch_mlir import ir
+
+import transform_ext
+from transform_ext.analysis.dims import DimClasses
+from transform_ext.analysis.linear_cross_entropy_backward import (
+    NotLinearCrossEntropyBackward, linear_cross_entropy_backward_in)
+from transform_ext.analysis.logits import NotLogits, row_max, row_max_contraction, row_max_logits
+from transform_ext.analysis.structure import is_linalg_op, loop_structure
+from transform_ext.analysis.classify import reduction_combiner
+from transform_ext.common import block_ops, defining_op, user_op
+
+from ..common import place_of, run_schedule
+from ..cross_entropy.params import RowTiling
+from ..cross_entropy.plan import row_producers
+from ..cross_entropy.recognize import last_row_op
+from ..generic import largest_divisor_at_most
+from ..prepare import check_by_planning
+from .fuse import (ROW_BLOCKS, fold_casts, fold_gathers, fuse_backward, fuse_class_loops,
+                   logits_classes_major, mark_class_sums, name_target_checks, normalize_loss,
+                   restructure, shrink_bounds, sink_root_readers, tile_rows)
+from .fuse import CLASS_SUM
+from .params import LateSum, LinearCrossEntropyParams, LinearCrossEntropyPlan
+from .recognize import NotLinearCrossEntropy, linear_cross_entropy_func
+
+
+def check(payload: ir.Module,
+          params: LinearCrossEntropyParams = LinearCrossEntropyParams(),
+          gpu: bool = False) -> str | None:
+    """None when this schedule applies to `payload`, else the one-line reason (the plan of
+    `params` is made on a copy after cleanup, and kept for the compile's script). `gpu`:
+    for a GPU target, where a payload the schedule takes is refused naming what has no
+    lowering there (`gpu_refusal`)."""
+    def plan(trial: ir.Module) -> None:
+        made = plan_linear_cross_entropy(trial, params)
+        if gpu:
+            raise NotLinearCrossEntropy(gpu_refusal(made))
+
+    return check_by_planning(payload, plan, NotLinearCrossEntropy)
+
+
+def gpu_refusal(plan: LinearCrossEntropyPlan) -> str:
+    """Why the fused schedule of `plan` does not run on a GPU target: its forward (the
+    logits tile h W^T per class tile inside the online log-sum-exp, the target logit
+    h_n . W_{y_n}) and its backward (dW per class tile, dh per row block, the logits
+    recomputed) have no XeGPU lowering."""
+    if plan.backward:
+        return ("its fused forward and backward (logits tiles h W^T in the online "
+                "log-sum-exp; dW per class tile, dh per row block) have no XeGPU lowering "
+                "yet; the CPU target runs them")
+    return ("its fused forward (logits tiles h W^T in the online log-sum-exp) has no XeGPU "
+            "lowering yet; the CPU target runs it")
+
+
+class _Plans:
+    """The last plan made (payload text after cleanup, params -> plan)."""
+
+    key: tuple | None = None
+    plan: LinearCrossEntropyPlan | None = None
+
+
+def plan_linear_cross_entropy(payload: ir.Module,
+                              params: LinearCrossEntropyParams) -> LinearCrossEntropyPlan:
+    """The plan of `payload` (after cleanup; read, not rewritten): the schedule's steps
+    applied to a copy one at a time (NotLinearCrossEntropy, or the failing transform's
+    error, when the schedule does not apply). Needs an active context."""
+    key = (str(payload), params)
+    if _Plans.key == key:
+        return _Plans.plan
+    transform_ext.load(payload.context)
+    for arg in linear_cross_entropy_func(payload).regions[0].blocks[0].arguments:
+        if isinstance(arg.type, ir.RankedTensorType) and 0 in list(arg.type.shape):
+            raise NotLinearCrossEntropy(f"an input is empty ({arg.type})")
+    trial = ir.Module.parse(key[0], payload.context)
+    for step in (normalize_loss, fold_casts):
+        _apply(trial, step)
+    _logits(trial)  # the row max reads the logits of a linear layer (else: the reason)
+    for step in (restructure, shrink_bounds):
+        _apply(trial, step)
+    n, classes, depth = _logits(trial).shape
+    if n < 2 or classes < 2:
+        raise NotLinearCrossEntropy(f"the logits are [{n}, {classes}]: one row or one class "
+                                    f"leaves no loop to fuse")
+    if depth == classes:
+        # h^T [D, N] and S^T [V, N] would share one empty init (CSE), which ties the depth
+        # to the classes in the loop-dim analysis the fusion reads
+        raise NotLinearCrossEntropy(f"the depth equals the classes ({depth}): the fusion "
+                                    f"cannot tell them apart")
+    for step in (name_target_checks(classes), fold_gathers):
+        _apply(trial, step)
+    backward = _has_backward(trial)
+    if backward:
+        _apply(trial, fuse_backward(params))
+    for step in (logits_classes_major, mark_class_sums):
+        _apply(trial, step)
+    block = linear_cross_entropy_func(trial).regions[0].blocks[0]
+    ops = [op for op in block_ops(block.owner) if is_linalg_op(op)]
+    root = last_row_op(ops, row_max(block), DimClasses(ops))
+    root_place = place_of(trial.operation, root)
+    _apply(trial, sink_root_readers(root_place))
+    rows = _row_tiling(trial, root, params)  # the root as chosen before its readers moved
+    _apply(trial, tile_rows(rows, mark=ROW_BLOCKS))
+    late, group_size = _late_sums(trial, params)
+    _apply(trial, fuse_class_loops(params, late, group_size))
+    plan = LinearCrossEntropyPlan(params, classes, backward, root_place, rows, late, group_size)
+    _Plans.key, _Plans.plan = key, plan
+    return plan
+
+
+def _apply(payload: ir.Module, step) -> None:
+    run_schedule(payload, step)
+
+
+def _logits(payload: ir.Module):
+    try:
+        return row_max_logits(linear_cross_entropy_func(payload).regions[0].blocks[0])
+    except NotLogits as exc:
+        raise NotLinearCrossEntropy(str(exc)) from None
+
+
+def _has_backward(payload: ir.Module) -> bool:
+    """Does the joint graph hold the loss's backward (an elementwise reader of the logits
+    with their shape: their gradient)? Then it must be one the backward fusion takes."""
+    block = linear_cross_entropy_func(payload).regions[0].blocks[0]
+    logits = _logits(payload)
+    shape = list(ir.RankedTensorType(logits.result.type).shape)
+    gradients = [op for op in {user_op(u) for u in logits.result.uses}
+                 if is_linalg_op(op) and not loop_structure(op).reduction_dims
+                 and len(op.results) == 1
+                 and list(ir.RankedTensorType(op.results[0].type).shape) == shape]
+    if not gradients:
+        return False
+    try:
+        linear_cross_entropy_backward_in(block)
+    except NotLinearCrossEntropyBackward as exc:
+        raise NotLinearCrossEntropy(str(exc)) from None
+    return True
+
+
+def _row_tiling(payload: ir.Module, root: ir.Operation,
+                params: LinearCrossEntropyParams) -> RowTiling:
+    """The root over blocks of rows and its producers over the rows, by their places among
+    the ops `structured.match` finds (nested ones, the fused backward's, included). Blocks
+    of `row_tile` rows, else as many as keep h^T of a block [D, rows] f32 within
+    `block_bytes` with four blocks per thread at least; a divisor of N."""
+    block = linear_cross_entropy_func(payload).regions[0].blocks[0]
+    linalg_ops = [op for op in block_ops(block.owner) if is_linalg_op(op)]
+    classes = DimClasses(linalg_ops)
+    m = row_max(block).results[0]
+    producers = row_producers(root, linalg_ops, classes, m)
+    ls = loop_structure(root)
+    row_dims = [l for l in range(ls.num_loops)
+                if any(classes.same((root, l), (m, p)) for p in range(m.type.rank))]
+    if len(row_dims) != 1 or m.type.rank != 1:
+        raise NotLinearCrossEntropy("the loss's per-row op does not run over one row dim")
+    extent = ls.ranges[row_dims[0]]
+    contraction = loop_structure(row_max_contraction(block))
+    depth = contraction.ranges[contraction.contraction_dims()["k"][0]]
+    want = params.row_tile or max(1, min(params.block_bytes // (4 * depth),
+                                         extent // (4 * params.threads)))
+    sizes = [0] * ls.num_loops
+    sizes[row_dims[0]] = largest_divisor_at_most(extent, want)
+    names = tuple(sorted({op.name for op in [root] + producers}))
+    candidates = [op for op in _walk(payload) if op.name in names]
+    places = tuple(candidates.index(op) for op in [root] + producers)
+    return RowTiling(names, len(candidates), places, tuple(sizes))
+
+
+def _late_sums(payload: ir.Module, params: LinearCrossEntropyParams) -> tuple[tuple, int]:
+    """The late class sums of the (first) row block and the number of its marked class
+    reductions: those reading, through the block's ops, a marked reduction other than the
+    row max (fuse.py: fuse_class_loops)."""
+    blocks = [op for op in _walk(payload) if ROW_BLOCKS in op.attributes]
+    if not blocks:
+        raise NotLinearCrossEntropy("the loss's rows were not tiled into blocks")
+    body = blocks[0].regions[0].blocks[0]
+    group = [op for op in _walk_in(blocks[0]) if CLASS_SUM in op.attributes]
+    row_max_op = next(op for op in group if reduction_combiner(op) == "max")
+    logits = row_max_contraction(body).results[0]
+    inside = {o.operation for o in body.operations}
+
+    def reads_group(op, seen) -> bool:
+        for value in op.operands:
+            producer = defining_op(value)
+            if producer is None or producer not in inside or producer in seen:
+                continue
+            seen.add(producer)
+            if producer in group and producer != row_max_op:
+                return True
+            if not is_linalg_op(producer) or loop_structure(producer).is_elementwise:
+                if reads_group(producer, seen):
+                    return True
+        return False
+
+    late = []
+    for place, op in enumerate(group):
+        if op == row_max_op or not reads_group(op, set()):
+            continue
+        if logits not in list(op.operands):
+            raise NotLinearCrossEntropy("a class sum reads the final sum of the exponentials "
+                                        "but not the logits")
+        ls = loop_structure(op)
+        sizes = [0] * ls.num_loops
+        k = ls.reduction_dims[0]
+        sizes[k] = min(params.class_tile, ls.ranges[k])
+        late.append(LateSum(place, list(op.operands).index(logits), tuple(sizes),
+                            ls.ranges[k] % sizes[k] != 0))
+    return tuple(late), len(group)
+
+
+def _walk_in(op: ir.Operation) -> list[ir.Operation]:
+    found = []
+
+    def visit(o):
+        found.append(o)
+        return ir.WalkResult.ADVANCE
+
+    op.walk(visit, ir.WalkOrder.POST_ORDER)
+    return found
+
+
+def _walk(payload: ir.Module) -> list[ir.Operation]:
+    """Every op of the payload in the order structured.match lists them (post-order)."""
+    found = []
+
+    def visit(op):
+        found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit, ir.WalkOrder.POST_ORDER)
+    return found

@@ -1,0 +1,70 @@
+"""fuse_linear_cross_entropy_backward: the joint graph's d logits and what reads it (dh,
+dW, and db: after the loss's restructure a reduction over the rows of the logits with the
+d logits' body inlined) become one loop over row blocks (a fused kernel) of foralls over
+the threads' class tiles; what it cannot take is refused with the reason, nothing
+rewritten."""
+
+import torch
+import torch.nn.functional as F
+
+from lighthouse.compile import cleanup
+from lighthouse.ingress import import_joint
+from schedules.common import match, run_schedule
+from schedules.linear_cross_entropy.fuse import (fold_casts, fold_gathers, normalize, restructure,
+                                                 shrink_bounds)
+from tests.transform_ext.helpers import apply, apply_expect_failure, check
+from transform_ext.fuse_linear_cross_entropy_backward import fuse_linear_cross_entropy_backward
+
+
+class _Head(torch.nn.Module):
+    def __init__(self, returns_logits=False):
+        super().__init__()
+        self.head = torch.nn.Linear(16, 40)
+        self.returns_logits = returns_logits
+
+    def forward(self, h, y):
+        logits = self.head(h)
+        loss = F.cross_entropy(logits, y, label_smoothing=0.1)
+        return (loss, logits * 2) if self.returns_logits else loss
+
+
+def _joint(returns_logits=False):
+    torch.manual_seed(0)
+    imported = import_joint(_Head(returns_logits), (torch.randn(20, 16), torch.randint(0, 40, (20,))))
+    payload = imported.module
+    cleanup(payload)
+    for step in (normalize(False), fold_casts, restructure, shrink_bounds, fold_gathers):
+        with payload.context:
+            run_schedule(payload, step)
+    return payload
+
+
+def test_the_backward_becomes_one_loop_nest():
+    payload = _joint()
+    apply(payload, lambda root: fuse_linear_cross_entropy_backward(
+        match(root, "func.func"), row_tile=8, class_tile=16, threads=2, panel=0))
+    check(str(payload), """
+        CHECK: linalg.fill {{.*}} -> tensor<40x16xf32>
+        CHECK: scf.for %[[S:.*]] = %{{.*}} to %{{.*}} step %{{.*}} iter_args({{.*}}) -> (tensor<20x16xf32>, tensor<40x16xf32>, tensor<40xf32>)
+        CHECK:   tensor.extract_slice %arg0[%[[S]], 0] [8, 16]
+        CHECK:   linalg.transpose
+        CHECK:   scf.forall (%{{.*}}) in (2) shared_outs({{.*}}) -> (tensor<2x8x16xf32>, tensor<40x16xf32>, tensor<40xf32>)
+        CHECK:     scf.for {{.*}} -> (tensor<8x16xf32>, tensor<?x16xf32>, tensor<?xf32>)
+        CHECK:       linalg.generic {{.*}}["parallel", "parallel", "reduction"]{{.*}} outs(%{{.*}} : tensor<16x8xf32>)
+        CHECK:       math.exp
+        CHECK:       linalg.index 0
+        CHECK:       linalg.generic {{.*}}["parallel", "reduction"]{{.*}} outs(%{{.*}} : tensor<16xf32>)
+        CHECK:   } {lh.fused_kernel}
+        CHECK: return
+    """)
+    text = str(payload)
+    assert "tensor<20x40xf32>" not in text.split("scf.for", 1)[1]
+
+
+def test_a_gradient_read_by_another_op_is_refused():
+    payload = _joint(returns_logits=True)
+    before = str(payload)
+    message = apply_expect_failure(payload, lambda root: fuse_linear_cross_entropy_backward(
+        match(root, "func.func"), row_tile=8, class_tile=16, threads=2))
+    assert "fuse_linear_cross_entropy_backward" in message
+    assert str(payload) == before
