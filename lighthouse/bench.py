@@ -5,6 +5,7 @@
     python -m lighthouse.bench KERNEL.py ...                 # your kernel files instead
     python -m lighthouse.bench --kernelbench DIR --level 1 --problems 23,24,40 --set batch_size=16
     python -m lighthouse.bench --kernelbench DIR --max-elements 4000000   # a whole level, shrunk
+    python -m lighthouse.bench --kernelbench DIR --level 2 --threads 1    # one thread each side
 
 The default suite (`benchmarks.suite`) holds the examples at realistic sizes for this
 machine; `--quick` runs the same kinds at small sizes. Per kernel, in fresh child processes
@@ -18,6 +19,9 @@ machine; `--quick` runs the same kinds at small sizes. Per kernel, in fresh chil
 At the start, the machine's FMA peak and streaming-read bandwidth are measured
 (`benchmarks.limits`); each kernel's rate (GFLOP/s when compute-bound, else GB/s) is shown
 as a fraction of the limit that bounds it.
+A --kernelbench run ends with KernelBench's fast_p (the share of the problems that are
+correct and faster than p x the baseline) for p = 0, 1, 1.5 against torch eager and
+torch.compile, and the median ratios. --threads N runs ours and torch on N threads each.
 The exit status is 1 when a kernel FAILs its check or hits an ERROR (compile error, crash),
 2 for bad arguments, else 0 (TIMEOUT and UNSUPPORTED rows are reported, not failures).
 """
@@ -58,6 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--inductor", action=argparse.BooleanOptionalAction,
                    help="also time torch.compile (inductor) of each kernel's torch reference "
                         "(default: on, off with --quick)")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="threads of ours and of torch (default: all cores)")
     p.add_argument("--timeout", type=float, metavar="SECONDS",
                    help="per child process (default 900, 120 with --quick)")
     p.add_argument("--csv", metavar="FILE", help="write the rows as CSV")
@@ -102,7 +108,7 @@ def choose_cases(args):
         cases = suite.file_cases(args.kernels)
     else:
         cases = suite.quick_suite() if args.quick else suite.default_suite()
-    cases = suite.select(cases, args.only)
+    cases = suite.apply_threads(suite.select(cases, args.only), args.threads)
     overrides = dict(parse_override(o) for o in args.overrides)
     cases = suite.apply_overrides(cases, overrides)
     if args.max_elements is not None:
@@ -133,7 +139,7 @@ def run(args) -> int:
           f"{' (quick)' if args.quick else ''}"
           f"{', with torch.compile (inductor)' if settings['inductor'] else ''}; "
           f"measuring this machine's limits ...", file=sys.stderr, flush=True)
-    outcome = run_isolated(measure_limits, args.quick, timeout=LIMITS_TIMEOUT)
+    outcome = run_isolated(measure_limits, args.quick, args.threads, timeout=LIMITS_TIMEOUT)
     limits = outcome.value if outcome.status == "ok" else None
     machine = _machine(limits, load_start)
     print(f"load average {machine['load_start']:.2f} on {machine['cores']} cores at the start"
@@ -165,6 +171,8 @@ def run(args) -> int:
     machine["load_end"] = _load()
     print(f"{report.summary(rows)} in {time.perf_counter() - started:.0f} s "
           f"(load average {machine['load_end']:.2f} at the end)")
+    if args.kernelbench:
+        print(report.fast_p(rows, inductor=settings["inductor"]))
     _write_files(args, rows, machine, settings, plot=True)
     failing = [r.name for r in rows if r.status in report.FAILING]
     if failing:
@@ -218,7 +226,7 @@ def bench_settings(args) -> dict:
     """The run's settings (in the JSON): the default timeout and timing budget of a full or a
     --quick run, and whether torch.compile is timed."""
     return {"quick": args.quick, "timeout_s": args.timeout or (120.0 if args.quick else 900.0),
-            "max_elements": args.max_elements,
+            "max_elements": args.max_elements, "threads": args.threads,
             "timing_budget_s": 1.0 if args.quick else 10.0,
             "timing_rounds": 5 if args.quick else 10,
             "inductor": not args.quick if args.inductor is None else args.inductor}

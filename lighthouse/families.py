@@ -142,6 +142,14 @@ def _cross_entropy_params(target, options) -> FamilyParams:
     return FamilyParams(params, _generic_params(target, options).vector)
 
 
+def _convolution_params(target, options) -> FamilyParams:
+    from schedules.convolution import ConvolutionParams
+
+    cpu = target.cpu
+    return FamilyParams(ConvolutionParams.for_cpu(cpu, target.threads) if cpu else None,
+                        _generic_params(target, options).vector)
+
+
 def _linear_cross_entropy_params(target, options) -> FamilyParams:
     from schedules.linear_cross_entropy import LinearCrossEntropyParams
 
@@ -152,7 +160,7 @@ def _linear_cross_entropy_params(target, options) -> FamilyParams:
 
 
 _PARAMS = {"generic": _generic_params, "matmul": _matmul_params, "attention": _attention_params,
-           "cross_entropy": _cross_entropy_params,
+           "cross_entropy": _cross_entropy_params, "convolution": _convolution_params,
            "linear_cross_entropy": _linear_cross_entropy_params}
 
 
@@ -232,6 +240,36 @@ def _matmul_check(module, target=None):
 # Contraction-dominated payloads (matmul, batch_matmul, linear layers, MLPs). Broad: keep it
 # after the families of payloads that also contain contractions (attention, ...).
 MATMUL = Family("matmul", _matmul_recognize, _matmul_check, _matmul_script)
+
+
+def _convolution_script(module, target):
+    """The recorded plan of the payload after cleanup where the target has a CPU vector unit
+    (the schedule is written for one); the generic script elsewhere."""
+    from schedules.convolution import convolution_script, plan_convolution
+
+    params = family_params("convolution", target)
+    if params.schedule is None:
+        return _generic_script(module, target)
+    return convolution_script(plan_convolution(module, params.schedule, params.vector),
+                              params.vector)
+
+
+def _convolution_recognize(module):
+    from schedules.convolution import recognize
+
+    return recognize(module)
+
+
+def _convolution_check(module, target=None):
+    from schedules.convolution import check
+
+    return check(module)
+
+
+# Convolution-dominated payloads (1-D/2-D/3-D, depthwise, grouped, transposed convolutions
+# and the chains after them). Before matmul: their weight gradients hold contractions too.
+CONVOLUTION = Family("convolution", _convolution_recognize, _convolution_check,
+                     _convolution_script)
 
 
 def _attention_recognize(module):
@@ -320,7 +358,8 @@ LINEAR_CROSS_ENTROPY = Family("linear_cross_entropy", _linear_cross_entropy_reco
                               _linear_cross_entropy_check, _linear_cross_entropy_script,
                               gpu_form=None)
 
-SPECIALIZED: list[Family] = [LINEAR_CROSS_ENTROPY, CROSS_ENTROPY, ATTENTION, MATMUL]
+SPECIALIZED: list[Family] = [LINEAR_CROSS_ENTROPY, CROSS_ENTROPY, ATTENTION, CONVOLUTION,
+                             MATMUL]
 
 
 def family_names() -> list[str]:

@@ -30,6 +30,8 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .errors import IngressError
+from .conv_decompositions import (convolution_decompositions,
+                                  transposed_convolution_decompositions)
 from .flash_decompositions import SdpaIn4d, SdpaMaskGradient, flash_decompositions
 from .tm_tensor_lowering import (index_decompositions, lower_scatters, lower_sorts,
                                  prepare_index_puts)
@@ -722,6 +724,7 @@ def _joint_decompositions() -> dict:
     table.update(_narrow_float_decompositions())
     table.update(index_decompositions())
     table.update(flash_decompositions())
+    table.update(convolution_decompositions())
     return table
 
 
@@ -729,4 +732,4 @@ def _forward_decompositions() -> dict:
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
     return {**get_decomposition_table(), **_narrow_float_decompositions(),
-            **index_decompositions()}
+            **index_decompositions(), **transposed_convolution_decompositions()}

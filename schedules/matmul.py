@@ -62,7 +62,7 @@ from .common import (Place, annotate, any_op, apply_passes, apply_patterns, at_p
 from .generic import (GenericParams, func_ops, generic_script, parallel_tile_sizes,
                       register_tile_for, top_level_linalg_ops, vector_tile_sizes)
 from .generic import vectorize_stage as generic_vectorize_stage
-from .script import StepRecorder, build_script, include_step
+from .script import StepRecorder, recorded_script
 
 ROLE = "lh.mm_role"            # string attribute: the part of the matmul schedule an op plays
 VECTOR_SIZES = "lh.mm_vector"  # i64 array: vector sizes of the op's nominal tile
@@ -773,13 +773,7 @@ def matmul_script(plan: MatmulPlan, generic: GenericParams) -> ir.Module:
     has no contraction. Needs an active context and location."""
     if plan.fuse is None:
         return generic_script(generic)
-    names = [name for name, _ in plan.fuse]
-
-    def fuse(root: ir.Value) -> None:
-        for name in names:
-            root = include_step(name, root)
-
-    return build_script([("fuse", fuse), ("vectorize", plan.vectorize)], list(plan.fuse))
+    return recorded_script(plan.fuse, plan.vectorize)
 
 
 # ----------------------------------------------------------------------------- vectorize

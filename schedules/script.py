@@ -108,6 +108,18 @@ class StepRecorder:
         return body
 
 
+def recorded_script(steps: Sequence[tuple[str, StepBody]], vectorize: StageBody) -> ir.Module:
+    """@fuse, the recorded `steps` included in order, and @vectorize: the script of a plan
+    recorded on a trial (StepRecorder). Needs an active context and location."""
+    names = [name for name, _ in steps]
+
+    def fuse(root: ir.Value) -> None:
+        for name in names:
+            root = include_step(name, root)
+
+    return build_script([("fuse", fuse), ("vectorize", vectorize)], list(steps))
+
+
 def include_step(name: str, root: ir.Value) -> ir.Value:
     """`transform.include @name` of a step on `root` (consumed); returns the step's root."""
     any_op = transform.AnyOpType.get()

@@ -11,7 +11,7 @@ Conventions every op follows (see ../DESIGN.md):
 from __future__ import annotations
 
 from torch_mlir import ir
-from torch_mlir.dialects import transform
+from torch_mlir.dialects import arith, tensor, transform
 
 Success = transform.DiagnosedSilenceableFailure.Success
 SilenceableFailure = transform.DiagnosedSilenceableFailure.SilenceableFailure
@@ -416,3 +416,43 @@ def append_input(op: ir.Operation, value: ir.Value, amap: ir.AffineMap, rewriter
 
     maps = [m.value for m in view.indexing_maps]
     return rebuild_generic(op, inputs + [value], maps[:len(inputs)] + [amap], mapping_of, rewriter)
+
+
+# ----------------------------------------------------------------------------- slices
+
+
+def i64_array(values) -> ir.DenseI64ArrayAttr:
+    return ir.DenseI64ArrayAttr.get(list(values))
+
+
+def slice_strides(sizes, strides) -> list[int]:
+    """`strides` with 1 on the dims of one element: a stride there only upsets the strided
+    layouts of bufferization (a copy it cannot lower to a plain one)."""
+    return [1 if size == 1 else stride for size, stride in zip(sizes, strides)]
+
+
+def strided_slice(value: ir.Value, offsets, sizes, strides) -> ir.Value:
+    """tensor.extract_slice of `value` with static offsets, sizes and strides (`value`
+    itself when the slice is the whole), `slice_strides`. At the current insertion point."""
+    strides = slice_strides(sizes, strides)
+    t = value.type
+    if list(offsets) == [0] * len(sizes) and list(sizes) == list(t.shape) and set(strides) <= {1}:
+        return value
+    return tensor.ExtractSliceOp(ir.RankedTensorType.get(list(sizes), t.element_type), value, [], [],
+                                 [], i64_array(offsets), i64_array(sizes), i64_array(strides)).result
+
+
+def zero_padded(value: ir.Value, low, high) -> ir.Value:
+    """tensor.pad of `value` with zeros, `low` and `high` elements per dim (`value` itself
+    when both are all zero). At the current insertion point."""
+    if not any(low) and not any(high):
+        return value
+    t = value.type
+    shape = [s + lo + hi for s, lo, hi in zip(t.shape, low, high)]
+    pad = tensor.PadOp(ir.RankedTensorType.get(shape, t.element_type), value, [], [],
+                       i64_array(low), i64_array(high))
+    block = pad.regions[0].blocks.append(*[ir.IndexType.get()] * len(shape))
+    with ir.InsertionPoint(block):
+        zero = arith.ConstantOp(t.element_type, ir.FloatAttr.get(t.element_type, 0.0)).result
+        tensor.YieldOp(zero)
+    return pad.result

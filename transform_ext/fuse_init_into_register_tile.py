@@ -1,7 +1,7 @@
 """fuse_init_into_register_tile: a register tile of a contraction computes its own
 accumulator's producer.
 
-After `tile_using_for` over a contraction's m/n dims, the tile reads its accumulator as
+After `tile_using_for` over a contraction's m/n dims (or a convolution's output dims), the tile reads its accumulator as
 `extract_slice %acc_iter[offsets][sizes]`, where %acc_iter is carried by the tile loops from
 their initial value P(x...), the result of a producer P used by nothing else: a linalg.fill,
 or an elementwise linalg.generic with an identity output map whose inputs are projected
@@ -15,7 +15,8 @@ offsets of the loop dims its map reads) with the accumulator slice as its init, 
 loops start from P's destination instead (P is erased). The accumulator producer is then
 computed in registers, tile by tile, instead of in a pass over memory of its own.
 
-Targets: tiled contractions (one output). Legality, checked on every target first: its
+Targets: tiled contractions or convolutions (one output; an edge tile's sizes may be
+dynamic). Legality, checked on every target first: its
 accumulator is a static-stride extract_slice of a value carried by enclosing scf.for loops
 from such a single-use producer. Otherwise a silenceable failure naming the op, nothing
 rewritten. The handle is only read: the contraction stays, with its accumulator replaced.
@@ -25,6 +26,7 @@ rewritten. The handle is only read: the contraction stays, with its accumulator 
 from torch_mlir import ir
 from torch_mlir.dialects import ext, tensor, transform
 
+from .analysis.convolution import is_convolution
 from .analysis.structure import dim_positions, is_linalg_op, loop_structure
 from .analysis.tiles import per_tile_producer
 from .common import Illegal, RewritesTargets, Success, defining_op, fail, payload_ops
@@ -32,6 +34,7 @@ from .dialect import TransformExt
 
 NAME = "transform_ext.fuse_init_into_register_tile"
 DYNAMIC = ir.ShapedType.get_dynamic_stride_or_offset()
+DYNAMIC_SIZE = ir.ShapedType.get_dynamic_size()
 
 
 def _loop_init(value: ir.Value) -> ir.Value:
@@ -48,8 +51,8 @@ def plan(tiled: ir.Operation) -> tuple[ir.Operation, ir.Operation]:
     if not is_linalg_op(tiled) or len(tiled.results) != 1:
         raise Illegal(tiled, "not a linalg op with one result")
     ls = loop_structure(tiled)
-    if not ls.is_contraction:
-        raise Illegal(tiled, "not a contraction")
+    if not ls.is_contraction and not is_convolution(tiled):
+        raise Illegal(tiled, "not a contraction or a convolution")
     slice_op = defining_op(tiled.operands[ls.num_inputs])
     if slice_op is None or slice_op.name != "tensor.extract_slice":
         raise Illegal(tiled, "its accumulator is not a tensor.extract_slice")
@@ -72,7 +75,9 @@ def rewrite(tiled: ir.Operation, slice_op: ir.Operation, producer: ir.Operation,
     view = slice_op.opview
     dynamic = iter(view.offsets)
     offsets = [next(dynamic) if o == DYNAMIC else o for o in view.static_offsets]
-    sizes, strides = list(view.static_sizes), list(view.static_strides)
+    dynamic_sizes = iter(view.sizes)
+    sizes = [next(dynamic_sizes) if s == DYNAMIC_SIZE else s for s in view.static_sizes]
+    strides = list(view.static_strides)
     pls = loop_structure(producer)
     with ir.InsertionPoint(tiled), tiled.location:
         slices = {}  # input index -> its slice under the tile, built before the clone reads it
@@ -85,10 +90,12 @@ def rewrite(tiled: ir.Operation, slice_op: ir.Operation, producer: ir.Operation,
             szs = [sizes[d] for d in dims]
             static = [o if isinstance(o, int) else DYNAMIC for o in offs]
             dyn = [o for o in offs if not isinstance(o, int)]
+            static_sizes = [z if isinstance(z, int) else DYNAMIC_SIZE for z in szs]
+            dyn_sizes = [z for z in szs if not isinstance(z, int)]
             t = value.type
             slices[j] = tensor.ExtractSliceOp(
-                ir.RankedTensorType.get(szs, t.element_type, t.encoding), value, dyn, [], [],
-                static, szs, [strides[d] for d in dims]).result
+                ir.RankedTensorType.get(static_sizes, t.element_type, t.encoding), value, dyn,
+                dyn_sizes, [], static, static_sizes, [strides[d] for d in dims]).result
         tile = producer.clone()
         for j, piece in slices.items():
             tile.operands[j] = piece

@@ -50,7 +50,15 @@ UNSUPPORTED_ERRORS = (IngressError, UnsupportedError)
 def compile_case(case: Case):
     from ..compile import compile_kernel
 
-    return compile_kernel(case.path, overrides=dict(case.overrides), backward=case.backward)
+    use_threads(case)
+    return compile_kernel(case.path, overrides=dict(case.overrides), backward=case.backward,
+                          threads=case.threads)
+
+
+def use_threads(case: Case) -> None:
+    """torch's intra-op threads as many as ours when the case sets them."""
+    if case.threads is not None:
+        torch.set_num_threads(case.threads)
 
 
 def failure(exc: LighthouseError) -> dict:
@@ -204,6 +212,7 @@ def torch_reference(case: Case):
     from ..ingress import import_forward, import_joint
     from ..kernel import load_kernel
 
+    use_threads(case)
     kernel = load_kernel(case.path, dict(case.overrides))
     importer = import_joint if case.backward else import_forward
     return importer(kernel.model, kernel.inputs, name=str(case.path)).reference

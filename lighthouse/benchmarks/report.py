@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import statistics
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -168,6 +169,34 @@ def summary(rows: list[Row]) -> str:
     order = ["PASS", "FAIL", "ERROR", "TIMEOUT", "UNSUPPORTED"]
     parts = [f"{counts[s]} {s}" for s in order if s in counts]
     return f"{len(rows)} kernel{'s' * (len(rows) != 1)}: " + ", ".join(parts)
+
+
+FAST_P = (0.0, 1.0, 1.5)
+
+
+def fast_p_values(rows: list[Row], ratio: str) -> dict[float, float]:
+    """KernelBench's fast_p over every problem run: the share of the rows that PASS with a
+    ratio (`speedup` against torch eager, `vs_inductor` against torch.compile) above p; a
+    row without that ratio (not timed) counts as not fast."""
+    if not rows:
+        return {p: 0.0 for p in FAST_P}
+    return {p: sum(1 for r in rows if r.status == "PASS" and getattr(r, ratio) is not None
+                   and getattr(r, ratio) > p) / len(rows) for p in FAST_P}
+
+
+def fast_p(rows: list[Row], *, inductor: bool) -> str:
+    """The fast_p lines of a KernelBench level, with the median ratio of the rows that pass."""
+    lines = []
+    baselines = [("torch eager", "speedup")] + ([("torch.compile", "vs_inductor")] if inductor else [])
+    for name, ratio in baselines:
+        values = fast_p_values(rows, ratio)
+        timed = sorted(getattr(r, ratio) for r in rows if r.status == "PASS"
+                       and getattr(r, ratio) is not None)
+        median = f"{statistics.median(timed):.2f}x" if timed else "-"
+        parts = ", ".join(f"fast_{p:g} {v:.2f}" for p, v in values.items())
+        lines.append(f"against {name}: {parts} (median {median} over {len(timed)} passing, "
+                     f"slowest {timed[0]:.2f}x)" if timed else f"against {name}: {parts}")
+    return "\n".join(lines)
 
 
 # ---- files ---------------------------------------------------------------------------------

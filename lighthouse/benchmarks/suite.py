@@ -30,6 +30,7 @@ class Case:
     backward: bool = False
     useful_flops: float = 1.0  # fraction of the graph's matmul FLOPs that is useful work
     notes: list[str] = field(default_factory=list)  # how the sizes were chosen, when it matters
+    threads: int | None = None  # threads of ours and of torch (None: all cores)
 
     @property
     def sizes(self) -> str:
@@ -40,6 +41,7 @@ class Case:
         words = ["python -m lighthouse.compile", shlex.quote(str(self.path))]
         words += [f"--set {shlex.quote(f'{k}={_literal(v)}')}" for k, v in self.overrides.items()]
         words += ["--backward"] if self.backward else []
+        words += [f"--threads {self.threads}"] if self.threads is not None else []
         return " ".join(words)
 
 
@@ -101,6 +103,22 @@ def default_suite() -> list[Case]:
                  V=128256),
         _example("linear_cross_entropy_128k_bwd", "linear_cross_entropy", backward=True,
                  N=1024, D=1024, V=128256),
+        *_convolutions(),
+    ]
+
+
+def _convolutions() -> list[Case]:
+    """2-D convolutions of a ResNet-like stage ([8, 64, 56, 56]): 3 x 3 (forward and
+    backward), strided, depthwise, pointwise, and a transposed one of stride 2."""
+    image = dict(N=8, C=64, H=56, W=56, F=64)
+    return [
+        _example("conv2d", "convolution", **image),
+        _example("conv2d_bwd", "convolution", backward=True, **image),
+        _example("conv2d_strided", "convolution", **{**image, "F": 128, "STRIDE": 2}),
+        _example("conv2d_depthwise", "convolution", **{**image, "GROUPS": 64}),
+        _example("conv2d_pointwise", "convolution", **{**image, "KH": 1, "KW": 1, "PADDING": 0}),
+        _example("conv_transpose2d", "convolution", N=8, C=64, H=28, W=28, F=32, KH=4, KW=4,
+                 STRIDE=2, PADDING=1, TRANSPOSED=True),
     ]
 
 
@@ -119,6 +137,9 @@ def quick_suite() -> list[Case]:
         _example("cross_entropy", "cross_entropy", N=63, C=4000),
         _example("cross_entropy_bwd", "cross_entropy", backward=True, N=63, C=4000),
         _example("cross_entropy_bf16", "cross_entropy", N=64, C=3200, DTYPE="bfloat16"),
+        _example("conv2d", "convolution", N=2, C=8, H=20, W=37, F=16),
+        _example("conv_transpose2d", "convolution", N=2, C=8, H=10, W=13, F=8, STRIDE=2,
+                 TRANSPOSED=True),
         _example("linear_cross_entropy", "linear_cross_entropy", N=96, D=64, V=1000),
         _example("linear_cross_entropy_bwd", "linear_cross_entropy", backward=True, N=96, D=64,
                  V=1000),
@@ -167,6 +188,15 @@ def select(cases: list[Case], patterns: list[str] | None) -> list[Case]:
         raise KernelFileError(f"--only {' '.join(unknown)}: no such kernel "
                               f"(kernels: {', '.join(c.name for c in cases)})")
     return [c for c in cases if any(fnmatch.fnmatchcase(c.name, p) for p in patterns)]
+
+
+def apply_threads(cases: list[Case], threads: int | None) -> list[Case]:
+    """Every case run with `threads` threads on each side (None: all cores)."""
+    if threads is not None and threads < 1:
+        raise KernelFileError(f"--threads must be at least 1, got {threads}")
+    for case in cases:
+        case.threads = threads
+    return cases
 
 
 def apply_overrides(cases: list[Case], overrides: dict[str, Any]) -> list[Case]:

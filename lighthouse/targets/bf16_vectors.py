@@ -177,6 +177,58 @@ def odd_bf16_vectors_as_i16(payload: ir.Module) -> int:
     return len(odd)
 
 
+_MEMORY = ("llvm.load", "llvm.store", "llvm.intr.masked.load", "llvm.intr.masked.store")
+
+
+def bf16_memory_as_i16(payload: ir.Module) -> int:
+    """Loads and stores of bf16 (scalars and vectors of any lane count, masked or not) move
+    the bits as i16: LLVM's x86 backend has no masked bf16 memory ops and scalarizes them
+    into bf16 scalar loads and stores it cannot select ("Cannot select: store (s16)"), and
+    its loop vectorizer turns a scalar bf16 copy loop (a strided copy, the zero-stuffed input
+    of a transposed convolution) into bf16 vectors of odd widths it aborts on. Exact: the
+    same bits move, a bitcast on each side (a load and store pair of a copy then meet as
+    i16 alone). Returns the number rewritten."""
+    from torch_mlir.dialects import llvm
+
+    targets = []
+
+    def visit(op):
+        if op.name in _MEMORY and any(_bf16_typed(v.type)
+                                      for v in list(op.operands) + list(op.results)):
+            targets.append(op)
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit)
+    with payload.context:
+        i16 = ir.IntegerType.get_signless(16)
+
+        def as_i16(t: ir.Type) -> ir.Type:
+            return ir.VectorType.get(ir.VectorType(t).shape, i16) if isinstance(t, ir.VectorType) else i16
+
+        for op in targets:
+            with op.location:
+                for i, operand in enumerate(list(op.operands)):
+                    if _bf16_typed(operand.type):
+                        with ir.InsertionPoint(op):
+                            op.operands[i] = llvm.bitcast(as_i16(operand.type), operand)
+                for result in op.results:
+                    if _bf16_typed(result.type):
+                        original = result.type
+                        result.set_type(as_i16(original))
+                        with ir.InsertionPoint.after(op):
+                            cast = llvm.bitcast(original, result)
+                        result.replace_all_uses_except(cast, cast.owner.operation)
+    return len(targets)
+
+
+def _bf16_typed(t: ir.Type) -> bool:
+    return isinstance(t, ir.BF16Type) or _bf16_vector(t)
+
+
+def _bf16_vector(t: ir.Type) -> bool:
+    return isinstance(t, ir.VectorType) and isinstance(ir.VectorType(t).element_type, ir.BF16Type)
+
+
 def _row_of_constant(op) -> bool:
     """Is `op` an llvm.extractvalue of one odd bf16 vector out of a dense constant?"""
     if op.name != "llvm.extractvalue" or not _odd_bf16_vector(op.results[0].type):

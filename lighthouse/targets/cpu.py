@@ -37,7 +37,8 @@ from schedules.prepare import checks_to_error_code, kernel_error_messages
 
 from ..errors import UnsupportedError
 from ..pipeline import Stage
-from .bf16_vectors import odd_bf16_conversions_as_integer_ops, odd_bf16_vectors_as_i16
+from .bf16_vectors import (bf16_memory_as_i16, odd_bf16_conversions_as_integer_ops,
+                           odd_bf16_vectors_as_i16)
 from .description import CpuDescription, host_cpu, host_cpu_flags
 from .runtime_checks import add_vector_bounds_checks
 
@@ -372,6 +373,7 @@ def lower_to_llvm(payload: ir.Module, threads: int, *, runtime_checks: bool = Fa
         "convert-ub-to-llvm", "reconcile-unrealized-casts", "canonicalize",
     ]))
     odd_bf16_vectors_as_i16(payload)
+    bf16_memory_as_i16(payload)
 
 
 def strided_copies_to_loops(payload: ir.Module) -> None:

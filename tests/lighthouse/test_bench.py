@@ -240,14 +240,36 @@ def test_kernelbench_problem_files():
     assert re.search(r"^UNSUPPORTED 101_cummax: .*101_cummax.py: torch-mlir cannot lower "
                      r"torch.aten.cummax", r.stdout, re.M)
     assert "'input_shape=(300,)'" in r.stderr  # progress lines show the sizes, shell-quoted
+    # KernelBench's summary: 2 of the 3 problems are correct (fast_0); --quick: no inductor
+    assert re.search(r"^against torch eager: fast_0 0\.67, fast_1 0\.\d\d, fast_1\.5 0\.\d\d "
+                     r"\(median \d+\.\d\dx over 2 passing, slowest \d+\.\d\dx\)$", r.stdout, re.M)
+    assert "against torch.compile" not in r.stdout
+
+
+def test_fast_p_counts_correct_and_faster_problems():
+    from lighthouse.benchmarks.report import Row, fast_p, fast_p_values
+
+    def row(status, speedup, vs_inductor=None):
+        return Row("k", "k.py", "", False, status, speedup=speedup, vs_inductor=vs_inductor)
+
+    rows = [row("PASS", 2.0, 0.9), row("PASS", 1.2, None), row("FAIL", 3.0, 3.0),
+            row("UNSUPPORTED", None), row("PASS", 0.5, 1.6)]
+    assert fast_p_values(rows, "speedup") == {0.0: 0.6, 1.0: 0.4, 1.5: 0.2}
+    assert fast_p_values(rows, "vs_inductor") == {0.0: 0.4, 1.0: 0.2, 1.5: 0.2}
+    assert fast_p(rows, inductor=True).splitlines() == [
+        "against torch eager: fast_0 0.60, fast_1 0.40, fast_1.5 0.20 (median 1.20x over 3 "
+        "passing, slowest 0.50x)",
+        "against torch.compile: fast_0 0.40, fast_1 0.20, fast_1.5 0.20 (median 1.25x over 2 "
+        "passing, slowest 0.90x)"]
 
 
 def test_max_elements_shrinks_kernelbench_problems(tmp_path):
-    """--max-elements 20000 on the fixtures: each row shows the --set values it ran with,
-    and the row's command compiles the same problem alone and passes --check."""
+    """--max-elements 20000 on the fixtures, one thread each side: each row shows the --set
+    values it ran with, and the row's command compiles the same problem alone (on one
+    thread) and passes --check."""
     out = tmp_path / "kb.json"
     r = run_bench("--quick", "--kernelbench", KERNELBENCH, "--problems", "40,89,95",
-                  "--max-elements", "20000", "--json", out)
+                  "--max-elements", "20000", "--threads", "1", "--json", out)
     assert r.returncode == 0, r.stdout + r.stderr
     names, rows = parse_table(r.stdout)
     assert names == COLUMNS + ["sizes (--set)"]
@@ -256,9 +278,9 @@ def test_max_elements_shrinks_kernelbench_problems(tmp_path):
         "89_cumsum": ("PASS", "'input_shape=(125,)'"),
         "95_CrossEntropyLoss": ("PASS", "batch_size=1024")}
     doc = json.loads(out.read_text())
-    assert doc["settings"]["max_elements"] == 20000
+    assert doc["settings"]["max_elements"] == 20000 and doc["settings"]["threads"] == 1
     command = next(row["command"] for row in doc["rows"] if row["name"] == "89_cumsum")
-    assert command.endswith("89_cumsum.py --set 'input_shape=(125,)'")
+    assert command.endswith("89_cumsum.py --set 'input_shape=(125,)' --threads 1")
     argv = shlex.split(command)
     assert argv[:3] == ["python", "-m", "lighthouse.compile"]
     rerun = run_cli(*argv[3:], "--check")

@@ -26,6 +26,7 @@ SMALL = {
     "attention": {"B": 1, "H": 2, "S": 80, "D": 32},
     "attention_causal": {"B": 1, "H": 2, "S": 80, "D": 32, "IS_CAUSAL": True},
     "cross_entropy": {"N": 40, "C": 1000},
+    "convolution": {"N": 2, "C": 4, "H": 9, "W": 37, "F": 12, "STRIDE": 2},
     "linear_cross_entropy": {"N": 40, "D": 32, "V": 300},
 }
 

@@ -50,9 +50,20 @@ def _compile(kernel_file, layer, shape, **kw):
 
 @pytest.mark.parametrize("name", LAYERS)
 def test_matches_torch(kernel_file, name):
+    """The generic schedule, chosen by name (the convolution family takes the convolutions
+    by default; tests/schedules/test_convolution.py checks it on these shapes' kinds)."""
+    layer, shape = LAYERS[name]
+    compiled = _compile(kernel_file, layer, shape, schedule="generic")
+    assert compiled.family.name == "generic"
+    for report in compiled.check():
+        assert report.ok, str(report)
+
+
+@pytest.mark.parametrize("name", ["transposed_1d_kb79", "transposed_2d_kb81", "padded_conv_2d"])
+def test_the_default_family_matches_torch(kernel_file, name):
     layer, shape = LAYERS[name]
     compiled = _compile(kernel_file, layer, shape)
-    assert compiled.family.name == "generic"
+    assert compiled.family.name == "convolution"
     for report in compiled.check():
         assert report.ok, str(report)
 

@@ -10,11 +10,12 @@ from lighthouse.targets.cpu import CpuTarget
 from schedules.generic import GenericParams, fuse_generic, vectorize_generic
 
 
-def run_module(payload: ir.Module, args, *, threads: int = 2, cleanup: bool = True,
-               before_vectorize=None):
-    """Compile `payload` (its @main) for the CPU and call it on torch tensors `args`
-    (`cleanup`: run the cleanup stage first, as a compile does on an import;
-    `before_vectorize(payload)`: a rewrite between the generic fuse and vectorize stages)."""
+def run_module(payload: ir.Module, args, *, threads: int = 2, family: str = "generic",
+               cleanup: bool = True, before_vectorize=None):
+    """Compile `payload` (its @main) for the CPU with the schedule of `family` and call it
+    on torch tensors `args` (`cleanup`: run the cleanup stage first, as a compile does on an
+    import; `before_vectorize(payload)`: a rewrite between the generic fuse and vectorize
+    stages)."""
     func = next(op for op in payload.body.operations if op.operation.name == "func.func")
     fn_type = ir.TypeAttr(func.attributes["function_type"]).value
     arg_specs = [_spec_of_type(t, "payload", "arg") for t in fn_type.inputs]
@@ -24,10 +25,29 @@ def run_module(payload: ir.Module, args, *, threads: int = 2, cleanup: bool = Tr
     from lighthouse.compile import cleanup as cleanup_stage
 
     stages = [Stage("cleanup", cleanup_stage)] if cleanup else []
-    stages += [Stage("fuse", lambda m: fuse_generic(m, params))]
-    if before_vectorize is not None:
-        stages.append(Stage("before-vectorize", before_vectorize))
-    stages += [Stage("vectorize", lambda m: vectorize_generic(m, params))] + target.stages()
+    if family == "generic":
+        stages += [Stage("fuse", lambda m: fuse_generic(m, params))]
+        if before_vectorize is not None:
+            stages.append(Stage("before-vectorize", before_vectorize))
+        stages += [Stage("vectorize", lambda m: vectorize_generic(m, params))]
+    else:
+        if before_vectorize is not None:
+            raise ValueError("before_vectorize runs between the generic schedule's stages only")
+        from lighthouse.families import family_named
+        from schedules.script import apply_stage
+
+        script = {}
+
+        def stage(name):
+            def run(m):
+                if not script:
+                    with m.context, ir.Location.unknown():
+                        script["module"] = family_named(family).script(m, target)
+                apply_stage(m, script["module"], name)
+            return Stage(name, run)
+
+        stages += [stage("fuse"), stage("vectorize")]
+    stages += target.stages()
     Pipeline(stages).run(payload)
     return target.jit(payload, arg_specs, result_specs)(*args)
 

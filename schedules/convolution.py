@@ -1,0 +1,762 @@
+"""The convolution family: payloads dominated by convolutions (1-D, 2-D, 3-D; strided,
+padded, dilated, grouped, depthwise, pointwise, transposed) on the CPU.
+
+Math, per convolution (transform_ext.analysis.convolution names the dims):
+    Y[b, g, f, o] = I[b, g, f, o] + sum_{c, k} X[b, g, c, o s + k t] W[g, f, c, k]
+with I the accumulator's producer (zeros, or the bias broadcast), optionally followed by an
+elementwise epilogue E (ReLU, a residual add, ...). A direct convolution on the matmul
+family's register tile: the output's rows (output channels f, or the groups g of a
+depthwise convolution) times its lanes (the innermost image dim o_w, contiguous in X and
+Y), each step of the reduction an outer product of MR filter values (broadcast) and NR
+image values (a vector load of X at o_w s + k t):
+    acc[f0 : f0 + MR, o_w0 : o_w0 + NR] += W[f, c, k] (x) X[c, o_w0 s + k t : + NR s : s]
+No im2col buffer: the register tile reads X where it is.
+
+Preconditions: static shapes; f32, f16 or bf16 (16-bit operands extended in the body, f32
+accumulation as torch-mlir imports them); the lanes dim is the innermost dim of X and Y.
+A transposed convolution (torch-mlir imports it as a convolution over the input stuffed
+with zeros, s - 1 between neighbours) is first split into s^d convolutions over the input
+itself, one per phase of the output (transform_ext.split_transposed_convolution), so no
+multiply reads a stuffed zero.
+
+fuse (the script's @fuse: steps recorded on a trial copy by `plan_convolution`):
+  1. normalize: assertions split out, elementwise ops fused (the epilogue becomes one
+     generic), stuffed convolutions split into phases, convolutions and the bias
+     broadcast generalized to linalg.generic;
+  2. per convolution, last first: the epilogue (or the convolution) is tiled into an
+     `scf.forall` over (batch, group, a block of tile_rows output channels, blocks of the
+     outer image dims) with the convolution and its accumulator producer fused in; inside,
+     register tiles (outer image dims by 1, the lanes by NR, the rows by MR, rows
+     innermost so that the image rows a tile reads stay in L1 across the row tiles); the
+     accumulator producer computed per register tile
+     (transform_ext.fuse_init_into_register_tile); the input channels and the window by
+     1 (loops c, k_1 .. k_d innermost); the tile, now of a window of one element, rebuilt
+     as a contraction (transform_ext.convolution_to_contraction); the epilogue tiled to
+     register tiles after the convolution's;
+  3. any other linalg op is tiled for threads as the generic schedule does.
+vectorize (@vectorize): every op of step 2 vectorized at its register tile (edge tiles
+masked), the contraction lowered by the target to MR x NR/lanes FMAs per step, the
+accumulator hoisted into registers across the reduction loops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch_mlir import ir
+from torch_mlir.dialects import transform
+from torch_mlir.dialects.transform import loop, structured
+from torch_mlir.dialects.transform import vector as tvec
+
+import transform_ext
+from transform_ext.analysis.convolution import ConvolutionDims, NotConvolution, convolution_dims
+from transform_ext.analysis.structure import is_linalg_op, loop_structure
+from transform_ext.convolution_to_contraction import convolution_to_contraction
+from transform_ext.drop_contraction_masks import drop_contraction_masks
+from transform_ext.common import Illegal
+from transform_ext.fuse_init_into_register_tile import fuse_init_into_register_tile
+from transform_ext.split_transposed_convolution import analyze as analyze_stuffed
+from transform_ext.split_strided_convolution import analyze as analyze_strided
+from transform_ext.split_strided_convolution import split_strided_convolution
+from transform_ext.split_transposed_convolution import split_transposed_convolution
+from transform_ext.remove_annotation import remove_annotation
+from transform_ext.split_assertions import split_assertions
+
+from .common import (annotate, any_op, apply_passes, apply_patterns, at_place, canonicalize,
+                     foreach, hoist_loop_invariant_subsets, match, place_of)
+from .generic import (GenericParams, func_ops, generic_script, parallel_tile_sizes,
+                      register_tile_for, top_level_linalg_ops, vector_tile_sizes)
+from .generic import vectorize_stage as generic_vectorize_stage
+from .matmul import find_epilogue
+from .script import StepRecorder, recorded_script
+
+ROLE = "lh.cv_role"            # string attribute: the part of the schedule an op plays
+VECTOR_SIZES = "lh.cv_vector"  # i64 array: vector sizes of the op's nominal tile
+LANES = "lh.cv_lanes"          # i64: the loop dim of the register tile's lanes
+_DONE = "lh.cv_done"           # a convolution already scheduled
+_TILE = "lh.cv_tile"           # the register tiles of the convolution being scheduled
+
+FLOAT_TYPES = ("f32", "f16", "bf16")
+
+
+class NotApplicable(Exception):
+    """The payload is not one this schedule takes; the message is the one-line reason."""
+
+
+@dataclass(frozen=True)
+class ConvolutionParams:
+    """register: (MR, NR) accumulator tile, MR rows (output channels) x NR lanes (the
+    innermost image dim), NR a multiple of the f32 vector width. tile_rows: output channels
+    of one forall tile at most (a multiple of MR). threads: the forall tiles are sized so
+    that every thread gets work (at least tiles_per_thread tiles each, when the shape
+    allows). block_bytes: when the image rows and filter values one register tile reads
+    over all input channels exceed it, the channels are split into blocks that fit (a loop
+    over the blocks around the register tiles, the accumulators reloaded per block);
+    tile_bytes: the output of a forall tile of such a convolution, which stays in cache
+    across the blocks, is at most this."""
+
+    register: tuple[int, int] = (8, 32)
+    tile_rows: int = 128
+    threads: int = 2
+    tiles_per_thread: int = 4
+    block_bytes: int = 24 << 10
+    tile_bytes: int = 256 << 10
+
+    def __post_init__(self):
+        mr, nr = self.register
+        if mr < 1 or nr < 1:
+            raise ValueError(f"register tile must be positive, got {self.register}")
+        if self.tile_rows < mr or self.tile_rows % mr:
+            raise ValueError(f"tile_rows={self.tile_rows} must be a positive multiple of {mr}")
+        if self.threads < 1 or self.tiles_per_thread < 1:
+            raise ValueError("threads and tiles_per_thread must be >= 1")
+        if self.block_bytes < 1 or self.tile_bytes < 1:
+            raise ValueError("block_bytes and tile_bytes must be >= 1")
+
+    @staticmethod
+    def for_cpu(cpu, threads: int) -> "ConvolutionParams":
+        """The parameters on a CPU described by `cpu` (lighthouse.targets.description
+        CpuDescription): the register tile of its vector registers (register_tile_for);
+        channel blocks whose image rows and filter values fill at most half of L1; forall
+        tiles of a blocked convolution whose output fills at most a quarter of L2."""
+        mr, nr = register_tile_for(cpu.f32_lanes, cpu.vector_registers)
+        return ConvolutionParams(register=(mr, nr), tile_rows=16 * mr, threads=threads,
+                                 block_bytes=cpu.l1d_bytes // 2, tile_bytes=cpu.l2_bytes // 4)
+
+
+# ----------------------------------------------------------------------------- analysis
+
+@dataclass
+class Convolution:
+    """A convolution of the payload and how its register tile covers it: `rows`, the loop
+    dim along the tile's MR rows (None: one row), `lanes`, the dim along its NR lanes."""
+
+    dims: ConvolutionDims
+    rows: int | None
+    lanes: int
+
+    @property
+    def op(self) -> ir.Operation:
+        return self.dims.op
+
+    @property
+    def work(self) -> int:
+        w = 1
+        for r in self.dims.ranges:
+            w *= r
+        return w
+
+
+def _element_type_name(value) -> str:
+    return str(value.type.element_type)
+
+
+def analyze_convolution(op: ir.Operation) -> Convolution:
+    """The convolution's register tile roles, or NotApplicable with the reason."""
+    name = f"{op.name} at {op.location}"
+    try:
+        dims = convolution_dims(op)
+    except NotConvolution as exc:
+        raise NotApplicable(f"{name} is not a convolution ({exc})") from None
+    for v in list(op.operands) + list(op.results):
+        if not isinstance(v.type, ir.RankedTensorType):
+            raise NotApplicable(f"{name} has an operand of type {v.type} (wants ranked tensors)")
+        if _element_type_name(v) not in FLOAT_TYPES:
+            raise NotApplicable(f"{name} has element type {_element_type_name(v)} "
+                                f"(wants f32, f16 or bf16)")
+    if _element_type_name(op.results[0]) != "f32":
+        raise NotApplicable(f"{name} accumulates in {_element_type_name(op.results[0])} "
+                            f"(wants f32)")
+    ls = loop_structure(op)
+    x_map, y_map = ls.maps[dims.input_index], ls.output_map(0)
+    last = len(x_map.results) - 1
+    if last not in dims.exprs:
+        raise NotApplicable(f"{name}: the innermost dim of its image is not an image dim "
+                            f"(wants channels-first layouts)")
+    lanes = dims.exprs[last].image
+    if not isinstance(y_map.results[-1], ir.AffineDimExpr) or y_map.results[-1].position != lanes:
+        raise NotApplicable(f"{name}: its output's innermost dim is not the image's")
+    return Convolution(dims, _rows_dim(dims, lanes), lanes)
+
+
+# Output channels of fewer than this many rows: the register tile's rows run along another
+# dim (a depthwise convolution's image rows) so that it holds enough accumulators.
+MIN_CHANNEL_ROWS = 4
+
+
+def _rows_dim(dims: ConvolutionDims, lanes: int) -> int | None:
+    """The dim along the register tile's rows: the widest output channel dim (its filter
+    values broadcast, the image vector shared by the rows) when it has MIN_CHANNEL_ROWS or
+    more; else the image dim outside the lanes, else a batch dim (the filter value shared,
+    each row its own image vector); None (one row) when all have extent 1. Never a group
+    dim: rows along a dim of both operands would broadcast the filter across the lanes of
+    another dim than its own (a transposing broadcast)."""
+    wide = [d for d in dims.out_channel if dims.ranges[d] >= MIN_CHANNEL_ROWS]
+    if wide:
+        return max(wide, key=lambda d: dims.ranges[d])
+    outer = [o for o in dims.image if o != lanes and dims.ranges[o] > 1]
+    if outer:
+        return outer[-1]
+    batch = [b for b in dims.batch if dims.ranges[b] > 1]
+    return batch[-1] if batch else None
+
+
+def _convolution_ops(payload: ir.Module) -> list[ir.Operation]:
+    """Top-level convolutions not scheduled yet."""
+    found = []
+    for func in func_ops(payload):
+        for op in top_level_linalg_ops(func):
+            if _DONE in op.attributes or ROLE in op.attributes:
+                continue
+            try:
+                convolution_dims(op, static=False)
+            except NotConvolution:
+                continue
+            found.append(op)
+    return found
+
+
+def find_convolutions(payload: ir.Module) -> list[Convolution]:
+    """The convolutions this schedule takes (others are tiled like the generic schedule)."""
+    found = []
+    for op in _convolution_ops(payload):
+        try:
+            found.append(analyze_convolution(op))
+        except NotApplicable:
+            pass
+    return found
+
+
+def _work(op: ir.Operation) -> int:
+    w = 1
+    for r in loop_structure(op).ranges:
+        w *= r or 1
+    return w
+
+
+def recognize(payload: ir.Module) -> bool:
+    """The payload's heavy ops are convolutions: their multiply-adds outnumber the loop
+    iterations of all other linalg ops together."""
+    convolutions = set(_convolution_ops(payload))
+    conv, other = 0, 0
+    for func in func_ops(payload):
+        for op in top_level_linalg_ops(func):
+            if op in convolutions:
+                conv += _work(op)
+            else:
+                other += _work(op)
+    return conv > 0 and conv >= other
+
+
+def check(payload: ir.Module) -> str | None:
+    """None when the schedule applies (some convolution fits it), else the reason."""
+    reasons = []
+    for op in _convolution_ops(payload):
+        try:
+            analyze_convolution(op)
+            return None
+        except NotApplicable as exc:
+            reasons.append(str(exc))
+    return reasons[0] if reasons else "the payload has no convolution"
+
+
+# ----------------------------------------------------------------------------- tiles
+
+@dataclass(frozen=True)
+class ConvolutionTiles:
+    """Tile sizes over the convolution's loop dims (0: not tiled). forall: one thread's
+    tile; register: MR x NR (1 on the outer image dims) with `interchange` putting the
+    rows innermost; reduction: 1 on the input channels and window dims."""
+
+    forall: list[int]
+    register: list[int]
+    interchange: list[int]
+    reduction: list[int]
+    vector: list[int]          # the register tile's sizes over the contraction's dims
+    output: list[int]          # the register tile over the output's dims
+    vector_lanes: int          # the lanes dim among the contraction's dims
+    output_lanes: int          # the lanes dim among the output's dims
+    peel: int | None           # the lanes loop among the register loops, when its last
+                               # tile is partial (peeled: vectorized at fewer lanes)
+    channel_block: list[int] | None  # the input channel block (None: all channels at once)
+
+
+
+def _tile_of(extent: int, unit: int, largest: int) -> int:
+    """The largest multiple of `unit` dividing `extent` up to `largest`, else `largest`
+    rounded down to `unit` (a partial last tile); the whole extent when it fits."""
+    if extent <= largest:
+        return extent
+    top = max(unit, largest // unit * unit)
+    return next((t for t in range(top, 0, -unit) if extent % t == 0), top)
+
+
+def convolution_tiles(c: Convolution, params: ConvolutionParams) -> ConvolutionTiles:
+    """The tiles of convolution `c` (see ConvolutionTiles). forall: 1 on every batch, group
+    and output channel dim, except the rows: tile_rows of them (`_tile_of`); the outer image
+    dims whole, then split (by divisors, outermost first; the rows dim in multiples of MR)
+    until the threads have tiles_per_thread tiles each. register: MR x NR (NR rounded down
+    to whole vectors covering the lanes dim when it is narrower), 1 elsewhere."""
+    d, ranges = c.dims, c.dims.ranges
+    rank = len(ranges)
+    rows_extent = ranges[c.rows] if c.rows is not None else 1
+    mr = min(params.register[0], rows_extent)
+    vector_lanes = params.register[1] // 2
+    nr = min(params.register[1], -(-ranges[c.lanes] // vector_lanes) * vector_lanes)
+    outer = [o for o in d.image if o != c.lanes]
+    forall = [0] * rank
+    for dim in d.batch + d.group + d.out_channel:
+        forall[dim] = 1
+    for o in outer:
+        forall[o] = ranges[o]
+    if c.rows is not None:
+        forall[c.rows] = _tile_of(rows_extent, mr, params.tile_rows if c.rows in d.out_channel
+                                  else rows_extent)
+    count = 1
+    for dim in range(rank):
+        if forall[dim]:
+            count *= -(-ranges[dim] // forall[dim])
+    wanted = params.threads * params.tiles_per_thread
+    for o in outer:
+        if count >= wanted:
+            break
+        unit = mr if o == c.rows else 1
+        need = -(-wanted // count)
+        sizes = [t for t in range(unit, ranges[o] + 1, unit) if ranges[o] % t == 0] or [forall[o]]
+        size = max([t for t in sizes if ranges[o] // t >= need] or [min(sizes)])
+        count = count // -(-ranges[o] // forall[o]) * (ranges[o] // size)
+        forall[o] = size
+    forall = [0 if s == ranges[i] and i not in d.batch + d.group + d.out_channel else s
+              for i, s in enumerate(forall)]
+    if c.rows is not None and forall[c.rows] == ranges[c.rows]:
+        forall[c.rows] = 0
+    register = [0] * rank
+    for dim in d.batch + d.group + d.out_channel + outer:
+        register[dim] = 1
+    if c.rows is not None:
+        register[c.rows] = mr
+    register[c.lanes] = nr
+    order = [x for x in d.batch + d.group + d.out_channel + outer if x != c.rows] + [c.lanes]
+    order += [c.rows] if c.rows is not None else []
+    reduction = [0] * rank
+    for dim in d.in_channel + [k for k in d.window if k is not None]:
+        reduction[dim] = 1
+    window = {k for k in d.window if k is not None}
+    vector = [1 if i in d.in_channel else register[i] or 1 for i in range(rank) if i not in window]
+    block = _channel_block(c, params, mr, nr)
+    if block is not None:
+        _fit_output_tile(c, params, forall, outer, mr)
+    y_map = loop_structure(c.op).output_map(0)
+    output = [register[e.position] or 1 for e in y_map.results]
+    kept = [i for i in range(rank) if i not in window]
+    output_lanes = [e.position for e in y_map.results].index(c.lanes)
+    tiled = [x for x in order if register[x]]
+    peel = tiled.index(c.lanes) if ranges[c.lanes] > nr and ranges[c.lanes] % nr else None
+    return ConvolutionTiles(forall, register, order, reduction, vector, output,
+                            kept.index(c.lanes), output_lanes, peel, block)
+
+
+def writes_strided_lanes(c: Convolution) -> bool:
+    """Is the convolution's result inserted into a tensor strided along its lanes (a phase of
+    a transposed convolution, transform_ext.split_transposed_convolution)? Its tiles are
+    then read and written element by element where masked."""
+    y_map = loop_structure(c.op).output_map(0)
+    axis = [e.position for e in y_map.results].index(c.lanes)
+    for use in c.op.results[0].uses:
+        owner = getattr(use.owner, "operation", use.owner)
+        if owner.name == "tensor.insert_slice" and use.operand_number == 0:
+            strides = list(owner.opview.static_strides)
+            if axis < len(strides) and strides[axis] != 1:
+                return True
+    return False
+
+
+def _channel_block(c: Convolution, params: ConvolutionParams, mr: int, nr: int) -> list[int] | None:
+    """Tile sizes splitting the widest input channel dim into blocks whose image rows and
+    filter values (per register tile) fit params.block_bytes, None when all fit or when the
+    output is strided along the lanes (`writes_strided_lanes`: one block keeps the tile's
+    start in registers and writes it once, where each block would read and write it)."""
+    if writes_strided_lanes(c):
+        return None
+    d, ranges = c.dims, c.dims.ranges
+    wide = [x for x in d.in_channel if ranges[x] > 1]
+    if not wide:
+        return None
+    channel = max(wide, key=lambda x: ranges[x])
+    rows = mr if c.rows is not None and c.rows in d.image else 1
+    x_elements, w_elements = 1, mr if c.rows in d.out_channel else 1
+    for w in d.exprs.values():
+        k = ranges[w.window] if w.window is not None else 1
+        w_elements *= k
+        if w.image == c.lanes:
+            x_elements *= nr * w.stride + (k - 1) * w.dilation
+        elif w.image == c.rows:
+            x_elements *= (rows - 1) * w.stride + (k - 1) * w.dilation + 1
+        else:
+            x_elements *= k
+    others = 1
+    for x in d.in_channel:
+        if x != channel:
+            others *= ranges[x]
+    per_channel = 4 * others * (x_elements + w_elements)
+    fit = params.block_bytes // per_channel
+    if fit >= ranges[channel]:
+        return None
+    size = max([t for t in range(1, max(1, fit) + 1) if ranges[channel] % t == 0])
+    sizes = [0] * len(ranges)
+    sizes[channel] = size
+    return sizes
+
+
+def _fit_output_tile(c: Convolution, params: ConvolutionParams, forall: list[int],
+                     outer: list[int], mr: int) -> None:
+    """Split the outer image dims of `forall` (in place, by divisors, outermost first)
+    until a tile's output holds at most params.tile_bytes."""
+    ranges = c.dims.ranges
+    output_dims = [e.position for e in loop_structure(c.op).output_map(0).results]
+
+    def tile_bytes():
+        size = 4
+        for dim in output_dims:
+            size *= forall[dim] or ranges[dim]
+        return size
+
+    for o in outer:
+        unit = mr if o == c.rows else 1
+        while tile_bytes() > params.tile_bytes:
+            current = forall[o] or ranges[o]
+            smaller = [t for t in range(unit, current, unit) if ranges[o] % t == 0]
+            if not smaller:
+                break
+            forall[o] = smaller[-1]
+
+
+# ----------------------------------------------------------------------------- fuse
+
+def _tile(handle, sizes, interchange=None):
+    t = structured.TileUsingForOp(handle, sizes=sizes, interchange=interchange)
+    return t.tiled_linalg_op, list(t.loops)
+
+
+def _fuse_into(producer, containing):
+    f = structured.FuseIntoContainingOp(producer, containing)
+    return f.fused_op, f.new_containing_op
+
+
+def _set_role(handle, role: str, vector_sizes: list[int], lanes: int) -> None:
+    """Annotate the ops of `handle` with their ROLE, nominal VECTOR_SIZES and LANES dim."""
+    annotate(handle, ROLE, ir.StringAttr.get(role))
+    annotate(handle, VECTOR_SIZES, ir.DenseI64ArrayAttr.get(vector_sizes))
+    annotate(handle, LANES, ir.IntegerAttr.get(ir.IntegerType.get_signless(64), lanes))
+
+
+def _single_use(value) -> ir.Operation | None:
+    uses = list(value.uses)
+    if len(uses) != 1:
+        return None
+    owner = uses[0].owner
+    return getattr(owner, "operation", owner)
+
+
+def _accumulator_producer(c: Convolution) -> ir.Operation | None:
+    """The fill or elementwise generic computing the accumulator's start, used by the
+    convolution alone (computed per register tile), else None."""
+    from transform_ext.analysis.tiles import per_tile_producer
+
+    value = c.op.operands[2]
+    owner = value.owner
+    producer = getattr(owner, "operation", owner)
+    if not isinstance(producer, ir.Operation) or not is_linalg_op(producer):
+        return None
+    if len(list(value.uses)) != 1 or not per_tile_producer(producer):
+        return None
+    return producer
+
+
+def accumulation_chain(c: Convolution, candidates: list[Convolution]) -> list[Convolution]:
+    """The convolutions whose results `c` accumulates onto, first first, then `c`: while
+    the accumulator of the first is the result of another of `candidates` used by nothing
+    else (the phases of a strided convolution, transform_ext.split_strided_convolution)."""
+    by_op = {x.op: x for x in candidates}
+    chain = [c]
+    while True:
+        value = chain[0].op.operands[2]
+        owner = value.owner
+        owner = getattr(owner, "operation", owner)
+        if owner not in by_op or len(list(value.uses)) != 1 or by_op[owner] in chain:
+            return chain
+        chain.insert(0, by_op[owner])
+
+
+def _schedule(rec: StepRecorder, chain: list[Convolution], params: ConvolutionParams) -> None:
+    """Step 2 of the module docstring for an accumulation chain (one convolution, or the
+    phases of a strided one: one forall tile computes them all in turn, each its own
+    register tiles over the same output tile)."""
+    last = chain[-1]
+    tiles = [convolution_tiles(c, params) for c in chain]
+    forall_tiles = tiles[-1]
+    epilogue = find_epilogue(last.op.results[0])
+    init = _accumulator_producer(chain[0])
+    ops = [epilogue, init] + [c.op for c in chain]
+    places = {i: place_of(rec.trial.operation, op) for i, op in enumerate(ops) if op is not None}
+    epilogue_forall = _output_sizes(last, forall_tiles.forall)
+    epilogue_register = _output_sizes(last, forall_tiles.register)
+
+    def body(root):
+        h = {i: at_place(root, place) for i, place in places.items()}
+        convs = [h[2 + i] for i in range(len(chain))]
+        for conv in convs:
+            annotate(conv, _DONE)
+        if epilogue is not None:
+            t = structured.TileUsingForallOp(h[0], tile_sizes=epilogue_forall)
+            forall, tiled_epilogue = t.forall_op, t.tiled_op
+            convs[-1], forall = _fuse_into(convs[-1], forall)
+        else:
+            t = structured.TileUsingForallOp(convs[-1], tile_sizes=forall_tiles.forall)
+            forall, convs[-1] = t.forall_op, t.tiled_op
+        for i in range(len(convs) - 2, -1, -1):
+            convs[i], forall = _fuse_into(convs[i], forall)
+        first = tiles[0]
+        fused_init = init is not None and first.channel_block is None
+        if init is not None:
+            init_h, forall = _fuse_into(h[1], forall)
+            if not fused_init:  # the tile starts from I, then the channel blocks add
+                init_h, _ = _tile(init_h, first.output)
+                _set_role(init_h, "init", first.output, first.output_lanes)
+        for i, (conv, tile) in enumerate(zip(convs, tiles)):
+            _register_tiles(conv, tile, forall, fused_init and i == 0)
+        if epilogue is not None:
+            tiled_epilogue, _ = _tile(tiled_epilogue, epilogue_register)
+            _set_role(tiled_epilogue, "epilogue", forall_tiles.output, forall_tiles.output_lanes)
+        canonicalize(match(root, "func.func"))
+
+    rec.step("tile", body)
+
+
+def _register_tiles(conv, tiles: ConvolutionTiles, forall, fuse_init: bool) -> None:
+    """A convolution's tile in the forall: channel blocks, register tiles (the lanes' last
+    partial tile peeled), the accumulator start per register tile when `fuse_init`, the
+    reductions by 1, then each register tile rebuilt as a contraction."""
+    if tiles.channel_block is not None:
+        conv, _ = _tile(conv, tiles.channel_block)
+    conv, loops = _tile(conv, tiles.register, interchange=tiles.interchange)
+    if fuse_init:
+        fuse_init_into_register_tile(conv)
+    if tiles.peel is not None:
+        annotate(conv, _TILE)
+        loop.LoopPeelOp(any_op(), any_op(), loops[tiles.peel])
+        conv = structured.MatchOp(any_op(), forall, op_attrs={_TILE: ir.UnitAttr.get()}).result
+        remove_annotation(conv, _TILE)
+    if fuse_init:
+        producer = transform.GetProducerOfOperand(any_op(), conv, 2).producer
+        _set_role(producer, "init", tiles.output, tiles.output_lanes)
+    conv, _ = _tile(conv, tiles.reduction)
+    kernel = convolution_to_contraction(conv)
+    _set_role(kernel, "register", tiles.vector, tiles.vector_lanes)
+
+
+def _output_sizes(c: Convolution, sizes: list[int]) -> list[int]:
+    """Tile sizes over the convolution's loops as sizes over its output's dims (the loops
+    of an epilogue with an identity map)."""
+    y_map = loop_structure(c.op).output_map(0)
+    return [sizes[e.position] for e in y_map.results]
+
+
+def _schedule_others(rec: StepRecorder, params: GenericParams) -> None:
+    """Linalg ops outside the convolutions' tiles: tiled for threads like the generic schedule."""
+    for func in list(func_ops(rec.trial)):
+        while True:
+            roots = [(op, sizes) for op in top_level_linalg_ops(func) if ROLE not in op.attributes
+                     and _DONE not in op.attributes
+                     and (sizes := parallel_tile_sizes(op, params)) is not None]
+            if not roots:
+                break
+            root, sizes = roots[-1]
+            place = place_of(rec.trial.operation, root)
+
+            def body(r, place=place, sizes=sizes):
+                structured.FuseOp(at_place(r, place), tile_sizes=sizes, use_forall=True,
+                                  apply_cleanup=True)
+
+            rec.step("tile_other", body)
+
+
+def _normalize(root: ir.Value) -> ir.Value:
+    """Assertions split out, elementwise ops fused, convolutions and broadcasts generalized."""
+    split_assertions(root)
+    root = apply_passes(root, "canonicalize", "cse")
+    apply_passes(match(root, "func.func"), "linalg-fuse-elementwise-ops")
+    root = apply_passes(root, "canonicalize", "cse")
+    return root
+
+
+@dataclass(frozen=True)
+class ConvolutionPlan:
+    """The script's steps as recorded on a trial of the payload; None when no convolution
+    is left for the schedule (the generic script)."""
+
+    fuse: tuple | None
+    vectorize: object | None
+
+
+def _split_phases(rec: StepRecorder, name: str, legal, split) -> None:
+    """The convolutions `legal` accepts (it raises Illegal otherwise) split by `split`, in
+    one recorded step."""
+    found = []
+    for op in _convolution_ops(rec.trial):
+        try:
+            legal(op)
+        except Illegal:
+            continue
+        found.append(place_of(rec.trial.operation, op))
+    if not found:
+        return
+
+    def body(root):
+        handles = [at_place(root, place) for place in found]
+        for h in handles:
+            split(h)
+        canonicalize(match(root, "func.func"))
+
+    rec.step(name, body)
+
+
+def _generalize_convolutions(rec: StepRecorder) -> None:
+    """Named convolutions and the broadcasts feeding them as linalg.generic (the tiles and
+    the per-register-tile accumulator work on generics)."""
+    names = set()
+    for c in find_convolutions(rec.trial):
+        names.add(c.op.name)
+        init = c.op.operands[2].owner
+        init = getattr(init, "operation", init)
+        if isinstance(init, ir.Operation) and init.name == "linalg.broadcast":
+            names.add(init.name)
+    names.discard("linalg.generic")
+    if not names:
+        return
+
+    def body(root):
+        structured.GeneralizeOp(match(root, sorted(names)))
+
+    rec.step("generalize", body)
+
+
+def plan_convolution(payload: ir.Module, params: ConvolutionParams,
+                     generic: GenericParams) -> ConvolutionPlan:
+    """The fuse stage on a copy of `payload` (after cleanup; read, not rewritten), one
+    recorded step at a time, then the vectorize stage's body from what it left."""
+    transform_ext.load(payload.context)
+    rec = StepRecorder(ir.Module.parse(str(payload), payload.context))
+    rec.step("normalize", _normalize)
+    # transposed convolutions: no products of stuffed zeros; strided ones: unit-stride lanes
+    _split_phases(rec, "split_transposed", analyze_stuffed, split_transposed_convolution)
+    _split_phases(rec, "split_strided", analyze_strided, split_strided_convolution)
+    _generalize_convolutions(rec)
+    if not find_convolutions(rec.trial):
+        return ConvolutionPlan(None, None)
+    while True:
+        found = find_convolutions(rec.trial)
+        if not found:
+            break
+        _schedule(rec, accumulation_chain(found[-1], found), params)
+    _schedule_others(rec, generic)
+    rec.step("canonicalize", lambda root: apply_passes(root, "canonicalize", "cse"))
+    return ConvolutionPlan(tuple(rec.steps), _vectorize_body(rec.trial, generic))
+
+
+def convolution_script(plan: ConvolutionPlan, generic: GenericParams) -> ir.Module:
+    """@fuse (the recorded steps in order) and @vectorize; the generic script when the plan
+    has no convolution. Needs an active context and location."""
+    if plan.fuse is None:
+        return generic_script(generic)
+    return recorded_script(plan.fuse, plan.vectorize)
+
+
+# ----------------------------------------------------------------------------- vectorize
+
+def _role_vector_sizes(op: ir.Operation, lanes: int) -> list[int]:
+    """The vector sizes of an op with a role: its nominal sizes, but along the lanes a
+    static tile narrower than them (a peeled last tile, a narrow image) takes whole vectors
+    of `lanes` covering it; its lanes past the edge are masked in reads and writes (a vector
+    of 30 lanes would be legalized lane by lane)."""
+    sizes = list(op.attributes[VECTOR_SIZES])
+    dim = ir.IntegerAttr(op.attributes[LANES]).value
+    extent = loop_structure(op).ranges[dim]
+    if extent is not None and extent < sizes[dim]:
+        sizes[dim] = -(-extent // lanes) * lanes
+    return sizes
+
+
+def _extracts_16_bit(op: ir.Operation) -> bool:
+    """Does `op` read a 16-bit tensor element by element (tensor.extract: a gather once
+    vectorized, which LLVM's x86 backend cannot select for bf16; such ops, a filter flipped
+    for a transposed convolution, stay scalar loops)?"""
+    def extracts(inner):
+        return inner.name == "tensor.extract" and \
+            ir.RankedTensorType(inner.operands[0].type).element_type.width == 16
+    from transform_ext.common import walk_ops
+    return bool(walk_ops(op, extracts))
+
+
+def _vector_plan(payload: ir.Module, lanes: int):
+    """(op with a role, its vector sizes) and the other linalg ops with the generic
+    schedule's vector tiles."""
+    plan, others = [], []
+
+    def visit(op):
+        if is_linalg_op(op):
+            if ROLE in op.attributes:
+                plan.append((op, _role_vector_sizes(op, lanes)))
+            else:
+                others.append(op)
+            return ir.WalkResult.SKIP
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return plan, others
+
+
+def _vectorize_body(payload: ir.Module, generic: GenericParams):
+    """The vectorize stage: each op with a role at its vector sizes (edge tiles masked), the
+    others tiled and vectorized as the generic schedule does; loop invariants hoisted so
+    that the accumulator stays in registers across the reduction loops."""
+    plan, others = _vector_plan(payload, generic.register_tile[1] // 2)
+    if not plan:
+        return generic_vectorize_stage(generic)
+    tiles = [(op, vector_tile_sizes(op, generic)) for op in others]
+    places = [place_of(payload.operation, op) for op, _ in plan + tiles]
+    sizes = [s for _, s in plan]
+    gathers = [not _extracts_16_bit(op) for op, _ in tiles]
+    tiles = [s for _, s in tiles]
+
+    def body(root):
+        handles = [at_place(root, place) for place in places]
+        n = len(plan)
+        for h, vector_sizes in zip(handles, sizes):
+            structured.VectorizeOp(h, vector_sizes=vector_sizes)
+        for h, sizes_of_tile, gather in zip(handles[n:], tiles, gathers):
+            if sizes_of_tile is not None:
+                h, _ = _tile(h, sizes_of_tile)
+            # an op the vectorizer cannot take stays a (correct) loop nest
+            seq = transform.SequenceOp(transform.FailurePropagationMode.Suppress, [], h)
+            with ir.InsertionPoint(seq.body):
+                structured.VectorizeOp(seq.bodyTarget, vectorize_nd_extract=gather)
+                transform.YieldOp()
+        func = match(root, "func.func")
+        apply_patterns(func, tvec.ApplyLowerMaskedTransfersPatternsOp)
+        apply_patterns(func, tvec.ApplyTransferPermutationPatternsOp)
+        # f16/bf16 operands extended inside the contraction (the lowering extends each
+        # vector it multiplies, never a 1-lane vector of a unit dim)
+        apply_patterns(func, tvec.ApplyVectorReductionToContractPatternsOp,
+                       tvec.ApplyFoldArithExtensionPatternsOp)
+        canonicalize(func)
+        drop_contraction_masks(func)
+        apply_patterns(func, tvec.ApplyCastAwayVectorLeadingOneDimPatternsOp, apply_cse=True)
+        canonicalize(func)
+        foreach(match(func, "scf.for"), lambda loop: transform.ApplyLoopInvariantCodeMotionOp(loop))
+        hoist_loop_invariant_subsets(func)
+        canonicalize(func)
+        for attr in (ROLE, VECTOR_SIZES, LANES, _DONE):
+            remove_annotation(root, attr)
+
+    return body
