@@ -376,40 +376,42 @@ def family_named(name: str) -> Family:
 def choose_family(module, *, requested: str | None = None, strict: bool = False,
                   notes: list[str] | None = None, target=None) -> Family:
     """The requested family, or the first specialized family that recognizes the payload
-    (on a target without a CPU vector unit, one with a GPU lowering: one without that
-    recognizes it gives a note with its check's reason, an error under `strict`); when its
-    check fails: the generic family and a note naming the reason (an error under `strict`).
-    `target`: the target compiled for (None: the host CPU)."""
+    and whose check takes it (a convolution with a log-sum-exp epilogue, which the
+    cross-entropy family recognizes and refuses, goes on to the convolution family; on a
+    target without a CPU vector unit only families with a GPU lowering take it); each that
+    recognized it and refused gives a note with its check's reason; none takes it: the
+    generic family. Under `strict` the first refusal is an error. `target`: the target
+    compiled for (None: the host CPU)."""
     notes = notes if notes is not None else []
-    refused = []   # families without a GPU lowering that recognized the payload on a GPU
     if requested is not None:
         family = family_named(requested)
+        reason = family.check(module, target)
+        if reason is None:
+            return family
+        refused, family = [(family, reason)], GENERIC
     else:
         gpu = target is not None and target.cpu is None
+        refused = []
         family = GENERIC
         for candidate in SPECIALIZED:
             if not candidate.recognize(module):
                 continue
             if gpu and candidate.gpu_form is None:
-                why = candidate.check(module, target) or "it has no GPU lowering"
-                if strict:
-                    raise ScheduleMismatch(f"the {candidate.name} schedule does not apply ({why})")
-                refused.append((candidate, why))
+                refused.append((candidate, candidate.check(module, target) or
+                                "it has no GPU lowering"))
                 continue
-            family = candidate
-            break
-    reason = family.check(module, target)
-    chosen = family if reason is None else GENERIC
+            reason = candidate.check(module, target)
+            if reason is None:
+                family = candidate
+                break
+            refused.append((candidate, reason))
+    if refused and strict:
+        first, why = refused[0]
+        raise ScheduleMismatch(f"the {first.name} schedule does not apply ({why})")
     for refusal, why in refused:
         notes.append(f"the {refusal.name} schedule does not apply ({why}); using the "
-                     f"{chosen.name} schedule")
-    if reason is None:
-        return family
-    message = f"the {family.name} schedule does not apply ({reason})"
-    if strict:
-        raise ScheduleMismatch(message)
-    notes.append(f"{message}; using the generic schedule")
-    return GENERIC
+                     f"{family.name} schedule")
+    return family
 
 
 def fallback_family(family: Family) -> Family | None:
