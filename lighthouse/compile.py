@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import sys
 import time
@@ -39,6 +40,10 @@ from .pipeline import Pipeline, Stage
 # s = max(1, rms(torch)) puts atol on the result's own scale: a sum of K terms carries
 # rounding of the size of its terms, so entries that cancel to near 0 are judged against
 # the scale of the result, not against 0 (f32 matmuls with K = 2048 differ by ~5e-4 at 45).
+# A CPU compile reads parameters of at least this many elements (4 MiB of f32) from
+# arguments, not constants: the IR, LLVM's module and the object code would each hold a copy.
+WEIGHT_ARGUMENT_ELEMENTS = 1 << 20
+
 TOLERANCES = {
     torch.float32: (2e-4, 2e-4), torch.float64: (1e-7, 1e-7),
     torch.float16: (1e-2, 1e-2), torch.bfloat16: (3e-2, 3e-2),
@@ -250,7 +255,12 @@ def compile_kernel(path, *, overrides=None, backward=False, target="cpu", thread
     except UnsupportedError as exc:
         raise UnsupportedError(f"{kernel.path}: {exc}") from None
     target_obj = with_schedule_options(target_obj, schedule_options)
-    importer = import_joint if backward else import_forward
+    if backward:
+        importer = import_joint
+    elif getattr(target_obj, "cpu", None) is not None:
+        importer = functools.partial(import_forward, weights_as_arguments=WEIGHT_ARGUMENT_ELEMENTS)
+    else:
+        importer = import_forward
     return compile_payload(lambda: importer(kernel.model, kernel.inputs, name=str(kernel.path)),
                            name=str(kernel.path), target=target_obj,
                            schedule=schedule or kernel.config.get("schedule"), strict=strict,

@@ -73,13 +73,21 @@ class Imported:
     result_names: list[str] = field(default_factory=list)
 
 
-def import_forward(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel") -> Imported:
-    """Import `model(*inputs)` to linalg-on-tensors; tensors in `inputs` become arguments."""
+def import_forward(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel",
+                   weights_as_arguments: int | None = None) -> Imported:
+    """Import `model(*inputs)` to linalg-on-tensors; tensors in `inputs` become arguments.
+    `weights_as_arguments`: parameters of at least that many elements become trailing
+    arguments too (their values appended to `args`) instead of constants, which the import
+    would copy into the IR and every later stage again (a 2.7 GB MLP needed 17 GB and was
+    killed)."""
     from torch_mlir import fx
 
     inputs = _distinct(inputs)
     tensors = tuple(t for t in inputs if isinstance(t, torch.Tensor))
     traced = model if len(tensors) == len(inputs) else _ConstantsBound(model, inputs)
+    if weights_as_arguments is not None:
+        traced, weights = _WeightsAsInputs.lift(traced, len(tensors), weights_as_arguments)
+        tensors = tensors + weights
 
     def reference():
         with torch.no_grad():
@@ -115,6 +123,33 @@ class _ConstantsBound(torch.nn.Module):
     def forward(self, *tensors):
         given = iter(tensors)
         return self.model(*(next(given) if t else c for t, c in zip(self.is_tensor, self.constants)))
+
+
+class _WeightsAsInputs(torch.nn.Module):
+    """`model` with its parameters `names` read from trailing inputs: forward(*tensors)
+    calls model(*tensors[:n]) with those parameters set to tensors[n:]. The model is held
+    outside the module's registry, so torch.export lifts none of its parameters."""
+
+    def __init__(self, model: torch.nn.Module, inputs: int, names: list[str]):
+        super().__init__()
+        self.held = [model]
+        self.inputs = inputs
+        self.names = names
+
+    @staticmethod
+    def lift(model: torch.nn.Module, inputs: int, min_elements: int):
+        """(the module to trace, the lifted parameters' values); `model` itself when no
+        floating-point parameter has `min_elements` elements."""
+        big = [(n, p) for n, p in model.named_parameters()
+               if p.is_floating_point() and p.numel() >= min_elements]
+        if not big:
+            return model, ()
+        return (_WeightsAsInputs(model, inputs, [n for n, _ in big]),
+                tuple(p.detach() for _, p in big))
+
+    def forward(self, *tensors):
+        weights = dict(zip(self.names, tensors[self.inputs:]))
+        return torch.func.functional_call(self.held[0], weights, tensors[:self.inputs])
 
 
 def import_joint(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel") -> Imported:

@@ -251,3 +251,45 @@ def test_tanh_gelu_takes_sqrt_2_over_pi_exactly(kernel_file, dtype, backward):
         exact = torch.nn.functional.gelu(x, approximate="tanh")
         rel = ((compiled.run()[0].double() - exact).abs() / exact.abs().clamp_min(1e-30))
         assert rel[x.abs() <= 2].max() < 2e-5  # was 1e-4 to 2e-4
+
+
+LARGE_WEIGHTS = """
+import torch
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.up = torch.nn.Linear(64, 16400)      # 1,049,600 weights: an argument
+        self.down = torch.nn.Linear(16400, 8)     # 131,200: a constant
+        self.scale = {scale}
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x))) * self.scale
+def get_inputs():
+    return [torch.randn(5, 64, generator=torch.Generator().manual_seed(1)), {extra}]
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("scale, extra", [("1.0", "2.0"), ("torch.nn.Parameter(torch.full((8,), 0.5))", "3")],
+                         ids=["with_a_python_scalar_input", "small_parameter"])
+def test_large_parameters_are_arguments_on_the_cpu(kernel_file, scale, extra):
+    """A parameter of 2^20 elements or more is a trailing argument of the CPU kernel (its
+    values appended to the arguments), the smaller ones stay constants; the Python
+    scalar among the inputs stays bound; the results match torch. For another target
+    (XeGPU) every weight stays a constant, which its own stage turns into arguments."""
+    body = LARGE_WEIGHTS.format(scale=scale, extra=extra).replace(
+        "def forward(self, x):", "def forward(self, x, s):").replace(
+        "* self.scale", "* self.scale * s")
+    path = kernel_file(body)
+    compiled = compile_kernel(path, threads=1)
+    args = compiled.imported.args
+    assert [tuple(a.shape) for a in args] == [(5, 64), (16400, 64)]
+    assert torch.equal(args[1], compiled.kernel.model.up.weight.detach())
+    _assert_matches(compiled)
+    check(str(compile_kernel(path, threads=1, stop_after="cleanup").module), """
+        CHECK: func.func @main(%{{.*}}: tensor<5x64xf32>, %{{.*}}: tensor<16400x64xf32>) -> tensor<5x8xf32>
+        CHECK-NOT: tensor<16400x64xf32> = dense
+    """)
+    gpu = compile_kernel(path, target="xegpu", stop_after="cleanup")
+    assert [tuple(a.shape) for a in gpu.imported.args] == [(5, 64)]
