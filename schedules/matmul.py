@@ -25,6 +25,10 @@ contraction, last first:
      tile accumulates over the block's k (k loop innermost, one outer product per k).
   4. the packs are tiled to pack_k-deep slices, the unpack (with the epilogue fused) and
      the C_p fill to MR x NR tiles.
+  A reduction of C (or of its epilogue) over m or n, read with the identity map, becomes
+  the root instead: the forall splits the dim it keeps, an scf.for inside walks the reduced
+  dim in tile_m or tile_n steps, everything above is fused into that loop, and each MR x NR
+  tile of C is unpacked and reduced in registers (no [M, N] buffer).
   Any other linalg op of the payload is tiled for threads as the generic schedule does.
 vectorize (@vectorize): every op of steps 1-4 is vectorized with its nominal tile as
 vector sizes (edge tiles become masked transfers), the contraction becomes an MR x NR x 1
