@@ -376,12 +376,15 @@ def family_named(name: str) -> Family:
 def choose_family(module, *, requested: str | None = None, strict: bool = False,
                   notes: list[str] | None = None, target=None) -> Family:
     """The requested family, or the first specialized family that recognizes the payload
-    (on a target without a CPU vector unit, one with a GPU lowering: one without that
-    recognizes it gives a note with its check's reason, an error under `strict`); when its
-    check fails: the generic family and a note naming the reason (an error under `strict`).
-    `target`: the target compiled for (None: the host CPU)."""
+    and whose check passes (on a target without a CPU vector unit, one with a GPU lowering:
+    one without that recognizes it gives a note with its check's reason, an error under
+    `strict`; a recognizing family whose check fails gives a note with the reason, and the
+    choice goes on: a Gemm + logsumexp looks like attention, whose check refuses it, and is
+    the matmul family's); when the chosen family's check fails: the generic family and a
+    note naming the reason (an error under `strict`). `target`: the target compiled for
+    (None: the host CPU)."""
     notes = notes if notes is not None else []
-    refused = []   # families without a GPU lowering that recognized the payload on a GPU
+    refused = []   # families that recognized the payload but do not take it
     if requested is not None:
         family = family_named(requested)
     else:
@@ -396,8 +399,11 @@ def choose_family(module, *, requested: str | None = None, strict: bool = False,
                     raise ScheduleMismatch(f"the {candidate.name} schedule does not apply ({why})")
                 refused.append((candidate, why))
                 continue
-            family = candidate
-            break
+            why = None if strict else candidate.check(module, target)
+            if why is None:
+                family = candidate
+                break
+            refused.append((candidate, why))  # a later family may take it (else: generic)
     reason = family.check(module, target)
     chosen = family if reason is None else GENERIC
     for refusal, why in refused:

@@ -244,10 +244,11 @@ def test_printed_script_replays_and_an_edit_takes_effect(tmp_path):
 
 def test_falls_back_with_a_reason(kernel_file):
     """The logits returned beside the loss must exist: the family refuses (they are read
-    by the function's return) and the generic schedule compiles it, with the note."""
+    by the function's return) and the next family that recognizes the payload, matmul,
+    compiles it, with the note."""
     path = kernel(kernel_file, "s = F.linear(h, w); return F.cross_entropy(s, y), s")
     c = compile_kernel(path)
-    assert c.family.name == "generic"
+    assert c.family.name == "matmul"
     assert c.notes and "the linear_cross_entropy schedule does not apply" in c.notes[0]
     assert_matches(c)
 

@@ -110,3 +110,28 @@ def test_a_second_use_of_the_product_keeps_it(kernel_file):
         CHECK-LABEL: func.func @main
         CHECK: 61x509xf32
     """)
+
+
+def test_a_logsumexp_of_two_linear_layers_refused_by_attention_is_the_matmul_familys(kernel_file):
+    """KernelBench 45 (Gemm, sigmoid, Gemm, logsumexp) looks like attention to its cheap
+    test; attention's check refuses it, and the choice goes on to the matmul family."""
+    path = kernel_file("""
+        import torch
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.linear1 = torch.nn.Linear(70, 90)
+                self.linear2 = torch.nn.Linear(90, 61)
+            def forward(self, x):
+                return torch.logsumexp(self.linear2(torch.sigmoid(self.linear1(x))), dim=1)
+        def get_inputs():
+            return [torch.randn(33, 70)]
+        def get_init_inputs():
+            return []
+        """)
+    compiled = compile_kernel(path)
+    assert compiled.family.name == "matmul"
+    assert compiled.notes == ["the attention schedule does not apply (expected one P V "
+                              "contraction after the softmax, found 0); using the matmul schedule"]
+    for r in compiled.check():
+        assert r.ok, str(r)
