@@ -25,6 +25,10 @@ contraction, last first:
      tile accumulates over the block's k (k loop innermost, one outer product per k).
   4. the packs are tiled to pack_k-deep slices, the unpack (with the epilogue fused) and
      the C_p fill to MR x NR tiles.
+  A reduction of C (or of its epilogue) over m or n, read with the identity map, becomes
+  the root instead: the forall splits the dim it keeps, an scf.for inside walks the reduced
+  dim in tile_m or tile_n steps, everything above is fused into that loop, and each MR x NR
+  tile of C is unpacked and reduced in registers (no [M, N] buffer).
   Any other linalg op of the payload is tiled for threads as the generic schedule does.
 vectorize (@vectorize): every op of steps 1-4 is vectorized with its nominal tile as
 vector sizes (edge tiles become masked transfers), the contraction becomes an MR x NR x 1
@@ -39,6 +43,7 @@ does not pay).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -51,6 +56,7 @@ from torch_mlir.dialects.transform import vector as tvec
 from transform_ext.analysis.structure import dim_positions, is_linalg_op, loop_structure
 from transform_ext.common import defining_op, user_op, users
 from transform_ext.drop_unpack_destination_fill import drop_unpack_destination_fill
+from transform_ext.forward_masked_writes import forward_masked_writes
 from transform_ext.remove_annotation import remove_annotation
 from transform_ext.widen_contraction_operands import widen_contraction_operands
 
@@ -318,6 +324,32 @@ def find_epilogue(value: ir.Value) -> ir.Operation | None:
     return user
 
 
+def find_reduction(value: ir.Value, roles: list[str]) -> ir.Operation | None:
+    """The generic consuming `value` (C's unpack or its epilogue; its only use) that reduces
+    it over some of its m and n dims, if any: one result, static, `value` read with the
+    identity map of its loops (each loop is a dim of C, `roles[d]` its role), the result
+    indexed by the other loops in order, and at least one m or n dim left parallel (the
+    threads split those)."""
+    user = _single_use(value)
+    if user is None or user.name != "linalg.generic" or len(user.results) != 1:
+        return None
+    ls = loop_structure(user)
+    rank = len(value.type.shape)
+    if not ls.reduction_dims or not ls.is_static or ls.num_loops != rank:
+        return None
+    identity = ir.AffineMap.get_identity(rank)
+    reads = [amap for operand, amap in zip(user.operands[: ls.num_inputs], ls.maps) if operand == value]
+    if not reads or any(amap != identity for amap in reads):
+        return None
+    if dim_positions(ls.output_map(0)) != ls.parallel_dims:
+        return None
+    if any(roles[d] == "batch" for d in ls.reduction_dims):
+        return None
+    if all(roles[d] == "batch" for d in ls.parallel_dims):
+        return None
+    return user
+
+
 def _is_transpose(op: ir.Operation) -> bool:
     """linalg.transpose, or a generic that only permutes its one input (what linalg's
     unpack folding takes for a transpose)."""
@@ -480,6 +512,13 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
     c_tile = [{dims["m0"]: mr, dims["n0"]: nr}.get(d, 1) for d in c_dims]
     roles = _unpack_dest_roles(unpack, c_dims, dims)
     epilogue = find_epilogue(unpack.results[0])
+    # A reduction of C (or of its epilogue) over m or n is computed tile by tile: the
+    # forall splits its parallel dims, a loop inside walks the reduced ones, and C's tile
+    # is reduced as it is unpacked (register tiles; no [M, N] product in memory).
+    reduction = find_reduction((epilogue or unpack).results[0], roles)
+    reduced = set(loop_structure(reduction).reduction_dims) if reduction is not None else set()
+    if reduction is not None:
+        params = _split_parallel_dims_for_threads(params, c, roles, reduced)
     # A packed constant operand is folded to a packed constant: nothing to tile then.
     pack_a = pack_a if pack_a is not None and pack_a.name == "linalg.pack" else None
     pack_b = pack_b if pack_b is not None and pack_b.name == "linalg.pack" else None
@@ -490,7 +529,7 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
     dest = defining_op(unpack.operands[1])
     dest_is_fill = dest is not None and dest.name == "linalg.fill"
     register_tile = [{"m": mr, "n": nr}.get(r, 1) for r in roles]
-    places = _places(rec, [epilogue, unpack, kernel, pack_b, pack_a, init])
+    places = _places(rec, [epilogue, unpack, kernel, pack_b, pack_a, init, None, None, reduction])
 
     def roles_body(root):
         h = {i: at_place(root, place) for i, place in places.items()}
@@ -508,6 +547,8 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
             drop_unpack_destination_fill(h[1])
         if epilogue is not None:
             _set_role(h[0], "epilogue", register_tile)
+        if reduction is not None:
+            _set_role(h[8], "epilogue", register_tile)
         return apply_passes(root, "canonicalize", "cse")
 
     rec.step("roles", roles_body)
@@ -522,7 +563,7 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
         if source is not None and source.name == "linalg.generic":
             converts[name] = source
     places = _places(rec, [epilogue, unpack, kernel, pack_b, pack_a, init, converts.get("b"),
-                           converts.get("a")])
+                           converts.get("a"), reduction])
     kb = params.tile_k
     b, m, n, k = c.shape
     k_blocks = k > kb
@@ -531,11 +572,21 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
     def body(root):
         h = {i: at_place(root, place) for i, place in places.items()}
         unpack_h, kernel_h, pb, pa = (h.get(i) for i in range(1, 5))
-        root_op = h[0] if epilogue is not None else unpack_h
-        forall_sizes = [{"m": params.tile_m, "n": params.tile_n}.get(r, 1) for r in roles]
+        root_op = h[8] if reduction is not None else h[0] if epilogue is not None else unpack_h
+        tiles = [{"m": params.tile_m, "n": params.tile_n}.get(r, 1) for r in roles]
+        forall_sizes = [0 if d in reduced else s for d, s in enumerate(tiles)]
         t = structured.TileUsingForallOp(root_op, tile_sizes=forall_sizes)
         forall, tiled_root = t.forall_op, t.tiled_op
-        if epilogue is not None:
+        epilogue_h = None
+        if reduction is not None:
+            # the reduced dims in tiles of the output tile's extent, inside the forall
+            tiled_root, loops = _tile(tiled_root, [s if d in reduced else 0 for d, s in enumerate(tiles)])
+            # the loops then slice C directly, not the forall's slice of it
+            apply_patterns(forall, ttensor.ApplyMergeConsecutiveInsertExtractSlicePatternsOp)
+            forall = loops[-1] if loops else forall
+            if epilogue is not None:
+                epilogue_h, forall = _fuse_into(h[0], forall)
+        if epilogue is not None or reduction is not None:
             unpack_h, forall = _fuse_into(unpack_h, forall)
         kernel_h, forall = _fuse_into(kernel_h, forall)
         init_h = None
@@ -580,9 +631,11 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
                 transform.AnnotateOp(tiled, f"{_WIDEN}_{name}_pack")
         if init_h is not None:
             _tile(init_h, [1] * nb + [1, 1] + ([0, 0] if init_is_fill else []))
-        if epilogue is not None:
+        if epilogue is not None or reduction is not None:
             _, loops = _tile(tiled_root, register_tile)
             if loops:
+                if epilogue_h is not None:
+                    _fuse_into(epilogue_h, loops[-1])
                 _fuse_into(unpack_h, loops[-1])
         else:
             _tile(tiled_root, register_tile)
@@ -597,6 +650,22 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
     rec.step("tile", body)
     if converts:
         _fuse_widening_into_packs(rec, converts)
+
+
+def _split_parallel_dims_for_threads(params: MatmulParams, c: Contraction, roles: list[str],
+                                     reduced: set[int]) -> MatmulParams:
+    """The forall of a reduced product splits only the m or n dim it keeps: its tile is
+    shrunk (to a multiple of the register tile) until every thread gets a tile."""
+    mr, nr = params.register
+    b, m, n, _ = c.shape
+    kept = "m" if "m" not in {roles[d] for d in reduced} else "n"
+    extent, tile, unit = (m, params.tile_m, mr) if kept == "m" else (n, params.tile_n, nr)
+    if b * -(-extent // tile) >= params.threads:
+        return params
+    tile = _round_up(-(-extent // -(-params.threads // b)), unit)
+    if kept == "m":
+        return dataclasses.replace(params, tile_m=tile, block_m=min(params.block_m, tile))
+    return dataclasses.replace(params, tile_n=tile)
 
 
 def _fuse_widening_into_packs(rec: StepRecorder, converts: dict[str, ir.Operation]) -> None:
@@ -730,7 +799,7 @@ def _normalize(root: ir.Value) -> ir.Value:
     split_assertions(root)
     root = apply_passes(root, "linalg-fold-unit-extent-dims", "canonicalize", "cse")
     apply_passes(match(root, "func.func"), "linalg-fuse-elementwise-ops")
-    return apply_passes(root, "canonicalize", "cse")
+    return apply_passes(root, "linalg-fold-unit-extent-dims", "canonicalize", "cse")
 
 
 @dataclass(frozen=True)
@@ -834,6 +903,8 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams,
         apply_patterns(func, tvec.ApplyTransferPermutationPatternsOp)
         apply_patterns(func, tvec.ApplyVectorReductionToContractPatternsOp)
         canonicalize(func)
+        # a masked edge tile of C unpacked for a reduction is read back in registers
+        forward_masked_writes(func)
         apply_patterns(func, tvec.ApplyCastAwayVectorLeadingOneDimPatternsOp, apply_cse=True)
         canonicalize(func)
         hoist_loop_invariant_subsets(func)

@@ -274,7 +274,8 @@ def tree_reduce_min_max(payload: ir.Module, lanes: int = 16) -> int:
     targets = []
 
     def visit(op):
-        if op.name == "vector.reduction":
+        # a masked reduction (inside vector.mask, whose region holds one op) stays as it is
+        if op.name == "vector.reduction" and op.parent.name != "vector.mask":
             kind = str(op.attributes["kind"]).split("<")[-1].rstrip(">")
             vtype = op.operands[0].type
             if kind in _TREE and isinstance(vtype, ir.VectorType) and vtype.rank == 1 \

@@ -2,7 +2,8 @@
 operands as transposed or sliced views or transposed in the forward, followed by a chain of
 epilogues (bias rows and columns, both GELUs and the tanh formula, integer and float powers,
 tanh, residual adds of inputs or of earlier values), transposes, reshapes, further matmuls,
-values read twice, several results and a result returned twice."""
+values read twice, sums, maxima and means over one of the last two dims, several results and
+a result returned twice."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from .writer import AVOID, DTYPES, KernelWriter, allowed, layouts, randn, scale_
 
 BATCH = st.sampled_from((1, 2, 3, 4, 5))
 STEPS = ("bias", "gelu", "pow", "tanh", "unary", "residual", "transpose", "reshape", "matmul",
-         "twice", "keep")
+         "twice", "keep", "reduce")
 
 
 def operand(draw, w: KernelWriter, shape: tuple[int, ...], scale: float | None = None) -> str:
@@ -143,6 +144,16 @@ def epilogue(draw, w: KernelWriter, step: str, y: str, shape: tuple[int, ...],
     if step == "keep":
         results.append(y)
         return y, shape
+    if step == "reduce":  # over one of the two last dims, at least one dim kept
+        if rank < 2:
+            return y, shape
+        dim = draw(st.sampled_from((rank - 1, rank - 2)))
+        keepdim = draw(st.booleans())
+        form = draw(st.sampled_from(("{y}.sum(dim={d}, keepdim={k})",
+                                     "torch.amax({y}, dim={d}, keepdim={k})",
+                                     "{y}.mean(dim={d}, keepdim={k})")))
+        new = shape[:dim] + ((1,) if keepdim else ()) + shape[dim + 1:]
+        return w.let(form.format(y=y, d=dim, k=keepdim)), new
     raise ValueError(step)
 
 
