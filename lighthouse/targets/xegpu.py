@@ -599,18 +599,21 @@ class _StageBuilder:
         """The fused linear cross-entropy forward: its row-block forall as one kernel, the
         reductions over the rows after it as the cross-entropy's reduction kernel, the
         target checks on the host (schedules/linear_cross_entropy/xegpu.py)."""
+        from schedules.generic import func_ops
         from schedules.linear_cross_entropy import xegpu as linear_ce
 
+        try:
+            tiles = linear_ce.plan_linear_cross_entropy(forall, depth_tile=self.params.k_tile,
+                                                        **chip)
+        except ValueError as exc:
+            raise UnsupportedError(f"xegpu: {exc}") from exc
+        linear_ce.tile_linear_cross_entropy(self.rec, tiles)
+        (func,) = func_ops(self.trial)
         after, other = linear_ce.row_sum_ops(func)
         if other:
             raise UnsupportedError(
                 f"xegpu: linear cross-entropy: {other[0].name} at {other[0].location} is "
                 "outside the fused forward and no reduction over the rows: no kernel for it")
-        try:
-            tiles = linear_ce.plan_linear_cross_entropy(forall, **chip)
-        except ValueError as exc:
-            raise UnsupportedError(f"xegpu: {exc}") from exc
-        linear_ce.tile_linear_cross_entropy(self.rec, tiles)
         self.plans.append(KernelPlan(LINEAR_CE_KIND, f"linear cross-entropy forward at "
                                      f"{forall.location}", tiles))
         if after:

@@ -59,6 +59,7 @@ from transform_ext.fuse_dependent_reduction_ops import fuse_dependent_reduction_
 from transform_ext.fuse_linear_cross_entropy_backward import fuse_linear_cross_entropy_backward
 from transform_ext.gathers_to_masked_class_sums import gathers_to_masked_class_sums
 from transform_ext.inline_argument_producers import inline_argument_producers
+from transform_ext.lane_form_gathers import lane_form_gathers
 from transform_ext.lane_form_row_reductions import lane_form_row_reductions
 from transform_ext.load_rows_in_lane_form import load_rows_in_lane_form
 from transform_ext.match_assertion_checks import match_assertion_checks
@@ -162,13 +163,16 @@ def lane_form(rows: int, lanes: int):
 
 def targets_in_lanes(rows: int, lanes: int):
     """Step 5 (lanes > 0, after the class sums are marked): the per-row ops read y through
-    a lane-form gather reduced over the lanes (transform_ext.load_rows_in_lane_form), so
-    on the GPU y_n has the layout of a reduction over the classes; the targets' bounds
+    a lane-form gather reduced over the lanes (transform_ext.load_rows_in_lane_form) and
+    the per-row gathers (the bias b_{y_n} of the target logit) run in lane form
+    (transform_ext.lane_form_gathers), so on the GPU y_n and b_{y_n} have the layout of a
+    reduction over the classes; the targets' bounds
     checks read y itself first (their producers inlined: they stay on the host)."""
     def body(root: ir.Value) -> ir.Value:
         func = match(root, "func.func")
         inline_argument_producers(match_assertion_checks(func))
-        load_rows_in_lane_form(match_loss_kernels(func).rows, rows, lanes)
+        loads = load_rows_in_lane_form(match_loss_kernels(func).rows, rows, lanes)
+        lane_form_gathers(exclude_ops(match_loss_kernels(func).rows, loads), lanes)
         return apply_passes(root, "canonicalize", "cse")
 
     return body

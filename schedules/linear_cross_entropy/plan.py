@@ -115,6 +115,11 @@ def plan_linear_cross_entropy(payload: ir.Module,
     rows = _row_tiling(trial, root, params)  # the root as chosen before its readers moved
     _apply(trial, tile_rows(rows, mark=ROW_BLOCKS))
     late, group_size = _late_sums(trial, params)
+    if late and not params.classes_major:
+        raise NotLinearCrossEntropy(
+            "label smoothing of f16/bf16 logits (torch rounds each log-probability, so a "
+            "second sweep over the classes recomputes the logits) has no [N, V]-major form "
+            "(the GPU's) yet; give f32 logits or no label smoothing")
     _apply(trial, fuse_class_loops(params, late, group_size))
     plan = LinearCrossEntropyPlan(params, classes, backward, root_place, rows, late, group_size,
                                   n)

@@ -38,6 +38,7 @@ from torch_mlir.dialects.transform import structured, tensor as ttensor, xegpu
 
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
 from transform_ext.common import block_ops, ops_named
+from transform_ext.match_logits_contraction import match_logits_contraction
 
 from ..attention.xegpu import (REGISTER_SHARE, _constant_index, _fuse_sliced_producers,
                                check_tiles, input_dtype, static_bounds)
@@ -55,11 +56,13 @@ SG_ROWS = (8,)
 @dataclass(frozen=True)
 class LinearCrossEntropyTiles:
     """One workgroup: `rows` rows of h against all classes, `class_tile` classes per step,
-    depth `depth`; `sg_rows` rows per subgroup; the DPAS shape; `grid`: workgroups."""
+    depth `depth` in steps of `depth_tile` (a loop over D inside the class loop when it is
+    less); `sg_rows` rows per subgroup; the DPAS shape; `grid`: workgroups."""
 
     rows: int
     class_tile: int
     depth: int
+    depth_tile: int
     sg_rows: int
     grid: tuple[int, ...]
     dtype: str
@@ -84,11 +87,11 @@ class LinearCrossEntropyTiles:
         return self.subgroups * self.subgroup_size
 
     def register_bytes(self) -> int:
-        """Live registers of a subgroup in a class step: its rows of h (16-bit) throughout,
-        the W tile (read whole), S and exp(S - m) (f32) and the position / target
-        comparison (i64 class indices of the tile), plus the rows' m, l, target logit and
-        target."""
-        narrow, r, c, d = 2, self.sg_rows, self.class_tile, self.depth
+        """Live registers of a subgroup in a class step: its rows of an h tile and the W
+        tile (16-bit, `depth_tile` deep: the step of the loop over D), S and exp(S - m)
+        (f32) and the target comparison (i64 class indices of the tile), plus the rows'
+        m, l, target logit and target."""
+        narrow, r, c, d = 2, self.sg_rows, self.class_tile, self.depth_tile
         return r * d * narrow + c * d * narrow + 2 * r * c * 4 + r * c * 8 + 4 * r * 8
 
 
@@ -103,12 +106,21 @@ def _match_forall(func: ir.Value) -> ir.Value:
                               op_attrs={ROW_BLOCKS: ir.UnitAttr.get()}).result
 
 
+# Depth steps to try, most first (the whole depth when it fits: no loop over D).
+DEPTH_TILES = (256, 128, 64, 32, 16)
+
+
 def plan_linear_cross_entropy(forall: ir.Operation, *, sg_rows: int | None,
                               subgroup_size: int, dpas: tuple[int, int, int], max_threads: int,
-                              grf_bytes: int, nb_prefetch: int = 1) -> LinearCrossEntropyTiles:
+                              grf_bytes: int, nb_prefetch: int = 1,
+                              depth_tile: int | None = None) -> LinearCrossEntropyTiles:
     """Tiles of the fused kernel read from its IR, validated against the DPAS shape and the
-    chip (ValueError naming the dimension otherwise)."""
+    chip (ValueError naming the dimension otherwise). sg_rows None: SG_ROWS' first that
+    divides the rows; depth_tile None: the whole depth D when the tiles fit REGISTER_SHARE
+    of the register file `grf_bytes`, else the largest of DEPTH_TILES dividing D that
+    does."""
     where = f"linear cross-entropy at {forall.location}"
+    dtype = input_dtype(forall, where)
     loops = ops_named(forall, "scf.for")
     if len(loops) != 1:
         raise ValueError(f"{where}: {len(loops)} class loops (a second sweep over the classes, "
@@ -133,26 +145,28 @@ def plan_linear_cross_entropy(forall: ir.Operation, *, sg_rows: int | None,
     if extra:
         raise ValueError(f"{where}: a contraction outside the class loop (a remainder tile of "
                          "the classes) has no GPU form yet; choose class_tile dividing V")
-    dtype = input_dtype(forall, where)
     bounds = static_bounds(forall, where)
     dm, dn, dk = dpas
     budget = int(grf_bytes * REGISTER_SHARE)
 
-    def tiles(r):
-        return LinearCrossEntropyTiles(rows, class_tile, depth, r, tuple(bounds), dtype, dpas,
-                                       subgroup_size, nb_prefetch)
+    def tiles(r, d):
+        return LinearCrossEntropyTiles(rows, class_tile, depth, d, r, tuple(bounds), dtype,
+                                       dpas, subgroup_size, nb_prefetch)
 
     if sg_rows is None:
-        fitting = [r for r in SG_ROWS if rows % r == 0 and r % dm == 0
-                   and tiles(r).register_bytes() <= budget]
-        sg_rows = fitting[0] if fitting else SG_ROWS[-1]
+        sg_rows = next((r for r in SG_ROWS if rows % r == 0 and r % dm == 0), SG_ROWS[-1])
+    if depth_tile is None:
+        candidates = [depth] + [d for d in DEPTH_TILES if d < depth and depth % d == 0]
+        fitting = [d for d in candidates if tiles(sg_rows, d).register_bytes() <= budget]
+        depth_tile = fitting[0] if fitting else candidates[-1]
     checks = [("rows per workgroup", rows, sg_rows, "rows per subgroup"),
               ("rows per subgroup", sg_rows, dm, "DPAS rows"),
               ("class tile", class_tile, dn, "DPAS columns"),
-              ("depth D", depth, dk, "DPAS depth")]
-    planned = tiles(sg_rows)
+              ("depth D", depth, depth_tile, "depth tile"),
+              ("depth tile", depth_tile, dk, "DPAS depth")]
+    planned = tiles(sg_rows, depth_tile)
     check_tiles(where, planned, checks, max_threads, grf_bytes,
-                "the depth D or the LIGHTHOUSE class_tile")
+                "the LIGHTHOUSE class_tile or the depth tile (XeGpuParams.k_tile)")
     return planned
 
 
@@ -179,6 +193,14 @@ def tile_linear_cross_entropy(rec: StepRecorder, tiles: LinearCrossEntropyTiles)
 
     rec.step("fold_unit_dims", fold)
     rec.step("canonicalize", passes("canonicalize", "cse"))
+    if tiles.depth_tile < tiles.depth:
+        def depth_loop(root):
+            class_loop = match(_match_forall(match(root, "func.func")), "scf.for")
+            structured.TileUsingForOp(match_logits_contraction(class_loop),
+                                      sizes=[0, 0, tiles.depth_tile])
+
+        rec.step("depth_loop", depth_loop)
+        rec.step("canonicalize", passes("canonicalize", "cse"))
     dims = len(tiles.grid)
 
     def map_to_blocks(root):
@@ -258,6 +280,10 @@ def kernel_anchors(gpu_func: ir.Operation, tiles: LinearCrossEntropyTiles) -> di
                               ("vector.multi_reduction", len(reductions), row_sums)]
     for op in ops_named(gpu_func, "xegpu.load"):
         shape = list(ir.VectorType(op.results[0].type).shape)
+        if shape == [tiles.class_tile]:
+            # a class vector (the bias tile) broadcast over the rows: S's layout, sliced
+            anchors["xegpu.load"].append(dict(rows(tiles.class_tile, [dm, dn]), slice_dims=[0]))
+            continue
         if len(shape) != 2 or shape[0] != tiles.rows:
             raise ValueError(f"{where}: a {shape} scattered load that is not the block's "
                              "targets in lane form")
