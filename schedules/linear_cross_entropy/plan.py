@@ -93,6 +93,11 @@ def plan_linear_cross_entropy(payload: ir.Module,
         # to the classes in the loop-dim analysis the fusion reads
         raise NotLinearCrossEntropy(f"the depth equals the classes ({depth}): the fusion "
                                     f"cannot tell them apart")
+    if not params.classes_major and classes % params.class_tile:
+        raise NotLinearCrossEntropy(
+            f"the classes ({classes}) are not a multiple of the class tile "
+            f"({params.class_tile}): the [N, V]-major form (the GPU's) has no remainder tile "
+            "yet; choose the LIGHTHOUSE class_tile dividing V")
     for step in (name_target_checks(classes), gather_step(params)[1]):
         _apply(trial, step)
     if params.lanes:
@@ -178,7 +183,8 @@ def _row_tiling(payload: ir.Module, root: ir.Operation,
     """The root over blocks of rows and its producers over the rows, by their places among
     the ops `structured.match` finds (nested ones, the fused backward's, included). Blocks
     of `row_tile` rows, else as many as keep h^T of a block [D, rows] f32 within
-    `block_bytes` with four blocks per thread at least; a divisor of N."""
+    `block_bytes` with four blocks per thread at least; a divisor of N. In the [N, V]-major
+    form (the GPU's) at most N / 2 rows: a forall of one block would fold away."""
     block = linear_cross_entropy_func(payload).regions[0].blocks[0]
     linalg_ops = [op for op in block_ops(block.owner) if is_linalg_op(op)]
     classes = DimClasses(linalg_ops)
@@ -194,6 +200,8 @@ def _row_tiling(payload: ir.Module, root: ir.Operation,
     depth = contraction.ranges[contraction.contraction_dims()["k"][0]]
     want = params.row_tile or max(1, min(params.block_bytes // (4 * depth),
                                          extent // (4 * params.threads)))
+    if not params.classes_major:   # the GPU's workgroups: two blocks at least (one is folded)
+        want = min(want, max(1, extent // 2))
     sizes = [0] * ls.num_loops
     sizes[row_dims[0]] = largest_divisor_at_most(extent, want)
     names = tuple(sorted({op.name for op in [root] + producers}))

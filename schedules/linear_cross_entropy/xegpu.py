@@ -40,8 +40,8 @@ from transform_ext.analysis.structure import is_linalg_op, loop_structure
 from transform_ext.common import block_ops, ops_named
 from transform_ext.match_logits_contraction import match_logits_contraction
 
-from ..attention.xegpu import (REGISTER_SHARE, _constant_index, _fuse_sliced_producers,
-                               check_tiles, input_dtype, static_bounds)
+from ..attention.xegpu import (DPAS_TYPES, REGISTER_SHARE, _constant_index,
+                               _fuse_sliced_producers, check_tiles, static_bounds)
 from ..common import annotate, any_op, apply_patterns, canonicalize, match
 from ..script import StepRecorder
 from ..xegpu.common import passes
@@ -120,7 +120,6 @@ def plan_linear_cross_entropy(forall: ir.Operation, *, sg_rows: int | None,
     of the register file `grf_bytes`, else the largest of DEPTH_TILES dividing D that
     does."""
     where = f"linear cross-entropy at {forall.location}"
-    dtype = input_dtype(forall, where)
     loops = ops_named(forall, "scf.for")
     if len(loops) != 1:
         raise ValueError(f"{where}: {len(loops)} class loops (a second sweep over the classes, "
@@ -132,6 +131,13 @@ def plan_linear_cross_entropy(forall: ir.Operation, *, sg_rows: int | None,
         raise ValueError(f"{where}: the class loop holds {len(contractions)} contractions, "
                          "not the one logits tile")
     ls = loop_structure(contractions[0])
+    dtypes = sorted({str(ir.RankedTensorType(v.type).element_type)
+                     for v in list(contractions[0].operands)[:2]})
+    if len(dtypes) != 1 or dtypes[0] not in DPAS_TYPES:
+        raise ValueError(f"{where}: h and W of type {' and '.join(dtypes)}: DPAS multiplies f16 "
+                         "or bf16 (with f32 accumulation); give h and W in float16 or bfloat16 "
+                         "(the CPU target takes f32)")
+    dtype = dtypes[0]
     dims = ls.contraction_dims()
     if any(len(dims[d]) != 1 for d in "mnk") or dims["batch"]:
         raise ValueError(f"{where}: the logits tile is not a plain [rows, classes] contraction")
