@@ -9,7 +9,8 @@ a trial copy, then every later stage is recorded step by step on that trial
 before left it and writing its decisions (tiles, subgroup layouts, thread counts, the chip,
 prefetch distance and layouts) into the script:
   fuse           the family's fused schedule (target independent; attention's with the
-                 target's `attention_tiles`); for the generic, matmul and cross_entropy
+                 target's `attention_tiles`, the linear cross-entropy's with its
+                 `linear_cross_entropy_tiles`); for the generic, matmul and cross_entropy
                  families the GPU preparation only (unit dims folded, asserts split)
   workgroups     weights frozen as constants become kernel arguments
                  (transform_ext.constants_to_arguments); every kernel becomes one
@@ -18,7 +19,9 @@ prefetch distance and layouts) into the script:
                  (softmax, norms) tiled by rows with its whole producer chain (long rows of a
                  softmax in column loops), the attention family's query-block forall as it is
                  with the K / V chains fused into its key loops (schedules/attention/xegpu.py),
-                 a cross-entropy loss's kernels (schedules/cross_entropy/xegpu.py)
+                 a cross-entropy loss's kernels (schedules/cross_entropy/xegpu.py), the
+                 linear cross-entropy's row-block forall and its reduction kernel
+                 (schedules/linear_cross_entropy/xegpu.py)
   subgroups      each workgroup forall annotated with its decomposition over subgroups
                  (xegpu.sg_layout x xegpu.sg_data, xegpu.threads), validated against the chip
   vectorize      whole-tile vectors, type extensions folded into vector.contract, contract

@@ -35,6 +35,13 @@ Schedule (the script's @fuse, one named step per item; decisions read by
      sum that needs the final exp-sum (label smoothing of bf16/f16 logits: torch rounds each
      log-probability before summing) gets a second loop over the class tiles after it, the
      logits tile recomputed in it.
+The GPU form (params classes_major=False, masked_target=True, lanes=16; the XeGPU target's
+linear_cross_entropy_tiles): step 2 is masked_gathers (the target logit as a masked sum
+over S's classes, transform_ext.gathers_to_masked_class_sums, a class sum of the fused
+loop) and lane_form (the reductions over the rows read the losses in lane form), step 4 is
+skipped (S stays [N, V]: DPAS tiles), targets_in_lanes follows step 5 (y and the gathers
+per row in lane form), and the row blocks tile the losses' lane copy; xegpu.py maps the
+row-block forall to workgroups.
 No [N, V] tensor is left: the forward holds a [class_tile, row_tile] tile of S per thread,
 the backward a [class_tile, backward_rows] tile of S and of G per thread plus the threads'
 dh partials [threads, backward_rows, D]. The CPU @vectorize (cpu.py) is the generic one,

@@ -108,6 +108,17 @@ def _match_forall(func: ir.Value) -> ir.Value:
 
 # Depth steps to try, most first (the whole depth when it fits: no loop over D).
 DEPTH_TILES = (256, 128, 64, 32, 16)
+# IGC 2.40 unrolls a depth loop of up to UNROLL_TRIPS steps whole; unrolled, it builds
+# without spills while D x depth_tile <= UNROLLED_ELEMENTS. Calibrated on bf16 builds for bmg
+# (8 rows per subgroup, 32 classes per step; D / depth tile: spill bytes): 256/64, 512/64,
+# 512/32, 768/64, 768/32, 1024/32, 1024/16: 0 (unrolled); 1024/64: 832; 2048/32: 6,400
+# (unrolled); 2048/16, 4096/32: 0 (not unrolled, 128 steps).
+UNROLL_TRIPS = 64
+UNROLLED_ELEMENTS = 32 * 1024
+
+
+def _unrolls_without_spills(depth: int, depth_tile: int) -> bool:
+    return depth // depth_tile > UNROLL_TRIPS or depth * depth_tile <= UNROLLED_ELEMENTS
 
 
 def plan_linear_cross_entropy(forall: ir.Operation, *, sg_rows: int | None,
@@ -118,7 +129,7 @@ def plan_linear_cross_entropy(forall: ir.Operation, *, sg_rows: int | None,
     chip (ValueError naming the dimension otherwise). sg_rows None: SG_ROWS' first that
     divides the rows; depth_tile None: the whole depth D when the tiles fit REGISTER_SHARE
     of the register file `grf_bytes`, else the largest of DEPTH_TILES dividing D that
-    does."""
+    does and whose loop over D builds without spills (_unrolls_without_spills)."""
     where = f"linear cross-entropy at {forall.location}"
     loops = ops_named(forall, "scf.for")
     if len(loops) != 1:
@@ -163,7 +174,8 @@ def plan_linear_cross_entropy(forall: ir.Operation, *, sg_rows: int | None,
         sg_rows = next((r for r in SG_ROWS if rows % r == 0 and r % dm == 0), SG_ROWS[-1])
     if depth_tile is None:
         candidates = [depth] + [d for d in DEPTH_TILES if d < depth and depth % d == 0]
-        fitting = [d for d in candidates if tiles(sg_rows, d).register_bytes() <= budget]
+        fitting = [d for d in candidates if tiles(sg_rows, d).register_bytes() <= budget
+                   and (d == depth or _unrolls_without_spills(depth, d))]
         depth_tile = fitting[0] if fitting else candidates[-1]
     checks = [("rows per workgroup", rows, sg_rows, "rows per subgroup"),
               ("rows per subgroup", sg_rows, dm, "DPAS rows"),
