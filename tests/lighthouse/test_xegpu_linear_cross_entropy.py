@@ -180,6 +180,22 @@ def test_pvc_builds_without_spills(tmp_path):
     assert kernels[0].machine.dpas > 0
 
 
+@pytest.mark.parametrize("lowered", ["f16_bias_weight_sum"], indirect=True)
+def test_the_printed_script_replays_to_identical_ir(lowered, tmp_path):
+    """The compile's script (the family's @fuse in its GPU form, then the XeGPU stages)
+    printed and replayed gives byte-identical IR at every stage down to the SPIR-V."""
+    from tests.lighthouse.test_schedule_scripts import _without_counters
+
+    script = tmp_path / "schedule.mlir"
+    script.write_text(lowered.compiled.schedule_text())
+    compile_kernel(lowered.tmp / "head.py", target="xegpu", dump_dir=tmp_path / "replayed",
+                   schedule_file=script, stop_after="binary")
+    for stage in STAGES[:-1]:
+        (replayed,) = (tmp_path / "replayed").glob(f"*-{stage}.mlir")
+        assert _without_counters(replayed.read_text()) == \
+            _without_counters(lowered.stage_files[stage].read_text()), stage
+
+
 # ------------------------------------------------------------- the kernel program on the CPU
 
 def _program_on_cpu(low):
@@ -253,7 +269,10 @@ def test_kernel_program_matches_torch_on_cpu(lowered, kind):
      "per-row losses have no store form in the GPU kernels"),
     (("bfloat16", 128, 64, 256, False, False, "mean", 0.1),
      "label smoothing of f16/bf16 logits"),
-], ids=["f32", "classes_not_a_multiple", "reduction_none", "bf16_label_smoothing"])
+    (("bfloat16", 100, 64, 256, False, False, "mean"),
+     "rows per workgroup (50) is not a multiple of the rows per subgroup (8)"),
+], ids=["f32", "classes_not_a_multiple", "reduction_none", "bf16_label_smoothing",
+        "rows_not_a_multiple"])
 def test_what_has_no_gpu_form_is_refused_by_name(tmp_path, case, reason):
     """A semantic without a lowering is an error naming it (never a wrong kernel): under
     --strict the family's reason, else the generic schedule's failure after the note."""
