@@ -155,8 +155,8 @@ def _linear_cross_entropy_params(target, options) -> FamilyParams:
 
     cpu, tiles = target.cpu, target.linear_cross_entropy_tiles
     if tiles is not None:   # the GPU form: S [N, V] in DPAS tiles, the target logit masked
-        options = {"row_tile": tiles[0], "class_tile": tiles[1], "classes_major": False,
-                   "masked_target": True, "lanes": 16, **options}
+        options = {"row_tile": tiles[0], "class_tile": tiles[1], "lanes": tiles[2],
+                   "classes_major": False, "masked_target": True, **options}
     params = (LinearCrossEntropyParams.for_cpu(cpu, target.threads, **options) if cpu
               else LinearCrossEntropyParams(threads=target.threads, **options))
     return FamilyParams(params, _generic_params(target, options).vector)

@@ -121,7 +121,8 @@ class XeGpuParams:
     """Overrides of the shape-derived choices; None = chosen from the shapes and the chip.
 
     wg: workgroup tile [m, n] of contraction kernels; sg: subgroup tile [m, n]; k_tile:
-    reduction step (elements of K per loop iteration); nb_prefetch: prefetch distance of the
+    reduction step (elements of K per loop iteration; the linear cross-entropy's step over
+    D); nb_prefetch: prefetch distance of the
     k loop in iterations; rows: rows per workgroup of row kernels (softmax, norms);
     attention_sg_rows: query rows per subgroup of attention kernels (default: the most that
     fit the register file, schedules/attention/xegpu.py); column_tile: columns per
@@ -227,8 +228,9 @@ class XeGpuTarget:
     # steps of 16 (dK, dV): 8 subgroups of 8 rows each, within the register file
     attention_backward_tiles = (64, 32, 64, 16)
     # the linear cross-entropy forward (schedules/linear_cross_entropy/xegpu.py): blocks of
-    # 64 rows (8 subgroups of 8), the logits in tiles of 64 x 16 classes per loop step
-    linear_cross_entropy_tiles = (64, 32)
+    # 64 rows (8 subgroups of 8), the logits in tiles of 64 x 32 classes per loop step,
+    # per-row data in lane form of a subgroup's 16 lanes
+    linear_cross_entropy_tiles = (64, 32, 16)
 
     def __init__(self, chip: str | None = None, params: XeGpuParams | None = None):
         chip = chip or DEFAULT_CHIP
@@ -606,8 +608,8 @@ class _StageBuilder:
         from schedules.linear_cross_entropy import xegpu as linear_ce
 
         try:
-            tiles = linear_ce.plan_linear_cross_entropy(forall, depth_tile=self.params.k_tile,
-                                                        **chip)
+            tiles = linear_ce.plan_linear_cross_entropy(
+                forall, depth_tile=self.params.k_tile, **{**chip, "sg_rows": None})
         except ValueError as exc:
             raise UnsupportedError(f"xegpu: {exc}") from exc
         linear_ce.tile_linear_cross_entropy(self.rec, tiles)

@@ -1,31 +1,39 @@
 """XeGPU tail of the fused linear cross-entropy forward: its row-block forall as one GPU
-kernel.
+kernel, then the cross-entropy family's reduction kernel.
 
 Input: the family's `fuse` result in its GPU form (params classes_major=False,
-masked_target=True, fuse.py): one `scf.forall` over blocks of `rows` rows (ROW_BLOCKS)
-whose body holds one loop over class tiles of `class_tile` classes: the logits tile
+masked_target=True, lanes=16; fuse.py): one `scf.forall` over blocks of `rows` rows
+(ROW_BLOCKS) whose body reads y in lane form ([rows, 16] gathers reduced over the lanes)
+and holds one loop over class tiles of `class_tile` classes: the logits tile
 S = h_blk W_tile^T (+ b_tile) [rows, class_tile], the running max m, the rescaled exp-sum
-l and the target logit sum_c (c == y_n ? S[n, c] : 0), then the rows' losses, stored per
-row. Outside it: the host's bounds check of the targets.
+l and the target logit sum_c (c == y_n ? S[n, c] : 0); then the rows' losses (b_{y_n} and
+the class weight w_{y_n} gathered in lane form), written as a lane-form [rows, 16] f32
+tile. Outside it: the reductions over the rows of those tiles (the mean or sum, the count
+or total weight reading y and w themselves) and the host's bounds check of the targets.
 
 Workgroups (`tile_linear_cross_entropy`): one forall iteration = one workgroup; the
-producers it and its class loop read through slices (h, W and b tiles, y) fused in, unit
-dims folded: every tile 2-D [rows, columns] or a per-row vector.
+producers it and its class loop read through slices (h, W and b tiles) fused in, unit dims
+folded; the logits contraction tiled over D in steps of `depth_tile` when the h and W tiles
+of the whole depth would not fit the registers (a loop over D inside the class loop, the
+logits tile its accumulator). The reductions over the rows become the cross_entropy
+family's reduction kernel (`lower_row_sums`: one workgroup of one subgroup).
 Subgroups: `rows / sg_rows` subgroups, each owning `sg_rows` rows of h, S and the per-row
 vectors (sg_layout [n, 1]); the W tile is read whole by every subgroup (a transposed 2-D
 block read), so the class reductions stay inside a subgroup.
 Vectorization (schedules/xegpu/common.py): S = h W^T is a DPAS on f16/bf16 h and W with f32
-accumulation.
+accumulation; the lane-form gathers are scattered loads.
 Layouts (`kernel_anchors`, `annotate_linear_cross_entropy`): anchors on every 2-D block
-load (rows split, or W whole and transposed), on the DPAS and on the per-row (1-D
-scattered) loads and stores, sliced from the S tile's layout.
-After bufferization (`finish_bufferized`): the target check reads a host copy of y before
-the first launch, as the cross-entropy family's does.
+load and store (rows split, or W whole and transposed), on the DPAS and on the scattered
+loads; the results of the per-row vectors' transposed broadcasts and of the reductions
+over a tile's columns converted to (slices of) the tile's row layout
+(transform_ext.convert_result_layouts), where XeGPU's propagation would otherwise re-lay
+S out after the per-row layouts.
+After bufferization the target check reads a host copy of y before the first launch (the
+cross_entropy family's finish_bufferized).
 
-Not lowered (the reason in a one-line error): f32 h and W (DPAS multiplies f16/bf16), a
-depth D whose h and W tiles exceed the register file (no loop over D inside the class
-loop yet), N or V not multiples of the tiles, reductions over the rows after the forall
-(reduction='mean' / 'sum': no XeGPU kernel for them follows the fused forall yet).
+Not lowered (the reason in a one-line error): f32 h and W (DPAS multiplies f16/bf16), N or
+V not multiples of the tiles, a second sweep over the classes (label smoothing of f16/bf16
+logits; refused by the plan), per-row losses as the result (reduction='none').
 """
 
 from __future__ import annotations
@@ -49,7 +57,8 @@ from ..xegpu.contraction import block_mapping, split
 from .fuse import ROW_BLOCKS
 
 KIND = "linear_cross_entropy"
-# Rows per subgroup to try, most first (more rows reuse each W tile for more DPAS work).
+# Rows per subgroup to try, most first: the DPAS rows (16 rows against 16-class tiles gave
+# layout conversions XeGPU's blocking cannot distribute).
 SG_ROWS = (8,)
 
 
@@ -229,7 +238,7 @@ def tile_linear_cross_entropy(rec: StepRecorder, tiles: LinearCrossEntropyTiles)
 
 # ------------------------------------------------------------------------------- layouts
 
-ANCHOR_OPS = ("xegpu.load_nd", "xegpu.dpas", "xegpu.store_nd", "xegpu.load", "xegpu.store")
+ANCHOR_OPS = ("xegpu.load_nd", "xegpu.dpas", "xegpu.store_nd", "xegpu.load")
 
 
 def _layout(sg_layout, sg_data, inst_data, **extra) -> dict:
@@ -313,8 +322,8 @@ def kernel_anchors(gpu_func: ir.Operation, tiles: LinearCrossEntropyTiles) -> di
 
 def annotate_linear_cross_entropy(gpu_func: ir.Value, anchors: dict[str, list]) -> None:
     """Transform IR: the anchor layouts of `kernel_anchors` (gpu_func a handle), each op
-    taken by its place among the ops of its name that structured.match finds; the
-    transposed broadcasts' results converted to S's layout (convert_result_layouts)."""
+    taken by its place among the ops of its name that structured.match finds, after the
+    result conversions (convert_result_layouts)."""
     from transform_ext.convert_result_layouts import convert_result_layouts
 
     for name, count, conversions in anchors["conversions"]:
@@ -372,4 +381,4 @@ def lower_row_sums(rec: StepRecorder, rows: int, subgroup_size: int):
     rec.step("remove_marks", _remove_marks)
     rec.step("canonicalize", passes("canonicalize", "cse"))
     return LossKernel("row_sum", f"linear cross-entropy over {rows} rows: reductions over "
-                      "the rows of the row losses, the mean", tiles)
+                      "the rows of the row losses (the mean or sum)", tiles)
