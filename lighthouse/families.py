@@ -153,7 +153,10 @@ def _convolution_params(target, options) -> FamilyParams:
 def _linear_cross_entropy_params(target, options) -> FamilyParams:
     from schedules.linear_cross_entropy import LinearCrossEntropyParams
 
-    cpu = target.cpu
+    cpu, tiles = target.cpu, target.linear_cross_entropy_tiles
+    if tiles is not None:   # the GPU form: S [N, V] in DPAS tiles, the target logit masked
+        options = {"row_tile": tiles[0], "class_tile": tiles[1], "lanes": tiles[2],
+                   "classes_major": False, "masked_target": True, **options}
     params = (LinearCrossEntropyParams.for_cpu(cpu, target.threads, **options) if cpu
               else LinearCrossEntropyParams(threads=target.threads, **options))
     return FamilyParams(params, _generic_params(target, options).vector)
@@ -352,11 +355,11 @@ def _linear_cross_entropy_script(module, target):
 
 
 # A loss over the logits of a linear layer (the log-softmax's max reads a matmul). Before
-# attention and matmul, which would take its contractions; no GPU lowering yet (on a GPU
-# target its check names what has none, and the choice goes on to the next family).
+# attention and matmul, which would take its contractions; on a GPU its forward is a fused
+# kernel (its backward is refused by its check, naming why).
 LINEAR_CROSS_ENTROPY = Family("linear_cross_entropy", _linear_cross_entropy_recognize,
                               _linear_cross_entropy_check, _linear_cross_entropy_script,
-                              gpu_form=None)
+                              gpu_form="fused")
 
 SPECIALIZED: list[Family] = [LINEAR_CROSS_ENTROPY, CROSS_ENTROPY, ATTENTION, CONVOLUTION,
                              MATMUL]

@@ -114,6 +114,7 @@ OP_MODULES: list[str] = [
     "split_strided_convolution",
     "match_logits_contraction",
     "fold_gathers_through_contraction",
+    "gathers_to_masked_class_sums",
     "fuse_linear_cross_entropy_backward",
     "shrink_unread_inputs",
     "fold_casts_into_contractions",

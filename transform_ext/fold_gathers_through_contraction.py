@@ -165,8 +165,12 @@ def _zeros_like(source: ir.Operation, empty: ir.Value) -> ir.Value:
     return linalg.fill(arith.ConstantOp(t, ir.FloatAttr.get(t, 0.0)).result, outs=[empty])
 
 
-def rewrite(reader: ir.Operation, extracts: list[ir.Operation], rewriter) -> None:
-    dots = [_dot_product(reader, e) for e in extracts]
+def rewrite(reader: ir.Operation, extracts: list[ir.Operation], rewriter,
+            element=None) -> None:
+    """`reader` reading, for each of its gathers, the value `element(reader, extract)`
+    computes (default: the dot product) as an input in place of the gather."""
+    element = element or _dot_product
+    dots = [element(reader, e) for e in extracts]
     ls = loop_structure(reader)
     block = body_of(reader)
     identity = ir.AffineMap.get_identity(ls.num_loops)

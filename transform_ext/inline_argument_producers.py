@@ -6,8 +6,8 @@ arguments only are computed in the bodies of the target ops that read them.
 A producer P qualifies when it is a linalg.generic in the consumer's block with parallel
 loops only and no cf.assert, whose inputs are arguments of that block (the function's),
 arith.constant results or results of qualifying producers, and whose body reads no tensor
-(`tensor.extract`) but, with `gathers`, a function argument at computed indices (the
-target's weight w[y_i]). Each consumer inlines such producers as
+(`tensor.extract`) but, with `gathers`, a function argument or a constant (a frozen
+weight) at computed indices (the target's weight w[y_i]). Each consumer inlines such producers as
 inline_elementwise_producers does (C(.., P(a)[M(i)], ..) = C(.., body_P(a[..]), ..), the
 same scalar operations on the same values: exact; P is erased once nothing reads it), first
 input first, to a fixed point, consumers in handle order. The consumers then read the
@@ -34,6 +34,12 @@ def _is_arg(value: ir.Value, block: ir.Block) -> bool:
     return isinstance(value, ir.BlockArgument) and value.owner == block
 
 
+def _is_gatherable(value: ir.Value, block: ir.Block) -> bool:
+    """An argument of `block`, or a constant (a frozen weight: an argument on the GPU)."""
+    p = defining_op(value)
+    return _is_arg(value, block) or (p is not None and p.name == "arith.constant")
+
+
 def computes_from_arguments(op: ir.Operation, block: ir.Block, gathers: bool = False) -> bool:
     """Is `op` an elementwise function of the arguments of `block` (module docstring)?"""
     if op.name != "linalg.generic" or "reduction" in iterator_kinds(op):
@@ -41,7 +47,8 @@ def computes_from_arguments(op: ir.Operation, block: ir.Block, gathers: bool = F
     for inner in block_ops(body_of(op)):
         if inner.name == "cf.assert":
             return False
-        if inner.name == "tensor.extract" and not (gathers and _is_arg(inner.operands[0], block)):
+        if inner.name == "tensor.extract" and not (gathers and _is_gatherable(inner.operands[0],
+                                                                              block)):
             return False
     for v in op.opview.inputs:
         p = defining_op(v)

@@ -19,7 +19,8 @@ COLUMNS = ("case", "chip") + REPORT_COLUMNS
 
 def xegpu_suite() -> list[Case]:
     """The XeGPU kernels at realistic sizes: 16-bit contractions and attention forward and
-    forward+backward (DPAS), the row kernels and the loss."""
+    forward+backward (DPAS), the row kernels and the losses (the LM head's fused linear
+    cross-entropy forward by DPAS)."""
     def attention(name, causal, dtype, backward=False):
         case = _attention(name, 4096, causal, backward=backward)
         case.overrides.update(B=2, DTYPE=dtype)
@@ -41,6 +42,10 @@ def xegpu_suite() -> list[Case]:
              dict(N=4096, C=32000, DTYPE="bfloat16")),
         Case("cross_entropy_bf16_bwd", EXAMPLES / "cross_entropy.py",
              dict(N=4096, C=32000, DTYPE="bfloat16"), backward=True),
+        Case("linear_cross_entropy_bf16", EXAMPLES / "linear_cross_entropy.py",
+             dict(N=2048, D=1024, V=32000, DTYPE="bfloat16")),
+        Case("linear_cross_entropy_f16", EXAMPLES / "linear_cross_entropy.py",
+             dict(N=2048, D=1024, V=32000, DTYPE="float16")),
     ]
 
 
@@ -57,6 +62,8 @@ def quick_xegpu_suite() -> list[Case]:
         attention("attention_f16_causal", True),
         attention("attention_f16_bwd", False, backward=True),
         Case("cross_entropy", EXAMPLES / "cross_entropy.py", dict(N=64, C=4000)),
+        Case("linear_cross_entropy", EXAMPLES / "linear_cross_entropy.py",
+             dict(N=128, D=64, V=256, DTYPE="bfloat16")),
     ]
 
 

@@ -72,6 +72,7 @@ class CpuTarget:
     # the attention schedule chooses its own tiles on the CPU, its backward in one pass
     attention_tiles: ClassVar[tuple[int, int] | None] = None
     attention_backward_tiles: ClassVar[tuple[int, int, int, int] | None] = None
+    linear_cross_entropy_tiles: ClassVar[tuple[int, int, int] | None] = None
 
     def __post_init__(self):
         if self.threads < 1:

@@ -11,6 +11,10 @@ A family reads a target through these attributes only, never through its name:
                    None: the schedule's own choice
   attention_backward_tiles  the attention backward in two passes with these tiles
                    (schedules.attention.AttentionParams.backward_tiles), None: in one pass
+  linear_cross_entropy_tiles  (rows per block, classes per step, lanes) the target needs of
+                   the linear cross-entropy schedule, with the logits kept [N, V], the target
+                   logit a masked class sum and per-row data crossing kernels in lane form of
+                   that many lanes (a GPU's DPAS tiles and subgroups); None: the CPU form
 The host CPU is described once per process (`host_cpu`): its vector unit from the flags of
 /proc/cpuinfo, its caches from /sys/devices/system/cpu/cpu0/cache.
 """

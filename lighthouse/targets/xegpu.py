@@ -9,7 +9,8 @@ a trial copy, then every later stage is recorded step by step on that trial
 before left it and writing its decisions (tiles, subgroup layouts, thread counts, the chip,
 prefetch distance and layouts) into the script:
   fuse           the family's fused schedule (target independent; attention's with the
-                 target's `attention_tiles`); for the generic, matmul and cross_entropy
+                 target's `attention_tiles`, the linear cross-entropy's with its
+                 `linear_cross_entropy_tiles`); for the generic, matmul and cross_entropy
                  families the GPU preparation only (unit dims folded, asserts split)
   workgroups     weights frozen as constants become kernel arguments
                  (transform_ext.constants_to_arguments); every kernel becomes one
@@ -18,7 +19,9 @@ prefetch distance and layouts) into the script:
                  (softmax, norms) tiled by rows with its whole producer chain (long rows of a
                  softmax in column loops), the attention family's query-block forall as it is
                  with the K / V chains fused into its key loops (schedules/attention/xegpu.py),
-                 a cross-entropy loss's kernels (schedules/cross_entropy/xegpu.py)
+                 a cross-entropy loss's kernels (schedules/cross_entropy/xegpu.py), the
+                 linear cross-entropy's row-block forall and its reduction kernel
+                 (schedules/linear_cross_entropy/xegpu.py)
   subgroups      each workgroup forall annotated with its decomposition over subgroups
                  (xegpu.sg_layout x xegpu.sg_data, xegpu.threads), validated against the chip
   vectorize      whole-tile vectors, type extensions folded into vector.contract, contract
@@ -106,6 +109,8 @@ DEFAULT_CHIP = "bmg"
 LOSS_KINDS = frozenset({"cross_entropy", "row_sum"})
 # Plan kinds of the two passes of an attention backward (schedules/attention/xegpu_backward.py)
 BACKWARD_KINDS = frozenset({"attention_dq", "attention_dkv"})
+# Plan kind of the fused linear cross-entropy forward (schedules/linear_cross_entropy/xegpu.py)
+LINEAR_CE_KIND = "linear_cross_entropy"
 # Workgroup tiles [m, n] of contraction kernels, largest first.
 WORKGROUP_TILES = ((256, 256), (256, 128), (128, 256), (128, 128), (64, 128), (128, 64),
                    (64, 64), (32, 64), (64, 32), (32, 32), (16, 32), (8, 32), (16, 16), (8, 16))
@@ -116,7 +121,8 @@ class XeGpuParams:
     """Overrides of the shape-derived choices; None = chosen from the shapes and the chip.
 
     wg: workgroup tile [m, n] of contraction kernels; sg: subgroup tile [m, n]; k_tile:
-    reduction step (elements of K per loop iteration); nb_prefetch: prefetch distance of the
+    reduction step (elements of K per loop iteration; the linear cross-entropy's step over
+    D); nb_prefetch: prefetch distance of the
     k loop in iterations; rows: rows per workgroup of row kernels (softmax, norms);
     attention_sg_rows: query rows per subgroup of attention kernels (default: the most that
     fit the register file, schedules/attention/xegpu.py); column_tile: columns per
@@ -221,6 +227,10 @@ class XeGpuTarget:
     # blocks of 64 rows with keys in steps of 32 (dQ), key blocks of 64 with query rows in
     # steps of 16 (dK, dV): 8 subgroups of 8 rows each, within the register file
     attention_backward_tiles = (64, 32, 64, 16)
+    # the linear cross-entropy forward (schedules/linear_cross_entropy/xegpu.py): blocks of
+    # 64 rows (8 subgroups of 8), the logits in tiles of 64 x 32 classes per loop step,
+    # per-row data in lane form of a subgroup's 16 lanes
+    linear_cross_entropy_tiles = (64, 32, 16)
 
     def __init__(self, chip: str | None = None, params: XeGpuParams | None = None):
         chip = chip or DEFAULT_CHIP
@@ -556,7 +566,15 @@ class _StageBuilder:
         from schedules.attention.xegpu import attention_forall, plan_attention, tile_attention
         from schedules.attention.xegpu_backward import (backward_foralls, backward_pass_of,
                                                         plan_backward_pass, tile_backward)
+        from schedules.linear_cross_entropy import xegpu as linear_ce
 
+        chip = dict(sg_rows=self.params.attention_sg_rows, subgroup_size=self.chip.subgroup_size,
+                    dpas=self.chip.dpas, max_threads=self.chip.max_workgroup_threads,
+                    grf_bytes=self.chip.grf_bytes, nb_prefetch=self.params.nb_prefetch)
+        row_blocks = linear_ce.row_block_forall(func)
+        if row_blocks is not None:
+            self._linear_cross_entropy_kernel(func, row_blocks, chip)
+            return
         forward = attention_forall(func)
         passes = backward_foralls(func)
         is_forward = lambda f: forward is not None and f == forward
@@ -565,9 +583,6 @@ class _StageBuilder:
             raise UnsupportedError(
                 f"xegpu: {len(unknown)} scf.forall of a fused schedule that is neither an "
                 "attention nor a pass of its backward: no GPU mapping for it yet")
-        chip = dict(sg_rows=self.params.attention_sg_rows, subgroup_size=self.chip.subgroup_size,
-                    dpas=self.chip.dpas, max_threads=self.chip.max_workgroup_threads,
-                    grf_bytes=self.chip.grf_bytes, nb_prefetch=self.params.nb_prefetch)
         for forall in foralls:
             try:
                 if is_forward(forall):
@@ -584,6 +599,32 @@ class _StageBuilder:
                 plan = KernelPlan(tiles.kind, f"attention backward pass "
                                   f"{backward_pass_of(forall)} at {forall.location}", tiles)
             self.plans.append(plan)
+
+    def _linear_cross_entropy_kernel(self, func, forall, chip) -> None:
+        """The fused linear cross-entropy forward: its row-block forall as one kernel, the
+        reductions over the rows after it as the cross-entropy's reduction kernel, the
+        target checks on the host (schedules/linear_cross_entropy/xegpu.py)."""
+        from schedules.generic import func_ops
+        from schedules.linear_cross_entropy import xegpu as linear_ce
+
+        try:
+            tiles = linear_ce.plan_linear_cross_entropy(
+                forall, depth_tile=self.params.k_tile, **{**chip, "sg_rows": None})
+        except ValueError as exc:
+            raise UnsupportedError(f"xegpu: {exc}") from exc
+        linear_ce.tile_linear_cross_entropy(self.rec, tiles)
+        (func,) = func_ops(self.trial)
+        after, other = linear_ce.row_sum_ops(func)
+        if other:
+            raise UnsupportedError(
+                f"xegpu: linear cross-entropy: {other[0].name} at {other[0].location} is "
+                "outside the fused forward and no reduction over the rows: no kernel for it")
+        self.plans.append(KernelPlan(LINEAR_CE_KIND, f"linear cross-entropy forward at "
+                                     f"{forall.location}", tiles))
+        if after:
+            rows = tiles.rows * tiles.grid[0]
+            sums = linear_ce.lower_row_sums(self.rec, rows, self.chip.subgroup_size)
+            self.plans.append(KernelPlan(sums.kind, sums.description, sums.tiles))
 
     def subgroups(self) -> None:
         """Each workgroup forall annotated with its subgroup decomposition (xegpu.sg_layout,
@@ -617,7 +658,10 @@ class _StageBuilder:
     def vectorize(self) -> None:
         from schedules.xegpu.common import vectorize
 
-        if self._loss():
+        if any(p.kind == LINEAR_CE_KIND for p in self.plans):
+            # the logits tiles by DPAS; the lane-form target reads are scattered loads
+            vectorize(self.rec, gathers=True)
+        elif self._loss():
             # no contraction (no DPAS); the target gathers become scattered loads
             vectorize(self.rec, contractions=False, gathers=True)
         else:
@@ -688,6 +732,8 @@ class _StageBuilder:
         from schedules.common import match
         from schedules.cross_entropy.xegpu_layouts import (annotate_loss_kernel, kernel_anchors,
                                                            prefetch_shape)
+        from schedules.linear_cross_entropy.xegpu import annotate_linear_cross_entropy
+        from schedules.linear_cross_entropy.xegpu import kernel_anchors as linear_ce_anchors
         from schedules.xegpu.common import insert_loop_prefetches
         from schedules.xegpu.contraction import annotate_kernel, inspect_kernel
         from schedules.xegpu.rows import annotate_rows
@@ -721,6 +767,10 @@ class _StageBuilder:
                 elif plan.kind in LOSS_KINDS:
                     insert_loop_prefetches(rec, func, *prefetch_shape(plan.tiles), nb_prefetch)
                     shapes.append(kernel_anchors(func, plan.tiles))
+                elif plan.kind == LINEAR_CE_KIND:
+                    insert_loop_prefetches(rec, func, plan.tiles.subgroups, chip.dpas[:2],
+                                           plan.tiles.nb_prefetch)
+                    shapes.append(linear_ce_anchors(func, plan.tiles))
                 else:
                     shapes.append(None)
             except ValueError as exc:
@@ -739,6 +789,8 @@ class _StageBuilder:
                     annotate_backward(handle, shape)
                 elif plan.kind in LOSS_KINDS:
                     annotate_loss_kernel(handle, shape)
+                elif plan.kind == LINEAR_CE_KIND:
+                    annotate_linear_cross_entropy(handle, shape)
                 else:
                     annotate_rows(handle, plan.tiles)
 

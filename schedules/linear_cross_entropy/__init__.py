@@ -1,7 +1,7 @@
 """Fused linear cross-entropy (see fuse.py for the schedule): recognition (recognize.py), the
 parameters and the plan's dataclasses (params.py), the plan the check and the script share
 (plan.py), the fuse stage (fuse.py), the CPU vectorize stage (cpu.py), both as one
-transform script (script.py)."""
+transform script (script.py); the XeGPU kernels of the forward (xegpu.py)."""
 
 from .params import LinearCrossEntropyParams, LinearCrossEntropyPlan
 from .plan import check, plan_linear_cross_entropy

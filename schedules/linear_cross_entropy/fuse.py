@@ -35,6 +35,13 @@ Schedule (the script's @fuse, one named step per item; decisions read by
      sum that needs the final exp-sum (label smoothing of bf16/f16 logits: torch rounds each
      log-probability before summing) gets a second loop over the class tiles after it, the
      logits tile recomputed in it.
+The GPU form (params classes_major=False, masked_target=True, lanes=16; the XeGPU target's
+linear_cross_entropy_tiles): step 2 is masked_gathers (the target logit as a masked sum
+over S's classes, transform_ext.gathers_to_masked_class_sums, a class sum of the fused
+loop) and lane_form (the reductions over the rows read the losses in lane form), step 4 is
+skipped (S stays [N, V]: DPAS tiles), targets_in_lanes follows step 5 (y and the gathers
+per row in lane form), and the row blocks tile the losses' lane copy; xegpu.py maps the
+row-block forall to workgroups.
 No [N, V] tensor is left: the forward holds a [class_tile, row_tile] tile of S per thread,
 the backward a [class_tile, backward_rows] tile of S and of G per thread plus the threads'
 dh partials [threads, backward_rows, D]. The CPU @vectorize (cpu.py) is the generic one,
@@ -57,6 +64,14 @@ from transform_ext.fold_gathers_through_contraction import fold_gathers_through_
 from transform_ext.fold_key_transpose import fold_key_transpose
 from transform_ext.fuse_dependent_reduction_ops import fuse_dependent_reduction_ops
 from transform_ext.fuse_linear_cross_entropy_backward import fuse_linear_cross_entropy_backward
+from transform_ext.gathers_to_masked_class_sums import gathers_to_masked_class_sums
+from transform_ext.inline_argument_producers import inline_argument_producers
+from transform_ext.lane_form_gathers import lane_form_gathers
+from transform_ext.lane_form_row_reductions import lane_form_row_reductions
+from transform_ext.load_rows_in_lane_form import load_rows_in_lane_form
+from transform_ext.match_assertion_checks import match_assertion_checks
+from transform_ext.match_loss_kernels import match_loss_kernels
+from transform_ext.split_shared_fills import split_shared_fills
 from transform_ext.exclude_ops import exclude_ops
 from transform_ext.match_logits_contraction import match_logits_contraction
 from transform_ext.match_class_reductions import match_class_reductions
@@ -130,6 +145,46 @@ def fold_gathers(root: ir.Value) -> ir.Value:
     return apply_passes(root, "canonicalize", "cse")
 
 
+def masked_gathers(root: ir.Value) -> ir.Value:
+    """Step 2 (masked_target): the gathers from S read masked sums over S's classes
+    (transform_ext.gathers_to_masked_class_sums), class sums like the exp-sum's, so the
+    class loop computes the target logit from its logits tile."""
+    gathers_to_masked_class_sums(match(root, "func.func"))
+    return apply_passes(root, "canonicalize", "cse")
+
+
+def lane_form(rows: int, lanes: int):
+    """Step 2 (lanes > 0): the reductions over the rows read the targets themselves and the
+    rows' losses in lane form [N, lanes] (transform_ext.lane_form_row_reductions, after
+    split_shared_fills and inline_argument_producers): the cross_entropy family's XeGPU
+    form of per-row data crossing kernels."""
+    def body(root: ir.Value) -> ir.Value:
+        func = match(root, "func.func")
+        split_shared_fills(func)
+        inline_argument_producers(match_loss_kernels(func).row_sums, gathers=True)
+        lane_form_row_reductions(match_loss_kernels(func).row_sums, rows, lanes)
+        return apply_passes(root, "canonicalize", "cse")
+
+    return body
+
+
+def targets_in_lanes(rows: int, lanes: int):
+    """Step 5 (lanes > 0, after the class sums are marked): the per-row ops read y through
+    a lane-form gather reduced over the lanes (transform_ext.load_rows_in_lane_form) and
+    the per-row gathers (the bias b_{y_n} of the target logit) run in lane form
+    (transform_ext.lane_form_gathers), so on the GPU y_n and b_{y_n} have the layout of a
+    reduction over the classes; the targets' bounds
+    checks read y itself first (their producers inlined: they stay on the host)."""
+    def body(root: ir.Value) -> ir.Value:
+        func = match(root, "func.func")
+        inline_argument_producers(match_assertion_checks(func))
+        loads = load_rows_in_lane_form(match_loss_kernels(func).rows, rows, lanes)
+        lane_form_gathers(exclude_ops(match_loss_kernels(func).rows, loads), lanes)
+        return apply_passes(root, "canonicalize", "cse")
+
+    return body
+
+
 def fuse_backward(params: LinearCrossEntropyParams):
     """Step 3 of the module docstring."""
     def body(root: ir.Value) -> ir.Value:
@@ -183,16 +238,28 @@ def fuse_class_loops(params: LinearCrossEntropyParams, late: tuple[LateSum, ...]
     return body
 
 
+def gather_step(params: LinearCrossEntropyParams) -> tuple[str, object]:
+    """Step 2 as the params choose: masked class sums, or dot products."""
+    return ("masked_gathers", masked_gathers) if params.masked_target else \
+        ("fold_gathers", fold_gathers)
+
+
 def fuse_steps(plan: LinearCrossEntropyPlan) -> list[tuple[str, object]]:
     """The named steps of the fuse stage, in order: (name, body(root) -> root)."""
     steps = [("normalize", normalize_loss), ("fold_casts", fold_casts),
              ("restructure", restructure), ("shrink_bounds", shrink_bounds),
              ("name_target_checks", name_target_checks(plan.classes)),
-              ("fold_gathers", fold_gathers)]
+             gather_step(plan.params)]
+    if plan.params.lanes:
+        steps.append(("lane_form", lane_form(plan.rows_total, plan.params.lanes)))
     if plan.backward:
         steps.append(("fuse_backward", fuse_backward(plan.params)))
-    steps += [("logits_classes_major", logits_classes_major),
-              ("mark_class_sums", mark_class_sums),
+    if plan.params.classes_major:
+        steps.append(("logits_classes_major", logits_classes_major))
+    steps.append(("mark_class_sums", mark_class_sums))
+    if plan.params.lanes:
+        steps.append(("targets_in_lanes", targets_in_lanes(plan.rows_total, plan.params.lanes)))
+    steps += [
               ("sink_root_readers", sink_root_readers(plan.root)),
               ("tile_rows", tile_rows(plan.rows, mark=ROW_BLOCKS)),
               ("fuse_class_loops", fuse_class_loops(plan.params, plan.late, plan.group_size))]

@@ -17,7 +17,14 @@ class LinearCrossEntropyParams:
     class_tile: classes per step of the fused loops (the logits tile is class_tile x rows);
     backward_rows: rows per block of the backward (the remainder block is handled);
     threads: workers the foralls are balanced for (the backward's forall has one iteration
-    per thread)."""
+    per thread); classes_major: S stored [V, N] (a CPU register tile's lanes along the
+    rows), else [N, V] as computed (a GPU's DPAS tiles); masked_target: the target logit
+    as a masked sum over S's classes in the class loop (no read of h or W at a target),
+    else the dot product h_n . W_{y_n}; lanes: when > 0, the per-row values cross from
+    the rows' kernel to the reductions over the rows in lane form ([N, lanes], each row's
+    value in every lane; y read the same way: the XeGPU form of the cross_entropy family's
+    kernels, transform_ext/lane_form_row_reductions.py), the row blocks tiling the lane
+    copy of the rows' losses."""
 
     row_tile: int = 0
     class_tile: int = 64
@@ -25,6 +32,9 @@ class LinearCrossEntropyParams:
     threads: int = 2
     block_bytes: int = 512 * 1024
     panel: int = 0
+    classes_major: bool = True
+    masked_target: bool = False
+    lanes: int = 0
 
     def __post_init__(self):
         if self.panel < 0:
@@ -63,7 +73,7 @@ class LinearCrossEntropyPlan:
     step of a trial on a copy. classes: V; backward: the joint graph's backward is fused;
     root: place of the forward's root (the last per-row op); rows: its row tiling; late:
     the late class sums (fuse.py: fuse_class_loops) among the `group_size` marked class
-    reductions of a row block."""
+    reductions of a row block; rows_total: N."""
 
     params: LinearCrossEntropyParams
     classes: int
@@ -72,3 +82,4 @@ class LinearCrossEntropyPlan:
     rows: RowTiling
     late: tuple[LateSum, ...] = ()
     group_size: int = 0
+    rows_total: int = 0

@@ -26,10 +26,10 @@ from ..cross_entropy.plan import row_producers
 from ..cross_entropy.recognize import last_row_op
 from ..generic import largest_divisor_at_most
 from ..prepare import check_by_planning
-from .fuse import (ROW_BLOCKS, fold_casts, fold_gathers, fuse_backward, fuse_class_loops,
+from .fuse import (ROW_BLOCKS, fold_casts, fuse_backward, fuse_class_loops, gather_step,
                    logits_classes_major, mark_class_sums, name_target_checks, normalize_loss,
                    restructure, shrink_bounds, sink_root_readers, tile_rows)
-from .fuse import CLASS_SUM
+from .fuse import CLASS_SUM, lane_form, targets_in_lanes
 from .params import LateSum, LinearCrossEntropyParams, LinearCrossEntropyPlan
 from .recognize import NotLinearCrossEntropy, linear_cross_entropy_func
 
@@ -43,23 +43,20 @@ def check(payload: ir.Module,
     lowering there (`gpu_refusal`)."""
     def plan(trial: ir.Module) -> None:
         made = plan_linear_cross_entropy(trial, params)
-        if gpu:
+        if gpu and gpu_refusal(made):
             raise NotLinearCrossEntropy(gpu_refusal(made))
 
     return check_by_planning(payload, plan, NotLinearCrossEntropy)
 
 
-def gpu_refusal(plan: LinearCrossEntropyPlan) -> str:
-    """Why the fused schedule of `plan` does not run on a GPU target: its forward (the
-    logits tile h W^T per class tile inside the online log-sum-exp, the target logit
-    h_n . W_{y_n}) and its backward (dW per class tile, dh per row block, the logits
-    recomputed) have no XeGPU lowering."""
+def gpu_refusal(plan: LinearCrossEntropyPlan) -> str | None:
+    """Why the fused schedule of `plan` does not run on a GPU target (None: it does): its
+    backward (dW per class tile, dh per row block, the logits recomputed) has no XeGPU
+    lowering."""
     if plan.backward:
-        return ("its fused forward and backward (logits tiles h W^T in the online "
-                "log-sum-exp; dW per class tile, dh per row block) have no XeGPU lowering "
-                "yet; the CPU target runs them")
-    return ("its fused forward (logits tiles h W^T in the online log-sum-exp) has no XeGPU "
-            "lowering yet; the CPU target runs it")
+        return ("its fused backward (dW per class tile, dh per row block, the logits "
+                "recomputed) has no XeGPU lowering yet; the CPU target runs it")
+    return None
 
 
 class _Plans:
@@ -96,25 +93,59 @@ def plan_linear_cross_entropy(payload: ir.Module,
         # to the classes in the loop-dim analysis the fusion reads
         raise NotLinearCrossEntropy(f"the depth equals the classes ({depth}): the fusion "
                                     f"cannot tell them apart")
-    for step in (name_target_checks(classes), fold_gathers):
+    if not params.classes_major and classes % params.class_tile:
+        raise NotLinearCrossEntropy(
+            f"the classes ({classes}) are not a multiple of the class tile "
+            f"({params.class_tile}): the [N, V]-major form (the GPU's) has no remainder tile "
+            "yet; choose the LIGHTHOUSE class_tile dividing V")
+    for step in (name_target_checks(classes), gather_step(params)[1]):
         _apply(trial, step)
+    if params.lanes:
+        _apply(trial, lane_form(n, params.lanes))
     backward = _has_backward(trial)
     if backward:
         _apply(trial, fuse_backward(params))
-    for step in (logits_classes_major, mark_class_sums):
-        _apply(trial, step)
+    if params.classes_major:
+        _apply(trial, logits_classes_major)
+    _apply(trial, mark_class_sums)
+    if params.lanes:
+        _apply(trial, targets_in_lanes(n, params.lanes))
     block = linear_cross_entropy_func(trial).regions[0].blocks[0]
     ops = [op for op in block_ops(block.owner) if is_linalg_op(op)]
     root = last_row_op(ops, row_max(block), DimClasses(ops))
+    if params.lanes:
+        root = _lane_copy(ops, root)
     root_place = place_of(trial.operation, root)
     _apply(trial, sink_root_readers(root_place))
     rows = _row_tiling(trial, root, params)  # the root as chosen before its readers moved
     _apply(trial, tile_rows(rows, mark=ROW_BLOCKS))
     late, group_size = _late_sums(trial, params)
+    if late and not params.classes_major:
+        raise NotLinearCrossEntropy(
+            "label smoothing of f16/bf16 logits (torch rounds each log-probability, so a "
+            "second sweep over the classes recomputes the logits) has no [N, V]-major form "
+            "(the GPU's) yet; give f32 logits or no label smoothing")
     _apply(trial, fuse_class_loops(params, late, group_size))
-    plan = LinearCrossEntropyPlan(params, classes, backward, root_place, rows, late, group_size)
+    plan = LinearCrossEntropyPlan(params, classes, backward, root_place, rows, late, group_size,
+                                  n)
     _Plans.key, _Plans.plan = key, plan
     return plan
+
+
+def _lane_copy(ops: list[ir.Operation], root: ir.Operation) -> ir.Operation:
+    """The lane-form copy of the rows' losses `root` computes (lane_form), the op the row
+    blocks then tile; NotLinearCrossEntropy when there is none (reduction='none': the
+    losses are the function's result, which has no lane form)."""
+    copies = [op for op in ops if op.name == "linalg.generic" and root.results[0] in
+              list(op.operands) and len(op.results) == 1
+              and ir.RankedTensorType(op.results[0].type).rank == 2
+              and not loop_structure(op).reduction_dims]
+    if len(copies) != 1:
+        raise NotLinearCrossEntropy("the rows' losses are not reduced over the rows "
+                                    "(reduction='none'): per-row losses have no store form in "
+                                    "the GPU kernels (XeGPU has no lane layout for a [rows] "
+                                    "vector); use reduction='mean' or 'sum'")
+    return copies[0]
 
 
 def _apply(payload: ir.Module, step) -> None:
@@ -152,7 +183,8 @@ def _row_tiling(payload: ir.Module, root: ir.Operation,
     """The root over blocks of rows and its producers over the rows, by their places among
     the ops `structured.match` finds (nested ones, the fused backward's, included). Blocks
     of `row_tile` rows, else as many as keep h^T of a block [D, rows] f32 within
-    `block_bytes` with four blocks per thread at least; a divisor of N."""
+    `block_bytes` with four blocks per thread at least; a divisor of N. In the [N, V]-major
+    form (the GPU's) at most N / 2 rows: a forall of one block would fold away."""
     block = linear_cross_entropy_func(payload).regions[0].blocks[0]
     linalg_ops = [op for op in block_ops(block.owner) if is_linalg_op(op)]
     classes = DimClasses(linalg_ops)
@@ -168,6 +200,8 @@ def _row_tiling(payload: ir.Module, root: ir.Operation,
     depth = contraction.ranges[contraction.contraction_dims()["k"][0]]
     want = params.row_tile or max(1, min(params.block_bytes // (4 * depth),
                                          extent // (4 * params.threads)))
+    if not params.classes_major:   # the GPU's workgroups: two blocks at least (one is folded)
+        want = min(want, max(1, extent // 2))
     sizes = [0] * ls.num_loops
     sizes[row_dims[0]] = largest_divisor_at_most(extent, want)
     names = tuple(sorted({op.name for op in [root] + producers}))

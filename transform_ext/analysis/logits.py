@@ -93,14 +93,31 @@ def logits_contraction(op: ir.Operation) -> LogitsContraction:
 
 
 def row_max(block: ir.Block) -> ir.Operation:
-    """The block's one max reduction over one dim (the log-softmax's row max)."""
+    """The block's one max reduction over one dim (the log-softmax's row max); of several,
+    the one reading a contraction through elementwise ops (a max over the lanes of a
+    lane-form gather, transform_ext/load_rows_in_lane_form.py, reads none)."""
     maxes = [op.operation for op in block.operations if is_linalg_op(op.operation)
              and reduction_combiner(op.operation) == "max"
              and len(loop_structure(op.operation).reduction_dims) == 1]
+    if len(maxes) > 1:
+        maxes = [op for op in maxes if _contraction_through_elementwise(op.operands[0])]
     if len(maxes) != 1:
         raise NotLogits(f"expected one row max over the classes (a log_softmax), found "
                         f"{len(maxes)}")
     return maxes[0]
+
+
+def _contraction_through_elementwise(value: ir.Value) -> bool:
+    for _ in range(64):
+        producer = defining_op(value)
+        if producer is None or not is_linalg_op(producer):
+            return False
+        if is_contraction(producer):
+            return True
+        if not loop_structure(producer).is_elementwise:
+            return False
+        value = producer.operands[0]
+    return False
 
 
 def row_max_contraction(block: ir.Block) -> ir.Operation:

@@ -1,0 +1,282 @@
+"""F.cross_entropy(F.linear(h, W[, b]), y) on the XeGPU target: the fused forward (bf16 and
+f16 h and W, bias, class weights, ignore_index, mean and sum), checked through the IR of
+every stage, the validated SPIR-V, the machine code Intel's compiler makes of it, and the
+kernel program run on the CPU.
+
+Kernels (schedules/linear_cross_entropy/xegpu.py): the row-block kernel (per workgroup 64
+rows of h against every class: a loop over class tiles computing the logits tile
+S = h W^T [+ b] by DPAS, in a loop over D when h and W tiles would not fit the registers,
+with the running max, the rescaled exp-sum and the target logit as a masked sum over the
+tile; the rows' losses leave in lane form), then the cross-entropy family's reduction
+kernel (the mean or sum over the rows), and the targets' bounds check on the host. No
+[N, V] buffer anywhere.
+No Intel GPU here: the numerics of what the kernels compute are checked by running the
+kernel program of the `workgroups` stage (the foralls with every GPU-specific rewrite: the
+masked target sum, lane-form per-row data, the depth loop, the reduction kernel, the host
+check) on the CPU against torch.
+"""
+
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch_mlir import ir
+
+from lighthouse.compile import compile_kernel
+from lighthouse.errors import LighthouseError
+from lighthouse.ingress import TensorSpec
+from lighthouse.targets import ocloc, spirv
+from tests.lighthouse.xegpu_helpers import Lowered, dumped_stages, walk
+from tests.transform_ext.helpers import check as filecheck
+
+STAGES = ["import", "cleanup", "fuse", "workgroups", "subgroups", "vectorize", "bufferize",
+          "gpu-outline", "xegpu", "xegpu-layouts", "xevm", "binary", "native"]
+KERNEL = """
+import torch
+import torch.nn.functional as F
+N, D, V = {N}, {D}, {V}
+DTYPE = torch.{dtype}
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(1)
+        self.register_buffer("w", (torch.rand(V, generator=g) + 0.5).to(DTYPE))
+    def forward(self, h, W, {bias_arg}y):
+        return F.cross_entropy(F.linear(h, W{bias}), y, weight={weight},
+                               label_smoothing={smoothing}, reduction="{reduction}")
+def get_inputs():
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(0, V, (N,), generator=g)
+    y[::7] = -100
+    h = torch.randn(N, D, generator=g).to(DTYPE)
+    W = (torch.randn(V, D, generator=g) / D ** 0.5).to(DTYPE)
+    b = (torch.randn(V, generator=g) / 2).to(DTYPE)
+    return [h, W{bias}, y]
+def get_init_inputs():
+    return []
+"""
+# name: (dtype, N, D, V, bias, class weights, reduction, depth step of the kernel)
+CASES = {
+    "bf16_mean": ("bfloat16", 192, 256, 512, False, False, "mean", 64),
+    "f16_bias_weight_sum": ("float16", 128, 64, 256, True, True, "sum", 64),
+}
+
+
+def _write(path, dtype, n, d, v, bias, weighted, reduction, smoothing=0.0):
+    path.write_text(KERNEL.format(N=n, D=d, V=v, dtype=dtype, bias_arg="b, " if bias else "",
+                                  bias=", b" if bias else "",
+                                  weight="self.w" if weighted else "None", smoothing=smoothing,
+                                  reduction=reduction))
+    return path
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def lowered(request, tmp_path_factory):
+    dtype, n, d, v, bias, weighted, reduction, _ = CASES[request.param]
+    tmp = tmp_path_factory.mktemp(request.param)
+    kernel = _write(tmp / "head.py", dtype, n, d, v, bias, weighted, reduction)
+    compiled = compile_kernel(kernel, target="xegpu", dump_dir=tmp / "dump")
+    low = Lowered(compiled, tmp / "dump")
+    low.name, low.case, low.tmp = request.param, CASES[request.param], tmp
+    return low
+
+
+def _forward_kernel(low):
+    (plan,) = [p for p in low.plans if p.kind == "linear_cross_entropy"]
+    return plan
+
+
+def test_every_stage_runs_and_the_loss_gets_its_kernels(lowered):
+    """The family's fused forward as one kernel (64 rows per workgroup, 8 subgroups of 8
+    rows, classes in steps of 32), then the reduction over the rows; one gpu.func and one
+    launch per kernel, in that order."""
+    dtype, n, d, v, *_ , depth_tile = lowered.case
+    c = lowered.compiled
+    assert c.family.name == "linear_cross_entropy" and not c.notes
+    assert c.pipeline.names() == STAGES and list(lowered.stage_files) == dumped_stages(STAGES)
+    assert [p.kind for p in lowered.plans] == ["linear_cross_entropy", "row_sum"]
+    tiles = _forward_kernel(lowered).tiles
+    assert (tiles.rows, tiles.sg_rows, tiles.class_tile, tiles.depth, tiles.depth_tile) == \
+        (64, 8, 32, d, depth_tile)
+    assert [k.grid for k in lowered.target.kernels] == [(n // 64, 1, 1), (1, 1, 1)]
+    assert [k.local_size[0] for k in lowered.target.kernels] == [8 * 16, 16]
+    final = lowered.ir("xegpu")
+    assert len(walk(final, "gpu.func")) == len(walk(final, "gpu.launch_func")) == 2
+
+
+def test_logits_tiles_are_dpas_in_the_online_class_loop(lowered):
+    """FileCheck of the forward kernel after the layouts: the targets read in lane form, the
+    class loop carrying the rows' max, exp-sum and target logit, the logits tile by DPAS
+    on h rows split over the subgroups and a W tile read whole and transposed (in a loop
+    over D when it is shorter than D), the masked target sum, the losses stored in lane
+    form; then the reduction kernel."""
+    dtype, n, d, v, bias, weighted, reduction, depth_tile = lowered.case
+    narrow = {"bfloat16": "bf16", "float16": "f16"}[dtype]
+    depth = (f"""
+        CHECK:   scf.for %{{{{.*}}}} = %{{{{.*}}}} to %{{{{.*}}}} step %{{{{.*}}}} iter_args(%{{{{.*}}}} = %{{{{.*}}}}) -> (vector<64x32xf32>)"""
+             if depth_tile < d else "")
+    filecheck(lowered.stage_files["xegpu-layouts"].read_text(), f"""
+        CHECK: gpu.func @main_kernel(
+        CHECK: xegpu.load {{{{.*}}}} -> vector<64x16xi64>
+        CHECK: scf.for {{{{.*}}}} -> (vector<64xf32>, vector<64xf32>, vector<64xf32>){depth}
+        CHECK:   xegpu.load_nd {{{{.*}}}}sg_layout = [8, 1], sg_data = [8, {depth_tile}]{{{{.*}}}} -> vector<64x{depth_tile}x{narrow}>
+        CHECK:   xegpu.load_nd {{{{.*}}}}sg_layout = [1, 1], sg_data = [32, {depth_tile}]{{{{.*}}}}order = [0, 1]{{{{.*}}}} -> vector<32x{depth_tile}x{narrow}>
+        CHECK:   xegpu.dpas {{{{.*}}}} : vector<64x{depth_tile}x{narrow}>, vector<{depth_tile}x32x{narrow}>, vector<64x32xf32> -> vector<64x32xf32>
+        CHECK:   vector.multi_reduction <maximumf>
+        CHECK:   math.exp
+        CHECK:   vector.multi_reduction <add>
+        CHECK:   arith.cmpi eq, {{{{.*}}}} : vector<64x32xindex>
+        CHECK:   arith.select {{{{.*}}}} : vector<64x32xi1>, vector<64x32xf32>
+        CHECK:   vector.multi_reduction <add>
+        CHECK: math.log
+        CHECK: xegpu.store_nd {{{{.*}}}} : vector<64x16xf32>
+        CHECK-NOT: xegpu.store_nd
+        CHECK: gpu.return
+        CHECK: gpu.func @main_kernel(
+        CHECK-NOT: xegpu.dpas
+        CHECK: gpu.return
+    """)
+
+
+def test_no_buffer_holds_the_logits(lowered):
+    """No tensor, buffer or vector of N x V elements (or V x N) exists after the fuse stage:
+    the logits live in [64, 32] tiles only; the rows' losses cross kernels as [N, 16]."""
+    _, n, _, v, *_ = lowered.case
+    for stage in ("fuse", "workgroups", "bufferize", "xegpu-layouts"):
+        text = lowered.stage_files[stage].read_text()
+        assert not re.search(rf"\b({n}x{v}|{v}x{n})x", text), stage
+    assert f"memref<{n}x16xf32>" in lowered.stage_files["bufferize"].read_text()
+
+
+def test_spirv_validates_and_ocloc_builds_without_spills(lowered, tmp_path):
+    """Every kernel's SPIR-V passes spirv-val with the launch the manifest records; Intel's
+    compiler builds each for the chip with 0 bytes of GRF spill, the forward's DPAS in its
+    machine code, 2-D block loads for h and W."""
+    target = lowered.target
+    path = tmp_path / "head.spv"
+    target.write_artifact(lowered.compiled, path)
+    for kernel, plan in zip(target.kernels, lowered.plans, strict=True):
+        file = tmp_path / f"head.{kernel.module}.spv"
+        spirv.validate(file)
+        (ep,) = spirv.read_spirv(file.read_bytes())["entry_points"]
+        assert ep.local_size == (plan.threads, 1, 1) and ep.subgroup_size == 16
+        mc = kernel.machine
+        assert mc.spill_bytes == 0, (kernel.module, mc)
+        if plan.kind == "linear_cross_entropy":
+            assert mc.dpas > 0 and mc.block_loads > 0, mc
+        else:
+            assert mc.dpas == 0
+
+
+def test_pvc_builds_without_spills(tmp_path):
+    """The same kernels for Ponte Vecchio (bf16, a loop over D)."""
+    dtype, n, d, v, bias, weighted, reduction, _ = CASES["bf16_mean"]
+    kernel = _write(tmp_path / "head.py", dtype, n, d, v, bias, weighted, reduction)
+    compiled = compile_kernel(kernel, target="xegpu", target_options={"chip": "pvc"})
+    kernels = compiled.target.kernels
+    assert [k.kind for k in kernels] == ["linear_cross_entropy", "row_sum"]
+    assert all(k.machine.spill_bytes == 0 for k in kernels), [k.machine for k in kernels]
+    assert kernels[0].machine.dpas > 0
+
+
+@pytest.mark.parametrize("lowered", ["f16_bias_weight_sum"], indirect=True)
+def test_the_printed_script_replays_to_identical_ir(lowered, tmp_path):
+    """The compile's script (the family's @fuse in its GPU form, then the XeGPU stages)
+    printed and replayed gives byte-identical IR at every stage down to the SPIR-V."""
+    from tests.lighthouse.test_schedule_scripts import _without_counters
+
+    script = tmp_path / "schedule.mlir"
+    script.write_text(lowered.compiled.schedule_text())
+    compile_kernel(lowered.tmp / "head.py", target="xegpu", dump_dir=tmp_path / "replayed",
+                   schedule_file=script, stop_after="binary")
+    for stage in STAGES[:-1]:
+        (replayed,) = (tmp_path / "replayed").glob(f"*-{stage}.mlir")
+        assert _without_counters(replayed.read_text()) == \
+            _without_counters(lowered.stage_files[stage].read_text()), stage
+
+
+# ------------------------------------------------------------- the kernel program on the CPU
+
+def _program_on_cpu(low):
+    """The `workgroups` stage (the kernel foralls, the host check) lowered for the CPU."""
+    from lighthouse.pipeline import Pipeline
+    from lighthouse.targets.cpu import CpuTarget
+
+    ctx = ir.Context()
+    module = ir.Module.parse(low.stage_files["workgroups"].read_text(), ctx)
+
+    def unmap(op):
+        if op.name == "scf.forall" and "mapping" in op.attributes:
+            del op.attributes["mapping"]
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(unmap)
+    cpu = CpuTarget(threads=2)
+    with ctx, ir.Location.unknown():
+        Pipeline(cpu.stages()).run(module)
+    imported = low.compiled.imported
+    weights = [TensorSpec(tuple(w["shape"]), low.compiled.kernel.model.w.dtype)
+               for w in low.target.weight_specs]
+    return cpu.jit(module, list(imported.arg_specs) + weights, imported.result_specs)
+
+
+def _inputs(dtype, n, d, v, bias, kind):
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(n, d, generator=g)
+    W = torch.randn(v, d, generator=g) / d ** 0.5
+    b = torch.randn(v, generator=g) / 2
+    y = torch.randint(0, v, (n,), generator=g)
+    y[::5] = -100
+    if kind == "all_ignored":
+        y[:] = -100
+    elif kind == "huge":
+        h = h * 40
+    elif kind == "edge_targets":
+        y[::2], y[1::2] = 0, v - 1
+    args = [h.to(dtype), W.to(dtype)] + ([b.to(dtype)] if bias else [])
+    return args + [y]
+
+
+@pytest.mark.parametrize("kind", ["mixed", "all_ignored", "huge", "edge_targets"])
+def test_kernel_program_matches_torch_on_cpu(lowered, kind):
+    """Numerics of the GPU kernels' program (no GPU here): ignored rows, all rows ignored
+    (mean NaN, sum 0), logits in the hundreds, targets at the first and last class."""
+    dtype_name, n, d, v, bias, weighted, reduction, _ = lowered.case
+    if not hasattr(lowered, "cpu"):
+        lowered.cpu = _program_on_cpu(lowered)
+    dtype = getattr(torch, dtype_name)
+    args = _inputs(dtype, n, d, v, bias, kind)
+    w = lowered.compiled.kernel.model.w
+    (got,) = lowered.cpu(*args, *([w] if weighted else []))
+    want = F.cross_entropy(F.linear(*args[:-1]), args[-1], weight=w if weighted else None,
+                           reduction=reduction)
+    if kind == "all_ignored" and reduction == "mean":
+        assert torch.isnan(got)
+        return
+    assert torch.isfinite(got)
+    torch.testing.assert_close(got, want, rtol=3e-2, atol=3e-2)
+
+
+# --------------------------------------------------------------------------- refusals
+
+@pytest.mark.parametrize("case, reason", [
+    (("float32", 128, 64, 256, False, False, "mean"),
+     "h and W of type f32: DPAS multiplies f16 or bf16"),
+    (("bfloat16", 128, 64, 200, False, False, "mean"),
+     "the classes (200) are not a multiple of the class tile (32)"),
+    (("bfloat16", 128, 64, 256, False, False, "none"),
+     "per-row losses have no store form in the GPU kernels"),
+    (("bfloat16", 128, 64, 256, False, False, "mean", 0.1),
+     "label smoothing of f16/bf16 logits"),
+    (("bfloat16", 100, 64, 256, False, False, "mean"),
+     "rows per workgroup (50) is not a multiple of the rows per subgroup (8)"),
+], ids=["f32", "classes_not_a_multiple", "reduction_none", "bf16_label_smoothing",
+        "rows_not_a_multiple"])
+def test_what_has_no_gpu_form_is_refused_by_name(tmp_path, case, reason):
+    """A semantic without a lowering is an error naming it (never a wrong kernel): under
+    --strict the family's reason, else the generic schedule's failure after the note."""
+    kernel = _write(tmp_path / "head.py", *case)
+    with pytest.raises(LighthouseError) as error:
+        compile_kernel(kernel, target="xegpu", stop_after="workgroups", strict=True)
+    assert reason in str(error.value)
