@@ -272,8 +272,9 @@ BACKWARD_ON_GPU = ("the linear_cross_entropy schedule does not apply (its fused 
 def test_a_gpu_target_takes_the_forward_and_refuses_the_backward_by_name(dtype):
     """On the XeGPU target the family takes the forward (its kernels:
     tests/lighthouse/test_xegpu_linear_cross_entropy.py) and refuses the joint graph naming
-    what has no lowering there (the fused backward): a note and the generic schedule, an
-    error under strict; on the CPU it takes both."""
+    what has no lowering there (the fused backward): a note and the next family that
+    recognizes the payload (the matmul's, for the contractions), an error under strict; on
+    the CPU it takes both."""
     from lighthouse.compile import make_target
     from lighthouse.errors import ScheduleMismatch
     from lighthouse.families import choose_family
@@ -289,8 +290,8 @@ def test_a_gpu_target_takes_the_forward_and_refuses_the_backward_by_name(dtype):
     joint = import_joint(k.model, k.inputs).module
     assert choose_family(joint).name == "linear_cross_entropy"
     notes = []
-    assert choose_family(joint, target=make_target("xegpu"), notes=notes).name == "generic"
-    assert notes == [f"{BACKWARD_ON_GPU}; using the generic schedule"]
+    assert choose_family(joint, target=make_target("xegpu"), notes=notes).name == "matmul"
+    assert notes == [f"{BACKWARD_ON_GPU}; using the matmul schedule"]
     with pytest.raises(ScheduleMismatch) as error:
         choose_family(joint, target=make_target("xegpu"), strict=True)
     assert str(error.value) == BACKWARD_ON_GPU
