@@ -214,7 +214,8 @@ def _output_of(values: ir.Operation, final: ir.Operation) -> tuple[ir.Operation,
         raise NotAttention("the P V contraction is not [..., queries, values]")
     output = final
     while True:
-        found = _query_and_value_dims(output, values, pv_dims[-2], pv_dims[-1])
+        found = None if _reads_a_projection(output, values) else \
+            _query_and_value_dims(output, values, pv_dims[-2], pv_dims[-1])
         if found is not None or output is values:
             break
         output = _reshaped_source(output)
@@ -228,6 +229,22 @@ def _output_of(values: ir.Operation, final: ir.Operation) -> tuple[ir.Operation,
     if found is None:
         raise NotAttention("the output's query rows or value columns are not one loop dim each")
     return (output, *found)
+
+
+def _reads_a_projection(output: ir.Operation, values: ir.Operation) -> bool:
+    """Does `output` read a contraction computed from `values` (a projection of the
+    attention output, `c_proj(y) + y`)? Its query blocks would hold the attention twice."""
+    seen, pending = [], [output]
+    while pending:
+        op = pending.pop()
+        if op is None or op in seen or op == values or op.block != values.block:
+            continue
+        seen.append(op)
+        if op != output and is_linalg_op(op) and loop_structure(op).is_contraction \
+                and depends_into(op, values):
+            return True
+        pending.extend(defining_op(v) for v in op.operands)
+    return False
 
 
 def _last_elementwise_reader(values: ir.Operation) -> ir.Operation:
