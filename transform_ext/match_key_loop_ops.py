@@ -8,7 +8,8 @@ For every target (a query block's scf.forall), among the linalg ops directly in 
 (transform_ext/analysis/attention.py elementwise_attention_pairs: exactly one such pair).
 `values` is O's contraction and `producers` the ops O depends on that have a loop dim
 running with its key dim (propagate_loop_dim: f's ops, S and its fill, a mask computed
-from indices - not Q's or V's chains), in reverse block order (consumers first): the ops
+from indices, K's chain when it is in the body - not Q's chain or O's fill; in a query
+block K and V are read from outside), in reverse block order (consumers first): the ops
 to fuse, one at a time, into the loop that tiles O's reduction over the keys, so that S
 exists one key tile at a time. A target without one such pair is a silenceable failure
 naming it. Read-only.

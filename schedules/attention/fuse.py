@@ -19,10 +19,16 @@ vectorization:
   5. causal masks (and any mask whose -inf region is a half-plane j > i + c) bound that loop:
      key tiles wholly above the diagonal are not computed (bound_causal_key_loops), and the
      tiles wholly below it run in a first loop without the mask.
+  6. on the CPU, tile_other_ops: the ops outside the fused loops (the projections around an
+     attention written by hand) tiled for threads as the generic schedule tiles its roots.
   On the CPU (`key_major`), before 3: the scores and the values computed from them are
   stored [..., keys, queries] and K is read in place (store_scores_keys_major,
   fold_key_transpose): vector lanes run along the queries, the max and sum over keys are
   elementwise, no K^T exists.
+Without a softmax, O = f(S) V with f elementwise (ReLU attention; KeyLoopPlan): steps 1, 3,
+then key_tiles instead of 4 (O's contraction tiled over the keys into one loop carrying O,
+S, f and the mask fused into it one key tile at a time: match_key_loop_ops, tile_using_for,
+fuse_into_containing_op, a partial last tile peeled), 5 when f(-inf) = 0 exactly, and 6.
 Every payload rewrite is a transform_ext op; the ops are found by transform_ext matchers
 (match_attention, match_kv_chains, match_query_block_ops, match_foldable_collapse). What the
 steps cannot decide by matching (the guard, the tile sizes, the causal offset) is read once
@@ -170,12 +176,20 @@ class _Normalized:
     backward: BackwardPlan | None = None
 
 
-def check(payload: ir.Module, params: AttentionParams = AttentionParams()) -> str | None:
+def check(payload: ir.Module, params: AttentionParams = AttentionParams(),
+          gpu: bool = False) -> str | None:
     """None when this schedule applies to `payload`, else the one-line reason (not an
-    attention, or a transform refused it; any other error propagates)."""
+    attention, or a transform refused it; any other error propagates). `gpu`: for a target
+    without a CPU, which has no lowering of an attention without a softmax."""
     if softmax_over_one_key(payload):
         return "the softmax runs over one key (S_kv = 1): there is no key loop to fuse"
-    return check_by_planning(payload, lambda trial: plan_attention(trial, params), NotAttention)
+
+    def plan(trial: ir.Module) -> None:
+        if plan_attention(trial, params).key_loop is not None and gpu:
+            raise NotAttention("an attention without a softmax (f(Q K^T) V) has no GPU "
+                               "lowering yet")
+
+    return check_by_planning(payload, plan, NotAttention)
 
 
 def plan_attention(payload: ir.Module, params: AttentionParams) -> AttentionPlan:

@@ -132,3 +132,23 @@ def test_causal_buffer_becomes_an_index_mask():
         targets = {str(node.target) for node in program.graph.nodes}
         assert ("aten.arange.start_step" in targets) == bool(rewritten)
         assert torch.equal(program.module()(s), model(s))
+
+
+def test_without_a_softmax_a_gpu_target_gets_the_reason(kernel_file):
+    """ReLU attention is fused for the CPU only: on the XeGPU target the attention family
+    refuses it naming why (a note, an error under strict)."""
+    from lighthouse.compile import make_target
+    from lighthouse.errors import ScheduleMismatch
+    from lighthouse.families import choose_family
+    from lighthouse.ingress import import_forward
+    from lighthouse.kernel import load_kernel
+
+    k = load_kernel(_kernel(kernel_file, activation=RELU, result="y", dtype="float16"), {})
+    module = import_forward(k.model, k.inputs).module
+    assert choose_family(module).name == "attention"
+    notes = []
+    choose_family(module, target=make_target("xegpu"), notes=notes)
+    reason = "an attention without a softmax (f(Q K^T) V) has no GPU lowering yet"
+    assert notes == [f"the attention schedule does not apply ({reason}); using the generic schedule"]
+    with pytest.raises(ScheduleMismatch, match=re.escape(reason)):
+        choose_family(module, target=make_target("xegpu"), strict=True)

@@ -161,7 +161,7 @@ def elementwise_attention_pairs(ops: list[ir.Operation], through_reshapes: bool 
                                 ) -> list[tuple[ir.Operation, ir.Operation]]:
     """(S, P V) for every batched contraction among `ops` reading, through at least one
     elementwise op (and, with `through_reshapes`, reshapes: before normalization), another
-    batched contraction."""
+    batched contraction, with no reduction of S read on the way."""
     pairs = []
     for values in ops:
         ls = loop_structure(values)
@@ -177,10 +177,19 @@ def elementwise_attention_pairs(ops: list[ir.Operation], through_reshapes: bool 
             scores = producing_contraction(operand, through_reshapes)
             if scores is None or not loop_structure(scores).contraction_dims()["batch"]:
                 continue
+            if _reduces_between(ops, scores, values):
+                continue
             keys = propagate_loop_dim(values, ls.reduction_dims[0]).get(scores, set())
             if through_reshapes or keys & set(loop_structure(scores).contraction_dims()["n"]):
                 pairs.append((scores, values))
     return pairs
+
+
+def _reduces_between(ops: list[ir.Operation], scores: ir.Operation, values: ir.Operation) -> bool:
+    """Is a reduction of the scores (a row max or min) read on the way to `values`? Then
+    f is no elementwise map of S."""
+    return any(op != values and op != scores and loop_structure(op).reduction_dims
+               and depends_into(op, scores) and depends_into(values, op) for op in ops)
 
 
 def _attention_in(ops: list[ir.Operation], final: ir.Operation) -> AttentionOps:
