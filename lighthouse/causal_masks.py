@@ -78,8 +78,13 @@ def _from_constants(node: fx.Node, known: dict, values: dict) -> bool:
     env = {**known, **values}
     args = fx.node.map_arg(node.args, lambda a: env[a])
     kwargs = fx.node.map_arg(node.kwargs, lambda a: env[a])
-    values[node] = node.target(*args, **kwargs)
-    return isinstance(values[node], torch.Tensor)
+    try:
+        value = node.target(*args, **kwargs)
+    except Exception:  # an op eager torch does not run here: the graph keeps it as it is
+        return False
+    if isinstance(value, torch.Tensor):
+        values[node] = value
+    return isinstance(value, torch.Tensor)
 
 
 def _half_plane(mask: torch.Tensor) -> tuple[str, int] | None:
