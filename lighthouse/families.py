@@ -284,7 +284,8 @@ def _attention_recognize(module):
 def _attention_check(module, target=None):
     from schedules.attention import check
 
-    return check(module, family_params("attention", target).schedule)
+    gpu = target is not None and target.cpu is None
+    return check(module, family_params("attention", target).schedule, gpu=gpu)
 
 
 def _attention_script(module, target):

@@ -29,6 +29,7 @@ from typing import Callable
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .causal_masks import index_causal_masks
 from .errors import IngressError
 from .conv_decompositions import (convolution_decompositions,
                                   transposed_convolution_decompositions)
@@ -99,6 +100,7 @@ def import_forward(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel
         with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
             program = torch.export.export(traced, tensors, strict=False)
             program = program.run_decompositions(_forward_decompositions())
+            index_causal_masks(program)
             empty_tensors_without_work(program.graph_module)
             prepare_index_puts(program.graph_module)
             module = fx.export_and_import(program, output_type="linalg-on-tensors",

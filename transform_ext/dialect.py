@@ -50,6 +50,7 @@ OP_MODULES: list[str] = [
     "fuse_key_loops",
     "match_kv_chains",
     "match_query_block_ops",
+    "match_key_loop_ops",
     "match_foldable_collapse",
     "expand_fast_exp",
     "fold_gathers_through_elementwise",

@@ -1,8 +1,8 @@
 """match_query_block_ops: the attention output op and the ops computing its query rows.
 
 For the attention in each target function (transform_ext/analysis/attention.py
-attention_in: the op whose result is the attention output O, and its loop dim q running
-with P V's rows), `output` is that op and `producers` the linalg ops of the function that
+attention_in, or elementwise_attention_in for one without a softmax: the op whose result is
+the attention output O, and its loop dim q running with P V's rows), `output` is that op and `producers` the linalg ops of the function that
 O depends on and that have a loop dim running with q (propagate_loop_dim: S, m, E, l, the
 mask, Q's scale - not K's or V's chains), in reverse block order (consumers first): the
 ops to fuse, one at a time, into the scf.forall that tiles O into query blocks. A target
@@ -12,7 +12,8 @@ without one attention is a silenceable failure naming it and the reason. Read-on
 from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
-from .analysis.attention import NotAttention, attention_in, depends_into, propagate_loop_dim
+from .analysis.attention import (NotAttention, attention_in, depends_into,
+                                 elementwise_attention_in, propagate_loop_dim)
 from .analysis.structure import is_linalg_op
 from .common import Illegal, MatchesPayload, Success, block_ops, fail, payload_ops
 from .dialect import TransformExt
@@ -24,7 +25,10 @@ def query_block_ops(func: ir.Operation) -> tuple[ir.Operation, list[ir.Operation
     try:
         ops = attention_in(func)
     except NotAttention as exc:
-        raise Illegal(func, str(exc))
+        try:
+            ops = elementwise_attention_in(func)
+        except NotAttention:
+            raise Illegal(func, str(exc))
     query = propagate_loop_dim(ops.output, ops.query_dim)
     producers = [op for op in reversed([op for op in block_ops(func) if is_linalg_op(op)])
                  if op is not ops.output and op in query and depends_into(ops.output, op)]

@@ -19,10 +19,16 @@ vectorization:
   5. causal masks (and any mask whose -inf region is a half-plane j > i + c) bound that loop:
      key tiles wholly above the diagonal are not computed (bound_causal_key_loops), and the
      tiles wholly below it run in a first loop without the mask.
+  6. on the CPU, tile_other_ops: the ops outside the fused loops (the projections around an
+     attention written by hand) tiled for threads as the generic schedule tiles its roots.
   On the CPU (`key_major`), before 3: the scores and the values computed from them are
   stored [..., keys, queries] and K is read in place (store_scores_keys_major,
   fold_key_transpose): vector lanes run along the queries, the max and sum over keys are
   elementwise, no K^T exists.
+Without a softmax, O = f(S) V with f elementwise (ReLU attention; KeyLoopPlan): steps 1, 3,
+then key_tiles instead of 4 (O's contraction tiled over the keys into one loop carrying O,
+S, f and the mask fused into it one key tile at a time: match_key_loop_ops, tile_using_for,
+fuse_into_containing_op, a partial last tile peeled), 5 when f(-inf) = 0 exactly, and 6.
 Every payload rewrite is a transform_ext op; the ops are found by transform_ext matchers
 (match_attention, match_kv_chains, match_query_block_ops, match_foldable_collapse). What the
 steps cannot decide by matching (the guard, the tile sizes, the causal offset) is read once
@@ -37,10 +43,10 @@ from dataclasses import dataclass
 
 from torch_mlir import ir
 from torch_mlir.dialects import transform
-from torch_mlir.dialects.transform import structured
+from torch_mlir.dialects.transform import loop, structured
 
 import transform_ext
-from transform_ext.analysis.attention import AttentionOps, NotAttention
+from transform_ext.analysis.attention import AttentionOps, NotAttention, elementwise_attention_in
 from transform_ext.analysis.attention_backward import NotAttentionBackward, attention_backward_in
 from transform_ext.analysis.structure import loop_structure
 from transform_ext.append_lse_result import append_lse_result
@@ -57,8 +63,10 @@ from transform_ext.fuse_attention_backward import fuse_attention_backward
 from transform_ext.fuse_attention_backward_two_pass import fuse_attention_backward_two_pass
 from transform_ext.fuse_elementwise_producers import fuse_elementwise_producers
 from transform_ext.fuse_key_loops import fuse_key_loops
+from transform_ext.fuse_roots_into_foralls import fuse_roots_into_foralls
 from transform_ext.match_attention import match_attention
 from transform_ext.match_foldable_collapse import match_foldable_collapse
+from transform_ext.match_key_loop_ops import match_key_loop_ops
 from transform_ext.match_kv_chains import match_kv_chains
 from transform_ext.match_query_block_ops import match_query_block_ops
 from transform_ext.rewrite_attention_row_mask import rewrite_attention_row_mask
@@ -67,11 +75,11 @@ from transform_ext.store_scores_keys_major import store_scores_keys_major
 from transform_ext.widen_softmax import widen_softmax
 
 from ..common import annotate, any_op, apply_passes, canonicalize, foreach, match, run_schedule
-from ..generic import largest_divisor_at_most
+from ..generic import GenericParams, largest_divisor_at_most
 from ..prepare import check_by_planning
 from ..script import include_step
-from .recognize import (attention_func, causal_offset, find_attention, index_masks,
-                        softmax_over_one_key)
+from .recognize import (attention_func, causal_offset, elementwise_causal_offset,
+                        find_attention, index_masks, softmax_over_one_key)
 
 
 @dataclass(frozen=True)
@@ -120,6 +128,16 @@ class BackwardPlan:
 
 
 @dataclass(frozen=True)
+class KeyLoopPlan:
+    """An attention without a softmax, O = f(Q K^T) V: the tile sizes of O's contraction
+    that tile its reduction over the keys into a loop of key tiles (tile_using_for) and
+    whether the last tile, partial, is peeled off it."""
+
+    sizes: tuple[int, ...]
+    peel: bool
+
+
+@dataclass(frozen=True)
 class AttentionPlan:
     """What the script is built from: the parameters and what the normalized payload shows.
     row_guard: a select guards the fully masked rows (SDPA's math backend), read from the
@@ -138,6 +156,7 @@ class AttentionPlan:
     split_unmasked: bool
     backward: BackwardPlan | None = None
     forward: bool = True  # False: the payload is an attention backward alone
+    key_loop: KeyLoopPlan | None = None  # an attention without a softmax
 
     @staticmethod
     def backward_only(params: AttentionParams, backward: BackwardPlan) -> "AttentionPlan":
@@ -157,12 +176,20 @@ class _Normalized:
     backward: BackwardPlan | None = None
 
 
-def check(payload: ir.Module, params: AttentionParams = AttentionParams()) -> str | None:
+def check(payload: ir.Module, params: AttentionParams = AttentionParams(),
+          gpu: bool = False) -> str | None:
     """None when this schedule applies to `payload`, else the one-line reason (not an
-    attention, or a transform refused it; any other error propagates)."""
+    attention, or a transform refused it; any other error propagates). `gpu`: for a target
+    without a CPU, which has no lowering of an attention without a softmax."""
     if softmax_over_one_key(payload):
         return "the softmax runs over one key (S_kv = 1): there is no key loop to fuse"
-    return check_by_planning(payload, lambda trial: plan_attention(trial, params), NotAttention)
+
+    def plan(trial: ir.Module) -> None:
+        if plan_attention(trial, params).key_loop is not None and gpu:
+            raise NotAttention("an attention without a softmax (f(Q K^T) V) has no GPU "
+                               "lowering yet")
+
+    return check_by_planning(payload, plan, NotAttention)
 
 
 def plan_attention(payload: ir.Module, params: AttentionParams) -> AttentionPlan:
@@ -183,7 +210,12 @@ def plan_attention(payload: ir.Module, params: AttentionParams) -> AttentionPlan
                     raise NotAttention("return_lse: the payload has an attention backward "
                                        "and no forward")
                 return AttentionPlan.backward_only(params, backward)
-        find_attention(trial)  # NotAttention says why not
+        try:
+            find_attention(trial)  # NotAttention says why not
+        except NotAttention as reason:
+            if backward is not None:
+                raise
+            return _plan_key_loop(trial, params, reason)
         _apply_steps(trial, [_share_kv_heads, _sink_normalization])
         _Normalized.source, _Normalized.text = source, str(trial)
         _Normalized.row_guard = _has_guard(find_attention(trial))
@@ -198,6 +230,30 @@ def plan_attention(payload: ir.Module, params: AttentionParams) -> AttentionPlan
     # (a second one, a sliding window, must stay)
     return AttentionPlan(params, row_guard, tuple(sizes), query_tile, query_iv, delta,
                          delta is not None and index_masks(ops) == 1, backward)
+
+
+def _plan_key_loop(trial: ir.Module, params: AttentionParams,
+                   reason: NotAttention) -> AttentionPlan:
+    """The plan of an attention without a softmax in the normalized `trial` (`reason`, why
+    it is no softmax attention, when it is none either)."""
+    try:
+        ops = elementwise_attention_in(attention_func(trial))
+    except NotAttention:
+        raise reason from None
+    if params.return_lse:
+        raise NotAttention("return_lse: an attention without a softmax has no log-sum-exp")
+    sizes, query_tile, query_iv = query_block_tiles(ops, params)
+    values = loop_structure(ops.values)
+    key_dim = values.reduction_dims[0]
+    tile = min(params.key_tile, values.ranges[key_dim])
+    # the key tiles above the diagonal are skipped in a loop of two whole tiles or more (one
+    # is no loop: canonicalization folds it)
+    delta = elementwise_causal_offset(ops) if values.ranges[key_dim] >= 2 * tile else None
+    key_sizes = [0] * values.num_loops
+    key_sizes[key_dim] = tile
+    return AttentionPlan(params, False, tuple(sizes), query_tile, query_iv, delta,
+                         delta is not None and index_masks(ops) == 1,
+                         key_loop=KeyLoopPlan(tuple(key_sizes), values.ranges[key_dim] % tile != 0))
 
 
 def _has_forward(payload: ir.Module) -> bool:
@@ -403,7 +459,7 @@ def _normalize(plan: AttentionPlan):
         root = include_step("fold_unit_dims", root)
         if plan.backward is not None:
             root = include_step("fuse_backward", root)
-        if not plan.forward:
+        if not plan.forward or plan.key_loop is not None:
             return root
         for name, _ in _normalize_steps(plan.row_guard, plan.params):
             root = include_step(name, root)
@@ -441,6 +497,22 @@ def _online_softmax(plan: AttentionPlan):
     return body
 
 
+def _key_tiles(plan: AttentionPlan):
+    """Step 4 without a softmax: per query block, O = f(S) V tiled over the keys into one
+    loop carrying O (tile_using_for on its reduction), S, f and the mask fused into it one
+    key tile at a time; a partial last tile peeled off."""
+    def body(root: ir.Value) -> ir.Value:
+        values, producers = match_key_loop_ops(match(root, "scf.forall"))
+        tiled = structured.TileUsingForOp(values, sizes=list(plan.key_loop.sizes))
+        foreach(producers,
+                lambda producer: structured.FuseIntoContainingOp(producer, tiled.loops[0]))
+        if plan.key_loop.peel:
+            loop.LoopPeelOp(any_op(), any_op(), tiled.loops[0])
+        return apply_passes(root, "canonicalize", "cse")
+
+    return body
+
+
 def _causal_bounds(plan: AttentionPlan):
     """Step 5: key tiles above the diagonal skipped, those below it without the mask."""
     def body(root: ir.Value) -> ir.Value:
@@ -454,29 +526,63 @@ def _causal_bounds(plan: AttentionPlan):
     return body
 
 
-def fuse_steps(plan: AttentionPlan) -> list[tuple[str, object]]:
+def _tile_other_ops(params: GenericParams):
+    """Step 6 (CPU): the ops outside the fused kernels (the projections around an attention
+    written by hand, K's transpose) tiled for threads with their producers fused in, as the
+    generic schedule tiles its roots."""
+    def body(root: ir.Value) -> ir.Value:
+        fuse_roots_into_foralls(match(root, "func.func"), threads=params.threads,
+                                tiles_per_thread=params.tiles_per_thread,
+                                tile_bytes=params.tile_bytes, vector_tile=params.vector_tile,
+                                min_parallel_work=params.min_parallel_work)
+        return apply_passes(root, "canonicalize", "cse")
+
+    return body
+
+
+def fuse_steps(plan: AttentionPlan, others: GenericParams | None = None
+               ) -> list[tuple[str, object]]:
     """The named steps of the fuse stage, each before the steps that include it:
-    (name, body(root) -> root)."""
+    (name, body(root) -> root); with `others`, the ops outside the fused kernels are tiled
+    for threads last."""
     steps = [("fold_constants_and_reshapes", _fold_constants_and_reshapes),
              ("fold_shared_collapse", _fold_shared_collapse), ("fold_unit_dims", _fold_unit_dims)]
     if plan.backward is not None:
         steps.append(("fuse_backward", _fuse_backward(plan.backward)))
     if not plan.forward:
-        return steps + [("normalize", _normalize(plan))]
-    steps += _normalize_steps(plan.row_guard, plan.params)
+        steps.append(("normalize", _normalize(plan)))
+        if others is not None:
+            steps.append(("tile_other_ops", _tile_other_ops(others)))
+        return steps
+    if plan.key_loop is None:
+        steps += _normalize_steps(plan.row_guard, plan.params)
     steps += [("normalize", _normalize(plan)), ("tile_query_blocks", tile_query_blocks(plan)),
-              ("online_softmax", _online_softmax(plan))]
+              _key_loop_step(plan)]
     if plan.causal_delta is not None:
         steps.append(("causal_bounds", _causal_bounds(plan)))
+    if others is not None:
+        steps.append(("tile_other_ops", _tile_other_ops(others)))
     return steps
 
 
-def fuse_stage(plan: AttentionPlan):
+def _key_loop_step(plan: AttentionPlan) -> tuple[str, object]:
+    """Step 4: the online softmax, or without a softmax the key tiles of f(S) V."""
+    if plan.key_loop is not None:
+        return "key_tiles", _key_tiles(plan)
+    return "online_softmax", _online_softmax(plan)
+
+
+def fuse_stage(plan: AttentionPlan, others: GenericParams | None = None):
     """@fuse: normalize, tile_query_blocks, online_softmax, causal_bounds (with a causal
-    mask), then canonicalization and CSE; for a backward alone, normalize only."""
-    names = ["normalize", "tile_query_blocks", "online_softmax"] if plan.forward else ["normalize"]
+    mask), with `others` tile_other_ops, then canonicalization and CSE; for a backward
+    alone, normalize only (and tile_other_ops)."""
+    names = ["normalize"]
+    if plan.forward:
+        names += ["tile_query_blocks", _key_loop_step(plan)[0]]
     if plan.causal_delta is not None:
         names.append("causal_bounds")
+    if others is not None:
+        names.append("tile_other_ops")
 
     def body(root: ir.Value) -> None:
         for name in names:

@@ -8,16 +8,19 @@ every masked-in score at key <= query + delta (a causal mask; torch's is_causal:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from torch_mlir import ir
 
 from transform_ext.analysis.attention import (AttentionOps, NotAttention, attention_in,
-                                             is_index_computation, is_neg_inf)
+                                             elementwise_attention_in,
+                                             elementwise_attention_pairs, is_index_computation,
+                                             is_neg_inf, propagate_loop_dim)
 from transform_ext.analysis.structure import dim_positions, is_linalg_op, loop_structure
-from transform_ext.common import defining_op, iterator_kinds, walk_ops
+from transform_ext.common import block_ops, defining_op, iterator_kinds, user_op, walk_ops
 
-from ..generic import single_func
+from ..generic import func_ops, single_func
 
 
 def attention_func(payload: ir.Module) -> ir.Operation:
@@ -32,13 +35,26 @@ def find_attention(payload: ir.Module) -> AttentionOps:
 def recognize(payload: ir.Module) -> bool:
     """Cheap test: a max, an exp and two contractions (named matmuls, or linalg.generics
     whose innermost loop is a reduction: two contractions and the softmax's max), or an exp
-    and five named matmuls (a backward given its lse: S, dP, dV, dQ, dK)."""
+    and five named matmuls (a backward given its lse: S, dP, dV, dQ, dK), or no exp and
+    one attention without a softmax."""
     names = [op.name for op in walk_ops(payload.operation, lambda op: True)]
     matmuls = sum(n.startswith(("linalg.batch_matmul", "linalg.matmul")) for n in names)
     inner_reductions = len(walk_ops(payload.operation, lambda op: op.name == "linalg.generic"
                                     and iterator_kinds(op)[-1:] == ["reduction"]))
     return "math.exp" in names and (matmuls >= 5 or "arith.maximumf" in names and (
-        matmuls >= 2 or inner_reductions >= 3))
+        matmuls >= 2 or inner_reductions >= 3)) or _has_elementwise_attention(payload)
+
+
+def _has_elementwise_attention(payload: ir.Module) -> bool:
+    """An attention without a softmax (elementwise_attention_in: f(Q K^T) V, e.g. ReLU
+    attention), its contractions still between reshapes."""
+    if "math.exp" in [op.name for op in walk_ops(payload.operation, lambda op: True)]:
+        return False
+    for func in func_ops(payload):
+        ops = [op for op in block_ops(func) if is_linalg_op(op)]
+        if len(elementwise_attention_pairs(ops, through_reshapes=True)) == 1:
+            return True
+    return False
 
 
 def softmax_over_one_key(payload: ir.Module) -> bool:
@@ -68,9 +84,11 @@ def _is_cast(op: ir.Operation) -> bool:
 
 
 def index_masks(ops: AttentionOps) -> int:
-    """The number of ops between the scores and the row max reading a mask computed from
-    loop indices (a causal mask, a sliding window, ...)."""
-    count, seen, pending = 0, [], [defining_op(ops.row_max.operands[0])]
+    """The number of ops between the scores and the row max (without a softmax: P V)
+    reading a mask computed from loop indices (a causal mask, a sliding window, ...)."""
+    start = [ops.row_max.operands[0]] if ops.row_max is not None else \
+        list(ops.values.operands)[:loop_structure(ops.values).num_inputs]
+    count, seen, pending = 0, [], [defining_op(v) for v in start]
     while pending:
         op = pending.pop()
         if op is None or op is ops.scores or not is_linalg_op(op) or op in seen:
@@ -230,7 +248,12 @@ def causal_offset(payload: ir.Module, ops: AttentionOps) -> int | None:
     out = dim_positions(ls.output_map(0))
     if max(-key_pos, -query_pos) > len(out) or min(key_pos, query_pos) < -2:
         return None
-    key_loop, query_loop = out[key_pos], out[query_pos]
+    return _causal_delta(allowed, out[key_pos], out[query_pos])
+
+
+def _causal_delta(allowed, key_loop: int, query_loop: int) -> int | None:
+    """delta when the region ("pred", kind, lin) an op keeps is key <= query + delta in
+    its loops `key_loop` and `query_loop`, else None."""
     _, kind, lin = allowed
     coef = dict(lin.coef)
     if set(coef) - {key_loop, query_loop}:
@@ -278,3 +301,105 @@ def _allowed_region(op: ir.Operation):
         if is_neg_inf(on_false) and isinstance(on_true, ir.BlockArgument):
             return pred
     return None
+
+
+def elementwise_causal_offset(ops: AttentionOps) -> int | None:
+    """delta of the causal mask of an attention without a softmax (elementwise_attention_in:
+    every masked-in score has key <= query + delta), when the map after the mask sends the
+    masked scores (-inf) to exactly 0, so that the key tiles it masks add nothing to P V
+    (ReLU, exp); None otherwise."""
+    values = ops.values
+    vls = loop_structure(values)
+    along_keys = propagate_loop_dim(values, vls.reduction_dims[0])
+    along_queries = propagate_loop_dim(values, dim_positions(vls.output_map(0))[-2])
+    seen, pending = [], [defining_op(v) for v in list(values.operands)[:vls.num_inputs]]
+    while pending:
+        op = pending.pop()
+        if op is None or op == ops.scores or op in seen or not is_linalg_op(op) \
+                or loop_structure(op).is_contraction or op not in along_keys:
+            continue
+        seen.append(op)
+        allowed = _allowed_region(op)
+        keys, queries = along_keys.get(op, set()), along_queries.get(op, set())
+        if allowed is not None and len(keys) == 1 and len(queries) == 1:
+            delta = _causal_delta(allowed, next(iter(keys)), next(iter(queries)))
+            masked = _map_of_masked(op, values)
+            return delta if masked is not None and masked == 0.0 else None
+        pending.extend(defining_op(v) for v in list(op.operands)[:loop_structure(op).num_inputs])
+    return None
+
+
+def _map_of_masked(mask: ir.Operation, values: ir.Operation) -> float | None:
+    """The value P V reads where `mask` writes -inf: -inf carried through the chain of
+    elementwise ops, each the one reader of the last, from `mask` to `values`; None when
+    it cannot be told (another reader, an op or an operand this evaluator does not know)."""
+    x, op = float("-inf"), mask
+    while True:
+        readers = [user_op(use) for use in op.results[0].uses]
+        if len(op.results) != 1 or len(readers) != 1:
+            return None
+        reader = readers[0]
+        if reader == values:
+            return x
+        ls = loop_structure(reader) if is_linalg_op(reader) else None
+        if ls is None or not ls.is_elementwise or len(reader.results) != 1:
+            return None
+        index = [i for i, v in enumerate(list(reader.operands)[:ls.num_inputs])
+                 if v == op.results[0]]
+        if len(index) != 1:
+            return None
+        try:
+            x = _evaluate(reader, index[0], x)
+        except _NotLinear:
+            return None
+        op = reader
+
+
+def _nan(a: float, b: float) -> bool:
+    return a != a or b != b
+
+
+_CMPF = {1: lambda a, b: a == b, 2: lambda a, b: a > b, 3: lambda a, b: a >= b,
+         4: lambda a, b: a < b, 5: lambda a, b: a <= b, 6: lambda a, b: a != b and not _nan(a, b),
+         7: lambda a, b: not _nan(a, b), 8: lambda a, b: _nan(a, b) or a == b,
+         9: lambda a, b: _nan(a, b) or a > b, 10: lambda a, b: _nan(a, b) or a >= b,
+         11: lambda a, b: _nan(a, b) or a < b, 12: lambda a, b: _nan(a, b) or a <= b,
+         13: lambda a, b: _nan(a, b) or a != b, 14: _nan}
+_FLOAT_OPS = {"arith.mulf": lambda a, b: a * b, "arith.addf": lambda a, b: a + b,
+              "arith.subf": lambda a, b: a - b, "arith.maximumf": lambda a, b: max(a, b),
+              "arith.minimumf": lambda a, b: min(a, b), "arith.negf": lambda a: -a,
+              "arith.extf": lambda a: a, "arith.truncf": lambda a: a,
+              "math.exp": lambda a: 0.0 if a == float("-inf") else math.exp(a),
+              "arith.select": lambda c, a, b: a if c else b}
+
+
+def _evaluate(op: ir.Operation, index: int, x: float) -> float:
+    """The value `op`'s body yields when its input `index` holds x (its other inputs may
+    not be read); _NotLinear when the body needs what it is not given."""
+    body = op.regions[0].blocks[0]
+    env = {body.arguments[index]: x}
+
+    def value(v):
+        if v in env:
+            return env[v]
+        p = defining_op(v)
+        if p is not None and p.name == "arith.constant" \
+                and isinstance(p.attributes["value"], ir.FloatAttr):
+            return ir.FloatAttr(p.attributes["value"]).value
+        raise _NotLinear("an operand that is not the masked scores or a constant")
+
+    for o in body.operations:
+        o = o.operation
+        args = [value(v) for v in o.operands]
+        if o.name == "linalg.yield":
+            return args[0]
+        if o.name == "arith.cmpf":
+            compare = _CMPF.get(ir.IntegerAttr(o.attributes["predicate"]).value)
+            if compare is None:
+                raise _NotLinear("cmpf predicate")
+            env[o.results[0]] = compare(*args)
+        elif o.name in _FLOAT_OPS and len(o.results) == 1:
+            env[o.results[0]] = _FLOAT_OPS[o.name](*args)
+        else:
+            raise _NotLinear(o.name)
+    raise _NotLinear("no yield")

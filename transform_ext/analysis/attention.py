@@ -18,20 +18,26 @@ from torch_mlir import ir
 
 from .classify import reduction_combiner
 from .structure import dim_positions, is_linalg_op, loop_structure
-from ..common import block_ops, defining_op, depends_on
+from ..common import block_ops, defining_op, depends_on, user_op
 
 
 class NotAttention(Exception):
     """The ops are not one attention; the message is the reason."""
 
 
-def producing_contraction(value: ir.Value):
+_RESHAPES = ("tensor.expand_shape", "tensor.collapse_shape")
+
+
+def producing_contraction(value: ir.Value, through_reshapes: bool = False):
     """The one contraction `value` is computed from through elementwise linalg ops (a scale,
-    an added or selected mask: S * c, S + M, select(M, -inf, S)); None when there is none
-    or more than one."""
+    an added or selected mask: S * c, S + M, select(M, -inf, S)) and, with
+    `through_reshapes`, reshapes; None when there is none or more than one."""
     found, seen, pending = [], [], [defining_op(value)]
     while pending:
         op = pending.pop()
+        if through_reshapes and op is not None and op.name in _RESHAPES:
+            pending.append(defining_op(op.operands[0]))
+            continue
         if op is None or not is_linalg_op(op) or op in seen:
             continue
         seen.append(op)
@@ -61,8 +67,11 @@ def _attention_ops(ops: list[ir.Operation]) -> tuple[ir.Operation, ir.Operation,
     if scores is None:
         raise NotAttention("the row max does not read a contraction (S = Q K^T)")
     m = row_max.results[0]
-    values = [op for op in ops if op is not scores and loop_structure(op).is_contraction
-              and depends_on(op, m)]
+    after = [op for op in ops if op is not scores and loop_structure(op).is_contraction
+             and depends_on(op, m)]
+    # P V reads the probabilities through elementwise ops; a projection of the attention
+    # output (MinGPT's c_proj) reads P V
+    values = [op for op in after if not any(depends_into(op, other) for other in after)]
     if len(values) != 1:
         raise NotAttention(f"expected one P V contraction after the softmax, found {len(values)}")
     return row_max, scores, values[0]
@@ -97,8 +106,8 @@ class AttentionOps:
     """The ops of one attention after normalization (payload ops)."""
 
     scores: ir.Operation       # S = Q K^T
-    row_max: ir.Operation      # m
-    row_sum: ir.Operation      # l
+    row_max: ir.Operation | None  # m (None: no softmax, elementwise_attention_in)
+    row_sum: ir.Operation | None  # l
     values: ir.Operation       # E V
     output: ir.Operation       # the op whose result is the attention output
     query_dim: int             # loop dim of `output` running over query rows
@@ -129,6 +138,60 @@ def attention_of(value: ir.Value) -> AttentionOps:
     return _attention_in(block, output)
 
 
+def elementwise_attention_in(func: ir.Operation) -> AttentionOps:
+    """An attention without a softmax in a normalized function (or say why not):
+
+        S = Q K^T,  P = f(S) elementwise (a scale, a mask, ReLU),  O = P V
+
+    two batched contractions (a batch dim, the heads, in every operand of each), O reducing
+    the keys of S, at least one elementwise op between, and no row max. row_max and
+    row_sum are None."""
+    ops = [op for op in block_ops(func) if is_linalg_op(op)]
+    if any(reduction_combiner(op) == "max" for op in ops):
+        raise NotAttention("the scores have a row max (a softmax) that is not an attention's")
+    pairs = elementwise_attention_pairs(ops)
+    if len(pairs) != 1:
+        raise NotAttention(f"expected one contraction reading an elementwise map of another "
+                           f"over its keys (S = Q K^T, f(S) V), found {len(pairs)}")
+    scores, values = pairs[0]
+    return AttentionOps(scores, None, None, values, *_output_of(values, final_op(func)))
+
+
+def elementwise_attention_pairs(ops: list[ir.Operation], through_reshapes: bool = False
+                                ) -> list[tuple[ir.Operation, ir.Operation]]:
+    """(S, P V) for every batched contraction among `ops` reading, through at least one
+    elementwise op (and, with `through_reshapes`, reshapes: before normalization), another
+    batched contraction, with no reduction of S read on the way."""
+    pairs = []
+    for values in ops:
+        ls = loop_structure(values)
+        if not ls.is_contraction or len(ls.reduction_dims) != 1 \
+                or not ls.contraction_dims()["batch"]:
+            continue
+        for operand in list(values.operands)[:ls.num_inputs]:
+            first = defining_op(operand)
+            while through_reshapes and first is not None and first.name in _RESHAPES:
+                first = defining_op(first.operands[0])
+            if first is None or not is_linalg_op(first) or loop_structure(first).is_contraction:
+                continue
+            scores = producing_contraction(operand, through_reshapes)
+            if scores is None or not loop_structure(scores).contraction_dims()["batch"]:
+                continue
+            if _reduces_between(ops, scores, values):
+                continue
+            keys = propagate_loop_dim(values, ls.reduction_dims[0]).get(scores, set())
+            if through_reshapes or keys & set(loop_structure(scores).contraction_dims()["n"]):
+                pairs.append((scores, values))
+    return pairs
+
+
+def _reduces_between(ops: list[ir.Operation], scores: ir.Operation, values: ir.Operation) -> bool:
+    """Is a reduction of the scores (a row max or min) read on the way to `values`? Then
+    f is no elementwise map of S."""
+    return any(op != values and op != scores and loop_structure(op).reduction_dims
+               and depends_into(op, scores) and depends_into(values, op) for op in ops)
+
+
 def _attention_in(ops: list[ir.Operation], final: ir.Operation) -> AttentionOps:
     row_max, scores, values = _attention_ops(ops)
     m = row_max.results[0]
@@ -142,26 +205,71 @@ def _attention_in(ops: list[ir.Operation], final: ir.Operation) -> AttentionOps:
     if rounded is not None:
         raise NotAttention(f"torch rounds this softmax's probabilities to {rounded} (written "
                            f"by hand in {rounded}), which the fused loop never forms")
-    # P V is [..., L, Ev]: the output's query and value dims are the loop dims that run
-    # with P V's rows and columns (the output may permute them: the head merge
-    # o.transpose(1, 2) gives [B, L, H, Ev]). The output is the function's result op, or,
-    # when its dims do not follow P V's through linalg ops (a reshape between), the last
-    # op before it on the way back to P V whose dims do; the ops after it run after the
-    # fused loops.
+    return AttentionOps(scores, row_max, sums[0], values, *_output_of(values, final))
+
+
+def _output_of(values: ir.Operation, final: ir.Operation) -> tuple[ir.Operation, int, int]:
+    """(output op, its query dim, its value dim) of the attention whose P V is `values` in
+    a function whose result op is `final`.
+
+    P V is [..., L, Ev]: the output's query and value dims are the loop dims that run
+    with P V's rows and columns (the output may permute them: the head merge
+    o.transpose(1, 2) gives [B, L, H, Ev]). The output is the function's result op, or,
+    when its dims do not follow P V's through linalg ops (a reshape between), the last
+    op before it on the way back to P V whose dims do; the ops after it run after the
+    fused loops."""
     pv_dims = dim_positions(loop_structure(values).output_map(0))
     if len(pv_dims) < 2 or None in pv_dims[-2:]:
         raise NotAttention("the P V contraction is not [..., queries, values]")
     output = final
     while True:
-        found = _query_and_value_dims(output, values, pv_dims[-2], pv_dims[-1])
+        found = None if _reads_a_projection(output, values) else \
+            _query_and_value_dims(output, values, pv_dims[-2], pv_dims[-1])
         if found is not None or output is values:
             break
         output = _reshaped_source(output)
         if output is None:
             break
     if found is None:
+        # a projection after the attention (MinGPT's c_proj) mixes the value columns: the
+        # output is the last op of the elementwise chain after P V (the head merge)
+        output = _last_elementwise_reader(values)
+        found = _query_and_value_dims(output, values, pv_dims[-2], pv_dims[-1])
+    if found is None:
         raise NotAttention("the output's query rows or value columns are not one loop dim each")
-    return AttentionOps(scores, row_max, sums[0], values, output, *found)
+    return (output, *found)
+
+
+def _reads_a_projection(output: ir.Operation, values: ir.Operation) -> bool:
+    """Does `output` read a contraction computed from `values` (a projection of the
+    attention output, `c_proj(y) + y`)? Its query blocks would hold the attention twice."""
+    seen, pending = [], [output]
+    while pending:
+        op = pending.pop()
+        if op is None or op in seen or op == values or op.block != values.block:
+            continue
+        seen.append(op)
+        if op != output and is_linalg_op(op) and loop_structure(op).is_contraction \
+                and depends_into(op, values):
+            return True
+        pending.extend(defining_op(v) for v in op.operands)
+    return False
+
+
+def _last_elementwise_reader(values: ir.Operation) -> ir.Operation:
+    """The last op of the chain from `values` through reshapes and the linalg ops without
+    reductions that are its one reader each (a head merge's transpose), or `values`."""
+    op = values
+    while len(op.results) == 1:
+        readers = [user_op(use) for use in op.results[0].uses]
+        while len(readers) == 1 and readers[0].name in ("tensor.expand_shape",
+                                                         "tensor.collapse_shape"):
+            readers = [user_op(use) for use in readers[0].results[0].uses]
+        if len(readers) != 1 or not is_linalg_op(readers[0]) \
+                or loop_structure(readers[0]).reduction_dims:
+            break
+        op = readers[0]
+    return op
 
 
 def _query_and_value_dims(output: ir.Operation, values: ir.Operation, row: int, col: int):

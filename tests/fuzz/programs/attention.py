@@ -1,5 +1,6 @@
 """Kernels of the attention family: `F.scaled_dot_product_attention` and attention written
-by hand (`softmax(q @ k^T * scale [+ mask | masked_fill]) @ v`); S from 1, S_q != S_kv (odd),
+by hand (`softmax(q @ k^T * scale [+ mask | masked_fill]) @ v`, or ReLU instead of the
+softmax; a causal mask also as MinGPT's buffer); S from 1, S_q != S_kv (odd),
 D in {16, 64, 80, 128}, scales, boolean / float / broadcast masks including fully masked
 rows, causal, grouped-query attention (enable_gqa, or K/V repeated by hand), q/k/v in
 [B, H, S, D] or as [B, S, H, D].transpose(1, 2) views, the heads merged back after."""
@@ -106,11 +107,18 @@ def by_hand(draw, w, q, k, v, m, mask, scale, groups, sq, skv, d) -> str:
                                         f"torch.where({m}, {s}, float('-inf'))"))), prefix="s")
     elif mask == "float":
         s = w.let(f"{s} + {m}", prefix="s")
+    elif mask == "causal" and draw(st.booleans()):
+        # MinGPT: a causal buffer of a longer sequence, sliced and compared
+        n = max(sq, skv) + draw(st.sampled_from((0, 3)))
+        bias = w.buffer(f"torch.tril(torch.ones({n}, {n})).view(1, 1, {n}, {n})", prefix="bias")
+        s = w.let(f"{s}.masked_fill({bias}[:, :, :{sq}, :{skv}] == 0, float('-inf'))", prefix="s")
     elif mask == "causal":
         keep = f"torch.ones({sq}, {skv}, dtype=torch.bool).tril()"
         s = w.let(f"{s}.masked_fill(~{keep}, float('-inf'))", prefix="s")
+    # a softmax, or an elementwise map without one (ReLU attention)
     softmax = draw(st.sampled_from(("torch.softmax({s}, dim=-1)", "{s}.softmax(-1)",
                                     "F.softmax({s}, dim=-1)",
-                                    "torch.softmax({s}.float(), dim=-1).to({q}.dtype)")))
+                                    "torch.softmax({s}.float(), dim=-1).to({q}.dtype)",
+                                    "F.relu({s})", "torch.relu({s}) * 0.5")))
     p = w.let(softmax.format(s=s, q=q), prefix="p")
     return w.let(f"{p} @ {v}", prefix="o")
