@@ -149,6 +149,6 @@ def test_without_a_softmax_a_gpu_target_gets_the_reason(kernel_file):
     notes = []
     choose_family(module, target=make_target("xegpu"), notes=notes)
     reason = "an attention without a softmax (f(Q K^T) V) has no GPU lowering yet"
-    assert notes == [f"the attention schedule does not apply ({reason}); using the generic schedule"]
+    assert notes == [f"the attention schedule does not apply ({reason}); using the matmul schedule"]
     with pytest.raises(ScheduleMismatch, match=re.escape(reason)):
         choose_family(module, target=make_target("xegpu"), strict=True)
