@@ -118,6 +118,7 @@ OP_MODULES: list[str] = [
     "shrink_unread_inputs",
     "fold_casts_into_contractions",
     "read_reduction_constants",
+    "contracts_to_bf16_dot_products",
 ]
 
 

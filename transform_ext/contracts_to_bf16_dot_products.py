@@ -1,0 +1,198 @@
+"""contracts_to_bf16_dot_products: a register tile's step over a pair of k, on bf16
+operands with an f32 accumulator, as AVX512-BF16 dot products (vdpbf16ps).
+
+    C[m, n] += A[m, 2k] B[2k, n] + A[m, 2k+1] B[2k+1, n]      (one step of the k loop)
+      ->  per row m and per 16 columns n0..n0+15:
+          C[m, n0:n0+16] = x86.avx512.dot(C[m, n0:n0+16], bcast(A[m, 2k:2k+2]), B_pairs)
+
+`x86.avx512.dot %acc, %a, %b` adds to each f32 lane i the two products a[2i] b[2i] +
+a[2i+1] b[2i+1] of its pair of bf16 lanes (each product exact in f32; the sum rounded to
+nearest even, denormal inputs and results flushed to zero, as oneDNN's bf16 matmul that
+torch calls). `bcast(A[m, 2k:2k+2])` repeats A's pair in the 16 lanes (one 32-bit
+broadcast); B_pairs interleaves B's two rows over 16 columns: B[2k, n0], B[2k+1, n0],
+B[2k, n0+1], ... When B's vector is stored pair-innermost ([N, 2], the VNNI layout a
+packed panel has) that is a slice of it; stored row by row ([2, N]) it is a shuffle of the
+two rows.
+
+Rewritten: every vector.contract nested in the targets that is not under a vector.mask,
+with kind add, bf16 operands (or arith.extf of bf16 vectors) and an f32 accumulator
+[M, N] (N a multiple of 16), three iterators m, n (parallel) and k (reduction, extent 2),
+A holding m and k, B holding k and n; other contractions are left as they are (masked
+edge tiles, odd k steps, f32 operands: they keep the outer-product lowering). Nothing is
+illegal but a target that is not a func.func (a silenceable failure, nothing rewritten).
+Needs a host with avx512_bf16 to run (the schedules apply it when the target description
+says so). Result: none; the handle is only read.
+"""
+
+
+from dataclasses import dataclass
+
+from torch_mlir import ir
+from torch_mlir.dialects import ext, transform, vector
+from torch_mlir.dialects import x86
+
+from .analysis.structure import dim_positions
+from .common import (Illegal, RewritesTargets, Success, defining_op, fail, iterator_kinds,
+                     payload_ops, walk_ops)
+from .dialect import TransformExt
+
+NAME = "transform_ext.contracts_to_bf16_dot_products"
+LANES = 16  # f32 lanes of one vdpbf16ps (512 bits)
+
+
+@dataclass
+class _DotContract:
+    """A contraction the rewrite takes: its bf16 operands A (rows m) and B (lanes n), and
+    whether each is stored k-innermost ([M, 2] / [N, 2]) rather than k-outermost."""
+
+    op: ir.Operation
+    a: ir.Value
+    b: ir.Value
+    a_pairs_inner: bool
+    b_pairs_inner: bool
+    rows: int
+    lanes: int
+
+
+def _bf16_source(value: ir.Value):
+    """`value` as a bf16 vector: itself, or the source of its arith.extf."""
+    producer = defining_op(value)
+    if producer is not None and producer.name == "arith.extf":
+        value = producer.operands[0]
+    vtype = value.type
+    if isinstance(vtype, ir.VectorType) and isinstance(vtype.element_type, ir.BF16Type):
+        return value
+    return None
+
+
+def dot_contract(op: ir.Operation):
+    """The contraction in the form the module docstring names, else None."""
+    if op.name != "vector.contract" or (op.parent is not None and op.parent.name == "vector.mask"):
+        return None
+    kinds = iterator_kinds(op)
+    if "<add>" not in str(op.attributes["kind"]) or sorted(kinds) != ["parallel", "parallel",
+                                                                      "reduction"]:
+        return None
+    acc_type = op.operands[2].type
+    if not isinstance(acc_type, ir.VectorType) or acc_type.rank != 2 or \
+            not isinstance(acc_type.element_type, ir.F32Type):
+        return None
+    maps = [dim_positions(ir.AffineMapAttr(m).value) for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    if any(None in m or len(m) != 2 for m in maps):
+        return None
+    m_dim, n_dim = maps[2]
+    k_dims = {0, 1, 2} - {m_dim, n_dim}
+    if len(k_dims) != 1 or kinds[m_dim] != "parallel" or kinds[n_dim] != "parallel":
+        return None
+    k_dim = k_dims.pop()
+    sources = [_bf16_source(op.operands[i]) for i in (0, 1)]
+    if any(s is None for s in sources):
+        return None
+    if set(maps[0]) == {m_dim, k_dim} and set(maps[1]) == {k_dim, n_dim}:
+        (a, a_map), (b, b_map) = (sources[0], maps[0]), (sources[1], maps[1])
+    elif set(maps[1]) == {m_dim, k_dim} and set(maps[0]) == {k_dim, n_dim}:
+        (a, a_map), (b, b_map) = (sources[1], maps[1]), (sources[0], maps[0])
+    else:
+        return None
+    rows, lanes = acc_type.shape
+    k_extent = ir.VectorType(a.type).shape[a_map.index(k_dim)]
+    if k_extent != 2 or lanes % LANES:
+        return None
+    return _DotContract(op, a, b, a_map[1] == k_dim, b_map[1] == k_dim, rows, lanes)
+
+
+def _pair_broadcasts(c: _DotContract) -> list[ir.Value]:
+    """Per row m of A: its pair (A[m, 0], A[m, 1]) repeated in 16 lanes, as vector<32xbf16>."""
+    bf16, i32 = ir.BF16Type.get(), ir.IntegerType.get_signless(32)
+    pair_t = ir.VectorType.get([2], bf16)
+    out = []
+    for m in range(c.rows):
+        if c.a_pairs_inner:
+            pair = vector.extract(c.a, [], [m])
+        else:
+            pair = vector.from_elements(pair_t, [vector.extract(c.a, [], [k, m]) for k in (0, 1)])
+        word = vector.extract(vector.bitcast(ir.VectorType.get([1], i32), pair), [], [0])
+        lanes = vector.broadcast(ir.VectorType.get([LANES], i32), word)
+        out.append(vector.bitcast(ir.VectorType.get([2 * LANES], bf16), lanes))
+    return out
+
+
+def _column_pairs(c: _DotContract) -> list[ir.Value]:
+    """Per 16 columns of B: its two rows interleaved, as vector<32xbf16>."""
+    bf16 = ir.BF16Type.get()
+    chunk_t = ir.VectorType.get([2 * LANES], bf16)
+    out = []
+    if c.b_pairs_inner:
+        flat = vector.shape_cast(ir.VectorType.get([2 * c.lanes], bf16), c.b)
+        for start in range(0, c.lanes, LANES):
+            out.append(vector.extract_strided_slice(chunk_t, flat, [2 * start], [2 * LANES], [1]))
+        return out
+    row0, row1 = (vector.extract(c.b, [], [k]) for k in (0, 1))
+    for start in range(0, c.lanes, LANES):
+        mask = [i for j in range(start, start + LANES) for i in (j, c.lanes + j)]
+        out.append(vector.shuffle(row0, row1, mask))
+    return out
+
+
+def rewrite(c: _DotContract, rewriter) -> None:
+    """Replace c's contraction by its dot products (the module docstring)."""
+    op = c.op
+    f32 = ir.F32Type.get()
+    with ir.InsertionPoint(op), op.location:
+        pairs = _pair_broadcasts(c)
+        columns = _column_pairs(c)
+        acc = op.operands[2]
+        result = acc
+        chunk_t = ir.VectorType.get([LANES], f32)
+        for m, pair in enumerate(pairs):
+            row = vector.extract(acc, [], [m])
+            for j, column in enumerate(columns):
+                start = j * LANES
+                part = vector.extract_strided_slice(chunk_t, row, [start], [LANES], [1])
+                part = x86.avx512_dot(part, pair, column)
+                row = vector.insert_strided_slice(part, row, [start], [1])
+            result = vector.insert(row, result, [], [m])
+    rewriter.replace_op(op, [result])
+
+
+def lower_in(root: ir.Operation, rewriter) -> int:
+    """Rewrite the contractions under `root`; returns how many."""
+    found = [c for c in map(dot_contract, walk_ops(root, lambda o: o.name == "vector.contract"))
+             if c is not None]
+    for c in found:
+        rewrite(c, rewriter)
+    return len(found)
+
+
+class ContractsToBf16DotProductsOp(TransformExt.Operation, name="contracts_to_bf16_dot_products"):
+    target: ext.Operand[transform.AnyOpType]
+
+    class Apply(transform.TransformOpInterface):
+        @staticmethod
+        def apply(op, rewriter, results, state):
+            with op.context:
+                targets = payload_ops(state, op.target)
+                try:
+                    for t in targets:
+                        if t.name != "func.func":
+                            raise Illegal(t, "not a func.func")
+                except Illegal as illegal:
+                    return fail(NAME, illegal)
+                for t in targets:
+                    lower_in(t, rewriter)
+                return Success
+
+        @staticmethod
+        def allow_repeated_handle_operands(op):
+            return False
+
+    Effects = RewritesTargets
+
+
+def contracts_to_bf16_dot_products(func: ir.Value) -> ContractsToBf16DotProductsOp:
+    """Lower the bf16 k-pair contractions in the functions of `func` to vdpbf16ps."""
+    return ContractsToBf16DotProductsOp(func)
+
+
+__all__ = ["ContractsToBf16DotProductsOp", "contracts_to_bf16_dot_products", "dot_contract",
+           "lower_in"]
