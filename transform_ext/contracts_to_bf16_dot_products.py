@@ -9,15 +9,16 @@ operands with an f32 accumulator, as AVX512-BF16 dot products (vdpbf16ps).
 a[2i+1] b[2i+1] of its pair of bf16 lanes (each product exact in f32; the sum rounded to
 nearest even, denormal inputs and results flushed to zero, as oneDNN's bf16 matmul that
 torch calls). `bcast(A[m, 2k:2k+2])` repeats A's pair in the 16 lanes (one 32-bit
-broadcast); B_pairs interleaves B's two rows over 16 columns: B[2k, n0], B[2k+1, n0],
+broadcast; A stored [2, M] is interleaved first); B_pairs interleaves B's two rows over 16 columns: B[2k, n0], B[2k+1, n0],
 B[2k, n0+1], ... When B's vector is stored pair-innermost ([N, 2], the VNNI layout a
 packed panel has) that is a slice of it; stored row by row ([2, N]) it is a shuffle of the
 two rows.
 
 Rewritten: every vector.contract nested in the targets that is not under a vector.mask,
 with kind add, bf16 operands (or arith.extf of bf16 vectors) and an f32 accumulator
-[M, N] (N a multiple of 16), three iterators m, n (parallel) and k (reduction, extent 2),
-A holding m and k, B holding k and n; other contractions are left as they are (masked
+[M, N] (N a multiple of 16, its last dim), iterators m, n (parallel) and k (reduction,
+extent 2) and any others of extent 1, A holding m and k, B holding k and n (the unit dims
+dropped by shape casts around the rewrite); other contractions are left as they are (masked
 edge tiles, odd k steps, f32 operands: they keep the outer-product lowering). Nothing is
 illegal but a target that is not a func.func (a silenceable failure, nothing rewritten).
 Needs a host with avx512_bf16 to run (the schedules apply it when the target description
@@ -66,53 +67,55 @@ def _bf16_source(value: ir.Value):
 
 
 def dot_contract(op: ir.Operation):
-    """The contraction in the form the module docstring names, else None."""
+    """The contraction in the form the module docstring names (unit dims aside), else None."""
     if op.name != "vector.contract" or (op.parent is not None and op.parent.name == "vector.mask"):
         return None
-    kinds = iterator_kinds(op)
-    if "<add>" not in str(op.attributes["kind"]) or sorted(kinds) != ["parallel", "parallel",
-                                                                      "reduction"]:
-        return None
     acc_type = op.operands[2].type
-    if not isinstance(acc_type, ir.VectorType) or acc_type.rank != 2 or \
+    if "<add>" not in str(op.attributes["kind"]) or not isinstance(acc_type, ir.VectorType) or \
             not isinstance(acc_type.element_type, ir.F32Type):
         return None
-    maps = [dim_positions(ir.AffineMapAttr(m).value) for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
-    if any(None in m or len(m) != 2 for m in maps):
-        return None
-    m_dim, n_dim = maps[2]
-    k_dims = {0, 1, 2} - {m_dim, n_dim}
-    if len(k_dims) != 1 or kinds[m_dim] != "parallel" or kinds[n_dim] != "parallel":
-        return None
-    k_dim = k_dims.pop()
     sources = [_bf16_source(op.operands[i]) for i in (0, 1)]
     if any(s is None for s in sources):
         return None
-    if set(maps[0]) == {m_dim, k_dim} and set(maps[1]) == {k_dim, n_dim}:
-        (a, a_map), (b, b_map) = (sources[0], maps[0]), (sources[1], maps[1])
-    elif set(maps[1]) == {m_dim, k_dim} and set(maps[0]) == {k_dim, n_dim}:
-        (a, a_map), (b, b_map) = (sources[1], maps[1]), (sources[0], maps[0])
-    else:
+    maps = [dim_positions(ir.AffineMapAttr(m).value) for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    if any(None in m for m in maps):
         return None
-    rows, lanes = acc_type.shape
-    k_extent = ir.VectorType(a.type).shape[a_map.index(k_dim)]
-    if k_extent != 2 or lanes % LANES:
+    extent = {}
+    for value, dims in zip(list(op.operands[:3]), maps):
+        extent.update(zip(dims, ir.VectorType(value.type).shape))
+    kinds = iterator_kinds(op)
+    wide = [d for d in range(len(kinds)) if extent.get(d, 1) != 1]
+    n_dim = maps[2][-1]
+    k_dims = [d for d in wide if kinds[d] == "reduction"]
+    m_dims = [d for d in wide if kinds[d] == "parallel" and d != n_dim]
+    if len(k_dims) != 1 or extent[k_dims[0]] != 2 or len(m_dims) > 1 or \
+            extent.get(n_dim, 1) % LANES or kinds[n_dim] != "parallel":
         return None
-    return _DotContract(op, a, b, a_map[1] == k_dim, b_map[1] == k_dim, rows, lanes)
+    k_dim = k_dims[0]
+    b_index = next((i for i in (0, 1) if n_dim in maps[i]), None)
+    if b_index is None or n_dim in maps[1 - b_index] or k_dim not in maps[1 - b_index] or \
+            k_dim not in maps[b_index] or any(m in maps[b_index] for m in m_dims):
+        return None
+    a_dims = [d for d in maps[1 - b_index] if d in wide]
+    b_dims = [d for d in maps[b_index] if d in wide]
+    return _DotContract(op, sources[1 - b_index], sources[b_index], a_dims[-1] == k_dim,
+                        b_dims[-1] == k_dim, extent[m_dims[0]] if m_dims else 1, extent[n_dim])
 
 
 def _pair_broadcasts(c: _DotContract) -> list[ir.Value]:
-    """Per row m of A: its pair (A[m, 0], A[m, 1]) repeated in 16 lanes, as vector<32xbf16>."""
+    """Per row m of A: its pair (A[m, 0], A[m, 1]) repeated in 16 lanes, as vector<32xbf16>
+    (A stored [2, M]: its two rows interleaved first, one shuffle for all pairs)."""
     bf16, i32 = ir.BF16Type.get(), ir.IntegerType.get_signless(32)
-    pair_t = ir.VectorType.get([2], bf16)
+    if c.a_pairs_inner:
+        pairs = vector.shape_cast(ir.VectorType.get([2 * c.rows], bf16), c.a)
+    else:
+        a = vector.shape_cast(ir.VectorType.get([2, c.rows], bf16), c.a)
+        row0, row1 = (vector.extract(a, [], [k]) for k in (0, 1))
+        pairs = vector.shuffle(row0, row1, [i for m in range(c.rows) for i in (m, c.rows + m)])
+    words = vector.bitcast(ir.VectorType.get([c.rows], i32), pairs)
     out = []
     for m in range(c.rows):
-        if c.a_pairs_inner:
-            pair = vector.extract(c.a, [], [m])
-        else:
-            pair = vector.from_elements(pair_t, [vector.extract(c.a, [], [k, m]) for k in (0, 1)])
-        word = vector.extract(vector.bitcast(ir.VectorType.get([1], i32), pair), [], [0])
-        lanes = vector.broadcast(ir.VectorType.get([LANES], i32), word)
+        lanes = vector.broadcast(ir.VectorType.get([LANES], i32), vector.extract(words, [], [m]))
         out.append(vector.bitcast(ir.VectorType.get([2 * LANES], bf16), lanes))
     return out
 
@@ -127,7 +130,8 @@ def _column_pairs(c: _DotContract) -> list[ir.Value]:
         for start in range(0, c.lanes, LANES):
             out.append(vector.extract_strided_slice(chunk_t, flat, [2 * start], [2 * LANES], [1]))
         return out
-    row0, row1 = (vector.extract(c.b, [], [k]) for k in (0, 1))
+    b = vector.shape_cast(ir.VectorType.get([2, c.lanes], bf16), c.b)
+    row0, row1 = (vector.extract(b, [], [k]) for k in (0, 1))
     for start in range(0, c.lanes, LANES):
         mask = [i for j in range(start, start + LANES) for i in (j, c.lanes + j)]
         out.append(vector.shuffle(row0, row1, mask))
@@ -141,7 +145,8 @@ def rewrite(c: _DotContract, rewriter) -> None:
     with ir.InsertionPoint(op), op.location:
         pairs = _pair_broadcasts(c)
         columns = _column_pairs(c)
-        acc = op.operands[2]
+        acc_type = op.operands[2].type
+        acc = vector.shape_cast(ir.VectorType.get([c.rows, c.lanes], f32), op.operands[2])
         result = acc
         chunk_t = ir.VectorType.get([LANES], f32)
         for m, pair in enumerate(pairs):
@@ -152,6 +157,7 @@ def rewrite(c: _DotContract, rewriter) -> None:
                 part = x86.avx512_dot(part, pair, column)
                 row = vector.insert_strided_slice(part, row, [start], [1])
             result = vector.insert(row, result, [], [m])
+        result = vector.shape_cast(acc_type, result)
     rewriter.replace_op(op, [result])
 
 

@@ -17,7 +17,8 @@ class LinearCrossEntropyParams:
     class_tile: classes per step of the fused loops (the logits tile is class_tile x rows);
     backward_rows: rows per block of the backward (the remainder block is handled);
     threads: workers the foralls are balanced for (the backward's forall has one iteration
-    per thread)."""
+    per thread); bf16_dot: the backward's products read bf16 operands as they are, for the
+    bf16 dot products of the vectorize stage (GenericParams.bf16_dot, set with it)."""
 
     row_tile: int = 0
     class_tile: int = 64
@@ -25,6 +26,7 @@ class LinearCrossEntropyParams:
     threads: int = 2
     block_bytes: int = 512 * 1024
     panel: int = 0
+    bf16_dot: bool = False
 
     def __post_init__(self):
         if self.panel < 0:
@@ -41,7 +43,7 @@ class LinearCrossEntropyParams:
         """The parameters on a CPU described by `cpu` (lighthouse.targets.description
         CpuDescription), then `options`: a forward block's h^T in half of L2."""
         return cls(**{"threads": threads, "block_bytes": cpu.l2_bytes // 2,
-                      "panel": 2 * cpu.f32_lanes, **options})
+                      "panel": 2 * cpu.f32_lanes, "bf16_dot": cpu.bf16_dot, **options})
 
 
 @dataclass(frozen=True)

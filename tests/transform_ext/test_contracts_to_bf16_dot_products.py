@@ -55,7 +55,8 @@ def test_pairs_inner_operands_become_a_broadcast_pair_and_slices_of_b():
     payload = lowered(tile(m=2, n=32))
     check(payload, """
         CHECK-NOT: vector.contract
-        CHECK: vector.bitcast {{.*}} : vector<2xbf16> to vector<1xi32>
+        CHECK: vector.shape_cast {{.*}} : vector<2x2xbf16> to vector<4xbf16>
+        CHECK: vector.bitcast {{.*}} : vector<4xbf16> to vector<2xi32>
         CHECK: vector.broadcast {{.*}} : i32 to vector<16xi32>
         CHECK: vector.shape_cast {{.*}} : vector<32x2xbf16> to vector<64xbf16>
         CHECK: vector.extract_strided_slice {{.*}} {offsets = [0], sizes = [32], strides = [1]}
@@ -66,11 +67,34 @@ def test_pairs_inner_operands_become_a_broadcast_pair_and_slices_of_b():
 
 
 def test_rows_of_b_are_interleaved_by_a_shuffle():
-    payload = lowered(tile(m=1, n=16, a_pairs_inner=False, b_pairs_inner=False))
+    payload = lowered(tile(m=2, n=16, a_pairs_inner=False, b_pairs_inner=False))
     check(payload, """
-        CHECK: vector.from_elements {{.*}} : vector<2xbf16>
+        CHECK: vector.shuffle {{.*}} [0, 2, 1, 3] : vector<2xbf16>, vector<2xbf16>
         CHECK: vector.shuffle {{.*}} [0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31] : vector<16xbf16>, vector<16xbf16>
         CHECK: x86.avx512.dot
+    """)
+
+
+UNIT_DIMS = """
+#a = affine_map<(m, p, n, k) -> (m, k)>
+#b = affine_map<(m, p, n, k) -> (p, k, n)>
+#c = affine_map<(m, p, n, k) -> (m, p, n)>
+func.func @tile(%a: vector<8x2xbf16>, %b: vector<1x2x32xbf16>, %c: vector<8x1x32xf32>) -> vector<8x1x32xf32> {
+  %r = vector.contract {indexing_maps = [#a, #b, #c], iterator_types = ["parallel", "parallel", "parallel", "reduction"], kind = #vector.kind<add>} %a, %b, %c : vector<8x2xbf16>, vector<1x2x32xbf16> into vector<8x1x32xf32>
+  return %r : vector<8x1x32xf32>
+}
+"""
+
+
+def test_unit_dims_are_cast_away_around_the_dot_products():
+    """A register tile over column panels (the linear cross-entropy backward's products):
+    the panel dim of extent 1 sits between the rows and the lanes."""
+    payload = lowered(UNIT_DIMS)
+    check(payload, """
+        CHECK: vector.shape_cast %arg1 : vector<1x2x32xbf16> to vector<2x32xbf16>
+        CHECK: vector.shape_cast %arg2 : vector<8x1x32xf32> to vector<8x32xf32>
+        CHECK-COUNT-16: x86.avx512.dot
+        CHECK: vector.shape_cast {{.*}} : vector<8x32xf32> to vector<8x1x32xf32>
     """)
 
 
