@@ -29,12 +29,12 @@ says so). Result: none; the handle is only read.
 from dataclasses import dataclass
 
 from torch_mlir import ir
-from torch_mlir.dialects import ext, transform, vector
+from torch_mlir.dialects import ext, tensor, transform, vector
 from torch_mlir.dialects import x86
 
 from .analysis.structure import dim_positions
-from .common import (Illegal, RewritesTargets, Success, defining_op, fail, iterator_kinds,
-                     payload_ops, walk_ops)
+from .common import (Illegal, RewritesTargets, Success, constant_value, defining_op, fail,
+                     iterator_kinds, payload_ops, reassociation_attr, walk_ops)
 from .dialect import TransformExt
 
 NAME = "transform_ext.contracts_to_bf16_dot_products"
@@ -102,12 +102,47 @@ def dot_contract(op: ir.Operation):
                         b_dims[-1] == k_dim, extent[m_dims[0]] if m_dims else 1, extent[n_dim])
 
 
+def _flat_pairs(value: ir.Value, count: int) -> ir.Value:
+    """An operand stored pair-innermost ([count / 2, 2], unit dims aside) as one
+    vector<count x bf16>. When it is (through shape casts) an unmasked, in-bounds
+    vector.transfer_read of the whole trailing [count / 2, 2] of a tensor, it is read again
+    from that tensor with the two dims collapsed: one contiguous load instead of a load per
+    pair (what the transfer lowering makes of a [count / 2, 2] read)."""
+    flat_t = ir.VectorType.get([count], ir.BF16Type.get())
+    read = value
+    while (producer := defining_op(read)) is not None and producer.name == "vector.shape_cast":
+        read = producer.operands[0]
+    producer = defining_op(read)
+    if producer is None or producer.name != "vector.transfer_read":
+        return vector.shape_cast(flat_t, value)
+    view = producer.opview
+    source = view.base
+    if view.mask is not None or not isinstance(source.type, ir.RankedTensorType):
+        return vector.shape_cast(flat_t, value)
+    shape = list(ir.RankedTensorType(source.type).shape)
+    rank, vector_rank = len(shape), ir.VectorType(read.type).rank
+    indices = list(view.indices)
+    whole = [d for d in ir.VectorType(read.type).shape if d != 1][-2:] == shape[-2:] and \
+        all(isinstance(constant_value(i), ir.IntegerAttr) and constant_value(i).value == 0
+            for i in indices[-2:])
+    if rank < 2 or shape[-1] != 2 or 2 * shape[-2] != count or not whole or \
+            not all(ir.BoolAttr(b).value for b in ir.ArrayAttr(view.in_bounds)) or \
+            view.permutation_map.value != ir.AffineMap.get_minor_identity(rank, vector_rank):
+        return vector.shape_cast(flat_t, value)
+    collapsed_t = ir.RankedTensorType.get(shape[:-2] + [count], ir.BF16Type.get())
+    groups = [[d] for d in range(rank - 2)] + [[rank - 2, rank - 1]]
+    collapsed = tensor.collapse_shape(collapsed_t, source, reassociation_attr(groups))
+    return vector.transfer_read(flat_t, collapsed, indices[:-1],
+                                ir.AffineMap.get_minor_identity(rank - 1, 1), view.padding,
+                                [True])
+
+
 def _pair_broadcasts(c: _DotContract) -> list[ir.Value]:
     """Per row m of A: its pair (A[m, 0], A[m, 1]) repeated in 16 lanes, as vector<32xbf16>
     (A stored [2, M]: its two rows interleaved first, one shuffle for all pairs)."""
     bf16, i32 = ir.BF16Type.get(), ir.IntegerType.get_signless(32)
     if c.a_pairs_inner:
-        pairs = vector.shape_cast(ir.VectorType.get([2 * c.rows], bf16), c.a)
+        pairs = _flat_pairs(c.a, 2 * c.rows)
     else:
         a = vector.shape_cast(ir.VectorType.get([2, c.rows], bf16), c.a)
         row0, row1 = (vector.extract(a, [], [k]) for k in (0, 1))
@@ -126,7 +161,7 @@ def _column_pairs(c: _DotContract) -> list[ir.Value]:
     chunk_t = ir.VectorType.get([2 * LANES], bf16)
     out = []
     if c.b_pairs_inner:
-        flat = vector.shape_cast(ir.VectorType.get([2 * c.lanes], bf16), c.b)
+        flat = _flat_pairs(c.b, 2 * c.lanes)
         for start in range(0, c.lanes, LANES):
             out.append(vector.extract_strided_slice(chunk_t, flat, [2 * start], [2 * LANES], [1]))
         return out
