@@ -53,6 +53,7 @@ from transform_ext.analysis.structure import dim_positions, is_linalg_op, loop_s
 from transform_ext.common import defining_op, user_op, users
 from transform_ext.contracts_to_bf16_dot_products import contracts_to_bf16_dot_products
 from transform_ext.drop_unpack_destination_fill import drop_unpack_destination_fill
+from transform_ext.fold_casts_into_contractions import fold_casts_into_contractions
 from transform_ext.remove_annotation import remove_annotation
 from transform_ext.widen_contraction_operands import widen_contraction_operands
 
@@ -761,6 +762,31 @@ def _normalize(root: ir.Value) -> ir.Value:
     return apply_passes(root, "canonicalize", "cse")
 
 
+def _reads_widened_bf16(op: ir.Operation) -> bool:
+    """Does contraction `op` read both operands as f32 widenings (arith.extf generics) of bf16
+    tensors, as torch-mlir imports a bf16 linear layer (A and W^T widened to f32 copies)?"""
+    for value in list(op.operands)[:2]:
+        producer = defining_op(value)
+        if producer is None or producer.name != "linalg.generic" or len(producer.operands) != 2 \
+                or not isinstance(producer.operands[0].type.element_type, ir.BF16Type) \
+                or not any(o.name == "arith.extf" for o in producer.regions[0].blocks[0].operations):
+            return False
+    return True
+
+
+def _fold_widenings(places: list[Place]):
+    """The contractions at `places` generalized, reading their bf16 operands in place
+    (transform_ext.fold_casts_into_contractions: the widenings, and a transpose before one,
+    folded into the contraction's body and maps), so that they pack bf16 pairs."""
+    def body(root):
+        for place in places:
+            generic = structured.GeneralizeOp(at_place(root, place)).transformed
+            fold_casts_into_contractions(generic)
+        return apply_passes(root, "canonicalize", "cse")
+
+    return body
+
+
 @dataclass(frozen=True)
 class MatmulPlan:
     """The script's steps as recorded on a trial of the payload (schedules.script
@@ -777,6 +803,11 @@ def plan_matmul(payload: ir.Module, params_for, generic: GenericParams) -> Matmu
     transform_ext.load(payload.context)
     rec = StepRecorder(ir.Module.parse(str(payload), payload.context))
     rec.step("normalize", _normalize)
+    widened = [c.op for c in find_contractions(rec.trial)
+               if params_for(*c.shape).bf16_dot and _reads_widened_bf16(c.op)]
+    if widened:
+        rec.step("fold_bf16_widenings", _fold_widenings(
+            [place_of(rec.trial.operation, op) for op in widened]))
     if not find_contractions(rec.trial):
         # Elementwise fusion merged every contraction with other work (e.g. attention's
         # scaling): nothing left for this schedule.

@@ -129,3 +129,21 @@ def test_description_switch_from_the_environment():
     assert with_overrides(dataclasses.replace(cpu, bf16_dot=False), "l2=1M,bf16_dot=1").bf16_dot
     with pytest.raises(UnsupportedError, match="bf16_dot=0 or bf16_dot=1"):
         with_overrides(cpu, "bf16_dot=yes")
+
+
+@pytest.mark.parametrize("dot", WAYS)
+def test_bf16_mlp_with_frozen_weights_matches_torch(dot):
+    """nn.Linear in bf16: torch-mlir widens x and W^T to f32 copies before an f32 matmul;
+    with the dot products the matmul reads the bf16 x and W in place (the widenings and
+    W's transpose folded into it) and packs them in pairs; GELU and the roundings after."""
+    from tests.conftest import EXAMPLES
+
+    c = compile_with(EXAMPLES / "mlp_f16.py", dot, overrides=dict(
+        DTYPE="bfloat16", BATCH=40, IN_FEATURES=72, HIDDEN=96, OUT_FEATURES=33))
+    assert c.family.name == "matmul", c.notes
+    if dot:
+        assert "x86.avx512.dot" in str(compile_with(
+            EXAMPLES / "mlp_f16.py", dot, stop_after="vectorize", overrides=dict(
+                DTYPE="bfloat16", BATCH=40, IN_FEATURES=72, HIDDEN=96, OUT_FEATURES=33)).module)
+    for report in c.check():
+        assert report.ok, str(report)
