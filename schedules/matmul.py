@@ -6,7 +6,12 @@ elementwise epilogue E (bias add, GELU, the f32 -> bf16 rounding torch-mlir emit
 Preconditions: static shapes, f32/f16/bf16 operands with an f32 accumulator, one m, one n
 and one k dim of extent > 1, any batch dims. f16/bf16 keep torch-mlir's f32 accumulator
 (torch accumulates in f32 and rounds the result once): a 16-bit operand is widened to f32
-(exactly) while it is packed, so the kernel itself is f32.
+(exactly) while it is packed, so the kernel itself is f32. With `MatmulParams.bf16_dot` (a
+CPU with AVX512-BF16) two bf16 operands are packed as they are, k in pairs innermost
+(A_p[b, m1, k/2, m0, 2], B_p[b, n1, k/2, n0, 2], an odd k padded with a zero; a bf16 linear
+layer's f32 widenings of x and W^T folded into its contraction first), and the kernel's
+step over a pair of k is MR x NR/16 vdpbf16ps (transform_ext.contracts_to_bf16_dot_products)
+on f32 accumulators.
 
 fuse (the script's @fuse: steps recorded on a trial copy by `plan_matmul`), per
 contraction, last first:
@@ -29,8 +34,10 @@ contraction, last first:
 vectorize (@vectorize): every op of steps 1-4 is vectorized with its nominal tile as
 vector sizes (edge tiles become masked transfers), the contraction becomes an MR x NR x 1
 vector.contract (lowered by the target to outer products, i.e. MR x NR/lanes FMAs with
-broadcast A), the pack transposes are lowered to shuffles, and the accumulator is hoisted
-into registers across the k loop.
+broadcast A; an MR x NR x 2 bf16 one becomes dot products), the pack transposes are
+lowered to shuffles (16 x 16 blocks; with bf16 pairs, one shuffle per 2-D transpose, for
+every transpose of the function), and the accumulator is hoisted into registers across the
+k loop.
 
 `MatmulParams.for_shape` picks the parameters from the shapes; `pack=False` keeps the
 operands in place (register tiles read A and B directly: for skinny shapes, where packing
@@ -768,8 +775,10 @@ def _reads_widened_bf16(op: ir.Operation) -> bool:
     for value in list(op.operands)[:2]:
         producer = defining_op(value)
         if producer is None or producer.name != "linalg.generic" or len(producer.operands) != 2 \
-                or not isinstance(producer.operands[0].type.element_type, ir.BF16Type) \
-                or not any(o.name == "arith.extf" for o in producer.regions[0].blocks[0].operations):
+                or not isinstance(producer.operands[0].type.element_type, ir.BF16Type):
+            return False
+        body = [o.operation.name for o in producer.regions[0].blocks[0].operations]
+        if body != ["arith.extf", "linalg.yield"]:
             return False
     return True
 
