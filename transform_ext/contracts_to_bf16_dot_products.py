@@ -102,23 +102,22 @@ def dot_contract(op: ir.Operation):
                         b_dims[-1] == k_dim, extent[m_dims[0]] if m_dims else 1, extent[n_dim])
 
 
-def _flat_pairs(value: ir.Value, count: int) -> ir.Value:
-    """An operand stored pair-innermost ([count / 2, 2], unit dims aside) as one
-    vector<count x bf16>. When it is (through shape casts) an unmasked, in-bounds
-    vector.transfer_read of the whole trailing [count / 2, 2] of a tensor, it is read again
-    from that tensor with the two dims collapsed: one contiguous load instead of a load per
-    pair (what the transfer lowering makes of a [count / 2, 2] read)."""
-    flat_t = ir.VectorType.get([count], ir.BF16Type.get())
+def _contiguous_read(value: ir.Value, count: int):
+    """An operand stored pair-innermost ([count / 2, 2], unit dims aside) read again as one
+    vector<count x bf16> when it is (through shape casts) an unmasked, in-bounds
+    vector.transfer_read of the whole trailing [count / 2, 2] of a tensor: from that tensor
+    with the two dims collapsed, one contiguous load instead of a load per pair (what the
+    transfer lowering makes of a [count / 2, 2] read). None when it is not such a read."""
     read = value
     while (producer := defining_op(read)) is not None and producer.name == "vector.shape_cast":
         read = producer.operands[0]
     producer = defining_op(read)
     if producer is None or producer.name != "vector.transfer_read":
-        return vector.shape_cast(flat_t, value)
+        return None
     view = producer.opview
     source = view.base
     if view.mask is not None or not isinstance(source.type, ir.RankedTensorType):
-        return vector.shape_cast(flat_t, value)
+        return None
     shape = list(ir.RankedTensorType(source.type).shape)
     rank, vector_rank = len(shape), ir.VectorType(read.type).rank
     indices = list(view.indices)
@@ -128,31 +127,37 @@ def _flat_pairs(value: ir.Value, count: int) -> ir.Value:
     if rank < 2 or shape[-1] != 2 or 2 * shape[-2] != count or not whole or \
             not all(ir.BoolAttr(b).value for b in ir.ArrayAttr(view.in_bounds)) or \
             view.permutation_map.value != ir.AffineMap.get_minor_identity(rank, vector_rank):
-        return vector.shape_cast(flat_t, value)
+        return None
     collapsed_t = ir.RankedTensorType.get(shape[:-2] + [count], ir.BF16Type.get())
     groups = [[d] for d in range(rank - 2)] + [[rank - 2, rank - 1]]
     collapsed = tensor.collapse_shape(collapsed_t, source, reassociation_attr(groups))
-    return vector.transfer_read(flat_t, collapsed, indices[:-1],
-                                ir.AffineMap.get_minor_identity(rank - 1, 1), view.padding,
-                                [True])
+    return vector.transfer_read(ir.VectorType.get([count], ir.BF16Type.get()), collapsed,
+                                indices[:-1], ir.AffineMap.get_minor_identity(rank - 1, 1),
+                                view.padding, [True])
 
 
 def _pair_broadcasts(c: _DotContract) -> list[ir.Value]:
-    """Per row m of A: its pair (A[m, 0], A[m, 1]) repeated in 16 lanes, as vector<32xbf16>
-    (A stored [2, M]: its two rows interleaved first, one shuffle for all pairs)."""
+    """Per row m of A: its pair (A[m, 0], A[m, 1]) repeated in 16 lanes, as vector<32xbf16>:
+    one 32-bit word per row (of one contiguous read, or of the row itself, each row's own
+    load; A stored [2, M]: its two rows interleaved first, one shuffle for all pairs),
+    broadcast."""
     bf16, i32 = ir.BF16Type.get(), ir.IntegerType.get_signless(32)
-    if c.a_pairs_inner:
-        pairs = _flat_pairs(c.a, 2 * c.rows)
+    word_t = ir.VectorType.get([1], i32)
+    flat = _contiguous_read(c.a, 2 * c.rows) if c.a_pairs_inner else None
+    if flat is not None or not c.a_pairs_inner:
+        if flat is None:
+            a = vector.shape_cast(ir.VectorType.get([2, c.rows], bf16), c.a)
+            row0, row1 = (vector.extract(a, [], [k]) for k in (0, 1))
+            flat = vector.shuffle(row0, row1, [i for m in range(c.rows) for i in (m, c.rows + m)])
+        words = vector.bitcast(ir.VectorType.get([c.rows], i32), flat)
+        scalars = [vector.extract(words, [], [m]) for m in range(c.rows)]
     else:
-        a = vector.shape_cast(ir.VectorType.get([2, c.rows], bf16), c.a)
-        row0, row1 = (vector.extract(a, [], [k]) for k in (0, 1))
-        pairs = vector.shuffle(row0, row1, [i for m in range(c.rows) for i in (m, c.rows + m)])
-    words = vector.bitcast(ir.VectorType.get([c.rows], i32), pairs)
-    out = []
-    for m in range(c.rows):
-        lanes = vector.broadcast(ir.VectorType.get([LANES], i32), vector.extract(words, [], [m]))
-        out.append(vector.bitcast(ir.VectorType.get([2 * LANES], bf16), lanes))
-    return out
+        a = vector.shape_cast(ir.VectorType.get([c.rows, 2], bf16), c.a)
+        scalars = [vector.extract(vector.bitcast(word_t, vector.extract(a, [], [m])), [], [0])
+                   for m in range(c.rows)]
+    return [vector.bitcast(ir.VectorType.get([2 * LANES], bf16),
+                           vector.broadcast(ir.VectorType.get([LANES], i32), word))
+            for word in scalars]
 
 
 def _column_pairs(c: _DotContract) -> list[ir.Value]:
@@ -161,7 +166,9 @@ def _column_pairs(c: _DotContract) -> list[ir.Value]:
     chunk_t = ir.VectorType.get([2 * LANES], bf16)
     out = []
     if c.b_pairs_inner:
-        flat = _flat_pairs(c.b, 2 * c.lanes)
+        flat = _contiguous_read(c.b, 2 * c.lanes)
+        if flat is None:
+            flat = vector.shape_cast(ir.VectorType.get([2 * c.lanes], bf16), c.b)
         for start in range(0, c.lanes, LANES):
             out.append(vector.extract_strided_slice(chunk_t, flat, [2 * start], [2 * LANES], [1]))
         return out

@@ -55,8 +55,8 @@ def test_pairs_inner_operands_become_a_broadcast_pair_and_slices_of_b():
     payload = lowered(tile(m=2, n=32))
     check(payload, """
         CHECK-NOT: vector.contract
-        CHECK: vector.shape_cast {{.*}} : vector<2x2xbf16> to vector<4xbf16>
-        CHECK: vector.bitcast {{.*}} : vector<4xbf16> to vector<2xi32>
+        CHECK: vector.extract {{.*}}[0] : vector<2xbf16> from vector<2x2xbf16>
+        CHECK: vector.bitcast {{.*}} : vector<2xbf16> to vector<1xi32>
         CHECK: vector.broadcast {{.*}} : i32 to vector<16xi32>
         CHECK: vector.shape_cast {{.*}} : vector<32x2xbf16> to vector<64xbf16>
         CHECK: vector.extract_strided_slice {{.*}} {offsets = [0], sizes = [32], strides = [1]}
