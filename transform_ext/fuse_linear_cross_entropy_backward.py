@@ -33,7 +33,8 @@ accumulate); G's tile keeps E's element type before it is widened (torch rounds 
 to bf16 before its bf16 products). With `bf16_pairs`, bf16 operands are not widened: the
 products read them as they are (each term widened in the product's body, f32 accumulator),
 so their register tiles can take pairs of k as bf16 dot products
-(transform_ext.contracts_to_bf16_dot_products). The loop over the row blocks carries the unit
+(transform_ext.contracts_to_bf16_dot_products); dh then reads G's tile transposed once per
+tile, [R, C], each row's pair of classes adjacent (one broadcast load per row and pair). The loop over the row blocks carries the unit
 attribute `lh.fused_kernel` (when it has more than one iteration): it is fused, the
 schedule's later steps leave it alone.
 
@@ -423,7 +424,14 @@ class _Block:
         g_t = k.operand(tiles[bwd.gradient.op.results[0]]) if dh is not None or \
             bwd.d_weight is not None else None
         if dh is not None:
-            result.append(_product(g_t, False, _maybe_panels(w_c, k.panel), dh))
+            if g_t.type.element_type != f32:
+                # bf16 pairs of classes: G's tile transposed once, each row's pair adjacent
+                rows_major = linalg.transpose(g_t, outs=[tensor.EmptyOp(
+                    [self.rows, classes], g_t.type.element_type).result], permutation=[1, 0])
+                result.append(_product(rows_major.results[0], True,
+                                       _maybe_panels(w_c, k.panel), dh))
+            else:
+                result.append(_product(g_t, False, _maybe_panels(w_c, k.panel), dh))
         sums = iter(zip(k.accumulators, accumulated))
         if bwd.d_weight is not None:
             acc, dw = next(sums)
