@@ -57,9 +57,10 @@ def make_target(name: str, threads: int | None = None, *, runtime_checks: bool =
     if name == "cpu":
         from .targets.cpu import CpuTarget
 
+        # options: CpuTarget fields, e.g. cpu=CpuDescription (what the schedules plan for)
         if threads is None:
-            return CpuTarget(runtime_checks=runtime_checks)
-        return CpuTarget(threads=threads, runtime_checks=runtime_checks)
+            return CpuTarget(runtime_checks=runtime_checks, **options)
+        return CpuTarget(threads=threads, runtime_checks=runtime_checks, **options)
     if runtime_checks:
         raise UnsupportedError(f"--runtime-checks needs the cpu target (the {name} kernels "
                                f"cannot run here)")

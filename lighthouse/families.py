@@ -150,6 +150,11 @@ def _convolution_params(target, options) -> FamilyParams:
                         _generic_params(target, options).vector)
 
 
+def _with_bf16_dot(vector, cpu):
+    """The generic vector parameters with bf16 dot products where the CPU has them."""
+    return dataclasses.replace(vector, bf16_dot=cpu.bf16_dot) if vector is not None else None
+
+
 def _linear_cross_entropy_params(target, options) -> FamilyParams:
     from schedules.linear_cross_entropy import LinearCrossEntropyParams
 
@@ -159,7 +164,7 @@ def _linear_cross_entropy_params(target, options) -> FamilyParams:
                    "classes_major": False, "masked_target": True, **options}
     params = (LinearCrossEntropyParams.for_cpu(cpu, target.threads, **options) if cpu
               else LinearCrossEntropyParams(threads=target.threads, **options))
-    return FamilyParams(params, _generic_params(target, options).vector)
+    return FamilyParams(params, _with_bf16_dot(_generic_params(target, options).vector, cpu))
 
 
 _PARAMS = {"generic": _generic_params, "matmul": _matmul_params, "attention": _attention_params,

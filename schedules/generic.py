@@ -23,7 +23,9 @@ One transform script (`generic_script`), two named sequences:
      registers; every other op to 1 x ... x 1 x W along its lane dim;
      `transform_ext.split_odd_bf16_lanes` splits bf16 tiles of an odd lane count;
   4. the function is vectorized (`vectorize_children_and_apply_patterns`) and loop-invariant
-     accumulator reads/writes are hoisted out of the loops. Before that, every
+     accumulator reads/writes are hoisted out of the loops; with `bf16_dot`, contractions
+     of two bf16 inputs step k by pairs (register_tile's third entry) and each step becomes
+     AVX512-BF16 dot products (`transform_ext.contracts_to_bf16_dot_products`). Before that, every
      tensor.insert_slice that is strided, rank-reducing or larger than a register tile
      becomes a loop of vector-tile inserts (`transform_ext.tile_insert_slices`): vectorized
      whole, it would lose its strides or become one vector as large as its source.
@@ -57,6 +59,7 @@ from transform_ext.split_assertions import split_assertions
 from transform_ext.split_odd_bf16_lanes import split_odd_bf16_lanes
 from transform_ext.tile_insert_slices import tile_insert_slices
 from transform_ext.tile_to_vector_tiles import tile_to_vector_tiles
+from transform_ext.contracts_to_bf16_dot_products import contracts_to_bf16_dot_products
 
 from .common import any_op, apply_passes, canonicalize, hoist_loop_invariant_subsets, match
 from .script import apply_stage, build_script
@@ -75,6 +78,8 @@ class GenericParams:
     fused row block's intermediates stay in the L2 cache between its passes.
     vector_tile: elements of the innermost loop dim per vector tile.
     register_tile: (m, n) accumulator tile of contractions.
+    bf16_dot: contractions of two bf16 inputs step their k loop by pairs and become AVX512-BF16
+      dot products (transform_ext.contracts_to_bf16_dot_products; the target must have them).
     min_parallel_work: ops with fewer output elements than this stay sequential."""
 
     threads: int = 2
@@ -83,6 +88,7 @@ class GenericParams:
     vector_tile: int = 64
     register_tile: tuple[int, int] = (8, 32)
     min_parallel_work: int = 4096
+    bf16_dot: bool = False
 
     def __post_init__(self):
         if self.threads < 1 or self.tiles_per_thread < 1 or self.tile_bytes < 1:
@@ -135,7 +141,7 @@ def vectorize_stage(params: GenericParams):
         func = match(root, "func.func")
         interchange_lane_dims_innermost(func)
         func = tile_to_vector_tiles(func, vector_tile=params.vector_tile,
-                                    register_tile=params.register_tile)
+                                    register_tile=params.register_tile + ((2,) if params.bf16_dot else ()))
         func = split_odd_bf16_lanes(func)
         scalarize_rank0_generics(func)
         tile_insert_slices(func, params.vector_tile,
@@ -145,6 +151,8 @@ def vectorize_stage(params: GenericParams):
         canonicalize(func)
         hoist_loop_invariant_subsets(func)
         canonicalize(func)
+        if params.bf16_dot:
+            contracts_to_bf16_dot_products(func)
 
     return body
 

@@ -6,7 +6,12 @@ elementwise epilogue E (bias add, GELU, the f32 -> bf16 rounding torch-mlir emit
 Preconditions: static shapes, f32/f16/bf16 operands with an f32 accumulator, one m, one n
 and one k dim of extent > 1, any batch dims. f16/bf16 keep torch-mlir's f32 accumulator
 (torch accumulates in f32 and rounds the result once): a 16-bit operand is widened to f32
-(exactly) while it is packed, so the kernel itself is f32.
+(exactly) while it is packed, so the kernel itself is f32. With `MatmulParams.bf16_dot` (a
+CPU with AVX512-BF16) two bf16 operands are packed as they are, k in pairs innermost
+(A_p[b, m1, k/2, m0, 2], B_p[b, n1, k/2, n0, 2], an odd k padded with a zero; a bf16 linear
+layer's f32 widenings of x and W^T folded into its contraction first), and the kernel's
+step over a pair of k is MR x NR/16 vdpbf16ps (transform_ext.contracts_to_bf16_dot_products)
+on f32 accumulators.
 
 fuse (the script's @fuse: steps recorded on a trial copy by `plan_matmul`), per
 contraction, last first:
@@ -33,8 +38,10 @@ contraction, last first:
 vectorize (@vectorize): every op of steps 1-4 is vectorized with its nominal tile as
 vector sizes (edge tiles become masked transfers), the contraction becomes an MR x NR x 1
 vector.contract (lowered by the target to outer products, i.e. MR x NR/lanes FMAs with
-broadcast A), the pack transposes are lowered to shuffles, and the accumulator is hoisted
-into registers across the k loop.
+broadcast A; an MR x NR x 2 bf16 one becomes dot products), the pack transposes are
+lowered to shuffles (16 x 16 blocks; with bf16 pairs, one shuffle per 2-D transpose, for
+every transpose of the function), and the accumulator is hoisted into registers across the
+k loop.
 
 `MatmulParams.for_shape` picks the parameters from the shapes; `pack=False` keeps the
 operands in place (register tiles read A and B directly: for skinny shapes, where packing
@@ -55,8 +62,10 @@ from torch_mlir.dialects.transform import vector as tvec
 
 from transform_ext.analysis.structure import dim_positions, is_linalg_op, loop_structure
 from transform_ext.common import defining_op, user_op, users
+from transform_ext.contracts_to_bf16_dot_products import contracts_to_bf16_dot_products
 from transform_ext.drop_unpack_destination_fill import drop_unpack_destination_fill
 from transform_ext.forward_masked_writes import forward_masked_writes
+from transform_ext.fold_casts_into_contractions import fold_casts_into_contractions
 from transform_ext.remove_annotation import remove_annotation
 from transform_ext.widen_contraction_operands import widen_contraction_operands
 
@@ -93,7 +102,11 @@ class MatmulParams:
     block_m: rows of A packed at once inside a k block (multiple of MR).
     pack_k: k extent of one packing step (a pack_k x MR transpose for A).
     pack: pack A and B into panels (False: register tiles read the operands in place).
-    threads: the forall tiles are sized so that every thread gets work."""
+    threads: the forall tiles are sized so that every thread gets work.
+    bf16_dot: two bf16 operands are packed as they are, k in pairs innermost (A_p[m1, k1,
+      m0, 2], B_p[n1, k1, n0, 2], odd k zero-padded), and each register tile's step over a
+      pair of k becomes AVX512-BF16 dot products (the target must have them); else 16-bit
+      operands are widened to f32 while packed."""
 
     register: tuple[int, int] = (8, 32)
     tile_m: int = 256
@@ -103,6 +116,7 @@ class MatmulParams:
     pack_k: int = 16
     pack: bool = True
     threads: int = 2
+    bf16_dot: bool = False
 
     def __post_init__(self):
         mr, nr = self.register
@@ -122,10 +136,11 @@ class MatmulParams:
         two whose square f32 accumulator tile fills at most half of L2; max_tile_k the
         largest power of two whose B micro-panel (max_tile_k x NR f32) fits in L1."""
         nr = register_tile_for(cpu.f32_lanes, cpu.vector_registers)[1]
-        return MatmulParams.for_shape(
+        params = MatmulParams.for_shape(
             batch, m, n, k, threads=threads, lanes=cpu.f32_lanes, registers=cpu.vector_registers,
             max_tile=_power_of_two_at_most(math.isqrt(cpu.l2_bytes // 2 // 4)),
             max_tile_k=_power_of_two_at_most(cpu.l1d_bytes // (4 * nr)))
+        return dataclasses.replace(params, bf16_dot=cpu.bf16_dot)
 
     @staticmethod
     def for_shape(batch: int, m: int, n: int, k: int, *, threads: int = 2, lanes: int = 16,
@@ -408,21 +423,34 @@ def _outer_perm(amap, order: dict[int, int]) -> list[int] | None:
     return None if perm == list(range(len(dims))) else perm
 
 
+def bf16_pairs(c: Contraction, params: MatmulParams) -> bool:
+    """Are c's operands packed in bf16 pairs of k (MatmulParams.bf16_dot)?"""
+    return params.bf16_dot and all(isinstance(c.op.operands[i].type.element_type, ir.BF16Type)
+                                   for i in (0, 1))
+
+
 def _pack(rec: StepRecorder, c: Contraction, params: MatmulParams, fold_transposes: bool) -> ir.Operation:
     """Step 1 of the module docstring; returns the packed contraction (the kernel).
     A 16-bit operand is first widened (transform_ext.widen_contraction_operands: the
     contraction reads its f32 extension, role convert_a or convert_b, vector sizes of a
-    register tile's slice of it). fold_transposes: fold transposes (and zero-offset slices)
-    around the packs into them."""
+    register tile's slice of it), unless both are bf16 packed in pairs of k (`bf16_pairs`:
+    k packed by 2, its inner tile moved after m0 / n0). fold_transposes: fold transposes
+    (and zero-offset slices) around the packs into them."""
     mr, nr = params.register
+    pairs = bf16_pairs(c, params)
     sizes = [0] * len(c.ranges)
     sizes[c.m], sizes[c.n] = mr, nr
+    if pairs:
+        sizes[c.k] = 2
     ls = loop_structure(c.op)
     order = {d: 0 for d in c.batch} | {c.m: 1, c.n: 1, c.k: 2}
     perms = [_outer_perm(ls.maps[i], order) for i in (0, 1)]
+    # packed inner tiles follow the loop dims' order: k's pair goes innermost
+    inner = [[1, 0] if pairs and c.k < (c.m if i == c.a_index else c.n) else None for i in (0, 1)]
     tile = {d: 1 for d in c.batch} | {c.m: mr, c.n: nr, c.k: params.pack_k}
     f32 = ir.F32Type.get()
-    narrow = [index for index in (0, 1) if c.op.operands[index].type.element_type != f32]
+    narrow = [] if pairs else [index for index in (0, 1)
+                               if c.op.operands[index].type.element_type != f32]
     place = place_of(rec.trial.operation, c.op)
 
     def body(root):
@@ -435,14 +463,14 @@ def _pack(rec: StepRecorder, c: Contraction, params: MatmulParams, fold_transpos
                           [tile[d] for d in dim_positions(ls.maps[index])])
         kernel = structured.PackOp(transform.OperationType.get("linalg.generic"), contraction,
                                    [], static_packed_sizes=sizes).packed_op
-        for i, perm in enumerate(perms):
-            if perm is None:
+        for i, (perm, inner_perm) in enumerate(zip(perms, inner)):
+            if perm is None and inner_perm is None:
                 continue
             pack = transform.GetProducerOfOperand(transform.OperationType.get("linalg.pack"),
                                                   kernel, i).producer
             kernel = structured.PackTransposeOp(
                 transform.OperationType.get("linalg.generic"), transform.OperationType.get("linalg.pack"),
-                any_op(), pack, kernel, outer_perm=perm).packed_op
+                any_op(), pack, kernel, outer_perm=perm, inner_perm=inner_perm).packed_op
         transform.AnnotateOp(kernel, _DONE)
         func = match(root, "func.func")
         if fold_transposes:
@@ -455,7 +483,8 @@ def _pack(rec: StepRecorder, c: Contraction, params: MatmulParams, fold_transpos
 
 
 def _kernel_dims(kernel: ir.Operation, c: Contraction, a_index: int) -> dict[str, list[int] | int]:
-    """Loop dims of the packed contraction: batch, m1, n1, k, m0, n0."""
+    """Loop dims of the packed contraction: batch, m1, n1, k, m0, n0 (k: the pairs of k when
+    they are packed in pairs, the pair's dim innermost and left whole)."""
     ls = loop_structure(kernel)
     a = dim_positions(ls.maps[a_index])
     b = dim_positions(ls.maps[1 - a_index])
@@ -495,8 +524,13 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
     ls = loop_structure(c.op)
     k_contiguous = {"a": dim_positions(ls.maps[c.a_index])[-1] == c.k,
                     "b": dim_positions(ls.maps[1 - c.a_index])[-1] == c.k}
-    widened = [name for index, name in sorted({c.a_index: "a", 1 - c.a_index: "b"}.items())
-               if c.op.operands[index].type.element_type != ir.F32Type.get()]
+    pairs = bf16_pairs(c, params)
+    # packed in pairs: one pair of k per packing step, whose transposes ([MR, 2] of A, B's
+    # two rows interleaved into [NR, 2]) are 2-D and lower to one shuffle each
+    pack_k = 1 if pairs else params.pack_k
+    widened = [] if pairs else [
+        name for index, name in sorted({c.a_index: "a", 1 - c.a_index: "b"}.items())
+        if c.op.operands[index].type.element_type != ir.F32Type.get()]
     kernel = _pack(rec, c, params, fold_transposes=_folding_leaves_one_unpack(c))
     a_index = c.a_index
     pack_a = defining_op(kernel.operands[a_index])
@@ -535,9 +569,9 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
         h = {i: at_place(root, place) for i, place in places.items()}
         _set_role(h[2], "kernel")
         if pack_a is not None:
-            _set_role(h[4], "pack_a", [1] * nb + [1, params.pack_k, mr])
+            _set_role(h[4], "pack_a", [1] * nb + ([1, 1, mr, 2] if pairs else [1, pack_k, mr]))
         if pack_b is not None:
-            _set_role(h[3], "pack_b", [1] * nb + [1, params.pack_k, nr])
+            _set_role(h[3], "pack_b", [1] * nb + ([1, 1, nr, 2] if pairs else [1, pack_k, nr]))
         _set_role(h[1], "unpack", c_tile)
         if init_is_fill:
             _set_role(h[5], "fill")
@@ -566,7 +600,8 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
                            converts.get("a"), reduction])
     kb = params.tile_k
     b, m, n, k = c.shape
-    k_blocks = k > kb
+    # packed in pairs, a k block of kb pairs holds as many bytes as kb widened k
+    k_blocks = (-(-k // 2) if pairs else k) > kb
     m_blocks = -(-min(params.tile_m, _round_up(m, mr)) // mr) > params.block_m // mr
 
     def body(root):
@@ -621,7 +656,7 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
         for name in ("a", "b"):
             if packs[name] is not None:
                 interchange = list(range(nb)) + [nb + 1, nb] if not k_contiguous[name] else None
-                tiled_packs[name], _ = _tile(packs[name], [1] * nb + [1, params.pack_k],
+                tiled_packs[name], _ = _tile(packs[name], [1] * nb + [1, pack_k],
                                              interchange=interchange)
         if converts:  # the widening is fused level by level below, after cleanup
             transform.AnnotateOp(forall, f"{_WIDEN}_forall")
@@ -802,6 +837,33 @@ def _normalize(root: ir.Value) -> ir.Value:
     return apply_passes(root, "linalg-fold-unit-extent-dims", "canonicalize", "cse")
 
 
+def _reads_widened_bf16(op: ir.Operation) -> bool:
+    """Does contraction `op` read both operands as f32 widenings (arith.extf generics) of bf16
+    tensors, as torch-mlir imports a bf16 linear layer (A and W^T widened to f32 copies)?"""
+    for value in list(op.operands)[:2]:
+        producer = defining_op(value)
+        if producer is None or producer.name != "linalg.generic" or len(producer.operands) != 2 \
+                or not isinstance(producer.operands[0].type.element_type, ir.BF16Type):
+            return False
+        body = [o.operation.name for o in producer.regions[0].blocks[0].operations]
+        if body != ["arith.extf", "linalg.yield"]:
+            return False
+    return True
+
+
+def _fold_widenings(places: list[Place]):
+    """The contractions at `places` generalized, reading their bf16 operands in place
+    (transform_ext.fold_casts_into_contractions: the widenings, and a transpose before one,
+    folded into the contraction's body and maps), so that they pack bf16 pairs."""
+    def body(root):
+        for place in places:
+            generic = structured.GeneralizeOp(at_place(root, place)).transformed
+            fold_casts_into_contractions(generic)
+        return apply_passes(root, "canonicalize", "cse")
+
+    return body
+
+
 @dataclass(frozen=True)
 class MatmulPlan:
     """The script's steps as recorded on a trial of the payload (schedules.script
@@ -818,6 +880,11 @@ def plan_matmul(payload: ir.Module, params_for, generic: GenericParams) -> Matmu
     transform_ext.load(payload.context)
     rec = StepRecorder(ir.Module.parse(str(payload), payload.context))
     rec.step("normalize", _normalize)
+    widened = [c.op for c in find_contractions(rec.trial)
+               if params_for(*c.shape).bf16_dot and _reads_widened_bf16(c.op)]
+    if widened:
+        rec.step("fold_bf16_widenings", _fold_widenings(
+            [place_of(rec.trial.operation, op) for op in widened]))
     if not find_contractions(rec.trial):
         # Elementwise fusion merged every contraction with other work (e.g. attention's
         # scaling): nothing left for this schedule.
@@ -876,6 +943,9 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams,
         return generic_vectorize_stage(generic)
     tiles = [(op, vector_tile_sizes(op, generic)) for op in others]
     roles = [ir.StringAttr(op.attributes[ROLE]).value for op, _ in plan]
+    pairs = any(role == "kernel" and all(isinstance(v.type.element_type, ir.BF16Type)
+                                         for v in op.operands[:2])
+                for (op, _), role in zip(plan, roles))
     places = [place_of(payload.operation, op) for op, _ in plan + tiles]
 
     def body(root):
@@ -901,7 +971,11 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams,
         func = match(root, "func.func")
         apply_patterns(func, tvec.ApplyLowerMaskedTransfersPatternsOp)
         apply_patterns(func, tvec.ApplyTransferPermutationPatternsOp)
+        if pairs:  # the bf16 extensions before the broadcasts, then into the contraction
+            apply_patterns(func, tvec.ApplySinkVectorPatternsOp)
         apply_patterns(func, tvec.ApplyVectorReductionToContractPatternsOp)
+        if pairs:
+            apply_patterns(func, tvec.ApplyFoldArithExtensionPatternsOp)
         canonicalize(func)
         # a masked edge tile of C unpacked for a reduction is read back in registers
         forward_masked_writes(func)
@@ -909,9 +983,12 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams,
         canonicalize(func)
         hoist_loop_invariant_subsets(func)
         canonicalize(func)
+        strategy = "Shuffle1D" if pairs else transpose_lowering
         apply_patterns(func, lambda: tvec.ApplyLowerTransposePatternsOp(
-            lowering_strategy=getattr(tvec.VectorTransposeLowering, transpose_lowering)))
+            lowering_strategy=getattr(tvec.VectorTransposeLowering, strategy)))
         canonicalize(func)
+        if pairs:
+            contracts_to_bf16_dot_products(func)
         for attr in (ROLE, VECTOR_SIZES, _DONE):
             remove_annotation(root, attr)
 

@@ -121,6 +121,7 @@ OP_MODULES: list[str] = [
     "fold_casts_into_contractions",
     "read_reduction_constants",
     "forward_masked_writes",
+    "contracts_to_bf16_dot_products",
 ]
 
 

@@ -30,7 +30,11 @@ the products (h_s^T, h_s, W_c) are read as column panels [N / w, K, w] when w di
 so a register tile's slice is contiguous. The products multiply-add in f32 on f32 operands
 (f16/bf16 h_s, h_s^T, W_c and G^T widened once per block or tile: exact, as torch's kernels
 accumulate); G's tile keeps E's element type before it is widened (torch rounds d logits
-to bf16 before its bf16 products). The loop over the row blocks carries the unit
+to bf16 before its bf16 products). With `bf16_pairs`, bf16 operands are not widened: the
+products read them as they are (each term widened in the product's body, f32 accumulator),
+so their register tiles can take pairs of k as bf16 dot products
+(transform_ext.contracts_to_bf16_dot_products); dh then reads G's tile transposed once per
+tile, [R, C], each row's pair of classes adjacent (one broadcast load per row and pair). The loop over the row blocks carries the unit
 attribute `lh.fused_kernel` (when it has more than one iteration): it is fused, the
 schedule's later steps leave it alone.
 
@@ -188,7 +192,13 @@ def _map(n: int, dims: list[int]) -> ir.AffineMap:
 
 
 def _widen(value: ir.Value) -> ir.Value:
-    return value if value.type == ir.F32Type.get() else extend_to_f32(value)
+    """A product's term in f32: bf16 terms (read unwidened for bf16 pairs) by arith.extf,
+    which the vectorizer folds into the contraction."""
+    if value.type == ir.F32Type.get():
+        return value
+    if isinstance(value.type, ir.BF16Type):
+        return arith.ExtFOp(ir.F32Type.get(), value).result
+    return extend_to_f32(value)
 
 
 def _multiply_add(args: list[ir.Value]) -> list[ir.Value]:
@@ -279,8 +289,9 @@ class _Kernel:
     (when there is one), then one _ClassAccumulator per dW and column sum."""
 
     def __init__(self, bwd: LinearCrossEntropyBackward, row_tile: int, class_tile: int,
-                 threads: int, panel: int):
+                 threads: int, panel: int, bf16_pairs: bool):
         self.bwd = bwd
+        self.bf16_pairs = bf16_pairs
         self.n, self.v, self.d = bwd.logits.shape
         self.rows = min(row_tile, self.n)
         self.classes = min(class_tile, self.v)
@@ -289,6 +300,12 @@ class _Kernel:
         self.f32 = ir.F32Type.get()
         self.has_dh = bwd.d_rows is not None
         self.accumulators: list[_ClassAccumulator] = []
+
+    def operand(self, x: ir.Value) -> ir.Value:
+        """A product's operand: `x` widened to f32, or as it is when it is bf16 and the
+        products take bf16 pairs."""
+        bf16 = isinstance(ir.RankedTensorType(x.type).element_type, ir.BF16Type)
+        return x if self.bf16_pairs and bf16 else _in_f32(x)
 
     def build(self) -> list[ir.Value]:
         """dh (when there is one), dW (when there is one) and the column sums, at the
@@ -328,8 +345,8 @@ class _Kernel:
         h_type = ir.RankedTensorType(h.type).element_type
         h_t = linalg.transpose(h_s, outs=[tensor.EmptyOp([d, rows], h_type).result],
                                permutation=[1, 0]).results[0]
-        block = _Block(self, s0, rows, _maybe_panels(_in_f32(h_s), self.panel),
-                       _maybe_panels(_in_f32(h_t), self.panel))
+        block = _Block(self, s0, rows, _maybe_panels(self.operand(h_s), self.panel),
+                       _maybe_panels(self.operand(h_t), self.panel))
         tiles = (self.v - self.v % self.classes) // self.classes
         shared = ([tensor.EmptyOp([self.threads, rows, d], f32).result] if self.has_dh else []) \
             + accumulated
@@ -395,7 +412,7 @@ class _Block:
         bwd, f32, d = k.bwd, k.f32, k.d
         dh = carried[0] if k.has_dh else None
         accumulated = carried[1:] if k.has_dh else carried
-        w_c = _in_f32(_slice(bwd.logits.weight, [c0, 0], [classes, d]))
+        w_c = k.operand(_slice(bwd.logits.weight, [c0, 0], [classes, d]))
         s_t = _product(w_c, True, self.h_t, _zeros([classes, self.rows], f32))
         tiles = {bwd.logits.result: s_t}
         if bwd.gradient is not None:
@@ -404,10 +421,17 @@ class _Block:
             out = tensor.EmptyOp([classes, self.rows], g_type).result
             tiles[g.op.results[0]] = self.tile_op(g, tiles, c0, classes, out, _map(2, [0, 1]))
         result = []
-        g_t = _in_f32(tiles[bwd.gradient.op.results[0]]) if dh is not None or \
+        g_t = k.operand(tiles[bwd.gradient.op.results[0]]) if dh is not None or \
             bwd.d_weight is not None else None
         if dh is not None:
-            result.append(_product(g_t, False, _maybe_panels(w_c, k.panel), dh))
+            if g_t.type.element_type != f32:
+                # bf16 pairs of classes: G's tile transposed once, each row's pair adjacent
+                rows_major = linalg.transpose(g_t, outs=[tensor.EmptyOp(
+                    [self.rows, classes], g_t.type.element_type).result], permutation=[1, 0])
+                result.append(_product(rows_major.results[0], True,
+                                       _maybe_panels(w_c, k.panel), dh))
+            else:
+                result.append(_product(g_t, False, _maybe_panels(w_c, k.panel), dh))
         sums = iter(zip(k.accumulators, accumulated))
         if bwd.d_weight is not None:
             acc, dw = next(sums)
@@ -477,9 +501,9 @@ class _Block:
 
 
 def rewrite(bwd: LinearCrossEntropyBackward, at: ir.Operation, row_tile: int, class_tile: int,
-            threads: int, panel: int, rewriter) -> None:
+            threads: int, panel: int, bf16_pairs: bool, rewriter) -> None:
     with ir.InsertionPoint(at), at.location:
-        results = iter(_Kernel(bwd, row_tile, class_tile, threads, panel).build())
+        results = iter(_Kernel(bwd, row_tile, class_tile, threads, panel, bf16_pairs).build())
         replaced = [(op, next(results)) for op in (bwd.d_rows, bwd.d_weight) if op is not None]
         replaced += [(column.op, next(results)) for column in bwd.column_sums]
         for i, (op, value) in enumerate(replaced):
@@ -506,6 +530,7 @@ class FuseLinearCrossEntropyBackwardOp(TransformExt.Operation,
     class_tile: ir.IntegerAttr
     threads: ir.IntegerAttr
     panel: ir.IntegerAttr
+    bf16_pairs: ir.IntegerAttr  # i1
 
     class Apply(transform.TransformOpInterface):
         @staticmethod
@@ -515,6 +540,7 @@ class FuseLinearCrossEntropyBackwardOp(TransformExt.Operation,
                 classes = ir.IntegerAttr(op.class_tile).value
                 threads = ir.IntegerAttr(op.threads).value
                 panel = ir.IntegerAttr(op.panel).value
+                bf16_pairs = bool(ir.IntegerAttr(op.bf16_pairs).value)
                 targets = payload_ops(state, op.target)
                 try:
                     if min(rows, classes, threads) < 1 or panel < 0:
@@ -525,7 +551,7 @@ class FuseLinearCrossEntropyBackwardOp(TransformExt.Operation,
                 except Illegal as illegal:
                     return fail(NAME, illegal)
                 for bwd, at in plans:
-                    rewrite(bwd, at, rows, classes, threads, panel, rewriter)
+                    rewrite(bwd, at, rows, classes, threads, panel, bf16_pairs, rewriter)
                 return Success
 
         @staticmethod
@@ -536,13 +562,14 @@ class FuseLinearCrossEntropyBackwardOp(TransformExt.Operation,
 
 
 def fuse_linear_cross_entropy_backward(func_handle: ir.Value, *, row_tile: int, class_tile: int,
-                                       threads: int, panel: int = 0) -> None:
+                                       threads: int, panel: int = 0, bf16_pairs: bool = False) -> None:
     """Replace the backward of the loss over linear logits of each function of
     `func_handle` by the fused loop nest (see the module docstring)."""
     i64 = ir.IntegerType.get_signless(64)
     FuseLinearCrossEntropyBackwardOp(func_handle, ir.IntegerAttr.get(i64, row_tile),
                                      ir.IntegerAttr.get(i64, class_tile),
-                                     ir.IntegerAttr.get(i64, threads), ir.IntegerAttr.get(i64, panel))
+                                     ir.IntegerAttr.get(i64, threads), ir.IntegerAttr.get(i64, panel),
+                                     ir.IntegerAttr.get(ir.IntegerType.get_signless(1), bf16_pairs))
 
 
 __all__ = ["FuseLinearCrossEntropyBackwardOp", "fuse_linear_cross_entropy_backward",

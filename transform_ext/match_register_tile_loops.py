@@ -2,7 +2,7 @@
 
 Matched: every scf.for nested in (or equal to) a target that carries only vectors (at least
 one: the register tile's accumulators, C_k+1 = C_k + A_k B_k) and holds a vector.contract
-directly in its body, in post-order (inner loops first), once each. These are the loops
+(or the bf16 dot products it became, x86.avx512.dot) directly in its body, in post-order (inner loops first), once each. These are the loops
 whose unrolling lets the outer products of consecutive k overlap (`transform.loop.unroll`).
 The result may be empty: matching never fails. Read-only: the target handle stays valid.
 """
@@ -18,7 +18,8 @@ def is_register_tile_loop(op: ir.Operation) -> bool:
     if op.name != "scf.for" or not len(op.results) or \
             not all(isinstance(r.type, ir.VectorType) for r in op.results):
         return False
-    return any(o.operation.name == "vector.contract" for o in op.regions[0].blocks[0].operations)
+    return any(o.operation.name in ("vector.contract", "x86.avx512.dot")
+               for o in op.regions[0].blocks[0].operations)
 
 
 def register_tile_loops(root: ir.Operation) -> list[ir.Operation]:

@@ -2,7 +2,9 @@
 
 Sizes from `vector_tile_sizes` (transform_ext.analysis.tiles):
 - a contraction: an m x n register tile (the largest divisors of its m and n extents up to
-  register_tile), k = 1. When its accumulator's producer (a fill, an elementwise generic) can
+  register_tile), k = 1; with a third entry k2 in register_tile, k = k2 for a contraction
+  whose two inputs are bf16 (pairs of k for the bf16 dot products; an odd last k step is
+  peeled into a static tile of its own). When its accumulator's producer (a fill, an elementwise generic) can
   be computed per register tile (`register_tile_init_producer`) and the tile is smaller
   than the whole output, the m/n loops come first, the producer is computed in each tile
   (transform_ext.fuse_init_into_register_tile), then the k loop;
@@ -97,15 +99,16 @@ class TileToVectorTilesOp(TransformExt.Operation, name="tile_to_vector_tiles"):
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                policy = VectorPolicy(ir.IntegerAttr(op.vector_tile).value,
-                                      tuple(ir.IntegerAttr(a).value for a in ir.ArrayAttr(op.register_tile)))
+                entries = [ir.IntegerAttr(a).value for a in ir.ArrayAttr(op.register_tile)]
                 targets = payload_ops(state, op.target)
                 try:
                     for target in targets:
                         if target.name != "func.func":
                             raise Illegal(target, "not a func.func")
-                    if len(policy.register_tile) != 2:
-                        raise Illegal(targets[0], "register_tile must hold (m, n)")
+                    if len(entries) not in (2, 3) or min(entries) < 1:
+                        raise Illegal(targets[0], "register_tile must hold (m, n) or (m, n, bf16 k)")
+                    policy = VectorPolicy(ir.IntegerAttr(op.vector_tile).value, tuple(entries[:2]),
+                                          *entries[2:])
                 except Illegal as illegal:
                     return fail(NAME, illegal)
                 plans = [tile_plan(func, policy) for func in targets]
@@ -127,8 +130,9 @@ class TileToVectorTilesOp(TransformExt.Operation, name="tile_to_vector_tiles"):
 
 
 def tile_to_vector_tiles(func: ir.Value, *, vector_tile: int,
-                         register_tile: tuple[int, int]) -> ir.Value:
-    """Tile every linalg op in the functions of `func` to a vector tile."""
+                         register_tile: tuple[int, ...]) -> ir.Value:
+    """Tile every linalg op in the functions of `func` to a vector tile (register_tile: (m, n)
+    or (m, n, k of bf16 contractions))."""
     i64 = ir.IntegerType.get_signless(64)
     return TileToVectorTilesOp(func, ir.IntegerAttr.get(i64, vector_tile),
                                ir.ArrayAttr.get([ir.IntegerAttr.get(i64, s) for s in register_tile])).transformed

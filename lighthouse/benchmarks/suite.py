@@ -75,6 +75,8 @@ def default_suite() -> list[Case]:
     return [
         _example("matmul_1024", "matmul", N=1024),
         _example("matmul_2048", "matmul", N=2048),
+        _example("matmul_bf16_1024", "matmul_f16", M=1024, N=1024, K=1024, DTYPE="bfloat16"),
+        _example("matmul_bf16_2048", "matmul_f16", M=2048, N=2048, K=2048, DTYPE="bfloat16"),
         _example("mlp", "mlp", **mlp),
         _example("softmax", "softmax", N=4096, C=4096),
         _example("log_softmax", "log_softmax", N=4096, C=4096),

@@ -369,7 +369,8 @@ def lower_to_llvm(payload: ir.Module, threads: int, *, runtime_checks: bool = Fa
         if op.operation.name == "func.func":
             op.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get(payload.context)
     run_passes(payload, ", ".join([
-        "finalize-memref-to-llvm", "convert-scf-to-cf", "convert-vector-to-llvm",
+        # enable-x86: the x86 dialect's ops (vdpbf16ps from the bf16 dot products)
+        "finalize-memref-to-llvm", "convert-scf-to-cf", "convert-vector-to-llvm{enable-x86}",
         "convert-openmp-to-llvm", "convert-math-to-llvm", "convert-arith-to-llvm",
         "convert-index-to-llvm", "convert-func-to-llvm", "convert-cf-to-llvm",
         "convert-ub-to-llvm", "reconcile-unrealized-casts", "canonicalize",

@@ -38,7 +38,8 @@ class CpuDescription:
     """vector_bits: width of the vector registers the code may use (512 with AVX-512, 256
     with AVX2, else 128); vector_registers: how many of them (32 with AVX-512, else 16);
     l1d_bytes, l2_bytes, l3_bytes: data cache sizes of one core (L3: shared); threads:
-    hardware threads."""
+    hardware threads; bf16_dot: bf16 contractions may use AVX512-BF16 dot products
+    (vdpbf16ps: 512-bit vectors and the avx512_bf16 flag)."""
 
     vector_bits: int
     vector_registers: int
@@ -46,6 +47,7 @@ class CpuDescription:
     l2_bytes: int
     l3_bytes: int
     threads: int
+    bf16_dot: bool = False
 
     @property
     def f32_lanes(self) -> int:
@@ -99,27 +101,35 @@ def describe_cpu(flags: frozenset[str], caches: dict[int, int], threads: int) ->
     bits = 512 if avx512 else 256 if "avx2" in flags else 128
     size = {**FALLBACK_CACHE_BYTES, **caches}
     return CpuDescription(vector_bits=bits, vector_registers=32 if avx512 else 16,
-                          l1d_bytes=size[1], l2_bytes=size[2], l3_bytes=size[3], threads=threads)
+                          l1d_bytes=size[1], l2_bytes=size[2], l3_bytes=size[3], threads=threads,
+                          bf16_dot=avx512 and "avx512_bf16" in flags)
 
 
 # Fields of a description that LIGHTHOUSE_CPU may set, and how their values are written.
 OVERRIDABLE = {"vector_bits": int, "vector_registers": int, "l1d": parse_cache_size,
                "l2": parse_cache_size, "l3": parse_cache_size}
+SWITCHES = ("bf16_dot",)  # fields set to 0 or 1
 
 
 def with_overrides(cpu: CpuDescription, text: str) -> CpuDescription:
     """`cpu` with the fields that `text` sets ("vector_bits=256,vector_registers=16,
-    l1d=32K,l2=1M,l3=32M"; any subset): what the schedules plan for, whatever the machine
-    runs (the code is compiled for the host either way). A malformed entry is an
+    l1d=32K,l2=1M,l3=32M,bf16_dot=0"; any subset): what the schedules plan for, whatever the
+    machine runs (the code is compiled for the host either way: bf16_dot=1 on a host without
+    avx512_bf16 compiles code it cannot run). A malformed entry is an
     UnsupportedError naming it."""
     from ..errors import UnsupportedError
 
     fields = {}
     for entry in filter(None, (e.strip() for e in text.split(","))):
         key, _, value = entry.partition("=")
+        if key in SWITCHES:
+            if value not in ("0", "1"):
+                raise UnsupportedError(f"LIGHTHOUSE_CPU: {entry!r} is not {key}=0 or {key}=1")
+            fields[key] = value == "1"
+            continue
         if key not in OVERRIDABLE or not value:
-            raise UnsupportedError(f"LIGHTHOUSE_CPU: {entry!r} is not one of "
-                                   f"{', '.join(k + '=N' for k in OVERRIDABLE)}")
+            known = [k + "=N" for k in OVERRIDABLE] + [k + "=0|1" for k in SWITCHES]
+            raise UnsupportedError(f"LIGHTHOUSE_CPU: {entry!r} is not one of {', '.join(known)}")
         try:
             number = OVERRIDABLE[key](value)
         except ValueError:

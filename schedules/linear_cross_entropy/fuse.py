@@ -191,7 +191,7 @@ def fuse_backward(params: LinearCrossEntropyParams):
         fuse_linear_cross_entropy_backward(match(root, "func.func"),
                                            row_tile=params.backward_rows,
                                            class_tile=params.class_tile, threads=params.threads,
-                                           panel=params.panel)
+                                           panel=params.panel, bf16_pairs=params.bf16_dot)
         return apply_passes(root, "canonicalize", "cse")
 
     return body

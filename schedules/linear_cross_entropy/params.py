@@ -24,7 +24,9 @@ class LinearCrossEntropyParams:
     the rows' kernel to the reductions over the rows in lane form ([N, lanes], each row's
     value in every lane; y read the same way: the XeGPU form of the cross_entropy family's
     kernels, transform_ext/lane_form_row_reductions.py), the row blocks tiling the lane
-    copy of the rows' losses."""
+    copy of the rows' losses; bf16_dot: the backward's products read bf16 operands as they
+    are, for the bf16 dot products of the vectorize stage (GenericParams.bf16_dot, set with
+    it)."""
 
     row_tile: int = 0
     class_tile: int = 64
@@ -35,6 +37,7 @@ class LinearCrossEntropyParams:
     classes_major: bool = True
     masked_target: bool = False
     lanes: int = 0
+    bf16_dot: bool = False
 
     def __post_init__(self):
         if self.panel < 0:
@@ -51,7 +54,7 @@ class LinearCrossEntropyParams:
         """The parameters on a CPU described by `cpu` (lighthouse.targets.description
         CpuDescription), then `options`: a forward block's h^T in half of L2."""
         return cls(**{"threads": threads, "block_bytes": cpu.l2_bytes // 2,
-                      "panel": 2 * cpu.f32_lanes, **options})
+                      "panel": 2 * cpu.f32_lanes, "bf16_dot": cpu.bf16_dot, **options})
 
 
 @dataclass(frozen=True)

@@ -33,10 +33,13 @@ class ForallPolicy:
 
 @dataclass(frozen=True)
 class VectorPolicy:
-    """vector_tile elements along the lane dim; (m, n) register tiles of contractions."""
+    """vector_tile elements along the lane dim; (m, n) register tiles of contractions;
+    bf16_k: k step of the register tiles of contractions whose two inputs are bf16 (2: a
+    pair of k per step, the form of transform_ext.contracts_to_bf16_dot_products)."""
 
     vector_tile: int
     register_tile: tuple[int, int]
+    bf16_k: int = 1
 
 
 def smallest_divisor_at_least(n: int, low: int) -> int:
@@ -170,6 +173,9 @@ def vector_tile_sizes(op: ir.Operation, policy) -> list[int] | None:
                 rows, lanes = lanes, rows
             sizes[rows] = largest_divisor_at_most(ls.ranges[rows], policy.register_tile[0])
             sizes[lanes] = largest_divisor_at_most(ls.ranges[lanes], policy.register_tile[1])
+            if len(dims["k"]) == 1 and all(isinstance(v.type.element_type, ir.BF16Type)
+                                           for v in op.operands[:ls.num_inputs]):
+                sizes[dims["k"][0]] = min(policy.bf16_k, ls.ranges[dims["k"][0]])
             return sizes
     lane = lane_dim(ls)
     sizes[lane] = lane_tile(ls.ranges[lane], policy.vector_tile, even=touches_bf16(op))
