@@ -2,8 +2,8 @@
 one multi-result linalg.generic, which reads it once.
 
 R_1..R_n, linalg.generics on tensors in one block with a reduction loop, equal static loop
-ranges and iterator types, each sharing an input (a value read through the same map) with
-another, become the merge_elementwise form
+ranges and iterator types, each sharing an input (a value read through the same map, whose
+elements its body uses) with another, become the merge_elementwise form
     G(inputs of all, each (value, map) once) -> (results of R_1, .., results of R_n)
 with each R_i's output maps and body (its bodies one after the other): every result is
 combined from the same values in the same order, so the rewrite is exact. The sums
@@ -36,8 +36,13 @@ def _is_reduction(op: ir.Operation) -> bool:
 
 
 def _reads(op: ir.Operation) -> set[tuple]:
+    """The (value, map) pairs whose elements the body uses (an input that only bounds the
+    loops, as the x of a count sum_c (-1), is read by nothing: read_reduction_constants
+    handles such a reduction alone)."""
     view = op.opview
-    return {(v, str(m.value)) for v, m in zip(view.inputs, list(view.indexing_maps))}
+    args = op.regions[0].blocks[0].arguments
+    return {(v, str(m.value)) for i, (v, m) in enumerate(zip(view.inputs, list(view.indexing_maps)))
+            if any(True for _ in args[i].uses)}
 
 
 def _ancestor_in(op, block: ir.Block) -> ir.Operation | None:

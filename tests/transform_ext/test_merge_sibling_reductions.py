@@ -121,3 +121,18 @@ def test_a_target_that_is_no_function_is_refused():
     assert "transform_ext.merge_sibling_reductions: linalg.generic at" in message
     assert "not a func.func" in message
     assert str(payload) == before
+
+
+def test_a_reduction_that_uses_no_element_of_the_shared_input_stays_apart():
+    """sum_c (-1) reads x only for its loop bounds: merged, its constant term was added once
+    per vector (-1 instead of -40); alone, read_reduction_constants handles it."""
+    text = SUMS.replace("""    %w = arith.extf %a : f32 to f64
+    %s = arith.addf %w, %acc : f64""", """    %minus = arith.constant -1.0 : f64
+    %s = arith.addf %acc, %minus : f64""")
+    payload = parse(text)
+    apply(payload, _merge)
+    assert str(payload).count("linalg.generic") == 2
+    x = torch.randn(5, 37, generator=torch.Generator().manual_seed(4))
+    count, s2 = run_module(parse(text), [x])
+    assert torch.equal(count, torch.full((5,), -37.0, dtype=torch.float64))
+    torch.testing.assert_close(s2, (x.double() ** 2).sum(1))
