@@ -377,8 +377,13 @@ def lower_scans(module) -> int:
     inclusive: out[0] = in[0], out[i] = f(out[i-1], in[i]); exclusive: out[0] = acc,
     out[i] = f(out[i-1], in[i-1]); the accumulator result is out[n-1] (acc itself when the
     inclusive scan has one element). Each step is an elementwise linalg.generic over the
-    other dims, on slices that keep the scan dim as a unit dim, so the schedules tile and
-    vectorize it like any elementwise op; the loop itself stays sequential. As torch does,
+    other dims (slices without the scan dim: its vector lanes run along the rows of a scan
+    over the innermost dim, not along a unit dim), updating the running value in place, so
+    the schedules tile and vectorize it like any elementwise op; the loop itself stays
+    sequential. A scan over the innermost dim of a tensor of several rows runs per block of
+    _SCAN_BLOCK_ROWS rows (the other dims collapsed), the blocks in an scf.forall. An
+    inclusive scan of flip(x) along its dim whose output only a flip along it reads is the
+    scan of x from its last element down (no flip is left). As torch does,
     an f16/bf16 scan carries its running value in f32 (f is recomputed in f32) and rounds
     each output once. Left for the pure-linalg check to report: dynamic shapes, and narrow
     scans whose f has ops other than arith and math ones."""
@@ -391,11 +396,18 @@ def lower_scans(module) -> int:
 _NARROW_FLOATS = ("bf16", "f16")
 
 
+# Rows of an innermost-dim scan per block: a step reads x and writes out at one element of
+# each row, and the 16 steps after it hit the same cache lines. With a power-of-two row
+# stride all those lines fall into one L1 set (8 to 12 ways): 4 rows keep their 8 lines there
+# (64 rows took 20x longer, each step missing L1 and the TLB).
+_SCAN_BLOCK_ROWS = 4
+
+
 def _lower_scan(op) -> bool:
     from torch_mlir import ir
-    from torch_mlir.dialects import arith, scf, tensor
+    from torch_mlir.dialects import scf, tensor
 
-    from transform_ext.common import build_generic, reassociation_attr
+    from transform_ext.common import largest_divisor_at_most, reassociation_attr
 
     source, out_init, acc_init = list(op.operands)
     source_type, out_type = ir.RankedTensorType(source.type), ir.RankedTensorType(out_init.type)
@@ -408,73 +420,233 @@ def _lower_scan(op) -> bool:
     ops = [o.operation for o in body.operations][:-1]
     if narrow and not all(o.name.startswith(("arith.", "math.")) for o in ops):
         return False
-    wide = ir.F32Type.get() if narrow else element
     dim = ir.IntegerAttr(op.attributes["dimension"]).value
     inclusive = ir.BoolAttr(op.attributes["inclusive"]).value
+    # flip(scan(flip(x))) along the scan dim (a reverse cumsum): the scan of x run backwards
+    flipped_source = _flipped(source, dim)
+    flip_back = _sole_flip_reader(op.results[0], dim)
+    reverse = inclusive and flipped_source is not None and flip_back is not None \
+        and not any(True for _ in op.results[1].uses)
+    if reverse:
+        source = flipped_source
+    scan = _Scan(body, element, narrow, inclusive, reverse)
     shape = list(source_type.shape)
     rank, n = len(shape), shape[dim]
-    unit = shape[:dim] + [1] + shape[dim + 1:]
-    groups = [[k] for k in range(rank) if k != dim]  # acc dims -> unit dims
-    if groups:
-        groups[max(dim - 1, 0)].append(dim)
-        groups = [sorted(g) for g in groups]
-    identity = ir.AffineMap.get_identity(rank)
-    parallel = ["parallel"] * rank
-    dynamic = ir.ShapedType.get_dynamic_stride_or_offset()
-    idx = ir.IndexType.get()
-
-    def at(i):
-        return [(dynamic if isinstance(i, ir.Value) else i) if d == dim else 0 for d in range(rank)]
-
-    def row(t, i):
-        return tensor.ExtractSliceOp(ir.RankedTensorType.get(unit, element), t,
-                                     [i] if isinstance(i, ir.Value) else [], [], [], at(i), unit,
-                                     [1] * rank).result
-
-    def put(value, dest, i):
-        return tensor.InsertSliceOp(value, dest, [i] if isinstance(i, ir.Value) else [], [], [],
-                                    at(i), unit, [1] * rank).result
-
-    def empty(elem):
-        return tensor.EmptyOp(unit, elem).result
-
+    rows = 1
+    for extent in shape[:-1]:
+        rows *= extent
+    block = largest_divisor_at_most(rows, _SCAN_BLOCK_ROWS)
     with ir.InsertionPoint(op), op.location:
         if n == 0:
             results = [out_init, acc_init]
+        elif dim != rank - 1 or rank < 2 or rows <= block:
+            results = scan.lower(source, tensor.EmptyOp(shape, element).result, acc_init, dim)
         else:
-            first = row(source, 0) if inclusive else tensor.ExpandShapeOp(
-                ir.RankedTensorType.get(unit, element), acc_init, reassociation_attr(groups), [],
-                unit).result
-            carry = first if not narrow else build_generic(
-                [first], [empty(wide)], [identity] * 2, parallel,
-                lambda args: [arith.extf(wide, args[0])]).result
-            lb, ub, one = (arith.ConstantOp(idx, ir.IntegerAttr.get(idx, v)).result
-                           for v in (1, n, 1))
-            loop = scf.ForOp(lb, ub, one, [put(first, out_init, 0), carry])
-            with ir.InsertionPoint(loop.body):
-                i = loop.induction_variable
-                x = row(source, i if inclusive else arith.SubIOp(i, one).result)
-
-                def step_body(args):
-                    value = args[1] if not narrow else arith.extf(wide, args[1])
-                    result = _clone_scan_body(body, {body.arguments[0]: args[0],
-                                                     body.arguments[1]: value}, wide)
-                    return [result, arith.truncf(element, result)] if narrow else [result]
-
-                outs = [empty(wide)] + ([empty(element)] if narrow else [])
-                step = build_generic([loop.inner_iter_args[1], x], outs,
-                                     [identity] * (2 + len(outs)), parallel, step_body)
-                scf.YieldOp([put(step.results[-1], loop.inner_iter_args[0], i), step.results[0]])
-            last = loop.results[1] if not narrow else build_generic(
-                [loop.results[1]], [empty(element)], [identity] * 2, parallel,
-                lambda args: [arith.truncf(element, args[0])]).result
-            acc = acc_init if inclusive and n == 1 else tensor.CollapseShapeOp(
-                acc_init.type, last, reassociation_attr(groups)).result
-            results = [loop.results[0], acc]
+            # an innermost-dim scan: its rows (the other dims collapsed) in blocks, in parallel
+            flat = [list(range(rank - 1)), [rank - 1]]
+            x = source if rank == 2 else tensor.CollapseShapeOp(
+                ir.RankedTensorType.get([rows, n], element), source, reassociation_attr(flat)).result
+            acc = acc_init if rank == 2 else tensor.CollapseShapeOp(
+                ir.RankedTensorType.get([rows], element), acc_init,
+                reassociation_attr([list(range(rank - 1))])).result
+            forall = scf.ForallOp([0], [rows], [block], shared_outs=[
+                tensor.EmptyOp([rows, n], element).result, acc])
+            with ir.InsertionPoint(forall.body):
+                r = forall.induction_variables[0]
+                out_rows, acc_rows = forall.inner_iter_args
+                parts = scan.lower(_rows(x, r, block), _rows(out_rows, r, block),
+                                   _rows(acc_rows, r, block), 1)
+                parallel = scf.InParallelOp()
+                with ir.InsertionPoint(parallel.block):
+                    for part, dest in zip(parts, (out_rows, acc_rows)):
+                        _rows(dest, r, block, part)
+            out, acc = forall.results
+            results = [out if rank == 2 else tensor.ExpandShapeOp(
+                out_type, out, reassociation_attr(flat), [], shape).result,
+                       acc if rank == 2 else tensor.ExpandShapeOp(
+                           acc_init.type, acc, reassociation_attr([list(range(rank - 1))]), [],
+                           shape[:-1]).result]
+    if reverse:  # the flip back reads the reverse scan as it is
+        flip_back.results[0].replace_all_uses_with(results[0])
+        flip_back.erase()
     for old, new in zip(op.results, results):
         old.replace_all_uses_with(new)
     op.erase()
     return True
+
+
+def _flip_index(op, dim: int):
+    """For a linalg.generic that only reads T[i_0, .., n - 1 - i_dim, ..] (torch-mlir's
+    aten.flip along `dim`, T of its own shape): T; else None."""
+    from torch_mlir import ir
+
+    if op is None or op.name != "linalg.generic" or len(op.results) != 1:
+        return None
+    block = op.regions[0].blocks[0]
+    ops = [o.operation for o in block.operations]
+    extract = ops[-2] if len(ops) >= 2 else None
+    if extract is None or extract.name != "tensor.extract" \
+            or ops[-1].operands[0] != extract.results[0]:
+        return None
+    source = extract.operands[0]
+    shape = list(ir.RankedTensorType(source.type).shape)
+    if shape != list(ir.RankedTensorType(op.results[0].type).shape):
+        return None
+    indices = list(extract.operands)[1:]
+    for d, index in enumerate(indices):
+        owner = _defining(index)
+        if d != dim:
+            if owner is None or owner.name != "linalg.index" \
+                    or ir.IntegerAttr(owner.attributes["dim"]).value != d:
+                return None
+            continue
+        if owner is None or owner.name != "arith.subi":
+            return None
+        top, inner = owner.operands
+        top_op, inner_op = _defining(top), _defining(inner)
+        if top_op is None or top_op.name != "arith.constant" \
+                or ir.IntegerAttr(top_op.attributes["value"]).value != shape[dim] - 1 \
+                or inner_op is None or inner_op.name != "linalg.index" \
+                or ir.IntegerAttr(inner_op.attributes["dim"]).value != dim:
+            return None
+    if any(o.name not in ("linalg.index", "arith.subi", "arith.constant")
+           for o in ops[:-2]):
+        return None
+    return source
+
+
+def _flipped(value, dim: int):
+    """x when `value` is flip(x) along `dim` (see _flip_index); else None."""
+    return _flip_index(_defining(value), dim)
+
+
+def _defining(value):
+    """The op defining `value` (None for a block argument)."""
+    from torch_mlir import ir
+
+    owner = value.owner
+    return None if isinstance(owner, ir.Block) else getattr(owner, "operation", owner)
+
+
+def _sole_flip_reader(value, dim: int):
+    """The flip along `dim` that is `value`'s only reader, if it is one; else None."""
+    users = []
+    for use in value.uses:  # the flip reads it as an operand and in its body
+        user = getattr(use.owner, "operation", use.owner)
+        while user.name != "linalg.generic" and user.parent is not None \
+                and user.parent.name != "func.func":
+            user = user.parent.operation
+        if user not in users:
+            users.append(user)
+    if len(users) != 1:
+        return None
+    user = users[0]
+    return user if _flip_index(user, dim) is not None and _flip_index(user, dim) == value \
+        else None
+
+
+def _rows(t, r, count: int, part=None):
+    """Rows [r, r + count) of `t` (dims after the first whole); with `part`, the
+    parallel_insert_slice of `part` there instead."""
+    from torch_mlir import ir
+    from torch_mlir.dialects import tensor
+
+    shape = list(ir.RankedTensorType(t.type).shape)
+    dynamic = ir.ShapedType.get_dynamic_stride_or_offset()
+    offsets, sizes = [dynamic] + [0] * (len(shape) - 1), [count] + shape[1:]
+    if part is not None:
+        return tensor.ParallelInsertSliceOp(part, t, [r], [], [], offsets, sizes,
+                                            [1] * len(shape))
+    return tensor.ExtractSliceOp(ir.RankedTensorType.get(sizes, ir.RankedTensorType(t.type).element_type),
+                                 t, [r], [], [], offsets, sizes, [1] * len(shape)).result
+
+
+class _Scan:
+    """The scan of `body` (a tm_tensor.scan region) as an scf.for over the scan dim."""
+
+    def __init__(self, body, element, narrow: bool, inclusive: bool, reverse: bool = False):
+        from torch_mlir import ir
+
+        self.body, self.element, self.narrow, self.inclusive = body, element, narrow, inclusive
+        self.reverse = reverse  # out[i] = f(out[i+1], in[i]) from the last row down
+        self.wide = ir.F32Type.get() if narrow else element
+
+    def lower(self, source, dest, acc_init, dim: int) -> list:
+        """(out, acc) of the scan of `source` along `dim`, out written into `dest`."""
+        from torch_mlir import ir
+        from torch_mlir.dialects import arith, scf, tensor
+
+        from transform_ext.common import build_generic
+
+        element, wide, narrow, body = self.element, self.wide, self.narrow, self.body
+        shape = list(ir.RankedTensorType(source.type).shape)
+        rank, n = len(shape), shape[dim]
+        step_shape = shape[:dim] + shape[dim + 1:]  # one step: the scan dim dropped
+        identity = ir.AffineMap.get_identity(rank - 1)
+        parallel = ["parallel"] * (rank - 1)
+        dynamic = ir.ShapedType.get_dynamic_stride_or_offset()
+        idx = ir.IndexType.get()
+        sizes = shape[:dim] + [1] + shape[dim + 1:]
+
+        def at(i):
+            return [(dynamic if isinstance(i, ir.Value) else i) if d == dim else 0
+                    for d in range(rank)]
+
+        def row(t, i):
+            return tensor.ExtractSliceOp(ir.RankedTensorType.get(step_shape, element), t,
+                                         [i] if isinstance(i, ir.Value) else [], [], [], at(i),
+                                         sizes, [1] * rank).result
+
+        def put(value, t, i):
+            return tensor.InsertSliceOp(value, t, [i] if isinstance(i, ir.Value) else [], [], [],
+                                        at(i), sizes, [1] * rank).result
+
+        def empty(elem):
+            return tensor.EmptyOp(step_shape, elem).result
+
+        start = n - 1 if self.reverse else 0
+        first = row(source, start) if self.inclusive else acc_init
+        lb, ub, one = (arith.ConstantOp(idx, ir.IntegerAttr.get(idx, v)).result
+                       for v in (1, n, 1))
+        # every row of the output is written: row 0 here, the others by the steps; the
+        # running value is the output's row before (kept apart in f32 for f16/bf16)
+        carried = [put(first, dest, start)]
+        if narrow:
+            carried.append(build_generic([first], [empty(wide)], [identity] * 2, parallel,
+                                         lambda args: [arith.extf(wide, args[0])]).result)
+        loop = scf.ForOp(lb, ub, one, carried)
+        with ir.InsertionPoint(loop.body):
+            i = loop.induction_variable
+            before = arith.SubIOp(i, one).result
+            if self.reverse:  # step k writes row n - 1 - k after row n - k
+                i, before = (arith.SubIOp(_index_constant(n - 1), i).result,
+                             arith.SubIOp(_index_constant(n), i).result)
+            out = loop.inner_iter_args[0]
+            running = loop.inner_iter_args[1] if narrow else row(out, before)
+            x = row(source, i if self.inclusive else before)
+
+            def step_body(args):
+                value = args[1] if not narrow else arith.extf(wide, args[1])
+                result = _clone_scan_body(body, {body.arguments[0]: args[0],
+                                                 body.arguments[1]: value}, wide)
+                return [result, arith.truncf(element, result)] if narrow else [result]
+
+            outs = [empty(wide)] + ([empty(element)] if narrow else [])
+            step = build_generic([running, x], outs, [identity] * (2 + len(outs)), parallel,
+                                 step_body)
+            scf.YieldOp([put(step.results[-1], out, i)] + ([step.results[0]] if narrow else []))
+        last = row(loop.results[0], 0 if self.reverse else n - 1) if not narrow else build_generic(
+            [loop.results[1]], [empty(element)], [identity] * 2, parallel,
+            lambda args: [arith.truncf(element, args[0])]).result
+        return [loop.results[0], acc_init if self.inclusive and n == 1 else last]
+
+
+def _index_constant(value: int):
+    from torch_mlir import ir
+    from torch_mlir.dialects import arith
+
+    idx = ir.IndexType.get()
+    return arith.ConstantOp(idx, ir.IntegerAttr.get(idx, value)).result
 
 
 def _clone_scan_body(body, mapping: dict, wide):
@@ -717,36 +889,39 @@ def _vector_norm_widened(input, ord=2, dim=None, keepdim=False, *, dtype=None):
     return torch.linalg.vector_norm(input.float(), ord, dim, keepdim).to(input.dtype)
 
 
-def _var_mean_wide(input, dim=None, *, correction=None, keepdim=False):
-    """var and mean of x over `dim` from f64 sums: m = sum(x) / n, v = sum((x - m)^2) /
-    (n - correction), each rounded once to x's type. torch-mlir's own lowering sums the
-    variance in f64 but the mean in x's type, whose error grows with n: a group norm over
-    512 x 512 elements of spread 0.007 came out 14x further from the f64 truth than torch's.
-    The mean of the f64 sums also spares the normalization a pass over x."""
-    if not input.is_floating_point() or input.dtype == torch.float64:
+def _var_mean_one_pass(input, dim=None, *, correction=None, keepdim=False):
+    """var_mean of an f32/f16/bf16 tensor from one pass over it: the sums s1 = sum x and
+    s2 = sum x^2 in f64 (siblings, which the generic schedule reduces in one loop), then
+    mean = s1 / n and var = max(s2 - s1 mean, 0) / (n - correction), rounded once (NaN
+    where x holds an inf or NaN, as torch). The f64 sums keep the cancellation in
+    s2 - s1 mean at |mean| / std ~ 1e5 below 1e-6 of var (torch-mlir's lowering reads x
+    three times: a mean and a two-pass variance, the mean summed in x's type, whose error
+    over a 512 x 512 group norm put it 14x further from the f64 truth than torch)."""
+    if input.dtype not in (torch.float32, *_NARROW):
         return NotImplemented
-    dims = list(range(input.dim())) if dim is None or len(dim) == 0 else list(dim)
+    dims = list(range(input.dim())) if dim is None else \
+        [d % max(input.dim(), 1) for d in ([dim] if isinstance(dim, int) else dim)]
     n = 1
     for d in dims:
         n *= input.shape[d]
-    correction = 1 if correction is None else correction
-    mean = input.sum(dims, keepdim=True, dtype=torch.float64) / n
-    centered = input.to(torch.float64) - mean
-    var = (centered * centered).sum(dims, keepdim=keepdim) / max(n - correction, 0)
-    if not keepdim:
-        mean = mean.squeeze(dims)
+    x = input.double()
+    s1 = x.sum(dims, keepdim=keepdim)
+    s2 = (x * x).sum(dims, keepdim=keepdim)
+    mean = s1 / n
+    spread = s2 - s1 * mean  # NaN stays NaN (an inf in x): where, not clamp
+    var = torch.where(spread < 0, 0.0, spread) / (n - (1 if correction is None else correction))
     return var.to(input.dtype), mean.to(input.dtype)
 
 
 def _narrow_float_decompositions() -> dict:
-    """Ops torch computes wider than torch-mlir would lower them (f16/bf16 in f32, a
-    variance's mean in f64), rounding only the result."""
+    """Ops torch computes in f32 for f16/bf16 inputs, rounding only the result, that
+    torch-mlir would lower in the narrow type (and var_mean, in one pass for f32 too)."""
     aten = torch.ops.aten
     return {aten.gelu.default: _gelu_tanh,
             aten.mean.dim: _mean_widened,
             aten.mean.default: _mean_widened,
             aten.rms_norm.default: _rms_norm_widened,
-            aten.var_mean.correction: _var_mean_wide,
+            aten.var_mean.correction: _var_mean_one_pass,
             aten.linalg_vector_norm.default: _vector_norm_widened,
             aten._softmax_backward_data.default: _softmax_backward_widened,
             aten._log_softmax_backward_data.default: _log_softmax_backward_widened}

@@ -8,7 +8,12 @@ One transform script (`generic_script`), two named sequences:
      then elementwise producers read only by reductions computed inside each of them
      (`transform_ext.inline_elementwise_producers`, whole: a norm's x widened to f64 for
      its two variance sums was stored per row block, [rows, C, H, W] f64; softmax's exp,
-     also read by the division, stays stored once);
+     also read by the division, stays stored once), and reductions of the same loops
+     reading the same tensor merged into one multi-result op that reads it once
+     (`transform_ext.merge_sibling_reductions`: the sums of x and x^2 of a variance),
+     reshapes folded into the ops that read them (`transform_ext.fold_reshape_ops_by_expansion`:
+     the merged sums then read a group norm's x without its view in between) and the
+     elementwise producers of every reduction inlined again (x widened to f64);
   2. `transform_ext.fuse_roots_into_foralls`: repeatedly, the last untiled linalg op of the
      function (a root: nothing after it reads it) has its outer parallel dims tiled into an
      `scf.forall` (enough tiles for the threads, and small enough that a tile's
@@ -21,7 +26,10 @@ One transform script (`generic_script`), two named sequences:
      register tile (k = 1, lowered later to outer products / FMAs) that computes its
      accumulator's producer (a fill, an elementwise op such as a rescale) on the tile, in
      registers; every other op to 1 x ... x 1 x W along its lane dim;
-     `transform_ext.split_odd_bf16_lanes` splits bf16 tiles of an odd lane count;
+     `transform_ext.split_odd_bf16_lanes` splits bf16 tiles of an odd lane count; a pooling
+     op's tile (W outputs of one row, one window tap: its lanes run along the outputs, the
+     window loops inside) is decomposed to a 1-D pooling (`transform.structured.decompose`),
+     which the vectorizer turns into a shifted vector load and a max or add per tap;
   4. the function is vectorized (`vectorize_children_and_apply_patterns`) and loop-invariant
      accumulator reads/writes are hoisted out of the loops; with `bf16_dot`, contractions
      of two bf16 inputs step k by pairs (register_tile's third entry) and each step becomes
@@ -51,9 +59,11 @@ from transform_ext.analysis.structure import func_ops, single_func, top_level_li
 from transform_ext.analysis.tiles import parallel_tile_sizes, vector_tile_sizes
 from transform_ext.common import largest_divisor_at_most
 from transform_ext.filter_ops import filter_ops
+from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion
 from transform_ext.fuse_roots_into_foralls import fuse_roots_into_foralls
 from transform_ext.inline_elementwise_producers import inline_elementwise_producers
 from transform_ext.interchange_lane_dims_innermost import interchange_lane_dims_innermost
+from transform_ext.merge_sibling_reductions import merge_sibling_reductions
 from transform_ext.scalarize_rank0_generics import scalarize_rank0_generics
 from transform_ext.split_assertions import split_assertions
 from transform_ext.split_odd_bf16_lanes import split_odd_bf16_lanes
@@ -125,6 +135,11 @@ def fuse_stage(params: GenericParams):
         inline_elementwise_producers(filter_ops(match(root, "linalg.generic"),
                                                 structure="reduction"), whole=True)
         canonicalize(root)
+        merge_sibling_reductions(match(root, "func.func"))
+        fold_reshape_ops_by_expansion(match(root, "func.func"))
+        inline_elementwise_producers(filter_ops(match(root, "linalg.generic"),
+                                                structure="reductions"), whole=True)
+        canonicalize(root)
         fuse_roots_into_foralls(match(root, "func.func"), threads=params.threads,
                                 tiles_per_thread=params.tiles_per_thread,
                                 tile_bytes=params.tile_bytes, vector_tile=params.vector_tile,
@@ -132,6 +147,10 @@ def fuse_stage(params: GenericParams):
         canonicalize(root)
 
     return body
+
+
+# 2-D pooling ops as torch-mlir imports them (1-D pooling too, over a unit H dim)
+POOLING_2D = ("linalg.pooling_nchw_max", "linalg.pooling_nchw_sum")
 
 
 def vectorize_stage(params: GenericParams):
@@ -143,6 +162,7 @@ def vectorize_stage(params: GenericParams):
         func = tile_to_vector_tiles(func, vector_tile=params.vector_tile,
                                     register_tile=params.register_tile + ((2,) if params.bf16_dot else ()))
         func = split_odd_bf16_lanes(func)
+        structured.DecomposeOp(match(func, list(POOLING_2D)))
         scalarize_rank0_generics(func)
         tile_insert_slices(func, params.vector_tile,
                            max_elements=params.register_tile[0] * params.register_tile[1])

@@ -58,6 +58,7 @@ OP_MODULES: list[str] = [
     "trace_to_argument",
     "inline_elementwise_producers",
     "merge_elementwise",
+    "merge_sibling_reductions",
     "split_reduction_lanes",
     "split_class_reductions",
     "split_affine_reductions",

@@ -11,7 +11,9 @@ that satisfy every given criterion:
                    an add-reduction of products: match it as a contraction); `combiner`
                    (add, mul, max, min, and, or, xor) restricts its kind. Casts around
                    the combiner are looked through (i8-stored bools reduce as
-                   extui(andi(trunci x, trunci acc))).
+                   extui(andi(trunci x, trunci acc)));
+               "reductions": a linalg op with results and a reduction loop that is not a
+                   contraction, any number of results (merged sibling reductions).
 The result may be empty (matching never fails). Read-only: the target handle stays valid.
 """
 
@@ -20,11 +22,12 @@ from typing import Sequence
 from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
-from .analysis.classify import COMBINERS, is_contraction, is_elementwise, reduction_combiner
+from .analysis.classify import (COMBINERS, is_contraction, is_elementwise, is_linalg,
+                                iterators, reduction_combiner)
 from .common import MatchesPayload, Success, payload_ops
 from .dialect import TransformExt
 
-STRUCTURES = ("", "elementwise", "contraction", "reduction")
+STRUCTURES = ("", "elementwise", "contraction", "reduction", "reductions")
 
 
 def matches(op: ir.Operation, names: list[str], structure: str, combiner: str) -> bool:
@@ -34,6 +37,9 @@ def matches(op: ir.Operation, names: list[str], structure: str, combiner: str) -
         return is_elementwise(op)
     if structure == "contraction":
         return is_contraction(op)
+    if structure == "reductions":
+        return (is_linalg(op) and len(op.results) > 0 and "reduction" in iterators(op)
+                and not is_contraction(op))
     if structure == "reduction":
         kind = reduction_combiner(op)
         return (kind is not None and (not combiner or kind == combiner)

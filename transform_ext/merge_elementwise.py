@@ -61,21 +61,22 @@ def _last(ops: list[ir.Operation]) -> ir.Operation:
 
 def merge(ops: list[ir.Operation], rewriter=None) -> ir.Operation:
     """The merged op (see the module docstring); replaces `ops` (through `rewriter` inside a
-    transform op, else directly)."""
+    transform op, else directly). The ops share their loops (the first op's iterator types)
+    and each keeps its output maps: reductions merge as well (merge_sibling_reductions)."""
     first = ops[0]
-    n_loops = len(iterator_kinds(first))
-    identity = ir.AffineMap.get_identity(n_loops)
-    inputs, in_maps, outputs = [], [], []
+    inputs, in_maps, outputs, out_maps = [], [], [], []
     index = {}
     for op in ops:
         view = op.opview
-        for v, m in zip(view.inputs, list(view.indexing_maps)[:len(view.inputs)]):
-            key = (v, str(m.value))
+        maps = [m.value for m in view.indexing_maps]
+        for v, m in zip(view.inputs, maps[:len(view.inputs)]):
+            key = (v, str(m))
             if key not in index:
                 index[key] = len(inputs)
                 inputs.append(v)
-                in_maps.append(m.value)
+                in_maps.append(m)
         outputs.extend(view.outputs)
+        out_maps.extend(maps[len(view.inputs):])
     last = _last(ops)
 
     def body(args):
@@ -96,8 +97,7 @@ def merge(ops: list[ir.Operation], rewriter=None) -> ir.Operation:
         return results
 
     with ir.InsertionPoint(last), last.location:
-        new = build_generic(inputs, outputs, in_maps + [identity] * len(outputs),
-                            ["parallel"] * n_loops, body)
+        new = build_generic(inputs, outputs, in_maps + out_maps, iterator_kinds(first), body)
     position = 0
     for op in ops:
         values = list(new.results)[position:position + len(op.results)]

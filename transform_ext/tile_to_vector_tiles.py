@@ -8,7 +8,8 @@ Sizes from `vector_tile_sizes` (transform_ext.analysis.tiles):
   be computed per register tile (`register_tile_init_producer`) and the tile is smaller
   than the whole output, the m/n loops come first, the producer is computed in each tile
   (transform_ext.fuse_init_into_register_tile), then the k loop;
-- any other op: 1 x ... x 1 x W along its lane dim (`lane_dim`), W = `lane_tile`: the whole
+- any other op: 1 x ... x 1 x W along its lane dim (`lane_dim`), the loops over its reduction
+  dims innermost (`reductions_innermost`), W = `lane_tile`: the whole
   dim up to 2 vector_tile, else a divisor of the extent in [vector_tile / 2, vector_tile]
   (even when the op touches bf16), else vector_tile, whose last, partial tile is peeled
   (`transform.loop.peel`) into a static tile of its own; the function is canonicalized
@@ -35,13 +36,29 @@ from .nested import any_op, apply_to, canonicalize
 NAME = "transform_ext.tile_to_vector_tiles"
 
 
-def partial_tile_loops(tiled, ranges: list[int], sizes: list[int]) -> list[ir.Value]:
-    """The loops of `tiled` (a TileUsingForOp with `sizes` on an op of loop `ranges`) whose
-    tile does not divide the extent: their last iteration is a partial tile (of dynamic
-    shape, which would not vectorize) until the loop is peeled."""
+def partial_tile_loops(tiled, ranges: list[int], sizes: list[int],
+                       order: list[int] | None = None) -> list[ir.Value]:
+    """The loops of `tiled` (a TileUsingForOp with `sizes` and loop `order`, the identity
+    by default, on an op of loop `ranges`) whose tile does not divide the extent: their last
+    iteration is a partial tile (of dynamic shape, which would not vectorize) until the loop
+    is peeled."""
     loops = list(tiled.loops)
-    tiled_dims = [d for d, s in enumerate(sizes) if s]
+    tiled_dims = [d for d in (order or range(len(sizes))) if sizes[d]]
     return [loops[k] for k, d in enumerate(tiled_dims) if ranges[d] % sizes[d]]
+
+
+def reductions_innermost(ls) -> list[int] | None:
+    """The loop order that runs the parallel dims first and the reduction dims innermost
+    (None when it is already so, or for an op of several results): a reduction over a dim
+    outside the vector lanes (a sum over the middle dim of [B, K, N], lanes along N) then
+    keeps each lane tile's accumulator in registers over the whole reduction, instead of
+    reading and writing it once per reduced row (4x faster for a sum). An argmax's value and
+    index, a compare and two selects per step, stay interleaved across the lane tiles (one
+    tile's chain alone ran 2x slower)."""
+    order = ls.parallel_dims + ls.reduction_dims
+    if ls.num_outputs != 1 or order == list(range(ls.num_loops)):
+        return None
+    return order
 
 
 def _fuses_init(op: ir.Operation, sizes: list[int]) -> bool:
@@ -78,10 +95,12 @@ def tile(op: ir.Operation, sizes: list[int], fuses_init: bool) -> bool:
             handle = register.tiled_linalg_op
             fuse_init_into_register_tile(handle)
             step = [s if d in k_dims else 0 for d, s in enumerate(sizes)]
+            order = None
         else:
             step = sizes
-        tiled = structured.TileUsingForOp(handle, sizes=step)
-        for partial in partial_tile_loops(tiled, ranges, step):
+            order = reductions_innermost(ls)
+        tiled = structured.TileUsingForOp(handle, sizes=step, interchange=order)
+        for partial in partial_tile_loops(tiled, ranges, step, order):
             loop.LoopPeelOp(any_op(), any_op(), partial)
             peeled.append(partial)
 

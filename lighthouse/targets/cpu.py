@@ -122,6 +122,7 @@ def bufferize(payload: ir.Module) -> None:
     checks_to_error_code(payload)  # run-time checks report an error code instead of aborting
     protect_arguments(payload)
     contiguous_gather_sources(payload)
+    widen_mixed_reduction_contractions(payload)
 
     def body(root):
         root = tbuf.OneShotBufferizeOp(
@@ -258,6 +259,39 @@ def copy_repeated_results(payload: ir.Module) -> int:
                 ret.operands[i] = fresh
                 added += 1
     return added
+
+
+def widen_mixed_reduction_contractions(payload: ir.Module) -> int:
+    """A float `vector.contract` whose two operands are read through the same map (an
+    elementwise product summed, such as sum x^2 of f32 x into f64 once the vectorizer folded
+    the extensions into it) and are narrower than its accumulator reads them extended to
+    the accumulator's type: with no outer product to form, the contract is lowered
+    elementwise, which takes one element type (it would reach LLVM unlowered). The same
+    products as the linalg body's extf-then-mulf. Returns the count."""
+    from torch_mlir.dialects import arith
+
+    targets = []
+
+    def visit(op):
+        if op.name == "vector.contract":
+            acc = op.operands[2].type
+            acc_elem = acc.element_type if isinstance(acc, ir.VectorType) else acc
+            lhs = ir.VectorType(op.operands[0].type)
+            maps = list(ir.ArrayAttr(op.attributes["indexing_maps"]))
+            if isinstance(acc_elem, ir.FloatType) and lhs.element_type != acc_elem \
+                    and str(maps[0]) == str(maps[1]):
+                targets.append((op, acc_elem))
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit)
+    with payload.context:
+        for op, wide in targets:
+            with ir.InsertionPoint(op), op.location:
+                for i in (0, 1):
+                    narrow = ir.VectorType(op.operands[i].type)
+                    op.operands[i] = arith.extf(ir.VectorType.get(narrow.shape, wide),
+                                                op.operands[i])
+    return len(targets)
 
 
 _REASSOCIABLE = ("add", "mul", "maximumf", "minimumf", "maxnumf", "minnumf")

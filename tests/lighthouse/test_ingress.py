@@ -44,6 +44,25 @@ SCANS = {
     # other dims and ranks, a one-element scan dim, a 1-D scan (its accumulator is 0-d)
     "outer_dim_3d": ("torch.cumsum(x, 0)", "[torch.randn(6, 5, 7, generator=g)]"),
     "middle_dim_3d": ("torch.cumsum(x, 1)", "[torch.randn(3, 6, 70, generator=g)]"),
+    # the innermost dim of 3-D and 2-D tensors in blocks of rows (a prime row count: blocks
+    # of one row), cumprod and f16 blocked as well
+    "innermost_3d": ("torch.cumsum(x, 2)", "[torch.randn(3, 4, 70, generator=g)]"),
+    "innermost_prime_rows": ("torch.cumsum(x, 1)", "[torch.randn(13, 33, generator=g)]"),
+    "innermost_f16_cumprod": ("torch.cumprod(x, -1)",
+                              "[(torch.rand(2, 6, 40, generator=g) + 0.5).to(torch.float16)]"),
+    "innermost_transposed": ("torch.cumsum(x.t(), 1)", "[torch.randn(40, 12, generator=g)]"),
+    # flip(cumsum(flip(x))): the scan run backwards (no flips left), over the innermost dim
+    # in blocks and over an outer dim; in f16; a flipped scan read elsewhere too keeps its
+    # flips; cumprod backwards
+    "reverse_3d": ("torch.cumsum(x.flip(2), 2).flip(2)", "[torch.randn(2, 6, 33, generator=g)]"),
+    "reverse_outer_dim": ("torch.cumsum(x.flip(0), 0).flip(0)", "[torch.randn(9, 5, generator=g)]"),
+    "reverse_f16": ("torch.cumsum(x.flip(1), 1).flip(1)",
+                    "[torch.randn(8, 40, generator=g).to(torch.float16)]"),
+    "reverse_second_use": ("(lambda c: (c.flip(1), c * 2))(torch.cumsum(x.flip(1), 1))",
+                           "[torch.randn(8, 21, generator=g)]"),
+    "reverse_cumprod": ("torch.cumprod(x.flip(1), 1).flip(1)",
+                        "[torch.rand(8, 21, generator=g) + 0.5]"),
+    "flip_other_dim": ("torch.cumsum(x.flip(0), 1).flip(0)", "[torch.randn(8, 21, generator=g)]"),
     "one_element": ("torch.cumsum(x, 1)", "[torch.randn(4, 1, generator=g)]"),
     "vector": ("torch.cumsum(x, 0)", "[torch.randn(301, generator=g)]"),
     # a second use of the result, a consumer after it, a non-additive combiner
@@ -74,18 +93,57 @@ def test_scan_backward_matches_torch(kernel_file):
 
 
 def test_import_holds_a_loop_over_the_scan_dim(kernel_file):
+    """Each step is an elementwise op over the other dims (the scan dim dropped: lanes along
+    the rows), reading the output's row before it."""
     compiled = _compile(kernel_file, "torch.cumsum(x, 1)", "[torch.rand(4, 6)]", stop_after="import")
     check(compiled.module, """
         CHECK-LABEL: func.func @main(%arg0: tensor<4x6xf32>)
-        CHECK: %[[FIRST:.*]] = tensor.extract_slice %arg0[0, 0] [4, 1] [1, 1]
+        CHECK: %[[FIRST:.*]] = tensor.extract_slice %arg0[0, 0] [4, 1] [1, 1] : tensor<4x6xf32> to tensor<4xf32>
         CHECK: %[[OUT0:.*]] = tensor.insert_slice %[[FIRST]] into %{{.*}}[0, 0] [4, 1] [1, 1]
-        CHECK: scf.for %[[I:.*]] = %c1 to %c6 step %c1{{.*}} iter_args(%[[OUT:.*]] = %[[OUT0]], %[[RUN:.*]] = %[[FIRST]])
-        CHECK: %[[X:.*]] = tensor.extract_slice %arg0[0, %[[I]]] [4, 1] [1, 1]
-        CHECK: %[[NEXT:.*]] = linalg.generic {{.*}} ins(%[[RUN]], %[[X]] : tensor<4x1xf32>, tensor<4x1xf32>)
+        CHECK: scf.for %[[I:.*]] = %c1 to %c6 step %c1{{.*}} iter_args(%[[OUT:.*]] = %[[OUT0]])
+        CHECK: %[[BEFORE:.*]] = arith.subi %[[I]], %c1
+        CHECK: %[[RUN:.*]] = tensor.extract_slice %[[OUT]][0, %[[BEFORE]]] [4, 1] [1, 1] : tensor<4x6xf32> to tensor<4xf32>
+        CHECK: %[[X:.*]] = tensor.extract_slice %arg0[0, %[[I]]] [4, 1] [1, 1] : tensor<4x6xf32> to tensor<4xf32>
+        CHECK: %[[NEXT:.*]] = linalg.generic {{.*}} ins(%[[RUN]], %[[X]] : tensor<4xf32>, tensor<4xf32>)
         CHECK: arith.addf
         CHECK: tensor.insert_slice %[[NEXT]] into %[[OUT]][0, %[[I]]] [4, 1] [1, 1]
         CHECK-NOT: tm_tensor
     """)
+
+
+def test_import_scans_the_innermost_dim_in_blocks_of_rows(kernel_file):
+    """A scan over the innermost dim runs per block of 4 rows (the other dims collapsed), the
+    blocks in parallel: a step touches one cache line per row, all in one L1 set when the
+    row stride is a power of two."""
+    compiled = _compile(kernel_file, "torch.cumsum(x, 2)", "[torch.rand(2, 6, 32)]",
+                        stop_after="import")
+    check(compiled.module, """
+        CHECK-LABEL: func.func @main(%arg0: tensor<2x6x32xf32>)
+        CHECK: %[[X:.*]] = tensor.collapse_shape %arg0 {{\[\[}}0, 1], [2]] : tensor<2x6x32xf32> into tensor<12x32xf32>
+        CHECK: %[[ALL:[0-9]+]]:2 = scf.forall (%[[R:.*]]) = (0) to (12) step (4) shared_outs(%[[OUT:.*]] = %{{.*}}, %{{.*}} = %{{.*}})
+        CHECK: %[[XB:.*]] = tensor.extract_slice %[[X]][%[[R]], 0] [4, 32] [1, 1]
+        CHECK: scf.for
+        CHECK: tensor.extract_slice %[[XB]][0, %{{.*}}] [4, 1] [1, 1] : tensor<4x32xf32> to tensor<4xf32>
+        CHECK: linalg.generic
+        CHECK: tensor.parallel_insert_slice %{{.*}} into %[[OUT]][%[[R]], 0] [4, 32] [1, 1]
+        CHECK: tensor.expand_shape %[[ALL]]#0 {{\[\[}}0, 1], [2]] output_shape [2, 6, 32]
+    """)
+
+
+def test_a_reverse_scan_reads_x_where_it_lies(kernel_file):
+    """flip(cumsum(flip(x))) along the scan dim: the steps run from the last row down over x
+    itself, and no flip (a gather at n - 1 - i) is left."""
+    compiled = _compile(kernel_file, "torch.cumsum(x.flip(1), 1).flip(1)",
+                        "[torch.rand(4, 6)]", stop_after="cleanup")
+    text = str(compiled.module)
+    check(text, """
+        CHECK-LABEL: func.func @main(%arg0: tensor<4x6xf32>)
+        CHECK: %[[LAST:.*]] = tensor.extract_slice %arg0[0, 5] [4, 1] [1, 1] : tensor<4x6xf32> to tensor<4xf32>
+        CHECK: scf.for %[[K:.*]] = %c1 to %c6 step %c1
+        CHECK: %[[I:.*]] = arith.subi %c5, %[[K]]
+        CHECK: tensor.extract_slice %arg0[0, %[[I]]] [4, 1] [1, 1]
+    """)
+    assert "tensor.extract %" not in text
 
 
 SCALARS = {

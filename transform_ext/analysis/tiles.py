@@ -201,8 +201,10 @@ def lane_tile(extent: int, vector_tile: int, even: bool = False) -> int:
 
 def lane_dim(ls) -> int:
     """The loop dim that is the innermost dim of the op's largest operand (the output on a
-    tie): vector lanes along it read and write contiguous memory. The last loop dim when
-    that operand's innermost index is not a plain dim."""
+    tie): vector lanes along it read and write contiguous memory. When that operand's
+    innermost index is not a plain dim (a pooling window's input, indexed by ow + kw), the
+    output's innermost dim (lanes along the outputs, each window tap a shifted load); else
+    the last loop dim."""
     best, best_size = None, -1
     order = list(range(ls.num_inputs, len(ls.maps))) + list(range(ls.num_inputs))
     for i in order:
@@ -218,6 +220,10 @@ def lane_dim(ls) -> int:
         last = dim_positions(ls.maps[best])[-1]
         if last is not None:
             return last
+    if ls.num_outputs:
+        last = dim_positions(ls.output_map(0))[-1:]
+        if last and last[0] is not None:
+            return last[0]
     return ls.num_loops - 1
 
 

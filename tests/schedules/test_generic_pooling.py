@@ -1,0 +1,63 @@
+"""Pooling with the generic schedule: lanes along the outputs of a row, the window taps in
+loops inside, each tap one shifted vector load (the 2-D pooling op decomposed to 1-D per
+tile); compared with torch at odd sizes, strides, dilations, paddings, ceil mode, bf16."""
+
+import pytest
+
+from lighthouse.compile import compile_kernel
+from tests.transform_ext.helpers import check
+
+KERNEL = """
+import torch
+import torch.nn.functional as F
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return {expr}
+def get_inputs():
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn({shape}, generator=g){cast}]
+def get_init_inputs():
+    return []
+"""
+
+POOLS = {
+    # KernelBench 41's window (8 taps, dilation 3, padding 4) on a row of 131 outputs
+    "max_1d_dilated": ("F.max_pool1d(x, 8, 1, 4, 3)", "2, 3, 150", ""),
+    "max_1d_strided_ceil": ("F.max_pool1d(x, 3, 2, ceil_mode=True)", "2, 5, 40", ""),
+    "avg_1d_padded": ("F.avg_pool1d(x, 4, 1, 2)", "3, 2, 97", ""),
+    "max_2d_dilated": ("F.max_pool2d(x, 3, 1, 1, 2)", "2, 3, 11, 75", ""),
+    "avg_2d_strided": ("F.avg_pool2d(x, 3, 2, 1, count_include_pad=False)", "2, 3, 13, 70", ""),
+    "max_2d_bf16": ("F.max_pool2d(x, 2)", "2, 2, 8, 66", ".to(torch.bfloat16)"),
+    "max_2d_one_output": ("F.max_pool2d(x, 5)", "1, 2, 5, 5", ""),
+    # a second use of the pooled tensor, and a transposed view as input
+    "max_1d_second_use": ("(lambda p: (p, p.sum(-1)))(F.max_pool1d(x, 3, 1))", "2, 4, 70", ""),
+    "max_1d_transposed": ("F.max_pool1d(x.transpose(1, 2), 3, 1)", "2, 70, 4", ""),
+}
+
+
+def _compile(kernel_file, expr, shape, cast="", **kw):
+    source = KERNEL.format(expr=expr, shape=shape, cast=cast)
+    return compile_kernel(kernel_file(source), schedule="generic", strict=True, **kw)
+
+
+@pytest.mark.parametrize("name", POOLS)
+def test_pooling_matches_torch(kernel_file, name):
+    compiled = _compile(kernel_file, *POOLS[name])
+    reports = compiled.check()
+    assert reports
+    for report in reports:
+        assert report.ok, str(report)
+
+
+def test_each_window_tap_is_a_vector_load_of_the_outputs_lanes(kernel_file):
+    compiled = _compile(kernel_file, "F.max_pool1d(x, 8, 1, 4, 3)", "2, 3, 150",
+                        stop_after="vectorize")
+    text = str(compiled.module)
+    check(text, """
+        CHECK-LABEL: func.func @main
+        CHECK: scf.for %[[TAP:.*]] = %c0 to %c8 step %c1
+        CHECK: %[[AT:.*]] = affine.apply {{.*}}(%{{.*}}, %[[TAP]])
+        CHECK: %[[X:.*]] = vector.transfer_read %{{.*}}[%{{.*}}, %{{.*}}, %c0, %[[AT]]]{{.*}} vector<1x1x{{[0-9]+}}xf32>
+        CHECK: arith.maximumf %[[X]], %{{.*}} : vector<1x1x{{[0-9]+}}xf32>
+    """)
+    assert "linalg.pooling" not in text
