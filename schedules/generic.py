@@ -62,10 +62,12 @@ from transform_ext.filter_ops import filter_ops
 from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion
 from transform_ext.fuse_roots_into_foralls import fuse_roots_into_foralls
 from transform_ext.inline_elementwise_producers import inline_elementwise_producers
+from transform_ext.lane_contracts_to_fmas import lane_contracts_to_fmas
 from transform_ext.interchange_lane_dims_innermost import interchange_lane_dims_innermost
 from transform_ext.merge_sibling_reductions import merge_sibling_reductions
 from transform_ext.scalarize_rank0_generics import scalarize_rank0_generics
 from transform_ext.split_assertions import split_assertions
+from transform_ext.split_matvec_lanes import split_matvec_lanes
 from transform_ext.split_odd_bf16_lanes import split_odd_bf16_lanes
 from transform_ext.tile_insert_slices import tile_insert_slices
 from transform_ext.tile_to_vector_tiles import tile_to_vector_tiles
@@ -128,6 +130,7 @@ def fuse_stage(params: GenericParams):
 
     def body(root: ir.Value) -> None:
         split_assertions(root)
+        split_matvec_lanes(match(root, "func.func"), params.vector_tile)
         root = apply_passes(root, "linalg-fold-unit-extent-dims")
         canonicalize(root)
         apply_passes(match(root, "func.func"), "linalg-fuse-elementwise-ops")
@@ -171,6 +174,7 @@ def vectorize_stage(params: GenericParams):
         canonicalize(func)
         hoist_loop_invariant_subsets(func)
         canonicalize(func)
+        lane_contracts_to_fmas(func)
         if params.bf16_dot:
             contracts_to_bf16_dot_products(func)
 

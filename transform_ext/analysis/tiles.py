@@ -179,9 +179,24 @@ def vector_tile_sizes(op: ir.Operation, policy) -> list[int] | None:
             return sizes
     lane = lane_dim(ls)
     sizes[lane] = lane_tile(ls.ranges[lane], policy.vector_tile, even=touches_bf16(op))
+    rows = shared_lane_rows(ls, lane)
+    if rows is not None:
+        accumulators = policy.register_tile[0] * policy.register_tile[1] // sizes[lane]
+        sizes[rows] = largest_divisor_at_most(ls.ranges[rows], max(1, accumulators))
     if all(s == r for s, r in zip(sizes, ls.ranges)):
         return None
     return sizes
+
+
+def shared_lane_rows(ls, lane: int) -> int | None:
+    """For a contraction whose lane dim every operand reads (a mat-vec's split k,
+    transform_ext.split_matvec_lanes: P[m, l] += A[m, k1, l] x[k1, l]), its innermost m dim
+    of extent > 1: a tile of several rows shares each vector of x and keeps a register
+    tile's worth of running sums. Else None."""
+    if not ls.is_contraction or any(lane not in dim_positions(m) for m in ls.maps):
+        return None
+    rows = [d for d in ls.contraction_dims()["m"] if ls.ranges[d] > 1]
+    return rows[-1] if rows else None
 
 
 def lane_tile(extent: int, vector_tile: int, even: bool = False) -> int:

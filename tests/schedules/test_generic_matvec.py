@@ -1,0 +1,78 @@
+"""Matrix-vector products with the generic schedule: k split into lanes of partial sums
+(transform_ext.split_matvec_lanes), each step an FMA of several rows' vectors with one
+vector of x (transform_ext.lane_contracts_to_fmas); compared with torch at sizes that do not
+divide the lanes, batched, transposed, bf16, with a second use of the result, and the
+vector-matrix product beside them."""
+
+import pytest
+
+from lighthouse.compile import compile_kernel
+from tests.transform_ext.helpers import check
+
+KERNEL = """
+import torch
+class Model(torch.nn.Module):
+    def forward(self, a, x):
+        return {expr}
+def get_inputs():
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn({a}, generator=g){cast}, torch.randn({x}, generator=g){cast}]
+def get_init_inputs():
+    return []
+"""
+
+PRODUCTS = {
+    # KernelBench 4's form: A [M, K] @ x [K, 1]
+    "column": ("a @ x", "64, 256", "256, 1", ""),
+    "rows_and_k_odd": ("a @ x", "37, 203", "203, 1", ""),
+    "k_prime_rows_one": ("a @ x", "1, 131", "131, 1", ""),
+    "vector": ("torch.mv(a, x)", "48, 320", "320", ""),
+    "batched": ("torch.bmm(a, x)", "3, 20, 160", "3, 160, 1", ""),
+    "transposed_a": ("a.t() @ x", "192, 40", "192, 1", ""),
+    "epilogue_and_second_use": ("(lambda y: (torch.relu(y) + 1, y.sum()))(a @ x)",
+                                "40, 300", "300, 1", ""),
+    "vector_matrix": ("x @ a", "256, 96", "1, 256", ""),
+    "bf16": ("a @ x", "24, 200", "200, 1", ".to(torch.bfloat16)"),
+}
+
+
+def _compile(kernel_file, expr, a, x, cast="", **kw):
+    source = KERNEL.format(expr=expr, a=a, x=x, cast=cast)
+    return compile_kernel(kernel_file(source), schedule="generic", strict=True, **kw)
+
+
+@pytest.mark.parametrize("name", PRODUCTS)
+def test_matvec_matches_torch(kernel_file, name):
+    compiled = _compile(kernel_file, *PRODUCTS[name])
+    reports = compiled.check()
+    assert reports
+    for report in reports:
+        assert report.ok, str(report)
+
+
+def test_each_step_is_an_fma_of_rows_with_one_vector_of_x(kernel_file):
+    compiled = _compile(kernel_file, "a @ x", "64, 256", "256, 1", stop_after="vectorize")
+    check(str(compiled.module), """
+        CHECK-LABEL: func.func @main
+        CHECK: %[[X:.*]] = tensor.expand_shape %{{.*}} output_shape [4, 64] : tensor<256xf32> into tensor<4x64xf32>
+        CHECK: scf.for %[[K1:.*]] = %c0 to %c4 step %c1 iter_args(%{{.*}} = %{{.*}}) -> (vector<4x1x64xf32>)
+        CHECK:   %[[A:.*]] = vector.transfer_read %{{.*}}[%{{.*}}, %c0, %[[K1]], %c0]{{.*}} vector<4x1x1x64xf32>
+        CHECK:   %[[XV:.*]] = vector.transfer_read %[[X]][%[[K1]], %c0]{{.*}} vector<1x64xf32>
+        CHECK:   vector.broadcast %{{.*}} : vector<64xf32> to vector<4x1x64xf32>
+        CHECK:   vector.fma %{{.*}}, %{{.*}}, %{{.*}} : vector<4x1x64xf32>
+        CHECK-NOT: vector.contract
+        CHECK: vector.multi_reduction <add>, %{{.*}} [2] : vector<1x1x64xf32> to vector<1x1xf32>
+    """)
+
+
+def test_the_k_remainder_is_the_product_over_the_last_columns(kernel_file):
+    compiled = _compile(kernel_file, "a @ x", "37, 203", "203, 1", stop_after="fuse")
+    check(str(compiled.module), """
+        CHECK-LABEL: func.func @main
+        CHECK: tensor.extract_slice %arg0[0, 0] [37, 192] [1, 1] : tensor<37x203xf32> to tensor<37x192xf32>
+        CHECK: tensor.extract_slice %arg1[0, 0] [192, 1] [1, 1] : tensor<203x1xf32> to tensor<192xf32>
+        CHECK: linalg.generic {{.*}} iterator_types = ["parallel", "parallel", "reduction", "parallel"]
+        CHECK-SAME: tensor<37x1x3x64xf32>, tensor<3x64xf32>
+        CHECK: tensor.extract_slice %arg0[0, 192] [37, 11] [1, 1] : tensor<37x203xf32> to tensor<37x11xf32>
+        CHECK: linalg.matmul ins(%{{.*}}, %{{.*}} : tensor<37x11xf32>, tensor<11x1xf32>)
+    """)

@@ -1,0 +1,212 @@
+"""split_matvec_lanes: a matrix-vector product's k split into (k / L, L), L partial sums per
+row, summed across the lanes once at the end.
+
+A target is a contraction C[b.., m..] = init + sum_k A[b.., m.., k] x[b.., k] (any linalg op:
+linalg.matmul with n = 1, batch_matmul, a generic; unit n dims allowed) whose k is the
+innermost dim of A, the operand with m dims: its rows are contiguous along k. With
+K = L K1 + r (k = L k1 + l for k < L K1), it becomes
+    P[b.., m.., l] = sum_k1 A[b.., m.., k1, l] x[b.., k1, l]      (P zero-filled; l parallel)
+    C'[b.., m..]   = init + sum_l P[b.., m.., l]
+    C[b.., m..]    = C' + sum_{L K1 <= k < K} A[b.., m.., k] x[b.., k]    (only when r > 0)
+(the first op reads A and x through tensor.expand_shape views [.., K1, L] of their first L K1
+elements along k; the last is the target itself on the r trailing elements of k). Tiled with
+its lanes along l, the first op is elementwise in the vector lanes (vector loads of A's rows
+and of x, an FMA per vector, L / lanes running sums per row) instead of one gather-like scalar
+load of A per row and k. Exact in real arithmetic; floating-point sums are reassociated.
+
+Targets: func.func ops; every linalg op nested in them that qualifies (`split_plan`) is
+rewritten, the others are left alone: a static-shaped contraction on tensors of floats with
+one result, one k dim with K >= 2 L, no n dim of extent > 1, k the innermost dim of the input
+holding the m dims, and a body without linalg.index. A target that is not a func.func, or
+lanes < 1, is a silenceable failure, nothing rewritten. The handle is only read.
+"""
+
+from dataclasses import dataclass
+
+from torch_mlir import ir
+from torch_mlir.dialects import arith, ext, linalg, tensor, transform
+
+from .analysis.structure import dim_positions, is_linalg_op, loop_structure
+from .common import (Illegal, RewritesTargets, Success, body_of, build_generic, clone_body, fail,
+                     i64_array, payload_ops, reassociation_attr, strided_slice, walk_ops)
+from .dialect import TransformExt
+
+NAME = "transform_ext.split_matvec_lanes"
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """How to split one contraction: its k loop dim, extent K, L lanes, K1 = K // L."""
+
+    k: int
+    extent: int
+    lanes: int
+
+    @property
+    def chunks(self) -> int:
+        return self.extent // self.lanes
+
+    @property
+    def remainder(self) -> int:
+        return self.extent % self.lanes
+
+
+def split_plan(op: ir.Operation, lanes: int) -> SplitPlan | None:
+    """The split of `op` (see the module docstring), or None when it does not qualify."""
+    if not is_linalg_op(op) or len(op.results) != 1 or not linalg.isa_contraction_op(op):
+        return None
+    ls = loop_structure(op)
+    if not ls.is_static or any(not isinstance(v.type, ir.RankedTensorType) for v in op.operands):
+        return None
+    if not isinstance(ir.RankedTensorType(op.results[0].type).element_type, ir.FloatType):
+        return None
+    dims = ls.contraction_dims()
+    if len(dims["k"]) != 1 or not dims["m"] or any(ls.ranges[d] > 1 for d in dims["n"]):
+        return None
+    k = dims["k"][0]
+    if ls.ranges[k] < 2 * lanes:
+        return None
+    rows = [i for i in range(ls.num_inputs)
+            if set(dims["m"]) & {p for p in dim_positions(ls.maps[i]) if p is not None}]
+    if len(rows) != 1 or dim_positions(ls.maps[rows[0]])[-1:] != [k]:
+        return None
+    if walk_ops(op, lambda inner: inner.name == "linalg.index"):
+        return None
+    return SplitPlan(k, ls.ranges[k], lanes)
+
+
+def _head_operand(value: ir.Value, positions: list, plan: SplitPlan, kept: dict) -> ir.Value:
+    """`value` without its axes of unit loop dims (a rank-reducing slice), its first L K1
+    elements along k viewed as [.., K1, L, ..]."""
+    t = ir.RankedTensorType(value.type)
+    sizes = [plan.chunks * plan.lanes if p == plan.k else s for p, s in zip(positions, t.shape)]
+    shape = [s for p, s in zip(positions, sizes) if p in kept]
+    head = value
+    if shape != list(t.shape):
+        n = len(sizes)
+        head = tensor.ExtractSliceOp(ir.RankedTensorType.get(shape, t.element_type), value, [], [],
+                                     [], i64_array([0] * n), i64_array(sizes),
+                                     i64_array([1] * n)).result
+    kept_positions = [p for p in positions if p in kept]
+    if plan.k not in kept_positions:
+        return head
+    axis = kept_positions.index(plan.k)
+    expanded = shape[:axis] + [plan.chunks, plan.lanes] + shape[axis + 1:]
+    groups = [[d] for d in range(axis)] + [[axis, axis + 1]] + \
+             [[d + 1] for d in range(axis + 1, len(shape))]
+    return tensor.ExpandShapeOp(ir.RankedTensorType.get(expanded, t.element_type), head,
+                                reassociation_attr(groups), [], expanded).result
+
+
+def _tail_operand(value: ir.Value, axis: int, plan: SplitPlan) -> ir.Value:
+    """`value`'s last r elements along `axis`."""
+    shape = list(ir.RankedTensorType(value.type).shape)
+    offsets = [0] * len(shape)
+    offsets[axis] = plan.chunks * plan.lanes
+    sizes = shape[:axis] + [plan.remainder] + shape[axis + 1:]
+    return strided_slice(value, offsets, sizes, [1] * len(shape))
+
+
+def _head_map(positions: list, plan: SplitPlan, kept: dict) -> ir.AffineMap:
+    """An operand's map over the kept loops and l (the last loop): a k result becomes
+    (k1, l), axes of unit loop dims are gone."""
+    exprs = []
+    for p in positions:
+        if p in kept:
+            exprs.append(ir.AffineDimExpr.get(kept[p]))
+        if p == plan.k:
+            exprs.append(ir.AffineDimExpr.get(len(kept)))
+    return ir.AffineMap.get(len(kept) + 1, 0, exprs)
+
+
+def split(op: ir.Operation, plan: SplitPlan, rewriter) -> None:
+    """Rewrite `op` by `plan` (see the module docstring)."""
+    ls = loop_structure(op)
+    kept = {}  # old loop dim -> new loop dim (unit dims are dropped)
+    for d, extent in enumerate(ls.ranges):
+        if extent != 1:
+            kept[d] = len(kept)
+    inputs = list(op.operands[:ls.num_inputs])
+    init = op.operands[ls.num_inputs]
+    out_type = ir.RankedTensorType(init.type)
+    element = out_type.element_type
+    out_positions = dim_positions(ls.output_map(0))
+    block = body_of(op)
+    with ir.InsertionPoint(op), op.location:
+        heads = [_head_operand(v, dim_positions(m), plan, kept)
+                 for v, m in zip(inputs, ls.maps[:ls.num_inputs])]
+        head_maps = [_head_map(dim_positions(m), plan, kept) for m in ls.maps[:ls.num_inputs]]
+        partial_shape = [s for p, s in zip(out_positions, out_type.shape) if p in kept]
+        partial_shape.append(plan.lanes)
+        zero = arith.ConstantOp(element, ir.FloatAttr.get(element, 0.0)).result
+        partial_init = linalg.fill(zero, outs=[tensor.EmptyOp(partial_shape, element).result])
+        partial_map = ir.AffineMap.get(len(kept) + 1, 0,
+                                       [ir.AffineDimExpr.get(kept[p]) for p in out_positions
+                                        if p in kept] + [ir.AffineDimExpr.get(len(kept))])
+        iterators = [ls.iterators[d] for d in kept] + ["parallel"]
+
+        def partial_body(args):
+            return clone_body(op, dict(zip(block.arguments, args)))
+
+        partial = build_generic(heads, [partial_init], head_maps + [partial_map], iterators,
+                                partial_body).result
+        rank = out_type.rank
+        # the sum over l: loops (the output's dims, l); the partials lack the unit axes
+        reduced_map = ir.AffineMap.get(rank + 1, 0, [ir.AffineDimExpr.get(a) for a in range(rank)
+                                                     if out_positions[a] in kept]
+                                       + [ir.AffineDimExpr.get(rank)])
+        keep = ir.AffineMap.get(rank + 1, 0, [ir.AffineDimExpr.get(d) for d in range(rank)])
+        total = build_generic([partial], [init], [reduced_map, keep],
+                              ["parallel"] * rank + ["reduction"],
+                              lambda args: [arith.addf(args[1], args[0])]).result
+        if plan.remainder:
+            tails = [_tail_operand(v, dim_positions(m).index(plan.k), plan)
+                     if plan.k in dim_positions(m) else v
+                     for v, m in zip(inputs, ls.maps[:ls.num_inputs])]
+            tail = op.clone()
+            for i, value in enumerate(tails + [total]):
+                tail.operands[i] = value
+            total = tail.results[0]
+    rewriter.replace_op(op, [total])
+
+
+class SplitMatvecLanesOp(TransformExt.Operation, name="split_matvec_lanes"):
+    target: ext.Operand[transform.AnyOpType]
+    lanes: ir.IntegerAttr
+
+    class Apply(transform.TransformOpInterface):
+        @staticmethod
+        def apply(op, rewriter, results, state):
+            with op.context:
+                lanes = ir.IntegerAttr(op.lanes).value
+                targets = payload_ops(state, op.target)
+                try:
+                    for target in targets:
+                        if target.name != "func.func":
+                            raise Illegal(target, "not a func.func")
+                        if lanes < 1:
+                            raise Illegal(target, f"lanes = {lanes} must be >= 1")
+                except Illegal as illegal:
+                    return fail(NAME, illegal)
+                for target in targets:
+                    for candidate in walk_ops(target, is_linalg_op):
+                        plan = split_plan(candidate, lanes)
+                        if plan is not None:
+                            split(candidate, plan, rewriter)
+                return Success
+
+        @staticmethod
+        def allow_repeated_handle_operands(op):
+            return False
+
+    Effects = RewritesTargets
+
+
+def split_matvec_lanes(target: ir.Value, lanes: int) -> SplitMatvecLanesOp:
+    """Split the matrix-vector products in the functions of `target` into `lanes` partial
+    sums per row (see the module docstring)."""
+    i64 = ir.IntegerType.get_signless(64)
+    return SplitMatvecLanesOp(target, ir.IntegerAttr.get(i64, lanes))
+
+
+__all__ = ["SplitMatvecLanesOp", "SplitPlan", "split_matvec_lanes", "split_plan"]
