@@ -8,16 +8,16 @@ K = L K1 + r (k = L k1 + l for k < L K1), it becomes
     P[b.., m.., l] = sum_k1 A[b.., m.., k1, l] x[b.., k1, l]      (P zero-filled; l parallel)
     C'[b.., m..]   = init + sum_l P[b.., m.., l]
     C[b.., m..]    = C' + sum_{L K1 <= k < K} A[b.., m.., k] x[b.., k]    (only when r > 0)
-(the first op reads A and x through tensor.expand_shape views [.., K1, L] of their first L K1
-elements along k; the last is the target itself on the r trailing elements of k). Tiled with
+(L = `lanes`, or half of it when that divides K and `lanes` does not; the first op reads A
+and x through tensor.expand_shape views [.., K1, L] of their first L K1 elements along k; the last is the target itself on the r trailing elements of k). Tiled with
 its lanes along l, the first op is elementwise in the vector lanes (vector loads of A's rows
 and of x, an FMA per vector, L / lanes running sums per row) instead of one gather-like scalar
 load of A per row and k. Exact in real arithmetic; floating-point sums are reassociated.
 
 Targets: func.func ops; every linalg op nested in them that qualifies (`split_plan`) is
 rewritten, the others are left alone: a static-shaped contraction on tensors of floats with
-one result, one k dim with K >= 2 L, no n dim of extent > 1, k the innermost dim of the input
-holding the m dims, and a body without linalg.index. A target that is not a func.func, or
+one result, one k dim with K >= 2 L, an m dim and no n dim of extent > 1, k the innermost dim
+of the input holding the m dims, and a body without linalg.index. A target that is not a func.func, or
 lanes < 1, is a silenceable failure, nothing rewritten. The handle is only read.
 """
 
@@ -61,13 +61,15 @@ def split_plan(op: ir.Operation, lanes: int) -> SplitPlan | None:
     if not isinstance(ir.RankedTensorType(op.results[0].type).element_type, ir.FloatType):
         return None
     dims = ls.contraction_dims()
-    if len(dims["k"]) != 1 or not dims["m"] or any(ls.ranges[d] > 1 for d in dims["n"]):
+    rows_dims = {d for d in dims["m"] if ls.ranges[d] > 1}
+    if len(dims["k"]) != 1 or not rows_dims or any(ls.ranges[d] > 1 for d in dims["n"]):
         return None
     k = dims["k"][0]
+    if ls.ranges[k] % lanes and lanes % 2 == 0 and ls.ranges[k] % (lanes // 2) == 0:
+        lanes //= 2  # no remainder
     if ls.ranges[k] < 2 * lanes:
         return None
-    rows = [i for i in range(ls.num_inputs)
-            if set(dims["m"]) & {p for p in dim_positions(ls.maps[i]) if p is not None}]
+    rows = [i for i in range(ls.num_inputs) if rows_dims & set(dim_positions(ls.maps[i]))]
     if len(rows) != 1 or dim_positions(ls.maps[rows[0]])[-1:] != [k]:
         return None
     if walk_ops(op, lambda inner: inner.name == "linalg.index"):

@@ -172,7 +172,10 @@ def vector_tile_sizes(op: ir.Operation, policy) -> list[int] | None:
             if out_last == [rows]:  # the accumulator is stored m-innermost
                 rows, lanes = lanes, rows
             sizes[rows] = largest_divisor_at_most(ls.ranges[rows], policy.register_tile[0])
-            sizes[lanes] = largest_divisor_at_most(ls.ranges[lanes], policy.register_tile[1])
+            # fewer rows than the register tile has (a vector-matrix product x^T A): wider
+            # lanes keep as many accumulators and read longer runs of each row of A
+            widen = max(1, policy.register_tile[0] // sizes[rows])
+            sizes[lanes] = largest_divisor_at_most(ls.ranges[lanes], policy.register_tile[1] * widen)
             if len(dims["k"]) == 1 and all(isinstance(v.type.element_type, ir.BF16Type)
                                            for v in op.operands[:ls.num_inputs]):
                 sizes[dims["k"][0]] = min(policy.bf16_k, ls.ranges[dims["k"][0]])
