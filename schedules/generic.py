@@ -108,6 +108,12 @@ class GenericParams:
         if self.vector_tile < 1 or min(self.register_tile) < 1:
             raise ValueError("vector_tile and register_tile must be >= 1")
 
+    @property
+    def bf16_k(self) -> int:
+        """k step of the register tiles of bf16 contractions (the VectorPolicy field that
+        transform_ext.analysis.tiles reads): pairs with `bf16_dot`."""
+        return 2 if self.bf16_dot else 1
+
     @classmethod
     def for_cpu(cls, cpu, threads: int) -> "GenericParams":
         """The parameters on a CPU described by `cpu` (lighthouse.targets.description
@@ -163,7 +169,7 @@ def vectorize_stage(params: GenericParams):
         func = match(root, "func.func")
         interchange_lane_dims_innermost(func)
         func = tile_to_vector_tiles(func, vector_tile=params.vector_tile,
-                                    register_tile=params.register_tile + ((2,) if params.bf16_dot else ()))
+                                    register_tile=params.register_tile + ((params.bf16_k,) if params.bf16_dot else ()))
         func = split_odd_bf16_lanes(func)
         structured.DecomposeOp(match(func, list(POOLING_2D)))
         scalarize_rank0_generics(func)

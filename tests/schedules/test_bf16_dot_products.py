@@ -149,3 +149,27 @@ def test_bf16_mlp_with_frozen_weights_matches_torch(dot):
                 DTYPE="bfloat16", BATCH=40, IN_FEATURES=72, HIDDEN=96, OUT_FEATURES=33)).module)
     for report in c.check():
         assert report.ok, str(report)
+
+
+def test_bf16_batched_product_chain_backward_takes_the_matmul_schedule(kernel_file):
+    """The other ops of a matmul payload take the generic tile sizes, whose bf16 k step
+    the matmul schedule read from GenericParams (it had none: the schedule failed and fell
+    back to the generic one). Found by the fuzzer."""
+    path = kernel_file("""
+import torch
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc0 = torch.nn.Linear(3, 5, bias=False).to(torch.bfloat16)
+    def forward(self, x0, x1, x2):
+        return self.fc0((x0 @ x1 + x2) ** 2)
+def get_inputs():
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(3, 1, 1, generator=g).bfloat16(), torch.randn(3, 1, 3, generator=g).bfloat16(),
+            torch.randn(3, 1, 3, generator=g).bfloat16()]
+def get_init_inputs():
+    return []
+""")
+    c = compile_kernel(path, backward=True, schedule="matmul", strict=True)
+    for report in c.check():
+        assert report.ok, str(report)
