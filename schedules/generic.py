@@ -3,7 +3,8 @@
 One transform script (`generic_script`), two named sequences:
 @fuse:
   1. the assertions of result-producing generics are split out (`transform_ext.split_assertions`),
-     unit dims folded and elementwise ops fused into their consumers
+     matrix-vector products get k split into vector_tile lanes of partial sums per row,
+     summed once at the end (`transform_ext.split_matvec_lanes`), unit dims folded and elementwise ops fused into their consumers
      (`linalg-fold-unit-extent-dims`, `linalg-fuse-elementwise-ops`, canonicalization),
      then elementwise producers read only by reductions computed inside each of them
      (`transform_ext.inline_elementwise_producers`, whole: a norm's x widened to f64 for
@@ -31,7 +32,9 @@ One transform script (`generic_script`), two named sequences:
      window loops inside) is decomposed to a 1-D pooling (`transform.structured.decompose`),
      which the vectorizer turns into a shifted vector load and a max or add per tap;
   4. the function is vectorized (`vectorize_children_and_apply_patterns`) and loop-invariant
-     accumulator reads/writes are hoisted out of the loops; with `bf16_dot`, contractions
+     accumulator reads/writes are hoisted out of the loops; a split mat-vec's step (a
+     contraction elementwise along its lanes) becomes FMAs of a few rows with one vector of
+     x (`transform_ext.lane_contracts_to_fmas`); with `bf16_dot`, contractions
      of two bf16 inputs step k by pairs (register_tile's third entry) and each step becomes
      AVX512-BF16 dot products (`transform_ext.contracts_to_bf16_dot_products`). Before that, every
      tensor.insert_slice that is strided, rank-reducing or larger than a register tile
