@@ -58,12 +58,15 @@ from torch_mlir import ir
 from torch_mlir.dialects import transform
 from torch_mlir.dialects.transform import loop, structured
 
+from transform_ext.filter_iterators import filter_iterators
 from transform_ext.filter_ops import filter_reductions
 from transform_ext.fold_casts_into_contractions import fold_casts_into_contractions
 from transform_ext.fold_gathers_through_contraction import fold_gathers_through_contraction
 from transform_ext.fold_key_transpose import fold_key_transpose
 from transform_ext.fuse_dependent_reduction_ops import fuse_dependent_reduction_ops
 from transform_ext.fuse_linear_cross_entropy_backward import fuse_linear_cross_entropy_backward
+from transform_ext.fuse_linear_cross_entropy_backward_two_pass import (
+    fuse_linear_cross_entropy_backward_two_pass)
 from transform_ext.gathers_to_masked_class_sums import gathers_to_masked_class_sums
 from transform_ext.inline_argument_producers import inline_argument_producers
 from transform_ext.lane_form_gathers import lane_form_gathers
@@ -179,19 +182,28 @@ def targets_in_lanes(rows: int, lanes: int):
         func = match(root, "func.func")
         inline_argument_producers(match_assertion_checks(func))
         loads = load_rows_in_lane_form(match_loss_kernels(func).rows, rows, lanes)
-        lane_form_gathers(exclude_ops(match_loss_kernels(func).rows, loads), lanes)
+        per_row = filter_iterators(exclude_ops(match_loss_kernels(func).rows, loads), ["parallel"])
+        lane_form_gathers(per_row, lanes)
         return apply_passes(root, "canonicalize", "cse")
 
     return body
 
 
 def fuse_backward(params: LinearCrossEntropyParams):
-    """Step 3 of the module docstring."""
+    """Step 3 of the module docstring; in the [N, V]-major form (the GPU's) the backward in
+    two passes (transform_ext.fuse_linear_cross_entropy_backward_two_pass: dh per block of
+    `row_tile` rows over class tiles of `class_tile`, dW and db per block of `row_tile`
+    classes over row tiles of `class_tile`)."""
     def body(root: ir.Value) -> ir.Value:
-        fuse_linear_cross_entropy_backward(match(root, "func.func"),
-                                           row_tile=params.backward_rows,
-                                           class_tile=params.class_tile, threads=params.threads,
-                                           panel=params.panel, bf16_pairs=params.bf16_dot)
+        func = match(root, "func.func")
+        if params.classes_major:
+            fuse_linear_cross_entropy_backward(func, row_tile=params.backward_rows,
+                                               class_tile=params.class_tile,
+                                               threads=params.threads, panel=params.panel,
+                                               bf16_pairs=params.bf16_dot)
+        else:
+            fuse_linear_cross_entropy_backward_two_pass(func, rows=params.row_tile,
+                                                        classes=params.class_tile)
         return apply_passes(root, "canonicalize", "cse")
 
     return body

@@ -51,8 +51,8 @@ def check(payload: ir.Module,
 
 def gpu_refusal(plan: LinearCrossEntropyPlan) -> str | None:
     """Why the fused schedule of `plan` does not run on a GPU target (None: it does): its
-    backward (dW per class tile, dh per row block, the logits recomputed) has no XeGPU
-    lowering."""
+    backward's two passes (dh per row block, dW and db per class block, the logits
+    recomputed) have no XeGPU kernels yet."""
     if plan.backward:
         return ("its fused backward (dW per class tile, dh per row block, the logits "
                 "recomputed) has no XeGPU lowering yet; the CPU target runs it")

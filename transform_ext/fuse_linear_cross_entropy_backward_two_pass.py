@@ -1,0 +1,248 @@
+"""fuse_linear_cross_entropy_backward_two_pass: the backward of a loss over linear logits
+as two kernels with no [N, V] tensor and no reduction across their parallel iterations
+(the form a GPU lowers: every product a [rows, k] x [k, columns] tile product).
+
+For the backward of each target function (transform_ext/analysis/
+linear_cross_entropy_backward.py: S = h W^T, G = E(S, ...) elementwise, dh = G W,
+dW = G^T h, and the column sums Z = reduce_n F(S, G, ...) such as db = sum_n G), with
+R = `rows`, C = `classes`:
+
+    pass 1 (when there is a dh): scf.forall over blocks of R rows s
+        dh_s = 0                                   [R, D]
+        for each tile c of C classes:
+            S_sc = h_s W_c^T                       [R, C]  (recomputed: no [N, V] S)
+            G_sc = E(S_sc, ...)                    [R, C]  (E's body at the tile)
+            dh_s += G_sc W_c
+    pass 2 (when there is a dW or a column sum): scf.forall over blocks of R classes c
+        dW_c = 0 [R, D], Z_c = Z's init at c
+        for each tile s of C rows:
+            S_cs^T = W_c h_s^T                     [R, C]
+            G_cs^T = E(S_cs^T, ...)                [R, C]  (E's body, rows and classes
+                                                            swapped)
+            dW_c += G_cs^T h_s,  Z_c = F(S_cs^T, G_cs^T, ...) reduced into Z_c
+
+Each pass's block is its forall's iteration (a GPU workgroup), the block's own index the
+rows of every product (pass 1: h's rows, pass 2: W's classes), so no sum crosses blocks;
+S is recomputed in both passes (twice the forward's logits FLOPs, the price of no [N, V]
+buffer and no atomics). The products read h and W in their own element type (each term
+widened in the product's body, f32 accumulators: f16/bf16 operands go to DPAS as they are);
+G's tile keeps E's element type (torch rounds d logits to bf16 before its bf16 products).
+The foralls carry BACKWARD_PASS (1, 2) and no mapping (the target maps them). A transposed
+dh or dW (the backward of a transposed view) is transposed once at the end.
+
+Preconditions (checked on every target first; a violation is a silenceable failure naming
+the op): those of fuse_linear_cross_entropy_backward (one such backward, static shapes, E's
+and the column sums' bodies without regions and reading every tensor through projected
+maps, the users of the replaced results after every value the kernels read); R and C
+divide N and V (no remainder blocks in this form). The results of dh, dW and the column
+sums are replaced; G and those ops die (canonicalize after this op).
+"""
+
+from torch_mlir import ir
+from torch_mlir.dialects import arith, ext, linalg, scf, tensor, transform
+
+from .analysis.linear_cross_entropy_backward import LinearCrossEntropyBackward
+from .analysis.structure import dim_positions, loop_structure
+from .common import (Illegal, RewritesTargets, Success, build_generic, clone_op, fail,
+                     payload_ops)
+from .dialect import TransformExt
+from .fuse_linear_cross_entropy_backward import (_ClassAccumulator, _index, _init_ops, _map,
+                                                 _multiply_add, _parallel_insert, _slice, _zeros,
+                                                 plan, tile_op)
+
+NAME = "transform_ext.fuse_linear_cross_entropy_backward_two_pass"
+BACKWARD_PASS = "lh.linear_ce_backward_pass"
+
+
+def _product(a: ir.Value, a_dims: list[int], b: ir.Value, b_dims: list[int],
+             acc: ir.Value) -> ir.Value:
+    """acc[M, N] += sum_k A B, A and B read through the dims `a_dims` and `b_dims` of the
+    loops (m, n, k): [0, 2] is A[m, k], [1, 2] is B[n, k] (a transposed operand)."""
+    return build_generic([a, b], [acc], [_map(3, a_dims), _map(3, b_dims), _map(3, [0, 1])],
+                         ["parallel", "parallel", "reduction"], _multiply_add).results[0]
+
+
+def _mark(forall: scf.ForallOp, number: int) -> None:
+    forall.operation.attributes[BACKWARD_PASS] = ir.IntegerAttr.get(
+        ir.IntegerType.get_signless(64), number)
+
+
+class _TwoPass:
+    """The two foralls of the module docstring for one backward."""
+
+    def __init__(self, bwd: LinearCrossEntropyBackward, rows: int, classes: int):
+        self.bwd = bwd
+        self.n, self.v, self.d = bwd.logits.shape
+        self.rows, self.classes = rows, classes
+        self.f32 = ir.F32Type.get()
+
+    def gradient_tile(self, s: ir.Value, rows: tuple, classes: tuple,
+                      rows_major: bool) -> ir.Value | None:
+        """G's tile from S's tile `s` ([rows, classes] when `rows_major`, else transposed);
+        None when nothing reads G."""
+        g = self.bwd.gradient
+        if g is None:
+            return None
+        shape = [rows[1], classes[1]] if rows_major else [classes[1], rows[1]]
+        element = ir.RankedTensorType(g.op.results[0].type).element_type
+        return tile_op(g, {self.bwd.logits.result: s}, rows, classes,
+                       tensor.EmptyOp(shape, element).result, _map(2, [0, 1]), rows_major)
+
+    def rows_pass(self) -> ir.Value:
+        """Pass 1: dh [N, D] f32."""
+        h, w = self.bwd.logits.rows, self.bwd.logits.weight
+        r, c, d = self.rows, self.classes, self.d
+        forall = scf.ForallOp([0], [self.n // r], [1],
+                              shared_outs=[tensor.EmptyOp([self.n, d], self.f32).result])
+        _mark(forall, 1)
+        with ir.InsertionPoint(forall.body):
+            s0 = arith.muli(forall.induction_variables[0], _index(r))
+            h_s = _slice(h, [s0, 0], [r, d])
+            loop = scf.ForOp(_index(0), _index(self.v), _index(c), [_zeros([r, d], self.f32)])
+            with ir.InsertionPoint(loop.body):
+                c0 = loop.induction_variable
+                w_c = _slice(w, [c0, 0], [c, d])
+                s = _product(h_s, [0, 2], w_c, [1, 2], _zeros([r, c], self.f32))
+                g = self.gradient_tile(s, (s0, r), (c0, c), rows_major=True)
+                dh = _product(g, [0, 2], w_c, [2, 1], loop.inner_iter_args[0])
+                scf.YieldOp([dh])
+            parallel = scf.InParallelOp()
+            with ir.InsertionPoint(parallel.block):
+                _parallel_insert(loop.results[0], forall.inner_iter_args[0], [s0, 0], [r, d])
+        return forall.results[0]
+
+    def classes_pass(self) -> list[ir.Value]:
+        """Pass 2: dW [V, D] f32 (when there is one), then the column sums."""
+        bwd = self.bwd
+        h, w = bwd.logits.rows, bwd.logits.weight
+        r, c, d = self.rows, self.classes, self.d
+        accumulators = []
+        if bwd.d_weight is not None:
+            accumulators.append(_ClassAccumulator(tensor.EmptyOp([self.v, d], self.f32).result, 0))
+        for column in bwd.column_sums:
+            ls = loop_structure(column.op)
+            init = column.op.operands[ls.num_inputs]
+            mapping: dict = {}
+            for op in _init_ops(init):  # its init, rebuilt here (from constants only)
+                clone_op(op, mapping)
+            axis = dim_positions(ls.output_map(0)).index(column.class_loop)
+            accumulators.append(_ClassAccumulator(mapping[init], axis))
+        forall = scf.ForallOp([0], [self.v // r], [1], shared_outs=[a.init for a in accumulators])
+        _mark(forall, 2)
+        with ir.InsertionPoint(forall.body):
+            c0 = arith.muli(forall.induction_variables[0], _index(r))
+            w_c = _slice(w, [c0, 0], [r, d])
+            outs = list(forall.inner_iter_args)
+            sums = accumulators[1:] if bwd.d_weight is not None else accumulators
+            inits = ([_zeros([r, d], self.f32)] if bwd.d_weight is not None else []) + \
+                [a.slice(out, c0, r) for a, out in zip(sums, outs[len(outs) - len(sums):])]
+            loop = scf.ForOp(_index(0), _index(self.n), _index(c), inits)
+            with ir.InsertionPoint(loop.body):
+                s0 = loop.induction_variable
+                h_s = _slice(h, [s0, 0], [c, d])
+                s_t = _product(w_c, [0, 2], h_s, [1, 2], _zeros([r, c], self.f32))
+                tiles = {bwd.logits.result: s_t}
+                g_t = self.gradient_tile(s_t, (s0, c), (c0, r), rows_major=False)
+                if g_t is not None:
+                    tiles[bwd.gradient.op.results[0]] = g_t
+                carried = iter(loop.inner_iter_args)
+                result = []
+                if bwd.d_weight is not None:
+                    result.append(_product(g_t, [0, 2], h_s, [2, 1], next(carried)))
+                for column, total in zip(bwd.column_sums, carried):
+                    result.append(tile_op(column, tiles, (s0, c), (c0, r), total))
+                scf.YieldOp(result)
+            parallel = scf.InParallelOp()
+            with ir.InsertionPoint(parallel.block):
+                for a, part, out in zip(accumulators, loop.results, outs):
+                    a.parallel_insert(part, out, c0, r)
+        return list(forall.results)
+
+    def build(self) -> list[ir.Value]:
+        """dh (when there is one), dW (when there is one) and the column sums."""
+        results = [self.rows_pass()] if self.bwd.d_rows is not None else []
+        if self.bwd.d_weight is not None or self.bwd.column_sums:
+            results += self.classes_pass()
+        return results
+
+
+def rewrite(bwd: LinearCrossEntropyBackward, at: ir.Operation, rows: int, classes: int,
+            rewriter) -> None:
+    with ir.InsertionPoint(at), at.location:
+        results = iter(_TwoPass(bwd, rows, classes).build())
+        replaced = [(op, next(results)) for op in (bwd.d_rows, bwd.d_weight) if op is not None]
+        replaced += [(column.op, next(results)) for column in bwd.column_sums]
+        for i, (op, value) in enumerate(replaced):
+            role = "rows" if op == bwd.d_rows else "weight"
+            if op in (bwd.d_rows, bwd.d_weight) and role in bwd.transposed:
+                # d(h^T) = (G W)^T, d(W^T) = (G^T h)^T
+                n, m = ir.RankedTensorType(value.type).shape
+                empty = tensor.EmptyOp([m, n], ir.F32Type.get()).result
+                replaced[i] = (op, linalg.transpose(value, outs=[empty],
+                                                    permutation=[1, 0]).results[0])
+    for op, value in replaced:
+        rewriter.replace_op(op, [value])
+    for op in reversed(bwd.transposes):
+        if not any(list(r.uses) for r in op.results):
+            rewriter.erase_op(op)
+    if bwd.gradient is not None and not list(bwd.gradient.op.results[0].uses):
+        rewriter.erase_op(bwd.gradient.op)
+
+
+def check_blocks(bwd: LinearCrossEntropyBackward, target: ir.Operation, rows: int,
+                 classes: int) -> None:
+    """Illegal unless `rows` and `classes` divide N and V (the passes have no remainder
+    blocks)."""
+    n, v, _ = bwd.logits.shape
+    for what, extent in (("rows", n), ("classes", v)):
+        for name, tile in (("rows", rows), ("classes", classes)):
+            if extent % tile:
+                raise Illegal(target, f"the {what} ({extent}) are not a multiple of the "
+                                      f"{name} tile ({tile}) of the two-pass backward")
+
+
+class FuseLinearCrossEntropyBackwardTwoPassOp(
+        TransformExt.Operation, name="fuse_linear_cross_entropy_backward_two_pass"):
+    target: ext.Operand[transform.AnyOpType]
+    rows: ir.IntegerAttr
+    classes: ir.IntegerAttr
+
+    class Apply(transform.TransformOpInterface):
+        @staticmethod
+        def apply(op, rewriter, results, state):
+            with op.context:
+                rows = ir.IntegerAttr(op.rows).value
+                classes = ir.IntegerAttr(op.classes).value
+                targets = payload_ops(state, op.target)
+                try:
+                    if min(rows, classes) < 1:
+                        raise Illegal(targets[0] if targets else op.operation,
+                                      f"rows and classes must be >= 1, got {rows}, {classes}")
+                    plans = [plan(t) for t in targets]
+                    for (bwd, _), t in zip(plans, targets):
+                        check_blocks(bwd, t, rows, classes)
+                except Illegal as illegal:
+                    return fail(NAME, illegal)
+                for bwd, at in plans:
+                    rewrite(bwd, at, rows, classes, rewriter)
+                return Success
+
+        @staticmethod
+        def allow_repeated_handle_operands(op):
+            return False
+
+    Effects = RewritesTargets
+
+
+def fuse_linear_cross_entropy_backward_two_pass(func_handle: ir.Value, *, rows: int,
+                                                classes: int) -> None:
+    """Replace the backward of the loss over linear logits of each function of
+    `func_handle` by the two passes of the module docstring (blocks of `rows`, tiles of
+    `classes`)."""
+    i64 = ir.IntegerType.get_signless(64)
+    FuseLinearCrossEntropyBackwardTwoPassOp(func_handle, ir.IntegerAttr.get(i64, rows),
+                                            ir.IntegerAttr.get(i64, classes))
+
+
+__all__ = ["BACKWARD_PASS", "FuseLinearCrossEntropyBackwardTwoPassOp",
+           "fuse_linear_cross_entropy_backward_two_pass"]
