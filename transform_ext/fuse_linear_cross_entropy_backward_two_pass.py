@@ -5,7 +5,7 @@ as two kernels with no [N, V] tensor and no reduction across their parallel iter
 For the backward of each target function (transform_ext/analysis/
 linear_cross_entropy_backward.py: S = h W^T, G = E(S, ...) elementwise, dh = G W,
 dW = G^T h, and the column sums Z = reduce_n F(S, G, ...) such as db = sum_n G), with
-R = `rows`, C = `classes`:
+R = `block`, C = `step`:
 
     pass 1 (when there is a dh): scf.forall over blocks of R rows s
         dh_s = 0                                   [R, D]
@@ -34,7 +34,7 @@ Preconditions (checked on every target first; a violation is a silenceable failu
 the op): those of fuse_linear_cross_entropy_backward (one such backward, static shapes, E's
 and the column sums' bodies without regions and reading every tensor through projected
 maps, the users of the replaced results after every value the kernels read); R and C
-divide N and V (no remainder blocks in this form). The results of dh, dW and the column
+divide both N and V (no remainder blocks in this form). The results of dh, dW and the column
 sums are replaced; G and those ops die (canonicalize after this op).
 """
 
@@ -70,10 +70,10 @@ def _mark(forall: scf.ForallOp, number: int) -> None:
 class _TwoPass:
     """The two foralls of the module docstring for one backward."""
 
-    def __init__(self, bwd: LinearCrossEntropyBackward, rows: int, classes: int):
+    def __init__(self, bwd: LinearCrossEntropyBackward, block: int, step: int):
         self.bwd = bwd
         self.n, self.v, self.d = bwd.logits.shape
-        self.rows, self.classes = rows, classes
+        self.block, self.step = block, step
         self.f32 = ir.F32Type.get()
 
     def gradient_tile(self, s: ir.Value, rows: tuple, classes: tuple,
@@ -91,7 +91,7 @@ class _TwoPass:
     def rows_pass(self) -> ir.Value:
         """Pass 1: dh [N, D] f32."""
         h, w = self.bwd.logits.rows, self.bwd.logits.weight
-        r, c, d = self.rows, self.classes, self.d
+        r, c, d = self.block, self.step, self.d
         forall = scf.ForallOp([0], [self.n // r], [1],
                               shared_outs=[tensor.EmptyOp([self.n, d], self.f32).result])
         _mark(forall, 1)
@@ -115,7 +115,7 @@ class _TwoPass:
         """Pass 2: dW [V, D] f32 (when there is one), then the column sums."""
         bwd = self.bwd
         h, w = bwd.logits.rows, bwd.logits.weight
-        r, c, d = self.rows, self.classes, self.d
+        r, c, d = self.block, self.step, self.d
         accumulators = []
         if bwd.d_weight is not None:
             accumulators.append(_ClassAccumulator(tensor.EmptyOp([self.v, d], self.f32).result, 0))
@@ -166,10 +166,10 @@ class _TwoPass:
         return results
 
 
-def rewrite(bwd: LinearCrossEntropyBackward, at: ir.Operation, rows: int, classes: int,
+def rewrite(bwd: LinearCrossEntropyBackward, at: ir.Operation, block: int, step: int,
             rewriter) -> None:
     with ir.InsertionPoint(at), at.location:
-        results = iter(_TwoPass(bwd, rows, classes).build())
+        results = iter(_TwoPass(bwd, block, step).build())
         replaced = [(op, next(results)) for op in (bwd.d_rows, bwd.d_weight) if op is not None]
         replaced += [(column.op, next(results)) for column in bwd.column_sums]
         for i, (op, value) in enumerate(replaced):
@@ -189,42 +189,42 @@ def rewrite(bwd: LinearCrossEntropyBackward, at: ir.Operation, rows: int, classe
         rewriter.erase_op(bwd.gradient.op)
 
 
-def check_blocks(bwd: LinearCrossEntropyBackward, target: ir.Operation, rows: int,
-                 classes: int) -> None:
-    """Illegal unless `rows` and `classes` divide N and V (the passes have no remainder
+def check_blocks(bwd: LinearCrossEntropyBackward, target: ir.Operation, block: int,
+                 step: int) -> None:
+    """Illegal unless `block` and `step` divide N and V (the passes have no remainder
     blocks)."""
     n, v, _ = bwd.logits.shape
     for what, extent in (("rows", n), ("classes", v)):
-        for name, tile in (("rows", rows), ("classes", classes)):
+        for name, tile in (("block", block), ("step", step)):
             if extent % tile:
                 raise Illegal(target, f"the {what} ({extent}) are not a multiple of the "
-                                      f"{name} tile ({tile}) of the two-pass backward")
+                                      f"{name} ({tile}) of the two-pass backward")
 
 
 class FuseLinearCrossEntropyBackwardTwoPassOp(
         TransformExt.Operation, name="fuse_linear_cross_entropy_backward_two_pass"):
     target: ext.Operand[transform.AnyOpType]
-    rows: ir.IntegerAttr
-    classes: ir.IntegerAttr
+    block: ir.IntegerAttr
+    step: ir.IntegerAttr
 
     class Apply(transform.TransformOpInterface):
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                rows = ir.IntegerAttr(op.rows).value
-                classes = ir.IntegerAttr(op.classes).value
+                block = ir.IntegerAttr(op.block).value
+                step = ir.IntegerAttr(op.step).value
                 targets = payload_ops(state, op.target)
                 try:
-                    if min(rows, classes) < 1:
+                    if min(block, step) < 1:
                         raise Illegal(targets[0] if targets else op.operation,
-                                      f"rows and classes must be >= 1, got {rows}, {classes}")
+                                      f"block and step must be >= 1, got {block}, {step}")
                     plans = [plan(t) for t in targets]
                     for (bwd, _), t in zip(plans, targets):
-                        check_blocks(bwd, t, rows, classes)
+                        check_blocks(bwd, t, block, step)
                 except Illegal as illegal:
                     return fail(NAME, illegal)
                 for bwd, at in plans:
-                    rewrite(bwd, at, rows, classes, rewriter)
+                    rewrite(bwd, at, block, step, rewriter)
                 return Success
 
         @staticmethod
@@ -234,14 +234,14 @@ class FuseLinearCrossEntropyBackwardTwoPassOp(
     Effects = RewritesTargets
 
 
-def fuse_linear_cross_entropy_backward_two_pass(func_handle: ir.Value, *, rows: int,
-                                                classes: int) -> None:
+def fuse_linear_cross_entropy_backward_two_pass(func_handle: ir.Value, *, block: int,
+                                                step: int) -> None:
     """Replace the backward of the loss over linear logits of each function of
-    `func_handle` by the two passes of the module docstring (blocks of `rows`, tiles of
-    `classes`)."""
+    `func_handle` by the two passes of the module docstring (`block` rows or classes per
+    forall iteration, `step` classes or rows per loop iteration)."""
     i64 = ir.IntegerType.get_signless(64)
-    FuseLinearCrossEntropyBackwardTwoPassOp(func_handle, ir.IntegerAttr.get(i64, rows),
-                                            ir.IntegerAttr.get(i64, classes))
+    FuseLinearCrossEntropyBackwardTwoPassOp(func_handle, ir.IntegerAttr.get(i64, block),
+                                            ir.IntegerAttr.get(i64, step))
 
 
 __all__ = ["BACKWARD_PASS", "FuseLinearCrossEntropyBackwardTwoPassOp",

@@ -54,6 +54,8 @@ broadcast weight (a non-contiguous 3-D h).
 
 from __future__ import annotations
 
+import math
+
 from torch_mlir import ir
 from torch_mlir.dialects import transform
 from torch_mlir.dialects.transform import loop, structured
@@ -83,6 +85,7 @@ from transform_ext.shrink_unread_inputs import shrink_unread_inputs
 from transform_ext.store_scores_keys_major import store_scores_keys_major
 
 from ..common import apply_passes, match
+from ..generic import largest_divisor_at_most
 from ..cross_entropy.fuse import (CLASS_SUM, match_attr, name_target_checks, normalize,
                                   restructure_reading, sink_root_readers, split_handle, tile_rows)
 from ..script import include_step
@@ -189,11 +192,14 @@ def targets_in_lanes(rows: int, lanes: int):
     return body
 
 
-def fuse_backward(params: LinearCrossEntropyParams):
+def fuse_backward(params: LinearCrossEntropyParams, rows: int = 0, classes: int = 0):
     """Step 3 of the module docstring; in the [N, V]-major form (the GPU's) the backward in
     two passes (transform_ext.fuse_linear_cross_entropy_backward_two_pass: dh per block of
-    `row_tile` rows over class tiles of `class_tile`, dW and db per block of `row_tile`
-    classes over row tiles of `class_tile`)."""
+    rows over class tiles, dW and db per block of classes over row tiles; the block the
+    largest divisor of N and V (`rows`, `classes`) at most `row_tile`, the step the largest
+    at most `class_tile`)."""
+    common = math.gcd(rows, classes)
+
     def body(root: ir.Value) -> ir.Value:
         func = match(root, "func.func")
         if params.classes_major:
@@ -202,8 +208,9 @@ def fuse_backward(params: LinearCrossEntropyParams):
                                                threads=params.threads, panel=params.panel,
                                                bf16_pairs=params.bf16_dot)
         else:
-            fuse_linear_cross_entropy_backward_two_pass(func, rows=params.row_tile,
-                                                        classes=params.class_tile)
+            fuse_linear_cross_entropy_backward_two_pass(
+                func, block=largest_divisor_at_most(common, params.row_tile),
+                step=largest_divisor_at_most(common, params.class_tile))
         return apply_passes(root, "canonicalize", "cse")
 
     return body
@@ -265,7 +272,8 @@ def fuse_steps(plan: LinearCrossEntropyPlan) -> list[tuple[str, object]]:
     if plan.params.lanes:
         steps.append(("lane_form", lane_form(plan.rows_total, plan.params.lanes)))
     if plan.backward:
-        steps.append(("fuse_backward", fuse_backward(plan.params)))
+        steps.append(("fuse_backward", fuse_backward(plan.params, plan.rows_total,
+                                                     plan.classes)))
     if plan.params.classes_major:
         steps.append(("logits_classes_major", logits_classes_major))
     steps.append(("mark_class_sums", mark_class_sums))

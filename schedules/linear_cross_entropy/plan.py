@@ -104,7 +104,7 @@ def plan_linear_cross_entropy(payload: ir.Module,
         _apply(trial, lane_form(n, params.lanes))
     backward = _has_backward(trial)
     if backward:
-        _apply(trial, fuse_backward(params))
+        _apply(trial, fuse_backward(params, n, classes))
     if params.classes_major:
         _apply(trial, logits_classes_major)
     _apply(trial, mark_class_sums)

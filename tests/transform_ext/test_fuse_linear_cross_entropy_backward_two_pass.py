@@ -18,7 +18,7 @@ def test_the_backward_becomes_two_passes():
     is in the passes."""
     payload = _joint()
     apply(payload, lambda root: fuse_linear_cross_entropy_backward_two_pass(
-        match(root, "func.func"), rows=4, classes=4))
+        match(root, "func.func"), block=4, step=4))
     check(str(payload), """
         CHECK: scf.forall (%[[B:.*]]) in (5) shared_outs(%{{.*}} = %{{.*}}) -> (tensor<20x16xf32>)
         CHECK:   %[[S0:.*]] = arith.muli %[[B]], %{{.*}} : index
@@ -51,8 +51,8 @@ def test_blocks_that_do_not_divide_are_refused():
     payload = _joint()
     before = str(payload)
     message = apply_expect_failure(payload, lambda root: fuse_linear_cross_entropy_backward_two_pass(
-        match(root, "func.func"), rows=8, classes=4))
-    assert "the rows (20) are not a multiple of the rows tile (8) of the two-pass backward" \
+        match(root, "func.func"), block=8, step=4))
+    assert "the rows (20) are not a multiple of the block (8) of the two-pass backward" \
         in message
     assert str(payload) == before
 
@@ -61,6 +61,6 @@ def test_a_gradient_read_by_another_op_is_refused():
     payload = _joint(returns_logits=True)
     before = str(payload)
     message = apply_expect_failure(payload, lambda root: fuse_linear_cross_entropy_backward_two_pass(
-        match(root, "func.func"), rows=4, classes=4))
+        match(root, "func.func"), block=4, step=4))
     assert "fuse_linear_cross_entropy_backward_two_pass" in message
     assert str(payload) == before
