@@ -65,6 +65,7 @@ from transform_ext.filter_ops import filter_reductions
 from transform_ext.fold_casts_into_contractions import fold_casts_into_contractions
 from transform_ext.fold_gathers_through_contraction import fold_gathers_through_contraction
 from transform_ext.fold_key_transpose import fold_key_transpose
+from transform_ext.fold_one_hot_class_sums import fold_one_hot_class_sums
 from transform_ext.fuse_dependent_reduction_ops import fuse_dependent_reduction_ops
 from transform_ext.fuse_linear_cross_entropy_backward import fuse_linear_cross_entropy_backward
 from transform_ext.fuse_linear_cross_entropy_backward_two_pass import (
@@ -192,6 +193,15 @@ def targets_in_lanes(rows: int, lanes: int):
     return body
 
 
+def fold_one_hot_sums(root: ir.Value) -> ir.Value:
+    """Step 3 (lanes > 0, the joint graph): the backward's one-hot row sums (a sum over the
+    classes of a term that only the target class leaves nonzero) become per-row ops
+    (transform_ext.fold_one_hot_class_sums): the passes read them per row, no [N, V]
+    iteration space is left outside the kernels."""
+    fold_one_hot_class_sums(match(root, "func.func"))
+    return apply_passes(root, "canonicalize", "cse")
+
+
 def fuse_backward(params: LinearCrossEntropyParams, rows: int = 0, classes: int = 0):
     """Step 3 of the module docstring; in the [N, V]-major form (the GPU's) the backward in
     two passes (transform_ext.fuse_linear_cross_entropy_backward_two_pass: dh per block of
@@ -271,6 +281,8 @@ def fuse_steps(plan: LinearCrossEntropyPlan) -> list[tuple[str, object]]:
              gather_step(plan.params)]
     if plan.params.lanes:
         steps.append(("lane_form", lane_form(plan.rows_total, plan.params.lanes)))
+    if plan.params.lanes and plan.backward:
+        steps.append(("fold_one_hot_sums", fold_one_hot_sums))
     if plan.backward:
         steps.append(("fuse_backward", fuse_backward(plan.params, plan.rows_total,
                                                      plan.classes)))

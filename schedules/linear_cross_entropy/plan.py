@@ -26,7 +26,7 @@ from ..cross_entropy.plan import row_producers
 from ..cross_entropy.recognize import last_row_op
 from ..generic import largest_divisor_at_most
 from ..prepare import check_by_planning
-from .fuse import (ROW_BLOCKS, fold_casts, fuse_backward, fuse_class_loops, gather_step,
+from .fuse import (ROW_BLOCKS, fold_casts, fold_one_hot_sums, fuse_backward, fuse_class_loops, gather_step,
                    logits_classes_major, mark_class_sums, name_target_checks, normalize_loss,
                    restructure, shrink_bounds, sink_root_readers, tile_rows)
 from .fuse import CLASS_SUM, lane_form, targets_in_lanes
@@ -103,6 +103,8 @@ def plan_linear_cross_entropy(payload: ir.Module,
     if params.lanes:
         _apply(trial, lane_form(n, params.lanes))
     backward = _has_backward(trial)
+    if params.lanes and backward:
+        _apply(trial, fold_one_hot_sums)
     if backward:
         _apply(trial, fuse_backward(params, n, classes))
     if params.classes_major:
