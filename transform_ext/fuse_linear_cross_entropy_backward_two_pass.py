@@ -27,8 +27,10 @@ S is recomputed in both passes (twice the forward's logits FLOPs, the price of n
 buffer and no atomics). The products read h and W in their own element type (each term
 widened in the product's body, f32 accumulators: f16/bf16 operands go to DPAS as they are);
 G's tile keeps E's element type (torch rounds d logits to bf16 before its bf16 products).
-The foralls carry BACKWARD_PASS (1, 2) and no mapping (the target maps them). A transposed
-dh or dW (the backward of a transposed view) is transposed once at the end.
+The foralls carry BACKWARD_PASS (1, 2) and no mapping (the target maps them). A result read
+only by an elementwise op of its own (the cast of dh, dW or db to the inputs' type) is
+written through it, block by block (that op is replaced); a transposed dh or dW (the
+backward of a transposed view) is transposed once at the end.
 
 Preconditions (checked on every target first; a violation is a silenceable failure naming
 the op): those of fuse_linear_cross_entropy_backward (one such backward, static shapes, E's
@@ -43,10 +45,10 @@ from torch_mlir.dialects import arith, ext, linalg, scf, tensor, transform
 
 from .analysis.linear_cross_entropy_backward import LinearCrossEntropyBackward
 from .analysis.structure import dim_positions, loop_structure
-from .common import (Illegal, RewritesTargets, Success, build_generic, clone_op, fail,
-                     payload_ops)
+from .common import (Illegal, RewritesTargets, Success, body_of, build_generic, clone_op, fail,
+                     payload_ops, terminator, users)
 from .dialect import TransformExt
-from .fuse_linear_cross_entropy_backward import (_ClassAccumulator, _index, _init_ops, _map,
+from .fuse_linear_cross_entropy_backward import (_index, _init_ops, _map,
                                                  _multiply_add, _parallel_insert, _slice, _zeros,
                                                  plan, tile_op)
 
@@ -67,6 +69,80 @@ def _mark(forall: scf.ForallOp, number: int) -> None:
         ir.IntegerType.get_signless(64), number)
 
 
+def epilogue_of(op: ir.Operation | None) -> ir.Operation | None:
+    """The elementwise op that is the only reader of `op`'s result (a cast of dh, dW or db
+    to the inputs' type), when its body reads only its input element: then the pass applies
+    it to each block before the block is written."""
+    if op is None:
+        return None
+    readers = users(op.results[0])
+    if len(readers) != 1 or readers[0].name != "linalg.generic":
+        return None
+    (reader,) = readers
+    ls = loop_structure(reader)
+    rank = ir.RankedTensorType(op.results[0].type).rank
+    identity = ir.AffineMap.get_identity(rank)
+    body = body_of(reader)
+    if ls.num_inputs != 1 or ls.num_outputs != 1 or ls.reduction_dims or \
+            any(m != identity for m in ls.maps) or ls.output_map(0) != identity or \
+            list(body.arguments[1].uses) or any(
+                o.operation.regions or o.operation.name in ("linalg.index", "tensor.extract")
+                for o in body.operations):
+        return None
+    return reader
+
+
+def _apply_epilogue(value: ir.Value, epilogue: ir.Operation | None) -> ir.Value:
+    """`value` through `epilogue`'s body (itself when there is none)."""
+    if epilogue is None:
+        return value
+    t = ir.RankedTensorType(value.type)
+    element = ir.RankedTensorType(epilogue.results[0].type).element_type
+    identity = ir.AffineMap.get_identity(t.rank)
+    body = body_of(epilogue)
+
+    def clone(args):
+        mapping = {body.arguments[0]: args[0]}
+        for inner in list(body.operations)[:-1]:
+            clone_op(inner.operation, mapping)
+        return [mapping.get(v, v) for v in terminator(body).operands]
+
+    return build_generic([value], [tensor.EmptyOp(list(t.shape), element).result],
+                         [identity, identity], ["parallel"] * t.rank, clone).results[0]
+
+
+class _Output:
+    """A result of a pass: its block (`part`, [block, ...] at `axis`) accumulated from
+    `start(origin)`, written through the epilogue into an empty tensor of the final type."""
+
+    def __init__(self, shape: list[int], axis: int, epilogue: ir.Operation | None,
+                 init: ir.Value | None = None):
+        self.shape, self.axis, self.epilogue, self.init = shape, axis, epilogue, init
+        element = (ir.RankedTensorType(epilogue.results[0].type).element_type if epilogue
+                   else ir.F32Type.get())
+        self.empty = tensor.EmptyOp(shape, element).result
+
+    def _range(self, origin, size) -> tuple[list, list]:
+        offsets, sizes = [0] * len(self.shape), list(self.shape)
+        offsets[self.axis], sizes[self.axis] = origin, size
+        return offsets, sizes
+
+    def start(self, origin, size) -> ir.Value:
+        """The block's accumulator before the loop: zeros, or the block of the init."""
+        offsets, sizes = self._range(origin, size)
+        if self.init is None:
+            return _zeros(sizes, ir.F32Type.get())
+        return _slice(self.init, offsets, sizes)
+
+    def finish(self, part: ir.Value) -> ir.Value:
+        """The block as written: through the epilogue (before the forall's terminator)."""
+        return _apply_epilogue(part, self.epilogue)
+
+    def write(self, block: ir.Value, out: ir.Value, origin, size) -> None:
+        offsets, sizes = self._range(origin, size)
+        _parallel_insert(block, out, offsets, sizes)
+
+
 class _TwoPass:
     """The two foralls of the module docstring for one backward."""
 
@@ -75,6 +151,11 @@ class _TwoPass:
         self.n, self.v, self.d = bwd.logits.shape
         self.block, self.step = block, step
         self.f32 = ir.F32Type.get()
+        self.epilogues = {op: None if role in bwd.transposed else epilogue_of(op)
+                          for op, role in ((bwd.d_rows, "rows"), (bwd.d_weight, "weight"))
+                          if op is not None}
+        for column in bwd.column_sums:
+            self.epilogues[column.op] = epilogue_of(column.op)
 
     def gradient_tile(self, s: ir.Value, rows: tuple, classes: tuple,
                       rows_major: bool) -> ir.Value | None:
@@ -89,16 +170,16 @@ class _TwoPass:
                        tensor.EmptyOp(shape, element).result, _map(2, [0, 1]), rows_major)
 
     def rows_pass(self) -> ir.Value:
-        """Pass 1: dh [N, D] f32."""
+        """Pass 1: dh [N, D] (f32, or its epilogue's type)."""
         h, w = self.bwd.logits.rows, self.bwd.logits.weight
         r, c, d = self.block, self.step, self.d
-        forall = scf.ForallOp([0], [self.n // r], [1],
-                              shared_outs=[tensor.EmptyOp([self.n, d], self.f32).result])
+        output = _Output([self.n, d], 0, self.epilogues[self.bwd.d_rows])
+        forall = scf.ForallOp([0], [self.n // r], [1], shared_outs=[output.empty])
         _mark(forall, 1)
         with ir.InsertionPoint(forall.body):
             s0 = arith.muli(forall.induction_variables[0], _index(r))
             h_s = _slice(h, [s0, 0], [r, d])
-            loop = scf.ForOp(_index(0), _index(self.v), _index(c), [_zeros([r, d], self.f32)])
+            loop = scf.ForOp(_index(0), _index(self.v), _index(c), [output.start(s0, r)])
             with ir.InsertionPoint(loop.body):
                 c0 = loop.induction_variable
                 w_c = _slice(w, [c0, 0], [c, d])
@@ -106,19 +187,21 @@ class _TwoPass:
                 g = self.gradient_tile(s, (s0, r), (c0, c), rows_major=True)
                 dh = _product(g, [0, 2], w_c, [2, 1], loop.inner_iter_args[0])
                 scf.YieldOp([dh])
+            block = output.finish(loop.results[0])
             parallel = scf.InParallelOp()
             with ir.InsertionPoint(parallel.block):
-                _parallel_insert(loop.results[0], forall.inner_iter_args[0], [s0, 0], [r, d])
+                output.write(block, forall.inner_iter_args[0], s0, r)
         return forall.results[0]
 
     def classes_pass(self) -> list[ir.Value]:
-        """Pass 2: dW [V, D] f32 (when there is one), then the column sums."""
+        """Pass 2: dW [V, D] (when there is one), then the column sums (f32, or their
+        epilogues' types)."""
         bwd = self.bwd
         h, w = bwd.logits.rows, bwd.logits.weight
         r, c, d = self.block, self.step, self.d
-        accumulators = []
+        outputs = []
         if bwd.d_weight is not None:
-            accumulators.append(_ClassAccumulator(tensor.EmptyOp([self.v, d], self.f32).result, 0))
+            outputs.append(_Output([self.v, d], 0, self.epilogues[bwd.d_weight]))
         for column in bwd.column_sums:
             ls = loop_structure(column.op)
             init = column.op.operands[ls.num_inputs]
@@ -126,17 +209,15 @@ class _TwoPass:
             for op in _init_ops(init):  # its init, rebuilt here (from constants only)
                 clone_op(op, mapping)
             axis = dim_positions(ls.output_map(0)).index(column.class_loop)
-            accumulators.append(_ClassAccumulator(mapping[init], axis))
-        forall = scf.ForallOp([0], [self.v // r], [1], shared_outs=[a.init for a in accumulators])
+            outputs.append(_Output(list(ir.RankedTensorType(init.type).shape), axis,
+                                   self.epilogues[column.op], mapping[init]))
+        forall = scf.ForallOp([0], [self.v // r], [1], shared_outs=[o.empty for o in outputs])
         _mark(forall, 2)
         with ir.InsertionPoint(forall.body):
             c0 = arith.muli(forall.induction_variables[0], _index(r))
             w_c = _slice(w, [c0, 0], [r, d])
-            outs = list(forall.inner_iter_args)
-            sums = accumulators[1:] if bwd.d_weight is not None else accumulators
-            inits = ([_zeros([r, d], self.f32)] if bwd.d_weight is not None else []) + \
-                [a.slice(out, c0, r) for a, out in zip(sums, outs[len(outs) - len(sums):])]
-            loop = scf.ForOp(_index(0), _index(self.n), _index(c), inits)
+            loop = scf.ForOp(_index(0), _index(self.n), _index(c),
+                             [o.start(c0, r) for o in outputs])
             with ir.InsertionPoint(loop.body):
                 s0 = loop.induction_variable
                 h_s = _slice(h, [s0, 0], [c, d])
@@ -152,10 +233,11 @@ class _TwoPass:
                 for column, total in zip(bwd.column_sums, carried):
                     result.append(tile_op(column, tiles, (s0, c), (c0, r), total))
                 scf.YieldOp(result)
+            blocks = [o.finish(part) for o, part in zip(outputs, loop.results)]
             parallel = scf.InParallelOp()
             with ir.InsertionPoint(parallel.block):
-                for a, part, out in zip(accumulators, loop.results, outs):
-                    a.parallel_insert(part, out, c0, r)
+                for o, block, out in zip(outputs, blocks, forall.inner_iter_args):
+                    o.write(block, out, c0, r)
         return list(forall.results)
 
     def build(self) -> list[ir.Value]:
@@ -169,7 +251,8 @@ class _TwoPass:
 def rewrite(bwd: LinearCrossEntropyBackward, at: ir.Operation, block: int, step: int,
             rewriter) -> None:
     with ir.InsertionPoint(at), at.location:
-        results = iter(_TwoPass(bwd, block, step).build())
+        passes = _TwoPass(bwd, block, step)
+        results = iter(passes.build())
         replaced = [(op, next(results)) for op in (bwd.d_rows, bwd.d_weight) if op is not None]
         replaced += [(column.op, next(results)) for column in bwd.column_sums]
         for i, (op, value) in enumerate(replaced):
@@ -181,7 +264,12 @@ def rewrite(bwd: LinearCrossEntropyBackward, at: ir.Operation, block: int, step:
                 replaced[i] = (op, linalg.transpose(value, outs=[empty],
                                                     permutation=[1, 0]).results[0])
     for op, value in replaced:
-        rewriter.replace_op(op, [value])
+        epilogue = passes.epilogues.get(op)
+        if epilogue is not None:
+            rewriter.replace_op(epilogue, [value])
+            rewriter.erase_op(op)
+        else:
+            rewriter.replace_op(op, [value])
     for op in reversed(bwd.transposes):
         if not any(list(r.uses) for r in op.results):
             rewriter.erase_op(op)

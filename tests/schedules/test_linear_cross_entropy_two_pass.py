@@ -91,21 +91,24 @@ def test_the_backward_is_two_passes_with_no_logits_buffer(tmp_path_factory):
     """After @fuse: the forward's row blocks, then dh per block of 64 rows (class loop in
     steps of 32: the logits tile [64, 32] and its gradient by products reading bf16 h and W
     as they are), then dW and db per block of 64 classes (row loop in steps of 32: the tile
-    transposed [64, 32]); no tensor of N x V elements anywhere."""
+    transposed [64, 32]); each gradient written in bf16 block by block (the cast fused into
+    its pass); no tensor of N x V elements anywhere, no op left between the passes and the
+    return."""
     _, text, _ = _compiled("bf16_bias_weight_mean", tmp_path_factory)
     check(text, """
         CHECK: scf.forall {{.*}} in (3)
         CHECK: } {lh.row_blocks}
-        CHECK: scf.forall {{.*}} in (3) shared_outs({{.*}}) -> (tensor<192x96xf32>)
+        CHECK: scf.forall {{.*}} in (3) shared_outs({{.*}}) -> (tensor<192x96xbf16>)
         CHECK:   scf.for {{.*}} step %c32{{.*}} -> (tensor<64x96xf32>)
         CHECK:     linalg.generic {{.*}} ins({{.*}} : tensor<64x96xbf16>, tensor<32x96xbf16>) outs({{.*}} : tensor<64x32xf32>)
         CHECK:     math.exp
         CHECK:     linalg.generic {{.*}} ins({{.*}} : tensor<64x32xbf16>, tensor<32x96xbf16>) outs({{.*}} : tensor<64x96xf32>)
         CHECK: } {lh.linear_ce_backward_pass = 1 : i64}
-        CHECK: scf.forall {{.*}} in (5) shared_outs({{.*}}) -> (tensor<320x96xf32>, tensor<320xf32>)
+        CHECK: scf.forall {{.*}} in (5) shared_outs({{.*}}) -> (tensor<320x96xbf16>, tensor<320xbf16>)
         CHECK:   scf.for {{.*}} step %c32{{.*}} -> (tensor<64x96xf32>, tensor<64xf32>)
         CHECK:     linalg.generic {{.*}} ins({{.*}} : tensor<64x96xbf16>, tensor<32x96xbf16>) outs({{.*}} : tensor<64x32xf32>)
         CHECK:     linalg.generic {{.*}} ins({{.*}} : tensor<64x32xbf16>, tensor<32x96xbf16>) outs({{.*}} : tensor<64x96xf32>)
         CHECK: } {lh.linear_ce_backward_pass = 2 : i64}
+        CHECK-NEXT: return
     """)
     assert "192x320" not in text and "320x192" not in text
