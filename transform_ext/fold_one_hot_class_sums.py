@@ -21,7 +21,8 @@ and the term must come out as a zero constant through value-preserving casts of 
 GPU, a per-row op fuses into the kernels that read it).
 
 Targets: functions; a target without a region is a silenceable failure. Ops that do not
-have this form are left alone (matching never fails). The target handle stays valid.
+have this form are left alone (matching never fails). The target handle stays valid; the
+result holds the per-row ops made.
 """
 
 from torch_mlir import ir
@@ -145,7 +146,7 @@ def _reads(value: ir.Value, c: ir.Value, limit: int = 64) -> bool:
     return any(_reads(v, c, limit - 1) for v in owner.operands)
 
 
-def rewrite(op: ir.Operation, class_loop: int, a: ir.Value, rewriter) -> None:
+def rewrite(op: ir.Operation, class_loop: int, a: ir.Value, rewriter) -> ir.Operation:
     ls = loop_structure(op)
     (row_loop,) = [d for d in range(2) if d != class_loop]
     block = body_of(op)
@@ -196,10 +197,12 @@ def rewrite(op: ir.Operation, class_loop: int, a: ir.Value, rewriter) -> None:
         empty = tensor.EmptyOp(list(t.shape), t.element_type).result
         new = build_generic(inputs, [empty], maps, ["parallel"], body)
     rewriter.replace_op(op, [new.results[0]])
+    return new.operation
 
 
 class FoldOneHotClassSumsOp(TransformExt.Operation, name="fold_one_hot_class_sums"):
     target: ext.Operand[transform.AnyOpType]
+    result: ext.Result[transform.AnyOpType[()]] = ext.infer_result()
 
     class Apply(transform.TransformOpInterface):
         @staticmethod
@@ -212,11 +215,13 @@ class FoldOneHotClassSumsOp(TransformExt.Operation, name="fold_one_hot_class_sum
                             raise Illegal(t, "not a function")
                 except Illegal as illegal:
                     return fail(NAME, illegal)
+                folded = []
                 for t in targets:
                     for candidate in block_ops(t):
                         plan = one_hot_plan(candidate)
                         if plan is not None:
-                            rewrite(candidate, *plan, rewriter)
+                            folded.append(rewrite(candidate, *plan, rewriter))
+                results.set_ops(op.result, folded)
                 return Success
 
         @staticmethod
@@ -226,9 +231,10 @@ class FoldOneHotClassSumsOp(TransformExt.Operation, name="fold_one_hot_class_sum
     Effects = RewritesTargets
 
 
-def fold_one_hot_class_sums(func_handle: ir.Value) -> None:
-    """Fold the one-hot class sums of each function of `func_handle` (module docstring)."""
-    FoldOneHotClassSumsOp(func_handle)
+def fold_one_hot_class_sums(func_handle: ir.Value) -> ir.Value:
+    """Fold the one-hot class sums of each function of `func_handle` (module docstring);
+    returns the per-row ops made."""
+    return FoldOneHotClassSumsOp(func_handle).result
 
 
 __all__ = ["FoldOneHotClassSumsOp", "fold_one_hot_class_sums"]

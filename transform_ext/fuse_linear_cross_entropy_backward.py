@@ -450,12 +450,17 @@ class _Block:
 
 
 def tile_op(item: RowsAndClasses, tiles: dict, rows: tuple, classes: tuple, out: ir.Value,
-            out_map: ir.AffineMap | None = None, rows_major: bool = False) -> ir.Value:
+            out_map: ir.AffineMap | None = None, rows_major: bool = False,
+            sliced: dict | None = None, slice_fn=None) -> ir.Value:
     """`item`'s op at a tile of (origin, size) `rows` and `classes`, into `out` (through
     `out_map`, else its own output map): its loops (rows, classes) become (0, 1) when
     `rows_major`, else (1, 0); S and G read as their tiles (the values of `tiles`, laid out
     as the loops), every other input sliced to the tile along the dims it reads;
-    linalg.index counts from the tile's origin."""
+    linalg.index counts from the tile's origin. `sliced`: inputs already sliced to the tile
+    (value -> its slice, or for a rank-0 input the scalar read from it, used in the body
+    directly); `slice_fn(value, offsets, sizes)` slices the others (a tensor.extract_slice
+    by default)."""
+    slice_fn = slice_fn or _slice
     op = item.op
     ls = loop_structure(op)
     rows_at, classes_at = (0, 1) if rows_major else (1, 0)
@@ -468,13 +473,18 @@ def tile_op(item: RowsAndClasses, tiles: dict, rows: tuple, classes: tuple, out:
                                        if isinstance(e, ir.AffineDimExpr) else e
                                        for e in amap.results])
 
-    inputs, maps = [], []
-    for value, amap in zip(list(op.operands)[:ls.num_inputs], ls.maps):
+    inputs, maps, scalars = [], [], {}
+    for i, (value, amap) in enumerate(zip(list(op.operands)[:ls.num_inputs], ls.maps)):
         if value in tiles:
             inputs.append(tiles[value])
             maps.append(_map(2, [0, 1]))
             continue
-        if isinstance(value.type, ir.RankedTensorType):
+        if sliced and value in sliced and not isinstance(sliced[value].type, ir.ShapedType):
+            scalars[i] = sliced[value]   # a rank-0 input read once as a scalar
+            continue
+        if sliced and value in sliced:
+            value = sliced[value]
+        elif isinstance(value.type, ir.RankedTensorType):
             offsets, sizes = [], []
             for axis, expr in enumerate(amap.results):
                 if isinstance(expr, ir.AffineDimExpr):
@@ -483,13 +493,15 @@ def tile_op(item: RowsAndClasses, tiles: dict, rows: tuple, classes: tuple, out:
                 else:
                     offsets.append(0)
                     sizes.append(ir.RankedTensorType(value.type).shape[axis])
-            value = _slice(value, offsets, sizes)
+            value = slice_fn(value, offsets, sizes)
         inputs.append(value)
         maps.append(tile_map(amap))
     body = body_of(op)
 
     def clone(args):
-        mapping = {body.arguments[i]: args[i] for i in range(ls.num_inputs + 1)}
+        args = iter(args)
+        mapping = {body.arguments[i]: scalars[i] if i in scalars else next(args)
+                   for i in range(ls.num_inputs + 1)}
         for inner in list(body.operations)[:-1]:
             inner = inner.operation
             if inner.name == "linalg.index":

@@ -21,7 +21,10 @@ R = `block`, C = `step`:
                                                             swapped)
             dW_c += G_cs^T h_s,  Z_c = F(S_cs^T, G_cs^T, ...) reduced into Z_c
 
-Each pass's block is its forall's iteration (a GPU workgroup), the block's own index the
+The tiles of G and the column sums compute the elementwise producers they read from the
+function's arguments (a widened bias) on their slices themselves, so the passes share no
+producer with the forward (whose kernel would otherwise have to write it); a rank-0 input (the count or total
+weight) is read once per block as a scalar. Each pass's block is its forall's iteration (a GPU workgroup), the block's own index the
 rows of every product (pass 1: h's rows, pass 2: W's classes), so no sum crosses blocks;
 S is recomputed in both passes (twice the forward's logits FLOPs, the price of no [N, V]
 buffer and no atomics). The products read h and W in their own element type (each term
@@ -48,6 +51,7 @@ from .analysis.structure import dim_positions, loop_structure
 from .common import (Illegal, RewritesTargets, Success, body_of, build_generic, clone_op, fail,
                      payload_ops, terminator, users)
 from .dialect import TransformExt
+from .inline_argument_producers import computes_from_arguments
 from .fuse_linear_cross_entropy_backward import (_index, _init_ops, _map,
                                                  _multiply_add, _parallel_insert, _slice, _zeros,
                                                  plan, tile_op)
@@ -146,8 +150,9 @@ class _Output:
 class _TwoPass:
     """The two foralls of the module docstring for one backward."""
 
-    def __init__(self, bwd: LinearCrossEntropyBackward, block: int, step: int):
-        self.bwd = bwd
+    def __init__(self, bwd: LinearCrossEntropyBackward, at: ir.Operation, block: int,
+                 step: int):
+        self.bwd, self.at = bwd, at
         self.n, self.v, self.d = bwd.logits.shape
         self.block, self.step = block, step
         self.f32 = ir.F32Type.get()
@@ -157,8 +162,70 @@ class _TwoPass:
         for column in bwd.column_sums:
             self.epilogues[column.op] = epilogue_of(column.op)
 
-    def gradient_tile(self, s: ir.Value, rows: tuple, classes: tuple,
-                      rows_major: bool) -> ir.Value | None:
+    def slice_of(self, value: ir.Value, offsets: list, sizes: list) -> ir.Value:
+        """The tile [offsets, sizes] of `value`: a slice, or when `value` is computed
+        elementwise from the function's arguments (identity maps) that computation on the
+        slices of its inputs."""
+        producer = value.owner
+        producer = getattr(producer, "operation", producer)
+        if not isinstance(producer, ir.Operation) or producer.name != "linalg.generic" or \
+                producer.parent != self.at.parent or \
+                not computes_from_arguments(producer, self.at.block):
+            return _slice(value, offsets, sizes)
+        ls = loop_structure(producer)
+        rank = ir.RankedTensorType(value.type).rank
+        identity = ir.AffineMap.get_identity(rank)
+        body = body_of(producer)
+        if ls.num_outputs != 1 or any(m != identity for m in ls.maps) or \
+                ls.output_map(0) != identity or list(body.arguments[ls.num_inputs].uses):
+            return _slice(value, offsets, sizes)
+        inputs = [self.slice_of(v, offsets, sizes) for v in list(producer.operands)[:ls.num_inputs]]
+        element = ir.RankedTensorType(value.type).element_type
+
+        def clone(args):
+            mapping = dict(zip(list(body.arguments)[:ls.num_inputs], args))
+            for inner in list(body.operations)[:-1]:
+                clone_op(inner.operation, mapping)
+            return [mapping.get(v, v) for v in terminator(body).operands]
+
+        return build_generic(inputs, [tensor.EmptyOp(sizes, element).result],
+                             [identity] * (ls.num_inputs + 1), ["parallel"] * rank,
+                             clone).results[0]
+
+    def scalars(self) -> dict:
+        """The rank-0 tensors G and the column sums read (the count or total weight), each
+        read once as a scalar (at the top of a pass's block: no 0-d vectors on a GPU)."""
+        read = {}
+        items = ([self.bwd.gradient] if self.bwd.gradient is not None else []) + \
+            self.bwd.column_sums
+        for item in items:
+            ls = loop_structure(item.op)
+            for value in list(item.op.operands)[:ls.num_inputs]:
+                if isinstance(value.type, ir.RankedTensorType) and value.type.rank == 0 \
+                        and value not in read:
+                    read[value] = tensor.extract(value, [])
+        return read
+
+    def row_slices(self, s0: ir.Value, rows: int) -> dict:
+        """The tensors G reads per row only, sliced to the block's rows (before the class
+        loop of pass 1: its per-row producers then fuse into the block, not the loop)."""
+        g = self.bwd.gradient
+        if g is None:
+            return {}
+        ls = loop_structure(g.op)
+        sliced = {}
+        for value, amap in zip(list(g.op.operands)[:ls.num_inputs], ls.maps):
+            dims = dim_positions(amap)
+            if isinstance(value.type, ir.RankedTensorType) and g.class_loop not in dims and \
+                    g.rows_loop in dims and value not in sliced:
+                t = ir.RankedTensorType(value.type)
+                sliced[value] = self.slice_of(
+                    value, [s0 if d == g.rows_loop else 0 for d in dims],
+                    [rows if d == g.rows_loop else t.shape[i] for i, d in enumerate(dims)])
+        return sliced
+
+    def gradient_tile(self, s: ir.Value, rows: tuple, classes: tuple, rows_major: bool,
+                      sliced: dict | None = None) -> ir.Value | None:
         """G's tile from S's tile `s` ([rows, classes] when `rows_major`, else transposed);
         None when nothing reads G."""
         g = self.bwd.gradient
@@ -167,7 +234,8 @@ class _TwoPass:
         shape = [rows[1], classes[1]] if rows_major else [classes[1], rows[1]]
         element = ir.RankedTensorType(g.op.results[0].type).element_type
         return tile_op(g, {self.bwd.logits.result: s}, rows, classes,
-                       tensor.EmptyOp(shape, element).result, _map(2, [0, 1]), rows_major)
+                       tensor.EmptyOp(shape, element).result, _map(2, [0, 1]), rows_major,
+                       sliced, self.slice_of)
 
     def rows_pass(self) -> ir.Value:
         """Pass 1: dh [N, D] (f32, or its epilogue's type)."""
@@ -179,12 +247,13 @@ class _TwoPass:
         with ir.InsertionPoint(forall.body):
             s0 = arith.muli(forall.induction_variables[0], _index(r))
             h_s = _slice(h, [s0, 0], [r, d])
+            per_row = {**self.scalars(), **self.row_slices(s0, r)}
             loop = scf.ForOp(_index(0), _index(self.v), _index(c), [output.start(s0, r)])
             with ir.InsertionPoint(loop.body):
                 c0 = loop.induction_variable
                 w_c = _slice(w, [c0, 0], [c, d])
                 s = _product(h_s, [0, 2], w_c, [1, 2], _zeros([r, c], self.f32))
-                g = self.gradient_tile(s, (s0, r), (c0, c), rows_major=True)
+                g = self.gradient_tile(s, (s0, r), (c0, c), rows_major=True, sliced=per_row)
                 dh = _product(g, [0, 2], w_c, [2, 1], loop.inner_iter_args[0])
                 scf.YieldOp([dh])
             block = output.finish(loop.results[0])
@@ -216,6 +285,7 @@ class _TwoPass:
         with ir.InsertionPoint(forall.body):
             c0 = arith.muli(forall.induction_variables[0], _index(r))
             w_c = _slice(w, [c0, 0], [r, d])
+            scalars = self.scalars()
             loop = scf.ForOp(_index(0), _index(self.n), _index(c),
                              [o.start(c0, r) for o in outputs])
             with ir.InsertionPoint(loop.body):
@@ -223,7 +293,8 @@ class _TwoPass:
                 h_s = _slice(h, [s0, 0], [c, d])
                 s_t = _product(w_c, [0, 2], h_s, [1, 2], _zeros([r, c], self.f32))
                 tiles = {bwd.logits.result: s_t}
-                g_t = self.gradient_tile(s_t, (s0, c), (c0, r), rows_major=False)
+                g_t = self.gradient_tile(s_t, (s0, c), (c0, r), rows_major=False,
+                                         sliced=scalars)
                 if g_t is not None:
                     tiles[bwd.gradient.op.results[0]] = g_t
                 carried = iter(loop.inner_iter_args)
@@ -231,7 +302,8 @@ class _TwoPass:
                 if bwd.d_weight is not None:
                     result.append(_product(g_t, [0, 2], h_s, [2, 1], next(carried)))
                 for column, total in zip(bwd.column_sums, carried):
-                    result.append(tile_op(column, tiles, (s0, c), (c0, r), total))
+                    result.append(tile_op(column, tiles, (s0, c), (c0, r), total,
+                                          sliced=scalars, slice_fn=self.slice_of))
                 scf.YieldOp(result)
             blocks = [o.finish(part) for o, part in zip(outputs, loop.results)]
             parallel = scf.InParallelOp()
@@ -251,7 +323,7 @@ class _TwoPass:
 def rewrite(bwd: LinearCrossEntropyBackward, at: ir.Operation, block: int, step: int,
             rewriter) -> None:
     with ir.InsertionPoint(at), at.location:
-        passes = _TwoPass(bwd, block, step)
+        passes = _TwoPass(bwd, at, block, step)
         results = iter(passes.build())
         replaced = [(op, next(results)) for op in (bwd.d_rows, bwd.d_weight) if op is not None]
         replaced += [(column.op, next(results)) for column in bwd.column_sums]

@@ -111,6 +111,8 @@ LOSS_KINDS = frozenset({"cross_entropy", "row_sum"})
 BACKWARD_KINDS = frozenset({"attention_dq", "attention_dkv"})
 # Plan kind of the fused linear cross-entropy forward (schedules/linear_cross_entropy/xegpu.py)
 LINEAR_CE_KIND = "linear_cross_entropy"
+# Plan kinds of its backward's two passes (schedules/linear_cross_entropy/xegpu_backward.py)
+LINEAR_CE_BACKWARD_KINDS = frozenset({"linear_cross_entropy_dh", "linear_cross_entropy_dw"})
 # Workgroup tiles [m, n] of contraction kernels, largest first.
 WORKGROUP_TILES = ((256, 256), (256, 128), (128, 256), (128, 128), (64, 128), (128, 64),
                    (64, 64), (32, 64), (64, 32), (32, 32), (16, 32), (8, 32), (16, 16), (8, 16))
@@ -612,19 +614,60 @@ class _StageBuilder:
                 forall, depth_tile=self.params.k_tile, **{**chip, "sg_rows": None})
         except ValueError as exc:
             raise UnsupportedError(f"xegpu: {exc}") from exc
+        forward = KernelPlan(LINEAR_CE_KIND, f"linear cross-entropy forward at "
+                             f"{forall.location}", tiles)
         linear_ce.tile_linear_cross_entropy(self.rec, tiles)
+        (func,) = func_ops(self.trial)
+        passes = self._linear_cross_entropy_backward(func)
         (func,) = func_ops(self.trial)
         after, other = linear_ce.row_sum_ops(func)
         if other:
             raise UnsupportedError(
                 f"xegpu: linear cross-entropy: {other[0].name} at {other[0].location} is "
                 "outside the fused forward and no reduction over the rows: no kernel for it")
-        self.plans.append(KernelPlan(LINEAR_CE_KIND, f"linear cross-entropy forward at "
-                                     f"{forall.location}", tiles))
+        row_sums = None
         if after:
             rows = tiles.rows * tiles.grid[0]
             sums = linear_ce.lower_row_sums(self.rec, rows, self.chip.subgroup_size)
-            self.plans.append(KernelPlan(sums.kind, sums.description, sums.tiles))
+            row_sums = KernelPlan(sums.kind, sums.description, sums.tiles)
+        # in launch order: the forward, then the passes and the reductions over the rows as
+        # the reduction kernel's outlining placed it (before the passes when they read its
+        # count, else after them)
+        from schedules.linear_cross_entropy.xegpu_backward import backward_pass_of
+        from transform_ext.fuse_linear_cross_entropy_backward_two_pass import BACKWARD_PASS
+
+        for kernel in top_level_foralls(self.trial):
+            if linear_ce.ROW_BLOCKS in kernel.attributes:
+                self.plans.append(forward)
+            elif BACKWARD_PASS in kernel.attributes:
+                self.plans.append(passes[backward_pass_of(kernel) - 1])
+            elif row_sums is not None:
+                self.plans.append(row_sums)
+
+    def _linear_cross_entropy_backward(self, func) -> list[KernelPlan]:
+        """The fused backward's two passes as kernels, their per-row producers fused in
+        (schedules/linear_cross_entropy/xegpu_backward.py); their plans, in launch order."""
+        from schedules.linear_cross_entropy import xegpu_backward as backward
+
+        chip = dict(subgroup_size=self.chip.subgroup_size, dpas=self.chip.dpas,
+                    max_threads=self.chip.max_workgroup_threads, grf_bytes=self.chip.grf_bytes,
+                    nb_prefetch=self.params.nb_prefetch)
+        from schedules.generic import func_ops
+
+        plans = []
+        for index in range(len(backward.backward_pass_foralls(func))):
+            # the trial as the steps before left it (a tiled pass is a new op)
+            (now,) = func_ops(self.trial)
+            forall = backward.backward_pass_foralls(now)[index]
+            try:
+                tiles = backward.plan_backward_pass(forall, **chip)
+            except ValueError as exc:
+                raise UnsupportedError(f"xegpu: {exc}") from exc
+            description = (f"linear cross-entropy backward pass {tiles.backward_pass} at "
+                           f"{forall.location}")
+            backward.tile_backward_pass(self.rec, tiles)
+            plans.append(KernelPlan(tiles.kind, description, tiles))
+        return plans
 
     def subgroups(self) -> None:
         """Each workgroup forall annotated with its subgroup decomposition (xegpu.sg_layout,
@@ -734,6 +777,8 @@ class _StageBuilder:
                                                            prefetch_shape)
         from schedules.linear_cross_entropy.xegpu import annotate_linear_cross_entropy
         from schedules.linear_cross_entropy.xegpu import kernel_anchors as linear_ce_anchors
+        from schedules.linear_cross_entropy.xegpu_backward import (
+            backward_anchors as linear_ce_backward_anchors)
         from schedules.xegpu.common import insert_loop_prefetches
         from schedules.xegpu.contraction import annotate_kernel, inspect_kernel
         from schedules.xegpu.rows import annotate_rows
@@ -771,6 +816,11 @@ class _StageBuilder:
                     insert_loop_prefetches(rec, func, plan.tiles.subgroups, chip.dpas[:2],
                                            plan.tiles.nb_prefetch)
                     shapes.append(linear_ce_anchors(func, plan.tiles))
+                elif plan.kind in LINEAR_CE_BACKWARD_KINDS:
+                    insert_loop_prefetches(rec, func, plan.tiles.subgroups, chip.dpas[:2],
+                                           plan.tiles.nb_prefetch)
+                    split_loads(rec, func)
+                    shapes.append(linear_ce_backward_anchors(func, plan.tiles))
                 else:
                     shapes.append(None)
             except ValueError as exc:
@@ -789,7 +839,7 @@ class _StageBuilder:
                     annotate_backward(handle, shape)
                 elif plan.kind in LOSS_KINDS:
                     annotate_loss_kernel(handle, shape)
-                elif plan.kind == LINEAR_CE_KIND:
+                elif plan.kind == LINEAR_CE_KIND or plan.kind in LINEAR_CE_BACKWARD_KINDS:
                     annotate_linear_cross_entropy(handle, shape)
                 else:
                     annotate_rows(handle, plan.tiles)

@@ -93,6 +93,7 @@ from ..script import include_step
 from .params import LateSum, LinearCrossEntropyParams, LinearCrossEntropyPlan
 
 ROW_BLOCKS = "lh.row_blocks"  # the forward's forall (the backward's is a fused kernel's)
+ONE_HOT_SUM = "lh.one_hot_sum"  # the backward's one-hot row sums, folded to per-row ops
 
 # the cross_entropy family's normalization without folding reshapes by expansion: the
 # logits' contraction of [B, T, D] hidden states keeps its 2-D form on the collapsed rows
@@ -185,9 +186,11 @@ def targets_in_lanes(rows: int, lanes: int):
     def body(root: ir.Value) -> ir.Value:
         func = match(root, "func.func")
         inline_argument_producers(match_assertion_checks(func))
-        loads = load_rows_in_lane_form(match_loss_kernels(func).rows, rows, lanes)
-        per_row = filter_iterators(exclude_ops(match_loss_kernels(func).rows, loads), ["parallel"])
-        lane_form_gathers(per_row, lanes)
+        forward_rows = lambda: exclude_ops(match_loss_kernels(func).rows,
+                                           match_attr(func, ONE_HOT_SUM))
+        loads = load_rows_in_lane_form(forward_rows(), rows, lanes)
+        lane_form_gathers(filter_iterators(exclude_ops(forward_rows(), loads), ["parallel"]),
+                          lanes)
         return apply_passes(root, "canonicalize", "cse")
 
     return body
@@ -197,8 +200,13 @@ def fold_one_hot_sums(root: ir.Value) -> ir.Value:
     """Step 3 (lanes > 0, the joint graph): the backward's one-hot row sums (a sum over the
     classes of a term that only the target class leaves nonzero) become per-row ops
     (transform_ext.fold_one_hot_class_sums): the passes read them per row, no [N, V]
-    iteration space is left outside the kernels."""
-    fold_one_hot_class_sums(match(root, "func.func"))
+    iteration space is left outside the kernels; they compute what they read from the
+    arguments (the targets with ignored rows selected away) themselves
+    (transform_ext.inline_argument_producers), so they read no value of the forward's
+    kernel. Marked ONE_HOT_SUM: they are not run in lane form (targets_in_lanes), each pass
+    reads them per row."""
+    folded = inline_argument_producers(fold_one_hot_class_sums(match(root, "func.func")))
+    transform.AnnotateOp(folded, ONE_HOT_SUM)
     return apply_passes(root, "canonicalize", "cse")
 
 
