@@ -38,7 +38,10 @@ Schedule (the script's @fuse, one named step per item; decisions read by
 The GPU form (params classes_major=False, masked_target=True, lanes=16; the XeGPU target's
 linear_cross_entropy_tiles): step 2 is masked_gathers (the target logit as a masked sum
 over S's classes, transform_ext.gathers_to_masked_class_sums, a class sum of the fused
-loop) and lane_form (the reductions over the rows read the losses in lane form), step 4 is
+loop) and lane_form (the reductions over the rows read the losses in lane form), step 3 is
+fold_one_hot_sums then the backward in two passes (transform_ext.
+fuse_linear_cross_entropy_backward_two_pass: dh per block of rows, dW and db per block of
+classes, no reduction across blocks), step 4 is
 skipped (S stays [N, V]: DPAS tiles), targets_in_lanes follows step 5 (y and the gathers
 per row in lane form), and the row blocks tile the losses' lane copy; xegpu.py maps the
 row-block forall to workgroups.

@@ -35,28 +35,13 @@ from .recognize import NotLinearCrossEntropy, linear_cross_entropy_func
 
 
 def check(payload: ir.Module,
-          params: LinearCrossEntropyParams = LinearCrossEntropyParams(),
-          gpu: bool = False) -> str | None:
+          params: LinearCrossEntropyParams = LinearCrossEntropyParams()) -> str | None:
     """None when this schedule applies to `payload`, else the one-line reason (the plan of
-    `params` is made on a copy after cleanup, and kept for the compile's script). `gpu`:
-    for a GPU target, where a payload the schedule takes is refused naming what has no
-    lowering there (`gpu_refusal`)."""
+    `params` is made on a copy after cleanup, and kept for the compile's script)."""
     def plan(trial: ir.Module) -> None:
-        made = plan_linear_cross_entropy(trial, params)
-        if gpu and gpu_refusal(made):
-            raise NotLinearCrossEntropy(gpu_refusal(made))
+        plan_linear_cross_entropy(trial, params)
 
     return check_by_planning(payload, plan, NotLinearCrossEntropy)
-
-
-def gpu_refusal(plan: LinearCrossEntropyPlan) -> str | None:
-    """Why the fused schedule of `plan` does not run on a GPU target (None: it does): its
-    backward's two passes (dh per row block, dW and db per class block, the logits
-    recomputed) have no XeGPU kernels yet."""
-    if plan.backward:
-        return ("its fused backward (dW per class tile, dh per row block, the logits "
-                "recomputed) has no XeGPU lowering yet; the CPU target runs it")
-    return None
 
 
 class _Plans:

@@ -20,8 +20,13 @@ h (pass 1) or W (pass 2) rows, S, G and the accumulator; the loop's operand tile
 pass 1, h_s in pass 2) is read whole by every subgroup, transposed for S and as stored for
 the accumulator's product, so no value crosses subgroups.
 
-Not lowered (the reason in a one-line error): f32 h and W (DPAS multiplies f16/bf16), N or
-V not multiples of the tiles, a subgroup's tiles beyond the register file (a large D).
+Not lowered yet (the reason in a one-line error at the xegpu-layouts stage): the anchor
+layouts of the passes. The per-row values they read from other kernels (m and l of the
+forward, the targets, the count) arrive as 1-D vectors, which XeGPU's lane distribution does
+not take across kernels (the forward would write them in lane form [N, 16], the passes read
+them back reduced over the lanes, pass 2 transposed, as the attention backward's second
+pass reads its lse and D). Refused by name: f32 h and W (DPAS multiplies f16/bf16), N or V
+not multiples of the tiles, a subgroup's tiles beyond the register file (a large D).
 """
 
 from __future__ import annotations
@@ -36,8 +41,8 @@ from transform_ext.analysis.structure import is_linalg_op, loop_structure
 from transform_ext.common import block_ops, ops_named
 from transform_ext.fuse_linear_cross_entropy_backward_two_pass import BACKWARD_PASS
 
-from ..attention.xegpu import (DPAS_TYPES, _constant_index, _fuse_sliced_producers, check_tiles,
-                               static_bounds)
+from ..attention.xegpu import (DPAS_TYPES, REGISTER_SHARE, _constant_index,
+                               _fuse_sliced_producers, check_tiles, static_bounds)
 from ..common import annotate, any_op, apply_patterns, match
 from ..script import StepRecorder
 from ..xegpu.common import passes
@@ -146,6 +151,13 @@ def plan_backward_pass(forall: ir.Operation, *, subgroup_size: int, dpas: tuple[
               ("loop step", step, dn, "DPAS columns"),
               ("depth D", depth, dk, "DPAS depth"),
               ("depth D", depth, dn, "DPAS columns")]
+    budget = int(grf_bytes * REGISTER_SHARE)
+    if planned.register_bytes() > budget:
+        raise ValueError(f"{where}: a subgroup's tiles ({planned.register_bytes()} B: its rows "
+                         f"of the block and of the f32 accumulator over the whole depth D = "
+                         f"{depth}, the step's tile) exceed {budget} B of the register file; "
+                         "the backward has no loop over slices of D yet (a smaller D, or the "
+                         "LIGHTHOUSE class_tile 16)")
     check_tiles(where, planned, checks, max_threads, grf_bytes,
                 "the LIGHTHOUSE row_tile and class_tile")
     return planned
@@ -195,108 +207,4 @@ def tile_backward_pass(rec: StepRecorder, tiles: BackwardPassTiles) -> None:
         annotate(_pass_handle(match(root, "func.func"), number), "mapping", block_mapping(dims))
 
     rec.step("map_to_workgroups", map_to_blocks)
-
-
-# ------------------------------------------------------------------------------- layouts
-
-# the ops given anchor layouts, each in the order structured.match lists them
-ANCHOR_OPS = ("xegpu.load_nd", "xegpu.dpas", "xegpu.store_nd", "xegpu.load", "xegpu.store")
-
-
-def _layout(sg_layout, sg_data, inst_data, **extra) -> dict:
-    return {"sg_layout": list(sg_layout), "sg_data": list(sg_data), "inst_data": list(inst_data),
-            **extra}
-
-
-def _op(value_owner) -> ir.Operation:
-    return getattr(value_owner, "operation", value_owner)
-
-
-def _dpas_b_reader(value: ir.Value) -> bool:
-    """Is `value` (through a transpose or type conversions) a DPAS B operand?"""
-    for use in value.uses:
-        user = _op(use.owner)
-        if user.name == "xegpu.dpas" and use.operand_number == 1:
-            return True
-        if user.name in ("vector.transpose", "arith.extf", "arith.truncf") and \
-                _dpas_b_reader(user.results[0]):
-            return True
-    return False
-
-
-def backward_anchors(gpu_func: ir.Operation, tiles: BackwardPassTiles) -> dict[str, list]:
-    """The anchor layouts of one outlined pass after convert-vector-to-xegpu and
-    split_transposed_loads, per ANCHOR_OPS name in structured.match order (for xegpu.dpas a
-    layout per operand: A, B, C/D). The block's rows split over the subgroups: the block's
-    operand tile, every DPAS A operand and result, the stores; the step's tile (a DPAS B
-    operand, one load read transposed in order [0, 1], one as stored) whole in every
-    subgroup; the per-row vectors (1-D loads and stores) sliced from the [rows, step]
-    tile's layout, a step's vector (dims [0]) or the block's (dims [1]); 2-D scattered
-    loads (a weight at each column's target over the tile, per-row data in lane form
-    [rows, 16]) split by rows, one row per instruction. The per-row vectors broadcast over the tile by transposes and
-    the reductions over the tile's columns convert their results to (slices of) the tile's
-    layout."""
-    dm, dn, dk = tiles.dpas
-    n, r = tiles.subgroups, tiles.sg_rows
-    where = f"{tiles.kind} kernel {gpu_func.attributes['sym_name']}"
-    rows = lambda cols, inst: _layout([n, 1], [r, cols], inst)
-    whole = lambda shape, inst, **extra: _layout([1, 1], shape, inst, **extra)
-    tile = rows(tiles.step, [dm, dn])
-    anchors = {name: [] for name in ANCHOR_OPS}
-    for load in ops_named(gpu_func, "xegpu.load_nd"):
-        shape = list(ir.VectorType(load.results[0].type).shape)
-        users = [_op(u.owner) for u in load.results[0].uses]
-        if _dpas_b_reader(load.results[0]):
-            if users and all(u.name == "vector.transpose" for u in users):
-                anchors["xegpu.load_nd"].append(whole(shape, [dn, dk], order=[0, 1]))
-            else:
-                anchors["xegpu.load_nd"].append(whole(shape, [dk, dn]))
-        elif shape[0] == tiles.rows:
-            anchors["xegpu.load_nd"].append(rows(shape[1], [dm, dk]))
-        else:
-            raise ValueError(f"{where}: a [{shape[0]}, {shape[1]}] tile that is neither the "
-                             f"block's rows ({tiles.rows}) nor a DPAS B operand")
-    for dpas in ops_named(gpu_func, "xegpu.dpas"):
-        (m, k), (_, cols) = (ir.VectorType(v.type).shape for v in list(dpas.operands)[:2])
-        if m != tiles.rows:
-            raise ValueError(f"{where}: a DPAS of {m} rows, not the block's {tiles.rows}")
-        transposed = _op(dpas.operands[1].owner).name == "vector.transpose"
-        anchors["xegpu.dpas"].append((rows(k, [dm, dk]),
-                                      whole([k, cols], [dk, dn], **({"order": [1, 0]}
-                                                                      if transposed else {})),
-                                      rows(cols, [dm, dn])))
-    for store in ops_named(gpu_func, "xegpu.store_nd"):
-        anchors["xegpu.store_nd"].append(rows(ir.VectorType(store.operands[0].type).shape[1],
-                                              [dm, dn]))
-    for name in ("xegpu.load", "xegpu.store"):
-        for op in ops_named(gpu_func, name):
-            value = op.results[0] if name == "xegpu.load" else op.operands[0]
-            shape = list(ir.VectorType(value.type).shape)
-            if shape == [tiles.step]:
-                anchors[name].append(dict(tile, slice_dims=[0]))
-            elif shape == [tiles.rows]:
-                anchors[name].append(dict(tile, slice_dims=[1]))
-            elif len(shape) == 2 and shape[0] == tiles.rows and name == "xegpu.load":
-                # a gather over the tile, or per-row data in lane form ([rows, 16])
-                anchors[name].append(rows(shape[1], [1, tiles.subgroup_size]))
-            else:
-                raise ValueError(f"{where}: a {shape} {name} that is no per-row vector of "
-                                 f"the [{tiles.rows}, {tiles.step}] tile")
-
-    def layout(cols):
-        return (f"#xegpu.layout<sg_layout = {[n, 1]}, sg_data = {[r, cols]}, "
-                f"inst_data = {[dm, dn]}>")
-
-    transposes = ops_named(gpu_func, "vector.transpose")
-    broadcasts = [(i, layout(ir.VectorType(op.results[0].type).shape[1]))
-                  for i, op in enumerate(transposes)
-                  if getattr(op.operands[0].owner, "name", "") == "vector.broadcast"]
-    reductions = ops_named(gpu_func, "vector.multi_reduction")
-    row_sums = [(i, f"#xegpu.slice<{layout(ir.VectorType(op.operands[0].type).shape[1])}, "
-                    "dims = [1]>")
-                for i, op in enumerate(reductions)
-                if ir.VectorType(op.operands[0].type).shape[0] == tiles.rows]
-    anchors["conversions"] = [("vector.transpose", len(transposes), broadcasts),
-                              ("vector.multi_reduction", len(reductions), row_sums)]
-    return anchors
 
