@@ -23,9 +23,10 @@ R = `block`, C = `step`:
 
 The tiles of G and the column sums compute the elementwise producers they read from the
 function's arguments (a widened bias) on their slices themselves, so the passes share no
-producer with the forward (whose kernel would otherwise have to write it); a rank-0 input (the count or total
-weight) is read once per block as a scalar. Each pass's block is its forall's iteration (a GPU workgroup), the block's own index the
-rows of every product (pass 1: h's rows, pass 2: W's classes), so no sum crosses blocks;
+producer with the forward (whose kernel would otherwise have to write it); a rank-0 input
+(the count or total weight) is read once per block as a scalar. Each pass's block is its
+forall's iteration (a GPU workgroup), the block's own index the rows of every product
+(pass 1: h's rows, pass 2: W's classes), so no sum crosses blocks;
 S is recomputed in both passes (twice the forward's logits FLOPs, the price of no [N, V]
 buffer and no atomics). The products read h and W in their own element type (each term
 widened in the product's body, f32 accumulators: f16/bf16 operands go to DPAS as they are);

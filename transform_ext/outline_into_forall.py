@@ -154,7 +154,6 @@ def _before(ops: list, outputs: list) -> ir.Operation:
 def outline(ops: list, rows: int | None, total_rows: int, mapping_attr, rewriter) -> ir.Operation:
     """The forall computing `ops` (module docstring); rows None: one iteration."""
     outputs = outputs_of(ops)
-    block = ops[0].block
     grid = total_rows // rows if rows else 1
     with ir.InsertionPoint(_before(ops, outputs)), ops[0].location:
         inits = [empty(list(v.type.shape), v.type.element_type) for v in outputs]

@@ -647,13 +647,12 @@ class _StageBuilder:
     def _linear_cross_entropy_backward(self, func) -> list[KernelPlan]:
         """The fused backward's two passes as kernels, their per-row producers fused in
         (schedules/linear_cross_entropy/xegpu_backward.py); their plans, in launch order."""
+        from schedules.generic import func_ops
         from schedules.linear_cross_entropy import xegpu_backward as backward
 
         chip = dict(subgroup_size=self.chip.subgroup_size, dpas=self.chip.dpas,
                     max_threads=self.chip.max_workgroup_threads, grf_bytes=self.chip.grf_bytes,
                     nb_prefetch=self.params.nb_prefetch)
-        from schedules.generic import func_ops
-
         plans = []
         for index in range(len(backward.backward_pass_foralls(func))):
             # the trial as the steps before left it (a tiled pass is a new op)
@@ -822,7 +821,6 @@ class _StageBuilder:
                     insert_loop_prefetches(rec, func, plan.tiles.subgroups, chip.dpas[:2],
                                            plan.tiles.nb_prefetch)
                     shapes.append(linear_ce_anchors(func, plan.tiles))
-
                 else:
                     shapes.append(None)
             except ValueError as exc:

@@ -26,9 +26,9 @@ from ..cross_entropy.plan import row_producers
 from ..cross_entropy.recognize import last_row_op
 from ..generic import largest_divisor_at_most
 from ..prepare import check_by_planning
-from .fuse import (ROW_BLOCKS, fold_casts, fold_one_hot_sums, fuse_backward, fuse_class_loops, gather_step,
-                   logits_classes_major, mark_class_sums, name_target_checks, normalize_loss,
-                   restructure, shrink_bounds, sink_root_readers, tile_rows)
+from .fuse import (ROW_BLOCKS, fold_casts, fold_one_hot_sums, fuse_backward, fuse_class_loops,
+                   gather_step, logits_classes_major, mark_class_sums, name_target_checks,
+                   normalize_loss, restructure, shrink_bounds, sink_root_readers, tile_rows)
 from .fuse import CLASS_SUM, lane_form, targets_in_lanes
 from .params import LateSum, LinearCrossEntropyParams, LinearCrossEntropyPlan
 from .recognize import NotLinearCrossEntropy, linear_cross_entropy_func

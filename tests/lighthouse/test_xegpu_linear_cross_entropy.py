@@ -10,6 +10,9 @@ with the running max, the rescaled exp-sum and the target logit as a masked sum 
 tile; the rows' losses leave in lane form), then the cross-entropy family's reduction
 kernel (the mean or sum over the rows), and the targets' bounds check on the host. No
 [N, V] buffer anywhere.
+With the backward (backward=True): two more kernels, its passes (dh per block of rows, dW
+and db per block of classes, every product DPAS), checked to the `xegpu` stage, whose next
+stage refuses them by name (no anchor layouts for their per-row inputs yet).
 No Intel GPU here: the numerics of what the kernels compute are checked by running the
 kernel program of the `workgroups` stage (the foralls with every GPU-specific rewrite: the
 masked target sum, lane-form per-row data, the depth loop, the reduction kernel, the host

@@ -94,3 +94,35 @@ def test_rejects_rows_that_do_not_divide_and_unused_kernels():
     dead = parse(ROWS.replace("return %q : tensor<4xf32>", "return %e4 : tensor<4xf32>"))
     message = apply_expect_failure(dead, _outline(rows=2))
     assert "the kernel computes nothing used" in message
+
+
+SUM_THEN_READER = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#row = affine_map<(d0, d1) -> (d0)>
+func.func @main(%x: tensor<4x8xf32>) -> (tensor<4xf32>, tensor<2xf32>) {
+  %zero = arith.constant 0.0 : f32
+  %e4 = tensor.empty() : tensor<4xf32>
+  %s0 = linalg.fill ins(%zero : f32) outs(%e4 : tensor<4xf32>) -> tensor<4xf32>
+  %sum = linalg.generic {indexing_maps = [#id, #row], iterator_types = ["parallel", "reduction"]}
+      ins(%x : tensor<4x8xf32>) outs(%s0 : tensor<4xf32>) {
+  ^bb0(%a: f32, %o: f32):
+    %r = arith.addf %a, %o : f32
+    linalg.yield %r : f32
+  } -> tensor<4xf32>
+  %head = tensor.extract_slice %sum[0] [2] [1] : tensor<4xf32> to tensor<2xf32>
+  return %sum, %head : tensor<4xf32>, tensor<2xf32>
+}
+"""
+
+
+def test_the_kernel_goes_before_a_later_reader():
+    """A later op reading the kernel's result (another kernel, in a fused schedule) reads
+    the forall's result: the forall is inserted before it, not before the terminator."""
+    payload = parse(SUM_THEN_READER)
+    apply(payload, _outline(rows=2))
+    check(str(payload), """
+        CHECK: %[[K:[a-z0-9_]+]] = scf.forall
+        CHECK: {mapping = [#gpu.block<x>]}
+        CHECK-NEXT: %[[HEAD:[a-z0-9_]+]] = tensor.extract_slice %[[K]][0] [2] [1]
+        CHECK-NEXT: return %[[K]], %[[HEAD]]
+    """)
