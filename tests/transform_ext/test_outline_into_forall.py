@@ -96,19 +96,9 @@ def test_rejects_rows_that_do_not_divide_and_unused_kernels():
     assert "the kernel computes nothing used" in message
 
 
-SUM_THEN_READER = """
-#id = affine_map<(d0, d1) -> (d0, d1)>
-#row = affine_map<(d0, d1) -> (d0)>
-func.func @main(%x: tensor<4x8xf32>) -> (tensor<4xf32>, tensor<2xf32>) {
-  %zero = arith.constant 0.0 : f32
-  %e4 = tensor.empty() : tensor<4xf32>
-  %s0 = linalg.fill ins(%zero : f32) outs(%e4 : tensor<4xf32>) -> tensor<4xf32>
-  %sum = linalg.generic {indexing_maps = [#id, #row], iterator_types = ["parallel", "reduction"]}
-      ins(%x : tensor<4x8xf32>) outs(%s0 : tensor<4xf32>) {
-  ^bb0(%a: f32, %o: f32):
-    %r = arith.addf %a, %o : f32
-    linalg.yield %r : f32
-  } -> tensor<4xf32>
+# ROWS' row sum, then a later op reading it (instead of the generic %q)
+SUM_THEN_READER = ROWS.split("  %q = ")[0].replace(
+    "-> tensor<4xf32> {", "-> (tensor<4xf32>, tensor<2xf32>) {") + """
   %head = tensor.extract_slice %sum[0] [2] [1] : tensor<4xf32> to tensor<2xf32>
   return %sum, %head : tensor<4xf32>, tensor<2xf32>
 }
