@@ -621,6 +621,11 @@ class _StageBuilder:
         passes = self._linear_cross_entropy_backward(func)
         (func,) = func_ops(self.trial)
         after, other = linear_ce.row_sum_ops(func)
+        if other and _reads_a_pass(other[0]):
+            raise UnsupportedError(
+                f"xegpu: linear cross-entropy backward: {other[0].name} at {other[0].location} "
+                "reads a pass's gradient (the transpose of the gradient of a transposed view "
+                "of h or W) and has no kernel yet; give h and W as stored")
         if other:
             raise UnsupportedError(
                 f"xegpu: linear cross-entropy: {other[0].name} at {other[0].location} is "
@@ -953,6 +958,17 @@ def _pick(extent: int, candidates) -> int | None:
         if c <= extent and extent % c == 0:
             return c
     return None
+
+
+def _reads_a_pass(op: ir.Operation) -> bool:
+    """Does `op` read a result of a pass of the fused linear cross-entropy backward?"""
+    from transform_ext.fuse_linear_cross_entropy_backward_two_pass import BACKWARD_PASS
+
+    for value in op.operands:
+        owner = getattr(value.owner, "operation", value.owner)
+        if isinstance(owner, ir.Operation) and BACKWARD_PASS in owner.attributes:
+            return True
+    return False
 
 
 def _has_loss_tail(module: ir.Module) -> bool:

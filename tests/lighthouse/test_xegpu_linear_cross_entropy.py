@@ -388,6 +388,22 @@ def test_backward_kernel_program_matches_torch_on_cpu(lowered_backward, kind):
         assert report.ok, (kind, str(report))
 
 
+def test_backward_of_a_transposed_view_is_refused_by_name(tmp_path):
+    """The gradient of h passed as a transposed view is the pass's dh transposed, an op with
+    no kernel: refused naming it (the forward of the same view lowers)."""
+    kernel = tmp_path / "head_t.py"
+    kernel.write_text(KERNEL.format(N=128, D=64, V=256, dtype="bfloat16", bias_arg="",
+                                    bias="", weight="None", smoothing=0.0, reduction="mean")
+                      .replace("F.linear(h, W", "F.linear(h.t(), W")
+                      .replace("h = torch.randn(N, D,", "h = torch.randn(D, N,"))
+    compile_kernel(kernel, target="xegpu", stop_after="workgroups", strict=True)
+    with pytest.raises(LighthouseError) as error:
+        compile_kernel(kernel, target="xegpu", backward=True, stop_after="workgroups",
+                       strict=True)
+    assert "reads a pass's gradient (the transpose of the gradient of a transposed view" \
+        in str(error.value)
+
+
 @pytest.mark.parametrize("lowered_backward", ["f16_bias_weight_sum"], indirect=True)
 def test_the_backward_script_replays_to_identical_ir(lowered_backward, tmp_path):
     """The compile's script with the backward (the two-pass fusion, the passes' workgroup
