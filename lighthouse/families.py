@@ -342,11 +342,9 @@ def _linear_cross_entropy_recognize(module):
 
 
 def _linear_cross_entropy_check(module, target=None):
-    """On a GPU target the reason names what has no GPU lowering (forward, backward)."""
     from schedules.linear_cross_entropy import check
 
-    gpu = target is not None and target.cpu is None
-    return check(module, family_params("linear_cross_entropy", target).schedule, gpu=gpu)
+    return check(module, family_params("linear_cross_entropy", target).schedule)
 
 
 def _linear_cross_entropy_script(module, target):

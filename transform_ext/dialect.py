@@ -120,6 +120,8 @@ OP_MODULES: list[str] = [
     "fold_gathers_through_contraction",
     "gathers_to_masked_class_sums",
     "fuse_linear_cross_entropy_backward",
+    "fuse_linear_cross_entropy_backward_two_pass",
+    "fold_one_hot_class_sums",
     "shrink_unread_inputs",
     "fold_casts_into_contractions",
     "read_reduction_constants",

@@ -444,57 +444,80 @@ class _Block:
 
     def tile_op(self, item: RowsAndClasses, tiles: dict, c0: ir.Value, classes: int,
                 out: ir.Value, out_map: ir.AffineMap | None = None) -> ir.Value:
-        """`item`'s op at the tile's classes and rows, into `out` (through `out_map`, else
-        its own output map): its loops (rows, classes) become (1, 0); S and G read as their
-        [classes, rows] tiles, every other input sliced to the tile along the dims it reads;
-        linalg.index counts from the tile's origin."""
-        op = item.op
-        ls = loop_structure(op)
-        loop_of = {item.rows_loop: 1, item.class_loop: 0}
-        origin = {item.rows_loop: self.s0, item.class_loop: c0}
-        extent = {item.rows_loop: self.rows, item.class_loop: classes}
+        """`item`'s op at the tile's classes and rows, [classes, rows] (tile_op)."""
+        return tile_op(item, tiles, (self.s0, self.rows), (c0, classes), out, out_map,
+                       rows_major=False)
 
-        def tile_map(amap: ir.AffineMap) -> ir.AffineMap:
-            return ir.AffineMap.get(2, 0, [ir.AffineDimExpr.get(loop_of[ir.AffineDimExpr(e).position])
-                                           if isinstance(e, ir.AffineDimExpr) else e
-                                           for e in amap.results])
 
-        inputs, maps = [], []
-        for value, amap in zip(list(op.operands)[:ls.num_inputs], ls.maps):
-            if value in tiles:
-                inputs.append(tiles[value])
-                maps.append(_map(2, [0, 1]))
+def tile_op(item: RowsAndClasses, tiles: dict, rows: tuple, classes: tuple, out: ir.Value,
+            out_map: ir.AffineMap | None = None, rows_major: bool = False,
+            sliced: dict | None = None, slice_fn=None) -> ir.Value:
+    """`item`'s op at a tile of (origin, size) `rows` and `classes`, into `out` (through
+    `out_map`, else its own output map): its loops (rows, classes) become (0, 1) when
+    `rows_major`, else (1, 0); S and G read as their tiles (the values of `tiles`, laid out
+    as the loops), every other input sliced to the tile along the dims it reads;
+    linalg.index counts from the tile's origin. `sliced`: inputs already sliced to the tile
+    (value -> its slice, or for a rank-0 input the scalar read from it, used in the body
+    directly); `slice_fn(value, offsets, sizes)` slices the others (a tensor.extract_slice
+    by default)."""
+    slice_fn = slice_fn or _slice
+    op = item.op
+    ls = loop_structure(op)
+    rows_at, classes_at = (0, 1) if rows_major else (1, 0)
+    loop_of = {item.rows_loop: rows_at, item.class_loop: classes_at}
+    origin = {item.rows_loop: rows[0], item.class_loop: classes[0]}
+    extent = {item.rows_loop: rows[1], item.class_loop: classes[1]}
+
+    def tile_map(amap: ir.AffineMap) -> ir.AffineMap:
+        return ir.AffineMap.get(2, 0, [ir.AffineDimExpr.get(loop_of[ir.AffineDimExpr(e).position])
+                                       if isinstance(e, ir.AffineDimExpr) else e
+                                       for e in amap.results])
+
+    inputs, maps, scalars = [], [], {}
+    for i, (value, amap) in enumerate(zip(list(op.operands)[:ls.num_inputs], ls.maps)):
+        if value in tiles:
+            inputs.append(tiles[value])
+            maps.append(_map(2, [0, 1]))
+            continue
+        if sliced and value in sliced and not isinstance(sliced[value].type, ir.ShapedType):
+            scalars[i] = sliced[value]   # a rank-0 input read once as a scalar
+            continue
+        if sliced and value in sliced:
+            value = sliced[value]
+        elif isinstance(value.type, ir.RankedTensorType):
+            offsets, sizes = [], []
+            for axis, expr in enumerate(amap.results):
+                if isinstance(expr, ir.AffineDimExpr):
+                    offsets.append(origin[expr.position])
+                    sizes.append(extent[expr.position])
+                else:
+                    offsets.append(0)
+                    sizes.append(ir.RankedTensorType(value.type).shape[axis])
+            value = slice_fn(value, offsets, sizes)
+        inputs.append(value)
+        maps.append(tile_map(amap))
+    body = body_of(op)
+
+    def clone(args):
+        args = iter(args)
+        mapping = {body.arguments[i]: scalars[i] if i in scalars else next(args)
+                   for i in range(ls.num_inputs + 1)}
+        for inner in list(body.operations)[:-1]:
+            inner = inner.operation
+            if inner.name == "linalg.index":
+                dim = ir.IntegerAttr(inner.attributes["dim"]).value
+                i64 = ir.IntegerType.get_signless(64)
+                index = linalg.IndexOp(ir.IntegerAttr.get(i64, loop_of[dim])).result
+                mapping[inner.results[0]] = arith.addi(index, origin[dim])
                 continue
-            if isinstance(value.type, ir.RankedTensorType):
-                offsets, sizes = [], []
-                for axis, expr in enumerate(amap.results):
-                    if isinstance(expr, ir.AffineDimExpr):
-                        offsets.append(origin[expr.position])
-                        sizes.append(extent[expr.position])
-                    else:
-                        offsets.append(0)
-                        sizes.append(ir.RankedTensorType(value.type).shape[axis])
-                value = _slice(value, offsets, sizes)
-            inputs.append(value)
-            maps.append(tile_map(amap))
-        body = body_of(op)
+            clone_op(inner, mapping)
+        return [mapping.get(v, v) for v in terminator(body).operands]
 
-        def clone(args):
-            mapping = {body.arguments[i]: args[i] for i in range(ls.num_inputs + 1)}
-            for inner in list(body.operations)[:-1]:
-                inner = inner.operation
-                if inner.name == "linalg.index":
-                    dim = ir.IntegerAttr(inner.attributes["dim"]).value
-                    i64 = ir.IntegerType.get_signless(64)
-                    index = linalg.IndexOp(ir.IntegerAttr.get(i64, loop_of[dim])).result
-                    mapping[inner.results[0]] = arith.addi(index, origin[dim])
-                    continue
-                clone_op(inner, mapping)
-            return [mapping.get(v, v) for v in terminator(body).operands]
-
-        iterators = ["parallel", "reduction" if item.rows_loop in ls.reduction_dims else "parallel"]
-        out_map = out_map or tile_map(ls.output_map(0))
-        return build_generic(inputs, [out], maps + [out_map], iterators, clone).results[0]
+    iterators = ["parallel", "parallel"]
+    if item.rows_loop in ls.reduction_dims:
+        iterators[rows_at] = "reduction"
+    out_map = out_map or tile_map(ls.output_map(0))
+    return build_generic(inputs, [out], maps + [out_map], iterators, clone).results[0]
 
 
 # ----------------------------------------------------------------------------- rewrite

@@ -4,7 +4,9 @@
                                                       mapping = [#gpu.block<x>]}
 
 The targets (linalg ops of one block, in block order) are cloned, in order, into the body
-of a new 1-d scf.forall inserted before the block's terminator, with `mapping`:
+of a new 1-d scf.forall inserted before the first op of the block reading a result when
+every reader comes after the targets (a later kernel reading this one's), else before the
+block's terminator, with `mapping`:
   - rows > 0: total_rows / rows iterations; iteration k computes rows [k * rows, (k + 1) *
     rows): every operand a target reads through a map whose first result is d0 (and every
     operand of a linalg.fill) is sliced to those rows (a tensor.empty is made anew at the
@@ -130,13 +132,30 @@ def check(ops: list, rows: int, total_rows: int) -> None:
         raise Illegal(first, "the kernel computes nothing used")
 
 
+def _before(ops: list, outputs: list) -> ir.Operation:
+    """The op the forall is inserted before: the first op of the block reading an output
+    when every reader comes after the targets (a later kernel reading this one's results),
+    else the block's terminator."""
+    block_list = block_ops(ops[0].block)
+    order = {op: i for i, op in enumerate(block_list)}
+
+    def in_block(op):
+        while op is not None and op not in order:
+            op = op.parent
+        return op
+
+    readers = [in_block(u) for v in outputs for u in users(v)]
+    readers = [order[r] for r in readers if r is not None and r not in ops]
+    if readers and min(readers) > max(order[op] for op in ops):
+        return block_list[min(readers)]
+    return terminator(ops[0].block)
+
+
 def outline(ops: list, rows: int | None, total_rows: int, mapping_attr, rewriter) -> ir.Operation:
     """The forall computing `ops` (module docstring); rows None: one iteration."""
     outputs = outputs_of(ops)
-    block = ops[0].block
-    ret = terminator(block)
     grid = total_rows // rows if rows else 1
-    with ir.InsertionPoint(ret), ops[0].location:
+    with ir.InsertionPoint(_before(ops, outputs)), ops[0].location:
         inits = [empty(list(v.type.shape), v.type.element_type) for v in outputs]
         forall = scf.ForallOp([0], [grid], [1], shared_outs=inits, mapping=mapping_attr)
         shared = list(forall.body.arguments)[1:]

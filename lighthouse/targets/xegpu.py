@@ -111,6 +111,8 @@ LOSS_KINDS = frozenset({"cross_entropy", "row_sum"})
 BACKWARD_KINDS = frozenset({"attention_dq", "attention_dkv"})
 # Plan kind of the fused linear cross-entropy forward (schedules/linear_cross_entropy/xegpu.py)
 LINEAR_CE_KIND = "linear_cross_entropy"
+# Plan kinds of its backward's two passes (schedules/linear_cross_entropy/xegpu_backward.py)
+LINEAR_CE_BACKWARD_KINDS = frozenset({"linear_cross_entropy_dh", "linear_cross_entropy_dw"})
 # Workgroup tiles [m, n] of contraction kernels, largest first.
 WORKGROUP_TILES = ((256, 256), (256, 128), (128, 256), (128, 128), (64, 128), (128, 64),
                    (64, 64), (32, 64), (64, 32), (32, 32), (16, 32), (8, 32), (16, 16), (8, 16))
@@ -612,19 +614,64 @@ class _StageBuilder:
                 forall, depth_tile=self.params.k_tile, **{**chip, "sg_rows": None})
         except ValueError as exc:
             raise UnsupportedError(f"xegpu: {exc}") from exc
+        forward = KernelPlan(LINEAR_CE_KIND, f"linear cross-entropy forward at "
+                             f"{forall.location}", tiles)
         linear_ce.tile_linear_cross_entropy(self.rec, tiles)
         (func,) = func_ops(self.trial)
+        passes = self._linear_cross_entropy_backward(func)
+        (func,) = func_ops(self.trial)
         after, other = linear_ce.row_sum_ops(func)
+        if other and _reads_a_pass(other[0]):
+            raise UnsupportedError(
+                f"xegpu: linear cross-entropy backward: {other[0].name} at {other[0].location} "
+                "reads a pass's gradient (the transpose of the gradient of a transposed view "
+                "of h or W) and has no kernel yet; give h and W as stored")
         if other:
             raise UnsupportedError(
                 f"xegpu: linear cross-entropy: {other[0].name} at {other[0].location} is "
                 "outside the fused forward and no reduction over the rows: no kernel for it")
-        self.plans.append(KernelPlan(LINEAR_CE_KIND, f"linear cross-entropy forward at "
-                                     f"{forall.location}", tiles))
+        row_sums = None
         if after:
             rows = tiles.rows * tiles.grid[0]
             sums = linear_ce.lower_row_sums(self.rec, rows, self.chip.subgroup_size)
-            self.plans.append(KernelPlan(sums.kind, sums.description, sums.tiles))
+            row_sums = KernelPlan(sums.kind, sums.description, sums.tiles)
+        # in launch order: the forward, then the passes and the reductions over the rows as
+        # the reduction kernel's outlining placed it (before the passes when they read its
+        # count, else after them)
+        from schedules.linear_cross_entropy.xegpu_backward import backward_pass_of
+        from transform_ext.fuse_linear_cross_entropy_backward_two_pass import BACKWARD_PASS
+
+        for kernel in top_level_foralls(self.trial):
+            if linear_ce.ROW_BLOCKS in kernel.attributes:
+                self.plans.append(forward)
+            elif BACKWARD_PASS in kernel.attributes:
+                self.plans.append(passes[backward_pass_of(kernel) - 1])
+            elif row_sums is not None:
+                self.plans.append(row_sums)
+
+    def _linear_cross_entropy_backward(self, func) -> list[KernelPlan]:
+        """The fused backward's two passes as kernels, their per-row producers fused in
+        (schedules/linear_cross_entropy/xegpu_backward.py); their plans, in launch order."""
+        from schedules.generic import func_ops
+        from schedules.linear_cross_entropy import xegpu_backward as backward
+
+        chip = dict(subgroup_size=self.chip.subgroup_size, dpas=self.chip.dpas,
+                    max_threads=self.chip.max_workgroup_threads, grf_bytes=self.chip.grf_bytes,
+                    nb_prefetch=self.params.nb_prefetch)
+        plans = []
+        for index in range(len(backward.backward_pass_foralls(func))):
+            # the trial as the steps before left it (a tiled pass is a new op)
+            (now,) = func_ops(self.trial)
+            forall = backward.backward_pass_foralls(now)[index]
+            try:
+                tiles = backward.plan_backward_pass(forall, **chip)
+            except ValueError as exc:
+                raise UnsupportedError(f"xegpu: {exc}") from exc
+            description = (f"linear cross-entropy backward pass {tiles.backward_pass} at "
+                           f"{forall.location}")
+            backward.tile_backward_pass(self.rec, tiles)
+            plans.append(KernelPlan(tiles.kind, description, tiles))
+        return plans
 
     def subgroups(self) -> None:
         """Each workgroup forall annotated with its subgroup decomposition (xegpu.sg_layout,
@@ -739,6 +786,14 @@ class _StageBuilder:
         from schedules.xegpu.rows import annotate_rows
         from torch_mlir.dialects import transform
 
+        backward = [p for p in self.plans if p.kind in LINEAR_CE_BACKWARD_KINDS]
+        if backward:
+            raise UnsupportedError(
+                f"xegpu: {backward[0].description}: the per-row values the linear "
+                "cross-entropy backward's kernels read from other kernels (the forward's row "
+                "max and exp-sum, the targets, the count) have no XeGPU layouts yet (they "
+                "cross kernels in lane form only); its kernels stop at the `xegpu` stage, "
+                "the CPU target runs the backward")
         funcs = ops_named(self.trial, "gpu.func")
         count = len(funcs)
         if count != len(self.plans):
@@ -903,6 +958,17 @@ def _pick(extent: int, candidates) -> int | None:
         if c <= extent and extent % c == 0:
             return c
     return None
+
+
+def _reads_a_pass(op: ir.Operation) -> bool:
+    """Does `op` read a result of a pass of the fused linear cross-entropy backward?"""
+    from transform_ext.fuse_linear_cross_entropy_backward_two_pass import BACKWARD_PASS
+
+    for value in op.operands:
+        owner = getattr(value.owner, "operation", value.owner)
+        if isinstance(owner, ir.Operation) and BACKWARD_PASS in owner.attributes:
+            return True
+    return False
 
 
 def _has_loss_tail(module: ir.Module) -> bool:

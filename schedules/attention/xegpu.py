@@ -247,11 +247,12 @@ def tile_attention(rec: StepRecorder, tiles: AttentionTiles) -> None:
     rec.step("map_to_workgroups", map_to_blocks)
 
 
-def _fuse_sliced_producers(rec: StepRecorder, container_now, container_of) -> None:
+def _fuse_sliced_producers(rec: StepRecorder, container_now, container_of, mark=None) -> None:
     """Fuse into the container (`container_now()` the trial's op, `container_of(func)` its
     handle) every linalg op of its block whose result it reads through tensor.extract_slice
     (match_sliced_producers); slices of reshapes are bubbled above them so the chain
-    continues."""
+    continues. `mark(handle)`: re-annotates the container after a fusion (a forall that
+    yields a fused producer's result for later readers is a new op)."""
     for _ in range(16):
         n = len(sliced_producers(container_now()))
         if not n:
@@ -264,6 +265,8 @@ def _fuse_sliced_producers(rec: StepRecorder, container_now, container_of) -> No
             target = container_of(match(root, "func.func"))
             for producer in split(match_sliced_producers(target), n):
                 target = structured.FuseIntoContainingOp(producer, target).new_containing_op
+            if mark is not None:
+                mark(target)
 
         rec.step("fuse_sliced_producers", body)
         rec.step("canonicalize", passes("canonicalize", "cse"))

@@ -38,7 +38,10 @@ Schedule (the script's @fuse, one named step per item; decisions read by
 The GPU form (params classes_major=False, masked_target=True, lanes=16; the XeGPU target's
 linear_cross_entropy_tiles): step 2 is masked_gathers (the target logit as a masked sum
 over S's classes, transform_ext.gathers_to_masked_class_sums, a class sum of the fused
-loop) and lane_form (the reductions over the rows read the losses in lane form), step 4 is
+loop) and lane_form (the reductions over the rows read the losses in lane form), step 3 is
+fold_one_hot_sums then the backward in two passes (transform_ext.
+fuse_linear_cross_entropy_backward_two_pass: dh per block of rows, dW and db per block of
+classes, no reduction across blocks), step 4 is
 skipped (S stays [N, V]: DPAS tiles), targets_in_lanes follows step 5 (y and the gathers
 per row in lane form), and the row blocks tile the losses' lane copy; xegpu.py maps the
 row-block forall to workgroups.
@@ -54,16 +57,22 @@ broadcast weight (a non-contiguous 3-D h).
 
 from __future__ import annotations
 
+import math
+
 from torch_mlir import ir
 from torch_mlir.dialects import transform
 from torch_mlir.dialects.transform import loop, structured
 
+from transform_ext.filter_iterators import filter_iterators
 from transform_ext.filter_ops import filter_reductions
 from transform_ext.fold_casts_into_contractions import fold_casts_into_contractions
 from transform_ext.fold_gathers_through_contraction import fold_gathers_through_contraction
 from transform_ext.fold_key_transpose import fold_key_transpose
+from transform_ext.fold_one_hot_class_sums import fold_one_hot_class_sums
 from transform_ext.fuse_dependent_reduction_ops import fuse_dependent_reduction_ops
 from transform_ext.fuse_linear_cross_entropy_backward import fuse_linear_cross_entropy_backward
+from transform_ext.fuse_linear_cross_entropy_backward_two_pass import (
+    fuse_linear_cross_entropy_backward_two_pass)
 from transform_ext.gathers_to_masked_class_sums import gathers_to_masked_class_sums
 from transform_ext.inline_argument_producers import inline_argument_producers
 from transform_ext.lane_form_gathers import lane_form_gathers
@@ -80,12 +89,14 @@ from transform_ext.shrink_unread_inputs import shrink_unread_inputs
 from transform_ext.store_scores_keys_major import store_scores_keys_major
 
 from ..common import apply_passes, match
+from ..generic import largest_divisor_at_most
 from ..cross_entropy.fuse import (CLASS_SUM, match_attr, name_target_checks, normalize,
                                   restructure_reading, sink_root_readers, split_handle, tile_rows)
 from ..script import include_step
 from .params import LateSum, LinearCrossEntropyParams, LinearCrossEntropyPlan
 
 ROW_BLOCKS = "lh.row_blocks"  # the forward's forall (the backward's is a fused kernel's)
+ONE_HOT_SUM = "lh.one_hot_sum"  # the backward's one-hot row sums, folded to per-row ops
 
 # the cross_entropy family's normalization without folding reshapes by expansion: the
 # logits' contraction of [B, T, D] hidden states keeps its 2-D form on the collapsed rows
@@ -178,20 +189,49 @@ def targets_in_lanes(rows: int, lanes: int):
     def body(root: ir.Value) -> ir.Value:
         func = match(root, "func.func")
         inline_argument_producers(match_assertion_checks(func))
-        loads = load_rows_in_lane_form(match_loss_kernels(func).rows, rows, lanes)
-        lane_form_gathers(exclude_ops(match_loss_kernels(func).rows, loads), lanes)
+        forward_rows = lambda: exclude_ops(match_loss_kernels(func).rows,
+                                           match_attr(func, ONE_HOT_SUM))
+        loads = load_rows_in_lane_form(forward_rows(), rows, lanes)
+        lane_form_gathers(filter_iterators(exclude_ops(forward_rows(), loads), ["parallel"]),
+                          lanes)
         return apply_passes(root, "canonicalize", "cse")
 
     return body
 
 
-def fuse_backward(params: LinearCrossEntropyParams):
-    """Step 3 of the module docstring."""
+def fold_one_hot_sums(root: ir.Value) -> ir.Value:
+    """Step 3 (lanes > 0, the joint graph): the backward's one-hot row sums (a sum over the
+    classes of a term that only the target class leaves nonzero) become per-row ops
+    (transform_ext.fold_one_hot_class_sums): the passes read them per row, no [N, V]
+    iteration space is left outside the kernels; they compute what they read from the
+    arguments (the targets with ignored rows selected away) themselves
+    (transform_ext.inline_argument_producers), so they read no value of the forward's
+    kernel. Marked ONE_HOT_SUM: they are not run in lane form (targets_in_lanes), each pass
+    reads them per row."""
+    folded = inline_argument_producers(fold_one_hot_class_sums(match(root, "func.func")))
+    transform.AnnotateOp(folded, ONE_HOT_SUM)
+    return apply_passes(root, "canonicalize", "cse")
+
+
+def fuse_backward(params: LinearCrossEntropyParams, rows: int = 0, classes: int = 0):
+    """Step 3 of the module docstring; in the [N, V]-major form (the GPU's) the backward in
+    two passes (transform_ext.fuse_linear_cross_entropy_backward_two_pass: dh per block of
+    rows over class tiles, dW and db per block of classes over row tiles; the block the
+    largest divisor of N and V (`rows`, `classes`) at most `row_tile`, the step the largest
+    at most `class_tile`)."""
+    common = math.gcd(rows, classes)
+
     def body(root: ir.Value) -> ir.Value:
-        fuse_linear_cross_entropy_backward(match(root, "func.func"),
-                                           row_tile=params.backward_rows,
-                                           class_tile=params.class_tile, threads=params.threads,
-                                           panel=params.panel, bf16_pairs=params.bf16_dot)
+        func = match(root, "func.func")
+        if params.classes_major:
+            fuse_linear_cross_entropy_backward(func, row_tile=params.backward_rows,
+                                               class_tile=params.class_tile,
+                                               threads=params.threads, panel=params.panel,
+                                               bf16_pairs=params.bf16_dot)
+        else:
+            fuse_linear_cross_entropy_backward_two_pass(
+                func, block=largest_divisor_at_most(common, params.row_tile),
+                step=largest_divisor_at_most(common, params.class_tile))
         return apply_passes(root, "canonicalize", "cse")
 
     return body
@@ -252,8 +292,11 @@ def fuse_steps(plan: LinearCrossEntropyPlan) -> list[tuple[str, object]]:
              gather_step(plan.params)]
     if plan.params.lanes:
         steps.append(("lane_form", lane_form(plan.rows_total, plan.params.lanes)))
+    if plan.params.lanes and plan.backward:
+        steps.append(("fold_one_hot_sums", fold_one_hot_sums))
     if plan.backward:
-        steps.append(("fuse_backward", fuse_backward(plan.params)))
+        steps.append(("fuse_backward", fuse_backward(plan.params, plan.rows_total,
+                                                     plan.classes)))
     if plan.params.classes_major:
         steps.append(("logits_classes_major", logits_classes_major))
     steps.append(("mark_class_sums", mark_class_sums))

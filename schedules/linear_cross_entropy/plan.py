@@ -26,37 +26,22 @@ from ..cross_entropy.plan import row_producers
 from ..cross_entropy.recognize import last_row_op
 from ..generic import largest_divisor_at_most
 from ..prepare import check_by_planning
-from .fuse import (ROW_BLOCKS, fold_casts, fuse_backward, fuse_class_loops, gather_step,
-                   logits_classes_major, mark_class_sums, name_target_checks, normalize_loss,
-                   restructure, shrink_bounds, sink_root_readers, tile_rows)
+from .fuse import (ROW_BLOCKS, fold_casts, fold_one_hot_sums, fuse_backward, fuse_class_loops,
+                   gather_step, logits_classes_major, mark_class_sums, name_target_checks,
+                   normalize_loss, restructure, shrink_bounds, sink_root_readers, tile_rows)
 from .fuse import CLASS_SUM, lane_form, targets_in_lanes
 from .params import LateSum, LinearCrossEntropyParams, LinearCrossEntropyPlan
 from .recognize import NotLinearCrossEntropy, linear_cross_entropy_func
 
 
 def check(payload: ir.Module,
-          params: LinearCrossEntropyParams = LinearCrossEntropyParams(),
-          gpu: bool = False) -> str | None:
+          params: LinearCrossEntropyParams = LinearCrossEntropyParams()) -> str | None:
     """None when this schedule applies to `payload`, else the one-line reason (the plan of
-    `params` is made on a copy after cleanup, and kept for the compile's script). `gpu`:
-    for a GPU target, where a payload the schedule takes is refused naming what has no
-    lowering there (`gpu_refusal`)."""
+    `params` is made on a copy after cleanup, and kept for the compile's script)."""
     def plan(trial: ir.Module) -> None:
-        made = plan_linear_cross_entropy(trial, params)
-        if gpu and gpu_refusal(made):
-            raise NotLinearCrossEntropy(gpu_refusal(made))
+        plan_linear_cross_entropy(trial, params)
 
     return check_by_planning(payload, plan, NotLinearCrossEntropy)
-
-
-def gpu_refusal(plan: LinearCrossEntropyPlan) -> str | None:
-    """Why the fused schedule of `plan` does not run on a GPU target (None: it does): its
-    backward (dW per class tile, dh per row block, the logits recomputed) has no XeGPU
-    lowering."""
-    if plan.backward:
-        return ("its fused backward (dW per class tile, dh per row block, the logits "
-                "recomputed) has no XeGPU lowering yet; the CPU target runs it")
-    return None
 
 
 class _Plans:
@@ -103,8 +88,10 @@ def plan_linear_cross_entropy(payload: ir.Module,
     if params.lanes:
         _apply(trial, lane_form(n, params.lanes))
     backward = _has_backward(trial)
+    if params.lanes and backward:
+        _apply(trial, fold_one_hot_sums)
     if backward:
-        _apply(trial, fuse_backward(params))
+        _apply(trial, fuse_backward(params, n, classes))
     if params.classes_major:
         _apply(trial, logits_classes_major)
     _apply(trial, mark_class_sums)

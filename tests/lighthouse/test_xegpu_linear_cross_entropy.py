@@ -10,6 +10,9 @@ with the running max, the rescaled exp-sum and the target logit as a masked sum 
 tile; the rows' losses leave in lane form), then the cross-entropy family's reduction
 kernel (the mean or sum over the rows), and the targets' bounds check on the host. No
 [N, V] buffer anywhere.
+With the backward (backward=True): two more kernels, its passes (dh per block of rows, dW
+and db per block of classes, every product DPAS), checked to the `xegpu` stage, whose next
+stage refuses them by name (no anchor layouts for their per-row inputs yet).
 No Intel GPU here: the numerics of what the kernels compute are checked by running the
 kernel program of the `workgroups` stage (the foralls with every GPU-specific rewrite: the
 masked target sum, lane-form per-row data, the depth loop, the reduction kernel, the host
@@ -198,8 +201,10 @@ def test_the_printed_script_replays_to_identical_ir(lowered, tmp_path):
 
 # ------------------------------------------------------------- the kernel program on the CPU
 
-def _program_on_cpu(low):
-    """The `workgroups` stage (the kernel foralls, the host check) lowered for the CPU."""
+def _program_on_cpu(low, weights=None):
+    """The `workgroups` stage (the kernel foralls, the host check) lowered for the CPU;
+    `weights`: the specs of the frozen weights that became its last arguments (default:
+    those the compile's binary stage recorded)."""
     from lighthouse.pipeline import Pipeline
     from lighthouse.targets.cpu import CpuTarget
 
@@ -216,8 +221,9 @@ def _program_on_cpu(low):
     with ctx, ir.Location.unknown():
         Pipeline(cpu.stages()).run(module)
     imported = low.compiled.imported
-    weights = [TensorSpec(tuple(w["shape"]), low.compiled.kernel.model.w.dtype)
-               for w in low.target.weight_specs]
+    if weights is None:
+        weights = [TensorSpec(tuple(w["shape"]), low.compiled.kernel.model.w.dtype)
+                   for w in low.target.weight_specs]
     return cpu.jit(module, list(imported.arg_specs) + weights, imported.result_specs)
 
 
@@ -280,3 +286,140 @@ def test_what_has_no_gpu_form_is_refused_by_name(tmp_path, case, reason):
     with pytest.raises(LighthouseError) as error:
         compile_kernel(kernel, target="xegpu", stop_after="workgroups", strict=True)
     assert reason in str(error.value)
+
+
+# ------------------------------------------------------------------------------ backward
+# The joint graph (backward=True): the forward's kernels, then the backward's two passes
+# (schedules/linear_cross_entropy/xegpu_backward.py): dh per workgroup of 64 rows over
+# class tiles of 32, dW and db per workgroup of 64 classes over row tiles of 32; S
+# recomputed by DPAS in each, every product a DPAS. Their anchor layouts are not there
+# yet: the compile stops at the `xegpu` stage, the `xegpu-layouts` stage refuses by name.
+
+BACKWARD_CASES = {
+    "bf16_mean": ("bfloat16", 128, 64, 256, False, False, "mean"),
+    "f16_bias_weight_sum": ("float16", 128, 64, 256, True, True, "sum"),
+}
+BACKWARD_STAGES = STAGES[:STAGES.index("xegpu") + 1]
+BACKWARD_KINDS = {"mean": ["linear_cross_entropy", "row_sum", "linear_cross_entropy_dh",
+                           "linear_cross_entropy_dw"],
+                  "sum": ["linear_cross_entropy", "linear_cross_entropy_dh",
+                          "linear_cross_entropy_dw", "row_sum"]}
+
+
+@pytest.fixture(scope="module", params=sorted(BACKWARD_CASES))
+def lowered_backward(request, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp(f"backward_{request.param}")
+    kernel = _write(tmp / "head.py", *BACKWARD_CASES[request.param])
+    compiled = compile_kernel(kernel, target="xegpu", backward=True, stop_after="xegpu",
+                              dump_dir=tmp / "dump", strict=True)
+    low = Lowered(compiled, tmp / "dump")
+    low.name, low.case, low.tmp = request.param, BACKWARD_CASES[request.param], tmp
+    return low
+
+
+def test_backward_kernels_are_two_passes_of_dpas(lowered_backward):
+    """Four kernels in launch order (the passes after the reduction kernel when they read
+    its count); each pass a grid of 64-row blocks of 8 subgroups, its loop's two products
+    DPAS on 16-bit operands: S (h rows split over the subgroups, the step's W or h tile
+    read transposed) and dh = G W or dW = G^T h (the tile read as stored), f32 accumulators
+    written in the inputs' type; no [N, V] tensor, buffer or vector at any stage."""
+    dtype, n, d, v, bias, weighted, reduction = lowered_backward.case
+    narrow = {"bfloat16": "bf16", "float16": "f16"}[dtype]
+    assert lowered_backward.compiled.pipeline.names()[:len(BACKWARD_STAGES)] == BACKWARD_STAGES
+    text = lowered_backward.stage_files["xegpu"].read_text()
+    kernels = re.findall(r'lh.kernel = \{description = "[^"]*", grid = array<i64: (\d+), 1, 1>, '
+                         r'kind = "(\w+)", threads = (\d+)', text)
+    assert [k for _, k, _ in kernels] == BACKWARD_KINDS[reduction]
+    launches = {k: (int(g), int(t)) for g, k, t in kernels}
+    assert launches["linear_cross_entropy_dh"] == (n // 64, 8 * 16)
+    assert launches["linear_cross_entropy_dw"] == (v // 64, 8 * 16)
+    kernels = text.split("gpu.func @")[1:]
+    passes = [k for k in kernels if f"-> vector<64x{d}xf32>" in k]
+    assert len(passes) == 2
+    for kernel, kind in zip(passes, ("dh", "dw")):
+        filecheck(kernel, f"""
+            CHECK: scf.for
+            CHECK:   xegpu.load_nd {{{{.*}}}} -> vector<64x{d}x{narrow}>
+            CHECK:   xegpu.load_nd {{{{.*}}}} -> vector<32x{d}x{narrow}>
+            CHECK:   xegpu.dpas {{{{.*}}}} : vector<64x{d}x{narrow}>, vector<{d}x32x{narrow}>, vector<64x32xf32> -> vector<64x32xf32>
+            CHECK:   math.exp
+            CHECK:   xegpu.dpas {{{{.*}}}} : vector<64x32x{narrow}>, vector<32x{d}x{narrow}>, vector<64x{d}xf32> -> vector<64x{d}xf32>
+            CHECK:   scf.yield
+            CHECK: arith.truncf {{{{.*}}}} : vector<64x{d}xf32> to vector<64x{d}x{narrow}>
+            CHECK: xegpu.store_nd {{{{.*}}}} : vector<64x{d}x{narrow}>
+        """)
+    for stage in ("fuse", "workgroups", "bufferize", "xegpu"):
+        stage_text = lowered_backward.stage_files[stage].read_text()
+        assert not re.search(rf"\b({n}x{v}|{v}x{n})x", stage_text), stage
+
+
+def test_backward_layouts_are_refused_by_name(lowered_backward):
+    """The full compile stops at the xegpu-layouts stage with the reason, never a wrong
+    kernel."""
+    with pytest.raises(LighthouseError) as error:
+        compile_kernel(lowered_backward.tmp / "head.py", target="xegpu", backward=True,
+                       stop_after="xegpu-layouts")
+    assert "have no XeGPU layouts yet" in str(error.value)
+    assert "linear cross-entropy backward pass 1" in str(error.value)
+
+
+@pytest.mark.parametrize("kind", ["mixed", "all_ignored", "huge", "edge_targets"])
+def test_backward_kernel_program_matches_torch_on_cpu(lowered_backward, kind):
+    """Numerics of the backward's kernels with the forward's (no GPU here): the loss, dh, dW
+    (and db) against torch's autograd, with ignored rows, all rows ignored, logits in the
+    hundreds, targets at the first and last class."""
+    from lighthouse.compile import compare
+
+    dtype_name, n, d, v, bias, weighted, reduction = lowered_backward.case
+    w = lowered_backward.compiled.kernel.model.w
+    if not hasattr(lowered_backward, "cpu"):   # the class weights: its last argument
+        lowered_backward.cpu = _program_on_cpu(
+            lowered_backward, [TensorSpec(tuple(w.shape), w.dtype)] if weighted else [])
+    args = _inputs(getattr(torch, dtype_name), n, d, v, bias, kind)
+    got = lowered_backward.cpu(*args, *([w] if weighted else []))
+    leaves = [a.clone().requires_grad_() for a in args[:-1]]
+    loss = F.cross_entropy(F.linear(*leaves), args[-1], weight=w if weighted else None,
+                           reduction=reduction)
+    loss.backward()
+    want = [loss.detach()] + [leaf.grad for leaf in leaves]
+    assert len(got) == len(want)
+    for i, (g, wanted) in enumerate(zip(got, want)):
+        report = compare(f"result {i}", g, wanted)
+        assert report.ok, (kind, str(report))
+
+
+def test_backward_of_a_transposed_view_is_refused_by_name(tmp_path):
+    """The gradient of h passed as a transposed view is the pass's dh transposed, an op with
+    no kernel: refused naming it (the forward of the same view lowers)."""
+    kernel = tmp_path / "head_t.py"
+    kernel.write_text(KERNEL.format(N=128, D=64, V=256, dtype="bfloat16", bias_arg="",
+                                    bias="", weight="None", smoothing=0.0, reduction="mean")
+                      .replace("F.linear(h, W", "F.linear(h.t(), W")
+                      .replace("h = torch.randn(N, D,", "h = torch.randn(D, N,"))
+    compile_kernel(kernel, target="xegpu", stop_after="workgroups", strict=True)
+    with pytest.raises(LighthouseError) as error:
+        compile_kernel(kernel, target="xegpu", backward=True, stop_after="workgroups",
+                       strict=True)
+    assert "reads a pass's gradient (the transpose of the gradient of a transposed view" \
+        in str(error.value)
+
+
+@pytest.mark.parametrize("lowered_backward", ["f16_bias_weight_sum"], indirect=True)
+def test_the_backward_script_replays_to_identical_ir(lowered_backward, tmp_path):
+    """The compile's script with the backward (the two-pass fusion, the passes' workgroup
+    steps), printed up to the stage that refuses, replayed gives byte-identical IR at every
+    stage to the xegpu stage."""
+    from tests.lighthouse.test_schedule_scripts import _without_counters
+
+    compiled = lowered_backward.compiled
+    script = tmp_path / "schedule.mlir"
+    # the script up to the stage that refuses (schedule_text raises its error)
+    script.write_text(str(compiled.script.get(compiled.module)))
+    assert compiled.script.failure is not None
+    assert "transform_ext.fuse_linear_cross_entropy_backward_two_pass" in script.read_text()
+    compile_kernel(lowered_backward.tmp / "head.py", target="xegpu", backward=True,
+                   dump_dir=tmp_path / "replayed", schedule_file=script, stop_after="xegpu")
+    for stage in BACKWARD_STAGES:
+        (replayed,) = (tmp_path / "replayed").glob(f"*-{stage}.mlir")
+        assert _without_counters(replayed.read_text()) == \
+            _without_counters(lowered_backward.stage_files[stage].read_text()), stage

@@ -94,3 +94,25 @@ def test_rejects_rows_that_do_not_divide_and_unused_kernels():
     dead = parse(ROWS.replace("return %q : tensor<4xf32>", "return %e4 : tensor<4xf32>"))
     message = apply_expect_failure(dead, _outline(rows=2))
     assert "the kernel computes nothing used" in message
+
+
+# ROWS' row sum, then a later op reading it (instead of the generic %q)
+SUM_THEN_READER = ROWS.split("  %q = ")[0].replace(
+    "-> tensor<4xf32> {", "-> (tensor<4xf32>, tensor<2xf32>) {") + """
+  %head = tensor.extract_slice %sum[0] [2] [1] : tensor<4xf32> to tensor<2xf32>
+  return %sum, %head : tensor<4xf32>, tensor<2xf32>
+}
+"""
+
+
+def test_the_kernel_goes_before_a_later_reader():
+    """A later op reading the kernel's result (another kernel, in a fused schedule) reads
+    the forall's result: the forall is inserted before it, not before the terminator."""
+    payload = parse(SUM_THEN_READER)
+    apply(payload, _outline(rows=2))
+    check(str(payload), """
+        CHECK: %[[K:[a-z0-9_]+]] = scf.forall
+        CHECK: {mapping = [#gpu.block<x>]}
+        CHECK-NEXT: %[[HEAD:[a-z0-9_]+]] = tensor.extract_slice %[[K]][0] [2] [1]
+        CHECK-NEXT: return %[[K]], %[[HEAD]]
+    """)

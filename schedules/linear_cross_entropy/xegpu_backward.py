@@ -1,0 +1,210 @@
+"""XeGPU tail of the fused linear cross-entropy backward: the two passes of
+transform_ext.fuse_linear_cross_entropy_backward_two_pass as two GPU kernels.
+
+Input: the family's `fuse` result in its GPU form with a backward (fuse.py), after the
+forward's kernel (xegpu.py): two scf.forall carrying BACKWARD_PASS,
+  pass 1 (dh) over blocks of `rows` rows, a loop over class tiles of `step` classes:
+    S = h_blk W_c^T [rows, step], G = E(S, ...), dh_blk += G W_c; dh written in h's type;
+  pass 2 (dW, db) over blocks of `rows` classes, a loop over row tiles of `step` rows:
+    S^T = W_blk h_s^T [rows, step], G^T, dW_blk += G^T h_s, db_blk += sum over the tile's
+    rows of G^T; dW and db written in W's (b's) type.
+E reads per-row values: the forward kernel's row max m and exp-sum l (1-D results of its
+forall), the count or total weight (a rank-0 result of the reduction kernel) and the
+per-row ops computed from them (log l, the folded one-hot sum,
+transform_ext.fold_one_hot_class_sums), which are fused into each pass (computed for the
+block's rows, or the step's).
+Workgroups (`tile_backward_pass`): one forall iteration = one workgroup; the per-row
+producers read through slices fused into the pass and into its loop; unit dims folded.
+Subgroups: the block's `rows` split over `rows / sg_rows` subgroups (sg_layout [n, 1]):
+h (pass 1) or W (pass 2) rows, S, G and the accumulator; the loop's operand tile (W_c in
+pass 1, h_s in pass 2) is read whole by every subgroup, transposed for S and as stored for
+the accumulator's product, so no value crosses subgroups.
+
+Not lowered yet (the reason in a one-line error at the xegpu-layouts stage): the anchor
+layouts of the passes. The per-row values they read from other kernels (m and l of the
+forward, the targets, the count) arrive as 1-D vectors, which XeGPU's lane distribution does
+not take across kernels (the forward would write them in lane form [N, 16], the passes read
+them back reduced over the lanes, pass 2 transposed, as the attention backward's second
+pass reads its lse and D). Refused by name: f32 h and W (DPAS multiplies f16/bf16), N or V
+not multiples of the tiles, a subgroup's tiles beyond the register file (a large D).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch_mlir import ir
+from torch_mlir.dialects import transform
+from torch_mlir.dialects.transform import structured, tensor as ttensor
+
+from transform_ext.analysis.structure import is_linalg_op, loop_structure
+from transform_ext.common import block_ops, ops_named
+from transform_ext.fuse_linear_cross_entropy_backward_two_pass import BACKWARD_PASS
+
+from ..attention.xegpu import (DPAS_TYPES, REGISTER_SHARE, _constant_index,
+                               _fuse_sliced_producers, check_tiles, static_bounds)
+from ..common import annotate, any_op, apply_patterns, match
+from ..script import StepRecorder
+from ..xegpu.common import passes
+from ..xegpu.contraction import block_mapping
+
+# What each pass's workgroup computes, by its BACKWARD_PASS number.
+PASS_KINDS = {1: "linear_cross_entropy_dh", 2: "linear_cross_entropy_dw"}
+# Rows of the block per subgroup: the DPAS rows.
+SG_ROWS = 8
+
+
+@dataclass(frozen=True)
+class BackwardPassTiles:
+    """One workgroup of a backward pass: `rows` rows of the block (h's rows in pass 1, W's
+    classes in pass 2) against `step` columns per loop iteration (classes, rows), depth
+    `depth` (D); `sg_rows` rows per subgroup; the DPAS shape; `grid`: workgroups."""
+
+    backward_pass: int
+    rows: int
+    step: int
+    depth: int
+    sg_rows: int
+    grid: tuple[int, ...]
+    dtype: str
+    dpas: tuple[int, int, int] = (8, 16, 16)
+    subgroup_size: int = 16
+    nb_prefetch: int = 1
+
+    @property
+    def kind(self) -> str:
+        return PASS_KINDS[self.backward_pass]
+
+    @property
+    def subgroups(self) -> int:
+        return self.rows // self.sg_rows
+
+    @property
+    def sg_layout(self) -> list[int]:
+        return [self.subgroups, 1]
+
+    @property
+    def sg_data(self) -> tuple[int, int]:
+        return (self.sg_rows, self.depth)
+
+    @property
+    def threads(self) -> int:
+        return self.subgroups * self.subgroup_size
+
+    def register_bytes(self) -> int:
+        """Live registers of a subgroup in a loop step: its rows of the block's operand
+        (16-bit) and of the f32 accumulator, the step's operand tile (16-bit, whole), S
+        and G (f32) of its rows."""
+        narrow, r, c, d = 2, self.sg_rows, self.step, self.depth
+        return r * d * narrow + r * d * 4 + c * d * narrow + 2 * r * c * 4
+
+
+def backward_pass_foralls(func: ir.Operation) -> list[ir.Operation]:
+    """The top-level foralls of `func` that are passes of the fused backward, in order."""
+    return [op for op in block_ops(func) if op.name == "scf.forall"
+            and BACKWARD_PASS in op.attributes]
+
+
+def backward_pass_of(forall: ir.Operation) -> int:
+    return ir.IntegerAttr(forall.attributes[BACKWARD_PASS]).value
+
+
+def _contractions(loop: ir.Operation) -> list[ir.Operation]:
+    return [op for op in block_ops(loop) if is_linalg_op(op) and op.name != "linalg.fill"
+            and loop_structure(op).is_contraction]
+
+
+def plan_backward_pass(forall: ir.Operation, *, subgroup_size: int, dpas: tuple[int, int, int],
+                       max_threads: int, grf_bytes: int,
+                       nb_prefetch: int = 1) -> BackwardPassTiles:
+    """Tiles of one pass read from its IR, validated against the DPAS shape and the chip
+    (ValueError naming the dimension otherwise)."""
+    number = backward_pass_of(forall)
+    where = f"linear cross-entropy backward pass {number} at {forall.location}"
+    loops = ops_named(forall, "scf.for")
+    if len(loops) != 1:
+        raise ValueError(f"{where}: {len(loops)} loops, not one over the tiles")
+    (loop,) = loops
+    contractions = _contractions(loop)
+    if not contractions:
+        raise ValueError(f"{where}: no contraction in its loop")
+    logits = loop_structure(contractions[0])
+    dims = logits.contraction_dims()
+    if any(len(dims[d]) != 1 for d in "mnk") or dims["batch"]:
+        raise ValueError(f"{where}: the logits tile is not a plain [rows, columns] contraction")
+    rows, step, depth = (logits.ranges[dims[d][0]] for d in "mnk")
+    dtypes = sorted({str(ir.RankedTensorType(v.type).element_type)
+                     for v in list(contractions[0].operands)[:2]})
+    if len(dtypes) != 1 or dtypes[0] not in DPAS_TYPES:
+        raise ValueError(f"{where}: h and W of type {' and '.join(dtypes)}: DPAS multiplies f16 "
+                         "or bf16 (with f32 accumulation); give h and W in float16 or bfloat16")
+    loop_step = _constant_index(loop.operands[2])
+    if loop_step != step:
+        raise ValueError(f"{where}: loop step {loop_step} differs from the tile's {step}")
+    dm, dn, dk = dpas
+    planned = BackwardPassTiles(number, rows, step, depth, SG_ROWS,
+                                tuple(static_bounds(forall, where)), dtypes[0], dpas,
+                                subgroup_size, nb_prefetch)
+    checks = [("rows per workgroup", rows, SG_ROWS, "rows per subgroup"),
+              ("rows per subgroup", SG_ROWS, dm, "DPAS rows"),
+              ("loop step", step, dk, "DPAS depth"),
+              ("loop step", step, dn, "DPAS columns"),
+              ("depth D", depth, dk, "DPAS depth"),
+              ("depth D", depth, dn, "DPAS columns")]
+    budget = int(grf_bytes * REGISTER_SHARE)
+    if planned.register_bytes() > budget:
+        raise ValueError(f"{where}: a subgroup's tiles ({planned.register_bytes()} B: its rows "
+                         f"of the block and of the f32 accumulator over the whole depth D = "
+                         f"{depth}, the step's tile) exceed {budget} B of the register file; "
+                         "the backward has no loop over slices of D yet (a smaller D, or the "
+                         "LIGHTHOUSE class_tile 16)")
+    check_tiles(where, planned, checks, max_threads, grf_bytes,
+                "the LIGHTHOUSE row_tile and class_tile")
+    return planned
+
+
+# -------------------------------------------------------------------------------- tiling
+
+def _pass_handle(func: ir.Value, number: int) -> ir.Value:
+    return structured.MatchOp(any_op(), func, ops=["scf.forall"], op_attrs={
+        BACKWARD_PASS: ir.IntegerAttr.get(ir.IntegerType.get_signless(64), number)}).result
+
+
+def tile_backward_pass(rec: StepRecorder, tiles: BackwardPassTiles) -> None:
+    """Workgroup form of one pass (module docstring): the per-row producers it reads
+    through slices fused into it and into its loop; transposes and copies generalized,
+    unit dims folded, block mapping attached; steps of `rec`."""
+    from ..generic import func_ops
+
+    number = tiles.backward_pass
+
+    def forall_now():
+        (func,) = func_ops(rec.trial)
+        (forall,) = [f for f in backward_pass_foralls(func) if backward_pass_of(f) == number]
+        return forall
+
+    i64 = ir.IntegerType.get_signless(64)
+    _fuse_sliced_producers(rec, forall_now, lambda func: _pass_handle(func, number),
+                           lambda handle: annotate(handle, BACKWARD_PASS,
+                                                   ir.IntegerAttr.get(i64, number)))
+    _fuse_sliced_producers(rec, lambda: ops_named(forall_now(), "scf.for")[0],
+                           lambda func: match(_pass_handle(func, number), "scf.for"))
+
+    def fold(root):
+        func = match(root, "func.func")
+        structured.GeneralizeOp(match(func, ["linalg.transpose", "linalg.copy"]))
+        apply_patterns(func, structured.ApplyFoldUnitExtentDimsViaReshapesPatternsOp,
+                       transform.ApplyCanonicalizationPatternsOp)
+        apply_patterns(func, ttensor.ApplyReassociativeReshapeFoldingPatternsOp,
+                       ttensor.ApplyBubbleUpExtractSlicePatternsOp,
+                       transform.ApplyCanonicalizationPatternsOp)
+
+    rec.step("fold_unit_dims", fold)
+    rec.step("canonicalize", passes("canonicalize", "cse"))
+    dims = len(tiles.grid)
+
+    def map_to_blocks(root):
+        annotate(_pass_handle(match(root, "func.func"), number), "mapping", block_mapping(dims))
+
+    rec.step("map_to_workgroups", map_to_blocks)
+
