@@ -258,8 +258,9 @@ def _convolution_script(module, target):
     params = family_params("convolution", target)
     if params.schedule is None:
         return _generic_script(module, target)
-    return convolution_script(plan_convolution(module, params.schedule, params.vector),
-                              params.vector)
+    matmul_params = family_params("matmul", target).schedule
+    return convolution_script(plan_convolution(module, params.schedule, params.vector,
+                                               matmul_params), params.vector)
 
 
 def _convolution_recognize(module):

@@ -51,9 +51,11 @@ from torch_mlir.dialects.transform import vector as tvec
 import transform_ext
 from transform_ext.analysis.convolution import ConvolutionDims, NotConvolution, convolution_dims
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
+from transform_ext.collapse_reduction_dims import collapse_reduction_dims
 from transform_ext.convolution_to_contraction import convolution_to_contraction
 from transform_ext.drop_contraction_masks import drop_contraction_masks
 from transform_ext.common import Illegal
+from transform_ext.forward_masked_writes import forward_masked_writes
 from transform_ext.fuse_init_into_register_tile import fuse_init_into_register_tile
 from transform_ext.split_transposed_convolution import analyze as analyze_stuffed
 from transform_ext.split_strided_convolution import analyze as analyze_strided
@@ -67,6 +69,7 @@ from .common import (annotate, any_op, apply_passes, apply_patterns, at_place, c
 from .generic import (GenericParams, func_ops, generic_script, parallel_tile_sizes,
                       register_tile_for, top_level_linalg_ops, vector_tile_sizes)
 from .generic import vectorize_stage as generic_vectorize_stage
+from . import matmul
 from .matmul import find_epilogue
 from .script import StepRecorder, recorded_script
 
@@ -567,7 +570,7 @@ def _schedule_others(rec: StepRecorder, params: GenericParams) -> None:
     for func in list(func_ops(rec.trial)):
         while True:
             roots = [(op, sizes) for op in top_level_linalg_ops(func) if ROLE not in op.attributes
-                     and _DONE not in op.attributes
+                     and _DONE not in op.attributes and matmul.ROLE not in op.attributes
                      and (sizes := parallel_tile_sizes(op, params)) is not None]
             if not roots:
                 break
@@ -582,10 +585,12 @@ def _schedule_others(rec: StepRecorder, params: GenericParams) -> None:
 
 
 def _normalize(root: ir.Value) -> ir.Value:
-    """Assertions split out, elementwise ops fused, convolutions and broadcasts generalized."""
+    """Assertions split out, elementwise ops fused (a contraction's reduction loops that
+    this expanded, a flatten before a linear layer, collapsed back)."""
     split_assertions(root)
     root = apply_passes(root, "canonicalize", "cse")
     apply_passes(match(root, "func.func"), "linalg-fuse-elementwise-ops")
+    collapse_reduction_dims(match(root, "func.func"))
     root = apply_passes(root, "canonicalize", "cse")
     return root
 
@@ -641,10 +646,13 @@ def _generalize_convolutions(rec: StepRecorder) -> None:
     rec.step("generalize", body)
 
 
-def plan_convolution(payload: ir.Module, params: ConvolutionParams,
-                     generic: GenericParams) -> ConvolutionPlan:
+def plan_convolution(payload: ir.Module, params: ConvolutionParams, generic: GenericParams,
+                     matmul_params=None) -> ConvolutionPlan:
     """The fuse stage on a copy of `payload` (after cleanup; read, not rewritten), one
-    recorded step at a time, then the vectorize stage's body from what it left."""
+    recorded step at a time, then the vectorize stage's body from what it left. With
+    `matmul_params` (the matmul family's MatmulParams of a contraction's (batch, m, n, k)),
+    the contractions beside the convolutions (a CNN's linear layers) get the matmul
+    family's schedule (schedules.matmul.schedule_contractions), else the generic one's."""
     transform_ext.load(payload.context)
     rec = StepRecorder(ir.Module.parse(str(payload), payload.context))
     rec.step("normalize", _normalize)
@@ -659,6 +667,8 @@ def plan_convolution(payload: ir.Module, params: ConvolutionParams,
         if not found:
             break
         _schedule(rec, accumulation_chain(found[-1], found), params)
+    if matmul_params is not None:
+        matmul.schedule_contractions(rec, matmul_params)
     _schedule_others(rec, generic)
     rec.step("canonicalize", lambda root: apply_passes(root, "canonicalize", "cse"))
     return ConvolutionPlan(tuple(rec.steps), _vectorize_body(rec.trial, generic))
@@ -699,15 +709,15 @@ def _extracts_16_bit(op: ir.Operation) -> bool:
 
 
 def _vector_plan(payload: ir.Module, lanes: int):
-    """(op with a role, its vector sizes) and the other linalg ops with the generic
-    schedule's vector tiles."""
+    """(op with a role, its vector sizes) and the other linalg ops (the matmul family's
+    role ops, schedules.matmul.role_vector_plan, left out)."""
     plan, others = [], []
 
     def visit(op):
         if is_linalg_op(op):
             if ROLE in op.attributes:
                 plan.append((op, _role_vector_sizes(op, lanes)))
-            else:
+            elif matmul.ROLE not in op.attributes:
                 others.append(op)
             return ir.WalkResult.SKIP
         return ir.WalkResult.ADVANCE
@@ -723,8 +733,10 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams):
     plan, others = _vector_plan(payload, generic.register_tile[1] // 2)
     if not plan:
         return generic_vectorize_stage(generic)
+    contractions = matmul.role_vector_plan(payload)
     tiles = [(op, vector_tile_sizes(op, generic)) for op in others]
     places = [place_of(payload.operation, op) for op, _ in plan + tiles]
+    contraction_places = [place_of(payload.operation, op) for op, _, _ in contractions]
     sizes = [s for _, s in plan]
     gathers = [not _extracts_16_bit(op) for op, _ in tiles]
     tiles = [s for _, s in tiles]
@@ -732,8 +744,11 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams):
     def body(root):
         handles = [at_place(root, place) for place in places]
         n = len(plan)
+        contraction_handles = [at_place(root, place) for place in contraction_places]
         for h, vector_sizes in zip(handles, sizes):
             structured.VectorizeOp(h, vector_sizes=vector_sizes)
+        matmul.vectorize_roles(contraction_handles, [role for _, role, _ in contractions],
+                               [sizes for _, _, sizes in contractions])
         for h, sizes_of_tile, gather in zip(handles[n:], tiles, gathers):
             if sizes_of_tile is not None:
                 h, _ = _tile(h, sizes_of_tile)
@@ -751,12 +766,16 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams):
                        tvec.ApplyFoldArithExtensionPatternsOp)
         canonicalize(func)
         drop_contraction_masks(func)
+        if contractions:  # a masked edge tile of C unpacked for a reduction, in registers
+            forward_masked_writes(func)
         apply_patterns(func, tvec.ApplyCastAwayVectorLeadingOneDimPatternsOp, apply_cse=True)
         canonicalize(func)
         foreach(match(func, "scf.for"), lambda loop: transform.ApplyLoopInvariantCodeMotionOp(loop))
         hoist_loop_invariant_subsets(func)
         canonicalize(func)
-        for attr in (ROLE, VECTOR_SIZES, LANES, _DONE):
+        if contractions:  # the packs' transposes
+            matmul.lower_transposes(func, "Shuffle16x16")
+        for attr in (ROLE, VECTOR_SIZES, LANES, _DONE) + matmul.ANNOTATIONS:
             remove_annotation(root, attr)
 
     return body

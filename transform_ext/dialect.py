@@ -24,6 +24,7 @@ OP_MODULES: list[str] = [
     "fuse_dependent_reduction_ops",
     "rewrite_attention_row_mask",
     "fuse_elementwise_producers",
+    "collapse_reduction_dims",
     "drop_broadcast_dims",
     "fold_empty_iteration_spaces",
     "expand_integer_powers",

@@ -369,3 +369,22 @@ def test_a_phase_written_strided_along_its_lanes_keeps_its_channels_in_one_block
     params = ConvolutionParams(threads=2, block_bytes=1024)
     assert convolution_tiles(strided, params).channel_block is None
     assert convolution_tiles(contiguous, params).channel_block is not None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_classifier_head_after_the_convolutions(kernel_file, dtype):
+    """A CNN's head (KernelBench level 3's AlexNet, VGG): a flatten (folded into the first
+    linear layer by the elementwise fusion, collapsed back by
+    transform_ext.collapse_reduction_dims) and linear layers, their weights transposed,
+    each scheduled as the matmul family does (a second use of the first layer's output,
+    odd sizes)."""
+    path = conv_kernel(kernel_file, "Conv2d(3, 10, 3, padding=1)", "3, 3, 11, 9", dtype=dtype,
+                       extra="        self.fc1 = torch.nn.Linear(10 * 5 * 4, 37).to(DTYPE)\n"
+                             "        self.fc2 = torch.nn.Linear(37, 7).to(DTYPE)\n",
+                       forward="(lambda h: self.fc2(h) + h[:, :7])(torch.relu(self.fc1(torch.flatten("
+                               "torch.nn.functional.max_pool2d(torch.relu(self.conv(x)), 2), 1))))")
+    compiled = compile_kernel(path)
+    assert_matches(compiled)
+    fused = str(compile_kernel(path, stop_after="fuse").module)
+    assert fused.count('lh.mm_role = "kernel"') + fused.count('lh.mm_role = "register"') == 2
+    assert "reduction\", \"reduction" not in fused.split("lh.mm_role", 1)[1]

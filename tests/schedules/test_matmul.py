@@ -88,6 +88,30 @@ def test_mlp_example_with_bias_and_gelu_epilogue():
     assert_matches(compile_kernel(EXAMPLES / "mlp.py", overrides=sizes))
 
 
+def test_a_linear_layer_after_a_flatten(kernel_file):
+    """x.flatten(1) @ W^T: the flatten the elementwise fusion folds into the contraction
+    (three reduction loops) is collapsed back (transform_ext.collapse_reduction_dims), so
+    the layer is packed with its weight's transpose folded in."""
+    path = kernel_file("""
+        import torch
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                torch.manual_seed(0)
+                self.fc = torch.nn.Linear(6 * 5 * 3, 41)
+            def forward(self, x):
+                return torch.relu(self.fc(torch.flatten(x, 1)))
+        def get_inputs():
+            g = torch.Generator().manual_seed(1)
+            return [torch.randn(37, 6, 5, 3, generator=g)]
+        def get_init_inputs():
+            return []
+        """)
+    assert_matches(compile_kernel(path))
+    fused = str(compile_kernel(path, stop_after="fuse").module)
+    assert 'lh.mm_role = "pack_b"' in fused and "linalg.transpose" not in fused
+
+
 def test_addmm_and_a_softmax_consumer(kernel_file):
     """A non-zero accumulator init and a reduction after the contraction (tiled like the
     generic schedule does)."""
