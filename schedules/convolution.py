@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from torch_mlir import ir
 from torch_mlir.dialects import transform
 from torch_mlir.dialects.transform import loop, structured
+from torch_mlir.dialects.transform import tensor as ttensor
 from torch_mlir.dialects.transform import vector as tvec
 
 import transform_ext
@@ -56,6 +57,7 @@ from transform_ext.convolution_to_contraction import convolution_to_contraction
 from transform_ext.drop_contraction_masks import drop_contraction_masks
 from transform_ext.common import Illegal
 from transform_ext.forward_masked_writes import forward_masked_writes
+from transform_ext.drop_unit_result_dims import drop_unit_result_dims
 from transform_ext.fuse_init_into_register_tile import fuse_init_into_register_tile
 from transform_ext.split_transposed_convolution import analyze as analyze_stuffed
 from transform_ext.split_strided_convolution import analyze as analyze_strided
@@ -491,26 +493,110 @@ def accumulation_chain(c: Convolution, candidates: list[Convolution]) -> list[Co
         chain.insert(0, by_op[owner])
 
 
+def find_pooling(c: Convolution, value: ir.Value) -> ir.Operation | None:
+    """The generic consuming `value` (the convolution's result, or its epilogue's; its only
+    use) that reduces it over image dims (a global average pool: a sum over H x W, GELU or
+    an epilogue folded into its body): one result, static, `value` read with the identity
+    map, every reduced loop an image dim of the output, the kept loops written in order (or
+    a unit dim by a constant index, transform_ext.drop_unit_result_dims); else None."""
+    user = _single_use(value)
+    if user is None or user.name != "linalg.generic" or len(user.results) != 1:
+        return None
+    ls = loop_structure(user)
+    rank = len(value.type.shape)
+    if not ls.reduction_dims or not ls.is_static or ls.num_loops != rank:
+        return None
+    identity = ir.AffineMap.get_identity(rank)
+    reads = [amap for operand, amap in zip(user.operands[: ls.num_inputs], ls.maps) if operand == value]
+    if not reads or any(amap != identity for amap in reads):
+        return None
+    y_dims = [e.position for e in loop_structure(c.op).output_map(0).results]
+    if any(y_dims[d] not in c.dims.image for d in ls.reduction_dims):
+        return None
+    written = [e.position for e in ls.output_map(0).results if isinstance(e, ir.AffineDimExpr)]
+    return user if written == ls.parallel_dims else None
+
+
+def _pooling_tiles(c: Convolution, tiles: ConvolutionTiles, params: ConvolutionParams,
+                   reduced: set[int]) -> tuple[list[int], list[int]]:
+    """(forall, loop) tile sizes over a pooling's loops (the output's dims): the forall
+    splits the kept dims (batch and groups by 1, the rows by the convolution's forall tile,
+    in multiples of MR until every thread gets a tile, a kept image dim by 1, the lanes
+    whole); inside, a loop walks the reduced outer image dims one by one (the lanes whole),
+    so the convolution's output lives one row of tiles at a time, in cache."""
+    y_dims = [e.position for e in loop_structure(c.op).output_map(0).results]
+    ranges = c.dims.ranges
+    forall, loop = [], []
+    for d, l in enumerate(y_dims):
+        if d in reduced:
+            forall.append(0)
+            loop.append(0 if l == c.lanes else 1)
+        elif l == c.rows:
+            forall.append(tiles.forall[l] or ranges[l])
+            loop.append(0)
+        else:
+            forall.append(0 if l == c.lanes else 1)
+            loop.append(0)
+    if c.rows is not None and c.rows in y_dims:
+        d = y_dims.index(c.rows)
+        mr = min(params.register[0], ranges[c.rows])
+        count = 1
+        for e, l in enumerate(y_dims):
+            if forall[e]:
+                count *= -(-ranges[l] // forall[e])
+        while count < params.threads and forall[d] > mr:
+            smaller = max(mr, (forall[d] // 2) // mr * mr)
+            count = count // -(-ranges[c.rows] // forall[d]) * -(-ranges[c.rows] // smaller)
+            forall[d] = smaller
+    return forall, loop
+
+
 def _schedule(rec: StepRecorder, chain: list[Convolution], params: ConvolutionParams) -> None:
     """Step 2 of the module docstring for an accumulation chain (one convolution, or the
     phases of a strided one: one forall tile computes them all in turn, each its own
-    register tiles over the same output tile)."""
+    register tiles over the same output tile). A pooling after it (`find_pooling`) is the
+    root instead: its forall splits the kept dims, a loop inside walks the reduced ones, the
+    convolution (and its epilogue) computed in that loop's tiles and reduced there, no
+    [N, C, H, W] result stored."""
     last = chain[-1]
     tiles = [convolution_tiles(c, params) for c in chain]
     forall_tiles = tiles[-1]
     epilogue = find_epilogue(last.op.results[0])
+    pooling = find_pooling(last, (epilogue or last.op).results[0])
+    if pooling is not None and any(not isinstance(e, ir.AffineDimExpr)
+                                   for e in loop_structure(pooling).output_map(0).results):
+        place = place_of(rec.trial.operation, pooling)
+
+        def unit_dims(root):
+            drop_unit_result_dims(at_place(root, place))
+
+        rec.step("pooling_result", unit_dims)
+        pooling = find_pooling(last, (epilogue or last.op).results[0])
     init = _accumulator_producer(chain[0])
-    ops = [epilogue, init] + [c.op for c in chain]
+    ops = [epilogue, init, pooling] + [c.op for c in chain]
     places = {i: place_of(rec.trial.operation, op) for i, op in enumerate(ops) if op is not None}
     epilogue_forall = _output_sizes(last, forall_tiles.forall)
     epilogue_register = _output_sizes(last, forall_tiles.register)
+    if pooling is not None:
+        pooling_forall, pooling_loop = _pooling_tiles(
+            last, forall_tiles, params, set(loop_structure(pooling).reduction_dims))
 
     def body(root):
         h = {i: at_place(root, place) for i, place in places.items()}
-        convs = [h[2 + i] for i in range(len(chain))]
+        convs = [h[3 + i] for i in range(len(chain))]
         for conv in convs:
             annotate(conv, _DONE)
-        if epilogue is not None:
+        if pooling is not None:
+            t = structured.TileUsingForallOp(h[2], tile_sizes=pooling_forall)
+            forall = t.forall_op
+            tiled_pooling, loops = _tile(t.tiled_op, pooling_loop)
+            # the loops then slice the result directly, not the forall's slice of it
+            apply_patterns(forall, ttensor.ApplyMergeConsecutiveInsertExtractSlicePatternsOp)
+            forall = loops[-1] if loops else forall
+            if epilogue is not None:
+                tiled_epilogue, forall = _fuse_into(h[0], forall)
+            convs[-1], forall = _fuse_into(convs[-1], forall)
+        elif epilogue is not None:
             t = structured.TileUsingForallOp(h[0], tile_sizes=epilogue_forall)
             forall, tiled_epilogue = t.forall_op, t.tiled_op
             convs[-1], forall = _fuse_into(convs[-1], forall)
@@ -531,6 +617,9 @@ def _schedule(rec: StepRecorder, chain: list[Convolution], params: ConvolutionPa
         if epilogue is not None:
             tiled_epilogue, _ = _tile(tiled_epilogue, epilogue_register)
             _set_role(tiled_epilogue, "epilogue", forall_tiles.output, forall_tiles.output_lanes)
+        if pooling is not None:  # reduced register tile by register tile
+            tiled_pooling, _ = _tile(tiled_pooling, epilogue_register)
+            _set_role(tiled_pooling, "pooling", forall_tiles.output, forall_tiles.output_lanes)
         canonicalize(match(root, "func.func"))
 
     rec.step("tile", body)

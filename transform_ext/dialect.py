@@ -25,6 +25,7 @@ OP_MODULES: list[str] = [
     "rewrite_attention_row_mask",
     "fuse_elementwise_producers",
     "collapse_reduction_dims",
+    "drop_unit_result_dims",
     "drop_broadcast_dims",
     "fold_empty_iteration_spaces",
     "expand_integer_powers",

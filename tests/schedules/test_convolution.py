@@ -388,3 +388,50 @@ def test_a_classifier_head_after_the_convolutions(kernel_file, dtype):
     fused = str(compile_kernel(path, stop_after="fuse").module)
     assert fused.count('lh.mm_role = "kernel"') + fused.count('lh.mm_role = "register"') == 2
     assert "reduction\", \"reduction" not in fused.split("lh.mm_role", 1)[1]
+
+
+POOLINGS = {
+    # KernelBench level 2's 67: GELU folded into the pool's body; 37 lanes (a masked tail)
+    "gelu_global_average": ("Conv2d(5, 12, 3)", "2, 5, 13, 39",
+                            "torch.nn.functional.adaptive_avg_pool2d(torch.nn.functional.gelu("
+                            "self.conv(x)), 1).squeeze(-1).squeeze(-1)"),
+    # keepdim, a max, a bias-free strided convolution (phases accumulating in the tile)
+    "max_keepdim_strided": ("Conv2d(4, 9, 3, stride=(1, 2), bias=False)", "3, 4, 10, 41",
+                            "torch.amax(torch.relu(self.conv(x)), dim=(2, 3), keepdim=True)"),
+    # a sum over the lanes only (the rows kept), then a second use of the pooled result
+    "row_sum_second_use": ("Conv2d(3, 10, (2, 3), padding=1)", "2, 3, 7, 20",
+                           "(lambda p: p * p.sum(-1, keepdim=True))(self.conv(x).sum(-1))"),
+    # 3-D, mean over D x H x W
+    "mean_3d": ("Conv3d(3, 8, 3)", "2, 3, 5, 6, 19", "self.conv(x).mean(dim=(2, 3, 4))"),
+    # the epilogue read twice: stored, pooled apart (no fusion)
+    "epilogue_read_twice": ("Conv2d(3, 8, 3)", "2, 3, 9, 21",
+                            "(lambda y: y.mean(dim=(2, 3)) + y[:, :, 0, 0])(torch.tanh(self.conv(x)))"),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("case", sorted(POOLINGS))
+def test_a_pooling_after_the_convolution(kernel_file, case, dtype):
+    module, shape, forward = POOLINGS[case]
+    path = conv_kernel(kernel_file, module, shape, dtype=dtype, forward=forward)
+    assert_matches(compile_kernel(path))
+
+
+def test_a_global_pooling_is_computed_on_the_output_tiles(kernel_file):
+    """The pool is the root: the threads split (batch, channels), a loop walks the output
+    rows, each register tile of the convolution (GELU folded in) reduced as it is made;
+    no [N, C, H, W] result is stored."""
+    path = conv_kernel(kernel_file, "Conv2d(5, 16, 3)", "2, 5, 12, 40",
+                       forward="torch.nn.functional.adaptive_avg_pool2d("
+                               "torch.nn.functional.gelu(self.conv(x)), 1)")
+    fused = str(compile_kernel(path, stop_after="fuse").module)
+    filecheck(fused, """
+        CHECK:      scf.forall {{.*}} -> (tensor<2x16xf32>)
+        CHECK:      scf.for {{.*}} -> (tensor<1x16xf32>)
+        CHECK:      lh.cv_role = "register"
+        CHECK:      linalg.generic {{.*}}"reduction", "reduction"{{.*}} ins({{.*}} : tensor<1x8x1x?xf32>) {{.*}} lh.cv_role = "pooling"
+        CHECK:      math.erf
+        CHECK:      scf.forall.in_parallel
+    """)
+    bufferized = str(compile_kernel(path, stop_after="bufferize").module)
+    assert "memref<2x16x10x38xf32>" not in bufferized
