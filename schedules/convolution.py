@@ -52,6 +52,7 @@ from torch_mlir.dialects.transform import vector as tvec
 import transform_ext
 from transform_ext.analysis.convolution import ConvolutionDims, NotConvolution, convolution_dims
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
+from transform_ext.clamp_window_loops import clamp_window_loops
 from transform_ext.collapse_reduction_dims import collapse_reduction_dims
 from transform_ext.convolution_to_contraction import convolution_to_contraction
 from transform_ext.drop_contraction_masks import drop_contraction_masks
@@ -628,7 +629,8 @@ def _schedule(rec: StepRecorder, chain: list[Convolution], params: ConvolutionPa
 def _register_tiles(conv, tiles: ConvolutionTiles, forall, fuse_init: bool) -> None:
     """A convolution's tile in the forall: channel blocks, register tiles (the lanes' last
     partial tile peeled), the accumulator start per register tile when `fuse_init`, the
-    reductions by 1, then each register tile rebuilt as a contraction."""
+    reductions by 1 (the window loops clamped to the taps that read the unpadded image,
+    transform_ext.clamp_window_loops), then each register tile rebuilt as a contraction."""
     if tiles.channel_block is not None:
         conv, _ = _tile(conv, tiles.channel_block)
     conv, loops = _tile(conv, tiles.register, interchange=tiles.interchange)
@@ -643,6 +645,7 @@ def _register_tiles(conv, tiles: ConvolutionTiles, forall, fuse_init: bool) -> N
         producer = transform.GetProducerOfOperand(any_op(), conv, 2).producer
         _set_role(producer, "init", tiles.output, tiles.output_lanes)
     conv, _ = _tile(conv, tiles.reduction)
+    clamp_window_loops(conv)
     kernel = convolution_to_contraction(conv)
     _set_role(kernel, "register", tiles.vector, tiles.vector_lanes)
 

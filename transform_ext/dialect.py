@@ -26,6 +26,7 @@ OP_MODULES: list[str] = [
     "fuse_elementwise_producers",
     "collapse_reduction_dims",
     "drop_unit_result_dims",
+    "clamp_window_loops",
     "drop_broadcast_dims",
     "fold_empty_iteration_spaces",
     "expand_integer_powers",

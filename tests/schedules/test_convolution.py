@@ -89,6 +89,12 @@ CASES = {
                       "dilation=2)", "2, 6, 21"),
     "transposed_3d": ("ConvTranspose3d(4, 4, 3, stride=2, padding=1, output_padding=1)",
                       "1, 4, 3, 4, 5"),
+    # stride 1 in 3-D (KernelBench 58, 68): the window loops clamped to the taps that read
+    # the input (transform_ext.clamp_window_loops), padded less than k - 1 in some dims
+    "transposed_stride1_3d": ("ConvTranspose3d(3, 10, (3, 4, 5), padding=(0, 1, 2))",
+                              "2, 3, 4, 6, 19"),
+    # padding beyond the image: output rows whose every tap reads padding (the bias alone)
+    "padded_past_image": ("Conv2d(3, 4, 3, padding=3)", "1, 3, 2, 5"),
     # one input channel per group: torch-mlir's lowering of it is replaced
     # (lighthouse.conv_decompositions)
     "transposed_depthwise": ("ConvTranspose2d(6, 12, 3, stride=2, padding=1, output_padding=1, "
@@ -120,7 +126,8 @@ def test_convolution_matches_torch(kernel_file, case):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("case", ["conv2d_padded", "transposed_strided", "depthwise",
-                                  "conv1d_strided_dilated", "transposed_stride1"])
+                                  "conv1d_strided_dilated", "transposed_stride1",
+                                  "transposed_stride1_3d"])
 def test_half_convolutions_accumulate_in_f32(kernel_file, dtype, case):
     """Also the deinterleaved image of a strided convolution and the zero-stuffed one of a
     transposed convolution of stride 1: bf16 copies LLVM's x86 backend could not select
@@ -435,3 +442,20 @@ def test_a_global_pooling_is_computed_on_the_output_tiles(kernel_file):
     """)
     bufferized = str(compile_kernel(path, stop_after="bufferize").module)
     assert "memref<2x16x10x38xf32>" not in bufferized
+
+
+def test_window_loops_skip_the_taps_that_read_padding(kernel_file):
+    """A transposed convolution of stride 1 (x padded by k - 1 - p): the loops over the
+    taps of the outer image dims start and stop where the output row's window meets x; an
+    unpadded convolution keeps its constant bounds."""
+    path = conv_kernel(kernel_file, "ConvTranspose2d(4, 8, (3, 5), bias=False)", "1, 4, 6, 40")
+    fused = str(compile_kernel(path, stop_after="fuse").module)
+    filecheck(fused, """
+        CHECK:      %[[LO:.*]] = arith.maxsi {{.*}}, %c0 : index
+        CHECK:      %[[HI:.*]] = arith.minsi {{.*}}, %c3 : index
+        CHECK:      scf.for %{{.*}} = %[[LO]] to %[[HI]] step %c1
+        CHECK:      scf.for %{{.*}} = %c0 to %c5 step %c1
+        CHECK:      lh.cv_role = "register"
+    """)
+    plain = conv_kernel(kernel_file, "Conv2d(4, 8, (3, 5), bias=False)", "1, 4, 6, 40")
+    assert "arith.maxsi" not in str(compile_kernel(plain, stop_after="fuse").module)
