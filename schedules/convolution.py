@@ -30,10 +30,18 @@ fuse (the script's @fuse: steps recorded on a trial copy by `plan_convolution`):
      innermost so that the image rows a tile reads stay in L1 across the row tiles); the
      accumulator producer computed per register tile
      (transform_ext.fuse_init_into_register_tile); the input channels and the window by
-     1 (loops c, k_1 .. k_d innermost); the tile, now of a window of one element, rebuilt
-     as a contraction (transform_ext.convolution_to_contraction); the epilogue tiled to
-     register tiles after the convolution's;
-  3. any other linalg op is tiled for threads as the generic schedule does.
+     1 (loops c, k_1 .. k_d innermost; the taps of an outer image dim clamped to those
+     reading the unpadded image, transform_ext.clamp_window_loops); the tile, now of a
+     window of one element, rebuilt as a contraction
+     (transform_ext.convolution_to_contraction); the epilogue tiled to register tiles
+     after the convolution's. A pooling over image dims after it (`find_pooling`) is the
+     root instead: its forall splits the kept dims, a loop inside walks the reduced outer
+     image dims, the convolution fused into that loop, the pooling reduced register tile
+     by register tile;
+  3. the contractions beside the convolutions (a CNN's linear layers) get the matmul
+     family's schedule (schedules.matmul.schedule_contractions; a flatten folded into one
+     by the elementwise fusion collapsed back, transform_ext.collapse_reduction_dims);
+  4. any other linalg op is tiled for threads as the generic schedule does.
 vectorize (@vectorize): every op of step 2 vectorized at its register tile (edge tiles
 masked), the contraction lowered by the target to MR x NR/lanes FMAs per step, the
 accumulator hoisted into registers across the reduction loops.
@@ -820,8 +828,10 @@ def _vector_plan(payload: ir.Module, lanes: int):
 
 def _vectorize_body(payload: ir.Module, generic: GenericParams):
     """The vectorize stage: each op with a role at its vector sizes (edge tiles masked), the
-    others tiled and vectorized as the generic schedule does; loop invariants hoisted so
-    that the accumulator stays in registers across the reduction loops."""
+    matmul family's role ops as it vectorizes them (schedules.matmul.vectorize_roles; the
+    packs' transposes lowered to shuffles), the others tiled and vectorized as the generic
+    schedule does; loop invariants hoisted so that the accumulator stays in registers
+    across the reduction loops."""
     plan, others = _vector_plan(payload, generic.register_tile[1] // 2)
     if not plan:
         return generic_vectorize_stage(generic)
