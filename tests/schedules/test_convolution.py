@@ -93,6 +93,10 @@ CASES = {
     # the input (transform_ext.clamp_window_loops), padded less than k - 1 in some dims
     "transposed_stride1_3d": ("ConvTranspose3d(3, 10, (3, 4, 5), padding=(0, 1, 2))",
                               "2, 3, 4, 6, 19"),
+    # a transposed convolution padded beyond its window's reach (computed padded less and
+    # cropped: lighthouse.conv_decompositions; torch-mlir sliced out of bounds)
+    "transposed_padded_past_window": ("ConvTranspose2d(3, 4, (2, 3), stride=(3, 2), padding=(2, 1), "
+                                      "output_padding=(2, 1))", "2, 3, 5, 6"),
     # padding beyond the image: output rows whose every tap reads padding (the bias alone)
     "padded_past_image": ("Conv2d(3, 4, 3, padding=3)", "1, 3, 2, 5"),
     # one input channel per group: torch-mlir's lowering of it is replaced
@@ -220,13 +224,17 @@ BACKWARD = {
     # element: the generic schedule may take that)
     "transposed_output_padding_past_input": ("ConvTranspose1d(5, 15, 4, padding=4, dilation=2, "
                                              "groups=5, output_padding=1, bias=False)", "2, 5, 2"),
+    # the fuzzer: a stride above the window, padded past it; the input gradient is a
+    # transposed convolution padded beyond its window's reach
+    "strided_padded_past_window": ("Conv1d(2, 3, 1, stride=3, padding=1)", "2, 2, 1"),
 }
 
 
 @pytest.mark.parametrize("case", ["conv2d_padded", "conv1d_strided_dilated", "conv3d_strided",
                                   "conv2d_grouped", "depthwise", "transposed_strided",
                                   "transposed_grouped_dilated", "transposed_depthwise",
-                                  "transposed_output_padding_past_input", "narrow_inner_3d"])
+                                  "transposed_output_padding_past_input", "narrow_inner_3d",
+                                  "strided_padded_past_window", "transposed_padded_past_window"])
 def test_backward(kernel_file, case):
     """The joint graph: the input gradient is a (transposed) convolution of the output's
     gradient, the weight gradient a convolution of the input with it (torch-mlir lowers
