@@ -527,17 +527,26 @@ def find_pooling(c: Convolution, value: ir.Value) -> ir.Operation | None:
 
 
 def _pooling_tiles(c: Convolution, tiles: ConvolutionTiles, params: ConvolutionParams,
-                   reduced: set[int]) -> tuple[list[int], list[int]]:
+                   reduced: set[int]) -> tuple[list[int], list[int]] | None:
     """(forall, loop) tile sizes over a pooling's loops (the output's dims): the forall
     splits the kept dims (batch and groups by 1, the rows by the convolution's forall tile,
     in multiples of MR until every thread gets a tile, a kept image dim by 1, the lanes
-    whole); inside, a loop walks the reduced outer image dims one by one (the lanes whole),
-    so the convolution's output lives one row of tiles at a time, in cache."""
+    whole); inside, a loop walks the reduced outer image dims one by one (along the rows
+    of a depthwise convolution's register tile, by the largest divisor of their extent up
+    to MR; None when that is under MR / 2, the register tiles mostly masked), so the
+    convolution's output lives one row of tiles at a time, in cache."""
     y_dims = [e.position for e in loop_structure(c.op).output_map(0).results]
     ranges = c.dims.ranges
+    mr = min(params.register[0], ranges[c.rows]) if c.rows is not None else 1
     forall, loop = [], []
     for d, l in enumerate(y_dims):
-        if d in reduced:
+        if d in reduced and l == c.rows:
+            rows = max(t for t in range(1, mr + 1) if ranges[l] % t == 0)
+            if 2 * rows < mr:
+                return None
+            forall.append(0)
+            loop.append(rows)
+        elif d in reduced:
             forall.append(0)
             loop.append(0 if l == c.lanes else 1)
         elif l == c.rows:
@@ -546,9 +555,8 @@ def _pooling_tiles(c: Convolution, tiles: ConvolutionTiles, params: ConvolutionP
         else:
             forall.append(0 if l == c.lanes else 1)
             loop.append(0)
-    if c.rows is not None and c.rows in y_dims:
+    if c.rows is not None and c.rows in y_dims and y_dims.index(c.rows) not in reduced:
         d = y_dims.index(c.rows)
-        mr = min(params.register[0], ranges[c.rows])
         count = 1
         for e, l in enumerate(y_dims):
             if forall[e]:
@@ -581,14 +589,17 @@ def _schedule(rec: StepRecorder, chain: list[Convolution], params: ConvolutionPa
 
         rec.step("pooling_result", unit_dims)
         pooling = find_pooling(last, (epilogue or last.op).results[0])
+    pooling_tiles = None if pooling is None else _pooling_tiles(
+        last, forall_tiles, params, set(loop_structure(pooling).reduction_dims))
+    if pooling_tiles is None:
+        pooling = None
+    else:
+        pooling_forall, pooling_loop = pooling_tiles
     init = _accumulator_producer(chain[0])
     ops = [epilogue, init, pooling] + [c.op for c in chain]
     places = {i: place_of(rec.trial.operation, op) for i, op in enumerate(ops) if op is not None}
     epilogue_forall = _output_sizes(last, forall_tiles.forall)
     epilogue_register = _output_sizes(last, forall_tiles.register)
-    if pooling is not None:
-        pooling_forall, pooling_loop = _pooling_tiles(
-            last, forall_tiles, params, set(loop_structure(pooling).reduction_dims))
 
     def body(root):
         h = {i: at_place(root, place) for i, place in places.items()}

@@ -418,6 +418,12 @@ POOLINGS = {
                            "(lambda p: p * p.sum(-1, keepdim=True))(self.conv(x).sum(-1))"),
     # 3-D, mean over D x H x W
     "mean_3d": ("Conv3d(3, 8, 3)", "2, 3, 5, 6, 19", "self.conv(x).mean(dim=(2, 3, 4))"),
+    # depthwise (the register tile's rows are output rows, reduced here): 16 rows in
+    # register tiles of 8, 19 rows one by one
+    "depthwise_mean": ("Conv2d(6, 6, 3, groups=6, padding=1)", "2, 6, 16, 23",
+                       "self.conv(x).mean(dim=(2, 3))"),
+    "depthwise_odd_rows_max": ("Conv2d(6, 12, 3, groups=6, padding=1)", "2, 6, 19, 23",
+                               "torch.amax(self.conv(x), dim=(2, 3))"),
     # the epilogue read twice: stored, pooled apart (no fusion)
     "epilogue_read_twice": ("Conv2d(3, 8, 3)", "2, 3, 9, 21",
                             "(lambda y: y.mean(dim=(2, 3)) + y[:, :, 0, 0])(torch.tanh(self.conv(x)))"),
