@@ -60,6 +60,7 @@ from torch_mlir.dialects.transform import vector as tvec
 import transform_ext
 from transform_ext.analysis.convolution import ConvolutionDims, NotConvolution, convolution_dims
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
+from transform_ext.analysis.tiles import VectorPolicy
 from transform_ext.clamp_window_loops import clamp_window_loops
 from transform_ext.collapse_reduction_dims import collapse_reduction_dims
 from transform_ext.convolution_to_contraction import convolution_to_contraction
@@ -847,7 +848,9 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams):
     if not plan:
         return generic_vectorize_stage(generic)
     contractions = matmul.role_vector_plan(payload)
-    tiles = [(op, vector_tile_sizes(op, generic)) for op in others]
+    # the other ops vectorized without bf16 dot products: a k step of 1
+    policy = VectorPolicy(generic.vector_tile, generic.register_tile)
+    tiles = [(op, vector_tile_sizes(op, policy)) for op in others]
     places = [place_of(payload.operation, op) for op, _ in plan + tiles]
     contraction_places = [place_of(payload.operation, op) for op, _, _ in contractions]
     sizes = [s for _, s in plan]

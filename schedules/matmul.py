@@ -61,6 +61,7 @@ from torch_mlir.dialects.transform import tensor as ttensor
 from torch_mlir.dialects.transform import vector as tvec
 
 from transform_ext.analysis.structure import dim_positions, is_linalg_op, loop_structure
+from transform_ext.analysis.tiles import VectorPolicy
 from transform_ext.collapse_reduction_dims import collapse_reduction_dims
 from transform_ext.common import defining_op, user_op, users
 from transform_ext.contracts_to_bf16_dot_products import contracts_to_bf16_dot_products
@@ -979,7 +980,9 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams,
     plan, others = _vector_plan(payload)
     if not plan:  # no contraction was scheduled here: the payload went the generic way
         return generic_vectorize_stage(generic)
-    tiles = [(op, vector_tile_sizes(op, generic)) for op in others]
+    # the other ops vectorized without bf16 dot products: a k step of 1
+    policy = VectorPolicy(generic.vector_tile, generic.register_tile)
+    tiles = [(op, vector_tile_sizes(op, policy)) for op in others]
     roles = [ir.StringAttr(op.attributes[ROLE]).value for op, _ in plan]
     pairs = any(role == "kernel" and all(isinstance(v.type.element_type, ir.BF16Type)
                                          for v in op.operands[:2])
