@@ -154,10 +154,29 @@ def _collapsed(input, weight, bias, stride, padding, dilation, groups):
     return y.reshape(*y.shape[:-1], y.shape[-1] // inner, inner)
 
 
+def _excess_padding(weight, padding, dilation, transposed) -> list[int]:
+    """Per image dim, the padding of a transposed convolution beyond its window's reach,
+    p - d (K - 1) where positive (0 for a forward convolution)."""
+    window = weight.shape[2:]
+    if not transposed:
+        return [0] * len(window)
+    return [max(0, p - d * (k - 1)) for p, d, k in zip(_per_dim(padding, len(window)),
+                                                       _per_dim(dilation, len(window)), window)]
+
+
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
                 groups):
     """aten.convolution, with the transposed convolutions torch-mlir gets wrong stuffed
-    here and narrow innermost image dims merged (module docstring)."""
+    here and narrow innermost image dims merged (module docstring). A transposed
+    convolution padded beyond its window's reach by e (torch-mlir would slice its stuffed
+    input out of bounds) is the one padded e less, e cropped from each side."""
+    excess = _excess_padding(weight, padding, dilation, transposed)
+    if any(excess):
+        inner = [p - e for p, e in zip(_per_dim(padding, len(excess)), excess)]
+        y = aten.convolution.default(input, weight, bias, stride, inner, dilation, True,
+                                     output_padding, groups)
+        return y[(slice(None), slice(None),
+                  *(slice(e, size - e) for e, size in zip(excess, y.shape[2:])))]
     if _collapsible(input, weight, stride, padding, transposed):
         return _collapsed(input, weight, bias, stride, padding, dilation, groups)
     if not _depthwise_transposed(input, weight, bias, stride, padding, dilation, transposed,

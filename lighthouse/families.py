@@ -258,8 +258,13 @@ def _convolution_script(module, target):
     params = family_params("convolution", target)
     if params.schedule is None:
         return _generic_script(module, target)
-    return convolution_script(plan_convolution(module, params.schedule, params.vector),
-                              params.vector)
+    matmul = family_params("matmul", target).schedule
+
+    def matmul_params(*shape):  # f32 kernels: the convolution's @vectorize packs no bf16 pairs
+        return dataclasses.replace(matmul(*shape), bf16_dot=False)
+
+    return convolution_script(plan_convolution(module, params.schedule, params.vector,
+                                               matmul_params if matmul else None), params.vector)
 
 
 def _convolution_recognize(module):

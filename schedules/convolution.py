@@ -30,10 +30,18 @@ fuse (the script's @fuse: steps recorded on a trial copy by `plan_convolution`):
      innermost so that the image rows a tile reads stay in L1 across the row tiles); the
      accumulator producer computed per register tile
      (transform_ext.fuse_init_into_register_tile); the input channels and the window by
-     1 (loops c, k_1 .. k_d innermost); the tile, now of a window of one element, rebuilt
-     as a contraction (transform_ext.convolution_to_contraction); the epilogue tiled to
-     register tiles after the convolution's;
-  3. any other linalg op is tiled for threads as the generic schedule does.
+     1 (loops c, k_1 .. k_d innermost; the taps of an outer image dim clamped to those
+     reading the unpadded image, transform_ext.clamp_window_loops); the tile, now of a
+     window of one element, rebuilt as a contraction
+     (transform_ext.convolution_to_contraction); the epilogue tiled to register tiles
+     after the convolution's. A pooling over image dims after it (`find_pooling`) is the
+     root instead: its forall splits the kept dims, a loop inside walks the reduced outer
+     image dims, the convolution fused into that loop, the pooling reduced register tile
+     by register tile;
+  3. the contractions beside the convolutions (a CNN's linear layers) get the matmul
+     family's schedule (schedules.matmul.schedule_contractions; a flatten folded into one
+     by the elementwise fusion collapsed back, transform_ext.collapse_reduction_dims);
+  4. any other linalg op is tiled for threads as the generic schedule does.
 vectorize (@vectorize): every op of step 2 vectorized at its register tile (edge tiles
 masked), the contraction lowered by the target to MR x NR/lanes FMAs per step, the
 accumulator hoisted into registers across the reduction loops.
@@ -46,14 +54,20 @@ from dataclasses import dataclass
 from torch_mlir import ir
 from torch_mlir.dialects import transform
 from torch_mlir.dialects.transform import loop, structured
+from torch_mlir.dialects.transform import tensor as ttensor
 from torch_mlir.dialects.transform import vector as tvec
 
 import transform_ext
 from transform_ext.analysis.convolution import ConvolutionDims, NotConvolution, convolution_dims
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
+from transform_ext.analysis.tiles import VectorPolicy
+from transform_ext.clamp_window_loops import clamp_window_loops
+from transform_ext.collapse_reduction_dims import collapse_reduction_dims
 from transform_ext.convolution_to_contraction import convolution_to_contraction
 from transform_ext.drop_contraction_masks import drop_contraction_masks
 from transform_ext.common import Illegal
+from transform_ext.forward_masked_writes import forward_masked_writes
+from transform_ext.drop_unit_result_dims import drop_unit_result_dims
 from transform_ext.fuse_init_into_register_tile import fuse_init_into_register_tile
 from transform_ext.split_transposed_convolution import analyze as analyze_stuffed
 from transform_ext.split_strided_convolution import analyze as analyze_strided
@@ -67,6 +81,7 @@ from .common import (annotate, any_op, apply_passes, apply_patterns, at_place, c
 from .generic import (GenericParams, func_ops, generic_script, parallel_tile_sizes,
                       register_tile_for, top_level_linalg_ops, vector_tile_sizes)
 from .generic import vectorize_stage as generic_vectorize_stage
+from . import matmul
 from .matmul import find_epilogue
 from .script import StepRecorder, recorded_script
 
@@ -488,26 +503,121 @@ def accumulation_chain(c: Convolution, candidates: list[Convolution]) -> list[Co
         chain.insert(0, by_op[owner])
 
 
+def find_pooling(c: Convolution, value: ir.Value) -> ir.Operation | None:
+    """The generic consuming `value` (the convolution's result, or its epilogue's; its only
+    use) that reduces it over image dims (a global average pool: a sum over H x W, GELU or
+    an epilogue folded into its body): one result, static, `value` read with the identity
+    map, every reduced loop an image dim of the output, the kept loops written in order (or
+    a unit dim by a constant index, transform_ext.drop_unit_result_dims); else None."""
+    user = _single_use(value)
+    if user is None or user.name != "linalg.generic" or len(user.results) != 1:
+        return None
+    ls = loop_structure(user)
+    rank = len(value.type.shape)
+    if not ls.reduction_dims or not ls.is_static or ls.num_loops != rank:
+        return None
+    identity = ir.AffineMap.get_identity(rank)
+    reads = [amap for operand, amap in zip(user.operands[: ls.num_inputs], ls.maps) if operand == value]
+    if not reads or any(amap != identity for amap in reads):
+        return None
+    y_dims = [e.position for e in loop_structure(c.op).output_map(0).results]
+    if any(y_dims[d] not in c.dims.image for d in ls.reduction_dims):
+        return None
+    written = [e.position for e in ls.output_map(0).results if isinstance(e, ir.AffineDimExpr)]
+    return user if written == ls.parallel_dims else None
+
+
+def _pooling_tiles(c: Convolution, tiles: ConvolutionTiles, params: ConvolutionParams,
+                   reduced: set[int]) -> tuple[list[int], list[int]] | None:
+    """(forall, loop) tile sizes over a pooling's loops (the output's dims): the forall
+    splits the kept dims (batch and groups by 1, the rows by the convolution's forall tile,
+    in multiples of MR until every thread gets a tile, a kept image dim by 1, the lanes
+    whole); inside, a loop walks the reduced outer image dims one by one (along the rows
+    of a depthwise convolution's register tile, by the largest divisor of their extent up
+    to MR; None when that is under MR / 2, the register tiles mostly masked), so the
+    convolution's output lives one row of tiles at a time, in cache."""
+    y_dims = [e.position for e in loop_structure(c.op).output_map(0).results]
+    ranges = c.dims.ranges
+    mr = min(params.register[0], ranges[c.rows]) if c.rows is not None else 1
+    forall, loop = [], []
+    for d, l in enumerate(y_dims):
+        if d in reduced and l == c.rows:
+            rows = max(t for t in range(1, mr + 1) if ranges[l] % t == 0)
+            if 2 * rows < mr:
+                return None
+            forall.append(0)
+            loop.append(rows)
+        elif d in reduced:
+            forall.append(0)
+            loop.append(0 if l == c.lanes else 1)
+        elif l == c.rows:
+            forall.append(tiles.forall[l] or ranges[l])
+            loop.append(0)
+        else:
+            forall.append(0 if l == c.lanes else 1)
+            loop.append(0)
+    if c.rows is not None and c.rows in y_dims and y_dims.index(c.rows) not in reduced:
+        d = y_dims.index(c.rows)
+        count = 1
+        for e, l in enumerate(y_dims):
+            if forall[e]:
+                count *= -(-ranges[l] // forall[e])
+        while count < params.threads and forall[d] > mr:
+            smaller = max(mr, (forall[d] // 2) // mr * mr)
+            count = count // -(-ranges[c.rows] // forall[d]) * -(-ranges[c.rows] // smaller)
+            forall[d] = smaller
+    return forall, loop
+
+
 def _schedule(rec: StepRecorder, chain: list[Convolution], params: ConvolutionParams) -> None:
     """Step 2 of the module docstring for an accumulation chain (one convolution, or the
     phases of a strided one: one forall tile computes them all in turn, each its own
-    register tiles over the same output tile)."""
+    register tiles over the same output tile). A pooling after it (`find_pooling`) is the
+    root instead: its forall splits the kept dims, a loop inside walks the reduced ones, the
+    convolution (and its epilogue) computed in that loop's tiles and reduced there, no
+    [N, C, H, W] result stored."""
     last = chain[-1]
     tiles = [convolution_tiles(c, params) for c in chain]
     forall_tiles = tiles[-1]
     epilogue = find_epilogue(last.op.results[0])
+    pooling = find_pooling(last, (epilogue or last.op).results[0])
+    if pooling is not None and any(not isinstance(e, ir.AffineDimExpr)
+                                   for e in loop_structure(pooling).output_map(0).results):
+        place = place_of(rec.trial.operation, pooling)
+
+        def unit_dims(root):
+            drop_unit_result_dims(at_place(root, place))
+
+        rec.step("pooling_result", unit_dims)
+        pooling = find_pooling(last, (epilogue or last.op).results[0])
+    pooling_tiles = None if pooling is None else _pooling_tiles(
+        last, forall_tiles, params, set(loop_structure(pooling).reduction_dims))
+    if pooling_tiles is None:
+        pooling = None
+    else:
+        pooling_forall, pooling_loop = pooling_tiles
     init = _accumulator_producer(chain[0])
-    ops = [epilogue, init] + [c.op for c in chain]
+    ops = [epilogue, init, pooling] + [c.op for c in chain]
     places = {i: place_of(rec.trial.operation, op) for i, op in enumerate(ops) if op is not None}
     epilogue_forall = _output_sizes(last, forall_tiles.forall)
     epilogue_register = _output_sizes(last, forall_tiles.register)
 
     def body(root):
         h = {i: at_place(root, place) for i, place in places.items()}
-        convs = [h[2 + i] for i in range(len(chain))]
+        convs = [h[3 + i] for i in range(len(chain))]
         for conv in convs:
             annotate(conv, _DONE)
-        if epilogue is not None:
+        if pooling is not None:
+            t = structured.TileUsingForallOp(h[2], tile_sizes=pooling_forall)
+            forall = t.forall_op
+            tiled_pooling, loops = _tile(t.tiled_op, pooling_loop)
+            # the loops then slice the result directly, not the forall's slice of it
+            apply_patterns(forall, ttensor.ApplyMergeConsecutiveInsertExtractSlicePatternsOp)
+            forall = loops[-1] if loops else forall
+            if epilogue is not None:
+                tiled_epilogue, forall = _fuse_into(h[0], forall)
+            convs[-1], forall = _fuse_into(convs[-1], forall)
+        elif epilogue is not None:
             t = structured.TileUsingForallOp(h[0], tile_sizes=epilogue_forall)
             forall, tiled_epilogue = t.forall_op, t.tiled_op
             convs[-1], forall = _fuse_into(convs[-1], forall)
@@ -528,6 +638,9 @@ def _schedule(rec: StepRecorder, chain: list[Convolution], params: ConvolutionPa
         if epilogue is not None:
             tiled_epilogue, _ = _tile(tiled_epilogue, epilogue_register)
             _set_role(tiled_epilogue, "epilogue", forall_tiles.output, forall_tiles.output_lanes)
+        if pooling is not None:  # reduced register tile by register tile
+            tiled_pooling, _ = _tile(tiled_pooling, epilogue_register)
+            _set_role(tiled_pooling, "pooling", forall_tiles.output, forall_tiles.output_lanes)
         canonicalize(match(root, "func.func"))
 
     rec.step("tile", body)
@@ -536,7 +649,8 @@ def _schedule(rec: StepRecorder, chain: list[Convolution], params: ConvolutionPa
 def _register_tiles(conv, tiles: ConvolutionTiles, forall, fuse_init: bool) -> None:
     """A convolution's tile in the forall: channel blocks, register tiles (the lanes' last
     partial tile peeled), the accumulator start per register tile when `fuse_init`, the
-    reductions by 1, then each register tile rebuilt as a contraction."""
+    reductions by 1 (the window loops clamped to the taps that read the unpadded image,
+    transform_ext.clamp_window_loops), then each register tile rebuilt as a contraction."""
     if tiles.channel_block is not None:
         conv, _ = _tile(conv, tiles.channel_block)
     conv, loops = _tile(conv, tiles.register, interchange=tiles.interchange)
@@ -551,6 +665,7 @@ def _register_tiles(conv, tiles: ConvolutionTiles, forall, fuse_init: bool) -> N
         producer = transform.GetProducerOfOperand(any_op(), conv, 2).producer
         _set_role(producer, "init", tiles.output, tiles.output_lanes)
     conv, _ = _tile(conv, tiles.reduction)
+    clamp_window_loops(conv)
     kernel = convolution_to_contraction(conv)
     _set_role(kernel, "register", tiles.vector, tiles.vector_lanes)
 
@@ -567,7 +682,7 @@ def _schedule_others(rec: StepRecorder, params: GenericParams) -> None:
     for func in list(func_ops(rec.trial)):
         while True:
             roots = [(op, sizes) for op in top_level_linalg_ops(func) if ROLE not in op.attributes
-                     and _DONE not in op.attributes
+                     and _DONE not in op.attributes and matmul.ROLE not in op.attributes
                      and (sizes := parallel_tile_sizes(op, params)) is not None]
             if not roots:
                 break
@@ -582,10 +697,12 @@ def _schedule_others(rec: StepRecorder, params: GenericParams) -> None:
 
 
 def _normalize(root: ir.Value) -> ir.Value:
-    """Assertions split out, elementwise ops fused, convolutions and broadcasts generalized."""
+    """Assertions split out, elementwise ops fused (a contraction's reduction loops that
+    this expanded, a flatten before a linear layer, collapsed back)."""
     split_assertions(root)
     root = apply_passes(root, "canonicalize", "cse")
     apply_passes(match(root, "func.func"), "linalg-fuse-elementwise-ops")
+    collapse_reduction_dims(match(root, "func.func"))
     root = apply_passes(root, "canonicalize", "cse")
     return root
 
@@ -641,10 +758,13 @@ def _generalize_convolutions(rec: StepRecorder) -> None:
     rec.step("generalize", body)
 
 
-def plan_convolution(payload: ir.Module, params: ConvolutionParams,
-                     generic: GenericParams) -> ConvolutionPlan:
+def plan_convolution(payload: ir.Module, params: ConvolutionParams, generic: GenericParams,
+                     matmul_params=None) -> ConvolutionPlan:
     """The fuse stage on a copy of `payload` (after cleanup; read, not rewritten), one
-    recorded step at a time, then the vectorize stage's body from what it left."""
+    recorded step at a time, then the vectorize stage's body from what it left. With
+    `matmul_params` (the matmul family's MatmulParams of a contraction's (batch, m, n, k)),
+    the contractions beside the convolutions (a CNN's linear layers) get the matmul
+    family's schedule (schedules.matmul.schedule_contractions), else the generic one's."""
     transform_ext.load(payload.context)
     rec = StepRecorder(ir.Module.parse(str(payload), payload.context))
     rec.step("normalize", _normalize)
@@ -659,6 +779,8 @@ def plan_convolution(payload: ir.Module, params: ConvolutionParams,
         if not found:
             break
         _schedule(rec, accumulation_chain(found[-1], found), params)
+    if matmul_params is not None:
+        matmul.schedule_contractions(rec, matmul_params)
     _schedule_others(rec, generic)
     rec.step("canonicalize", lambda root: apply_passes(root, "canonicalize", "cse"))
     return ConvolutionPlan(tuple(rec.steps), _vectorize_body(rec.trial, generic))
@@ -699,15 +821,15 @@ def _extracts_16_bit(op: ir.Operation) -> bool:
 
 
 def _vector_plan(payload: ir.Module, lanes: int):
-    """(op with a role, its vector sizes) and the other linalg ops with the generic
-    schedule's vector tiles."""
+    """(op with a role, its vector sizes) and the other linalg ops (the matmul family's
+    role ops, schedules.matmul.role_vector_plan, left out)."""
     plan, others = [], []
 
     def visit(op):
         if is_linalg_op(op):
             if ROLE in op.attributes:
                 plan.append((op, _role_vector_sizes(op, lanes)))
-            else:
+            elif matmul.ROLE not in op.attributes:
                 others.append(op)
             return ir.WalkResult.SKIP
         return ir.WalkResult.ADVANCE
@@ -718,13 +840,19 @@ def _vector_plan(payload: ir.Module, lanes: int):
 
 def _vectorize_body(payload: ir.Module, generic: GenericParams):
     """The vectorize stage: each op with a role at its vector sizes (edge tiles masked), the
-    others tiled and vectorized as the generic schedule does; loop invariants hoisted so
-    that the accumulator stays in registers across the reduction loops."""
+    matmul family's role ops as it vectorizes them (schedules.matmul.vectorize_roles; the
+    packs' transposes lowered to shuffles), the others tiled and vectorized as the generic
+    schedule does; loop invariants hoisted so that the accumulator stays in registers
+    across the reduction loops."""
     plan, others = _vector_plan(payload, generic.register_tile[1] // 2)
     if not plan:
         return generic_vectorize_stage(generic)
-    tiles = [(op, vector_tile_sizes(op, generic)) for op in others]
+    contractions = matmul.role_vector_plan(payload)
+    # the other ops vectorized without bf16 dot products: a k step of 1
+    policy = VectorPolicy(generic.vector_tile, generic.register_tile)
+    tiles = [(op, vector_tile_sizes(op, policy)) for op in others]
     places = [place_of(payload.operation, op) for op, _ in plan + tiles]
+    contraction_places = [place_of(payload.operation, op) for op, _, _ in contractions]
     sizes = [s for _, s in plan]
     gathers = [not _extracts_16_bit(op) for op, _ in tiles]
     tiles = [s for _, s in tiles]
@@ -732,8 +860,11 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams):
     def body(root):
         handles = [at_place(root, place) for place in places]
         n = len(plan)
+        contraction_handles = [at_place(root, place) for place in contraction_places]
         for h, vector_sizes in zip(handles, sizes):
             structured.VectorizeOp(h, vector_sizes=vector_sizes)
+        matmul.vectorize_roles(contraction_handles, [role for _, role, _ in contractions],
+                               [sizes for _, _, sizes in contractions])
         for h, sizes_of_tile, gather in zip(handles[n:], tiles, gathers):
             if sizes_of_tile is not None:
                 h, _ = _tile(h, sizes_of_tile)
@@ -751,12 +882,16 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams):
                        tvec.ApplyFoldArithExtensionPatternsOp)
         canonicalize(func)
         drop_contraction_masks(func)
+        if contractions:  # a masked edge tile of C unpacked for a reduction, in registers
+            forward_masked_writes(func)
         apply_patterns(func, tvec.ApplyCastAwayVectorLeadingOneDimPatternsOp, apply_cse=True)
         canonicalize(func)
         foreach(match(func, "scf.for"), lambda loop: transform.ApplyLoopInvariantCodeMotionOp(loop))
         hoist_loop_invariant_subsets(func)
         canonicalize(func)
-        for attr in (ROLE, VECTOR_SIZES, LANES, _DONE):
+        if contractions:  # the packs' transposes
+            matmul.lower_transposes(func, "Shuffle16x16")
+        for attr in (ROLE, VECTOR_SIZES, LANES, _DONE) + matmul.ANNOTATIONS:
             remove_annotation(root, attr)
 
     return body

@@ -61,6 +61,8 @@ from torch_mlir.dialects.transform import tensor as ttensor
 from torch_mlir.dialects.transform import vector as tvec
 
 from transform_ext.analysis.structure import dim_positions, is_linalg_op, loop_structure
+from transform_ext.analysis.tiles import VectorPolicy
+from transform_ext.collapse_reduction_dims import collapse_reduction_dims
 from transform_ext.common import defining_op, user_op, users
 from transform_ext.contracts_to_bf16_dot_products import contracts_to_bf16_dot_products
 from transform_ext.drop_unpack_destination_fill import drop_unpack_destination_fill
@@ -83,6 +85,7 @@ ROLE = "lh.mm_role"            # string attribute: the part of the matmul schedu
 VECTOR_SIZES = "lh.mm_vector"  # i64 array: vector sizes of the op's nominal tile
 _DONE = "lh.mm_done"           # contraction already scheduled (its kernel op)
 _WIDEN = "lh.mm_widen"          # markers between the tiling and the widening fusion
+ANNOTATIONS = (ROLE, VECTOR_SIZES, _DONE)  # what the vectorize stage removes at its end
 
 FLOAT_TYPES = ("f32", "f16", "bf16")
 
@@ -830,10 +833,12 @@ def _places(rec: StepRecorder, ops: list) -> dict[int, Place]:
 
 
 def _normalize(root: ir.Value) -> ir.Value:
-    """Assertions split out, unit dims folded, elementwise ops fused."""
+    """Assertions split out, unit dims folded, elementwise ops fused (a contraction's
+    reduction loops that this expanded, a flatten before a linear layer, collapsed back)."""
     split_assertions(root)
     root = apply_passes(root, "linalg-fold-unit-extent-dims", "canonicalize", "cse")
     apply_passes(match(root, "func.func"), "linalg-fuse-elementwise-ops")
+    collapse_reduction_dims(match(root, "func.func"))
     return apply_passes(root, "linalg-fold-unit-extent-dims", "canonicalize", "cse")
 
 
@@ -873,6 +878,22 @@ class MatmulPlan:
     vectorize: object | None
 
 
+def schedule_contractions(rec: StepRecorder, params_for) -> None:
+    """Steps 1-4 of the module docstring for every contraction of `rec.trial` this schedule
+    takes (`find_contractions`), last first; `params_for(batch, m, n, k)` gives each one's
+    MatmulParams."""
+    while True:
+        found = find_contractions(rec.trial)
+        if not found:
+            return
+        c = found[-1]
+        params = params_for(*c.shape)
+        if params.pack:
+            _schedule_packed(rec, c, params)
+        else:
+            _schedule_unpacked(rec, c, params)
+
+
 def plan_matmul(payload: ir.Module, params_for, generic: GenericParams) -> MatmulPlan:
     """The fuse stage on a copy of `payload` (after cleanup; read, not rewritten), one
     recorded step at a time, then the vectorize stage's body from what it left.
@@ -889,16 +910,7 @@ def plan_matmul(payload: ir.Module, params_for, generic: GenericParams) -> Matmu
         # Elementwise fusion merged every contraction with other work (e.g. attention's
         # scaling): nothing left for this schedule.
         return MatmulPlan(None, None)
-    while True:
-        found = find_contractions(rec.trial)
-        if not found:
-            break
-        c = found[-1]
-        params = params_for(*c.shape)
-        if params.pack:
-            _schedule_packed(rec, c, params)
-        else:
-            _schedule_unpacked(rec, c, params)
+    schedule_contractions(rec, params_for)
     _schedule_others(rec, generic)
     rec.step("canonicalize", lambda root: apply_passes(root, "canonicalize", "cse"))
     return MatmulPlan(tuple(rec.steps), _vectorize_body(rec.trial, generic))
@@ -933,6 +945,33 @@ def _vector_plan(payload: ir.Module):
     return plan, others
 
 
+def role_vector_plan(payload: ir.Module) -> list[tuple[ir.Operation, str, list[int] | None]]:
+    """(op, role, vector sizes or None) of every op the fuse stage gave a role."""
+    plan, _ = _vector_plan(payload)
+    return [(op, ir.StringAttr(op.attributes[ROLE]).value, sizes) for op, sizes in plan]
+
+
+def vectorize_roles(handles, roles: list[str], sizes: list[list[int] | None]) -> None:
+    """Vectorize the ops with a role (`handles`): each at its nominal tile (edge tiles
+    masked), the kernel and the fills at their static shapes."""
+    for h, role, vector_sizes in zip(handles, roles, sizes):
+        if role in ("kernel", "fill") or vector_sizes is None:
+            structured.VectorizeOp(h)
+        elif role == "register":
+            # The register tile's nominal sizes are the tiling sizes; edges are masked.
+            structured.VectorizeOp(h, vector_sizes=[s or 1 for s in vector_sizes])
+        else:
+            structured.VectorizeOp(h, vector_sizes=vector_sizes)
+
+
+def lower_transposes(func, strategy: str) -> None:
+    """The vector transposes of `func` (the packs') lowered with `strategy`
+    (a tvec.VectorTransposeLowering name), then canonicalized."""
+    apply_patterns(func, lambda: tvec.ApplyLowerTransposePatternsOp(
+        lowering_strategy=getattr(tvec.VectorTransposeLowering, strategy)))
+    canonicalize(func)
+
+
 def _vectorize_body(payload: ir.Module, generic: GenericParams,
                     transpose_lowering: str = "Shuffle16x16"):
     """The vectorize stage (see the module docstring) for `payload` as the fuse stage left
@@ -941,7 +980,9 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams,
     plan, others = _vector_plan(payload)
     if not plan:  # no contraction was scheduled here: the payload went the generic way
         return generic_vectorize_stage(generic)
-    tiles = [(op, vector_tile_sizes(op, generic)) for op in others]
+    # the other ops vectorized without bf16 dot products: a k step of 1
+    policy = VectorPolicy(generic.vector_tile, generic.register_tile)
+    tiles = [(op, vector_tile_sizes(op, policy)) for op in others]
     roles = [ir.StringAttr(op.attributes[ROLE]).value for op, _ in plan]
     pairs = any(role == "kernel" and all(isinstance(v.type.element_type, ir.BF16Type)
                                          for v in op.operands[:2])
@@ -951,14 +992,7 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams,
     def body(root):
         handles = [at_place(root, place) for place in places]
         n = len(plan)
-        for h, role, (op, sizes) in zip(handles, roles, plan):
-            if role in ("kernel", "fill") or sizes is None:
-                structured.VectorizeOp(h)
-            elif role == "register":
-                # The register tile's nominal sizes are the tiling sizes; edges are masked.
-                structured.VectorizeOp(h, vector_sizes=[s or 1 for s in sizes])
-            else:
-                structured.VectorizeOp(h, vector_sizes=sizes)
+        vectorize_roles(handles[:n], roles, [sizes for _, sizes in plan])
         for h, (op, sizes) in zip(handles[n:], tiles):
             if sizes is not None:
                 h, _ = _tile(h, sizes)
@@ -983,13 +1017,10 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams,
         canonicalize(func)
         hoist_loop_invariant_subsets(func)
         canonicalize(func)
-        strategy = "Shuffle1D" if pairs else transpose_lowering
-        apply_patterns(func, lambda: tvec.ApplyLowerTransposePatternsOp(
-            lowering_strategy=getattr(tvec.VectorTransposeLowering, strategy)))
-        canonicalize(func)
+        lower_transposes(func, "Shuffle1D" if pairs else transpose_lowering)
         if pairs:
             contracts_to_bf16_dot_products(func)
-        for attr in (ROLE, VECTOR_SIZES, _DONE):
+        for attr in ANNOTATIONS:
             remove_annotation(root, attr)
 
     return body

@@ -89,6 +89,16 @@ CASES = {
                       "dilation=2)", "2, 6, 21"),
     "transposed_3d": ("ConvTranspose3d(4, 4, 3, stride=2, padding=1, output_padding=1)",
                       "1, 4, 3, 4, 5"),
+    # stride 1 in 3-D (KernelBench 58, 68): the window loops clamped to the taps that read
+    # the input (transform_ext.clamp_window_loops), padded less than k - 1 in some dims
+    "transposed_stride1_3d": ("ConvTranspose3d(3, 10, (3, 4, 5), padding=(0, 1, 2))",
+                              "2, 3, 4, 6, 19"),
+    # a transposed convolution padded beyond its window's reach (computed padded less and
+    # cropped: lighthouse.conv_decompositions; torch-mlir sliced out of bounds)
+    "transposed_padded_past_window": ("ConvTranspose2d(3, 4, (2, 3), stride=(3, 2), padding=(2, 1), "
+                                      "output_padding=(2, 1))", "2, 3, 5, 6"),
+    # padding beyond the image: output rows whose every tap reads padding (the bias alone)
+    "padded_past_image": ("Conv2d(3, 4, 3, padding=3)", "1, 3, 2, 5"),
     # one input channel per group: torch-mlir's lowering of it is replaced
     # (lighthouse.conv_decompositions)
     "transposed_depthwise": ("ConvTranspose2d(6, 12, 3, stride=2, padding=1, output_padding=1, "
@@ -120,7 +130,8 @@ def test_convolution_matches_torch(kernel_file, case):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("case", ["conv2d_padded", "transposed_strided", "depthwise",
-                                  "conv1d_strided_dilated", "transposed_stride1"])
+                                  "conv1d_strided_dilated", "transposed_stride1",
+                                  "transposed_stride1_3d"])
 def test_half_convolutions_accumulate_in_f32(kernel_file, dtype, case):
     """Also the deinterleaved image of a strided convolution and the zero-stuffed one of a
     transposed convolution of stride 1: bf16 copies LLVM's x86 backend could not select
@@ -213,13 +224,17 @@ BACKWARD = {
     # element: the generic schedule may take that)
     "transposed_output_padding_past_input": ("ConvTranspose1d(5, 15, 4, padding=4, dilation=2, "
                                              "groups=5, output_padding=1, bias=False)", "2, 5, 2"),
+    # the fuzzer: a stride above the window, padded past it; the input gradient is a
+    # transposed convolution padded beyond its window's reach
+    "strided_padded_past_window": ("Conv1d(2, 3, 1, stride=3, padding=1)", "2, 2, 1"),
 }
 
 
 @pytest.mark.parametrize("case", ["conv2d_padded", "conv1d_strided_dilated", "conv3d_strided",
                                   "conv2d_grouped", "depthwise", "transposed_strided",
                                   "transposed_grouped_dilated", "transposed_depthwise",
-                                  "transposed_output_padding_past_input", "narrow_inner_3d"])
+                                  "transposed_output_padding_past_input", "narrow_inner_3d",
+                                  "strided_padded_past_window", "transposed_padded_past_window"])
 def test_backward(kernel_file, case):
     """The joint graph: the input gradient is a (transposed) convolution of the output's
     gradient, the weight gradient a convolution of the input with it (torch-mlir lowers
@@ -369,3 +384,92 @@ def test_a_phase_written_strided_along_its_lanes_keeps_its_channels_in_one_block
     params = ConvolutionParams(threads=2, block_bytes=1024)
     assert convolution_tiles(strided, params).channel_block is None
     assert convolution_tiles(contiguous, params).channel_block is not None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_classifier_head_after_the_convolutions(kernel_file, dtype):
+    """A CNN's head (KernelBench level 3's AlexNet, VGG): a flatten (folded into the first
+    linear layer by the elementwise fusion, collapsed back by
+    transform_ext.collapse_reduction_dims) and linear layers, their weights transposed,
+    each scheduled as the matmul family does (a second use of the first layer's output,
+    odd sizes)."""
+    path = conv_kernel(kernel_file, "Conv2d(3, 10, 3, padding=1)", "3, 3, 11, 9", dtype=dtype,
+                       extra="        self.fc1 = torch.nn.Linear(10 * 5 * 4, 37).to(DTYPE)\n"
+                             "        self.fc2 = torch.nn.Linear(37, 7).to(DTYPE)\n",
+                       forward="(lambda h: self.fc2(h) + h[:, :7])(torch.relu(self.fc1(torch.flatten("
+                               "torch.nn.functional.max_pool2d(torch.relu(self.conv(x)), 2), 1))))")
+    compiled = compile_kernel(path)
+    assert_matches(compiled)
+    fused = str(compile_kernel(path, stop_after="fuse").module)
+    assert fused.count('lh.mm_role = "kernel"') + fused.count('lh.mm_role = "register"') == 2
+    assert "reduction\", \"reduction" not in fused.split("lh.mm_role", 1)[1]
+
+
+POOLINGS = {
+    # KernelBench level 2's 67: GELU folded into the pool's body; 37 lanes (a masked tail)
+    "gelu_global_average": ("Conv2d(5, 12, 3)", "2, 5, 13, 39",
+                            "torch.nn.functional.adaptive_avg_pool2d(torch.nn.functional.gelu("
+                            "self.conv(x)), 1).squeeze(-1).squeeze(-1)"),
+    # keepdim, a max, a bias-free strided convolution (phases accumulating in the tile)
+    "max_keepdim_strided": ("Conv2d(4, 9, 3, stride=(1, 2), bias=False)", "3, 4, 10, 41",
+                            "torch.amax(torch.relu(self.conv(x)), dim=(2, 3), keepdim=True)"),
+    # a sum over the lanes only (the rows kept), then a second use of the pooled result
+    "row_sum_second_use": ("Conv2d(3, 10, (2, 3), padding=1)", "2, 3, 7, 20",
+                           "(lambda p: p * p.sum(-1, keepdim=True))(self.conv(x).sum(-1))"),
+    # 3-D, mean over D x H x W
+    "mean_3d": ("Conv3d(3, 8, 3)", "2, 3, 5, 6, 19", "self.conv(x).mean(dim=(2, 3, 4))"),
+    # depthwise (the register tile's rows are output rows, reduced here): 16 rows in
+    # register tiles of 8, 19 rows one by one
+    "depthwise_mean": ("Conv2d(6, 6, 3, groups=6, padding=1)", "2, 6, 16, 23",
+                       "self.conv(x).mean(dim=(2, 3))"),
+    "depthwise_odd_rows_max": ("Conv2d(6, 12, 3, groups=6, padding=1)", "2, 6, 19, 23",
+                               "torch.amax(self.conv(x), dim=(2, 3))"),
+    # the epilogue read twice: stored, pooled apart (no fusion)
+    "epilogue_read_twice": ("Conv2d(3, 8, 3)", "2, 3, 9, 21",
+                            "(lambda y: y.mean(dim=(2, 3)) + y[:, :, 0, 0])(torch.tanh(self.conv(x)))"),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("case", sorted(POOLINGS))
+def test_a_pooling_after_the_convolution(kernel_file, case, dtype):
+    module, shape, forward = POOLINGS[case]
+    path = conv_kernel(kernel_file, module, shape, dtype=dtype, forward=forward)
+    assert_matches(compile_kernel(path))
+
+
+def test_a_global_pooling_is_computed_on_the_output_tiles(kernel_file):
+    """The pool is the root: the threads split (batch, channels), a loop walks the output
+    rows, each register tile of the convolution (GELU folded in) reduced as it is made;
+    no [N, C, H, W] result is stored."""
+    path = conv_kernel(kernel_file, "Conv2d(5, 16, 3)", "2, 5, 12, 40",
+                       forward="torch.nn.functional.adaptive_avg_pool2d("
+                               "torch.nn.functional.gelu(self.conv(x)), 1)")
+    fused = str(compile_kernel(path, stop_after="fuse").module)
+    filecheck(fused, """
+        CHECK:      scf.forall {{.*}} -> (tensor<2x16xf32>)
+        CHECK:      scf.for {{.*}} -> (tensor<1x16xf32>)
+        CHECK:      lh.cv_role = "register"
+        CHECK:      linalg.generic {{.*}}"reduction", "reduction"{{.*}} ins({{.*}} : tensor<1x8x1x?xf32>) {{.*}} lh.cv_role = "pooling"
+        CHECK:      math.erf
+        CHECK:      scf.forall.in_parallel
+    """)
+    bufferized = str(compile_kernel(path, stop_after="bufferize").module)
+    assert "memref<2x16x10x38xf32>" not in bufferized
+
+
+def test_window_loops_skip_the_taps_that_read_padding(kernel_file):
+    """A transposed convolution of stride 1 (x padded by k - 1 - p): the loops over the
+    taps of the outer image dims start and stop where the output row's window meets x; an
+    unpadded convolution keeps its constant bounds."""
+    path = conv_kernel(kernel_file, "ConvTranspose2d(4, 8, (3, 5), bias=False)", "1, 4, 6, 40")
+    fused = str(compile_kernel(path, stop_after="fuse").module)
+    filecheck(fused, """
+        CHECK:      %[[LO:.*]] = arith.maxsi {{.*}}, %c0 : index
+        CHECK:      %[[HI:.*]] = arith.minsi {{.*}}, %c3 : index
+        CHECK:      scf.for %{{.*}} = %[[LO]] to %[[HI]] step %c1
+        CHECK:      scf.for %{{.*}} = %c0 to %c5 step %c1
+        CHECK:      lh.cv_role = "register"
+    """)
+    plain = conv_kernel(kernel_file, "Conv2d(4, 8, (3, 5), bias=False)", "1, 4, 6, 40")
+    assert "arith.maxsi" not in str(compile_kernel(plain, stop_after="fuse").module)

@@ -88,6 +88,54 @@ def test_mlp_example_with_bias_and_gelu_epilogue():
     assert_matches(compile_kernel(EXAMPLES / "mlp.py", overrides=sizes))
 
 
+def test_a_linear_layer_after_a_flatten(kernel_file):
+    """x.flatten(1) @ W^T: the flatten the elementwise fusion folds into the contraction
+    (three reduction loops) is collapsed back (transform_ext.collapse_reduction_dims), so
+    the layer is packed with its weight's transpose folded in."""
+    path = kernel_file("""
+        import torch
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                torch.manual_seed(0)
+                self.fc = torch.nn.Linear(6 * 5 * 3, 41)
+            def forward(self, x):
+                return torch.relu(self.fc(torch.flatten(x, 1)))
+        def get_inputs():
+            g = torch.Generator().manual_seed(1)
+            return [torch.randn(37, 6, 5, 3, generator=g)]
+        def get_init_inputs():
+            return []
+        """)
+    assert_matches(compile_kernel(path))
+    fused = str(compile_kernel(path, stop_after="fuse").module)
+    assert 'lh.mm_role = "pack_b"' in fused and "linalg.transpose" not in fused
+
+
+def test_a_bf16_contraction_left_to_the_vector_tiles(kernel_file):
+    """The fuzzer: the backward of a bf16 x.t() @ y broadcast over a batch of y holds a
+    contraction the schedule leaves to the generic vector tiles (its reduction loops
+    collapsed into one by transform_ext.collapse_reduction_dims); their k step is 1 there
+    (the family's parameters were read as the tiles' policy and had none)."""
+    path = kernel_file("""
+        import torch
+        DTYPE = torch.bfloat16
+        class Model(torch.nn.Module):
+            def forward(self, x0, x1):
+                return torch.tanh(torch.relu(x0.t() @ x1))
+        def get_inputs():
+            g = torch.Generator().manual_seed(0)
+            x0 = torch.randn(63, 33, generator=g).to(DTYPE).t()
+            x1 = (torch.randn(3, 33, 63, generator=g) * 0.174).to(DTYPE)
+            return [x0, x1]
+        def get_init_inputs():
+            return []
+        """)
+    compiled = compile_kernel(path, backward=True)
+    assert not compiled.notes, compiled.notes
+    assert_matches(compiled)
+
+
 def test_addmm_and_a_softmax_consumer(kernel_file):
     """A non-zero accumulator init and a reduction after the contraction (tiled like the
     generic schedule does)."""

@@ -2,8 +2,10 @@
 convolutions (torch.nn modules or F.convNd on a weight input) with any stride, padding,
 dilation, output padding and groups (depthwise and channel multipliers included), sizes that
 do not divide the register tiles, inputs as views, followed by a chain of epilogues (ReLU,
-channel bias, tanh, a scale, residual adds, a second pointwise convolution, a GroupNorm) and
-sometimes a second result."""
+channel bias, tanh, a scale, residual adds, a second pointwise convolution, a GroupNorm),
+sometimes a second result, and sometimes a tail: a pooling over the image dims (a mean, sum
+or max, GELU before it, keepdim or not) or a classifier head (a flatten and a linear
+layer)."""
 
 from __future__ import annotations
 
@@ -115,5 +117,26 @@ def convolution_kernels(draw) -> str:
     for step in draw(st.lists(st.sampled_from(STEPS), max_size=3)):
         y, shape = epilogue(draw, w, step, y, shape, history, results)
         history.append((y, shape))
+    y = draw(tail(w, y, shape))
     results.append(y)
     return w.render(list(dict.fromkeys(results)))
+
+
+@st.composite
+def tail(draw, w: KernelWriter, y: str, shape: tuple[int, ...]) -> str:
+    """The last step: none, a pooling over image dims, or a flatten and a linear layer."""
+    kind = draw(st.sampled_from((None, None, "pool", "head")))
+    rank = len(shape)
+    if kind == "pool":
+        dims = draw(st.sampled_from((tuple(range(2, rank)), (rank - 1,))))
+        reduce = draw(st.sampled_from(("mean", "sum", "amax")))
+        before = draw(st.sampled_from(("", "F.gelu")))
+        return w.let(f"torch.{reduce}({before}({y}), dim={dims}, keepdim={draw(st.booleans())})")
+    if kind == "head":
+        features = 1
+        for n in shape[1:]:
+            features *= n
+        linear = w.member(f"torch.nn.Linear({features}, {draw(st.sampled_from((1, 5, 17)))})"
+                          f".to(DTYPE)", prefix="fc")
+        return w.let(f"{linear}(torch.flatten({y}, 1))")
+    return y
