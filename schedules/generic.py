@@ -6,7 +6,9 @@ One transform script (`generic_script`), two named sequences:
      matrix-vector products get k split into vector_tile lanes of partial sums per row,
      summed once at the end (`transform_ext.split_matvec_lanes`), unit dims folded and elementwise ops fused into their consumers
      (`linalg-fold-unit-extent-dims`, `linalg-fuse-elementwise-ops`, canonicalization),
-     then elementwise producers read only by reductions computed inside each of them
+     then the transposes read by mat-vecs folded into their indexing maps
+     (`transform_ext.fold_transposes_into_matvecs`: a.t() @ x reads A in place, lanes along
+     its rows; x @ a.t() gets its k split as above), then elementwise producers read only by reductions computed inside each of them
      (`transform_ext.inline_elementwise_producers`, whole: a norm's x widened to f64 for
      its two variance sums was stored per row block, [rows, C, H, W] f64; softmax's exp,
      also read by the division, stays stored once), and reductions of the same loops
@@ -63,6 +65,7 @@ from transform_ext.analysis.tiles import parallel_tile_sizes, vector_tile_sizes
 from transform_ext.common import largest_divisor_at_most
 from transform_ext.filter_ops import filter_ops
 from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion
+from transform_ext.fold_transposes_into_matvecs import fold_transposes_into_matvecs
 from transform_ext.fuse_roots_into_foralls import fuse_roots_into_foralls
 from transform_ext.inline_elementwise_producers import inline_elementwise_producers
 from transform_ext.lane_contracts_to_fmas import lane_contracts_to_fmas
@@ -144,6 +147,8 @@ def fuse_stage(params: GenericParams):
         canonicalize(root)
         apply_passes(match(root, "func.func"), "linalg-fuse-elementwise-ops")
         canonicalize(root)
+        fold_transposes_into_matvecs(match(root, "func.func"))
+        split_matvec_lanes(match(root, "func.func"), params.vector_tile)
         inline_elementwise_producers(filter_ops(match(root, "linalg.generic"),
                                                 structure="reduction"), whole=True)
         canonicalize(root)

@@ -38,6 +38,7 @@ OP_MODULES: list[str] = [
     "interchange_lane_dims_innermost",
     "fuse_init_into_register_tile",
     "tile_to_vector_tiles",
+    "fold_transposes_into_matvecs",
     "split_matvec_lanes",
     "lane_contracts_to_fmas",
     "split_odd_bf16_lanes",

@@ -51,7 +51,7 @@ def _transpose(op: ir.Operation | None) -> bool:
     return op is not None and op.name == "linalg.transpose"
 
 
-def _source_map(producer: ir.Operation, amap: ir.AffineMap) -> ir.AffineMap:
+def source_map(producer: ir.Operation, amap: ir.AffineMap) -> ir.AffineMap:
     """The map C reads the producer's input through: amap, then producer's output ->
     input."""
     ls = loop_structure(producer)
@@ -85,7 +85,7 @@ def foldable(op: ir.Operation) -> list[int]:
     for i in range(ls.num_inputs):
         producer = defining_op(op.operands[i])
         if _widening(producer) or _transpose(producer) and \
-                _reduction_innermost(op, _source_map(producer, ls.maps[i])):
+                _reduction_innermost(op, source_map(producer, ls.maps[i])):
             found.append(i)
     return found
 
@@ -103,7 +103,7 @@ def fold(op: ir.Operation, rewriter) -> ir.Operation:
         if i in folded:
             widen.append(_widening(producer) and
                          ir.RankedTensorType(producer.results[0].type).element_type)
-            amap = _source_map(producer, amap)
+            amap = source_map(producer, amap)
             value = producer.operands[0]
         else:
             widen.append(None)
@@ -161,4 +161,4 @@ def fold_casts_into_contractions(target: ir.Value) -> ir.Value:
     return FoldCastsIntoContractionsOp(target).result
 
 
-__all__ = ["FoldCastsIntoContractionsOp", "fold_casts_into_contractions"]
+__all__ = ["FoldCastsIntoContractionsOp", "fold_casts_into_contractions", "source_map"]

@@ -16,8 +16,10 @@ load of A per row and k. Exact in real arithmetic; floating-point sums are reass
 
 Targets: func.func ops; every linalg op nested in them that qualifies (`split_plan`) is
 rewritten, the others are left alone: a static-shaped contraction on tensors of floats with
-one result, one k dim with K >= 2 L, an m dim and no n dim of extent > 1, k the innermost dim
-of the input holding the m dims, and a body without linalg.index. A target that is not a func.func, or
+one result, one k dim with K >= 2 L, an m dim and no n dim of extent > 1 (or the other way
+round: the rows are then the n dims), k the innermost dim of the input holding the rows,
+that input not a linalg.transpose (k innermost in the view only: folded away first by
+transform_ext.fold_transposes_into_matvecs), and a body without linalg.index. A target that is not a func.func, or
 lanes < 1, is a silenceable failure, nothing rewritten. The handle is only read.
 """
 
@@ -27,7 +29,8 @@ from torch_mlir import ir
 from torch_mlir.dialects import arith, ext, linalg, tensor, transform
 
 from .analysis.structure import dim_positions, is_linalg_op, loop_structure
-from .common import (Illegal, RewritesTargets, Success, body_of, build_generic, clone_body, fail,
+from .common import (Illegal, RewritesTargets, Success, body_of, build_generic, clone_body,
+                     defining_op, fail,
                      i64_array, payload_ops, reassociation_attr, strided_slice, walk_ops)
 from .dialect import TransformExt
 
@@ -61,9 +64,10 @@ def split_plan(op: ir.Operation, lanes: int) -> SplitPlan | None:
     if not isinstance(ir.RankedTensorType(op.results[0].type).element_type, ir.FloatType):
         return None
     dims = ls.contraction_dims()
-    rows_dims = {d for d in dims["m"] if ls.ranges[d] > 1}
-    if len(dims["k"]) != 1 or not rows_dims or any(ls.ranges[d] > 1 for d in dims["n"]):
+    m_rows, n_rows = ({d for d in dims[side] if ls.ranges[d] > 1} for side in ("m", "n"))
+    if len(dims["k"]) != 1 or bool(m_rows) == bool(n_rows):
         return None
+    rows_dims = m_rows or n_rows
     k = dims["k"][0]
     if ls.ranges[k] % lanes and lanes % 2 == 0 and ls.ranges[k] % (lanes // 2) == 0:
         lanes //= 2  # no remainder
@@ -72,6 +76,9 @@ def split_plan(op: ir.Operation, lanes: int) -> SplitPlan | None:
     rows = [i for i in range(ls.num_inputs) if rows_dims & set(dim_positions(ls.maps[i]))]
     if len(rows) != 1 or dim_positions(ls.maps[rows[0]])[-1:] != [k]:
         return None
+    producer = defining_op(op.operands[rows[0]])
+    if producer is not None and producer.name == "linalg.transpose":
+        return None  # k innermost in the view only (transform_ext.fold_transposes_into_matvecs)
     if walk_ops(op, lambda inner: inner.name == "linalg.index"):
         return None
     return SplitPlan(k, ls.ranges[k], lanes)

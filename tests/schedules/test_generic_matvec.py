@@ -2,7 +2,8 @@
 (transform_ext.split_matvec_lanes), each step an FMA of several rows' vectors with one
 vector of x (transform_ext.lane_contracts_to_fmas); compared with torch at sizes that do not
 divide the lanes, batched, transposed, bf16, with a second use of the result, and the
-vector-matrix product beside them."""
+vector-matrix product beside them; a transposed view is read in place
+(transform_ext.fold_transposes_into_matvecs), never copied."""
 
 import pytest
 
@@ -33,6 +34,16 @@ PRODUCTS = {
                                 "40, 300", "300, 1", ""),
     "vector_matrix": ("x @ a", "256, 96", "1, 256", ""),
     "bf16": ("a @ x", "24, 200", "200, 1", ".to(torch.bfloat16)"),
+    # transposed views (transform_ext.fold_transposes_into_matvecs): A^T x, x A^T, torch.mv
+    "transposed_a_odd": ("a.t() @ x", "203, 37", "203, 1", ""),
+    "transposed_vector_matrix": ("x @ a.t()", "96, 256", "1, 256", ""),
+    "transposed_vector_matrix_k_odd": ("x @ a.t()", "40, 131", "1, 131", ""),
+    "transposed_mv": ("torch.mv(a.t(), x)", "320, 48", "320", ""),
+    "transposed_batched": ("torch.bmm(a.transpose(1, 2), x)", "3, 160, 20", "3, 160, 1", ""),
+    "transposed_vector_n1": ("x @ a.t()", "1, 200", "64, 200", ""),
+    "transposed_a_m1": ("a.t() @ x", "200, 1", "200, 64", ""),
+    "transposed_a_bf16": ("a.t() @ x", "200, 24", "200, 1", ".to(torch.bfloat16)"),
+    "transposed_a_then_transpose": ("(a.t() @ x).t() + 1", "192, 40", "192, 1", ""),
 }
 
 
@@ -76,3 +87,28 @@ def test_the_k_remainder_is_the_product_over_the_last_columns(kernel_file):
         CHECK: tensor.extract_slice %arg0[0, 192] [37, 11] [1, 1] : tensor<37x203xf32> to tensor<37x11xf32>
         CHECK: linalg.matmul ins(%{{.*}}, %{{.*}} : tensor<37x11xf32>, tensor<11x1xf32>)
     """)
+
+
+IN_PLACE = """
+    CHECK: #[[A:.*]] = affine_map<READ>
+    CHECK-NOT: linalg.transpose
+    CHECK: linalg.generic {indexing_maps = [#[[A]],
+    CHECK-SAME: ins(%arg0
+    CHECK-NOT: linalg.transpose
+"""
+
+
+@pytest.mark.parametrize("expr, a, x, checks", [
+    # A^T x: A [K, M] read in place, m innermost (the vector x matrix form)
+    ("a.t() @ x", "256, 64", "256, 1", IN_PLACE.replace("READ", "(d0, d1, d2) -> (d2, d0)")),
+    ("torch.mv(a.t(), x)", "256, 64", "256", IN_PLACE.replace("READ", "(d0, d1) -> (d1, d0)")),
+    # x A^T: A [N, K] read in place, k innermost: split into lanes, rows of A [N, K1, L]
+    ("x @ a.t()", "64, 256", "1, 256", """
+        CHECK-NOT: linalg.transpose
+        CHECK: tensor.extract_slice %arg0[%{{.*}}, 0] [8, 256] [1, 1] : tensor<64x256xf32> to tensor<8x256xf32>
+        CHECK: tensor.expand_shape %{{.*}} output_shape [8, 4, 64] : tensor<8x256xf32> into tensor<8x4x64xf32>
+        CHECK-NOT: linalg.transpose
+    """),
+])
+def test_a_transposed_view_is_read_in_place(kernel_file, expr, a, x, checks):
+    check(str(_compile(kernel_file, expr, a, x, stop_after="fuse").module), checks)

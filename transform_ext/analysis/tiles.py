@@ -169,7 +169,10 @@ def vector_tile_sizes(op: ir.Operation, policy) -> list[int] | None:
         if len(dims["m"]) and len(dims["n"]):
             rows, lanes = dims["m"][-1], dims["n"][-1]
             out_last = dim_positions(ls.output_map(0))[-1:]
-            if out_last == [rows]:  # the accumulator is stored m-innermost
+            rows_last = any(dim_positions(m)[-1:] == [rows] for m in ls.maps[:ls.num_inputs])
+            # the accumulator is stored m-innermost, or n is a unit dim and m the contiguous
+            # dim of its operand (A^T x with A read in place: the vector x matrix form)
+            if out_last == [rows] or ls.ranges[lanes] == 1 and rows_last:
                 rows, lanes = lanes, rows
             sizes[rows] = largest_divisor_at_most(ls.ranges[rows], policy.register_tile[0])
             # fewer rows than the register tile has (a vector-matrix product x^T A): wider

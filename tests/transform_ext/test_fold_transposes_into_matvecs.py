@@ -1,0 +1,56 @@
+"""fold_transposes_into_matvecs: IR (FileCheck) of the fold into a mat-vec and a vector-matrix
+product, a transpose kept for its other reader, the matmuls left alone, and the refusal of
+a non-function target. Numerics against torch: tests/schedules/test_generic_matvec.py."""
+
+from schedules.common import match
+from transform_ext.fold_transposes_into_matvecs import fold_transposes_into_matvecs
+from tests.transform_ext.helpers import apply, apply_expect_failure, check, parse
+
+PAYLOAD = """
+func.func @main(%a: tensor<64x6xf32>, %x: tensor<64x1xf32>, %init: tensor<6x1xf32>,
+                %y: tensor<1x6xf32>, %vinit: tensor<1x64xf32>, %b: tensor<64x2xf32>,
+                %minit: tensor<6x2xf32>) -> (tensor<6x1xf32>, tensor<1x64xf32>, tensor<6x2xf32>) {
+  %e = tensor.empty() : tensor<6x64xf32>
+  %t = linalg.transpose ins(%a : tensor<64x6xf32>) outs(%e : tensor<6x64xf32>) permutation = [1, 0]
+  %mv = linalg.matmul ins(%t, %x : tensor<6x64xf32>, tensor<64x1xf32>) outs(%init : tensor<6x1xf32>) -> tensor<6x1xf32>
+  %e2 = tensor.empty() : tensor<6x64xf32>
+  %t2 = linalg.transpose ins(%a : tensor<64x6xf32>) outs(%e2 : tensor<6x64xf32>) permutation = [1, 0]
+  %vm = linalg.matmul ins(%y, %t2 : tensor<1x6xf32>, tensor<6x64xf32>) outs(%vinit : tensor<1x64xf32>) -> tensor<1x64xf32>
+  %mm = linalg.matmul ins(%t2, %b : tensor<6x64xf32>, tensor<64x2xf32>) outs(%minit : tensor<6x2xf32>) -> tensor<6x2xf32>
+  return %mv, %vm, %mm : tensor<6x1xf32>, tensor<1x64xf32>, tensor<6x2xf32>
+}
+"""
+
+
+def test_matvecs_read_the_transposed_tensor_in_place():
+    payload = parse(PAYLOAD)
+    apply(payload, lambda root: fold_transposes_into_matvecs(match(root, "func.func")))
+    check(payload, """
+        CHECK-DAG: #[[AT:.*]] = affine_map<(d0, d1, d2) -> (d2, d0)>
+        CHECK-DAG: #[[X:.*]] = affine_map<(d0, d1, d2) -> (d2, d1)>
+        CHECK-DAG: #[[OUT:.*]] = affine_map<(d0, d1, d2) -> (d0, d1)>
+        CHECK-DAG: #[[Y:.*]] = affine_map<(d0, d1, d2) -> (d0, d2)>
+        CHECK-DAG: #[[A:.*]] = affine_map<(d0, d1, d2) -> (d1, d2)>
+        CHECK: func.func @main(%[[AA:.*]]: tensor<64x6xf32>, %[[XX:[^:]*]]: tensor<64x1xf32>
+        CHECK-NOT: linalg.transpose
+        CHECK: %[[MV:.*]] = linalg.generic {indexing_maps = [#[[AT]], #[[X]], #[[OUT]]], iterator_types = ["parallel", "parallel", "reduction"]}
+        CHECK-SAME: ins(%[[AA]], %[[XX]] : tensor<64x6xf32>, tensor<64x1xf32>)
+        CHECK: arith.mulf
+        CHECK: arith.addf
+        CHECK: %[[T2:.*]] = linalg.transpose ins(%[[AA]]
+        CHECK: %[[VM:.*]] = linalg.generic {indexing_maps = [#[[Y]], #[[A]], #[[OUT]]]
+        CHECK-SAME: ins(%{{.*}}, %[[AA]] : tensor<1x6xf32>, tensor<64x6xf32>)
+        CHECK: %[[MM:.*]] = linalg.matmul ins(%[[T2]], %{{.*}} : tensor<6x64xf32>, tensor<64x2xf32>)
+        CHECK: return %[[MV]], %[[VM]], %[[MM]]
+    """)
+
+
+def test_a_target_that_is_not_a_function_is_refused():
+    payload = parse(PAYLOAD)
+    error = apply_expect_failure(
+        payload, lambda root: fold_transposes_into_matvecs(match(root, "linalg.matmul")))
+    assert "not a func.func" in error
+    check(payload, """
+        CHECK: linalg.transpose
+        CHECK: linalg.matmul
+    """)

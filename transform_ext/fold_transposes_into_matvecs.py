@@ -1,0 +1,107 @@
+"""fold_transposes_into_matvecs: a matrix-vector (or vector-matrix) product reads the tensor
+its operand was transposed from, in place.
+
+A target is a contraction C = init + sum_k A x (any linalg op: linalg.matmul with n = 1 or
+m = 1, matvec, vecmat, batch_matmul, a generic) whose m dims or n dims all have extent 1,
+reading an input T = linalg.transpose(X, perm) through map M. It becomes a linalg.generic
+reading X through M composed with the transpose (T[i..] = X[i_perm..]), its body, other
+inputs, init and iterators kept:
+
+    T = transpose(A [K, M], [1, 0]);  C[m] = sum_k T[m, k] x[k]   ->  C[m] = sum_k A[k, m] x[k]
+
+The transposed copy is gone (erased when nothing else reads it): tiled per thread, the
+copy of an [M, K] view of a [K, M] tensor read each element by a strided scalar gather.
+What remains is one of the forms the generic schedule makes fast: k innermost in the
+rows' operand (transform_ext.split_matvec_lanes) or the vector x matrix form, lanes along
+the rows (A's contiguous dim). Exact: a transpose only moves elements.
+
+Targets: func.func ops; every linalg op nested in them that qualifies (`foldable_inputs`
+non-empty: a static-shaped contraction on tensors with one result, m or n dims all of
+extent 1, an input made by linalg.transpose) is rewritten, the others are left alone. A
+target that is not a func.func is a silenceable failure, nothing rewritten. The handle is
+only read.
+"""
+
+from torch_mlir import ir
+from torch_mlir.dialects import ext, linalg, transform
+
+from .analysis.structure import is_linalg_op, loop_structure
+from .common import (Illegal, RewritesTargets, Success, build_generic, clone_body, defining_op,
+                     fail, payload_ops, walk_ops)
+from .dialect import TransformExt
+from .fold_casts_into_contractions import source_map
+
+NAME = "transform_ext.fold_transposes_into_matvecs"
+
+
+def foldable_inputs(op: ir.Operation) -> list[int]:
+    """The inputs of `op` made by a linalg.transpose, when `op` is a mat-vec (see the module
+    docstring); else []."""
+    if not is_linalg_op(op) or len(op.results) != 1 or not linalg.isa_contraction_op(op):
+        return []
+    ls = loop_structure(op)
+    if not ls.is_static or any(not isinstance(v.type, ir.RankedTensorType) for v in op.operands):
+        return []
+    dims = ls.contraction_dims()
+    if all(any(ls.ranges[d] > 1 for d in dims[side]) for side in ("m", "n")):
+        return []
+    return [i for i in range(ls.num_inputs)
+            if (producer := defining_op(op.operands[i])) is not None
+            and producer.name == "linalg.transpose"]
+
+
+def fold(op: ir.Operation, inputs: list[int], rewriter) -> list[ir.Operation]:
+    """Replace `op` by a linalg.generic reading the sources of its transposed `inputs`;
+    returns those transposes."""
+    ls = loop_structure(op)
+    values = list(op.operands[:ls.num_inputs])
+    maps = list(ls.maps)
+    transposes = []
+    for i in inputs:
+        producer = defining_op(values[i])
+        maps[i] = source_map(producer, maps[i])
+        values[i] = producer.operands[0]
+        transposes.append(producer)
+    block = op.regions[0].blocks[0]
+    with ir.InsertionPoint(op), op.location:
+        new = build_generic(values, list(op.operands[ls.num_inputs:]), maps, ls.iterators,
+                            lambda args: clone_body(op, dict(zip(block.arguments, args))))
+    rewriter.replace_op(op, list(new.results))
+    return transposes
+
+
+class FoldTransposesIntoMatvecsOp(TransformExt.Operation, name="fold_transposes_into_matvecs"):
+    target: ext.Operand[transform.AnyOpType]
+
+    class Apply(transform.TransformOpInterface):
+        @staticmethod
+        def apply(op, rewriter, results, state):
+            with op.context:
+                targets = payload_ops(state, op.target)
+                try:
+                    for target in targets:
+                        if target.name != "func.func":
+                            raise Illegal(target, "not a func.func")
+                except Illegal as illegal:
+                    return fail(NAME, illegal)
+                for target in targets:
+                    for candidate in walk_ops(target, lambda o: bool(foldable_inputs(o))):
+                        for transpose in fold(candidate, foldable_inputs(candidate), rewriter):
+                            if not any(list(r.uses) for r in transpose.results):
+                                rewriter.erase_op(transpose)
+                return Success
+
+        @staticmethod
+        def allow_repeated_handle_operands(op):
+            return False
+
+    Effects = RewritesTargets
+
+
+def fold_transposes_into_matvecs(target: ir.Value) -> FoldTransposesIntoMatvecsOp:
+    """Fold the transposes read by the mat-vecs in the functions of `target` into their
+    indexing maps (see the module docstring)."""
+    return FoldTransposesIntoMatvecsOp(target)
+
+
+__all__ = ["FoldTransposesIntoMatvecsOp", "fold_transposes_into_matvecs", "foldable_inputs"]
