@@ -789,11 +789,12 @@ class _StageBuilder:
         backward = [p for p in self.plans if p.kind in LINEAR_CE_BACKWARD_KINDS]
         if backward:
             raise UnsupportedError(
-                f"xegpu: {backward[0].description}: the per-row values the linear "
-                "cross-entropy backward's kernels read from other kernels (the forward's row "
-                "max and exp-sum, the targets, the count) have no XeGPU layouts yet (they "
-                "cross kernels in lane form only); its kernels stop at the `xegpu` stage, "
-                "the CPU target runs the backward")
+                f"xegpu: {backward[0].description}: the linear cross-entropy backward's "
+                "first pass reads the targets as a [rows] vector and hands the per-row values "
+                "it computes (the row max, log l, the one-hot sums) to the second pass as "
+                "[rows] vectors, which have no XeGPU lane layout yet (the forward's row max "
+                "and exp-sum cross in lane form); its kernels stop at the `xegpu` stage, the "
+                "CPU target runs the backward")
         funcs = ops_named(self.trial, "gpu.func")
         count = len(funcs)
         if count != len(self.plans):

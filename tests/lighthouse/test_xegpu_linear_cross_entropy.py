@@ -353,13 +353,31 @@ def test_backward_kernels_are_two_passes_of_dpas(lowered_backward):
         assert not re.search(rf"\b({n}x{v}|{v}x{n})x", stage_text), stage
 
 
+def test_the_forward_hands_its_row_statistics_over_in_lane_form(lowered_backward):
+    """The forward's kernel writes the row max and exp-sum the backward reads as [64, 16]
+    lane tiles (2-D block stores beside the losses', no scattered store); the first pass
+    reads them back by 2-D block loads of its rows; the count is read as a scalar (no 0-d
+    vector in any kernel)."""
+    text = lowered_backward.stage_files["xegpu"].read_text()
+    kernels = dict(re.findall(r'kind = "(\w+)", threads = \d+ : i64\}\} \{(.*?)gpu.return',
+                              text, re.S))
+    forward = kernels["linear_cross_entropy"]
+    assert "xegpu.store " not in forward
+    assert len(re.findall(r"xegpu.store_nd [^\n]*: vector<64x16xf32>", forward)) == 3
+    assert len(re.findall(r"xegpu.load_nd [^\n]*-> vector<64x16xf32>",
+                          kernels["linear_cross_entropy_dh"])) == 2
+    assert not re.search(r"vector<(f32|bf16|f16|i64)>", text)
+
+
 def test_backward_layouts_are_refused_by_name(lowered_backward):
     """The full compile stops at the xegpu-layouts stage with the reason, never a wrong
     kernel."""
     with pytest.raises(LighthouseError) as error:
         compile_kernel(lowered_backward.tmp / "head.py", target="xegpu", backward=True,
                        stop_after="xegpu-layouts")
-    assert "have no XeGPU layouts yet" in str(error.value)
+    assert "hands the per-row values it computes (the row max, log l, the one-hot sums) " \
+        "to the second pass as [rows] vectors, which have no XeGPU lane layout yet" \
+        in str(error.value)
     assert "linear cross-entropy backward pass 1" in str(error.value)
 
 

@@ -263,8 +263,9 @@ def test_neighbours(kernel_file, body):
     assert_matches(compiled(kernel(kernel_file, body), backward=True))
 
 
-BACKWARD_ON_GPU = ("have no XeGPU layouts yet (they cross kernels in lane form only); its "
-                   "kernels stop at the `xegpu` stage, the CPU target runs the backward")
+BACKWARD_ON_GPU = ("have no XeGPU lane layout yet (the forward's row max and exp-sum cross "
+                   "in lane form); its kernels stop at the `xegpu` stage, the CPU target runs "
+                   "the backward")
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
