@@ -25,12 +25,12 @@ forall (or the target, unchanged).
 """
 
 from torch_mlir import ir
-from torch_mlir.dialects import arith, ext, scf, tensor, transform
+from torch_mlir.dialects import arith, ext, linalg, scf, tensor, transform
 
-from .common import (Illegal, ReplacesTargets, Success, body_of, build_generic, fail,
-                     payload_ops, terminator, user_op)
+from .common import (Illegal, ReplacesTargets, Success, body_of, build_generic,
+                     defining_op, fail, payload_ops, terminator, user_op)
 from .dialect import TransformExt
-from .lane_form import dims_map, empty, max_over_lanes
+from .lane_form import dims_map, empty, index_constant, max_over_lanes
 
 NAME = "transform_ext.forall_results_in_lane_form"
 DYNAMIC = ir.ShapedType.get_dynamic_stride_or_offset()
@@ -86,9 +86,10 @@ def _check(forall: ir.Operation, converted: list[int]) -> dict[int, ir.Operation
         strides = list(ir.DenseI64ArrayAttr(write.attributes["static_strides"]))
         if sizes == [DYNAMIC] or strides != [1]:
             raise Illegal(forall, f"result {k} is written by a dynamic or strided slice")
+        init = list(forall.operands)[-len(forall.results) + k]
         for use in out.uses:
             user = user_op(use)
-            if user == write:
+            if user == write or _initial_is_known(init):
                 continue
             if user.name != "tensor.extract_slice" or not all(
                     _overwrites(u) for u in user.results[0].uses):
@@ -96,6 +97,35 @@ def _check(forall: ir.Operation, converted: list[int]) -> dict[int, ir.Operation
                               f"{user.name} (its contents would be lost)")
         found[k] = write
     return found
+
+
+def _first_lane(lanes: ir.Value) -> ir.Value:
+    """[n, lanes] -> [n]: each row's lane 0 (a gather: a scattered load along the GPU lanes)."""
+    t = ir.RankedTensorType(lanes.type)
+
+    def body(args):
+        return [tensor.extract(lanes, [linalg.IndexOp(0).result, index_constant(0)])]
+
+    return build_generic([], [empty([t.shape[0]], t.element_type)], [dims_map(1, [0])],
+                         ["parallel"], body).result
+
+
+def _initial(init: ir.Value) -> ir.Value:
+    """The shared output's initial contents, rebuilt in the body: a tensor.empty, or a
+    linalg.fill of one (the contents every iteration starts from)."""
+    t = ir.RankedTensorType(init.type)
+    fresh = empty(list(t.shape), t.element_type)
+    owner = defining_op(init)
+    if owner is not None and owner.name == "linalg.fill":
+        return linalg.fill(owner.operands[0], outs=[fresh])
+    return fresh
+
+
+def _initial_is_known(init: ir.Value) -> bool:
+    owner = defining_op(init)
+    if owner is not None and owner.name == "linalg.fill":
+        owner = defining_op(owner.operands[1])
+    return owner is not None and owner.name == "tensor.empty"
 
 
 def _lane_tile(value: ir.Value, lanes: int) -> ir.Value:
@@ -108,7 +138,7 @@ def _lane_tile(value: ir.Value, lanes: int) -> ir.Value:
                          lambda args: [widen(args[0])]).result
 
 
-def rewrite(forall: ir.Operation, writes: dict[int, ir.Operation], lanes: int,
+def rewrite(forall: ir.Operation, writes: dict[int, ir.Operation], lanes: int, read: str,
             rewriter) -> ir.Operation:
     block = forall.regions[0].blocks[0]
     ivs = len(ir.DenseI64ArrayAttr(forall.attributes["staticUpperBound"]))
@@ -134,8 +164,7 @@ def rewrite(forall: ir.Operation, writes: dict[int, ir.Operation], lanes: int,
         in_parallel = scf.InParallelOp()
     body_ops = [op.operation for op in block.operations][:-1]
     with ir.InsertionPoint(in_parallel), forall.location:
-        scratch = {k: empty(list(ir.RankedTensorType(outs[k].type).shape),
-                            ir.RankedTensorType(outs[k].type).element_type) for k in writes}
+        scratch = {k: _initial(outs[k]) for k in writes}
     for op in body_ops:
         op.move_before(in_parallel)
     for i in range(ivs):
@@ -163,7 +192,8 @@ def rewrite(forall: ir.Operation, writes: dict[int, ir.Operation], lanes: int,
         for place, k in enumerate(writes):
             old = forall.results[k]
             element = ir.RankedTensorType(old.type).element_type
-            value = max_over_lanes(new.results[len(kept) + place])
+            lanes_value = new.results[len(kept) + place]
+            value = max_over_lanes(lanes_value) if read == "max" else _first_lane(lanes_value)
             if element != f32:
                 value = build_generic([value], [empty(list(old.type.shape), element)],
                                       [dims_map(1, [0])] * 2, ["parallel"],
@@ -188,6 +218,7 @@ def _append(op: ir.Operation, block: ir.Block) -> None:
 class ForallResultsInLaneFormOp(TransformExt.Operation, name="forall_results_in_lane_form"):
     target: ext.Operand[transform.AnyOpType]
     lanes: ir.IntegerAttr
+    read: ir.StringAttr
     result: ext.Result[transform.AnyOpType[()]] = ext.infer_result()
 
     class Apply(transform.TransformOpInterface):
@@ -196,6 +227,9 @@ class ForallResultsInLaneFormOp(TransformExt.Operation, name="forall_results_in_
             with op.context:
                 targets = payload_ops(state, op.target)
                 lanes = ir.IntegerAttr(op.lanes).value
+                read = ir.StringAttr(op.read).value
+                if read not in ("max", "first"):
+                    return fail(NAME, Illegal(targets[0], f"read = {read!r}, not max or first"))
                 plans = []
                 try:
                     for t in targets:
@@ -203,7 +237,7 @@ class ForallResultsInLaneFormOp(TransformExt.Operation, name="forall_results_in_
                                      else _check(t, []))
                 except Illegal as illegal:
                     return fail(NAME, illegal)
-                rewritten = [rewrite(t, writes, lanes, rewriter) if writes else t
+                rewritten = [rewrite(t, writes, lanes, read, rewriter) if writes else t
                              for t, writes in zip(targets, plans)]
                 results.set_ops(op.result, rewritten)
                 return Success
@@ -215,11 +249,12 @@ class ForallResultsInLaneFormOp(TransformExt.Operation, name="forall_results_in_
     Effects = ReplacesTargets
 
 
-def forall_results_in_lane_form(forall: ir.Value, lanes: int) -> ir.Value:
-    """The per-row results of `forall` in lane form (module docstring); returns the new
-    forall."""
+def forall_results_in_lane_form(forall: ir.Value, lanes: int, read: str = "max") -> ir.Value:
+    """The per-row results of `forall` in lane form (module docstring; `read`: how readers
+    read them back); returns the new forall."""
     i64 = ir.IntegerType.get_signless(64)
-    return ForallResultsInLaneFormOp(forall, ir.IntegerAttr.get(i64, lanes)).result
+    return ForallResultsInLaneFormOp(forall, ir.IntegerAttr.get(i64, lanes),
+                                     ir.StringAttr.get(read)).result
 
 
 __all__ = ["ForallResultsInLaneFormOp", "forall_results_in_lane_form"]

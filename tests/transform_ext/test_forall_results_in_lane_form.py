@@ -1,7 +1,7 @@
 """forall_results_in_lane_form: a row-block forall's per-row results (an f32 row max, a bf16
 row value) leave it as [N, 16] lane tiles and are read back by a max over the lanes
 (FileCheck; the same numbers as torch on the CPU); a [N, 16] result stays; a shared output
-the body reads (an accumulation) is refused with nothing rewritten; a forall without
+the body reads (an accumulation into an argument) is refused with nothing rewritten; a forall without
 per-row results is left alone."""
 
 import torch
@@ -116,7 +116,9 @@ def test_a_shared_output_the_body_reads_is_refused():
         "%init = linalg.fill ins(%ninf : f32) outs(%ms : tensor<4xf32>) -> tensor<4xf32>",
         "%init = linalg.generic {indexing_maps = [#id1], iterator_types = [\"parallel\"]} "
         "outs(%ms : tensor<4xf32>) {\n    ^bb0(%o: f32):\n      %v = arith.maximumf %o, %ninf "
-        ": f32\n      linalg.yield %v : f32\n    } -> tensor<4xf32>")
+        ": f32\n      linalg.yield %v : f32\n    } -> tensor<4xf32>").replace(
+        "shared_outs(%m = %e,", "shared_outs(%m = %m0,").replace(
+        "@main(%x: tensor<8x4xf32>)", "@main(%x: tensor<8x4xf32>, %m0: tensor<8xf32>)")
     payload = parse(accumulated)
     before = str(payload)
     message = apply_expect_failure(payload, _rewrite)
