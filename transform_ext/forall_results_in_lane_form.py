@@ -1,24 +1,28 @@
 """forall_results_in_lane_form: the per-row results of an scf.forall over row blocks leave it
 in lane form.
 
-    %forall2 = transform_ext.forall_results_in_lane_form %forall {lanes = 16}
+    %forall2 = transform_ext.forall_results_in_lane_form %forall {lanes = 16, read = "max"}
 
 A result r [N] (float, up to 32 bits) of the target forall, written by
     tensor.parallel_insert_slice %v into %out[%off] [rows] [1]
 and read after it, becomes a result R [N, lanes] f32 written by
     V[i, l] = v[i]    (a [rows, lanes] linalg.generic, widened to f32: exact)
     tensor.parallel_insert_slice %V into %OUT[%off, 0] [rows, lanes] [1, 1]
-and its readers read r' = max_l R[i, l] (transform_ext/lane_form.py max_over_lanes, rounded
-back to r's type: every lane holds v[i], so r' == r exactly). On a GPU a per-row value after a
+and its readers read r' = max_l R[i, l] (read = "max": transform_ext/lane_form.py
+max_over_lanes; a kernel reading a block of rows gets the layout of a reduction over its
+lanes) or r'[i] = R[i, 0] (read = "first": a gather, a kernel reading the values along its
+lanes, one per column of a tile), rounded back to r's type: every lane holds v[i], so
+r' == r exactly. On a GPU a per-row value after a
 reduction over the classes is held by every lane of its row; XeGPU distributes it as a
 [rows, lanes] tile (a 2-D block store and load) but has no lane layout that writes or reads
 it as a [rows] vector. The other results are kept as they are.
 
-Legality first: the target is an scf.forall with static bounds and no mapping conflicts;
-for each converted result, its shared output is read in the body only by the terminator's
-one insert (of a [rows] slice at one offset, stride 1) and by extract_slices whose only
-users are outputs of linalg.fill or of generics that never read them (overwritten: the
-old contents are never read). Else a
+Legality first: the target is an scf.forall with static bounds; `read` is max or first;
+for each converted result, the terminator's one insert writes it (a [rows] slice at one
+offset, stride 1), and what else reads its shared output in the body reads contents that
+can be rebuilt there: an init that is a tensor.empty or a linalg.fill of one (rebuilt at
+the top of the body), else only extract_slices whose users are outputs of linalg.fill or
+of generics that never read them (overwritten). Else a
 silenceable failure naming the forall and the reason, nothing rewritten. A forall without
 such results is left as it is. The target handle is consumed; the result holds the new
 forall (or the target, unchanged).

@@ -8,25 +8,32 @@ forward's kernel (xegpu.py): two scf.forall carrying BACKWARD_PASS,
   pass 2 (dW, db) over blocks of `rows` classes, a loop over row tiles of `step` rows:
     S^T = W_blk h_s^T [rows, step], G^T, dW_blk += G^T h_s, db_blk += sum over the tile's
     rows of G^T; dW and db written in W's (b's) type.
-E reads per-row values: the forward kernel's row max m and exp-sum l (1-D results of its
-forall), the count or total weight (a rank-0 result of the reduction kernel) and the
+E reads per-row values: the forward kernel's row max m and exp-sum l (in lane form [N, 16],
+read back by a max over the lanes: fuse.py, transform_ext.forall_results_in_lane_form), the
+count or total weight (a rank-0 result of the reduction kernel, read as a scalar) and the
 per-row ops computed from them (log l, the folded one-hot sum,
-transform_ext.fold_one_hot_class_sums), which are fused into each pass (computed for the
-block's rows, or the step's).
+transform_ext.fold_one_hot_class_sums), which are fused into pass 1 (computed for the
+block's rows).
 Workgroups (`tile_backward_pass`): one forall iteration = one workgroup; the per-row
 producers read through slices fused into the pass and into its loop; unit dims folded.
+Pass 1 reads y by a lane-form gather reduced over the lanes and hands the per-row values it
+computes (m, log l, the one-hot sums) to pass 2 as [N, 16] lane tiles, which pass 2 reads
+at lane 0, a value per column of its tile (`_hand_over_in_lanes`): XeGPU lays a row's
+value out in every lane of its row after a reduction, a column's along the lanes, and has
+no layout that writes or reads a [rows] vector across kernels.
 Subgroups: the block's `rows` split over `rows / sg_rows` subgroups (sg_layout [n, 1]):
 h (pass 1) or W (pass 2) rows, S, G and the accumulator; the loop's operand tile (W_c in
 pass 1, h_s in pass 2) is read whole by every subgroup, transposed for S and as stored for
-the accumulator's product, so no value crosses subgroups.
+the accumulator's product (two loads: split_transposed_loads), so no value crosses
+subgroups.
+Layouts (`pass_anchors`, annotated as the forward's kernel): anchors on the 2-D block loads
+and stores, the DPAS operands, y's lane-form gather (one row per instruction) and the
+vectors over a tile's columns (sliced from the logits tile's layout); pass 1's transposed
+broadcasts and row reductions converted to the tile's row layout (row_conversions).
 
-Not lowered yet (the reason in a one-line error at the xegpu-layouts stage): the anchor
-layouts of the passes. The per-row values they read from other kernels (m and l of the
-forward, the targets, the count) arrive as 1-D vectors, which XeGPU's lane distribution does
-not take across kernels (the forward would write them in lane form [N, 16], the passes read
-them back reduced over the lanes, pass 2 transposed, as the attention backward's second
-pass reads its lse and D). Refused by name: f32 h and W (DPAS multiplies f16/bf16), N or V
-not multiples of the tiles, a subgroup's tiles beyond the register file (a large D).
+Refused by name: f32 h and W (DPAS multiplies f16/bf16), N or V not multiples of the tiles,
+a subgroup's tiles beyond the register file (a large D), a bias or class weights (the
+per-class vectors b_c, db and w_{y_n} per column of pass 2's tile have no GPU form yet).
 """
 
 from __future__ import annotations

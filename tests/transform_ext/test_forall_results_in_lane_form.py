@@ -111,6 +111,32 @@ def test_per_row_results_leave_in_lane_form_and_are_read_back_exactly():
     torch.testing.assert_close(tile, m[:, None].expand(8, 16), rtol=0, atol=0)
 
 
+def test_read_first_reads_lane_zero_by_a_gather():
+    """read = "first": the readers read R[i, 0] (a gather at the row and lane 0, as a
+    kernel reading a value per column of its tile does); the same numbers."""
+    payload = parse(ROW_BLOCKS)
+    apply(payload, lambda root: forall_results_in_lane_form(match(root, "scf.forall"), 16,
+                                                            read="first"))
+    text = str(payload)
+    check(text, """
+        CHECK: %[[R:[0-9]+]]:3 = scf.forall
+        CHECK: } {lh.row_blocks}
+        CHECK: %[[FIRST:[0-9]+]] = linalg.generic {{.*}} iterator_types = ["parallel"]} outs(%{{.*}} : tensor<8xf32>)
+        CHECK:   %[[ROW:.*]] = linalg.index 0 : index
+        CHECK:   tensor.extract %[[R]]#1[%[[ROW]], %{{.*}}] : tensor<8x16xf32>
+        CHECK: linalg.generic {{.*}} outs(%{{.*}} : tensor<8xf32>)
+        CHECK:   tensor.extract %[[R]]#2[{{.*}}] : tensor<8x16xf32>
+        CHECK: linalg.generic {{.*}} ins(%[[FIRST]] : tensor<8xf32>)
+    """)
+    assert "arith.maximumf" not in text.split("{lh.row_blocks}")[1]
+    torch.manual_seed(0)
+    x = torch.randn(8, 4)
+    plus, wide, _ = run_module(payload, [x])
+    m = x.max(dim=1).values
+    torch.testing.assert_close(plus, m + 1, rtol=0, atol=0)
+    torch.testing.assert_close(wide, m.to(torch.bfloat16).float(), rtol=0, atol=0)
+
+
 def test_a_shared_output_the_body_reads_is_refused():
     accumulated = ROW_BLOCKS.replace(
         "%init = linalg.fill ins(%ninf : f32) outs(%ms : tensor<4xf32>) -> tensor<4xf32>",
