@@ -15,8 +15,9 @@ row), which XeGPU has for [rows] vectors, unlike a [rows] vector loaded from mem
 
 A target nested in an op of the function's block (a kernel's scf.forall reading a slice of
 y) gets the gather before that op (a producer the kernel's fusion pulls in).
-Legality first: every target is in a func.func; else a silenceable failure naming it. Other arguments and ops are left alone. The targets stay valid (their operands
-change); the result holds the new [rows, lanes] generics, in argument order.
+Legality first: every target is in a func.func; else a silenceable failure naming it. Other
+arguments and ops are left alone. The targets stay valid (their operands change); the
+result holds the new [rows, lanes] generics, in argument order.
 """
 
 from torch_mlir import ir
@@ -31,8 +32,8 @@ NAME = "transform_ext.load_rows_in_lane_form"
 
 def _top(op: ir.Operation) -> ir.Operation:
     """`op`, or its ancestor directly in a func.func's block."""
-    while op.parent is not None and op.parent.name != "func.func":
-        op = op.parent
+    while op.parent is not None and op.parent.operation.name != "func.func":
+        op = op.parent.operation
     return op
 
 
@@ -75,7 +76,7 @@ class LoadRowsInLaneFormOp(TransformExt.Operation, name="load_rows_in_lane_form"
                 try:
                     for t in targets:
                         parent = _top(t).parent
-                        if parent is None or parent.name != "func.func":
+                        if parent is None or parent.operation.name != "func.func":
                             raise Illegal(t, "not in a func.func")
                 except Illegal as illegal:
                     return fail(NAME, illegal)

@@ -214,7 +214,6 @@ def _hand_over_in_lanes(rec: StepRecorder, tiles: BackwardPassTiles, forall_now,
     rec.step("targets_in_lanes", targets)
     _fuse_sliced_producers(rec, forall_now, lambda func: _pass_handle(func, 1), mark)
 
-
     def results(root):
         forall_results_in_lane_form(_pass_handle(match(root, "func.func"), 1),
                                     tiles.subgroup_size, read="first")
@@ -266,7 +265,6 @@ def tile_backward_pass(rec: StepRecorder, tiles: BackwardPassTiles) -> None:
         annotate(_pass_handle(match(root, "func.func"), number), "mapping", block_mapping(dims))
 
     rec.step("map_to_workgroups", map_to_blocks)
-
 
 
 # ------------------------------------------------------------------------------- layouts
