@@ -87,6 +87,7 @@ OP_MODULES: list[str] = [
     "hoist_row_gathers",
     "lane_form_gathers",
     "outline_into_forall",
+    "forall_results_in_lane_form",
     "match_elementwise_producers",
     "filter_iterators",
     "read_checks_on_host",

@@ -12,7 +12,8 @@ whose term x vanishes wherever c != a(n) for one class-independent index a(n) of
     z[n] = init[n] + (0 <= a(n) < V ? x(n, a(n)) : 0)
 
 (a linalg.generic over the rows reading init as an input, its output empty: the body
-cloned with c = a(n)). Exact: the sum had one
+cloned with c = a(n); a rank-0 input, the count, read by `tensor.extract` in the body, so
+a kernel reads it as a scalar: a GPU has no layout for a 0-d vector). Exact: the sum had one
 nonzero term at most, and adding zeros in floating point changes nothing. The term is shown
 to vanish by evaluating the body under c != a(n): `cmpi ne`/`eq` of c and a(n) are true /
 false, `ori`/`andi`/`xori` of known booleans and `select` on a known condition propagate,
@@ -151,7 +152,10 @@ def rewrite(op: ir.Operation, class_loop: int, a: ir.Value, rewriter) -> ir.Oper
     (row_loop,) = [d for d in range(2) if d != class_loop]
     block = body_of(op)
     classes = ls.ranges[class_loop]
-    kept = [i for i in range(ls.num_inputs) if class_loop not in dim_positions(ls.maps[i])]
+    kept = [i for i in range(ls.num_inputs) if class_loop not in dim_positions(ls.maps[i])
+            and ir.RankedTensorType(op.operands[i].type).rank > 0]
+    scalars = [i for i in range(ls.num_inputs)
+               if ir.RankedTensorType(op.operands[i].type).rank == 0]
 
     def row_map(amap: ir.AffineMap) -> ir.AffineMap:
         return ir.AffineMap.get(1, 0, [ir.AffineDimExpr.get(0) if isinstance(e, ir.AffineDimExpr)
@@ -159,6 +163,8 @@ def rewrite(op: ir.Operation, class_loop: int, a: ir.Value, rewriter) -> ir.Oper
 
     def body(args):
         mapping = {block.arguments[i]: arg for i, arg in zip(kept, args)}
+        for i in scalars:
+            mapping[block.arguments[i]] = tensor.extract(op.operands[i], [])
         init = args[len(kept)]
         c = _class_index(op, class_loop)
         (total,) = terminator(block).operands

@@ -13,9 +13,11 @@ and the readers read y' instead of y. All lanes hold y[i], so y' == y exactly; o
 per-row value then has the layout of a reduction over the classes (held by every lane of the
 row), which XeGPU has for [rows] vectors, unlike a [rows] vector loaded from memory.
 
-Legality first: every target is directly in a func.func's block; else a silenceable failure
-naming it. Other arguments and ops are left alone. The targets stay valid (their operands
-change); the result holds the new [rows, lanes] generics, in argument order.
+A target nested in an op of the function's block (a kernel's scf.forall reading a slice of
+y) gets the gather before that op (a producer the kernel's fusion pulls in).
+Legality first: every target is in a func.func; else a silenceable failure naming it. Other
+arguments and ops are left alone. The targets stay valid (their operands change); the
+result holds the new [rows, lanes] generics, in argument order.
 """
 
 from torch_mlir import ir
@@ -28,12 +30,20 @@ from .lane_form import dims_map, empty, max_over_lanes
 NAME = "transform_ext.load_rows_in_lane_form"
 
 
+def _top(op: ir.Operation) -> ir.Operation:
+    """`op`, or its ancestor directly in a func.func's block."""
+    while op.parent is not None and op.parent.operation.name != "func.func":
+        op = op.parent.operation
+    return op
+
+
 def load_argument(value: ir.Value, readers: list, lanes: int) -> ir.Operation:
     """Make `readers` read the [N] argument `value` through a lane-form gather; returns the
     gather."""
     t = ir.RankedTensorType(value.type)
-    block = readers[0].block
-    first = next(op for op in block_ops(block) if op in readers)
+    block = _top(readers[0]).block
+    tops = [_top(op) for op in readers]
+    first = next(op for op in block_ops(block) if op in tops)
     with ir.InsertionPoint(first), first.location:
         out = empty([t.shape[0], lanes], t.element_type)
 
@@ -65,18 +75,18 @@ class LoadRowsInLaneFormOp(TransformExt.Operation, name="load_rows_in_lane_form"
                 lanes = ir.IntegerAttr(op.lanes).value
                 try:
                     for t in targets:
-                        parent = t.parent
-                        if parent is None or parent.name != "func.func":
-                            raise Illegal(t, "not directly in a func.func")
+                        parent = _top(t).parent
+                        if parent is None or parent.operation.name != "func.func":
+                            raise Illegal(t, "not in a func.func")
                 except Illegal as illegal:
                     return fail(NAME, illegal)
                 created = []
                 blocks = []
                 for t in targets:
-                    if t.block not in blocks:
-                        blocks.append(t.block)
+                    if _top(t).block not in blocks:
+                        blocks.append(_top(t).block)
                 for block in blocks:
-                    ops = [t for t in targets if t.block == block]
+                    ops = [t for t in targets if _top(t).block == block]
                     for arg in block.arguments:
                         if not isinstance(arg.type, ir.RankedTensorType):
                             continue

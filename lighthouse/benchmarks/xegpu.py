@@ -20,7 +20,7 @@ COLUMNS = ("case", "chip") + REPORT_COLUMNS
 def xegpu_suite() -> list[Case]:
     """The XeGPU kernels at realistic sizes: 16-bit contractions and attention forward and
     forward+backward (DPAS), the row kernels and the losses (the LM head's fused linear
-    cross-entropy forward by DPAS)."""
+    cross-entropy forward, and forward+backward, by DPAS)."""
     def attention(name, causal, dtype, backward=False):
         case = _attention(name, 4096, causal, backward=backward)
         case.overrides.update(B=2, DTYPE=dtype)
@@ -46,6 +46,9 @@ def xegpu_suite() -> list[Case]:
              dict(N=2048, D=1024, V=32000, DTYPE="bfloat16")),
         Case("linear_cross_entropy_f16", EXAMPLES / "linear_cross_entropy.py",
              dict(N=2048, D=1024, V=32000, DTYPE="float16")),
+        # the backward's passes hold a subgroup's f32 accumulator over the whole depth: D 64
+        Case("linear_cross_entropy_bf16_d64_bwd", EXAMPLES / "linear_cross_entropy.py",
+             dict(N=2048, D=64, V=32000, DTYPE="bfloat16"), backward=True),
     ]
 
 
@@ -64,6 +67,8 @@ def quick_xegpu_suite() -> list[Case]:
         Case("cross_entropy", EXAMPLES / "cross_entropy.py", dict(N=64, C=4000)),
         Case("linear_cross_entropy", EXAMPLES / "linear_cross_entropy.py",
              dict(N=128, D=64, V=256, DTYPE="bfloat16")),
+        Case("linear_cross_entropy_bwd", EXAMPLES / "linear_cross_entropy.py",
+             dict(N=128, D=64, V=256, DTYPE="bfloat16"), backward=True),
     ]
 
 

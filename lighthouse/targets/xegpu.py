@@ -781,19 +781,13 @@ class _StageBuilder:
                                                            prefetch_shape)
         from schedules.linear_cross_entropy.xegpu import annotate_linear_cross_entropy
         from schedules.linear_cross_entropy.xegpu import kernel_anchors as linear_ce_anchors
+        from schedules.linear_cross_entropy.xegpu_backward import (
+            pass_anchors as linear_ce_pass_anchors)
         from schedules.xegpu.common import insert_loop_prefetches
         from schedules.xegpu.contraction import annotate_kernel, inspect_kernel
         from schedules.xegpu.rows import annotate_rows
         from torch_mlir.dialects import transform
 
-        backward = [p for p in self.plans if p.kind in LINEAR_CE_BACKWARD_KINDS]
-        if backward:
-            raise UnsupportedError(
-                f"xegpu: {backward[0].description}: the per-row values the linear "
-                "cross-entropy backward's kernels read from other kernels (the forward's row "
-                "max and exp-sum, the targets, the count) have no XeGPU layouts yet (they "
-                "cross kernels in lane form only); its kernels stop at the `xegpu` stage, "
-                "the CPU target runs the backward")
         funcs = ops_named(self.trial, "gpu.func")
         count = len(funcs)
         if count != len(self.plans):
@@ -819,6 +813,11 @@ class _StageBuilder:
                                            plan.tiles.nb_prefetch)
                     split_loads(rec, func)
                     shapes.append(backward_anchors(func, plan.tiles))
+                elif plan.kind in LINEAR_CE_BACKWARD_KINDS:
+                    insert_loop_prefetches(rec, func, plan.tiles.subgroups, chip.dpas[:2],
+                                           plan.tiles.nb_prefetch)
+                    split_loads(rec, func)
+                    shapes.append(linear_ce_pass_anchors(func, plan.tiles))
                 elif plan.kind in LOSS_KINDS:
                     insert_loop_prefetches(rec, func, *prefetch_shape(plan.tiles), nb_prefetch)
                     shapes.append(kernel_anchors(func, plan.tiles))
@@ -844,7 +843,7 @@ class _StageBuilder:
                     annotate_backward(handle, shape)
                 elif plan.kind in LOSS_KINDS:
                     annotate_loss_kernel(handle, shape)
-                elif plan.kind == LINEAR_CE_KIND:
+                elif plan.kind == LINEAR_CE_KIND or plan.kind in LINEAR_CE_BACKWARD_KINDS:
                     annotate_linear_cross_entropy(handle, shape)
                 else:
                     annotate_rows(handle, plan.tiles)

@@ -75,6 +75,7 @@ from transform_ext.fuse_linear_cross_entropy_backward_two_pass import (
     fuse_linear_cross_entropy_backward_two_pass)
 from transform_ext.gathers_to_masked_class_sums import gathers_to_masked_class_sums
 from transform_ext.inline_argument_producers import inline_argument_producers
+from transform_ext.forall_results_in_lane_form import forall_results_in_lane_form
 from transform_ext.lane_form_gathers import lane_form_gathers
 from transform_ext.lane_form_row_reductions import lane_form_row_reductions
 from transform_ext.load_rows_in_lane_form import load_rows_in_lane_form
@@ -278,6 +279,20 @@ def fuse_class_loops(params: LinearCrossEntropyParams, late: tuple[LateSum, ...]
     return body
 
 
+def row_results_in_lanes(lanes: int):
+    """Step 7 (lanes > 0, the joint graph): the row max m and exp-sum l that the backward's
+    passes read leave the row blocks in lane form [N, lanes] and are read back reduced over
+    the lanes (transform_ext.forall_results_in_lane_form): on the GPU they cross kernels as
+    2-D block stores and loads, as the losses do."""
+    def body(root: ir.Value) -> ir.Value:
+        blocks = structured.MatchOp(transform.AnyOpType.get(), root,
+                                    op_attrs={ROW_BLOCKS: ir.UnitAttr.get()}).result
+        forall_results_in_lane_form(blocks, lanes)
+        return apply_passes(root, "canonicalize", "cse")
+
+    return body
+
+
 def gather_step(params: LinearCrossEntropyParams) -> tuple[str, object]:
     """Step 2 as the params choose: masked class sums, or dot products."""
     return ("masked_gathers", masked_gathers) if params.masked_target else \
@@ -306,6 +321,8 @@ def fuse_steps(plan: LinearCrossEntropyPlan) -> list[tuple[str, object]]:
               ("sink_root_readers", sink_root_readers(plan.root)),
               ("tile_rows", tile_rows(plan.rows, mark=ROW_BLOCKS)),
               ("fuse_class_loops", fuse_class_loops(plan.params, plan.late, plan.group_size))]
+    if plan.params.lanes and plan.backward:
+        steps.append(("row_results_in_lanes", row_results_in_lanes(plan.params.lanes)))
     return steps
 
 

@@ -285,26 +285,7 @@ def kernel_anchors(gpu_func: ir.Operation, tiles: LinearCrossEntropyTiles) -> di
     for store in ops_named(gpu_func, "xegpu.store_nd"):
         anchors["xegpu.store_nd"].append(rows(ir.VectorType(store.operands[0].type).shape[1],
                                               [dm, dn]))
-    # per-row vectors broadcast over a tile (m and y over the class tile, the losses over
-    # the lanes) are transposed broadcasts: their results take the tile's row layout, which
-    # no anchor reaches through the class reductions; the reductions over a tile's columns
-    # (the class sums, y's max over the lanes) give results sliced from it (else the
-    # per-row layouts that meet in the rows' ops reach back and re-lay the tiles out)
-    def layout(cols):
-        return (f"#xegpu.layout<sg_layout = {[n, 1]}, sg_data = {[r, cols]}, "
-                f"inst_data = {[dm, dn]}>")
-
-    transposes = ops_named(gpu_func, "vector.transpose")
-    broadcasts = [(i, layout(ir.VectorType(op.results[0].type).shape[1]))
-                  for i, op in enumerate(transposes)
-                  if getattr(op.operands[0].owner, "name", "") == "vector.broadcast"]
-    reductions = ops_named(gpu_func, "vector.multi_reduction")
-    row_sums = [(i, f"#xegpu.slice<{layout(ir.VectorType(op.operands[0].type).shape[1])}, "
-                    "dims = [1]>")
-                for i, op in enumerate(reductions)
-                if ir.VectorType(op.operands[0].type).shape[0] == tiles.rows]
-    anchors["conversions"] = [("vector.transpose", len(transposes), broadcasts),
-                              ("vector.multi_reduction", len(reductions), row_sums)]
+    anchors["conversions"] = row_conversions(gpu_func, tiles.rows, n, r, (dm, dn))
     for op in ops_named(gpu_func, "xegpu.load"):
         shape = list(ir.VectorType(op.results[0].type).shape)
         if shape == [tiles.class_tile]:
@@ -318,6 +299,31 @@ def kernel_anchors(gpu_func: ir.Operation, tiles: LinearCrossEntropyTiles) -> di
     if ops_named(gpu_func, "xegpu.store"):
         raise ValueError(f"{where}: a scattered store (per-row results leave in lane form)")
     return anchors
+
+
+def row_conversions(gpu_func: ir.Operation, rows: int, subgroups: int, sg_rows: int,
+                    inst: tuple[int, int]) -> list:
+    """Per-row vectors broadcast over a tile (m and y over the class tile, the losses over
+    the lanes) are transposed broadcasts: their results take the tile's row layout (the
+    block's `rows` split over the subgroups), which no anchor reaches through the class
+    reductions; the reductions over a tile's columns (the class sums, y's max over the
+    lanes) give results sliced from it (else the per-row layouts that meet in the rows' ops
+    reach back and re-lay the tiles out). (op name, count, [(place, layout)]) per op name."""
+    def layout(cols):
+        return (f"#xegpu.layout<sg_layout = {[subgroups, 1]}, sg_data = {[sg_rows, cols]}, "
+                f"inst_data = {list(inst)}>")
+
+    transposes = ops_named(gpu_func, "vector.transpose")
+    broadcasts = [(i, layout(ir.VectorType(op.results[0].type).shape[1]))
+                  for i, op in enumerate(transposes)
+                  if getattr(op.operands[0].owner, "name", "") == "vector.broadcast"]
+    reductions = ops_named(gpu_func, "vector.multi_reduction")
+    row_sums = [(i, f"#xegpu.slice<{layout(ir.VectorType(op.operands[0].type).shape[1])}, "
+                    "dims = [1]>")
+                for i, op in enumerate(reductions)
+                if ir.VectorType(op.operands[0].type).shape[0] == rows]
+    return [("vector.transpose", len(transposes), broadcasts),
+            ("vector.multi_reduction", len(reductions), row_sums)]
 
 
 def annotate_linear_cross_entropy(gpu_func: ir.Value, anchors: dict[str, list]) -> None:

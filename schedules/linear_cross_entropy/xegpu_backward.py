@@ -8,25 +8,32 @@ forward's kernel (xegpu.py): two scf.forall carrying BACKWARD_PASS,
   pass 2 (dW, db) over blocks of `rows` classes, a loop over row tiles of `step` rows:
     S^T = W_blk h_s^T [rows, step], G^T, dW_blk += G^T h_s, db_blk += sum over the tile's
     rows of G^T; dW and db written in W's (b's) type.
-E reads per-row values: the forward kernel's row max m and exp-sum l (1-D results of its
-forall), the count or total weight (a rank-0 result of the reduction kernel) and the
+E reads per-row values: the forward kernel's row max m and exp-sum l (in lane form [N, 16],
+read back by a max over the lanes: fuse.py, transform_ext.forall_results_in_lane_form), the
+count or total weight (a rank-0 result of the reduction kernel, read as a scalar) and the
 per-row ops computed from them (log l, the folded one-hot sum,
-transform_ext.fold_one_hot_class_sums), which are fused into each pass (computed for the
-block's rows, or the step's).
+transform_ext.fold_one_hot_class_sums), which are fused into pass 1 (computed for the
+block's rows).
 Workgroups (`tile_backward_pass`): one forall iteration = one workgroup; the per-row
 producers read through slices fused into the pass and into its loop; unit dims folded.
+Pass 1 reads y by a lane-form gather reduced over the lanes and hands the per-row values it
+computes (m, log l, the one-hot sums) to pass 2 as [N, 16] lane tiles, which pass 2 reads
+at lane 0, a value per column of its tile (`_hand_over_in_lanes`): XeGPU lays a row's
+value out in every lane of its row after a reduction, a column's along the lanes, and has
+no layout that writes or reads a [rows] vector across kernels.
 Subgroups: the block's `rows` split over `rows / sg_rows` subgroups (sg_layout [n, 1]):
 h (pass 1) or W (pass 2) rows, S, G and the accumulator; the loop's operand tile (W_c in
 pass 1, h_s in pass 2) is read whole by every subgroup, transposed for S and as stored for
-the accumulator's product, so no value crosses subgroups.
+the accumulator's product (two loads: split_transposed_loads), so no value crosses
+subgroups.
+Layouts (`pass_anchors`, annotated as the forward's kernel): anchors on the 2-D block loads
+and stores, the DPAS operands, y's lane-form gather (one row per instruction) and the
+vectors over a tile's columns (sliced from the logits tile's layout); pass 1's transposed
+broadcasts and row reductions converted to the tile's row layout (row_conversions).
 
-Not lowered yet (the reason in a one-line error at the xegpu-layouts stage): the anchor
-layouts of the passes. The per-row values they read from other kernels (m and l of the
-forward, the targets, the count) arrive as 1-D vectors, which XeGPU's lane distribution does
-not take across kernels (the forward would write them in lane form [N, 16], the passes read
-them back reduced over the lanes, pass 2 transposed, as the attention backward's second
-pass reads its lse and D). Refused by name: f32 h and W (DPAS multiplies f16/bf16), N or V
-not multiples of the tiles, a subgroup's tiles beyond the register file (a large D).
+Refused by name: f32 h and W (DPAS multiplies f16/bf16), N or V not multiples of the tiles,
+a subgroup's tiles beyond the register file (a large D), a bias or class weights (the
+per-class vectors b_c, db and w_{y_n} per column of pass 2's tile have no GPU form yet).
 """
 
 from __future__ import annotations
@@ -114,6 +121,25 @@ def _contractions(loop: ir.Operation) -> list[ir.Operation]:
             and loop_structure(op).is_contraction]
 
 
+def _float_vector_arguments(forall: ir.Operation) -> str:
+    """The function's rank-1 float arguments read in `forall` (the bias, the class
+    weights), described; '' when none."""
+    found = []
+
+    def visit(op):
+        for v in op.operands:
+            if isinstance(v, ir.BlockArgument) and isinstance(v.type, ir.RankedTensorType) \
+                    and v.type.rank == 1 and isinstance(v.type.element_type, ir.FloatType) \
+                    and v.owner.owner.operation.name == "func.func":
+                text = f"a [{v.type.shape[0]}] {v.type.element_type} argument"
+                if text not in found:
+                    found.append(text)
+        return ir.WalkResult.ADVANCE
+
+    forall.walk(visit)
+    return " and ".join(found)
+
+
 def plan_backward_pass(forall: ir.Operation, *, subgroup_size: int, dpas: tuple[int, int, int],
                        max_threads: int, grf_bytes: int,
                        nb_prefetch: int = 1) -> BackwardPassTiles:
@@ -138,6 +164,11 @@ def plan_backward_pass(forall: ir.Operation, *, subgroup_size: int, dpas: tuple[
     if len(dtypes) != 1 or dtypes[0] not in DPAS_TYPES:
         raise ValueError(f"{where}: h and W of type {' and '.join(dtypes)}: DPAS multiplies f16 "
                          "or bf16 (with f32 accumulation); give h and W in float16 or bfloat16")
+    read = _float_vector_arguments(forall)
+    if read:
+        raise ValueError(f"{where}: reads {read} (a bias or class weights): the backward's "
+                         "per-class vectors (b_c and db, w_{y_n} per column of a tile) have no "
+                         "GPU form yet; the CPU target runs this backward")
     loop_step = _constant_index(loop.operands[2])
     if loop_step != step:
         raise ValueError(f"{where}: loop step {loop_step} differs from the tile's {step}")
@@ -165,6 +196,32 @@ def plan_backward_pass(forall: ir.Operation, *, subgroup_size: int, dpas: tuple[
 
 # -------------------------------------------------------------------------------- tiling
 
+def _hand_over_in_lanes(rec: StepRecorder, tiles: BackwardPassTiles, forall_now, mark) -> None:
+    """Pass 1's per-row data in lane form: it reads the targets through a lane-form gather
+    reduced over the lanes (transform_ext.load_rows_in_lane_form, the chain fused in), and
+    the per-row values it computes for pass 2 (the row max, log l, the one-hot sums) leave
+    it as [N, 16] lane tiles that pass 2 reads at lane 0, a value per column of its tile
+    (transform_ext.forall_results_in_lane_form)."""
+    from transform_ext.forall_results_in_lane_form import forall_results_in_lane_form
+    from transform_ext.load_rows_in_lane_form import load_rows_in_lane_form
+
+    rows = tiles.rows * tiles.grid[0]
+
+    def targets(root):
+        load_rows_in_lane_form(match(_pass_handle(match(root, "func.func"), 1),
+                                     "tensor.extract_slice"), rows, tiles.subgroup_size)
+
+    rec.step("targets_in_lanes", targets)
+    _fuse_sliced_producers(rec, forall_now, lambda func: _pass_handle(func, 1), mark)
+
+    def results(root):
+        forall_results_in_lane_form(_pass_handle(match(root, "func.func"), 1),
+                                    tiles.subgroup_size, read="first")
+
+    rec.step("results_in_lanes", results)
+    rec.step("canonicalize", passes("canonicalize", "cse"))
+
+
 def _pass_handle(func: ir.Value, number: int) -> ir.Value:
     return structured.MatchOp(any_op(), func, ops=["scf.forall"], op_attrs={
         BACKWARD_PASS: ir.IntegerAttr.get(ir.IntegerType.get_signless(64), number)}).result
@@ -184,11 +241,12 @@ def tile_backward_pass(rec: StepRecorder, tiles: BackwardPassTiles) -> None:
         return forall
 
     i64 = ir.IntegerType.get_signless(64)
-    _fuse_sliced_producers(rec, forall_now, lambda func: _pass_handle(func, number),
-                           lambda handle: annotate(handle, BACKWARD_PASS,
-                                                   ir.IntegerAttr.get(i64, number)))
+    mark = lambda handle: annotate(handle, BACKWARD_PASS, ir.IntegerAttr.get(i64, number))
+    _fuse_sliced_producers(rec, forall_now, lambda func: _pass_handle(func, number), mark)
     _fuse_sliced_producers(rec, lambda: ops_named(forall_now(), "scf.for")[0],
                            lambda func: match(_pass_handle(func, number), "scf.for"))
+    if number == 1:
+        _hand_over_in_lanes(rec, tiles, forall_now, mark)
 
     def fold(root):
         func = match(root, "func.func")
@@ -208,3 +266,68 @@ def tile_backward_pass(rec: StepRecorder, tiles: BackwardPassTiles) -> None:
 
     rec.step("map_to_workgroups", map_to_blocks)
 
+
+# ------------------------------------------------------------------------------- layouts
+
+def pass_anchors(gpu_func: ir.Operation, tiles: BackwardPassTiles) -> dict[str, list]:
+    """The anchor layouts of one outlined pass after convert-vector-to-xegpu and
+    split_transposed_loads, per ANCHOR_OPS name in structured.match order (a layout per
+    operand for xegpu.dpas): the block's rows split over the subgroups (the block's tile,
+    every DPAS A operand and result, the stores); DPAS B operands whole in every subgroup
+    (read transposed with order [0, 1]); the per-row vectors sliced from the [rows, step]
+    logits tile's layout: a row's value (pass 1: dims [1]) or a step column's (pass 2:
+    dims [0])."""
+    from ..attention.xegpu_backward import _dpas_reader, _layout
+    from .xegpu import ANCHOR_OPS, row_conversions
+
+    dm, dn, dk = tiles.dpas
+    n, r = tiles.subgroups, tiles.sg_rows
+    where = f"{tiles.kind} kernel {gpu_func.attributes['sym_name']}"
+    rows = lambda cols, inst: _layout([n, 1], [r, cols], inst)
+    whole = lambda shape, inst, **extra: _layout([1, 1], shape, inst, **extra)
+    anchors = {name: [] for name in ANCHOR_OPS}
+    for load in ops_named(gpu_func, "xegpu.load_nd"):
+        shape = list(ir.VectorType(load.results[0].type).shape)
+        users = [getattr(u.owner, "operation", u.owner) for u in load.results[0].uses]
+        reader = _dpas_reader(load.results[0])
+        if users and all(u.name == "vector.transpose" for u in users):
+            anchors["xegpu.load_nd"].append(whole(shape, [dn, dk], order=[0, 1]))
+        elif reader is not None and reader[1] == 1:
+            anchors["xegpu.load_nd"].append(whole(shape, [dk, dn]))
+        elif shape[0] == tiles.rows:
+            anchors["xegpu.load_nd"].append(rows(shape[1], [dm, dk]))
+        else:
+            raise ValueError(f"{where}: a [{shape[0]}, {shape[1]}] tile that is neither the "
+                             f"block's rows ({tiles.rows}) nor a DPAS B operand")
+    for dpas in ops_named(gpu_func, "xegpu.dpas"):
+        (m, k), (_, cols) = (ir.VectorType(v.type).shape for v in list(dpas.operands)[:2])
+        if m != tiles.rows:
+            raise ValueError(f"{where}: a DPAS of {m} rows, not the block's {tiles.rows}")
+        b = dpas.operands[1].owner
+        transposed = getattr(b, "operation", b).name == "vector.transpose"
+        anchors["xegpu.dpas"].append((rows(k, [dm, dk]),
+                                      whole([k, cols], [dk, dn], **({"order": [1, 0]}
+                                                                      if transposed else {})),
+                                      rows(cols, [dm, dn])))
+    for store in ops_named(gpu_func, "xegpu.store_nd"):
+        anchors["xegpu.store_nd"].append(rows(ir.VectorType(store.operands[0].type).shape[1],
+                                              [dm, dn]))
+    logits = rows(tiles.step, [dm, dn])
+    for op in ops_named(gpu_func, "xegpu.load"):
+        shape = list(ir.VectorType(op.results[0].type).shape)
+        if shape == [tiles.rows, tiles.subgroup_size] and tiles.backward_pass == 1:
+            # the block's targets in lane form: one row per instruction
+            anchors["xegpu.load"].append(rows(shape[1], [1, tiles.subgroup_size]))
+        elif shape == [tiles.step]:
+            # a value per column of the step's tile: pass 1's bias tile, pass 2's per-row
+            # values (read at lane 0)
+            anchors["xegpu.load"].append(dict(logits, slice_dims=[0]))
+        else:
+            raise ValueError(f"{where}: a {shape} scattered load that is neither the block's "
+                             "targets in lane form (pass 1) nor a vector over the step's "
+                             "columns")
+    if ops_named(gpu_func, "xegpu.store"):
+        raise ValueError(f"{where}: a scattered store (per-row values leave in lane form)")
+    anchors["conversions"] = (row_conversions(gpu_func, tiles.rows, n, r, (dm, dn))
+                              if tiles.backward_pass == 1 else [])
+    return anchors

@@ -11,8 +11,9 @@ tile; the rows' losses leave in lane form), then the cross-entropy family's redu
 kernel (the mean or sum over the rows), and the targets' bounds check on the host. No
 [N, V] buffer anywhere.
 With the backward (backward=True): two more kernels, its passes (dh per block of rows, dW
-and db per block of classes, every product DPAS), checked to the `xegpu` stage, whose next
-stage refuses them by name (no anchor layouts for their per-row inputs yet).
+and db per block of classes, every product DPAS), the per-row values crossing kernels in
+lane form (the forward's row max and exp-sum, pass 1's per-row values for pass 2), checked
+down to the machine code for both chips.
 No Intel GPU here: the numerics of what the kernels compute are checked by running the
 kernel program of the `workgroups` stage (the foralls with every GPU-specific rewrite: the
 masked target sum, lane-form per-row data, the depth loop, the reduction kernel, the host
@@ -292,14 +293,12 @@ def test_what_has_no_gpu_form_is_refused_by_name(tmp_path, case, reason):
 # The joint graph (backward=True): the forward's kernels, then the backward's two passes
 # (schedules/linear_cross_entropy/xegpu_backward.py): dh per workgroup of 64 rows over
 # class tiles of 32, dW and db per workgroup of 64 classes over row tiles of 32; S
-# recomputed by DPAS in each, every product a DPAS. Their anchor layouts are not there
-# yet: the compile stops at the `xegpu` stage, the `xegpu-layouts` stage refuses by name.
+# recomputed by DPAS in each, every product a DPAS; down to the machine code.
 
 BACKWARD_CASES = {
     "bf16_mean": ("bfloat16", 128, 64, 256, False, False, "mean"),
-    "f16_bias_weight_sum": ("float16", 128, 64, 256, True, True, "sum"),
+    "f16_sum": ("float16", 128, 64, 256, False, False, "sum"),
 }
-BACKWARD_STAGES = STAGES[:STAGES.index("xegpu") + 1]
 BACKWARD_KINDS = {"mean": ["linear_cross_entropy", "row_sum", "linear_cross_entropy_dh",
                            "linear_cross_entropy_dw"],
                   "sum": ["linear_cross_entropy", "linear_cross_entropy_dh",
@@ -310,8 +309,8 @@ BACKWARD_KINDS = {"mean": ["linear_cross_entropy", "row_sum", "linear_cross_entr
 def lowered_backward(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(f"backward_{request.param}")
     kernel = _write(tmp / "head.py", *BACKWARD_CASES[request.param])
-    compiled = compile_kernel(kernel, target="xegpu", backward=True, stop_after="xegpu",
-                              dump_dir=tmp / "dump", strict=True)
+    compiled = compile_kernel(kernel, target="xegpu", backward=True, dump_dir=tmp / "dump",
+                              strict=True)
     low = Lowered(compiled, tmp / "dump")
     low.name, low.case, low.tmp = request.param, BACKWARD_CASES[request.param], tmp
     return low
@@ -325,7 +324,7 @@ def test_backward_kernels_are_two_passes_of_dpas(lowered_backward):
     written in the inputs' type; no [N, V] tensor, buffer or vector at any stage."""
     dtype, n, d, v, bias, weighted, reduction = lowered_backward.case
     narrow = {"bfloat16": "bf16", "float16": "f16"}[dtype]
-    assert lowered_backward.compiled.pipeline.names()[:len(BACKWARD_STAGES)] == BACKWARD_STAGES
+    assert lowered_backward.compiled.pipeline.names() == STAGES
     text = lowered_backward.stage_files["xegpu"].read_text()
     kernels = re.findall(r'lh.kernel = \{description = "[^"]*", grid = array<i64: (\d+), 1, 1>, '
                          r'kind = "(\w+)", threads = (\d+)', text)
@@ -353,14 +352,71 @@ def test_backward_kernels_are_two_passes_of_dpas(lowered_backward):
         assert not re.search(rf"\b({n}x{v}|{v}x{n})x", stage_text), stage
 
 
-def test_backward_layouts_are_refused_by_name(lowered_backward):
-    """The full compile stops at the xegpu-layouts stage with the reason, never a wrong
-    kernel."""
-    with pytest.raises(LighthouseError) as error:
-        compile_kernel(lowered_backward.tmp / "head.py", target="xegpu", backward=True,
-                       stop_after="xegpu-layouts")
-    assert "have no XeGPU layouts yet" in str(error.value)
-    assert "linear cross-entropy backward pass 1" in str(error.value)
+def test_the_forward_hands_its_row_statistics_over_in_lane_form(lowered_backward):
+    """The forward's kernel writes the row max and exp-sum the backward reads as [64, 16]
+    lane tiles (2-D block stores beside the losses', no scattered store); the first pass
+    reads them back by 2-D block loads of its rows; the count is read as a scalar (no 0-d
+    vector in any kernel)."""
+    text = lowered_backward.stage_files["xegpu"].read_text()
+    kernels = dict(re.findall(r'kind = "(\w+)", threads = \d+ : i64\}\} \{(.*?)gpu.return',
+                              text, re.S))
+    forward = kernels["linear_cross_entropy"]
+    assert "xegpu.store " not in forward
+    assert len(re.findall(r"xegpu.store_nd [^\n]*: vector<64x16xf32>", forward)) == 3
+    assert len(re.findall(r"xegpu.load_nd [^\n]*-> vector<64x16xf32>",
+                          kernels["linear_cross_entropy_dh"])) == 2
+    assert not re.search(r"vector<(f32|bf16|f16|i64)>", text)
+
+
+def test_backward_spirv_validates_and_ocloc_builds_without_spills(lowered_backward, tmp_path):
+    """Every kernel of the joint graph passes spirv-val with the launch the manifest records;
+    Intel's compiler builds each for bmg with 0 bytes of GRF spill, the passes' two products
+    per loop step DPAS in the machine code."""
+    target = lowered_backward.compiled.target
+    target.write_artifact(lowered_backward.compiled, tmp_path / "head.spv")
+    kinds = []
+    for kernel in target.kernels:
+        spirv.validate(tmp_path / f"head.{kernel.module}.spv")
+        mc = kernel.machine
+        assert mc.spill_bytes == 0, (kernel.kind, mc)
+        if kernel.kind in ("linear_cross_entropy_dh", "linear_cross_entropy_dw"):
+            assert mc.loop_dpas >= 2 and mc.block_loads > 0 and mc.block_stores > 0, mc
+        kinds.append(kernel.kind)
+    assert kinds == BACKWARD_KINDS[lowered_backward.case[-1]]
+
+
+def test_backward_pvc_builds_without_spills(tmp_path):
+    """The same kernels for Ponte Vecchio."""
+    kernel = _write(tmp_path / "head.py", *BACKWARD_CASES["bf16_mean"])
+    compiled = compile_kernel(kernel, target="xegpu", backward=True,
+                              target_options={"chip": "pvc"})
+    kernels = compiled.target.kernels
+    assert [k.kind for k in kernels] == BACKWARD_KINDS["mean"]
+    assert all(k.machine.spill_bytes == 0 for k in kernels), [k.machine for k in kernels]
+    assert all(k.machine.dpas > 0 for k in kernels if k.kind.endswith(("_dh", "_dw")))
+
+
+def test_the_passes_hand_per_row_values_over_in_lane_form(lowered_backward):
+    """Pass 1 reads the targets by a lane-form gather ([64, 16], one row per instruction)
+    and writes the per-row values pass 2 reads (the row max, log l, the one-hot sums) as
+    [64, 16] lane tiles; pass 2 reads a value per column of its tile at lane 0 (scattered
+    [32] loads, laid out along the lanes as the tile's columns); no [rows] vector is
+    written by any kernel."""
+    text = lowered_backward.stage_files["xegpu-layouts"].read_text()
+    kernels = {re.search(r'kind = "(\w+)"', k).group(1): k
+               for k in text.split("gpu.module @")[1:]}
+    dh, dw = kernels["linear_cross_entropy_dh"], kernels["linear_cross_entropy_dw"]
+    filecheck(dh, """
+        CHECK: xegpu.load {{.*}}inst_data = [1, 16]>}> : i64, vector<64x16xindex>, vector<64x16xi1> -> vector<64x16xi64>
+        CHECK: vector.multi_reduction <maxsi>, {{.*}} [1] : vector<64x16xi64> to vector<64xi64>
+        CHECK: scf.for
+        CHECK: xegpu.dpas
+        CHECK: xegpu.dpas
+    """)
+    assert len(re.findall(r"xegpu.store_nd [^\n]*: vector<64x16xf32>", dh)) == 3
+    assert "xegpu.store " not in text
+    loads = re.findall(r"xegpu.load %[^\n]*", dw)
+    assert len(loads) == 4 and all("dims = [0]" in l and "-> vector<32x" in l for l in loads)
 
 
 @pytest.mark.parametrize("kind", ["mixed", "all_ignored", "huge", "edge_targets"])
@@ -388,6 +444,21 @@ def test_backward_kernel_program_matches_torch_on_cpu(lowered_backward, kind):
         assert report.ok, (kind, str(report))
 
 
+@pytest.mark.parametrize("bias, weighted", [(True, False), (False, True)])
+def test_backward_with_a_bias_or_class_weights_is_refused_by_name(tmp_path, bias, weighted):
+    """The backward's per-class vectors (the bias tile and db, w_{y_n} per column of pass
+    2's tile) have no GPU form yet: refused naming the argument, before any kernel is made
+    (the forward of the same head lowers; the CPU target runs the backward)."""
+    kernel = _write(tmp_path / "head.py", "bfloat16", 128, 64, 256, bias, weighted, "mean")
+    compile_kernel(kernel, target="xegpu", stop_after="workgroups", strict=True)
+    with pytest.raises(LighthouseError) as error:
+        compile_kernel(kernel, target="xegpu", backward=True, stop_after="workgroups",
+                       strict=True)
+    message = str(error.value)
+    assert "linear cross-entropy backward pass 1" in message
+    assert "argument (a bias or class weights): the backward's per-class vectors" in message
+
+
 def test_backward_of_a_transposed_view_is_refused_by_name(tmp_path):
     """The gradient of h passed as a transposed view is the pass's dh transposed, an op with
     no kernel: refused naming it (the forward of the same view lowers)."""
@@ -404,22 +475,21 @@ def test_backward_of_a_transposed_view_is_refused_by_name(tmp_path):
         in str(error.value)
 
 
-@pytest.mark.parametrize("lowered_backward", ["f16_bias_weight_sum"], indirect=True)
+@pytest.mark.parametrize("lowered_backward", ["f16_sum"], indirect=True)
 def test_the_backward_script_replays_to_identical_ir(lowered_backward, tmp_path):
     """The compile's script with the backward (the two-pass fusion, the passes' workgroup
-    steps), printed up to the stage that refuses, replayed gives byte-identical IR at every
-    stage to the xegpu stage."""
+    steps and layouts), printed and replayed, gives byte-identical IR at every stage down to
+    the SPIR-V."""
     from tests.lighthouse.test_schedule_scripts import _without_counters
 
     compiled = lowered_backward.compiled
     script = tmp_path / "schedule.mlir"
-    # the script up to the stage that refuses (schedule_text raises its error)
-    script.write_text(str(compiled.script.get(compiled.module)))
-    assert compiled.script.failure is not None
+    script.write_text(compiled.schedule_text())
     assert "transform_ext.fuse_linear_cross_entropy_backward_two_pass" in script.read_text()
+    assert "transform_ext.forall_results_in_lane_form" in script.read_text()
     compile_kernel(lowered_backward.tmp / "head.py", target="xegpu", backward=True,
-                   dump_dir=tmp_path / "replayed", schedule_file=script, stop_after="xegpu")
-    for stage in BACKWARD_STAGES:
+                   dump_dir=tmp_path / "replayed", schedule_file=script, stop_after="binary")
+    for stage in STAGES[:-1]:
         (replayed,) = (tmp_path / "replayed").glob(f"*-{stage}.mlir")
         assert _without_counters(replayed.read_text()) == \
             _without_counters(lowered_backward.stage_files[stage].read_text()), stage

@@ -1,6 +1,6 @@
 """fold_one_hot_class_sums: the cross-entropy backward's one-hot row sum (a sum over the
 classes of select(c != y_n or y_n == ignore_index, 0, -1/count)) becomes an op over the rows
-reading y_n; sums whose terms do not vanish off the target class (label smoothing's) are
+reading y_n (the count read as a scalar in its body); sums whose terms do not vanish off the target class (label smoothing's) are
 left alone. (Numerics
 inside the whole GPU-form schedule: tests/schedules/test_linear_cross_entropy_two_pass.py.)"""
 
@@ -46,8 +46,10 @@ def test_the_one_hot_row_sum_becomes_a_per_row_op():
     # the one-hot sum is gone; the max and the exp-sum stay (they read S)
     assert _reductions_over_the_classes(after) == _reductions_over_the_classes(before) - 1
     check(after, """
-        CHECK: linalg.generic {indexing_maps = [#{{.*}}, #{{.*}}, #{{.*}}, #{{.*}}], iterator_types = ["parallel"]} ins(%arg2, %{{.*}}, %{{.*}} : tensor<20xi64>, tensor<f32>, tensor<20xf32>) outs(%{{.*}} : tensor<20xf32>)
+        CHECK: linalg.generic {indexing_maps = [#{{.*}}, #{{.*}}, #{{.*}}], iterator_types = ["parallel"]} ins(%arg2, %{{.*}} : tensor<20xi64>, tensor<20xf32>) outs(%{{.*}} : tensor<20xf32>)
+        CHECK:   %[[COUNT:.*]] = tensor.extract %{{.*}}[] : tensor<f32>
         CHECK:   %[[Y:.*]] = arith.index_cast %{{.*}} : i64 to index
+        CHECK:   arith.divf %{{.*}}, %[[COUNT]]
         CHECK:   arith.cmpi eq, %[[Y]], %c-100
         CHECK:   arith.select
         CHECK:   arith.cmpi sge, %[[Y]]

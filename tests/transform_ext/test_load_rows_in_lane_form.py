@@ -1,6 +1,6 @@
 """load_rows_in_lane_form: the row ops read the targets y through a [4, 16] lane gather
 reduced by max over the lanes (FileCheck, same numbers on the CPU); ops outside the targets
-(the host check) and the [4, 16] logits are left alone; a target that is not directly in a
+(the host check) and the [4, 16] logits are left alone; a target that is not in a
 function is refused."""
 
 import torch
@@ -42,4 +42,4 @@ def test_rejects_a_target_outside_a_function_body():
     message = apply_expect_failure(payload, lambda root: load_rows_in_lane_form(
         match(root, "func.func"), rows=4, lanes=16))
     assert "transform_ext.load_rows_in_lane_form: func.func" in message
-    assert "not directly in a func.func" in message
+    assert "not in a func.func" in message
