@@ -38,14 +38,14 @@ from transform_ext.match_sliced_producers import match_sliced_producers, sliced_
 
 from ..common import annotate, apply_patterns, canonicalize, match
 from ..script import StepRecorder
-from ..xegpu.common import passes
+from ..xegpu.common import RowSubgroups, passes
 from ..xegpu.contraction import block_mapping, split
 
 DPAS_TYPES = ("f16", "bf16")
 
 
 @dataclass(frozen=True)
-class AttentionTiles:
+class AttentionTiles(RowSubgroups):
     """One workgroup: `query_tile` query rows against all keys, `key_tile` keys per step,
     head dims `qk_dim` (Q, K) and `v_dim` (V, O); `sg_rows` rows per subgroup; the DPAS
     shape; `grid`: workgroups per forall dim (batch..., heads, query blocks)."""
@@ -63,20 +63,12 @@ class AttentionTiles:
     position_mask: bool = False    # a key loop masks by query and key positions (causal)
 
     @property
-    def subgroups(self) -> int:
-        return self.query_tile // self.sg_rows
-
-    @property
-    def sg_layout(self) -> list[int]:
-        return [self.subgroups, 1]
+    def rows(self) -> int:
+        return self.query_tile
 
     @property
     def sg_data(self) -> tuple[int, int]:
         return (self.sg_rows, self.v_dim)
-
-    @property
-    def threads(self) -> int:
-        return self.subgroups * self.subgroup_size
 
     def register_bytes(self) -> int:
         """Live registers of a subgroup at the peak of a key step: Q and the f32 O

@@ -39,7 +39,7 @@ from transform_ext.fuse_attention_backward_two_pass import BACKWARD_PASS
 
 from ..common import annotate, any_op, apply_patterns, canonicalize, match
 from ..script import StepRecorder
-from ..xegpu.common import passes
+from ..xegpu.common import RowSubgroups, passes
 from ..xegpu.contraction import block_mapping, split
 from .xegpu import (REGISTER_SHARE, _constant_index, _fuse_sliced_producers, check_tiles,
                     input_dtype, static_bounds)
@@ -49,7 +49,7 @@ PASS_KINDS = {1: "attention_dq", 2: "attention_dkv"}
 
 
 @dataclass(frozen=True)
-class BackwardTiles:
+class BackwardTiles(RowSubgroups):
     """One workgroup of a backward pass: `rows` rows of the block (queries in pass 1, keys
     in pass 2) against `step` columns (keys, queries) per loop iteration, head dim `dim`;
     `sg_rows` rows per subgroup; the DPAS shape; `grid`: workgroups per forall dim."""
@@ -71,20 +71,8 @@ class BackwardTiles:
         return PASS_KINDS[self.backward_pass]
 
     @property
-    def subgroups(self) -> int:
-        return self.rows // self.sg_rows
-
-    @property
-    def sg_layout(self) -> list[int]:
-        return [self.subgroups, 1]
-
-    @property
     def sg_data(self) -> tuple[int, int]:
         return (self.sg_rows, self.dim)
-
-    @property
-    def threads(self) -> int:
-        return self.subgroups * self.subgroup_size
 
     def register_bytes(self) -> int:
         """Live registers of a subgroup at the peak of a loop step, by a model calibrated on

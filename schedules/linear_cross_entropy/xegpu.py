@@ -52,7 +52,7 @@ from ..attention.xegpu import (DPAS_TYPES, REGISTER_SHARE, _constant_index,
                                _fuse_sliced_producers, check_tiles, static_bounds)
 from ..common import annotate, any_op, apply_patterns, canonicalize, match
 from ..script import StepRecorder
-from ..xegpu.common import passes
+from ..xegpu.common import RowSubgroups, passes
 from ..xegpu.contraction import block_mapping, split
 from .fuse import ROW_BLOCKS
 
@@ -63,7 +63,7 @@ SG_ROWS = (8,)
 
 
 @dataclass(frozen=True)
-class LinearCrossEntropyTiles:
+class LinearCrossEntropyTiles(RowSubgroups):
     """One workgroup: `rows` rows of h against all classes, `class_tile` classes per step,
     depth `depth` in steps of `depth_tile` (a loop over D inside the class loop when it is
     less); `sg_rows` rows per subgroup; the DPAS shape; `grid`: workgroups."""
@@ -80,20 +80,8 @@ class LinearCrossEntropyTiles:
     nb_prefetch: int = 1
 
     @property
-    def subgroups(self) -> int:
-        return self.rows // self.sg_rows
-
-    @property
-    def sg_layout(self) -> list[int]:
-        return [self.subgroups, 1]
-
-    @property
     def sg_data(self) -> tuple[int, int]:
         return (self.sg_rows, self.class_tile)
-
-    @property
-    def threads(self) -> int:
-        return self.subgroups * self.subgroup_size
 
     def register_bytes(self) -> int:
         """Live registers of a subgroup in a class step: its rows of an h tile and the W

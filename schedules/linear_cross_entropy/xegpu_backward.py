@@ -52,7 +52,7 @@ from ..attention.xegpu import (DPAS_TYPES, REGISTER_SHARE, _constant_index,
                                _fuse_sliced_producers, check_tiles, static_bounds)
 from ..common import annotate, any_op, apply_patterns, match
 from ..script import StepRecorder
-from ..xegpu.common import passes
+from ..xegpu.common import RowSubgroups, passes
 from ..xegpu.contraction import block_mapping
 
 # What each pass's workgroup computes, by its BACKWARD_PASS number.
@@ -62,7 +62,7 @@ SG_ROWS = 8
 
 
 @dataclass(frozen=True)
-class BackwardPassTiles:
+class BackwardPassTiles(RowSubgroups):
     """One workgroup of a backward pass: `rows` rows of the block (h's rows in pass 1, W's
     classes in pass 2) against `step` columns per loop iteration (classes, rows), depth
     `depth` (D); `sg_rows` rows per subgroup; the DPAS shape; `grid`: workgroups."""
@@ -83,20 +83,8 @@ class BackwardPassTiles:
         return PASS_KINDS[self.backward_pass]
 
     @property
-    def subgroups(self) -> int:
-        return self.rows // self.sg_rows
-
-    @property
-    def sg_layout(self) -> list[int]:
-        return [self.subgroups, 1]
-
-    @property
     def sg_data(self) -> tuple[int, int]:
         return (self.sg_rows, self.depth)
-
-    @property
-    def threads(self) -> int:
-        return self.subgroups * self.subgroup_size
 
     def register_bytes(self) -> int:
         """Live registers of a subgroup in a loop step: its rows of the block's operand

@@ -75,7 +75,24 @@ XEVM_PIPELINE = ", ".join([
 ])
 
 __all__ = ["DPAS_TYPES", "XEVM_PIPELINE", "apply_pass", "bufferize", "gpu_preparation_script",
-           "insert_loop_prefetches", "outline", "passes", "to_xegpu", "vectorize"]
+           "insert_loop_prefetches", "outline", "passes", "to_xegpu", "vectorize", "RowSubgroups"]
+
+
+class RowSubgroups:
+    """Workgroup tiles whose `rows` rows are split among subgroups of `sg_rows` rows each
+    (subgroup layout [subgroups, 1]), each subgroup `subgroup_size` lanes."""
+
+    @property
+    def subgroups(self) -> int:
+        return self.rows // self.sg_rows
+
+    @property
+    def sg_layout(self) -> list[int]:
+        return [self.subgroups, 1]
+
+    @property
+    def threads(self) -> int:
+        return self.subgroups * self.subgroup_size
 
 
 def gpu_preparation(root: ir.Value) -> None:
