@@ -77,6 +77,25 @@ def payload_ops(state, handle) -> list[ir.Operation]:
     return [getattr(t, "operation", t) for t in state.get_payload_ops(handle)]
 
 
+def match_op_and_producers(name: str, op, results, state, find, op_result, producers_result):
+    """The apply of a matcher mapping each payload op of `op.target` to (an op, the ops to
+    fuse into the loop that tiles it) with `find`: the ops go to `op_result`, all producers
+    (concatenated in target order) to `producers_result`; an Illegal from `find` is a
+    silenceable failure naming the op and the reason."""
+    with op.context:
+        found, fused = [], []
+        try:
+            for target in payload_ops(state, op.target):
+                one, ops = find(target)
+                found.append(one)
+                fused += ops
+        except Illegal as illegal:
+            return fail(name, illegal)
+        results.set_ops(op_result, found)
+        results.set_ops(producers_result, fused)
+        return Success
+
+
 def largest_divisor_at_most(n: int, limit: int) -> int:
     """The largest divisor of n in [1, limit] (tile sizes that divide their extents)."""
     limit = max(1, min(n, limit))

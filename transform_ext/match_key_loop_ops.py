@@ -20,13 +20,15 @@ from torch_mlir.dialects import ext, transform
 
 from .analysis.attention import depends_into, elementwise_attention_pairs, propagate_loop_dim
 from .analysis.structure import is_linalg_op, loop_structure
-from .common import Illegal, MatchesPayload, Success, block_ops, fail, payload_ops
+from .common import Illegal, MatchesPayload, block_ops, match_op_and_producers
 from .dialect import TransformExt
 
 NAME = "transform_ext.match_key_loop_ops"
 
 
 def key_loop_ops(block: ir.Operation) -> tuple[ir.Operation, list[ir.Operation]]:
+    if len(block.regions) == 0 or len(block.regions[0].blocks) == 0:
+        raise Illegal(block, "has no body")
     ops = [op for op in block_ops(block) if is_linalg_op(op)]
     pairs = elementwise_attention_pairs(ops)
     if len(pairs) != 1:
@@ -47,20 +49,8 @@ class MatchKeyLoopOpsOp(TransformExt.Operation, name="match_key_loop_ops"):
     class Apply(transform.TransformOpInterface):
         @staticmethod
         def apply(op, rewriter, results, state):
-            with op.context:
-                values, producers = [], []
-                try:
-                    for target in payload_ops(state, op.target):
-                        if len(target.regions) == 0 or len(target.regions[0].blocks) == 0:
-                            raise Illegal(target, "has no body")
-                        contraction, ops = key_loop_ops(target)
-                        values.append(contraction)
-                        producers += ops
-                except Illegal as illegal:
-                    return fail(NAME, illegal)
-                results.set_ops(op.values, values)
-                results.set_ops(op.producers, producers)
-                return Success
+            return match_op_and_producers(NAME, op, results, state, key_loop_ops,
+                                          op.values, op.producers)
 
         @staticmethod
         def allow_repeated_handle_operands(op):

@@ -15,7 +15,7 @@ from torch_mlir.dialects import ext, transform
 from .analysis.attention import (NotAttention, attention_in, depends_into,
                                  elementwise_attention_in, propagate_loop_dim)
 from .analysis.structure import is_linalg_op
-from .common import Illegal, MatchesPayload, Success, block_ops, fail, payload_ops
+from .common import Illegal, MatchesPayload, block_ops, match_op_and_producers
 from .dialect import TransformExt
 
 NAME = "transform_ext.match_query_block_ops"
@@ -43,18 +43,8 @@ class MatchQueryBlockOpsOp(TransformExt.Operation, name="match_query_block_ops")
     class Apply(transform.TransformOpInterface):
         @staticmethod
         def apply(op, rewriter, results, state):
-            with op.context:
-                outputs, producers = [], []
-                try:
-                    for target in payload_ops(state, op.target):
-                        output, ops = query_block_ops(target)
-                        outputs.append(output)
-                        producers += ops
-                except Illegal as illegal:
-                    return fail(NAME, illegal)
-                results.set_ops(op.output, outputs)
-                results.set_ops(op.producers, producers)
-                return Success
+            return match_op_and_producers(NAME, op, results, state, query_block_ops,
+                                          op.output, op.producers)
 
         @staticmethod
         def allow_repeated_handle_operands(op):
