@@ -96,6 +96,38 @@ def match_op_and_producers(name: str, op, results, state, find, op_result, produ
         return Success
 
 
+def replace_legal_reads(name: str, op, rewriter, state, legal, build):
+    """The apply of an op rewriting the vector.transfer_reads nested in (or equal to) its
+    targets: `legal(read)` returns what the rewrite needs or raises Illegal, `build(read,
+    found)` builds the read's replacement value before it. Illegal reads are left alone,
+    except that a target that is itself an illegal read is a silenceable failure (checked
+    first: nothing rewritten)."""
+    with op.context:
+        targets = payload_ops(state, op.target)
+        try:
+            for target in targets:
+                if target.name == "vector.transfer_read":
+                    legal(target)
+        except Illegal as illegal:
+            return fail(name, illegal)
+        for target in targets:
+            for read in ops_named(target, "vector.transfer_read"):
+                try:
+                    found = legal(read)
+                except Illegal:
+                    continue
+                with ir.InsertionPoint(read), read.location:
+                    value = build(read, found)
+                rewriter.replace_op(read, [value])
+        return Success
+
+
+def all_in_bounds(transfer: ir.Operation) -> bool:
+    """Whether a vector transfer op is marked in bounds in every dim."""
+    attrs = transfer.attributes
+    return "in_bounds" in attrs and all(ir.BoolAttr(b).value for b in ir.ArrayAttr(attrs["in_bounds"]))
+
+
 def largest_divisor_at_most(n: int, limit: int) -> int:
     """The largest divisor of n in [1, limit] (tile sizes that divide their extents)."""
     limit = max(1, min(n, limit))

@@ -24,8 +24,8 @@ the new constants; the target handle is only read.
 from torch_mlir import ir
 from torch_mlir.dialects import arith, ext, transform
 
-from .common import (Illegal, RewritesTargets, Success, constant_value, defining_op, fail,
-                     ops_named, payload_ops)
+from .common import (Illegal, RewritesTargets, all_in_bounds, constant_value, defining_op,
+                     replace_legal_reads)
 from .dialect import TransformExt
 
 NAME = "transform_ext.fold_reads_of_splat_writes"
@@ -62,11 +62,14 @@ def read_splat(read: ir.Operation) -> ir.Attribute:
             _is_constant_zero(v) for v in list(write.operands)[2:2 + dest.rank]):
         raise Illegal(read, "the write is masked or not at index 0")
     source = ir.RankedTensorType(read.operands[0].type)
-    in_bounds = read.attributes["in_bounds"] if "in_bounds" in read.attributes else None
-    if (len(read.operands) > 2 + source.rank or in_bounds is None
-            or not all(ir.BoolAttr(b).value for b in ir.ArrayAttr(in_bounds))):
+    if len(read.operands) > 2 + source.rank or not all_in_bounds(read):
         raise Illegal(read, "the read is masked or not in bounds")
     return splat
+
+
+def _splat_constant(read: ir.Operation, splat: ir.Attribute) -> ir.Value:
+    rtype = ir.VectorType(read.results[0].type)
+    return arith.ConstantOp(rtype, ir.DenseElementsAttr.get_splat(rtype, splat)).result
 
 
 class FoldReadsOfSplatWritesOp(TransformExt.Operation, name="fold_reads_of_splat_writes"):
@@ -75,26 +78,7 @@ class FoldReadsOfSplatWritesOp(TransformExt.Operation, name="fold_reads_of_splat
     class Apply(transform.TransformOpInterface):
         @staticmethod
         def apply(op, rewriter, results, state):
-            with op.context:
-                targets = payload_ops(state, op.target)
-                try:
-                    for target in targets:
-                        if target.name == "vector.transfer_read":
-                            read_splat(target)
-                except Illegal as illegal:
-                    return fail(NAME, illegal)
-                for target in targets:
-                    for read in ops_named(target, "vector.transfer_read"):
-                        try:
-                            splat = read_splat(read)
-                        except Illegal:
-                            continue
-                        rtype = ir.VectorType(read.results[0].type)
-                        with ir.InsertionPoint(read), read.location:
-                            const = arith.ConstantOp(
-                                rtype, ir.DenseElementsAttr.get_splat(rtype, splat))
-                        rewriter.replace_op(read, [const.result])
-                return Success
+            return replace_legal_reads(NAME, op, rewriter, state, read_splat, _splat_constant)
 
         @staticmethod
         def allow_repeated_handle_operands(op):

@@ -22,14 +22,10 @@ the target handle is only read.
 from torch_mlir import ir
 from torch_mlir.dialects import arith, ext, transform, vector
 
-from .common import Illegal, RewritesTargets, Success, defining_op, fail, ops_named, payload_ops
+from .common import Illegal, RewritesTargets, all_in_bounds, defining_op, replace_legal_reads
 from .dialect import TransformExt
 
 NAME = "transform_ext.forward_masked_writes"
-
-
-def _attr(op: ir.Operation, name: str):
-    return op.attributes[name] if name in op.attributes else None
 
 
 def masked_write_of(read: ir.Operation) -> ir.Operation:
@@ -51,13 +47,19 @@ def masked_write_of(read: ir.Operation) -> ir.Operation:
         raise Illegal(read, "the read and the write are at different indices")
     if read.results[0].type != write.operands[0].type:
         raise Illegal(read, f"it reads {read.results[0].type}, the write wrote {write.operands[0].type}")
-    if str(_attr(read, "permutation_map")) != str(_attr(write, "permutation_map")):
+    if str(read.attributes["permutation_map"]) != str(write.attributes["permutation_map"]):
         raise Illegal(read, "the read and the write have different permutation maps")
     for transfer in (read, write):
-        in_bounds = _attr(transfer, "in_bounds")
-        if in_bounds is None or not all(ir.BoolAttr(b).value for b in ir.ArrayAttr(in_bounds)):
+        if not all_in_bounds(transfer):
             raise Illegal(read, f"the {transfer.name.split('_')[-1]} is not in bounds in every dim")
     return write
+
+
+def _select_written(read: ir.Operation, write: ir.Operation) -> ir.Value:
+    rank = ir.ShapedType(read.operands[0].type).rank
+    pad, mask = read.operands[1 + rank], read.operands[2 + rank]
+    padding = vector.BroadcastOp(read.results[0].type, pad).result
+    return arith.SelectOp(mask, write.operands[0], padding).result
 
 
 class ForwardMaskedWritesOp(TransformExt.Operation, name="forward_masked_writes"):
@@ -66,27 +68,7 @@ class ForwardMaskedWritesOp(TransformExt.Operation, name="forward_masked_writes"
     class Apply(transform.TransformOpInterface):
         @staticmethod
         def apply(op, rewriter, results, state):
-            with op.context:
-                targets = payload_ops(state, op.target)
-                try:
-                    for target in targets:
-                        if target.name == "vector.transfer_read":
-                            masked_write_of(target)
-                except Illegal as illegal:
-                    return fail(NAME, illegal)
-                for target in targets:
-                    for read in ops_named(target, "vector.transfer_read"):
-                        try:
-                            write = masked_write_of(read)
-                        except Illegal:
-                            continue
-                        rank = ir.ShapedType(read.operands[0].type).rank
-                        pad, mask = read.operands[1 + rank], read.operands[2 + rank]
-                        with ir.InsertionPoint(read), read.location:
-                            padding = vector.BroadcastOp(read.results[0].type, pad).result
-                            select = arith.SelectOp(mask, write.operands[0], padding)
-                        rewriter.replace_op(read, [select.result])
-                return Success
+            return replace_legal_reads(NAME, op, rewriter, state, masked_write_of, _select_written)
 
         @staticmethod
         def allow_repeated_handle_operands(op):

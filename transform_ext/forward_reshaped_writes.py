@@ -22,8 +22,7 @@ vector.transfer_read is a silenceable failure (nothing rewritten). The reads are
 from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
-from .common import (Illegal, RewritesTargets, Success, defining_op, fail, ops_named,
-                     payload_ops)
+from .common import Illegal, RewritesTargets, defining_op, replace_legal_reads
 from .dialect import TransformExt
 
 NAME = "transform_ext.forward_reshaped_writes"
@@ -77,22 +76,8 @@ class ForwardReshapedWritesOp(TransformExt.Operation, name="forward_reshaped_wri
     class Apply(transform.TransformOpInterface):
         @staticmethod
         def apply(op, rewriter, results, state):
-            with op.context:
-                targets = payload_ops(state, op.target)
-                try:
-                    for target in targets:
-                        if target.name == "vector.transfer_read":
-                            forwarded_value(target)
-                except Illegal as illegal:
-                    return fail(NAME, illegal)
-                for target in targets:
-                    for read in ops_named(target, "vector.transfer_read"):
-                        try:
-                            value = forwarded_value(read)
-                        except Illegal:
-                            continue
-                        rewriter.replace_op(read, [value])
-                return Success
+            return replace_legal_reads(NAME, op, rewriter, state, forwarded_value,
+                                       lambda read, value: value)
 
         @staticmethod
         def allow_repeated_handle_operands(op):
