@@ -128,6 +128,16 @@ def all_in_bounds(transfer: ir.Operation) -> bool:
     return "in_bounds" in attrs and all(ir.BoolAttr(b).value for b in ir.ArrayAttr(attrs["in_bounds"]))
 
 
+def is_argument_view(value: ir.Value, block: ir.Block) -> bool:
+    """Whether `value` is an argument of `block` or a tensor.collapse_shape / expand_shape
+    of one in `block` (a [B, T] target tensor read as [B * T]: the same elements)."""
+    owner = defining_op(value)
+    if owner is not None and owner.name in ("tensor.collapse_shape", "tensor.expand_shape") \
+            and owner.block == block:
+        value = owner.operands[0]
+    return isinstance(value, ir.BlockArgument) and value.owner == block
+
+
 def largest_divisor_at_most(n: int, limit: int) -> int:
     """The largest divisor of n in [1, limit] (tile sizes that divide their extents)."""
     limit = max(1, min(n, limit))

@@ -72,6 +72,7 @@ OP_MODULES: list[str] = [
     "match_class_reductions",
     "add_unread_input",
     "sink_sibling_readers",
+    "sink_returned_reshapes",
     "match_attention_kernel_ops",
     "match_attention_forall",
     "match_sliced_producers",

@@ -23,21 +23,17 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
 from .common import (Illegal, ReplacesTargets, Success, block_ops, body_of, defining_op, fail,
-                     iterator_kinds, payload_ops)
+                     is_argument_view, iterator_kinds, payload_ops)
 from .dialect import TransformExt
 from .inline_elementwise_producers import _check_consumer, inline_all
 
 NAME = "transform_ext.inline_argument_producers"
 
 
-def _is_arg(value: ir.Value, block: ir.Block) -> bool:
-    return isinstance(value, ir.BlockArgument) and value.owner == block
-
-
 def _is_gatherable(value: ir.Value, block: ir.Block) -> bool:
     """An argument of `block`, or a constant (a frozen weight: an argument on the GPU)."""
     p = defining_op(value)
-    return _is_arg(value, block) or (p is not None and p.name == "arith.constant")
+    return is_argument_view(value, block) or (p is not None and p.name == "arith.constant")
 
 
 def computes_from_arguments(op: ir.Operation, block: ir.Block, gathers: bool = False) -> bool:
@@ -52,7 +48,7 @@ def computes_from_arguments(op: ir.Operation, block: ir.Block, gathers: bool = F
             return False
     for v in op.opview.inputs:
         p = defining_op(v)
-        if _is_arg(v, block) or (p is not None and p.name == "arith.constant"):
+        if is_argument_view(v, block) or (p is not None and p.name == "arith.constant"):
             continue
         if p is None or p.parent != op.parent or not computes_from_arguments(p, block, gathers):
             return False

@@ -34,7 +34,7 @@ from .analysis.classify import _CASTS, reduction_combiner
 from .analysis.loss_kernels import kernel_groups
 from .analysis.structure import loop_structure
 from .common import (Illegal, ReplacesTargets, Success, block_ops, body_of, build_generic, clone_op,
-                     defining_op, fail, payload_ops, terminator)
+                     defining_op, fail, is_argument_view, payload_ops, terminator)
 from .dialect import TransformExt
 from .lane_form import dims_map, empty, index_constant, lane_copy, lane_copy_element_ok
 
@@ -90,10 +90,6 @@ def _lane_guarded_body(op: ir.Operation, lane0: ir.Value, mapping: dict) -> list
     return [mapping.get(v, v) for v in terminator(src).operands]
 
 
-def _is_arg(value: ir.Value, block: ir.Block) -> bool:
-    return isinstance(value, ir.BlockArgument) and value.owner == block
-
-
 def _rank(value: ir.Value) -> int:
     return value.type.rank if isinstance(value.type, ir.ShapedType) else -1
 
@@ -116,7 +112,7 @@ def check(op: ir.Operation, groups: dict) -> None:
     if neutral(combine.name, combine.operands[other].type) is None:
         raise Illegal(op, f"no neutral element for {combine.name}")
     for v in op.opview.inputs:
-        if _rank(v) == 0 or _is_arg(v, op.block):
+        if _rank(v) == 0 or is_argument_view(v, op.block):
             continue
         p = defining_op(v)
         if p is None or groups.get(p) != "rows":
@@ -137,7 +133,7 @@ def rewrite(op: ir.Operation, rows: int, lanes: int, lane_inputs: dict, rewriter
             inputs.append(v)
             maps.append(ir.AffineMap.get(2, 0, []))
             kinds.append(("scalar",))
-        elif _is_arg(v, block):
+        elif is_argument_view(v, block):
             kinds.append(("arg", v))
         else:
             if v not in lane_inputs:

@@ -3,7 +3,8 @@ lane-form gather reduced over the lanes.
 
     %lanes = transform_ext.load_rows_in_lane_form %row_ops {rows = 64, lanes = 16}
 
-For each argument y of the function (in argument order) that is a rank-1 tensor of `rows`
+For each argument y of the function (in argument order, then each collapse_shape /
+expand_shape of an argument: a [B, T] y read as [B * T]) that is a rank-1 tensor of `rows`
 elements and that target ops read as an operand: before the first of those readers,
     Y[i, l] = y[i]                       (a [rows, lanes] linalg.generic, tensor.extract at
                                            the row: every lane gathers the row's value)
@@ -23,11 +24,13 @@ result holds the new [rows, lanes] generics, in argument order.
 from torch_mlir import ir
 from torch_mlir.dialects import ext, linalg, tensor, transform
 
-from .common import Illegal, RewritesTargets, Success, block_ops, build_generic, fail, payload_ops
+from .common import (Illegal, RewritesTargets, Success, block_ops, build_generic, fail,
+                     is_argument_view, payload_ops)
 from .dialect import TransformExt
 from .lane_form import dims_map, empty, max_over_lanes
 
 NAME = "transform_ext.load_rows_in_lane_form"
+RESHAPES = ("tensor.collapse_shape", "tensor.expand_shape")
 
 
 def _top(op: ir.Operation) -> ir.Operation:
@@ -87,7 +90,9 @@ class LoadRowsInLaneFormOp(TransformExt.Operation, name="load_rows_in_lane_form"
                         blocks.append(_top(t).block)
                 for block in blocks:
                     ops = [t for t in targets if _top(t).block == block]
-                    for arg in block.arguments:
+                    views = [o.results[0] for o in block_ops(block)
+                             if o.name in RESHAPES and is_argument_view(o.results[0], block)]
+                    for arg in list(block.arguments) + views:
                         if not isinstance(arg.type, ir.RankedTensorType):
                             continue
                         if arg.type.rank != 1 or arg.type.shape[0] != rows:

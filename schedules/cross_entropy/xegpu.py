@@ -69,7 +69,8 @@ from torch_mlir.dialects.transform import structured
 import transform_ext
 from transform_ext.analysis.classify import reduction_combiner
 from transform_ext.analysis.loss_kernels import grouped, kernel_groups
-from transform_ext.common import block_ops, failure_reason, iterator_kinds, ops_named
+from transform_ext.common import (block_ops, failure_reason, is_argument_view, iterator_kinds,
+                                   ops_named)
 from transform_ext.remove_annotation import remove_annotation
 
 from ..common import annotate, any_op, foreach, match
@@ -110,10 +111,6 @@ def _handle_of(func: ir.Value, place: tuple[str, int, int]) -> ir.Value:
     """A handle to the op at `place` (see _place_in_func) of the function `func`."""
     name, index, count = place
     return split_handle(match(func, name), count)[index]
-
-
-def _is_arg(value: ir.Value, block: ir.Block) -> bool:
-    return isinstance(value, ir.BlockArgument) and value.owner == block
 
 
 # ------------------------------------------------------------------------------ driver
@@ -191,7 +188,7 @@ def _prepare_host_check(rec: StepRecorder, graph: LossGraph) -> None:
     _step(rec, "mark_kernel_ops", body)
     block = graph.func.regions[0].blocks[0]
     for op in grouped(block, "host"):
-        if not all(_is_arg(v, block) for v in op.opview.inputs):
+        if not all(is_argument_view(v, block) for v in op.opview.inputs):
             raise NotLowerable(f"cross-entropy: the target check at {op.location} reads values "
                                "computed on the device")
 
@@ -240,9 +237,11 @@ def _prepare_row_kernel(rec: StepRecorder, graph: LossGraph) -> None:
 
 def _outline_kernels(rec: StepRecorder, graph: LossGraph, tiles: LossRowTiles,
                      sums: RowSumTiles) -> list[LossKernel]:
-    """Each kernel's ops into a workgroup forall before the return, annotated with its kind."""
+    """Each kernel's ops into a workgroup forall before the return, annotated with its kind;
+    a result the function returns reshaped ([B, T, C]) reshaped after the kernels."""
     from transform_ext.match_loss_kernels import match_loss_kernels
     from transform_ext.outline_into_forall import outline_into_forall, outputs_of
+    from transform_ext.sink_returned_reshapes import sink_returned_reshapes
 
     from ..xegpu.contraction import block_mapping
 
@@ -268,6 +267,7 @@ def _outline_kernels(rec: StepRecorder, graph: LossGraph, tiles: LossRowTiles,
                                          rows=rows if group == "rows" else 0,
                                          total_rows=total_rows, mapping=block_mapping(1))
             annotate(forall, KERNEL_ATTR, kind)
+        sink_returned_reshapes(match(root, "func.func"))
 
     _step(rec, "outline_kernels", body)
     return kernels

@@ -8,6 +8,8 @@ kernel the lowering outlines.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from torch_mlir import ir
@@ -15,7 +17,8 @@ from torch_mlir import ir
 import transform_ext
 from transform_ext.analysis.loss_kernels import grouped, kernel_groups
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
-from transform_ext.common import block_ops
+from transform_ext.common import block_ops, is_argument_view
+from transform_ext.sink_returned_reshapes import returned_reshapes
 
 from ..common import place_of
 from ..generic import single_func
@@ -32,7 +35,6 @@ class NotLowerable(ValueError):
 
 
 # ------------------------------------------------------------------------------- plans
-
 @dataclass(frozen=True)
 class LossRowTiles:
     """The row kernel: `rows` rows per workgroup, `rows_per_subgroup` per subgroup, the
@@ -149,13 +151,18 @@ def analyze(rec: StepRecorder) -> LossGraph:
     rows, classes = x.type.shape
     fn_type = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
     for t in fn_type.results:
-        if isinstance(t, ir.RankedTensorType) and t.rank not in (0, 2):
+        if isinstance(t, ir.RankedTensorType) and t.rank != 0 \
+                and math.prod(t.shape) != rows * classes:   # the gradient, maybe [B, T, C]
             raise NotLowerable(f"cross-entropy with a {t} result (reduction='none'): per-row "
                                "losses have no GPU store form yet (XeGPU has no lane layout for "
                                "a [rows] vector); use reduction='mean' or 'sum'")
     for op in block_ops(block):
         if op.name in ("func.return", "arith.constant", "tensor.empty"):
             continue
+        if op.results and is_argument_view(op.results[0], block):
+            continue   # [B, T, C] logits or [B, T] targets read as [B * T, C] / [B * T]
+        if op in returned_reshapes(func):
+            continue   # the [B * T, C] gradient returned as [B, T, C]
         if not is_linalg_op(op):
             raise NotLowerable(f"cross-entropy: {op.name} at {op.location} has no GPU kernel here")
         if not len(op.results) and not _has_assert(op):

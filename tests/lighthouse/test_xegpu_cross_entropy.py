@@ -418,3 +418,43 @@ def test_shapes_without_a_gpu_form_are_refused_by_name(tmp_path):
         compile_kernel(_write(tmp_path / "c.py", "float32", False, 0.0, n=64, c=1000),
                        target="xegpu", stop_after="workgroups",
                        target_options={"params": XeGpuParams(column_tile=128)})
+
+
+BATCHED = """
+import torch
+import torch.nn.functional as F
+B, T, C = 2, 32, 512
+class Model(torch.nn.Module):
+    def forward(self, x, y):
+        return F.cross_entropy(x.view(-1, C), y.view(-1))
+def get_inputs():
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(B, T, C, generator=g), torch.randint(0, C, (B, T), generator=g)]
+def get_init_inputs():
+    return []
+"""
+
+
+def test_logits_of_a_batch_of_sequences(tmp_path):
+    """[B, T, C] logits and [B, T] targets flattened by `view` (the kernels read the
+    arguments through collapse_shapes): forward and backward pass spirv-val, and the kernels'
+    program matches torch's autograd on the CPU with ignored targets."""
+    kernel = tmp_path / "batched.py"
+    kernel.write_text(BATCHED)
+    compiled = compile_kernel(kernel, target="xegpu", backward=True, stop_after="binary",
+                              dump_dir=tmp_path / "dump", strict=True)
+    compiled.target.write_artifact(compiled, tmp_path / "loss.spv")
+    for kernel_file in tmp_path.glob("loss.*.spv"):
+        spirv.validate(kernel_file)
+    low = Lowered(compiled, tmp_path / "dump")
+    run = _program_on_cpu(low)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 32, 512, generator=g) * 30
+    y = torch.randint(0, 512, (2, 32), generator=g)
+    y[:, ::4] = -100
+    leaf = x.clone().requires_grad_()
+    loss = F.cross_entropy(leaf.view(-1, 512), y.view(-1))
+    loss.backward()
+    got_loss, got_grad = run(x, y)
+    torch.testing.assert_close(got_loss, loss.detach(), rtol=2e-4, atol=2e-4)
+    torch.testing.assert_close(got_grad, leaf.grad, rtol=2e-4, atol=2e-4)

@@ -493,3 +493,52 @@ def test_the_backward_script_replays_to_identical_ir(lowered_backward, tmp_path)
         (replayed,) = (tmp_path / "replayed").glob(f"*-{stage}.mlir")
         assert _without_counters(replayed.read_text()) == \
             _without_counters(lowered_backward.stage_files[stage].read_text()), stage
+
+
+# ------------------------------------------------- [B, T, D] hidden states and [B, T] targets
+
+HEAD_3D = """
+import torch
+import torch.nn.functional as F
+B, T, D, V = 2, 64, 64, 256
+class Model(torch.nn.Module):
+    def forward(self, h, W, y):
+        return F.cross_entropy(F.linear(h, W).view(-1, V), y.view(-1))
+def get_inputs():
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(B, T, D, generator=g).bfloat16(),
+            (torch.randn(V, D, generator=g) / 8).bfloat16(), torch.randint(0, V, (B, T), generator=g)]
+def get_init_inputs():
+    return []
+"""
+
+
+def test_hidden_states_of_a_batch_of_sequences(tmp_path):
+    """A language model's head: h [B, T, D] and y [B, T] flattened by `view` (the kernel
+    reads y through a collapse_shape of its argument): forward and backward build for bmg
+    with 0 B spill and the kernels' program matches torch's autograd on the CPU, with
+    ignored targets."""
+    from lighthouse.compile import compare
+
+    kernel = tmp_path / "head3d.py"
+    kernel.write_text(HEAD_3D)
+    compiled = compile_kernel(kernel, target="xegpu", backward=True, dump_dir=tmp_path / "dump",
+                              strict=True)
+    kernels = compiled.target.kernels
+    assert [k.kind for k in kernels] == BACKWARD_KINDS["mean"]
+    assert all(k.machine.spill_bytes == 0 for k in kernels), [k.machine for k in kernels]
+    run = _program_on_cpu(Lowered(compiled, tmp_path / "dump"), [])
+    g = torch.Generator().manual_seed(4)
+    h = torch.randn(2, 64, 64, generator=g).bfloat16()
+    W = (torch.randn(256, 64, generator=g) / 8).bfloat16()
+    y = torch.randint(0, 256, (2, 64), generator=g)
+    y[:, ::3] = -100
+    leaves = [h.clone().requires_grad_(), W.clone().requires_grad_()]
+    loss = F.cross_entropy(F.linear(*leaves).view(-1, 256), y.view(-1))
+    loss.backward()
+    got = run(h, W, y)
+    want = [loss.detach()] + [leaf.grad for leaf in leaves]
+    assert len(got) == len(want)
+    for i, (a, b) in enumerate(zip(got, want)):
+        report = compare(f"result {i}", a, b)
+        assert report.ok, str(report)
