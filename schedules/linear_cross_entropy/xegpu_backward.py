@@ -71,6 +71,7 @@ class BackwardPassTiles(RowSubgroups):
     rows: int
     step: int
     depth: int
+    depth_tile: int
     sg_rows: int
     grid: tuple[int, ...]
     dtype: str
@@ -84,13 +85,18 @@ class BackwardPassTiles(RowSubgroups):
 
     @property
     def sg_data(self) -> tuple[int, int]:
-        return (self.sg_rows, self.depth)
+        return (self.sg_rows, self.depth_tile)
+
+    @property
+    def depth_sliced(self) -> bool:
+        """The accumulator in memory, S and the accumulation in loops over D slices."""
+        return self.depth_tile < self.depth
 
     def register_bytes(self) -> int:
-        """Live registers of a subgroup in a loop step: its rows of the block's operand
-        (16-bit) and of the f32 accumulator, the step's operand tile (16-bit, whole), S
-        and G (f32) of its rows."""
-        narrow, r, c, d = 2, self.sg_rows, self.step, self.depth
+        """Live registers of a subgroup in a loop step, `depth_tile` deep: its rows of the
+        block's operand (16-bit) and of the f32 accumulator, the step's operand tile
+        (16-bit, whole), S and G (f32) of its rows."""
+        narrow, r, c, d = 2, self.sg_rows, self.step, self.depth_tile
         return r * d * narrow + r * d * 4 + c * d * narrow + 2 * r * c * 4
 
 
@@ -128,6 +134,28 @@ def _float_vector_arguments(forall: ir.Operation) -> str:
     return " and ".join(found)
 
 
+# Depth slices to try, most first (the whole depth when it fits: no loops over D).
+DEPTH_TILES = (256, 128, 64, 32, 16)
+
+
+def check_accumulators(forall: ir.Operation, where: str) -> None:
+    """ValueError unless each accumulator of the pass's loop (dh, dW) starts from a fill and
+    is written through an epilogue of its own (the cast to the inputs' type), the form
+    whose loops over D slices keep the f32 accumulator in memory
+    (transform_ext.match_loop_accumulators)."""
+    from transform_ext.common import Illegal
+    from transform_ext.match_loop_accumulators import loop_accumulators
+
+    try:
+        products, _, fills, epilogues = loop_accumulators(forall)
+    except Illegal as exc:
+        raise ValueError(f"{where}: {exc.reason}") from exc
+    if not products or len(epilogues) != len(products):
+        raise ValueError(f"{where}: {len(products)} accumulators in its loop, "
+                         f"{len(epilogues)} written through a cast of their own: a depth "
+                         "beyond the registers needs each accumulator cast to the inputs' type")
+
+
 def plan_backward_pass(forall: ir.Operation, *, subgroup_size: int, dpas: tuple[int, int, int],
                        max_threads: int, grf_bytes: int,
                        nb_prefetch: int = 1) -> BackwardPassTiles:
@@ -161,22 +189,26 @@ def plan_backward_pass(forall: ir.Operation, *, subgroup_size: int, dpas: tuple[
     if loop_step != step:
         raise ValueError(f"{where}: loop step {loop_step} differs from the tile's {step}")
     dm, dn, dk = dpas
-    planned = BackwardPassTiles(number, rows, step, depth, SG_ROWS,
-                                tuple(static_bounds(forall, where)), dtypes[0], dpas,
-                                subgroup_size, nb_prefetch)
+    budget = int(grf_bytes * REGISTER_SHARE)
+
+    def tiles(depth_tile):
+        return BackwardPassTiles(number, rows, step, depth, depth_tile, SG_ROWS,
+                                 tuple(static_bounds(forall, where)), dtypes[0], dpas,
+                                 subgroup_size, nb_prefetch)
+
+    candidates = [depth] + [d for d in DEPTH_TILES if d < depth and depth % d == 0]
+    depth_tile = next((d for d in candidates if tiles(d).register_bytes() <= budget),
+                      candidates[-1])
+    if depth_tile < depth:
+        check_accumulators(forall, where)
+    planned = tiles(depth_tile)
     checks = [("rows per workgroup", rows, SG_ROWS, "rows per subgroup"),
               ("rows per subgroup", SG_ROWS, dm, "DPAS rows"),
               ("loop step", step, dk, "DPAS depth"),
               ("loop step", step, dn, "DPAS columns"),
-              ("depth D", depth, dk, "DPAS depth"),
-              ("depth D", depth, dn, "DPAS columns")]
-    budget = int(grf_bytes * REGISTER_SHARE)
-    if planned.register_bytes() > budget:
-        raise ValueError(f"{where}: a subgroup's tiles ({planned.register_bytes()} B: its rows "
-                         f"of the block and of the f32 accumulator over the whole depth D = "
-                         f"{depth}, the step's tile) exceed {budget} B of the register file; "
-                         "the backward has no loop over slices of D yet (a smaller D, or the "
-                         "LIGHTHOUSE class_tile 16)")
+              ("depth D", depth, depth_tile, "depth tile"),
+              ("depth tile", depth_tile, dk, "DPAS depth"),
+              ("depth tile", depth_tile, dn, "DPAS columns")]
     check_tiles(where, planned, checks, max_threads, grf_bytes,
                 "the LIGHTHOUSE row_tile and class_tile")
     return planned
@@ -247,12 +279,39 @@ def tile_backward_pass(rec: StepRecorder, tiles: BackwardPassTiles) -> None:
 
     rec.step("fold_unit_dims", fold)
     rec.step("canonicalize", passes("canonicalize", "cse"))
+    if tiles.depth_sliced:
+        slice_depth(rec, tiles, lambda root: _pass_handle(match(root, "func.func"), number))
     dims = len(tiles.grid)
 
     def map_to_blocks(root):
         annotate(_pass_handle(match(root, "func.func"), number), "mapping", block_mapping(dims))
 
     rec.step("map_to_workgroups", map_to_blocks)
+
+
+def slice_depth(rec: StepRecorder, tiles: BackwardPassTiles, pass_of) -> None:
+    """The pass over D in slices of `depth_tile` (`pass_of(root)`: a handle to the pass's
+    forall): in its loop, S = A B^T accumulated over D slices (a loop over D inside the
+    step, S its accumulator), then acc[:, d] += G B[:, d] per D slice (a second loop over
+    D: the accumulator's slice read, added to, written back); before the loop the
+    accumulator zeroed and after it written through its cast, slice by slice. The
+    accumulator [rows, D] f32 is then loop state in memory, not in registers (no vector
+    of the whole depth), one buffer per workgroup after bufferization
+    (transform_ext.forall_allocs_to_function); S is computed once per step, not once per
+    slice."""
+    from transform_ext.match_loop_accumulators import match_loop_accumulators
+
+    dt = tiles.depth_tile
+
+    def body(root):
+        products, logits, fills, epilogues = match_loop_accumulators(pass_of(root))
+        structured.TileUsingForOp(logits, sizes=[0, 0, dt])
+        structured.TileUsingForOp(products, sizes=[0, dt, 0])
+        structured.TileUsingForOp(fills, sizes=[0, dt])
+        structured.TileUsingForOp(epilogues, sizes=[0, dt])
+
+    rec.step("depth_slices", body)
+    rec.step("canonicalize", passes("canonicalize", "cse"))
 
 
 # ------------------------------------------------------------------------------- layouts
