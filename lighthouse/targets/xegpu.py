@@ -664,7 +664,8 @@ class _StageBuilder:
             (now,) = func_ops(self.trial)
             forall = backward.backward_pass_foralls(now)[index]
             try:
-                tiles = backward.plan_backward_pass(forall, **chip)
+                tiles = backward.plan_backward_pass(forall, depth_tile=self.params.k_tile,
+                                                    **chip)
             except ValueError as exc:
                 raise UnsupportedError(f"xegpu: {exc}") from exc
             description = (f"linear cross-entropy backward pass {tiles.backward_pass} at "

@@ -138,6 +138,10 @@ def _float_vector_arguments(forall: ir.Operation) -> str:
 DEPTH_TILES = (256, 128, 64, 32, 16)
 
 
+def _slices_build_without_spills(depth: int, depth_tile: int) -> bool:
+    return True
+
+
 def check_accumulators(forall: ir.Operation, where: str) -> None:
     """ValueError unless each accumulator of the pass's loop (dh, dW) starts from a fill and
     is written through an epilogue of its own (the cast to the inputs' type), the form
@@ -157,10 +161,13 @@ def check_accumulators(forall: ir.Operation, where: str) -> None:
 
 
 def plan_backward_pass(forall: ir.Operation, *, subgroup_size: int, dpas: tuple[int, int, int],
-                       max_threads: int, grf_bytes: int,
-                       nb_prefetch: int = 1) -> BackwardPassTiles:
+                       max_threads: int, grf_bytes: int, nb_prefetch: int = 1,
+                       depth_tile: int | None = None) -> BackwardPassTiles:
     """Tiles of one pass read from its IR, validated against the DPAS shape and the chip
-    (ValueError naming the dimension otherwise)."""
+    (ValueError naming the dimension otherwise). depth_tile None: the whole depth D when a
+    subgroup's tiles fit REGISTER_SHARE of the register file `grf_bytes`, else the largest
+    of DEPTH_TILES dividing D that fits and whose loops over D build without spills
+    (_slices_build_without_spills)."""
     number = backward_pass_of(forall)
     where = f"linear cross-entropy backward pass {number} at {forall.location}"
     loops = ops_named(forall, "scf.for")
@@ -196,9 +203,11 @@ def plan_backward_pass(forall: ir.Operation, *, subgroup_size: int, dpas: tuple[
                                  tuple(static_bounds(forall, where)), dtypes[0], dpas,
                                  subgroup_size, nb_prefetch)
 
-    candidates = [depth] + [d for d in DEPTH_TILES if d < depth and depth % d == 0]
-    depth_tile = next((d for d in candidates if tiles(d).register_bytes() <= budget),
-                      candidates[-1])
+    if depth_tile is None:
+        candidates = [depth] + [d for d in DEPTH_TILES if d < depth and depth % d == 0]
+        depth_tile = next((d for d in candidates if tiles(d).register_bytes() <= budget and
+                           (d == depth or _slices_build_without_spills(depth, d))),
+                          candidates[-1])
     if depth_tile < depth:
         check_accumulators(forall, where)
     planned = tiles(depth_tile)
@@ -305,10 +314,11 @@ def slice_depth(rec: StepRecorder, tiles: BackwardPassTiles, pass_of) -> None:
 
     def body(root):
         products, logits, fills, epilogues = match_loop_accumulators(pass_of(root))
-        structured.TileUsingForOp(logits, sizes=[0, 0, dt])
-        structured.TileUsingForOp(products, sizes=[0, dt, 0])
-        structured.TileUsingForOp(fills, sizes=[0, dt])
-        structured.TileUsingForOp(epilogues, sizes=[0, dt])
+        no_unroll = ir.Attribute.parse("#llvm.loop_annotation<unroll = <disable = true>>")
+        for handle, sizes in ((logits, [0, 0, dt]), (products, [0, dt, 0]),
+                              (fills, [0, dt]), (epilogues, [0, dt])):
+            loops = structured.TileUsingForOp(handle, sizes=sizes).loops
+            annotate(loops[0], "llvm.loop_annotation", no_unroll)
 
     rec.step("depth_slices", body)
     rec.step("canonicalize", passes("canonicalize", "cse"))
