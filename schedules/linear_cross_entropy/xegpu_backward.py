@@ -21,6 +21,24 @@ computes (m, log l, the one-hot sums) to pass 2 as [N, 16] lane tiles, which pas
 at lane 0, a value per column of its tile (`_hand_over_in_lanes`): XeGPU lays a row's
 value out in every lane of its row after a reduction, a column's along the lanes, and has
 no layout that writes or reads a [rows] vector across kernels.
+Depth (`slice_depth`): a subgroup holds its rows' f32 accumulator (dh_s or dW_c, [rows, D])
+in registers over the whole depth while its tiles fit the register file (D <= 64 with
+steps of 32). A deeper head takes D in slices of `depth_tile` (64 for bf16/f16 on bmg and
+pvc) inside each loop step:
+    for each D slice d:  S += A[:, d] B[:, d]^T       (S [rows, step] in registers)
+    G = E(S, ...)
+    for each D slice d:  acc[:, d] += G B[:, d]       (acc's slice loaded, added, stored)
+with acc zeroed before the loop and written through its cast after it, slice by slice.
+acc lives in memory: each workgroup owns its rows of one f32 [N, D] (pass 1) / [V, D]
+(pass 2) device buffer (transform_ext.forall_allocs_to_function), so no atomics and no
+synchronisation; its slices are re-read within a step and stay cache-resident. S is
+computed once per step (not once per slice: splitting D over separate workgroups would
+recompute S D / depth_tile times), and no shared memory holds S or G (splitting D over
+the workgroup's subgroups would reduce S across them through SLM, which the XeGPU
+distribution does not express). The price is the accumulator's traffic: per step
+2 * rows * D * 4 bytes of loads and stores against 4 * rows * step * D DPAS FLOPs.
+The loops over D slices carry `llvm.loop_annotation` unroll-disable (DontUnroll in SPIR-V):
+IGC unrolls short constant loops whole, which spills once D reaches ~1024.
 Subgroups: the block's `rows` split over `rows / sg_rows` subgroups (sg_layout [n, 1]):
 h (pass 1) or W (pass 2) rows, S, G and the accumulator; the loop's operand tile (W_c in
 pass 1, h_s in pass 2) is read whole by every subgroup, transposed for S and as stored for
@@ -32,8 +50,8 @@ vectors over a tile's columns (sliced from the logits tile's layout); pass 1's t
 broadcasts and row reductions converted to the tile's row layout (row_conversions).
 
 Refused by name: f32 h and W (DPAS multiplies f16/bf16), N or V not multiples of the tiles,
-a subgroup's tiles beyond the register file (a large D), a bias or class weights (the
-per-class vectors b_c, db and w_{y_n} per column of pass 2's tile have no GPU form yet).
+D not a multiple of the DPAS depth (16), a bias or class weights (the per-class vectors
+b_c, db and w_{y_n} per column of pass 2's tile have no GPU form yet).
 """
 
 from __future__ import annotations
@@ -138,10 +156,6 @@ def _float_vector_arguments(forall: ir.Operation) -> str:
 DEPTH_TILES = (256, 128, 64, 32, 16)
 
 
-def _slices_build_without_spills(depth: int, depth_tile: int) -> bool:
-    return True
-
-
 def check_accumulators(forall: ir.Operation, where: str) -> None:
     """ValueError unless each accumulator of the pass's loop (dh, dW) starts from a fill and
     is written through an epilogue of its own (the cast to the inputs' type), the form
@@ -166,8 +180,8 @@ def plan_backward_pass(forall: ir.Operation, *, subgroup_size: int, dpas: tuple[
     """Tiles of one pass read from its IR, validated against the DPAS shape and the chip
     (ValueError naming the dimension otherwise). depth_tile None: the whole depth D when a
     subgroup's tiles fit REGISTER_SHARE of the register file `grf_bytes`, else the largest
-    of DEPTH_TILES dividing D that fits and whose loops over D build without spills
-    (_slices_build_without_spills)."""
+    of DEPTH_TILES dividing D that fits (the loops over D slices are kept rolled, so their
+    trip count does not matter: slice_depth)."""
     number = backward_pass_of(forall)
     where = f"linear cross-entropy backward pass {number} at {forall.location}"
     loops = ops_named(forall, "scf.for")
@@ -205,8 +219,7 @@ def plan_backward_pass(forall: ir.Operation, *, subgroup_size: int, dpas: tuple[
 
     if depth_tile is None:
         candidates = [depth] + [d for d in DEPTH_TILES if d < depth and depth % d == 0]
-        depth_tile = next((d for d in candidates if tiles(d).register_bytes() <= budget and
-                           (d == depth or _slices_build_without_spills(depth, d))),
+        depth_tile = next((d for d in candidates if tiles(d).register_bytes() <= budget),
                           candidates[-1])
     if depth_tile < depth:
         check_accumulators(forall, where)
@@ -215,6 +228,8 @@ def plan_backward_pass(forall: ir.Operation, *, subgroup_size: int, dpas: tuple[
               ("rows per subgroup", SG_ROWS, dm, "DPAS rows"),
               ("loop step", step, dk, "DPAS depth"),
               ("loop step", step, dn, "DPAS columns"),
+              ("depth D", depth, dk, "DPAS depth"),
+              ("depth D", depth, dn, "DPAS columns"),
               ("depth D", depth, depth_tile, "depth tile"),
               ("depth tile", depth_tile, dk, "DPAS depth"),
               ("depth tile", depth_tile, dn, "DPAS columns")]
@@ -307,7 +322,7 @@ def slice_depth(rec: StepRecorder, tiles: BackwardPassTiles, pass_of) -> None:
     accumulator [rows, D] f32 is then loop state in memory, not in registers (no vector
     of the whole depth), one buffer per workgroup after bufferization
     (transform_ext.forall_allocs_to_function); S is computed once per step, not once per
-    slice."""
+    slice. The four loops over D are annotated unroll-disable (module docstring)."""
     from transform_ext.match_loop_accumulators import match_loop_accumulators
 
     dt = tiles.depth_tile
