@@ -75,6 +75,8 @@ def plan(func: ir.Operation) -> list[tuple[ir.Operation, list[int], list[ir.Oper
     if func.name != "func.func":
         raise Illegal(func, "not a func.func")
     found = []
+    if not func.regions[0].blocks:  # a declaration
+        return found
     for forall in (op for op in block_ops(func) if op.name == "scf.forall"):
         allocs = _private_allocs(forall)
         if not allocs:
