@@ -124,7 +124,7 @@ class XeGpuParams:
 
     wg: workgroup tile [m, n] of contraction kernels; sg: subgroup tile [m, n]; k_tile:
     reduction step (elements of K per loop iteration; the linear cross-entropy's step over
-    D); nb_prefetch: prefetch distance of the
+    D, forward and backward); nb_prefetch: prefetch distance of the
     k loop in iterations; rows: rows per workgroup of row kernels (softmax, norms);
     attention_sg_rows: query rows per subgroup of attention kernels (default: the most that
     fit the register file, schedules/attention/xegpu.py); column_tile: columns per

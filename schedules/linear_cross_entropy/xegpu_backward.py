@@ -165,7 +165,7 @@ def check_accumulators(forall: ir.Operation, where: str) -> None:
     from transform_ext.match_loop_accumulators import loop_accumulators
 
     try:
-        products, _, fills, epilogues = loop_accumulators(forall)
+        products, _, _, epilogues = loop_accumulators(forall)
     except Illegal as exc:
         raise ValueError(f"{where}: {exc.reason}") from exc
     if not products or len(epilogues) != len(products):
