@@ -13,7 +13,9 @@ kernel (the mean or sum over the rows), and the targets' bounds check on the hos
 With the backward (backward=True): two more kernels, its passes (dh per block of rows, dW
 and db per block of classes, every product DPAS), the per-row values crossing kernels in
 lane form (the forward's row max and exp-sum, pass 1's per-row values for pass 2), checked
-down to the machine code for both chips.
+down to the machine code for both chips; D 64 with the passes' accumulators in registers,
+D 128 and 256 (numerics) and 1024 and 4096 (machine code) in loops over D slices of 64
+with the accumulators in device memory.
 No Intel GPU here: the numerics of what the kernels compute are checked by running the
 kernel program of the `workgroups` stage (the foralls with every GPU-specific rewrite: the
 masked target sum, lane-form per-row data, the depth loop, the reduction kernel, the host
