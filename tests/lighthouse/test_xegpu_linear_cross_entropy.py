@@ -559,11 +559,12 @@ def test_backward_of_a_transposed_view_is_refused_by_name(tmp_path):
         in str(error.value)
 
 
-@pytest.mark.parametrize("lowered_backward", ["f16_sum"], indirect=True)
+@pytest.mark.parametrize("lowered_backward", ["f16_sum", "f16_d256_sum"], indirect=True)
 def test_the_backward_script_replays_to_identical_ir(lowered_backward, tmp_path):
     """The compile's script with the backward (the two-pass fusion, the passes' workgroup
-    steps and layouts), printed and replayed, gives byte-identical IR at every stage down to
-    the SPIR-V."""
+    steps and layouts; for D 256 the loops over D slices and the workgroups' accumulator
+    buffers), printed and replayed, gives byte-identical IR at every stage down to the
+    SPIR-V."""
     from tests.lighthouse.test_schedule_scripts import _without_counters
 
     compiled = lowered_backward.compiled
@@ -571,6 +572,9 @@ def test_the_backward_script_replays_to_identical_ir(lowered_backward, tmp_path)
     script.write_text(compiled.schedule_text())
     assert "transform_ext.fuse_linear_cross_entropy_backward_two_pass" in script.read_text()
     assert "transform_ext.forall_results_in_lane_form" in script.read_text()
+    sliced = lowered_backward.case[2] > DEPTH_TILE
+    assert ("transform_ext.match_loop_accumulators" in script.read_text()) == sliced
+    assert "transform_ext.forall_allocs_to_function" in script.read_text()
     compile_kernel(lowered_backward.tmp / "head.py", target="xegpu", backward=True,
                    dump_dir=tmp_path / "replayed", schedule_file=script, stop_after="binary")
     for stage in STAGES[:-1]:
