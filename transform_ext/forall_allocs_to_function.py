@@ -31,6 +31,8 @@ memref.subview, memref.load/store, memref.dealloc); else a silenceable failure n
 user (nothing rewritten). The target handle is only read.
 """
 
+import math
+
 from torch_mlir import ir
 from torch_mlir.dialects import arith, ext, memref, transform
 
@@ -103,12 +105,12 @@ def _linear_iteration(forall: ir.Operation, trips: list[int]) -> ir.Value:
     return linear
 
 
-def rewrite(func: ir.Operation, forall: ir.Operation, trips: list[int],
-            allocs: list[ir.Operation], rewriter) -> None:
+def rewrite(forall: ir.Operation, trips: list[int], allocs: list[ir.Operation],
+            rewriter) -> None:
+    """Each of `allocs` [R, ...] replaced by the rows [i R, (i + 1) R) of one buffer
+    [prod(trips) R, ...] allocated before `forall`, i its linear iteration."""
     index = ir.IndexType.get()
-    count = 1
-    for trip in trips:
-        count *= trip
+    count = math.prod(trips)
     first = forall.regions[0].blocks[0].operations[0]
     with ir.InsertionPoint(first), forall.location:
         linear = _linear_iteration(forall, trips)
@@ -143,12 +145,12 @@ class ForallAllocsToFunctionOp(TransformExt.Operation, name="forall_allocs_to_fu
             with op.context:
                 targets = payload_ops(state, op.target)
                 try:
-                    plans = [(func, plan(func)) for func in targets]
+                    plans = [plan(func) for func in targets]
                 except Illegal as illegal:
                     return fail(NAME, illegal)
-                for func, found in plans:
+                for found in plans:
                     for forall, trips, allocs in found:
-                        rewrite(func, forall, trips, allocs, rewriter)
+                        rewrite(forall, trips, allocs, rewriter)
                 return Success
 
         @staticmethod
