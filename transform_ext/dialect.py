@@ -133,6 +133,8 @@ OP_MODULES: list[str] = [
     "read_reduction_constants",
     "forward_masked_writes",
     "contracts_to_bf16_dot_products",
+    "match_loop_accumulators",
+    "forall_allocs_to_function",
 ]
 
 

@@ -46,9 +46,14 @@ def xegpu_suite() -> list[Case]:
              dict(N=2048, D=1024, V=32000, DTYPE="bfloat16")),
         Case("linear_cross_entropy_f16", EXAMPLES / "linear_cross_entropy.py",
              dict(N=2048, D=1024, V=32000, DTYPE="float16")),
-        # the backward's passes hold a subgroup's f32 accumulator over the whole depth: D 64
+        # the backward's passes: a subgroup's f32 accumulator over the whole depth in
+        # registers (D 64), or in memory updated per D slice (D 1024, 4096)
         Case("linear_cross_entropy_bf16_d64_bwd", EXAMPLES / "linear_cross_entropy.py",
              dict(N=2048, D=64, V=32000, DTYPE="bfloat16"), backward=True),
+        Case("linear_cross_entropy_bf16_d1024_bwd", EXAMPLES / "linear_cross_entropy.py",
+             dict(N=2048, D=1024, V=32000, DTYPE="bfloat16"), backward=True),
+        Case("linear_cross_entropy_bf16_d4096_bwd", EXAMPLES / "linear_cross_entropy.py",
+             dict(N=2048, D=4096, V=32000, DTYPE="bfloat16"), backward=True),
     ]
 
 

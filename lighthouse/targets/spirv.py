@@ -126,6 +126,7 @@ def device_llvm_ir(gpu_module: ir.Operation, subgroup_size: int) -> str:
             _scalar_unit_vector_loads(func)
             _legalize_vector_lengths(func)
             _widen_dynamic_bool_extracts(func)
+            _loop_annotations_to_branches(func)
             if "gpu.kernel" in func.attributes:
                 func.attributes["intel_reqd_sub_group_size"] = ir.IntegerAttr.get(i32, subgroup_size)
         foreign = []
@@ -189,6 +190,20 @@ def _scalar_unit_vector_loads(func: ir.Operation) -> None:
             vector = llvm_d.InsertElementOp(llvm_d.PoisonOp(vtype).result, scalar, zero).result
         load.results[0].replace_all_uses_with(vector)
         load.erase()
+
+
+def _loop_annotations_to_branches(func: ir.Operation) -> None:
+    """A loop's `llvm.loop_annotation` (set on its scf.for, carried to its back edge by the
+    lowering to control flow as a discardable attribute) becomes the branch's own
+    `loop_annotation`, which the translation writes as !llvm.loop metadata (llvm-spirv: the
+    SPIR-V loop control, e.g. DontUnroll, that Intel's compiler honours)."""
+    def visit(op):
+        if op.name in ("llvm.br", "llvm.cond_br") and "llvm.loop_annotation" in op.attributes:
+            op.attributes["loop_annotation"] = op.attributes["llvm.loop_annotation"]
+            del op.attributes["llvm.loop_annotation"]
+        return ir.WalkResult.ADVANCE
+
+    func.walk(visit)
 
 
 def _widen_dynamic_bool_extracts(func: ir.Operation) -> None:

@@ -124,7 +124,7 @@ class XeGpuParams:
 
     wg: workgroup tile [m, n] of contraction kernels; sg: subgroup tile [m, n]; k_tile:
     reduction step (elements of K per loop iteration; the linear cross-entropy's step over
-    D); nb_prefetch: prefetch distance of the
+    D, forward and backward); nb_prefetch: prefetch distance of the
     k loop in iterations; rows: rows per workgroup of row kernels (softmax, norms);
     attention_sg_rows: query rows per subgroup of attention kernels (default: the most that
     fit the register file, schedules/attention/xegpu.py); column_tile: columns per
@@ -664,7 +664,8 @@ class _StageBuilder:
             (now,) = func_ops(self.trial)
             forall = backward.backward_pass_foralls(now)[index]
             try:
-                tiles = backward.plan_backward_pass(forall, **chip)
+                tiles = backward.plan_backward_pass(forall, depth_tile=self.params.k_tile,
+                                                    **chip)
             except ValueError as exc:
                 raise UnsupportedError(f"xegpu: {exc}") from exc
             description = (f"linear cross-entropy backward pass {tiles.backward_pass} at "

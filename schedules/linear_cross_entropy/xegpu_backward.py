@@ -21,6 +21,24 @@ computes (m, log l, the one-hot sums) to pass 2 as [N, 16] lane tiles, which pas
 at lane 0, a value per column of its tile (`_hand_over_in_lanes`): XeGPU lays a row's
 value out in every lane of its row after a reduction, a column's along the lanes, and has
 no layout that writes or reads a [rows] vector across kernels.
+Depth (`slice_depth`): a subgroup holds its rows' f32 accumulator (dh_s or dW_c, [rows, D])
+in registers over the whole depth while its tiles fit the register file (D <= 64 with
+steps of 32). A deeper head takes D in slices of `depth_tile` (64 for bf16/f16 on bmg and
+pvc) inside each loop step:
+    for each D slice d:  S += A[:, d] B[:, d]^T       (S [rows, step] in registers)
+    G = E(S, ...)
+    for each D slice d:  acc[:, d] += G B[:, d]       (acc's slice loaded, added, stored)
+with acc zeroed before the loop and written through its cast after it, slice by slice.
+acc lives in memory: each workgroup owns its rows of one f32 [N, D] (pass 1) / [V, D]
+(pass 2) device buffer (transform_ext.forall_allocs_to_function), so no atomics and no
+synchronisation; its slices are re-read within a step and stay cache-resident. S is
+computed once per step (not once per slice: splitting D over separate workgroups would
+recompute S D / depth_tile times), and no shared memory holds S or G (splitting D over
+the workgroup's subgroups would reduce S across them through SLM, which the XeGPU
+distribution does not express). The price is the accumulator's traffic: per step
+2 * rows * D * 4 bytes of loads and stores against 4 * rows * step * D DPAS FLOPs.
+The loops over D slices carry `llvm.loop_annotation` unroll-disable (DontUnroll in SPIR-V):
+IGC unrolls short constant loops whole, which spills once D reaches ~1024.
 Subgroups: the block's `rows` split over `rows / sg_rows` subgroups (sg_layout [n, 1]):
 h (pass 1) or W (pass 2) rows, S, G and the accumulator; the loop's operand tile (W_c in
 pass 1, h_s in pass 2) is read whole by every subgroup, transposed for S and as stored for
@@ -32,8 +50,8 @@ vectors over a tile's columns (sliced from the logits tile's layout); pass 1's t
 broadcasts and row reductions converted to the tile's row layout (row_conversions).
 
 Refused by name: f32 h and W (DPAS multiplies f16/bf16), N or V not multiples of the tiles,
-a subgroup's tiles beyond the register file (a large D), a bias or class weights (the
-per-class vectors b_c, db and w_{y_n} per column of pass 2's tile have no GPU form yet).
+D not a multiple of the DPAS depth (16), a bias or class weights (the per-class vectors
+b_c, db and w_{y_n} per column of pass 2's tile have no GPU form yet).
 """
 
 from __future__ import annotations
@@ -71,6 +89,7 @@ class BackwardPassTiles(RowSubgroups):
     rows: int
     step: int
     depth: int
+    depth_tile: int
     sg_rows: int
     grid: tuple[int, ...]
     dtype: str
@@ -84,13 +103,18 @@ class BackwardPassTiles(RowSubgroups):
 
     @property
     def sg_data(self) -> tuple[int, int]:
-        return (self.sg_rows, self.depth)
+        return (self.sg_rows, self.depth_tile)
+
+    @property
+    def depth_sliced(self) -> bool:
+        """The accumulator in memory, S and the accumulation in loops over D slices."""
+        return self.depth_tile < self.depth
 
     def register_bytes(self) -> int:
-        """Live registers of a subgroup in a loop step: its rows of the block's operand
-        (16-bit) and of the f32 accumulator, the step's operand tile (16-bit, whole), S
-        and G (f32) of its rows."""
-        narrow, r, c, d = 2, self.sg_rows, self.step, self.depth
+        """Live registers of a subgroup in a loop step, `depth_tile` deep: its rows of the
+        block's operand (16-bit) and of the f32 accumulator, the step's operand tile
+        (16-bit, whole), S and G (f32) of its rows."""
+        narrow, r, c, d = 2, self.sg_rows, self.step, self.depth_tile
         return r * d * narrow + r * d * 4 + c * d * narrow + 2 * r * c * 4
 
 
@@ -128,11 +152,36 @@ def _float_vector_arguments(forall: ir.Operation) -> str:
     return " and ".join(found)
 
 
+# Depth slices to try, most first (the whole depth when it fits: no loops over D).
+DEPTH_TILES = (256, 128, 64, 32, 16)
+
+
+def check_accumulators(forall: ir.Operation, where: str) -> None:
+    """ValueError unless each accumulator of the pass's loop (dh, dW) starts from a fill and
+    is written through an epilogue of its own (the cast to the inputs' type), the form
+    whose loops over D slices keep the f32 accumulator in memory
+    (transform_ext.match_loop_accumulators)."""
+    from transform_ext.common import Illegal
+    from transform_ext.match_loop_accumulators import loop_accumulators
+
+    try:
+        products, _, _, epilogues = loop_accumulators(forall)
+    except Illegal as exc:
+        raise ValueError(f"{where}: {exc.reason}") from exc
+    if not products or len(epilogues) != len(products):
+        raise ValueError(f"{where}: {len(products)} accumulators in its loop, "
+                         f"{len(epilogues)} written through a cast of their own: a depth "
+                         "beyond the registers needs each accumulator cast to the inputs' type")
+
+
 def plan_backward_pass(forall: ir.Operation, *, subgroup_size: int, dpas: tuple[int, int, int],
-                       max_threads: int, grf_bytes: int,
-                       nb_prefetch: int = 1) -> BackwardPassTiles:
+                       max_threads: int, grf_bytes: int, nb_prefetch: int = 1,
+                       depth_tile: int | None = None) -> BackwardPassTiles:
     """Tiles of one pass read from its IR, validated against the DPAS shape and the chip
-    (ValueError naming the dimension otherwise)."""
+    (ValueError naming the dimension otherwise). depth_tile None: the whole depth D when a
+    subgroup's tiles fit REGISTER_SHARE of the register file `grf_bytes`, else the largest
+    of DEPTH_TILES dividing D that fits (the loops over D slices are kept rolled, so their
+    trip count does not matter: slice_depth)."""
     number = backward_pass_of(forall)
     where = f"linear cross-entropy backward pass {number} at {forall.location}"
     loops = ops_named(forall, "scf.for")
@@ -161,22 +210,29 @@ def plan_backward_pass(forall: ir.Operation, *, subgroup_size: int, dpas: tuple[
     if loop_step != step:
         raise ValueError(f"{where}: loop step {loop_step} differs from the tile's {step}")
     dm, dn, dk = dpas
-    planned = BackwardPassTiles(number, rows, step, depth, SG_ROWS,
-                                tuple(static_bounds(forall, where)), dtypes[0], dpas,
-                                subgroup_size, nb_prefetch)
+    budget = int(grf_bytes * REGISTER_SHARE)
+
+    def tiles(depth_tile):
+        return BackwardPassTiles(number, rows, step, depth, depth_tile, SG_ROWS,
+                                 tuple(static_bounds(forall, where)), dtypes[0], dpas,
+                                 subgroup_size, nb_prefetch)
+
+    if depth_tile is None:
+        candidates = [depth] + [d for d in DEPTH_TILES if d < depth and depth % d == 0]
+        depth_tile = next((d for d in candidates if tiles(d).register_bytes() <= budget),
+                          candidates[-1])
+    if depth_tile < depth:
+        check_accumulators(forall, where)
+    planned = tiles(depth_tile)
     checks = [("rows per workgroup", rows, SG_ROWS, "rows per subgroup"),
               ("rows per subgroup", SG_ROWS, dm, "DPAS rows"),
               ("loop step", step, dk, "DPAS depth"),
               ("loop step", step, dn, "DPAS columns"),
               ("depth D", depth, dk, "DPAS depth"),
-              ("depth D", depth, dn, "DPAS columns")]
-    budget = int(grf_bytes * REGISTER_SHARE)
-    if planned.register_bytes() > budget:
-        raise ValueError(f"{where}: a subgroup's tiles ({planned.register_bytes()} B: its rows "
-                         f"of the block and of the f32 accumulator over the whole depth D = "
-                         f"{depth}, the step's tile) exceed {budget} B of the register file; "
-                         "the backward has no loop over slices of D yet (a smaller D, or the "
-                         "LIGHTHOUSE class_tile 16)")
+              ("depth D", depth, dn, "DPAS columns"),
+              ("depth D", depth, depth_tile, "depth tile"),
+              ("depth tile", depth_tile, dk, "DPAS depth"),
+              ("depth tile", depth_tile, dn, "DPAS columns")]
     check_tiles(where, planned, checks, max_threads, grf_bytes,
                 "the LIGHTHOUSE row_tile and class_tile")
     return planned
@@ -247,12 +303,40 @@ def tile_backward_pass(rec: StepRecorder, tiles: BackwardPassTiles) -> None:
 
     rec.step("fold_unit_dims", fold)
     rec.step("canonicalize", passes("canonicalize", "cse"))
+    if tiles.depth_sliced:
+        slice_depth(rec, tiles, lambda root: _pass_handle(match(root, "func.func"), number))
     dims = len(tiles.grid)
 
     def map_to_blocks(root):
         annotate(_pass_handle(match(root, "func.func"), number), "mapping", block_mapping(dims))
 
     rec.step("map_to_workgroups", map_to_blocks)
+
+
+def slice_depth(rec: StepRecorder, tiles: BackwardPassTiles, pass_of) -> None:
+    """The pass over D in slices of `depth_tile` (`pass_of(root)`: a handle to the pass's
+    forall): in its loop, S = A B^T accumulated over D slices (a loop over D inside the
+    step, S its accumulator), then acc[:, d] += G B[:, d] per D slice (a second loop over
+    D: the accumulator's slice read, added to, written back); before the loop the
+    accumulator zeroed and after it written through its cast, slice by slice. The
+    accumulator [rows, D] f32 is then loop state in memory, not in registers (no vector
+    of the whole depth), one buffer per workgroup after bufferization
+    (transform_ext.forall_allocs_to_function); S is computed once per step, not once per
+    slice. The four loops over D are annotated unroll-disable (module docstring)."""
+    from transform_ext.match_loop_accumulators import match_loop_accumulators
+
+    dt = tiles.depth_tile
+
+    def body(root):
+        products, logits, fills, epilogues = match_loop_accumulators(pass_of(root))
+        no_unroll = ir.Attribute.parse("#llvm.loop_annotation<unroll = <disable = true>>")
+        for handle, sizes in ((logits, [0, 0, dt]), (products, [0, dt, 0]),
+                              (fills, [0, dt]), (epilogues, [0, dt])):
+            loops = structured.TileUsingForOp(handle, sizes=sizes).loops
+            annotate(loops[0], "llvm.loop_annotation", no_unroll)
+
+    rec.step("depth_slices", body)
+    rec.step("canonicalize", passes("canonicalize", "cse"))
 
 
 # ------------------------------------------------------------------------------- layouts

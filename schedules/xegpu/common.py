@@ -36,6 +36,7 @@ from transform_ext.common import ops_named
 from transform_ext.drop_unused_results import drop_unused_results
 from transform_ext.drop_forall_mapping import drop_forall_mapping
 from transform_ext.fold_reads_of_splat_writes import fold_reads_of_splat_writes
+from transform_ext.forall_allocs_to_function import forall_allocs_to_function
 from transform_ext.forward_reshaped_writes import forward_reshaped_writes
 from transform_ext import insert_loop_prefetches as loop_prefetches
 from transform_ext.narrow_contracts_for_dpas import DPAS_TYPES, narrow_contracts_for_dpas
@@ -160,7 +161,8 @@ def vectorize(rec: StepRecorder, *, contractions: bool = True, gathers: bool = F
 
 def bufferize(rec: StepRecorder) -> None:
     """One-shot bufferization; results become out-parameters (written in place through a
-    reshape); subviews fold into transfers; function-level buffers live in device memory."""
+    reshape); subviews fold into transfers; a workgroup's own buffers become its slice of a
+    function-level buffer; function-level buffers live in device memory."""
     transform_ext.load(rec.trial.context)
 
     def one_shot(root):
@@ -178,6 +180,7 @@ def bufferize(rec: StepRecorder) -> None:
     def to_device(root):
         funcs = match(root, "func.func")
         write_results_in_place(funcs)
+        forall_allocs_to_function(funcs)
         allocs_to_device(funcs)
 
     rec.step("one_shot_bufferize", one_shot)

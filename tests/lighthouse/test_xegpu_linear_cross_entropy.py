@@ -13,7 +13,9 @@ kernel (the mean or sum over the rows), and the targets' bounds check on the hos
 With the backward (backward=True): two more kernels, its passes (dh per block of rows, dW
 and db per block of classes, every product DPAS), the per-row values crossing kernels in
 lane form (the forward's row max and exp-sum, pass 1's per-row values for pass 2), checked
-down to the machine code for both chips.
+down to the machine code for both chips; D 64 with the passes' accumulators in registers,
+D 128 and 256 (numerics) and 1024 and 4096 (machine code) in loops over D slices of 64
+with the accumulators in device memory.
 No Intel GPU here: the numerics of what the kernels compute are checked by running the
 kernel program of the `workgroups` stage (the foralls with every GPU-specific rewrite: the
 masked target sum, lane-form per-row data, the depth loop, the reduction kernel, the host
@@ -295,10 +297,15 @@ def test_what_has_no_gpu_form_is_refused_by_name(tmp_path, case, reason):
 # class tiles of 32, dW and db per workgroup of 64 classes over row tiles of 32; S
 # recomputed by DPAS in each, every product a DPAS; down to the machine code.
 
+# D 64: a subgroup's f32 accumulator over the whole depth in registers; D 128 and 256: the
+# accumulator in memory, S and the accumulation in loops over D slices of 64 (two, four)
 BACKWARD_CASES = {
     "bf16_mean": ("bfloat16", 128, 64, 256, False, False, "mean"),
     "f16_sum": ("float16", 128, 64, 256, False, False, "sum"),
+    "bf16_d128_mean": ("bfloat16", 128, 128, 256, False, False, "mean"),
+    "f16_d256_sum": ("float16", 192, 256, 320, False, False, "sum"),
 }
+DEPTH_TILE = 64
 BACKWARD_KINDS = {"mean": ["linear_cross_entropy", "row_sum", "linear_cross_entropy_dh",
                            "linear_cross_entropy_dw"],
                   "sum": ["linear_cross_entropy", "linear_cross_entropy_dh",
@@ -333,6 +340,9 @@ def test_backward_kernels_are_two_passes_of_dpas(lowered_backward):
     assert launches["linear_cross_entropy_dh"] == (n // 64, 8 * 16)
     assert launches["linear_cross_entropy_dw"] == (v // 64, 8 * 16)
     kernels = text.split("gpu.func @")[1:]
+    if d > DEPTH_TILE:
+        _check_depth_slices(lowered_backward, kernels, narrow)
+        return
     passes = [k for k in kernels if f"-> vector<64x{d}xf32>" in k]
     assert len(passes) == 2
     for kernel, kind in zip(passes, ("dh", "dw")):
@@ -350,6 +360,45 @@ def test_backward_kernels_are_two_passes_of_dpas(lowered_backward):
     for stage in ("fuse", "workgroups", "bufferize", "xegpu"):
         stage_text = lowered_backward.stage_files[stage].read_text()
         assert not re.search(rf"\b({n}x{v}|{v}x{n})x", stage_text), stage
+
+
+def _check_depth_slices(low, kernels, narrow):
+    """A pass of a head deeper than the registers: its rows' f32 accumulator zeroed, updated
+    and cast in loops over D slices of 64, in its workgroup's rows of a device buffer
+    (gpu.alloc [N or V, D] f32 on the host, one subview per workgroup); in each step S
+    accumulated by DPAS over the D slices, then per D slice acc[:, d] += G B[:, d] by DPAS
+    on the accumulator's slice (loaded, added, stored); no vector over the whole depth; the
+    four loops over D not unrolled."""
+    dtype, n, d, v, *_ = low.case
+    t = DEPTH_TILE
+    passes = [k for k in kernels if "xegpu.dpas" in k and f"memref<{t}x{d}xf32, strided" in k]
+    assert len(passes) == 2
+    for kernel, extent in zip(passes, (v, n)):
+        filecheck(kernel, f"""
+            CHECK: memref.subview {{{{.*}}}} [64, {d}] [1, 1] : memref<{{{{[0-9]+}}}}x{d}xf32> to memref<64x{d}xf32, strided<[{d}, 1], offset: ?>>
+            CHECK: scf.for {{{{.*}}}} to %c{d} step %c{t}
+            CHECK:   xegpu.store_nd {{{{.*}}}} : vector<64x{t}xf32>
+            CHECK: scf.for {{{{.*}}}} to %c{extent} step %c32
+            CHECK:   scf.for {{{{.*}}}} to %c{d} step %c{t} iter_args({{{{.*}}}}) -> (vector<64x32xf32>)
+            CHECK:     xegpu.load_nd {{{{.*}}}} -> vector<64x{t}x{narrow}>
+            CHECK:     xegpu.load_nd {{{{.*}}}} -> vector<32x{t}x{narrow}>
+            CHECK:     xegpu.dpas {{{{.*}}}} : vector<64x{t}x{narrow}>, vector<{t}x32x{narrow}>, vector<64x32xf32> -> vector<64x32xf32>
+            CHECK:   math.exp
+            CHECK:   scf.for {{{{.*}}}} to %c{d} step %c{t} {{
+            CHECK:     xegpu.load_nd {{{{.*}}}} -> vector<32x{t}x{narrow}>
+            CHECK:     xegpu.load_nd {{{{.*}}}} -> vector<64x{t}xf32>
+            CHECK:     xegpu.dpas {{{{.*}}}} : vector<64x32x{narrow}>, vector<32x{t}x{narrow}>, vector<64x{t}xf32> -> vector<64x{t}xf32>
+            CHECK:     xegpu.store_nd {{{{.*}}}} : vector<64x{t}xf32>
+            CHECK: scf.for {{{{.*}}}} to %c{d} step %c{t}
+            CHECK:   xegpu.load_nd {{{{.*}}}} -> vector<64x{t}xf32>
+            CHECK:   arith.truncf {{{{.*}}}} : vector<64x{t}xf32> to vector<64x{t}x{narrow}>
+            CHECK:   xegpu.store_nd {{{{.*}}}} : vector<64x{t}x{narrow}>
+        """)
+        assert not re.search(rf"vector<\d+x{d}x", kernel)
+        assert len(re.findall(r"llvm.loop_annotation = #loop_annotation", kernel)) == 4
+    host = low.stage_files["bufferize"].read_text()
+    for rows in (n, v):
+        assert re.search(rf"gpu.alloc\s+\(\) : memref<{rows}x{d}xf32>", host), rows
 
 
 def test_the_forward_hands_its_row_statistics_over_in_lane_form(lowered_backward):
@@ -394,6 +443,41 @@ def test_backward_pvc_builds_without_spills(tmp_path):
     assert [k.kind for k in kernels] == BACKWARD_KINDS["mean"]
     assert all(k.machine.spill_bytes == 0 for k in kernels), [k.machine for k in kernels]
     assert all(k.machine.dpas > 0 for k in kernels if k.kind.endswith(("_dh", "_dw")))
+
+
+@pytest.mark.parametrize("chip, d", [("bmg", 1024), ("pvc", 4096)])
+def test_backward_of_a_deep_head_builds_without_spills(tmp_path, chip, d):
+    """LM-head depths: the passes in D slices of 64 build with 0 B spill, their loops over
+    D kept rolled (the same machine code for any D: DPAS inside the loops, not unrolled)."""
+    kernel = _write(tmp_path / "head.py", "bfloat16", 128, d, 512, False, False, "mean")
+    compiled = compile_kernel(kernel, target="xegpu", backward=True, strict=True,
+                              target_options={"chip": chip}, dump_dir=tmp_path / "dump")
+    kernels = compiled.target.kernels
+    assert [k.kind for k in kernels] == BACKWARD_KINDS["mean"]
+    assert all(k.machine.spill_bytes == 0 for k in kernels), [k.machine for k in kernels]
+    passes = [p.tiles for p in Lowered(compiled, tmp_path / "dump").plans
+              if p.kind.endswith(("_dh", "_dw"))]
+    assert [(t.depth, t.depth_tile) for t in passes] == [(d, DEPTH_TILE)] * 2
+    for k in kernels:
+        if k.kind.endswith(("_dh", "_dw")):
+            assert 0 < k.machine.dpas < d // 16 and k.machine.loop_dpas > 0, k.machine
+
+
+@pytest.mark.parametrize("d, options, reason", [
+    (200, {}, "(200) is not a multiple of the DPAS depth (16)"),
+    (256, {"k_tile": 48}, "depth D (256) is not a multiple of the depth tile (48)"),
+], ids=["not_a_multiple_of_dpas", "depth_tile_not_dividing"])
+def test_backward_depth_without_gpu_form_is_refused_by_name(tmp_path, d, options, reason):
+    """A depth the DPAS slices cannot cover (or a depth tile, XeGpuParams.k_tile, that does
+    not divide it) is refused naming the extents (by the forward's kernel, planned first;
+    the passes check the same)."""
+    from lighthouse.targets.xegpu import XeGpuParams
+
+    kernel = _write(tmp_path / "head.py", "bfloat16", 128, d, 512, False, False, "mean")
+    with pytest.raises(LighthouseError) as error:
+        compile_kernel(kernel, target="xegpu", backward=True, stop_after="workgroups",
+                       strict=True, target_options={"params": XeGpuParams(**options)})
+    assert "linear cross-entropy" in str(error.value) and reason in str(error.value)
 
 
 def test_the_passes_hand_per_row_values_over_in_lane_form(lowered_backward):
@@ -475,11 +559,12 @@ def test_backward_of_a_transposed_view_is_refused_by_name(tmp_path):
         in str(error.value)
 
 
-@pytest.mark.parametrize("lowered_backward", ["f16_sum"], indirect=True)
+@pytest.mark.parametrize("lowered_backward", ["f16_sum", "f16_d256_sum"], indirect=True)
 def test_the_backward_script_replays_to_identical_ir(lowered_backward, tmp_path):
     """The compile's script with the backward (the two-pass fusion, the passes' workgroup
-    steps and layouts), printed and replayed, gives byte-identical IR at every stage down to
-    the SPIR-V."""
+    steps and layouts; for D 256 the loops over D slices and the workgroups' accumulator
+    buffers), printed and replayed, gives byte-identical IR at every stage down to the
+    SPIR-V."""
     from tests.lighthouse.test_schedule_scripts import _without_counters
 
     compiled = lowered_backward.compiled
@@ -487,6 +572,9 @@ def test_the_backward_script_replays_to_identical_ir(lowered_backward, tmp_path)
     script.write_text(compiled.schedule_text())
     assert "transform_ext.fuse_linear_cross_entropy_backward_two_pass" in script.read_text()
     assert "transform_ext.forall_results_in_lane_form" in script.read_text()
+    sliced = lowered_backward.case[2] > DEPTH_TILE
+    assert ("transform_ext.match_loop_accumulators" in script.read_text()) == sliced
+    assert "transform_ext.forall_allocs_to_function" in script.read_text()
     compile_kernel(lowered_backward.tmp / "head.py", target="xegpu", backward=True,
                    dump_dir=tmp_path / "replayed", schedule_file=script, stop_after="binary")
     for stage in STAGES[:-1]:
