@@ -49,9 +49,11 @@ from torch_mlir.dialects import arith, ext, linalg, scf, tensor, transform
 
 from .analysis.linear_cross_entropy_backward import LinearCrossEntropyBackward
 from .analysis.structure import dim_positions, loop_structure
-from .common import (Illegal, RewritesTargets, Success, body_of, build_generic, clone_op, fail,
-                     payload_ops, terminator, users)
+from .common import (Illegal, RewritesTargets, Success, block_ops, body_of, build_generic,
+                     clone_op, fail, payload_ops, terminator, users)
 from .dialect import TransformExt
+from .hoist_row_gathers import applies as gathers_in_tile, hoist as hoist_gathers
+from .hoist_row_gathers import check as check_row_gathers
 from .inline_argument_producers import computes_from_arguments
 from .fuse_linear_cross_entropy_backward import (_index, _init_ops, _map,
                                                  _multiply_add, _parallel_insert, _slice, _zeros,
@@ -165,13 +167,15 @@ class _TwoPass:
 
     def slice_of(self, value: ir.Value, offsets: list, sizes: list) -> ir.Value:
         """The tile [offsets, sizes] of `value`: a slice, or when `value` is computed
-        elementwise from the function's arguments (identity maps) that computation on the
-        slices of its inputs."""
+        elementwise from the function's arguments (identity maps; gathers from them at
+        indices computed from its inputs, such as the class weight w[y_n]) that computation
+        on the slices of its inputs."""
         producer = value.owner
         producer = getattr(producer, "operation", producer)
         if not isinstance(producer, ir.Operation) or producer.name != "linalg.generic" or \
                 producer.parent != self.at.parent or \
-                not computes_from_arguments(producer, self.at.block):
+                not computes_from_arguments(producer, self.at.block, gathers=True) or \
+                any(o.name == "linalg.index" for o in block_ops(body_of(producer))):
             return _slice(value, offsets, sizes)
         ls = loop_structure(producer)
         rank = ir.RankedTensorType(value.type).rank
@@ -207,22 +211,24 @@ class _TwoPass:
                     read[value] = tensor.extract(value, [])
         return read
 
-    def row_slices(self, s0: ir.Value, rows: int) -> dict:
-        """The tensors G reads per row only, sliced to the block's rows (before the class
-        loop of pass 1: its per-row producers then fuse into the block, not the loop)."""
+    def vector_slices(self, origin: ir.Value, size: int, per_rows: bool) -> dict:
+        """The tensors G reads per row only (`per_rows`: pass 1) or per class only (pass 2:
+        the bias), sliced to the block's rows or classes (before the pass's loop: their
+        producers then fuse into the block, not the loop)."""
         g = self.bwd.gradient
         if g is None:
             return {}
+        along, across = (g.rows_loop, g.class_loop) if per_rows else (g.class_loop, g.rows_loop)
         ls = loop_structure(g.op)
         sliced = {}
         for value, amap in zip(list(g.op.operands)[:ls.num_inputs], ls.maps):
             dims = dim_positions(amap)
-            if isinstance(value.type, ir.RankedTensorType) and g.class_loop not in dims and \
-                    g.rows_loop in dims and value not in sliced:
+            if isinstance(value.type, ir.RankedTensorType) and across not in dims and \
+                    along in dims and value not in sliced:
                 t = ir.RankedTensorType(value.type)
                 sliced[value] = self.slice_of(
-                    value, [s0 if d == g.rows_loop else 0 for d in dims],
-                    [rows if d == g.rows_loop else t.shape[i] for i, d in enumerate(dims)])
+                    value, [origin if d == along else 0 for d in dims],
+                    [size if d == along else t.shape[i] for i, d in enumerate(dims)])
         return sliced
 
     def gradient_tile(self, s: ir.Value, rows: tuple, classes: tuple, rows_major: bool,
@@ -248,7 +254,7 @@ class _TwoPass:
         with ir.InsertionPoint(forall.body):
             s0 = arith.muli(forall.induction_variables[0], _index(r))
             h_s = _slice(h, [s0, 0], [r, d])
-            per_row = {**self.scalars(), **self.row_slices(s0, r)}
+            per_row = {**self.scalars(), **self.vector_slices(s0, r, per_rows=True)}
             loop = scf.ForOp(_index(0), _index(self.v), _index(c), [output.start(s0, r)])
             with ir.InsertionPoint(loop.body):
                 c0 = loop.induction_variable
@@ -287,6 +293,7 @@ class _TwoPass:
             c0 = arith.muli(forall.induction_variables[0], _index(r))
             w_c = _slice(w, [c0, 0], [r, d])
             scalars = self.scalars()
+            per_class = {**scalars, **self.vector_slices(c0, r, per_rows=False)}
             loop = scf.ForOp(_index(0), _index(self.n), _index(c),
                              [o.start(c0, r) for o in outputs])
             with ir.InsertionPoint(loop.body):
@@ -295,7 +302,7 @@ class _TwoPass:
                 s_t = _product(w_c, [0, 2], h_s, [1, 2], _zeros([r, c], self.f32))
                 tiles = {bwd.logits.result: s_t}
                 g_t = self.gradient_tile(s_t, (s0, c), (c0, r), rows_major=False,
-                                         sliced=scalars)
+                                         sliced=per_class)
                 if g_t is not None:
                     tiles[bwd.gradient.op.results[0]] = g_t
                 carried = iter(loop.inner_iter_args)
@@ -304,7 +311,7 @@ class _TwoPass:
                     result.append(_product(g_t, [0, 2], h_s, [2, 1], next(carried)))
                 for column, total in zip(bwd.column_sums, carried):
                     result.append(tile_op(column, tiles, (s0, c), (c0, r), total,
-                                          sliced=scalars, slice_fn=self.slice_of))
+                                          sliced=per_class, slice_fn=self.slice_of))
                 scf.YieldOp(result)
             blocks = [o.finish(part) for o, part in zip(outputs, loop.results)]
             parallel = scf.InParallelOp()
@@ -350,6 +357,20 @@ def rewrite(bwd: LinearCrossEntropyBackward, at: ir.Operation, block: int, step:
         rewriter.erase_op(bwd.gradient.op)
 
 
+def _hoistable_gathers(bwd: LinearCrossEntropyBackward) -> bool:
+    """Does G gather at an index computed from its row's values only (the class weight
+    w[y_n])? Then the passes read it as a per-row vector (hoist_row_gathers): pass 1 per row
+    of its tile, pass 2 per column, one gather per row instead of one per element."""
+    g = bwd.gradient
+    if g is None or g.rows_loop != 0 or not gathers_in_tile(g.op):
+        return False
+    try:
+        check_row_gathers(g.op)
+    except Illegal:
+        return False
+    return True
+
+
 def check_blocks(bwd: LinearCrossEntropyBackward, target: ir.Operation, block: int,
                  step: int) -> None:
     """Illegal unless `block` and `step` divide N and V (the passes have no remainder
@@ -384,7 +405,10 @@ class FuseLinearCrossEntropyBackwardTwoPassOp(
                         check_blocks(bwd, t, block, step)
                 except Illegal as illegal:
                     return fail(NAME, illegal)
-                for bwd, at in plans:
+                for t, (bwd, at) in zip(targets, plans):
+                    if _hoistable_gathers(bwd):
+                        hoist_gathers(bwd.gradient.op, rewriter)
+                        bwd, at = plan(t)
                     rewrite(bwd, at, block, step, rewriter)
                 return Success
 

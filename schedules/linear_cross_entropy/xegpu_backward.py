@@ -152,11 +152,6 @@ def plan_backward_pass(forall: ir.Operation, *, subgroup_size: int, dpas: tuple[
     if len(dtypes) != 1 or dtypes[0] not in DPAS_TYPES:
         raise ValueError(f"{where}: h and W of type {' and '.join(dtypes)}: DPAS multiplies f16 "
                          "or bf16 (with f32 accumulation); give h and W in float16 or bfloat16")
-    read = _float_vector_arguments(forall)
-    if read:
-        raise ValueError(f"{where}: reads {read} (a bias or class weights): the backward's "
-                         "per-class vectors (b_c and db, w_{y_n} per column of a tile) have no "
-                         "GPU form yet; the CPU target runs this backward")
     loop_step = _constant_index(loop.operands[2])
     if loop_step != step:
         raise ValueError(f"{where}: loop step {loop_step} differs from the tile's {step}")
@@ -190,7 +185,9 @@ def _hand_over_in_lanes(rec: StepRecorder, tiles: BackwardPassTiles, forall_now,
     the per-row values it computes for pass 2 (the row max, log l, the one-hot sums) leave
     it as [N, 16] lane tiles that pass 2 reads at lane 0, a value per column of its tile
     (transform_ext.forall_results_in_lane_form)."""
+    from transform_ext.filter_iterators import filter_iterators
     from transform_ext.forall_results_in_lane_form import forall_results_in_lane_form
+    from transform_ext.lane_form_gathers import lane_form_gathers
     from transform_ext.load_rows_in_lane_form import load_rows_in_lane_form
 
     rows = tiles.rows * tiles.grid[0]
@@ -201,6 +198,13 @@ def _hand_over_in_lanes(rec: StepRecorder, tiles: BackwardPassTiles, forall_now,
 
     rec.step("targets_in_lanes", targets)
     _fuse_sliced_producers(rec, forall_now, lambda func: _pass_handle(func, 1), mark)
+
+    def gathers(root):
+        pass_ops = match(_pass_handle(match(root, "func.func"), 1), "linalg.generic")
+        lane_form_gathers(filter_iterators(pass_ops, ["parallel"]), tiles.subgroup_size)
+
+    rec.step("gathers_in_lanes", gathers)
+    rec.step("canonicalize", passes("canonicalize", "cse"))
 
     def results(root):
         forall_results_in_lane_form(_pass_handle(match(root, "func.func"), 1),
