@@ -214,6 +214,27 @@ def _hand_over_in_lanes(rec: StepRecorder, tiles: BackwardPassTiles, forall_now,
     rec.step("canonicalize", passes("canonicalize", "cse"))
 
 
+def _class_vectors_in_lanes(rec: StepRecorder, tiles: BackwardPassTiles, forall_now,
+                            mark) -> None:
+    """Pass 2's per-class vectors (the bias b_c: a value per row of its [classes, rows]
+    tiles) read through a lane-form gather reduced over the lanes
+    (transform_ext.load_rows_in_lane_form over the [V] float arguments it slices), the
+    layout of a reduction over a tile's columns, as pass 1 reads y."""
+    from transform_ext.filter_by_element_type import filter_by_element_type
+    from transform_ext.load_rows_in_lane_form import load_rows_in_lane_form
+
+    classes = tiles.rows * tiles.grid[0]
+    element = {"bf16": ir.BF16Type, "f16": ir.F16Type}[tiles.dtype].get()
+
+    def vectors(root):
+        slices = match(_pass_handle(match(root, "func.func"), 2), "tensor.extract_slice")
+        load_rows_in_lane_form(filter_by_element_type(slices, element), classes,
+                               tiles.subgroup_size)
+
+    rec.step("class_vectors_in_lanes", vectors)
+    _fuse_sliced_producers(rec, forall_now, lambda func: _pass_handle(func, 2), mark)
+
+
 def _pass_handle(func: ir.Value, number: int) -> ir.Value:
     return structured.MatchOp(any_op(), func, ops=["scf.forall"], op_attrs={
         BACKWARD_PASS: ir.IntegerAttr.get(ir.IntegerType.get_signless(64), number)}).result
@@ -239,6 +260,8 @@ def tile_backward_pass(rec: StepRecorder, tiles: BackwardPassTiles) -> None:
                            lambda func: match(_pass_handle(func, number), "scf.for"))
     if number == 1:
         _hand_over_in_lanes(rec, tiles, forall_now, mark)
+    else:
+        _class_vectors_in_lanes(rec, tiles, forall_now, mark)
 
     def fold(root):
         func = match(root, "func.func")
@@ -260,6 +283,21 @@ def tile_backward_pass(rec: StepRecorder, tiles: BackwardPassTiles) -> None:
 
 
 # ------------------------------------------------------------------------------- layouts
+
+def stores_in_lanes(rec: StepRecorder, gpu_func: ir.Operation, lanes: int) -> None:
+    """Step of `rec`: pass 2's column sums of its classes (db, a value per row of its tiles)
+    written in lane form, lane 0 of each row (transform_ext.scattered_stores_in_lane_form)."""
+    from transform_ext.scattered_stores_in_lane_form import scattered_stores_in_lane_form
+
+    from ..common import at_place, place_of
+
+    place = place_of(rec.trial.operation, gpu_func)
+
+    def body(root):
+        scattered_stores_in_lane_form(at_place(root, place), lanes)
+
+    rec.step("stores_in_lanes", body)
+
 
 def pass_anchors(gpu_func: ir.Operation, tiles: BackwardPassTiles) -> dict[str, list]:
     """The anchor layouts of one outlined pass after convert-vector-to-xegpu and
@@ -307,8 +345,9 @@ def pass_anchors(gpu_func: ir.Operation, tiles: BackwardPassTiles) -> dict[str, 
     logits = rows(tiles.step, [dm, dn])
     for op in ops_named(gpu_func, "xegpu.load"):
         shape = list(ir.VectorType(op.results[0].type).shape)
-        if shape == [tiles.rows, tiles.subgroup_size] and tiles.backward_pass == 1:
-            # the block's targets in lane form: one row per instruction
+        if shape == [tiles.rows, tiles.subgroup_size]:
+            # the block's per-row data in lane form (pass 1: the targets, pass 2: the bias
+            # of its classes): one row per instruction
             anchors["xegpu.load"].append(rows(shape[1], [1, tiles.subgroup_size]))
         elif shape == [tiles.step]:
             # a value per column of the step's tile: pass 1's bias tile, pass 2's per-row
@@ -318,8 +357,12 @@ def pass_anchors(gpu_func: ir.Operation, tiles: BackwardPassTiles) -> dict[str, 
             raise ValueError(f"{where}: a {shape} scattered load that is neither the block's "
                              "targets in lane form (pass 1) nor a vector over the step's "
                              "columns")
-    if ops_named(gpu_func, "xegpu.store"):
-        raise ValueError(f"{where}: a scattered store (per-row values leave in lane form)")
-    anchors["conversions"] = (row_conversions(gpu_func, tiles.rows, n, r, (dm, dn))
-                              if tiles.backward_pass == 1 else [])
+    for op in ops_named(gpu_func, "xegpu.store"):
+        shape = list(ir.VectorType(op.operands[0].type).shape)
+        if tiles.backward_pass != 2 or shape != [tiles.rows, tiles.subgroup_size]:
+            raise ValueError(f"{where}: a {shape} scattered store that is not pass 2's column "
+                             "sums of its classes (db) in lane form")
+        # db in lane form, lane 0 of each row writing: one row per instruction
+        anchors["xegpu.store"].append(rows(shape[1], [1, tiles.subgroup_size]))
+    anchors["conversions"] = row_conversions(gpu_func, tiles.rows, n, r, (dm, dn))
     return anchors
