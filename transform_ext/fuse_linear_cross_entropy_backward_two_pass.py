@@ -50,7 +50,7 @@ from torch_mlir.dialects import arith, ext, linalg, scf, tensor, transform
 from .analysis.linear_cross_entropy_backward import LinearCrossEntropyBackward
 from .analysis.structure import dim_positions, loop_structure
 from .common import (Illegal, RewritesTargets, Success, block_ops, body_of, build_generic,
-                     clone_op, fail, payload_ops, terminator, users)
+                     clone_op, defining_op, fail, payload_ops, terminator, users, walk_ops)
 from .dialect import TransformExt
 from .hoist_row_gathers import applies as gathers_in_tile, hoist as hoist_gathers
 from .hoist_row_gathers import check as check_row_gathers
@@ -357,18 +357,40 @@ def rewrite(bwd: LinearCrossEntropyBackward, at: ir.Operation, block: int, step:
         rewriter.erase_op(bwd.gradient.op)
 
 
-def _hoistable_gathers(bwd: LinearCrossEntropyBackward) -> bool:
-    """Does G gather at an index computed from its row's values only (the class weight
-    w[y_n])? Then the passes read it as a per-row vector (hoist_row_gathers): pass 1 per row
-    of its tile, pass 2 per column, one gather per row instead of one per element."""
-    g = bwd.gradient
-    if g is None or g.rows_loop != 0 or not gathers_in_tile(g.op):
-        return False
-    try:
-        check_row_gathers(g.op)
-    except Illegal:
-        return False
-    return True
+def _hoistable_gathers(bwd: LinearCrossEntropyBackward) -> list[ir.Operation]:
+    """G and the column sums that gather at an index computed from their row's values only
+    (the class weight w[y_n]): the passes read such a gather as a per-row vector
+    (hoist_row_gathers), pass 1 per row of its tile, pass 2 per column, one gather per row
+    instead of one per element."""
+    items = ([bwd.gradient] if bwd.gradient is not None else []) + bwd.column_sums
+    found = []
+    for item in items:
+        if item.rows_loop != 0 or not gathers_in_tile(item.op):
+            continue
+        try:
+            check_row_gathers(item.op)
+        except Illegal:
+            continue
+        found.append(item.op)
+    return found
+
+
+def _move_up(gathers: list[ir.Operation]) -> None:
+    """Move each of `gathers` (per-row generics hoisted out of G or a column sum), with the
+    tensor.empty it writes, right after the last other op of its block defining a value it
+    reads, so that no reader of the gradients comes before what the passes read."""
+    for gather in gathers:
+        ops = block_ops(gather.block)
+        position = {op: i for i, op in enumerate(ops)}
+        read = [v for inner in walk_ops(gather, lambda o: True) for v in inner.operands]
+        producers = [getattr(v.owner, "operation", v.owner) for v in read
+                     if not isinstance(v, ir.BlockArgument)]
+        empties = [p for p in producers if p in position and p.name == "tensor.empty"]
+        last = max((position[p] for p in producers if p in position and p not in empties),
+                   default=-1)
+        if last + 1 < position[gather]:
+            for op in empties + [gather]:
+                op.move_before(ops[last + 1])
 
 
 def check_blocks(bwd: LinearCrossEntropyBackward, target: ir.Operation, block: int,
@@ -406,8 +428,12 @@ class FuseLinearCrossEntropyBackwardTwoPassOp(
                 except Illegal as illegal:
                     return fail(NAME, illegal)
                 for t, (bwd, at) in zip(targets, plans):
-                    if _hoistable_gathers(bwd):
-                        hoist_gathers(bwd.gradient.op, rewriter)
+                    hoisted = _hoistable_gathers(bwd)
+                    for gathering in hoisted:
+                        inputs = len(gathering.opview.inputs)
+                        new = hoist_gathers(gathering, rewriter)
+                        _move_up([defining_op(v) for v in list(new.opview.inputs)[inputs:]])
+                    if hoisted:
                         bwd, at = plan(t)
                     rewrite(bwd, at, block, step, rewriter)
                 return Success
