@@ -16,7 +16,8 @@ has lanes; the [rows, lanes] form is laid out as the tile's rows (one row per in
 the transpose of the lane-form gathers' read (transform_ext.load_rows_in_lane_form).
 
 Legality first: every such store (1-D value) has offsets and a mask of the value's length
-and no chunk_size above 1; else a silenceable failure naming it, nothing rewritten. Stores
+(one element per offset, not chunks); else a silenceable failure naming it, nothing
+rewritten. Stores
 of other ranks are left alone. The targets stay (their nested stores change).
 """
 
@@ -39,9 +40,7 @@ def check(store: ir.Operation) -> None:
     n = ir.VectorType(value.type).shape[0]
     for what, v in (("offsets", offsets), ("mask", mask)):
         if not isinstance(v.type, ir.VectorType) or list(ir.VectorType(v.type).shape) != [n]:
-            raise Illegal(store, f"its {what} are not a [{n}] vector")
-    if "chunk_size" in store.attributes and ir.IntegerAttr(store.attributes["chunk_size"]).value > 1:
-        raise Illegal(store, "stores chunks of more than one element per offset")
+            raise Illegal(store, f"its {what} are not a [{n}] vector (chunks per offset)")
 
 
 def _lane_form(value: ir.Value, lanes: int) -> ir.Value:
