@@ -22,9 +22,14 @@ R = `block`, C = `step`:
             dW_c += G_cs^T h_s,  Z_c = F(S_cs^T, G_cs^T, ...) reduced into Z_c
 
 The tiles of G and the column sums compute the elementwise producers they read from the
-function's arguments (a widened bias) on their slices themselves, so the passes share no
-producer with the forward (whose kernel would otherwise have to write it); a rank-0 input
-(the count or total weight) is read once per block as a scalar. Each pass's block is its
+function's arguments (a widened bias; a gather from them such as w[y_n]) on their slices
+themselves, so the passes share no producer with the forward (whose kernel would otherwise
+have to write it); a rank-0 input (the count or total weight) is read once per block as a
+scalar, an input per row (pass 1) or per class (pass 2: the bias) once per block, before
+its loop. A gather in G's or a column sum's body at an index computed from its row's
+values only (the class weight w[y_n]) is first hoisted into a per-row generic they read
+(transform_ext.hoist_row_gathers), placed right after what it reads: one gather per row of
+a tile, not per element. Each pass's block is its
 forall's iteration (a GPU workgroup), the block's own index the rows of every product
 (pass 1: h's rows, pass 2: W's classes), so no sum crosses blocks;
 S is recomputed in both passes (twice the forward's logits FLOPs, the price of no [N, V]

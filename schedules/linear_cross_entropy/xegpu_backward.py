@@ -21,19 +21,27 @@ computes (m, log l, the one-hot sums) to pass 2 as [N, 16] lane tiles, which pas
 at lane 0, a value per column of its tile (`_hand_over_in_lanes`): XeGPU lays a row's
 value out in every lane of its row after a reduction, a column's along the lanes, and has
 no layout that writes or reads a [rows] vector across kernels.
+The per-class vectors: the bias tile b_c is a vector over pass 1's tile columns (a
+scattered load along the lanes); pass 2 has the classes as rows and reads b per row of its
+tiles once per block by a lane-form gather reduced over the lanes (`_class_vectors_in_lanes`,
+as pass 1 reads y) and writes db, a value per row, in lane form, lane 0 of each row storing
+(`stores_in_lanes`: transform_ext.scattered_stores_in_lane_form). The class weight w[y_n]
+is a per-row gather hoisted out of G and the column sums by the two-pass fusion: pass 1
+runs it in lane form (transform_ext.lane_form_gathers, beside the one-hot sums' w[y_n]),
+pass 2 reads it per column of its tile, a scattered load at y along the lanes.
 Subgroups: the block's `rows` split over `rows / sg_rows` subgroups (sg_layout [n, 1]):
 h (pass 1) or W (pass 2) rows, S, G and the accumulator; the loop's operand tile (W_c in
 pass 1, h_s in pass 2) is read whole by every subgroup, transposed for S and as stored for
 the accumulator's product (two loads: split_transposed_loads), so no value crosses
 subgroups.
 Layouts (`pass_anchors`, annotated as the forward's kernel): anchors on the 2-D block loads
-and stores, the DPAS operands, y's lane-form gather (one row per instruction) and the
-vectors over a tile's columns (sliced from the logits tile's layout); pass 1's transposed
-broadcasts and row reductions converted to the tile's row layout (row_conversions).
+and stores, the DPAS operands, the lane-form gathers and db's lane-form store (one row per
+instruction) and the vectors over a tile's columns (sliced from the logits tile's layout);
+the transposed broadcasts and row reductions converted to the tile's row layout
+(row_conversions).
 
 Refused by name: f32 h and W (DPAS multiplies f16/bf16), N or V not multiples of the tiles,
-a subgroup's tiles beyond the register file (a large D), a bias or class weights (the
-per-class vectors b_c, db and w_{y_n} per column of pass 2's tile have no GPU form yet).
+a subgroup's tiles beyond the register file (a large D).
 """
 
 from __future__ import annotations
@@ -107,25 +115,6 @@ def backward_pass_of(forall: ir.Operation) -> int:
 def _contractions(loop: ir.Operation) -> list[ir.Operation]:
     return [op for op in block_ops(loop) if is_linalg_op(op) and op.name != "linalg.fill"
             and loop_structure(op).is_contraction]
-
-
-def _float_vector_arguments(forall: ir.Operation) -> str:
-    """The function's rank-1 float arguments read in `forall` (the bias, the class
-    weights), described; '' when none."""
-    found = []
-
-    def visit(op):
-        for v in op.operands:
-            if isinstance(v, ir.BlockArgument) and isinstance(v.type, ir.RankedTensorType) \
-                    and v.type.rank == 1 and isinstance(v.type.element_type, ir.FloatType) \
-                    and v.owner.owner.operation.name == "func.func":
-                text = f"a [{v.type.shape[0]}] {v.type.element_type} argument"
-                if text not in found:
-                    found.append(text)
-        return ir.WalkResult.ADVANCE
-
-    forall.walk(visit)
-    return " and ".join(found)
 
 
 def plan_backward_pass(forall: ir.Operation, *, subgroup_size: int, dpas: tuple[int, int, int],
