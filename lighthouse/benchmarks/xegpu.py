@@ -49,6 +49,10 @@ def xegpu_suite() -> list[Case]:
         # the backward's passes hold a subgroup's f32 accumulator over the whole depth: D 64
         Case("linear_cross_entropy_bf16_d64_bwd", EXAMPLES / "linear_cross_entropy.py",
              dict(N=2048, D=64, V=32000, DTYPE="bfloat16"), backward=True),
+        Case("linear_cross_entropy_bf16_d64_bias_weights_bwd",
+             EXAMPLES / "linear_cross_entropy.py",
+             dict(N=2048, D=64, V=32000, DTYPE="bfloat16", BIAS=True, CLASS_WEIGHTS=True),
+             backward=True),
     ]
 
 
