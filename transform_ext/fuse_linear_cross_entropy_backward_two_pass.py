@@ -439,7 +439,10 @@ class FuseLinearCrossEntropyBackwardTwoPassOp(
                         new = hoist_gathers(gathering, rewriter)
                         _move_up([defining_op(v) for v in list(new.opview.inputs)[inputs:]])
                     if hoisted:
-                        bwd, at = plan(t)
+                        try:  # the hoisted gathers only read what G's body read
+                            bwd, at = plan(t)
+                        except Illegal as illegal:
+                            return fail(NAME, illegal)
                     rewrite(bwd, at, block, step, rewriter)
                 return Success
 
