@@ -99,6 +99,7 @@ OP_MODULES: list[str] = [
     "transpose_contract_operands",
     "split_row_dot_contracts",
     "split_transposed_loads",
+    "scattered_stores_in_lane_form",
     "convert_result_layouts",
     "narrow_contracts_for_dpas",
     "write_results_in_place",

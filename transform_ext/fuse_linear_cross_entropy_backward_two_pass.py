@@ -22,9 +22,14 @@ R = `block`, C = `step`:
             dW_c += G_cs^T h_s,  Z_c = F(S_cs^T, G_cs^T, ...) reduced into Z_c
 
 The tiles of G and the column sums compute the elementwise producers they read from the
-function's arguments (a widened bias) on their slices themselves, so the passes share no
-producer with the forward (whose kernel would otherwise have to write it); a rank-0 input
-(the count or total weight) is read once per block as a scalar. Each pass's block is its
+function's arguments (a widened bias; a gather from them such as w[y_n]) on their slices
+themselves, so the passes share no producer with the forward (whose kernel would otherwise
+have to write it); a rank-0 input (the count or total weight) is read once per block as a
+scalar, an input per row (pass 1) or per class (pass 2: the bias) once per block, before
+its loop. A gather in G's or a column sum's body at an index computed from its row's
+values only (the class weight w[y_n]) is first hoisted into a per-row generic they read
+(transform_ext.hoist_row_gathers), placed right after what it reads: one gather per row of
+a tile, not per element. Each pass's block is its
 forall's iteration (a GPU workgroup), the block's own index the rows of every product
 (pass 1: h's rows, pass 2: W's classes), so no sum crosses blocks;
 S is recomputed in both passes (twice the forward's logits FLOPs, the price of no [N, V]
@@ -49,9 +54,11 @@ from torch_mlir.dialects import arith, ext, linalg, scf, tensor, transform
 
 from .analysis.linear_cross_entropy_backward import LinearCrossEntropyBackward
 from .analysis.structure import dim_positions, loop_structure
-from .common import (Illegal, RewritesTargets, Success, body_of, build_generic, clone_op, fail,
-                     payload_ops, terminator, users)
+from .common import (Illegal, RewritesTargets, Success, block_ops, body_of, build_generic,
+                     clone_op, defining_op, fail, payload_ops, terminator, users, walk_ops)
 from .dialect import TransformExt
+from .hoist_row_gathers import applies as gathers_in_tile, hoist as hoist_gathers
+from .hoist_row_gathers import check as check_row_gathers
 from .inline_argument_producers import computes_from_arguments
 from .fuse_linear_cross_entropy_backward import (_index, _init_ops, _map,
                                                  _multiply_add, _parallel_insert, _slice, _zeros,
@@ -165,13 +172,15 @@ class _TwoPass:
 
     def slice_of(self, value: ir.Value, offsets: list, sizes: list) -> ir.Value:
         """The tile [offsets, sizes] of `value`: a slice, or when `value` is computed
-        elementwise from the function's arguments (identity maps) that computation on the
-        slices of its inputs."""
+        elementwise from the function's arguments (identity maps; gathers from them at
+        indices computed from its inputs, such as the class weight w[y_n]) that computation
+        on the slices of its inputs."""
         producer = value.owner
         producer = getattr(producer, "operation", producer)
         if not isinstance(producer, ir.Operation) or producer.name != "linalg.generic" or \
                 producer.parent != self.at.parent or \
-                not computes_from_arguments(producer, self.at.block):
+                not computes_from_arguments(producer, self.at.block, gathers=True) or \
+                any(o.name == "linalg.index" for o in block_ops(body_of(producer))):
             return _slice(value, offsets, sizes)
         ls = loop_structure(producer)
         rank = ir.RankedTensorType(value.type).rank
@@ -207,22 +216,24 @@ class _TwoPass:
                     read[value] = tensor.extract(value, [])
         return read
 
-    def row_slices(self, s0: ir.Value, rows: int) -> dict:
-        """The tensors G reads per row only, sliced to the block's rows (before the class
-        loop of pass 1: its per-row producers then fuse into the block, not the loop)."""
+    def vector_slices(self, origin: ir.Value, size: int, per_rows: bool) -> dict:
+        """The tensors G reads per row only (`per_rows`: pass 1) or per class only (pass 2:
+        the bias), sliced to the block's rows or classes (before the pass's loop: their
+        producers then fuse into the block, not the loop)."""
         g = self.bwd.gradient
         if g is None:
             return {}
+        along, across = (g.rows_loop, g.class_loop) if per_rows else (g.class_loop, g.rows_loop)
         ls = loop_structure(g.op)
         sliced = {}
         for value, amap in zip(list(g.op.operands)[:ls.num_inputs], ls.maps):
             dims = dim_positions(amap)
-            if isinstance(value.type, ir.RankedTensorType) and g.class_loop not in dims and \
-                    g.rows_loop in dims and value not in sliced:
+            if isinstance(value.type, ir.RankedTensorType) and across not in dims and \
+                    along in dims and value not in sliced:
                 t = ir.RankedTensorType(value.type)
                 sliced[value] = self.slice_of(
-                    value, [s0 if d == g.rows_loop else 0 for d in dims],
-                    [rows if d == g.rows_loop else t.shape[i] for i, d in enumerate(dims)])
+                    value, [origin if d == along else 0 for d in dims],
+                    [size if d == along else t.shape[i] for i, d in enumerate(dims)])
         return sliced
 
     def gradient_tile(self, s: ir.Value, rows: tuple, classes: tuple, rows_major: bool,
@@ -248,7 +259,7 @@ class _TwoPass:
         with ir.InsertionPoint(forall.body):
             s0 = arith.muli(forall.induction_variables[0], _index(r))
             h_s = _slice(h, [s0, 0], [r, d])
-            per_row = {**self.scalars(), **self.row_slices(s0, r)}
+            per_row = {**self.scalars(), **self.vector_slices(s0, r, per_rows=True)}
             loop = scf.ForOp(_index(0), _index(self.v), _index(c), [output.start(s0, r)])
             with ir.InsertionPoint(loop.body):
                 c0 = loop.induction_variable
@@ -287,6 +298,7 @@ class _TwoPass:
             c0 = arith.muli(forall.induction_variables[0], _index(r))
             w_c = _slice(w, [c0, 0], [r, d])
             scalars = self.scalars()
+            per_class = {**scalars, **self.vector_slices(c0, r, per_rows=False)}
             loop = scf.ForOp(_index(0), _index(self.n), _index(c),
                              [o.start(c0, r) for o in outputs])
             with ir.InsertionPoint(loop.body):
@@ -295,7 +307,7 @@ class _TwoPass:
                 s_t = _product(w_c, [0, 2], h_s, [1, 2], _zeros([r, c], self.f32))
                 tiles = {bwd.logits.result: s_t}
                 g_t = self.gradient_tile(s_t, (s0, c), (c0, r), rows_major=False,
-                                         sliced=scalars)
+                                         sliced=per_class)
                 if g_t is not None:
                     tiles[bwd.gradient.op.results[0]] = g_t
                 carried = iter(loop.inner_iter_args)
@@ -304,7 +316,7 @@ class _TwoPass:
                     result.append(_product(g_t, [0, 2], h_s, [2, 1], next(carried)))
                 for column, total in zip(bwd.column_sums, carried):
                     result.append(tile_op(column, tiles, (s0, c), (c0, r), total,
-                                          sliced=scalars, slice_fn=self.slice_of))
+                                          sliced=per_class, slice_fn=self.slice_of))
                 scf.YieldOp(result)
             blocks = [o.finish(part) for o, part in zip(outputs, loop.results)]
             parallel = scf.InParallelOp()
@@ -350,6 +362,42 @@ def rewrite(bwd: LinearCrossEntropyBackward, at: ir.Operation, block: int, step:
         rewriter.erase_op(bwd.gradient.op)
 
 
+def _hoistable_gathers(bwd: LinearCrossEntropyBackward) -> list[ir.Operation]:
+    """G and the column sums that gather at an index computed from their row's values only
+    (the class weight w[y_n]): the passes read such a gather as a per-row vector
+    (hoist_row_gathers), pass 1 per row of its tile, pass 2 per column, one gather per row
+    instead of one per element."""
+    items = ([bwd.gradient] if bwd.gradient is not None else []) + bwd.column_sums
+    found = []
+    for item in items:
+        if item.rows_loop != 0 or not gathers_in_tile(item.op):
+            continue
+        try:
+            check_row_gathers(item.op)
+        except Illegal:
+            continue
+        found.append(item.op)
+    return found
+
+
+def _move_up(gathers: list[ir.Operation]) -> None:
+    """Move each of `gathers` (per-row generics hoisted out of G or a column sum), with the
+    tensor.empty it writes, right after the last other op of its block defining a value it
+    reads, so that no reader of the gradients comes before what the passes read."""
+    for gather in gathers:
+        ops = block_ops(gather.block)
+        position = {op: i for i, op in enumerate(ops)}
+        read = [v for inner in walk_ops(gather, lambda o: True) for v in inner.operands]
+        producers = [getattr(v.owner, "operation", v.owner) for v in read
+                     if not isinstance(v, ir.BlockArgument)]
+        empties = [p for p in producers if p in position and p.name == "tensor.empty"]
+        last = max((position[p] for p in producers if p in position and p not in empties),
+                   default=-1)
+        if last + 1 < position[gather]:
+            for op in empties + [gather]:
+                op.move_before(ops[last + 1])
+
+
 def check_blocks(bwd: LinearCrossEntropyBackward, target: ir.Operation, block: int,
                  step: int) -> None:
     """Illegal unless `block` and `step` divide N and V (the passes have no remainder
@@ -384,7 +432,17 @@ class FuseLinearCrossEntropyBackwardTwoPassOp(
                         check_blocks(bwd, t, block, step)
                 except Illegal as illegal:
                     return fail(NAME, illegal)
-                for bwd, at in plans:
+                for t, (bwd, at) in zip(targets, plans):
+                    hoisted = _hoistable_gathers(bwd)
+                    for gathering in hoisted:
+                        inputs = len(gathering.opview.inputs)
+                        new = hoist_gathers(gathering, rewriter)
+                        _move_up([defining_op(v) for v in list(new.opview.inputs)[inputs:]])
+                    if hoisted:
+                        try:  # the hoisted gathers only read what G's body read
+                            bwd, at = plan(t)
+                        except Illegal as illegal:
+                            return fail(NAME, illegal)
                     rewrite(bwd, at, block, step, rewriter)
                 return Success
 

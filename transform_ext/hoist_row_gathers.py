@@ -87,7 +87,7 @@ def hoist(op: ir.Operation, rewriter) -> ir.Operation:
         ordered = row_slice(op, list(extract.operands)[1:], _row_args(op))
         used = sorted({v.arg_number for o in ordered + [extract] for v in o.operands
                        if isinstance(v, ir.BlockArgument) and v.owner == block})
-        rows = ir.RankedTensorType(op.results[0].type).shape[0]
+        rows = loop_structure(op).ranges[0]
         elem = extract.results[0].type
         with ir.InsertionPoint(op), op.location:
             inputs = [view.inputs[i] for i in used]

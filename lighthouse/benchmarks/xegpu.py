@@ -54,6 +54,10 @@ def xegpu_suite() -> list[Case]:
              dict(N=2048, D=1024, V=32000, DTYPE="bfloat16"), backward=True),
         Case("linear_cross_entropy_bf16_d4096_bwd", EXAMPLES / "linear_cross_entropy.py",
              dict(N=2048, D=4096, V=32000, DTYPE="bfloat16"), backward=True),
+        Case("linear_cross_entropy_bf16_d64_bias_weights_bwd",
+             EXAMPLES / "linear_cross_entropy.py",
+             dict(N=2048, D=64, V=32000, DTYPE="bfloat16", BIAS=True, CLASS_WEIGHTS=True),
+             backward=True),
     ]
 
 

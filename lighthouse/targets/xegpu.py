@@ -783,7 +783,7 @@ class _StageBuilder:
         from schedules.linear_cross_entropy.xegpu import annotate_linear_cross_entropy
         from schedules.linear_cross_entropy.xegpu import kernel_anchors as linear_ce_anchors
         from schedules.linear_cross_entropy.xegpu_backward import (
-            pass_anchors as linear_ce_pass_anchors)
+            pass_anchors as linear_ce_pass_anchors, stores_in_lanes as linear_ce_stores_in_lanes)
         from schedules.xegpu.common import insert_loop_prefetches
         from schedules.xegpu.contraction import annotate_kernel, inspect_kernel
         from schedules.xegpu.rows import annotate_rows
@@ -818,6 +818,7 @@ class _StageBuilder:
                     insert_loop_prefetches(rec, func, plan.tiles.subgroups, chip.dpas[:2],
                                            plan.tiles.nb_prefetch)
                     split_loads(rec, func)
+                    linear_ce_stores_in_lanes(rec, func, chip.subgroup_size)
                     shapes.append(linear_ce_pass_anchors(func, plan.tiles))
                 elif plan.kind in LOSS_KINDS:
                     insert_loop_prefetches(rec, func, *prefetch_shape(plan.tiles), nb_prefetch)

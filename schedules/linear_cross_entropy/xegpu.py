@@ -226,7 +226,7 @@ def tile_linear_cross_entropy(rec: StepRecorder, tiles: LinearCrossEntropyTiles)
 
 # ------------------------------------------------------------------------------- layouts
 
-ANCHOR_OPS = ("xegpu.load_nd", "xegpu.dpas", "xegpu.store_nd", "xegpu.load")
+ANCHOR_OPS = ("xegpu.load_nd", "xegpu.dpas", "xegpu.store_nd", "xegpu.load", "xegpu.store")
 
 
 def _layout(sg_layout, sg_data, inst_data, **extra) -> dict:

@@ -39,19 +39,27 @@ distribution does not express). The price is the accumulator's traffic: per step
 2 * rows * D * 4 bytes of loads and stores against 4 * rows * step * D DPAS FLOPs.
 The loops over D slices carry `llvm.loop_annotation` unroll-disable (DontUnroll in SPIR-V):
 IGC unrolls short constant loops whole, which spills once D reaches ~1024.
+The per-class vectors: the bias tile b_c is a vector over pass 1's tile columns (a
+scattered load along the lanes); pass 2 has the classes as rows and reads b per row of its
+tiles once per block by a lane-form gather reduced over the lanes (`_class_vectors_in_lanes`,
+as pass 1 reads y) and writes db, a value per row, in lane form, lane 0 of each row storing
+(`stores_in_lanes`: transform_ext.scattered_stores_in_lane_form). The class weight w[y_n]
+is a per-row gather hoisted out of G and the column sums by the two-pass fusion: pass 1
+runs it in lane form (transform_ext.lane_form_gathers, beside the one-hot sums' w[y_n]),
+pass 2 reads it per column of its tile, a scattered load at y along the lanes.
 Subgroups: the block's `rows` split over `rows / sg_rows` subgroups (sg_layout [n, 1]):
 h (pass 1) or W (pass 2) rows, S, G and the accumulator; the loop's operand tile (W_c in
 pass 1, h_s in pass 2) is read whole by every subgroup, transposed for S and as stored for
 the accumulator's product (two loads: split_transposed_loads), so no value crosses
 subgroups.
 Layouts (`pass_anchors`, annotated as the forward's kernel): anchors on the 2-D block loads
-and stores, the DPAS operands, y's lane-form gather (one row per instruction) and the
-vectors over a tile's columns (sliced from the logits tile's layout); pass 1's transposed
-broadcasts and row reductions converted to the tile's row layout (row_conversions).
+and stores, the DPAS operands, the lane-form gathers and db's lane-form store (one row per
+instruction) and the vectors over a tile's columns (sliced from the logits tile's layout);
+the transposed broadcasts and row reductions converted to the tile's row layout
+(row_conversions).
 
 Refused by name: f32 h and W (DPAS multiplies f16/bf16), N or V not multiples of the tiles,
-D not a multiple of the DPAS depth (16), a bias or class weights (the per-class vectors
-b_c, db and w_{y_n} per column of pass 2's tile have no GPU form yet).
+D not a multiple of the DPAS depth (16).
 """
 
 from __future__ import annotations
@@ -133,25 +141,6 @@ def _contractions(loop: ir.Operation) -> list[ir.Operation]:
             and loop_structure(op).is_contraction]
 
 
-def _float_vector_arguments(forall: ir.Operation) -> str:
-    """The function's rank-1 float arguments read in `forall` (the bias, the class
-    weights), described; '' when none."""
-    found = []
-
-    def visit(op):
-        for v in op.operands:
-            if isinstance(v, ir.BlockArgument) and isinstance(v.type, ir.RankedTensorType) \
-                    and v.type.rank == 1 and isinstance(v.type.element_type, ir.FloatType) \
-                    and v.owner.owner.operation.name == "func.func":
-                text = f"a [{v.type.shape[0]}] {v.type.element_type} argument"
-                if text not in found:
-                    found.append(text)
-        return ir.WalkResult.ADVANCE
-
-    forall.walk(visit)
-    return " and ".join(found)
-
-
 # Depth slices to try, most first (the whole depth when it fits: no loops over D).
 DEPTH_TILES = (256, 128, 64, 32, 16)
 
@@ -201,11 +190,6 @@ def plan_backward_pass(forall: ir.Operation, *, subgroup_size: int, dpas: tuple[
     if len(dtypes) != 1 or dtypes[0] not in DPAS_TYPES:
         raise ValueError(f"{where}: h and W of type {' and '.join(dtypes)}: DPAS multiplies f16 "
                          "or bf16 (with f32 accumulation); give h and W in float16 or bfloat16")
-    read = _float_vector_arguments(forall)
-    if read:
-        raise ValueError(f"{where}: reads {read} (a bias or class weights): the backward's "
-                         "per-class vectors (b_c and db, w_{y_n} per column of a tile) have no "
-                         "GPU form yet; the CPU target runs this backward")
     loop_step = _constant_index(loop.operands[2])
     if loop_step != step:
         raise ValueError(f"{where}: loop step {loop_step} differs from the tile's {step}")
@@ -246,7 +230,9 @@ def _hand_over_in_lanes(rec: StepRecorder, tiles: BackwardPassTiles, forall_now,
     the per-row values it computes for pass 2 (the row max, log l, the one-hot sums) leave
     it as [N, 16] lane tiles that pass 2 reads at lane 0, a value per column of its tile
     (transform_ext.forall_results_in_lane_form)."""
+    from transform_ext.filter_iterators import filter_iterators
     from transform_ext.forall_results_in_lane_form import forall_results_in_lane_form
+    from transform_ext.lane_form_gathers import lane_form_gathers
     from transform_ext.load_rows_in_lane_form import load_rows_in_lane_form
 
     rows = tiles.rows * tiles.grid[0]
@@ -258,12 +244,40 @@ def _hand_over_in_lanes(rec: StepRecorder, tiles: BackwardPassTiles, forall_now,
     rec.step("targets_in_lanes", targets)
     _fuse_sliced_producers(rec, forall_now, lambda func: _pass_handle(func, 1), mark)
 
+    def gathers(root):
+        pass_ops = match(_pass_handle(match(root, "func.func"), 1), "linalg.generic")
+        lane_form_gathers(filter_iterators(pass_ops, ["parallel"]), tiles.subgroup_size)
+
+    rec.step("gathers_in_lanes", gathers)
+    rec.step("canonicalize", passes("canonicalize", "cse"))
+
     def results(root):
         forall_results_in_lane_form(_pass_handle(match(root, "func.func"), 1),
                                     tiles.subgroup_size, read="first")
 
     rec.step("results_in_lanes", results)
     rec.step("canonicalize", passes("canonicalize", "cse"))
+
+
+def _class_vectors_in_lanes(rec: StepRecorder, tiles: BackwardPassTiles, forall_now,
+                            mark) -> None:
+    """Pass 2's per-class vectors (the bias b_c: a value per row of its [classes, rows]
+    tiles) read through a lane-form gather reduced over the lanes
+    (transform_ext.load_rows_in_lane_form over the [V] float arguments it slices), the
+    layout of a reduction over a tile's columns, as pass 1 reads y."""
+    from transform_ext.filter_by_element_type import filter_by_element_type
+    from transform_ext.load_rows_in_lane_form import load_rows_in_lane_form
+
+    classes = tiles.rows * tiles.grid[0]
+    element = {"bf16": ir.BF16Type, "f16": ir.F16Type}[tiles.dtype].get()
+
+    def vectors(root):
+        slices = match(_pass_handle(match(root, "func.func"), 2), "tensor.extract_slice")
+        load_rows_in_lane_form(filter_by_element_type(slices, element), classes,
+                               tiles.subgroup_size)
+
+    rec.step("class_vectors_in_lanes", vectors)
+    _fuse_sliced_producers(rec, forall_now, lambda func: _pass_handle(func, 2), mark)
 
 
 def _pass_handle(func: ir.Value, number: int) -> ir.Value:
@@ -291,6 +305,8 @@ def tile_backward_pass(rec: StepRecorder, tiles: BackwardPassTiles) -> None:
                            lambda func: match(_pass_handle(func, number), "scf.for"))
     if number == 1:
         _hand_over_in_lanes(rec, tiles, forall_now, mark)
+    else:
+        _class_vectors_in_lanes(rec, tiles, forall_now, mark)
 
     def fold(root):
         func = match(root, "func.func")
@@ -341,6 +357,21 @@ def slice_depth(rec: StepRecorder, tiles: BackwardPassTiles, pass_of) -> None:
 
 # ------------------------------------------------------------------------------- layouts
 
+def stores_in_lanes(rec: StepRecorder, gpu_func: ir.Operation, lanes: int) -> None:
+    """Step of `rec`: pass 2's column sums of its classes (db, a value per row of its tiles)
+    written in lane form, lane 0 of each row (transform_ext.scattered_stores_in_lane_form)."""
+    from transform_ext.scattered_stores_in_lane_form import scattered_stores_in_lane_form
+
+    from ..common import at_place, place_of
+
+    place = place_of(rec.trial.operation, gpu_func)
+
+    def body(root):
+        scattered_stores_in_lane_form(at_place(root, place), lanes)
+
+    rec.step("stores_in_lanes", body)
+
+
 def pass_anchors(gpu_func: ir.Operation, tiles: BackwardPassTiles) -> dict[str, list]:
     """The anchor layouts of one outlined pass after convert-vector-to-xegpu and
     split_transposed_loads, per ANCHOR_OPS name in structured.match order (a layout per
@@ -387,8 +418,9 @@ def pass_anchors(gpu_func: ir.Operation, tiles: BackwardPassTiles) -> dict[str, 
     logits = rows(tiles.step, [dm, dn])
     for op in ops_named(gpu_func, "xegpu.load"):
         shape = list(ir.VectorType(op.results[0].type).shape)
-        if shape == [tiles.rows, tiles.subgroup_size] and tiles.backward_pass == 1:
-            # the block's targets in lane form: one row per instruction
+        if shape == [tiles.rows, tiles.subgroup_size]:
+            # the block's per-row data in lane form (pass 1: the targets, pass 2: the bias
+            # of its classes): one row per instruction
             anchors["xegpu.load"].append(rows(shape[1], [1, tiles.subgroup_size]))
         elif shape == [tiles.step]:
             # a value per column of the step's tile: pass 1's bias tile, pass 2's per-row
@@ -398,8 +430,12 @@ def pass_anchors(gpu_func: ir.Operation, tiles: BackwardPassTiles) -> dict[str, 
             raise ValueError(f"{where}: a {shape} scattered load that is neither the block's "
                              "targets in lane form (pass 1) nor a vector over the step's "
                              "columns")
-    if ops_named(gpu_func, "xegpu.store"):
-        raise ValueError(f"{where}: a scattered store (per-row values leave in lane form)")
-    anchors["conversions"] = (row_conversions(gpu_func, tiles.rows, n, r, (dm, dn))
-                              if tiles.backward_pass == 1 else [])
+    for op in ops_named(gpu_func, "xegpu.store"):
+        shape = list(ir.VectorType(op.operands[0].type).shape)
+        if tiles.backward_pass != 2 or shape != [tiles.rows, tiles.subgroup_size]:
+            raise ValueError(f"{where}: a {shape} scattered store that is not pass 2's column "
+                             "sums of its classes (db) in lane form")
+        # db in lane form, lane 0 of each row writing: one row per instruction
+        anchors["xegpu.store"].append(rows(shape[1], [1, tiles.subgroup_size]))
+    anchors["conversions"] = row_conversions(gpu_func, tiles.rows, n, r, (dm, dn))
     return anchors

@@ -304,6 +304,7 @@ BACKWARD_CASES = {
     "f16_sum": ("float16", 128, 64, 256, False, False, "sum"),
     "bf16_d128_mean": ("bfloat16", 128, 128, 256, False, False, "mean"),
     "f16_d256_sum": ("float16", 192, 256, 320, False, False, "sum"),
+    "bf16_bias_weight_mean": ("bfloat16", 128, 64, 256, True, True, "mean"),
 }
 DEPTH_TILE = 64
 BACKWARD_KINDS = {"mean": ["linear_cross_entropy", "row_sum", "linear_cross_entropy_dh",
@@ -434,9 +435,10 @@ def test_backward_spirv_validates_and_ocloc_builds_without_spills(lowered_backwa
     assert kinds == BACKWARD_KINDS[lowered_backward.case[-1]]
 
 
-def test_backward_pvc_builds_without_spills(tmp_path):
-    """The same kernels for Ponte Vecchio."""
-    kernel = _write(tmp_path / "head.py", *BACKWARD_CASES["bf16_mean"])
+@pytest.mark.parametrize("case", ["bf16_mean", "bf16_bias_weight_mean"])
+def test_backward_pvc_builds_without_spills(tmp_path, case):
+    """The same kernels for Ponte Vecchio (with a bias and class weights too)."""
+    kernel = _write(tmp_path / "head.py", *BACKWARD_CASES[case])
     compiled = compile_kernel(kernel, target="xegpu", backward=True,
                               target_options={"chip": "pvc"})
     kernels = compiled.target.kernels
@@ -481,15 +483,21 @@ def test_backward_depth_without_gpu_form_is_refused_by_name(tmp_path, d, options
 
 
 def test_the_passes_hand_per_row_values_over_in_lane_form(lowered_backward):
-    """Pass 1 reads the targets by a lane-form gather ([64, 16], one row per instruction)
-    and writes the per-row values pass 2 reads (the row max, log l, the one-hot sums) as
-    [64, 16] lane tiles; pass 2 reads a value per column of its tile at lane 0 (scattered
-    [32] loads, laid out along the lanes as the tile's columns); no [rows] vector is
-    written by any kernel."""
+    """Pass 1 reads the targets (and the class weights w[y_n]) by lane-form gathers
+    ([64, 16], one row per instruction) and writes the per-row values pass 2 reads (the row
+    max, log l, the one-hot sums) as [64, 16] lane tiles; pass 2 reads a value per column
+    of its tile at lane 0 or gathered at y (w[y_n]: scattered [32] loads, laid out along
+    the lanes as the tile's columns), the bias of its classes by a lane-form gather, and
+    writes db in lane form, lane 0 of each row (a [64, 16] scattered store, one row per
+    instruction); no [rows] vector is read or written by any kernel."""
+    dtype, _, _, _, bias, weighted, _ = lowered_backward.case
+    narrow = {"bfloat16": "bf16", "float16": "f16"}[dtype]
     text = lowered_backward.stage_files["xegpu-layouts"].read_text()
     kernels = {re.search(r'kind = "(\w+)"', k).group(1): k
                for k in text.split("gpu.module @")[1:]}
     dh, dw = kernels["linear_cross_entropy_dh"], kernels["linear_cross_entropy_dw"]
+    row_loads = [l for l in re.findall(r"xegpu.load %[^\n]*", dh) if "-> vector<64x16x" in l]
+    assert len(row_loads) == 1 + weighted and all("inst_data = [1, 16]" in l for l in row_loads)
     filecheck(dh, """
         CHECK: xegpu.load {{.*}}inst_data = [1, 16]>}> : i64, vector<64x16xindex>, vector<64x16xi1> -> vector<64x16xi64>
         CHECK: vector.multi_reduction <maxsi>, {{.*}} [1] : vector<64x16xi64> to vector<64xi64>
@@ -498,25 +506,29 @@ def test_the_passes_hand_per_row_values_over_in_lane_form(lowered_backward):
         CHECK: xegpu.dpas
     """)
     assert len(re.findall(r"xegpu.store_nd [^\n]*: vector<64x16xf32>", dh)) == 3
-    assert "xegpu.store " not in text
+    stores = re.findall(r"xegpu.store %[^\n]*", text)
+    assert stores == re.findall(r"xegpu.store %[^\n]*", dw) and len(stores) == bias
+    assert all("inst_data = [1, 16]" in l and f": vector<64x16x{narrow}>, i64, vector<64x16xindex>"
+               in l for l in stores)
     loads = re.findall(r"xegpu.load %[^\n]*", dw)
-    assert len(loads) == 4 and all("dims = [0]" in l and "-> vector<32x" in l for l in loads)
+    columns = [l for l in loads if "-> vector<32x" in l]
+    assert len(columns) == 4 + weighted and all("dims = [0]" in l for l in columns)
+    rows = [l for l in loads if f"-> vector<64x16x{narrow}>" in l]
+    assert len(rows) == bias and all("inst_data = [1, 16]" in l for l in rows)
+    assert len(loads) == len(columns) + len(rows)
 
 
-@pytest.mark.parametrize("kind", ["mixed", "all_ignored", "huge", "edge_targets"])
-def test_backward_kernel_program_matches_torch_on_cpu(lowered_backward, kind):
-    """Numerics of the backward's kernels with the forward's (no GPU here): the loss, dh, dW
-    (and db) against torch's autograd, with ignored rows, all rows ignored, logits in the
-    hundreds, targets at the first and last class."""
+def _backward_program_matches_torch(low, kind):
+    """The kernels' program of `low` (its `workgroups` stage) on the CPU against torch's
+    autograd on the inputs of `kind`: the loss, dh, dW (and db)."""
     from lighthouse.compile import compare
 
-    dtype_name, n, d, v, bias, weighted, reduction = lowered_backward.case
-    w = lowered_backward.compiled.kernel.model.w
-    if not hasattr(lowered_backward, "cpu"):   # the class weights: its last argument
-        lowered_backward.cpu = _program_on_cpu(
-            lowered_backward, [TensorSpec(tuple(w.shape), w.dtype)] if weighted else [])
+    dtype_name, n, d, v, bias, weighted, reduction = low.case
+    w = low.compiled.kernel.model.w
+    if not hasattr(low, "cpu"):   # the class weights: its last argument
+        low.cpu = _program_on_cpu(low, [TensorSpec(tuple(w.shape), w.dtype)] if weighted else [])
     args = _inputs(getattr(torch, dtype_name), n, d, v, bias, kind)
-    got = lowered_backward.cpu(*args, *([w] if weighted else []))
+    got = low.cpu(*args, *([w] if weighted else []))
     leaves = [a.clone().requires_grad_() for a in args[:-1]]
     loss = F.cross_entropy(F.linear(*leaves), args[-1], weight=w if weighted else None,
                            reduction=reduction)
@@ -528,19 +540,42 @@ def test_backward_kernel_program_matches_torch_on_cpu(lowered_backward, kind):
         assert report.ok, (kind, str(report))
 
 
-@pytest.mark.parametrize("bias, weighted", [(True, False), (False, True)])
-def test_backward_with_a_bias_or_class_weights_is_refused_by_name(tmp_path, bias, weighted):
-    """The backward's per-class vectors (the bias tile and db, w_{y_n} per column of pass
-    2's tile) have no GPU form yet: refused naming the argument, before any kernel is made
-    (the forward of the same head lowers; the CPU target runs the backward)."""
-    kernel = _write(tmp_path / "head.py", "bfloat16", 128, 64, 256, bias, weighted, "mean")
-    compile_kernel(kernel, target="xegpu", stop_after="workgroups", strict=True)
-    with pytest.raises(LighthouseError) as error:
-        compile_kernel(kernel, target="xegpu", backward=True, stop_after="workgroups",
-                       strict=True)
-    message = str(error.value)
-    assert "linear cross-entropy backward pass 1" in message
-    assert "argument (a bias or class weights): the backward's per-class vectors" in message
+@pytest.mark.parametrize("kind", ["mixed", "all_ignored", "huge", "edge_targets"])
+def test_backward_kernel_program_matches_torch_on_cpu(lowered_backward, kind):
+    """Numerics of the backward's kernels with the forward's (no GPU here): the loss, dh, dW
+    (and db) against torch's autograd, with ignored rows, all rows ignored, logits in the
+    hundreds, targets at the first and last class."""
+    _backward_program_matches_torch(lowered_backward, kind)
+
+
+# The backward's kernel program on the CPU for more semantics than the compiled cases: a
+# bias alone, class weights alone, both with D in slices (the workgroups stage only: the
+# kernels' numerics).
+# name: (dtype, N, D, V, bias, class weights, reduction)
+PROGRAM_CASES = {
+    "f16_bias_sum": ("float16", 128, 64, 256, True, False, "sum"),
+    "bf16_weight_mean": ("bfloat16", 192, 64, 320, False, True, "mean"),
+    "bf16_d128_bias_weight_mean": ("bfloat16", 128, 128, 256, True, True, "mean"),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(PROGRAM_CASES))
+def backward_program(request, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp(f"program_{request.param}")
+    kernel = _write(tmp / "head.py", *PROGRAM_CASES[request.param])
+    compiled = compile_kernel(kernel, target="xegpu", backward=True, dump_dir=tmp / "dump",
+                              stop_after="workgroups", strict=True)
+    low = Lowered(compiled, tmp / "dump")
+    low.case = PROGRAM_CASES[request.param]
+    return low
+
+
+@pytest.mark.parametrize("kind", ["mixed", "all_ignored", "huge", "edge_targets"])
+def test_backward_program_with_a_bias_or_class_weights_matches_torch(backward_program, kind):
+    """A bias alone (db: pass 2's column sums of its classes) and class weights alone
+    (w[y_n] gathered per row in pass 1, per column in pass 2): the kernels' program against
+    torch's autograd, ignored rows, all rows ignored, large logits, edge targets."""
+    _backward_program_matches_torch(backward_program, kind)
 
 
 def test_backward_of_a_transposed_view_is_refused_by_name(tmp_path):
