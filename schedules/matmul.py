@@ -66,9 +66,11 @@ from transform_ext.collapse_reduction_dims import collapse_reduction_dims
 from transform_ext.common import defining_op, user_op, users
 from transform_ext.contracts_to_bf16_dot_products import contracts_to_bf16_dot_products
 from transform_ext.drop_unpack_destination_fill import drop_unpack_destination_fill
+from transform_ext.flatten_contiguous_writes import flatten_contiguous_writes
 from transform_ext.forward_masked_writes import forward_masked_writes
 from transform_ext.fold_casts_into_contractions import fold_casts_into_contractions
 from transform_ext.remove_annotation import remove_annotation
+from transform_ext.transpose_pairs_as_words import transpose_pairs_as_words
 from transform_ext.widen_contraction_operands import widen_contraction_operands
 
 import transform_ext
@@ -528,9 +530,14 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
     k_contiguous = {"a": dim_positions(ls.maps[c.a_index])[-1] == c.k,
                     "b": dim_positions(ls.maps[1 - c.a_index])[-1] == c.k}
     pairs = bf16_pairs(c, params)
-    # packed in pairs: one pair of k per packing step, whose transposes ([MR, 2] of A, B's
-    # two rows interleaved into [NR, 2]) are 2-D and lower to one shuffle each
-    pack_k = 1 if pairs else params.pack_k
+    # packed in pairs: B one pair of k per packing step (its two rows interleaved into
+    # [NR, 2]: one shuffle); A, when k is its contiguous dim, pack_k / 2 pairs per step (an
+    # [MR, pack_k / 2] transpose of 32-bit pairs), else one pair per step ([2, MR] -> [MR, 2])
+    pack_k = params.pack_k
+    if pairs:
+        pack_k = {"a": max(1, params.pack_k // 2) if k_contiguous["a"] else 1, "b": 1}
+    else:
+        pack_k = {"a": params.pack_k, "b": params.pack_k}
     widened = [] if pairs else [
         name for index, name in sorted({c.a_index: "a", 1 - c.a_index: "b"}.items())
         if c.op.operands[index].type.element_type != ir.F32Type.get()]
@@ -572,9 +579,9 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
         h = {i: at_place(root, place) for i, place in places.items()}
         _set_role(h[2], "kernel")
         if pack_a is not None:
-            _set_role(h[4], "pack_a", [1] * nb + ([1, 1, mr, 2] if pairs else [1, pack_k, mr]))
+            _set_role(h[4], "pack_a", [1] * nb + [1, pack_k["a"], mr] + ([2] if pairs else []))
         if pack_b is not None:
-            _set_role(h[3], "pack_b", [1] * nb + ([1, 1, nr, 2] if pairs else [1, pack_k, nr]))
+            _set_role(h[3], "pack_b", [1] * nb + [1, pack_k["b"], nr] + ([2] if pairs else []))
         _set_role(h[1], "unpack", c_tile)
         if init_is_fill:
             _set_role(h[5], "fill")
@@ -659,7 +666,7 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
         for name in ("a", "b"):
             if packs[name] is not None:
                 interchange = list(range(nb)) + [nb + 1, nb] if not k_contiguous[name] else None
-                tiled_packs[name], _ = _tile(packs[name], [1] * nb + [1, pack_k],
+                tiled_packs[name], _ = _tile(packs[name], [1] * nb + [1, pack_k[name]],
                                              interchange=interchange)
         if converts:  # the widening is fused level by level below, after cleanup
             transform.AnnotateOp(forall, f"{_WIDEN}_forall")
@@ -1017,9 +1024,13 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams,
         canonicalize(func)
         hoist_loop_invariant_subsets(func)
         canonicalize(func)
+        if pairs:  # A's [MR, k pairs, 2] -> [k pairs, MR, 2] as a 2-D transpose of words
+            transpose_pairs_as_words(func)
         lower_transposes(func, "Shuffle1D" if pairs else transpose_lowering)
         if pairs:
             contracts_to_bf16_dot_products(func)
+            flatten_contiguous_writes(func)
+            canonicalize(func)
         for attr in ANNOTATIONS:
             remove_annotation(root, attr)
 

@@ -132,6 +132,8 @@ OP_MODULES: list[str] = [
     "read_reduction_constants",
     "forward_masked_writes",
     "contracts_to_bf16_dot_products",
+    "flatten_contiguous_writes",
+    "transpose_pairs_as_words",
 ]
 
 
