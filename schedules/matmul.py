@@ -111,7 +111,9 @@ class MatmulParams:
     bf16_dot: two bf16 operands are packed as they are, k in pairs innermost (A_p[m1, k1,
       m0, 2], B_p[n1, k1, n0, 2], odd k zero-padded), and each register tile's step over a
       pair of k becomes AVX512-BF16 dot products (the target must have them); else 16-bit
-      operands are widened to f32 while packed."""
+      operands are widened to f32 while packed.
+    pair_tiles: (tile_m, tile_n) of a contraction packed in bf16 pairs (`for_pairs`), None:
+      the same tiles."""
 
     register: tuple[int, int] = (8, 32)
     tile_m: int = 256
@@ -122,6 +124,7 @@ class MatmulParams:
     pack: bool = True
     threads: int = 2
     bf16_dot: bool = False
+    pair_tiles: tuple[int, int] | None = None
 
     def __post_init__(self):
         mr, nr = self.register
@@ -133,19 +136,40 @@ class MatmulParams:
                 raise ValueError(f"{name}={value} must be a positive multiple of {unit}")
         if self.tile_k < 1 or self.pack_k < 1 or self.threads < 1:
             raise ValueError("tile_k, pack_k and threads must be >= 1")
+        self.for_pairs()  # the pair tiles are checked as tiles too
+
+    def for_pairs(self) -> "MatmulParams":
+        """The parameters of a contraction packed in bf16 pairs: its own output tiles."""
+        if self.pair_tiles is None:
+            return self
+        tile_m, tile_n = self.pair_tiles
+        return dataclasses.replace(self, tile_m=tile_m, tile_n=tile_n,
+                                   block_m=min(tile_m, self.block_m), pair_tiles=None)
 
     @staticmethod
     def for_cpu(batch: int, m: int, n: int, k: int, cpu, threads: int) -> "MatmulParams":
         """`for_shape` on a CPU described by `cpu` (lighthouse.targets.description
         CpuDescription): its f32 lanes and vector registers; max_tile the largest power of
         two whose square f32 accumulator tile fills at most half of L2; max_tile_k the
-        largest power of two whose B micro-panel (max_tile_k x NR f32) fits in L1."""
+        largest power of two whose B micro-panel (max_tile_k x NR f32) fits in L1. With
+        bf16 dot products, the tiles of a contraction packed in pairs (`pair_tiles`) are
+        planned with twice max_tile: its kernel runs at twice the f32 rate on panels of half
+        the bytes, so each repacking of A (per column of tiles) and of B (per row) costs
+        twice as much against it; larger tiles pack each panel fewer times (the f32
+        accumulator tile then fills L2: it is read and written once per k block)."""
         nr = register_tile_for(cpu.f32_lanes, cpu.vector_registers)[1]
-        params = MatmulParams.for_shape(
-            batch, m, n, k, threads=threads, lanes=cpu.f32_lanes, registers=cpu.vector_registers,
-            max_tile=_power_of_two_at_most(math.isqrt(cpu.l2_bytes // 2 // 4)),
-            max_tile_k=_power_of_two_at_most(cpu.l1d_bytes // (4 * nr)))
-        return dataclasses.replace(params, bf16_dot=cpu.bf16_dot)
+        max_tile = _power_of_two_at_most(math.isqrt(cpu.l2_bytes // 2 // 4))
+
+        def plan(tile):
+            return MatmulParams.for_shape(
+                batch, m, n, k, threads=threads, lanes=cpu.f32_lanes, registers=cpu.vector_registers,
+                max_tile=tile, max_tile_k=_power_of_two_at_most(cpu.l1d_bytes // (4 * nr)))
+
+        params = plan(max_tile)
+        if not cpu.bf16_dot:
+            return params
+        pairs = plan(2 * max_tile)
+        return dataclasses.replace(params, bf16_dot=True, pair_tiles=(pairs.tile_m, pairs.tile_n))
 
     @staticmethod
     def for_shape(batch: int, m: int, n: int, k: int, *, threads: int = 2, lanes: int = 16,
@@ -895,6 +919,8 @@ def schedule_contractions(rec: StepRecorder, params_for) -> None:
             return
         c = found[-1]
         params = params_for(*c.shape)
+        if bf16_pairs(c, params):
+            params = params.for_pairs()
         if params.pack:
             _schedule_packed(rec, c, params)
         else:
