@@ -28,8 +28,9 @@ contraction, last first:
   3. cache blocking inside a tile: for each k block of tile_k, B's panel is packed; for
      each block_m rows, A's panel is packed; then for every (n1, m1) the MR x NR register
      tile accumulates over the block's k (k loop innermost, one outer product per k).
-  4. the packs are tiled to pack_k-deep slices, the unpack (with the epilogue fused) and
-     the C_p fill to MR x NR tiles.
+  4. the packs are tiled to pack_k-deep slices (packed in pairs: A pack_k / 2 pairs when
+     k is its contiguous dim, else one pair; B one pair), the unpack (with the epilogue
+     fused) and the C_p fill to MR x NR tiles.
   A reduction of C (or of its epilogue) over m or n, read with the identity map, becomes
   the root instead: the forall splits the dim it keeps, an scf.for inside walks the reduced
   dim in tile_m or tile_n steps, everything above is fused into that loop, and each MR x NR
@@ -40,8 +41,11 @@ vector sizes (edge tiles become masked transfers), the contraction becomes an MR
 vector.contract (lowered by the target to outer products, i.e. MR x NR/lanes FMAs with
 broadcast A; an MR x NR x 2 bf16 one becomes dot products), the pack transposes are
 lowered to shuffles (16 x 16 blocks; with bf16 pairs, one shuffle per 2-D transpose, for
-every transpose of the function), and the accumulator is hoisted into registers across the
-k loop.
+every transpose of the function: A's [MR, pack_k / 2 pairs, 2] as a transpose of 32-bit
+words, transform_ext.transpose_pairs_as_words; B's two rows interleaved), a packing step's
+write of whole trailing panel dims becomes one 1-D write (transform_ext.
+flatten_contiguous_writes: not one 4-byte store per pair), and the accumulator is hoisted
+into registers across the k loop.
 
 `MatmulParams.for_shape` picks the parameters from the shapes; `pack=False` keeps the
 operands in place (register tiles read A and B directly: for skinny shapes, where packing
@@ -105,7 +109,8 @@ class MatmulParams:
     tile_m, tile_n: output tile of one scf.forall iteration (multiples of MR, NR).
     tile_k: k block; the packed panels of one block are tile_k deep.
     block_m: rows of A packed at once inside a k block (multiple of MR).
-    pack_k: k extent of one packing step (a pack_k x MR transpose for A).
+    pack_k: k extent of one packing step (a pack_k x MR transpose for A; in bf16 pairs, an
+      [MR, pack_k / 2] transpose of pairs).
     pack: pack A and B into panels (False: register tiles read the operands in place).
     threads: the forall tiles are sized so that every thread gets work.
     bf16_dot: two bf16 operands are packed as they are, k in pairs innermost (A_p[m1, k1,
