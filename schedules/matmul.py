@@ -28,8 +28,9 @@ contraction, last first:
   3. cache blocking inside a tile: for each k block of tile_k, B's panel is packed; for
      each block_m rows, A's panel is packed; then for every (n1, m1) the MR x NR register
      tile accumulates over the block's k (k loop innermost, one outer product per k).
-  4. the packs are tiled to pack_k-deep slices, the unpack (with the epilogue fused) and
-     the C_p fill to MR x NR tiles.
+  4. the packs are tiled to pack_k-deep slices (packed in pairs: A pack_k / 2 pairs when
+     k is its contiguous dim, else one pair; B one pair), the unpack (with the epilogue
+     fused) and the C_p fill to MR x NR tiles.
   A reduction of C (or of its epilogue) over m or n, read with the identity map, becomes
   the root instead: the forall splits the dim it keeps, an scf.for inside walks the reduced
   dim in tile_m or tile_n steps, everything above is fused into that loop, and each MR x NR
@@ -40,8 +41,11 @@ vector sizes (edge tiles become masked transfers), the contraction becomes an MR
 vector.contract (lowered by the target to outer products, i.e. MR x NR/lanes FMAs with
 broadcast A; an MR x NR x 2 bf16 one becomes dot products), the pack transposes are
 lowered to shuffles (16 x 16 blocks; with bf16 pairs, one shuffle per 2-D transpose, for
-every transpose of the function), and the accumulator is hoisted into registers across the
-k loop.
+every transpose of the function: A's [MR, pack_k / 2 pairs, 2] as a transpose of 32-bit
+words, transform_ext.transpose_pairs_as_words; B's two rows interleaved), a packing step's
+write of whole trailing panel dims becomes one 1-D write (transform_ext.
+flatten_contiguous_writes: not one 4-byte store per pair), and the accumulator is hoisted
+into registers across the k loop.
 
 `MatmulParams.for_shape` picks the parameters from the shapes; `pack=False` keeps the
 operands in place (register tiles read A and B directly: for skinny shapes, where packing
@@ -66,9 +70,11 @@ from transform_ext.collapse_reduction_dims import collapse_reduction_dims
 from transform_ext.common import defining_op, user_op, users
 from transform_ext.contracts_to_bf16_dot_products import contracts_to_bf16_dot_products
 from transform_ext.drop_unpack_destination_fill import drop_unpack_destination_fill
+from transform_ext.flatten_contiguous_writes import flatten_contiguous_writes
 from transform_ext.forward_masked_writes import forward_masked_writes
 from transform_ext.fold_casts_into_contractions import fold_casts_into_contractions
 from transform_ext.remove_annotation import remove_annotation
+from transform_ext.transpose_pairs_as_words import transpose_pairs_as_words
 from transform_ext.widen_contraction_operands import widen_contraction_operands
 
 import transform_ext
@@ -103,13 +109,16 @@ class MatmulParams:
     tile_m, tile_n: output tile of one scf.forall iteration (multiples of MR, NR).
     tile_k: k block; the packed panels of one block are tile_k deep.
     block_m: rows of A packed at once inside a k block (multiple of MR).
-    pack_k: k extent of one packing step (a pack_k x MR transpose for A).
+    pack_k: k extent of one packing step (a pack_k x MR transpose for A; in bf16 pairs, an
+      [MR, pack_k / 2] transpose of pairs).
     pack: pack A and B into panels (False: register tiles read the operands in place).
     threads: the forall tiles are sized so that every thread gets work.
     bf16_dot: two bf16 operands are packed as they are, k in pairs innermost (A_p[m1, k1,
       m0, 2], B_p[n1, k1, n0, 2], odd k zero-padded), and each register tile's step over a
       pair of k becomes AVX512-BF16 dot products (the target must have them); else 16-bit
-      operands are widened to f32 while packed."""
+      operands are widened to f32 while packed.
+    pair_tiles: (tile_m, tile_n) of a contraction packed in bf16 pairs (`for_pairs`), None:
+      the same tiles."""
 
     register: tuple[int, int] = (8, 32)
     tile_m: int = 256
@@ -120,6 +129,7 @@ class MatmulParams:
     pack: bool = True
     threads: int = 2
     bf16_dot: bool = False
+    pair_tiles: tuple[int, int] | None = None
 
     def __post_init__(self):
         mr, nr = self.register
@@ -131,19 +141,40 @@ class MatmulParams:
                 raise ValueError(f"{name}={value} must be a positive multiple of {unit}")
         if self.tile_k < 1 or self.pack_k < 1 or self.threads < 1:
             raise ValueError("tile_k, pack_k and threads must be >= 1")
+        self.for_pairs()  # the pair tiles are checked as tiles too
+
+    def for_pairs(self) -> "MatmulParams":
+        """The parameters of a contraction packed in bf16 pairs: its own output tiles."""
+        if self.pair_tiles is None:
+            return self
+        tile_m, tile_n = self.pair_tiles
+        return dataclasses.replace(self, tile_m=tile_m, tile_n=tile_n,
+                                   block_m=min(tile_m, self.block_m), pair_tiles=None)
 
     @staticmethod
     def for_cpu(batch: int, m: int, n: int, k: int, cpu, threads: int) -> "MatmulParams":
         """`for_shape` on a CPU described by `cpu` (lighthouse.targets.description
         CpuDescription): its f32 lanes and vector registers; max_tile the largest power of
         two whose square f32 accumulator tile fills at most half of L2; max_tile_k the
-        largest power of two whose B micro-panel (max_tile_k x NR f32) fits in L1."""
+        largest power of two whose B micro-panel (max_tile_k x NR f32) fits in L1. With
+        bf16 dot products, the tiles of a contraction packed in pairs (`pair_tiles`) are
+        planned with twice max_tile: its kernel runs at twice the f32 rate on panels of half
+        the bytes, so each repacking of A (per column of tiles) and of B (per row) costs
+        twice as much against it; larger tiles pack each panel fewer times (the f32
+        accumulator tile then fills L2: it is read and written once per k block)."""
         nr = register_tile_for(cpu.f32_lanes, cpu.vector_registers)[1]
-        params = MatmulParams.for_shape(
-            batch, m, n, k, threads=threads, lanes=cpu.f32_lanes, registers=cpu.vector_registers,
-            max_tile=_power_of_two_at_most(math.isqrt(cpu.l2_bytes // 2 // 4)),
-            max_tile_k=_power_of_two_at_most(cpu.l1d_bytes // (4 * nr)))
-        return dataclasses.replace(params, bf16_dot=cpu.bf16_dot)
+        max_tile = _power_of_two_at_most(math.isqrt(cpu.l2_bytes // 2 // 4))
+
+        def plan(tile):
+            return MatmulParams.for_shape(
+                batch, m, n, k, threads=threads, lanes=cpu.f32_lanes, registers=cpu.vector_registers,
+                max_tile=tile, max_tile_k=_power_of_two_at_most(cpu.l1d_bytes // (4 * nr)))
+
+        params = plan(max_tile)
+        if not cpu.bf16_dot:
+            return params
+        pairs = plan(2 * max_tile)
+        return dataclasses.replace(params, bf16_dot=True, pair_tiles=(pairs.tile_m, pairs.tile_n))
 
     @staticmethod
     def for_shape(batch: int, m: int, n: int, k: int, *, threads: int = 2, lanes: int = 16,
@@ -528,9 +559,14 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
     k_contiguous = {"a": dim_positions(ls.maps[c.a_index])[-1] == c.k,
                     "b": dim_positions(ls.maps[1 - c.a_index])[-1] == c.k}
     pairs = bf16_pairs(c, params)
-    # packed in pairs: one pair of k per packing step, whose transposes ([MR, 2] of A, B's
-    # two rows interleaved into [NR, 2]) are 2-D and lower to one shuffle each
-    pack_k = 1 if pairs else params.pack_k
+    # packed in pairs: B one pair of k per packing step (its two rows interleaved into
+    # [NR, 2]: one shuffle); A, when k is its contiguous dim, pack_k / 2 pairs per step (an
+    # [MR, pack_k / 2] transpose of 32-bit pairs), else one pair per step ([2, MR] -> [MR, 2])
+    pack_k = params.pack_k
+    if pairs:
+        pack_k = {"a": max(1, params.pack_k // 2) if k_contiguous["a"] else 1, "b": 1}
+    else:
+        pack_k = {"a": params.pack_k, "b": params.pack_k}
     widened = [] if pairs else [
         name for index, name in sorted({c.a_index: "a", 1 - c.a_index: "b"}.items())
         if c.op.operands[index].type.element_type != ir.F32Type.get()]
@@ -572,9 +608,9 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
         h = {i: at_place(root, place) for i, place in places.items()}
         _set_role(h[2], "kernel")
         if pack_a is not None:
-            _set_role(h[4], "pack_a", [1] * nb + ([1, 1, mr, 2] if pairs else [1, pack_k, mr]))
+            _set_role(h[4], "pack_a", [1] * nb + [1, pack_k["a"], mr] + ([2] if pairs else []))
         if pack_b is not None:
-            _set_role(h[3], "pack_b", [1] * nb + ([1, 1, nr, 2] if pairs else [1, pack_k, nr]))
+            _set_role(h[3], "pack_b", [1] * nb + [1, pack_k["b"], nr] + ([2] if pairs else []))
         _set_role(h[1], "unpack", c_tile)
         if init_is_fill:
             _set_role(h[5], "fill")
@@ -659,7 +695,7 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
         for name in ("a", "b"):
             if packs[name] is not None:
                 interchange = list(range(nb)) + [nb + 1, nb] if not k_contiguous[name] else None
-                tiled_packs[name], _ = _tile(packs[name], [1] * nb + [1, pack_k],
+                tiled_packs[name], _ = _tile(packs[name], [1] * nb + [1, pack_k[name]],
                                              interchange=interchange)
         if converts:  # the widening is fused level by level below, after cleanup
             transform.AnnotateOp(forall, f"{_WIDEN}_forall")
@@ -888,6 +924,8 @@ def schedule_contractions(rec: StepRecorder, params_for) -> None:
             return
         c = found[-1]
         params = params_for(*c.shape)
+        if bf16_pairs(c, params):
+            params = params.for_pairs()
         if params.pack:
             _schedule_packed(rec, c, params)
         else:
@@ -1017,9 +1055,13 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams,
         canonicalize(func)
         hoist_loop_invariant_subsets(func)
         canonicalize(func)
+        if pairs:  # A's [MR, k pairs, 2] -> [k pairs, MR, 2] as a 2-D transpose of words
+            transpose_pairs_as_words(func)
         lower_transposes(func, "Shuffle1D" if pairs else transpose_lowering)
         if pairs:
             contracts_to_bf16_dot_products(func)
+            flatten_contiguous_writes(func)
+            canonicalize(func)
         for attr in ANNOTATIONS:
             remove_annotation(root, attr)
 

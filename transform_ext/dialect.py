@@ -136,6 +136,8 @@ OP_MODULES: list[str] = [
     "contracts_to_bf16_dot_products",
     "match_loop_accumulators",
     "forall_allocs_to_function",
+    "flatten_contiguous_writes",
+    "transpose_pairs_as_words",
 ]
 
 

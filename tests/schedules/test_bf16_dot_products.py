@@ -52,6 +52,10 @@ MATMULS = [
     dict(m=40, n=72, k=34, expr="torch.nn.functional.gelu(a @ b) + 1"),  # epilogue
     dict(m=40, n=72, k=34, expr="(a @ b).t().contiguous()"),  # C^T folded into the unpack
     dict(m=40, n=72, k=35, expr="(a @ b) * (a @ b).sum()"),  # the product read twice
+    # A packed 8 pairs per step: 23 pairs (8 + 8 + 7, the last step masked), a batch with B^T
+    dict(m=33, n=40, k=46),
+    dict(m=17, n=33, k=50, b=2, expr="a @ b.transpose(1, 2)", a_shape="B, M, K", b_shape="B, N, K"),
+    dict(m=24, n=48, k=32, expr="(a.t() @ b).t()", a_shape="K, M"),  # A^T in, C^T out
 ]
 
 
@@ -84,6 +88,53 @@ def test_matmul_llvm_ir_calls_the_dot_product_only_when_on(kernel_file, dot):
     else:
         assert "x86.avx512.dot" not in vectorized and DOT not in llvm
         filecheck(vectorized, "CHECK: vector.contract {{.*}} : vector<1x8xf32>, vector<1x32xf32>")
+
+
+def test_matmul_packs_a_by_word_transposes_and_writes_panels_whole(kernel_file):
+    """With the dot products, A (k contiguous) is packed 8 pairs per step: an [8 rows, 8
+    pairs] transpose of 32-bit words, written as one 128-element run of its panel; B's two
+    rows interleaved by one shuffle into one 64-element write; the register tile's step over
+    a pair of k is 8 x 2 dot products on 16 accumulators; no packing step stores rows of
+    2 elements (what the transfer lowering made of an unflattened [NR, 2] write)."""
+    path = binary_kernel(kernel_file, 64, 64, 64, dtype="bfloat16")
+    vectorized = str(compile_with(path, True, stop_after="vectorize").module)
+    filecheck(vectorized, """
+        CHECK: vector.shuffle {{.*}} : vector<64xbf16>, vector<64xbf16>
+        CHECK-NEXT: tensor.collapse_shape
+        CHECK-NEXT: vector.transfer_write {{.*}} : vector<64xbf16>, tensor<1x1x64xbf16>
+    """)
+    filecheck(vectorized, """
+        CHECK: vector.transfer_read {{.*}} : tensor<8x16xbf16>, vector<8x16xbf16>
+        CHECK-NEXT: vector.bitcast {{.*}} : vector<8x16xbf16> to vector<8x8xi32>
+        CHECK: vector.shuffle {{.*}} : vector<64xi32>, vector<64xi32>
+        CHECK: vector.transfer_write {{.*}} : vector<128xbf16>, tensor<1x128xbf16>
+    """)
+    filecheck(vectorized, """
+        CHECK: scf.for {{.*}} -> (vector<8x32xf32>)
+        CHECK-COUNT-16: x86.avx512.dot
+        CHECK-NOT: x86.avx512.dot
+        CHECK: scf.yield {{.*}} : vector<8x32xf32>
+    """)
+    assert not re.search(r"vector.transfer_write .*: vector<(8|32)x2xbf16>", vectorized)
+
+
+def test_contractions_packed_in_pairs_take_larger_tiles(kernel_file):
+    """With the dot products a bf16 contraction's output tiles are planned with twice the
+    largest tile (pair_tiles): 512 x 512 on a 1 MiB L2 where f32 takes 256 x 256."""
+    from lighthouse.targets.description import describe_cpu
+    from schedules.matmul import MatmulParams
+
+    cpu = describe_cpu(frozenset({"avx512f", "avx512_bf16"}), {1: 48 << 10, 2: 1 << 20}, 2)
+    params = MatmulParams.for_cpu(1, 2048, 2048, 2048, cpu, 2)
+    assert (params.tile_m, params.tile_n, params.pair_tiles) == (256, 256, (512, 512))
+    assert (params.for_pairs().tile_m, params.for_pairs().tile_n) == (512, 512)
+    without = MatmulParams.for_cpu(1, 2048, 2048, 2048, dataclasses.replace(cpu, bf16_dot=False), 2)
+    assert without.pair_tiles is None and without.for_pairs() == without
+    options = {"cpu": dataclasses.replace(host_cpu(), l2_bytes=1 << 20, bf16_dot=True)}
+    for dtype, tile in (("bfloat16", 512), ("float32", 256)):
+        fused = str(compile_kernel(binary_kernel(kernel_file, 1024, 1024, 1024, dtype=dtype),
+                                   target_options=options, stop_after="fuse").module)
+        filecheck(fused, f"CHECK: scf.forall {{{{.*}}}} in ({1024 // tile}, {1024 // tile})")
 
 
 def test_f32_matmul_is_the_same_either_way(kernel_file):
