@@ -562,7 +562,6 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
     # packed in pairs: B one pair of k per packing step (its two rows interleaved into
     # [NR, 2]: one shuffle); A, when k is its contiguous dim, pack_k / 2 pairs per step (an
     # [MR, pack_k / 2] transpose of 32-bit pairs), else one pair per step ([2, MR] -> [MR, 2])
-    pack_k = params.pack_k
     if pairs:
         pack_k = {"a": max(1, params.pack_k // 2) if k_contiguous["a"] else 1, "b": 1}
     else:
