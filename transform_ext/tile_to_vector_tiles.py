@@ -4,8 +4,9 @@ Sizes from `vector_tile_sizes` (transform_ext.analysis.tiles):
 - a contraction: an m x n register tile (the largest divisors of its m and n extents up to
   register_tile), k = 1; with a third entry k2 in register_tile, k = k2 for a contraction
   whose two inputs are bf16 (pairs of k for the bf16 dot products; an odd last k step is
-  peeled into a static tile of its own). When its accumulator's producer (a fill, an elementwise generic) can
-  be computed per register tile (`register_tile_init_producer`) and the tile is smaller
+  peeled into a static tile of its own); a vector-matrix product y[m] += A[k, m] x[k]
+  (`is_vector_matrix`), a run of m x n lanes along A's rows. When its accumulator's
+  producer (a fill, an elementwise generic) can be computed per register tile (`register_tile_init_producer`) and the tile is smaller
   than the whole output, the m/n loops come first, the producer is computed in each tile
   (transform_ext.fuse_init_into_register_tile), then the k loop;
 - any other op: 1 x ... x 1 x W along its lane dim (`lane_dim`), the loops over its reduction
@@ -27,7 +28,8 @@ from torch_mlir.dialects import ext, transform
 from torch_mlir.dialects.transform import loop, structured
 
 from .analysis.structure import all_linalg_ops, loop_structure
-from .analysis.tiles import VectorPolicy, register_tile_init_producer, vector_tile_sizes
+from .analysis.tiles import (VectorPolicy, is_vector_matrix, lane_dim, register_tile_init_producer,
+                             vector_tile_sizes)
 from .common import Illegal, RewritesNestedOps, Success, fail, payload_ops
 from .dialect import TransformExt
 from .fuse_init_into_register_tile import fuse_init_into_register_tile
@@ -67,7 +69,7 @@ def _fuses_init(op: ir.Operation, sizes: list[int]) -> bool:
         return False
     ls = loop_structure(op)
     dims = ls.contraction_dims()
-    return bool(dims["m"] and dims["n"]) and any(
+    return bool(dims["m"] and dims["n"] or is_vector_matrix(ls, lane_dim(ls))) and any(
         s < r for d, (s, r) in enumerate(zip(sizes, ls.ranges)) if d in ls.parallel_dims)
 
 

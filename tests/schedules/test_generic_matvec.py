@@ -100,7 +100,7 @@ IN_PLACE = """
 
 @pytest.mark.parametrize("expr, a, x, checks", [
     # A^T x: A [K, M] read in place, m innermost (the vector x matrix form)
-    ("a.t() @ x", "256, 64", "256, 1", IN_PLACE.replace("READ", "(d0, d1, d2) -> (d2, d0)")),
+    ("a.t() @ x", "256, 64", "256, 1", IN_PLACE.replace("READ", "(d0, d1) -> (d1, d0)")),
     ("torch.mv(a.t(), x)", "256, 64", "256", IN_PLACE.replace("READ", "(d0, d1) -> (d1, d0)")),
     # x A^T: A [N, K] read in place, k innermost: split into lanes, rows of A [N, K1, L]
     ("x @ a.t()", "64, 256", "1, 256", """

@@ -184,6 +184,11 @@ def vector_tile_sizes(op: ir.Operation, policy) -> list[int] | None:
                 sizes[dims["k"][0]] = min(policy.bf16_k, ls.ranges[dims["k"][0]])
             return sizes
     lane = lane_dim(ls)
+    if is_vector_matrix(ls, lane):
+        # y[m] += A[k, m] x[k]: a register tile's worth of accumulators along A's rows
+        sizes[lane] = lane_tile(ls.ranges[lane], policy.register_tile[0] * policy.register_tile[1],
+                                even=touches_bf16(op))
+        return sizes
     sizes[lane] = lane_tile(ls.ranges[lane], policy.vector_tile, even=touches_bf16(op))
     rows = shared_lane_rows(ls, lane)
     if rows is not None:
@@ -192,6 +197,23 @@ def vector_tile_sizes(op: ir.Operation, policy) -> list[int] | None:
     if all(s == r for s, r in zip(sizes, ls.ranges)):
         return None
     return sizes
+
+
+def is_vector_matrix(ls, lane: int) -> bool:
+    """Is the op a contraction with rows on one side only (no n dims, or no m dims) whose
+    lane dim is one of those rows, innermost in the output and in the operand holding
+    them, and read by no other operand: y[b.., m] = sum_k A[b.., k, m] x[b.., k] (A^T x or
+    x^T A with A read in place, unit dims dropped)? Each k step is then an FMA of a run of
+    A's row with one broadcast element of x."""
+    if not ls.is_contraction or ls.num_outputs != 1:
+        return False
+    dims = ls.contraction_dims()
+    rows = dims["m"] or dims["n"]
+    if (dims["m"] and dims["n"]) or lane not in rows or len(dims["k"]) < 1:
+        return False
+    readers = [m for m in ls.maps[:ls.num_inputs] if lane in dim_positions(m)]
+    return dim_positions(ls.output_map(0))[-1:] == [lane] and len(readers) == 1 \
+        and dim_positions(readers[0])[-1:] == [lane]
 
 
 def shared_lane_rows(ls, lane: int) -> int | None:
