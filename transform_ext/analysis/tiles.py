@@ -35,11 +35,14 @@ class ForallPolicy:
 class VectorPolicy:
     """vector_tile elements along the lane dim; (m, n) register tiles of contractions;
     bf16_k: k step of the register tiles of contractions whose two inputs are bf16 (2: a
-    pair of k per step, the form of transform_ext.contracts_to_bf16_dot_products)."""
+    pair of k per step, the form of transform_ext.contracts_to_bf16_dot_products);
+    k_chunk: rows of A per chunk of a vector-matrix product's k loop (1: no chunks, see
+    `vector_matrix_k_chunk`)."""
 
     vector_tile: int
     register_tile: tuple[int, int]
     bf16_k: int = 1
+    k_chunk: int = 1
 
 
 def smallest_divisor_at_least(n: int, low: int) -> int:
@@ -185,9 +188,12 @@ def vector_tile_sizes(op: ir.Operation, policy) -> list[int] | None:
             return sizes
     lane = lane_dim(ls)
     if is_vector_matrix(ls, lane):
-        # y[m] += A[k, m] x[k]: a register tile's worth of accumulators along A's rows
-        sizes[lane] = lane_tile(ls.ranges[lane], policy.register_tile[0] * policy.register_tile[1],
-                                even=touches_bf16(op))
+        # y[m] += A[k, m] x[k]: a register tile's worth of accumulators along A's rows, the
+        # whole row when it fits, else a divisor of at least half of it, else peeled
+        run, extent = policy.register_tile[0] * policy.register_tile[1], ls.ranges[lane]
+        sizes[lane] = extent if extent <= run else largest_divisor_at_most(extent, run)
+        if 2 * sizes[lane] < run:
+            sizes[lane] = min(run, extent)
         return sizes
     sizes[lane] = lane_tile(ls.ranges[lane], policy.vector_tile, even=touches_bf16(op))
     rows = shared_lane_rows(ls, lane)
@@ -214,6 +220,23 @@ def is_vector_matrix(ls, lane: int) -> bool:
     readers = [m for m in ls.maps[:ls.num_inputs] if lane in dim_positions(m)]
     return dim_positions(ls.output_map(0))[-1:] == [lane] and len(readers) == 1 \
         and dim_positions(readers[0])[-1:] == [lane]
+
+
+def vector_matrix_k_chunk(op: ir.Operation, policy) -> int | None:
+    """For a vector-matrix product (`is_vector_matrix`) of one k dim: the rows of A per
+    chunk of its k loop (the largest divisor of K up to policy.k_chunk, at least half of
+    it), run outside the register tiles: a chunk's rows are read side by side, each as a
+    sequential stream across the tiles, instead of one run per row down a column strip of
+    A. None when the op is not such a product or K has no such divisor above it."""
+    ls = loop_structure(op)
+    if not ls.is_static or not is_vector_matrix(ls, lane_dim(ls)):
+        return None
+    k_dims = ls.contraction_dims()["k"]
+    target = policy.k_chunk
+    if len(k_dims) != 1 or target < 2 or ls.ranges[k_dims[0]] <= target:
+        return None
+    chunk = largest_divisor_at_most(ls.ranges[k_dims[0]], target)
+    return chunk if 2 * chunk >= target else None
 
 
 def shared_lane_rows(ls, lane: int) -> int | None:
