@@ -141,7 +141,9 @@ def test_a_transposed_views_accumulator_is_a_lane_vector(kernel_file):
         CHECK:     scf.for %[[K:.*]] = %c0 to %c16 step %c1 iter_args(%{{.*}} = %{{.*}}) -> (vector<256xf32>)
         CHECK:       vector.transfer_read %arg0[%{{.*}}, %{{.*}}]{{.*}} : tensor<64x512xf32>, vector<1x256xf32>
         CHECK:       vector.transfer_read %[[X]][%{{.*}}]{{.*}} : tensor<64xf32>, vector<1xf32>
-        CHECK:       vector.contract {{.*}} : vector<1x256xf32>, vector<1xf32> into vector<256xf32>
+        CHECK:       vector.broadcast %{{.*}} : vector<f32> to vector<256xf32>
+        CHECK:       vector.fma %{{.*}}, %{{.*}}, %{{.*}} : vector<256xf32>
+        CHECK-NOT: vector.contract
         CHECK: tensor.expand_shape %{{.*}} {{\[}}[0, 1]] output_shape [512, 1] : tensor<512xf32> into tensor<512x1xf32>
         CHECK-NOT: linalg.transpose
     """)
@@ -149,8 +151,9 @@ def test_a_transposed_views_accumulator_is_a_lane_vector(kernel_file):
 
 
 def test_a_batched_transposed_views_accumulator_is_a_lane_vector(kernel_file):
-    """bmm(A^T, x): per batch the same lane run along the rows of A[b] (a bf16 A widened
-    into f32 running sums)."""
+    """bmm(A^T, x): per batch the same lane run along the rows of A[b], a bf16 A widened
+    into f32 running sums by one FMA per step (the contraction lowering had extracted
+    each of its 256 lanes)."""
     compiled = _compile(kernel_file, "torch.bmm(a.transpose(1, 2), x)", "2, 32, 256",
                         "2, 32, 1", ".to(torch.bfloat16)", stop_after="vectorize")
     check(str(compiled.module), """
@@ -160,6 +163,7 @@ def test_a_batched_transposed_views_accumulator_is_a_lane_vector(kernel_file):
         CHECK:   scf.for %{{.*}} = %c0 to %c32 step %c16
         CHECK:     iter_args(%{{.*}} = %{{.*}}) -> (vector<1x256xf32>)
         CHECK:   vector.transfer_read %arg0[%{{.*}}, %{{.*}}, %{{.*}}]{{.*}} : tensor<2x32x256xbf16>, vector<1x1x256xbf16>
-        CHECK:   vector.contract {{.*}} into vector<1x256xf32>
+        CHECK:   vector.fma %{{.*}}, %{{.*}}, %{{.*}} : vector<1x256xf32>
+        CHECK-NOT: vector.contract
         CHECK-NOT: linalg.transpose
     """)
