@@ -8,7 +8,9 @@ vectors along A's rows (no [M, 1] accumulator of one-lane vectors)."""
 
 import pytest
 
+from lighthouse.benchmarks.suite import module_globals
 from lighthouse.compile import compile_kernel
+from tests.conftest import EXAMPLES
 from tests.transform_ext.helpers import check
 
 KERNEL = """
@@ -135,7 +137,7 @@ def test_a_transposed_views_accumulator_is_a_lane_vector(kernel_file):
     check(str(compiled.module), """
         CHECK-LABEL: func.func @main(%arg0: tensor<64x512xf32>, %arg1: tensor<64x1xf32>)
         CHECK-NOT: linalg.transpose
-        CHECK: %[[X:.*]] = tensor.collapse_shape %arg1 {{\[}}[0, 1]] : tensor<64x1xf32> into tensor<64xf32>
+        CHECK: %[[X:.*]] = tensor.collapse_shape %arg1 {{\\[}}[0, 1]] : tensor<64x1xf32> into tensor<64xf32>
         CHECK: scf.for %{{.*}} = %c0 to %c64 step %c16
         CHECK:   scf.for %{{.*}} = %c0 to %c512 step %c256
         CHECK:     scf.for %[[K:.*]] = %c0 to %c16 step %c1 iter_args(%{{.*}} = %{{.*}}) -> (vector<256xf32>)
@@ -144,7 +146,7 @@ def test_a_transposed_views_accumulator_is_a_lane_vector(kernel_file):
         CHECK:       vector.broadcast %{{.*}} : vector<f32> to vector<256xf32>
         CHECK:       vector.fma %{{.*}}, %{{.*}}, %{{.*}} : vector<256xf32>
         CHECK-NOT: vector.contract
-        CHECK: tensor.expand_shape %{{.*}} {{\[}}[0, 1]] output_shape [512, 1] : tensor<512xf32> into tensor<512x1xf32>
+        CHECK: tensor.expand_shape %{{.*}} {{\\[}}[0, 1]] output_shape [512, 1] : tensor<512xf32> into tensor<512x1xf32>
         CHECK-NOT: linalg.transpose
     """)
     assert "x1xf32> into vector" not in str(compiled.module)
@@ -167,3 +169,15 @@ def test_a_batched_transposed_views_accumulator_is_a_lane_vector(kernel_file):
         CHECK-NOT: vector.contract
         CHECK-NOT: linalg.transpose
     """)
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (EXAMPLES / "matvec").glob("*.py")))
+def test_the_matvec_example_files_match_torch(name):
+    """examples/matvec (the bench's kernel files) at small odd sizes, f32 and bf16."""
+    for dtype in ("float32", "bfloat16"):
+        overrides = {"M": 37, "N": 37, "K": 203, "B": 2, "DTYPE": dtype}
+        path = EXAMPLES / "matvec" / f"{name}.py"
+        known = module_globals(path)
+        compiled = compile_kernel(path, overrides={k: v for k, v in overrides.items() if k in known})
+        for report in compiled.check():
+            assert report.ok, f"{name} {dtype}: {report}"

@@ -32,17 +32,17 @@ def test_matvecs_read_the_transposed_tensor_in_place_without_unit_dims():
         CHECK-DAG: #[[A:.*]] = affine_map<(d0, d1) -> (d0, d1)>
         CHECK: func.func @main(%[[AA:.*]]: tensor<64x6xf32>, %[[XX:[^:]*]]: tensor<64x1xf32>, %[[INIT:[^:]*]]: tensor<6x1xf32>
         CHECK-NOT: linalg.transpose
-        CHECK-DAG: %[[X:.*]] = tensor.collapse_shape %[[XX]] {{\[}}[0, 1]] : tensor<64x1xf32> into tensor<64xf32>
-        CHECK-DAG: %[[I:.*]] = tensor.collapse_shape %[[INIT]] {{\[}}[0, 1]] : tensor<6x1xf32> into tensor<6xf32>
+        CHECK-DAG: %[[X:.*]] = tensor.collapse_shape %[[XX]] {{\\[}}[0, 1]] : tensor<64x1xf32> into tensor<64xf32>
+        CHECK-DAG: %[[I:.*]] = tensor.collapse_shape %[[INIT]] {{\\[}}[0, 1]] : tensor<6x1xf32> into tensor<6xf32>
         CHECK: %[[G:.*]] = linalg.generic {indexing_maps = [#[[AT]], #[[K]], #[[OUT]]], iterator_types = ["parallel", "reduction"]}
         CHECK-SAME: ins(%[[AA]], %[[X]] : tensor<64x6xf32>, tensor<64xf32>) outs(%[[I]] : tensor<6xf32>)
         CHECK: arith.mulf
         CHECK: arith.addf
-        CHECK: %[[MV:.*]] = tensor.expand_shape %[[G]] {{\[}}[0, 1]] output_shape [6, 1] : tensor<6xf32> into tensor<6x1xf32>
+        CHECK: %[[MV:.*]] = tensor.expand_shape %[[G]] {{\\[}}[0, 1]] output_shape [6, 1] : tensor<6xf32> into tensor<6x1xf32>
         CHECK: %[[T2:.*]] = linalg.transpose ins(%[[AA]]
         CHECK: %[[VG:.*]] = linalg.generic {indexing_maps = [#[[K]], #[[A]], #[[OUT]]]
         CHECK-SAME: ins(%{{.*}}, %[[AA]] : tensor<6xf32>, tensor<64x6xf32>) outs(%{{.*}} : tensor<64xf32>)
-        CHECK: %[[VM:.*]] = tensor.expand_shape %[[VG]] {{\[}}[0, 1]] output_shape [1, 64]
+        CHECK: %[[VM:.*]] = tensor.expand_shape %[[VG]] {{\\[}}[0, 1]] output_shape [1, 64]
         CHECK: %[[MM:.*]] = linalg.matmul ins(%[[T2]], %{{.*}} : tensor<6x64xf32>, tensor<64x2xf32>)
         CHECK: return %[[MV]], %[[VM]], %[[MM]]
     """)
