@@ -9,8 +9,9 @@ inputs, init and iterators kept:
 
     T = transpose(A [K, M], [1, 0]);  C[m] = sum_k T[m, k] x[k]   ->  C[m] = sum_k A[k, m] x[k]
 
-The generic runs over the loop dims of extent > 1 only: operands with axes of unit loop
-dims are read through tensor.collapse_shape views without them, the result expanded back
+The generic runs over the loop dims of extent > 1 only (when its result keeps one; a dot
+product keeps its unit dims): operands with axes of unit loop dims are read through
+tensor.collapse_shape views without them (rank 0 for one element), the result expanded back
 (a.t() @ x with x [K, 1]: C[m, 0] becomes C'[m], the form of torch.mv(a.t(), x); its
 [M, 1] accumulator had vectorized to M one-lane vectors, M scalar FMA chains).
 The transposed copy is gone (erased when nothing else reads it): tiled per thread, the
@@ -61,9 +62,9 @@ def _without_unit_dims(value: ir.Value, amap: ir.AffineMap, kept: list[int]):
     positions = dim_positions(amap)
     shape = list(ir.RankedTensorType(value.type).shape)
     axes = [a for a, p in enumerate(positions) if p in kept]
-    groups = [[a] for a in axes]
+    groups = [[a] for a in axes]  # none: one element, collapsed to rank 0
     for a, p in enumerate(positions):
-        if p not in kept:
+        if p not in kept and groups:
             owner = next((g for g in reversed(groups) if g[0] < a), groups[0])
             owner.append(a)
     groups = [sorted(g) for g in groups]
@@ -93,7 +94,7 @@ def fold(op: ir.Operation, inputs: list[int], rewriter) -> list[ir.Operation]:
     init = op.operands[ls.num_inputs]
     kept = [d for d, extent in enumerate(ls.ranges) if extent != 1]
     drop = 0 < len(kept) < ls.num_loops and all(None not in dim_positions(m) for m in maps) \
-        and len({i for m in maps[:ls.num_inputs] for i in dim_positions(m) if i in kept}) == len(kept)
+        and any(d in kept for d in dim_positions(ls.output_map(0)))
     block = op.regions[0].blocks[0]
     with ir.InsertionPoint(op), op.location:
         iterators = ls.iterators

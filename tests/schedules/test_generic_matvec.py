@@ -57,6 +57,8 @@ PRODUCTS = {
                                        "2, 64, 1", ""),
     "transposed_batched_bf16": ("torch.bmm(a.transpose(1, 2), x)", "2, 40, 70", "2, 40, 1",
                                 ".to(torch.bfloat16)"),
+    "transposed_a_k1": ("a.t() @ x", "1, 37", "1, 1", ""),
+    "transposed_a_dot": ("a.t() @ x", "5, 1", "5, 1", ""),
     "transposed_mv_second_use_and_transpose": (
         "(lambda y: (y.t(), torch.relu(y) * y.sum()))(a.t() @ x)", "64, 300", "64, 1", ""),
 }

@@ -57,3 +57,39 @@ def test_a_target_that_is_not_a_function_is_refused():
         CHECK: linalg.transpose
         CHECK: linalg.matmul
     """)
+
+
+EDGE = """
+func.func @main(%a: tensor<{A}xf32>, %x: tensor<{X}xf32>, %init: tensor<{I}xf32>) -> tensor<{I}xf32> {{
+  %e = tensor.empty() : tensor<{T}xf32>
+  %t = linalg.transpose ins(%a : tensor<{A}xf32>) outs(%e : tensor<{T}xf32>) permutation = [1, 0]
+  %mv = linalg.matmul ins(%t, %x : tensor<{T}xf32>, tensor<{X}xf32>) outs(%init : tensor<{I}xf32>) -> tensor<{I}xf32>
+  return %mv : tensor<{I}xf32>
+}}
+"""
+
+
+def test_an_operand_of_unit_dims_only_is_read_as_one_element():
+    """A^T x with K = 1: x [1, 1] collapsed to rank 0, read by every m."""
+    payload = parse(EDGE.format(A="1x37", X="1x1", I="37x1", T="37x1"))
+    apply(payload, lambda root: fold_transposes_into_matvecs(match(root, "func.func")))
+    check(payload, """
+        CHECK-DAG: #[[M:.*]] = affine_map<(d0) -> (d0)>
+        CHECK-DAG: #[[ONE:.*]] = affine_map<(d0) -> ()>
+        CHECK: %[[X:.*]] = tensor.collapse_shape %arg1 [] : tensor<1x1xf32> into tensor<f32>
+        CHECK: linalg.generic {indexing_maps = [#[[M]], #[[ONE]], #[[M]]], iterator_types = ["parallel"]}
+        CHECK-SAME: ins(%{{.*}}, %[[X]] : tensor<37xf32>, tensor<f32>) outs(%{{.*}} : tensor<37xf32>)
+        CHECK: tensor.expand_shape %{{.*}} {{\\[}}[0, 1]] output_shape [37, 1]
+    """)
+
+
+def test_a_result_of_unit_dims_only_keeps_them():
+    """A^T x with M = 1 (a dot product): the generic keeps its unit dims (no rank-0 result)."""
+    payload = parse(EDGE.format(A="5x1", X="5x1", I="1x1", T="1x5"))
+    apply(payload, lambda root: fold_transposes_into_matvecs(match(root, "func.func")))
+    check(payload, """
+        CHECK-NOT: linalg.transpose
+        CHECK-NOT: collapse_shape
+        CHECK: linalg.generic {{.*}} iterator_types = ["parallel", "parallel", "reduction"]
+        CHECK-SAME: ins(%arg0, %arg1 : tensor<5x1xf32>, tensor<5x1xf32>) outs(%arg2 : tensor<1x1xf32>)
+    """)
