@@ -12,16 +12,17 @@ lane dim l is read by both operands (a batch dim of the contraction, no outer pr
 form). The outer-product lowering unrolls such a contraction to one scalar FMA per lane;
 here each vector of C is one FMA, x broadcast over the rows. It is also the step of a
 vector-matrix product y[b, m] += A[b, k, m] x[b, k] with one element of x (b and k of
-extent 1): an FMA of A's run with x broadcast (with bf16 operands and a batch dim the
-contraction lowering extracted every lane into a one-lane vector). Operands narrower than the
-accumulator are widened first (arith.extf: exact). Exact up to the rounding of the fused
-multiply-add, which the outer-product lowering also fuses.
+extent 1): an FMA of A's run with x broadcast (with bf16 operands and a batch dim, the
+contraction lowering extracted every lane into a one-lane vector). Operands narrower than
+the accumulator are widened first (arith.extf: exact). Exact up to the rounding of the
+fused multiply-add, which the outer-product lowering also fuses.
 
 Rewritten: every vector.contract nested in the targets with kind add, a float vector
 accumulator whose last dim is a parallel loop read as the last dim of both operands (or of
-one, the other holding one element), all reduction dims of extent 1, and not under a vector.mask; others (outer products, masked
-edge tiles, real reductions) are left alone. A target that is not a func.func is a
-silenceable failure (nothing rewritten). The handle is only read.
+one, the other holding one element), all reduction dims of extent 1, and not under a
+vector.mask; others (outer products, masked edge tiles, real reductions) are left alone.
+A target that is not a func.func is a silenceable failure (nothing rewritten). The handle
+is only read.
 """
 
 from torch_mlir import ir

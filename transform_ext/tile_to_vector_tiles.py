@@ -7,11 +7,11 @@ Sizes from `vector_tile_sizes` (transform_ext.analysis.tiles):
   peeled into a static tile of its own); a vector-matrix product y[m] += A[k, m] x[k]
   (`is_vector_matrix`), a run of m x n lanes along A's rows, its k loop first split into
   chunks of `k_chunk` rows (`vector_matrix_k_chunk`; inside the loops over batch dims),
-  each chunk walking the register tiles
-  (the register tile then starts from the running sums of the chunks before). When its accumulator's
-  producer (a fill, an elementwise generic) can be computed per register tile (`register_tile_init_producer`) and the tile is smaller
-  than the whole output, the m/n loops come first, the producer is computed in each tile
-  (transform_ext.fuse_init_into_register_tile), then the k loop;
+  each chunk walking the register tiles (which then start from the running sums of the
+  chunks before). When its accumulator's producer (a fill, an elementwise generic) can be
+  computed per register tile (`register_tile_init_producer`), the op has no k chunks and
+  the tile is smaller than the whole output, the m/n loops come first, the producer is
+  computed in each tile (transform_ext.fuse_init_into_register_tile), then the k loop;
 - any other op: 1 x ... x 1 x W along its lane dim (`lane_dim`), the loops over its reduction
   dims innermost (`reductions_innermost`), W = `lane_tile`: the whole
   dim up to 2 vector_tile, else a divisor of the extent in [vector_tile / 2, vector_tile]

@@ -1,6 +1,7 @@
 """fold_transposes_into_matvecs: IR (FileCheck) of the fold into a mat-vec and a vector-matrix
 product, their unit dims dropped, a transpose kept for its other reader, the matmuls left
-alone, and the refusal of a non-function target. Numerics against torch: tests/schedules/test_generic_matvec.py."""
+alone, an operand or a result of unit dims only, and the refusal of a non-function target.
+Numerics against torch: tests/schedules/test_generic_matvec.py."""
 
 from schedules.common import match
 from transform_ext.fold_transposes_into_matvecs import fold_transposes_into_matvecs
