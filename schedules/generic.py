@@ -104,8 +104,9 @@ class GenericParams:
     min_parallel_work: ops with fewer output elements than this stay sequential.
     k_chunk: rows of A per chunk of the k loop of a vector-matrix product y[m] += A[k, m] x[k]
       (A^T x, A read in place): each chunk's rows are streamed side by side across the
-      register tiles instead of one register tile's column strip of A at a time (f32, A
-      out of cache: about 1.05x, bf16 even; one thread, shared machine); 1 = no chunks."""
+      register tiles instead of one register tile's column strip of A at a time (f32:
+      1.05-1.15x, one thread, shared machine; not for a bf16 A, where it cost 0.85-0.99x);
+      1 = no chunks."""
 
     threads: int = 2
     tiles_per_thread: int = 4

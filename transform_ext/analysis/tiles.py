@@ -154,6 +154,12 @@ def expr_dims(expr) -> set[int]:
     return set()
 
 
+def element_bytes(t: ir.Type) -> int:
+    """Bytes of a shaped type's element (4 when it has no bit width)."""
+    element = ir.ShapedType(t).element_type
+    return (element.width + 7) // 8 if hasattr(element, "width") else 4
+
+
 def widest_element_bytes(op: ir.Operation) -> int:
     widths = [ir.ShapedType(v.type).element_type for v in list(op.operands) + list(op.results)
               if isinstance(v.type, ir.ShapedType)]
@@ -227,9 +233,15 @@ def vector_matrix_k_chunk(op: ir.Operation, policy) -> int | None:
     chunk of its k loop (the largest divisor of K up to policy.k_chunk, at least half of
     it), run outside the register tiles: a chunk's rows are read side by side, each as a
     sequential stream across the tiles, instead of one run per row down a column strip of
-    A. None when the op is not such a product or K has no such divisor above it."""
+    A. None when the op is not such a product, K has no such divisor above it, or A is
+    narrower than the running sums (bf16 A, f32 sums: its runs are half as long for the
+    same sums to load and store per chunk; 0.85-0.99x measured, one thread)."""
     ls = loop_structure(op)
     if not ls.is_static or not is_vector_matrix(ls, lane_dim(ls)):
+        return None
+    lane = lane_dim(ls)
+    rows = next(i for i, m in enumerate(ls.maps[:ls.num_inputs]) if lane in dim_positions(m))
+    if element_bytes(op.operands[rows].type) < element_bytes(op.results[0].type):
         return None
     k_dims = ls.contraction_dims()["k"]
     target = policy.k_chunk
