@@ -9,11 +9,16 @@ inputs, init and iterators kept:
 
     T = transpose(A [K, M], [1, 0]);  C[m] = sum_k T[m, k] x[k]   ->  C[m] = sum_k A[k, m] x[k]
 
+The generic runs over the loop dims of extent > 1 only (when its result keeps one; a dot
+product keeps its unit dims): operands with axes of unit loop dims are read through
+tensor.collapse_shape views without them (rank 0 for one element), the result expanded back
+(a.t() @ x with x [K, 1]: C[m, 0] becomes C'[m], the form of torch.mv(a.t(), x); its
+[M, 1] accumulator had vectorized to M one-lane vectors, M scalar FMA chains).
 The transposed copy is gone (erased when nothing else reads it): tiled per thread, the
 copy of an [M, K] view of a [K, M] tensor read each element by a strided scalar gather.
 What remains is one of the forms the generic schedule makes fast: k innermost in the
 rows' operand (transform_ext.split_matvec_lanes) or the vector x matrix form, lanes along
-the rows (A's contiguous dim). Exact: a transpose only moves elements.
+the rows (A's contiguous dim). Exact: a transpose only moves elements, a unit dim holds one.
 
 Targets: func.func ops; every linalg op nested in them that qualifies (`foldable_inputs`
 non-empty: a static-shaped contraction on tensors with one result, m or n dims all of
@@ -23,11 +28,11 @@ only read.
 """
 
 from torch_mlir import ir
-from torch_mlir.dialects import ext, linalg, transform
+from torch_mlir.dialects import ext, linalg, tensor, transform
 
-from .analysis.structure import is_linalg_op, loop_structure
+from .analysis.structure import dim_positions, is_linalg_op, loop_structure
 from .common import (Illegal, RewritesTargets, Success, build_generic, clone_body, defining_op,
-                     fail, payload_ops, walk_ops)
+                     fail, payload_ops, reassociation_attr, walk_ops)
 from .dialect import TransformExt
 from .fold_casts_into_contractions import source_map
 
@@ -50,9 +55,33 @@ def foldable_inputs(op: ir.Operation) -> list[int]:
             and producer.name == "linalg.transpose"]
 
 
+def _without_unit_dims(value: ir.Value, amap: ir.AffineMap, kept: list[int]):
+    """`value` (read through `amap`) without its axes of unit loop dims (a collapse_shape
+    view, each dropped axis merged into a neighbour), its map over the `kept` loops, and
+    the reassociation groups of the collapse."""
+    positions = dim_positions(amap)
+    shape = list(ir.RankedTensorType(value.type).shape)
+    axes = [a for a, p in enumerate(positions) if p in kept]
+    groups = [[a] for a in axes]  # none: one element, collapsed to rank 0
+    for a, p in enumerate(positions):
+        if p not in kept and groups:
+            owner = next((g for g in reversed(groups) if g[0] < a), groups[0])
+            owner.append(a)
+    groups = [sorted(g) for g in groups]
+    new_map = ir.AffineMap.get(len(kept), 0, [ir.AffineDimExpr.get(kept.index(positions[a]))
+                                               for a in axes])
+    if len(axes) == len(shape):
+        return value, new_map, groups
+    t = ir.RankedTensorType(value.type)
+    collapsed = tensor.CollapseShapeOp(
+        ir.RankedTensorType.get([shape[a] for a in axes], t.element_type), value,
+        reassociation_attr(groups)).result
+    return collapsed, new_map, groups
+
+
 def fold(op: ir.Operation, inputs: list[int], rewriter) -> list[ir.Operation]:
-    """Replace `op` by a linalg.generic reading the sources of its transposed `inputs`;
-    returns those transposes."""
+    """Replace `op` by a linalg.generic reading the sources of its transposed `inputs`,
+    over its loop dims of extent > 1; returns those transposes."""
     ls = loop_structure(op)
     values = list(op.operands[:ls.num_inputs])
     maps = list(ls.maps)
@@ -62,11 +91,26 @@ def fold(op: ir.Operation, inputs: list[int], rewriter) -> list[ir.Operation]:
         maps[i] = source_map(producer, maps[i])
         values[i] = producer.operands[0]
         transposes.append(producer)
+    init = op.operands[ls.num_inputs]
+    kept = [d for d, extent in enumerate(ls.ranges) if extent != 1]
+    drop = 0 < len(kept) < ls.num_loops and all(None not in dim_positions(m) for m in maps) \
+        and any(d in kept for d in dim_positions(ls.output_map(0)))
     block = op.regions[0].blocks[0]
     with ir.InsertionPoint(op), op.location:
-        new = build_generic(values, list(op.operands[ls.num_inputs:]), maps, ls.iterators,
+        iterators = ls.iterators
+        if drop:
+            operands = [_without_unit_dims(v, m, kept) for v, m in zip(values + [init], maps)]
+            values, maps = [v for v, _, _ in operands[:-1]], [m for _, m, _ in operands]
+            init, out_groups = operands[-1][0], operands[-1][2]
+            iterators = [ls.iterators[d] for d in kept]
+        new = build_generic(values, [init], maps, iterators,
                             lambda args: clone_body(op, dict(zip(block.arguments, args))))
-    rewriter.replace_op(op, list(new.results))
+        result = new.result
+        if drop and result.type != op.results[0].type:
+            out_type = ir.RankedTensorType(op.results[0].type)
+            result = tensor.ExpandShapeOp(out_type, result, reassociation_attr(out_groups), [],
+                                          list(out_type.shape)).result
+    rewriter.replace_op(op, [result])
     return transposes
 
 

@@ -10,15 +10,19 @@ parallel dims it lacks and transposes it into C's dim order. This is the step of
 mat-vec's split k (transform_ext.split_matvec_lanes): P[m, l] += A[m, k1, l] x[k1, l], whose
 lane dim l is read by both operands (a batch dim of the contraction, no outer product to
 form). The outer-product lowering unrolls such a contraction to one scalar FMA per lane;
-here each vector of C is one FMA, x broadcast over the rows. Operands narrower than the
-accumulator are widened first (arith.extf: exact). Exact up to the rounding of the fused
-multiply-add, which the outer-product lowering also fuses.
+here each vector of C is one FMA, x broadcast over the rows. It is also the step of a
+vector-matrix product y[b, m] += A[b, k, m] x[b, k] with one element of x (b and k of
+extent 1): an FMA of A's run with x broadcast (with bf16 operands and a batch dim, the
+contraction lowering extracted every lane into a one-lane vector). Operands narrower than
+the accumulator are widened first (arith.extf: exact). Exact up to the rounding of the
+fused multiply-add, which the outer-product lowering also fuses.
 
 Rewritten: every vector.contract nested in the targets with kind add, a float vector
-accumulator whose last dim is a parallel loop read as the last dim of both operands, all
-reduction dims of extent 1, and not under a vector.mask; others (outer products, masked
-edge tiles, real reductions) are left alone. A target that is not a func.func is a
-silenceable failure (nothing rewritten). The handle is only read.
+accumulator whose last dim is a parallel loop read as the last dim of both operands (or of
+one, the other holding one element), all reduction dims of extent 1, and not under a
+vector.mask; others (outer products, masked edge tiles, real reductions) are left alone.
+A target that is not a func.func is a silenceable failure (nothing rewritten). The handle
+is only read.
 """
 
 from torch_mlir import ir
@@ -46,7 +50,11 @@ def is_lane_contract(op: ir.Operation) -> bool:
         return False
     kinds = iterator_kinds(op)
     lane = positions[2][-1]
-    if kinds[lane] != "parallel" or positions[0][-1] != lane or positions[1][-1] != lane:
+    if kinds[lane] != "parallel":
+        return False
+    along = [p[-1] == lane for p in positions[:2]]
+    single = [all(s == 1 for s in ir.VectorType(v.type).shape) for v in op.operands[:2]]
+    if not any(along) or not all(a or s for a, s in zip(along, single)):
         return False
     for value, dims in zip(op.operands[:2], positions[:2]):
         shape = ir.VectorType(value.type).shape

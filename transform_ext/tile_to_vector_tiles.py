@@ -4,10 +4,14 @@ Sizes from `vector_tile_sizes` (transform_ext.analysis.tiles):
 - a contraction: an m x n register tile (the largest divisors of its m and n extents up to
   register_tile), k = 1; with a third entry k2 in register_tile, k = k2 for a contraction
   whose two inputs are bf16 (pairs of k for the bf16 dot products; an odd last k step is
-  peeled into a static tile of its own). When its accumulator's producer (a fill, an elementwise generic) can
-  be computed per register tile (`register_tile_init_producer`) and the tile is smaller
-  than the whole output, the m/n loops come first, the producer is computed in each tile
-  (transform_ext.fuse_init_into_register_tile), then the k loop;
+  peeled into a static tile of its own); a vector-matrix product y[m] += A[k, m] x[k]
+  (`is_vector_matrix`), a run of m x n lanes along A's rows, its k loop first split into
+  chunks of `k_chunk` rows (`vector_matrix_k_chunk`; inside the loops over batch dims),
+  each chunk walking the register tiles (which then start from the running sums of the
+  chunks before). When its accumulator's producer (a fill, an elementwise generic) can be
+  computed per register tile (`register_tile_init_producer`), the op has no k chunks and
+  the tile is smaller than the whole output, the m/n loops come first, the producer is
+  computed in each tile (transform_ext.fuse_init_into_register_tile), then the k loop;
 - any other op: 1 x ... x 1 x W along its lane dim (`lane_dim`), the loops over its reduction
   dims innermost (`reductions_innermost`), W = `lane_tile`: the whole
   dim up to 2 vector_tile, else a divisor of the extent in [vector_tile / 2, vector_tile]
@@ -27,7 +31,8 @@ from torch_mlir.dialects import ext, transform
 from torch_mlir.dialects.transform import loop, structured
 
 from .analysis.structure import all_linalg_ops, loop_structure
-from .analysis.tiles import VectorPolicy, register_tile_init_producer, vector_tile_sizes
+from .analysis.tiles import (VectorPolicy, is_vector_matrix, lane_dim, register_tile_init_producer,
+                             vector_matrix_k_chunk, vector_tile_sizes)
 from .common import Illegal, RewritesNestedOps, Success, fail, payload_ops
 from .dialect import TransformExt
 from .fuse_init_into_register_tile import fuse_init_into_register_tile
@@ -67,7 +72,7 @@ def _fuses_init(op: ir.Operation, sizes: list[int]) -> bool:
         return False
     ls = loop_structure(op)
     dims = ls.contraction_dims()
-    return bool(dims["m"] and dims["n"]) and any(
+    return bool(dims["m"] and dims["n"] or is_vector_matrix(ls, lane_dim(ls))) and any(
         s < r for d, (s, r) in enumerate(zip(sizes, ls.ranges)) if d in ls.parallel_dims)
 
 
@@ -76,19 +81,28 @@ def tile_plan(func: ir.Operation, policy: VectorPolicy):
     are not tiled on their own."""
     ops = all_linalg_ops(func)
     sizes = [vector_tile_sizes(op, policy) for op in ops]
-    fused = [op is not None and s is not None and _fuses_init(op, s) for op, s in zip(ops, sizes)]
+    chunks = [vector_matrix_k_chunk(op, policy) for op in ops]
+    fused = [s is not None and c is None and _fuses_init(op, s)
+             for op, s, c in zip(ops, sizes, chunks)]
     producers = [register_tile_init_producer(op) for op, f in zip(ops, fused) if f]
-    return [(op, s, f) for op, s, f in zip(ops, sizes, fused)
+    return [(op, s, f, c) for op, s, f, c in zip(ops, sizes, fused, chunks)
             if s is not None and op not in producers]
 
 
-def tile(op: ir.Operation, sizes: list[int], fuses_init: bool) -> bool:
+def tile(op: ir.Operation, sizes: list[int], fuses_init: bool, k_chunk: int | None) -> bool:
     """Tile `op` (see the module docstring); True when a partial tile was peeled."""
     ls = loop_structure(op)
     ranges, k_dims = ls.ranges, ls.reduction_dims
     peeled = []
 
     def body(handle):
+        step = sizes
+        if k_chunk is not None:
+            # the dims of unit tiles (batch) outermost, then the k chunks
+            outer = [k_chunk if d in k_dims else int(s == 1) for d, s in enumerate(sizes)]
+            handle = structured.TileUsingForOp(handle, sizes=outer,
+                                               interchange=reductions_innermost(ls)).tiled_linalg_op
+            step = [s if d in k_dims or s != 1 else 0 for d, s in enumerate(sizes)]
         if fuses_init:
             register = structured.TileUsingForOp(
                 handle, sizes=[0 if d in k_dims else s for d, s in enumerate(sizes)])
@@ -97,7 +111,6 @@ def tile(op: ir.Operation, sizes: list[int], fuses_init: bool) -> bool:
             step = [s if d in k_dims else 0 for d, s in enumerate(sizes)]
             order = None
         else:
-            step = sizes
             order = reductions_innermost(ls)
         tiled = structured.TileUsingForOp(handle, sizes=step, interchange=order)
         for partial in partial_tile_loops(tiled, ranges, step, order):
@@ -112,6 +125,7 @@ class TileToVectorTilesOp(TransformExt.Operation, name="tile_to_vector_tiles"):
     target: ext.Operand[transform.AnyOpType]
     vector_tile: ir.IntegerAttr
     register_tile: ir.ArrayAttr
+    k_chunk: ir.IntegerAttr
     transformed: ext.Result[transform.AnyOpType[()]] = ext.infer_result()
 
     class Apply(transform.TransformOpInterface):
@@ -126,15 +140,18 @@ class TileToVectorTilesOp(TransformExt.Operation, name="tile_to_vector_tiles"):
                             raise Illegal(target, "not a func.func")
                     if len(entries) not in (2, 3) or min(entries) < 1:
                         raise Illegal(targets[0], "register_tile must hold (m, n) or (m, n, bf16 k)")
+                    k_chunk = ir.IntegerAttr(op.k_chunk).value
+                    if k_chunk < 1:
+                        raise Illegal(targets[0], f"k_chunk = {k_chunk} must be >= 1")
                     policy = VectorPolicy(ir.IntegerAttr(op.vector_tile).value, tuple(entries[:2]),
-                                          *entries[2:])
+                                          entries[2] if len(entries) == 3 else 1, k_chunk)
                 except Illegal as illegal:
                     return fail(NAME, illegal)
                 plans = [tile_plan(func, policy) for func in targets]
                 peeled = False
                 for plan in plans:
-                    for payload_op, sizes, fuses_init in plan:
-                        peeled |= tile(payload_op, sizes, fuses_init)
+                    for payload_op, sizes, fuses_init, k_chunk in plan:
+                        peeled |= tile(payload_op, sizes, fuses_init, k_chunk)
                 if peeled:
                     for func in targets:
                         apply_to(func, canonicalize)
@@ -149,12 +166,14 @@ class TileToVectorTilesOp(TransformExt.Operation, name="tile_to_vector_tiles"):
 
 
 def tile_to_vector_tiles(func: ir.Value, *, vector_tile: int,
-                         register_tile: tuple[int, ...]) -> ir.Value:
+                         register_tile: tuple[int, ...], k_chunk: int = 1) -> ir.Value:
     """Tile every linalg op in the functions of `func` to a vector tile (register_tile: (m, n)
-    or (m, n, k of bf16 contractions))."""
+    or (m, n, k of bf16 contractions); k_chunk: rows of A per chunk of a vector-matrix
+    product's k loop, 1 for none)."""
     i64 = ir.IntegerType.get_signless(64)
     return TileToVectorTilesOp(func, ir.IntegerAttr.get(i64, vector_tile),
-                               ir.ArrayAttr.get([ir.IntegerAttr.get(i64, s) for s in register_tile])).transformed
+                               ir.ArrayAttr.get([ir.IntegerAttr.get(i64, s) for s in register_tile]),
+                               ir.IntegerAttr.get(i64, k_chunk)).transformed
 
 
 __all__ = ["TileToVectorTilesOp", "tile_to_vector_tiles", "partial_tile_loops"]

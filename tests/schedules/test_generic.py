@@ -184,7 +184,7 @@ def test_the_schedule_is_one_script_with_its_parameters_visible():
         CHECK: "transform_ext.fuse_roots_into_foralls"(%{{.*}}) {min_parallel_work = 4096 : i64, threads = 3 : i64, tile_bytes = 131072 : i64, tiles_per_thread = 4 : i64, vector_tile = 32 : i64}
         CHECK: transform.named_sequence @vectorize
         CHECK: "transform_ext.interchange_lane_dims_innermost"
-        CHECK: "transform_ext.tile_to_vector_tiles"(%{{.*}}) {register_tile = [4, 16], vector_tile = 32 : i64}
+        CHECK: "transform_ext.tile_to_vector_tiles"(%{{.*}}) {k_chunk = 16 : i64, register_tile = [4, 16], vector_tile = 32 : i64}
         CHECK: "transform_ext.split_odd_bf16_lanes"
         CHECK: "transform_ext.tile_insert_slices"(%{{.*}}) {lane_tile = 32 : i64, max_elements = 64 : i64}
         CHECK: transform.structured.vectorize_children_and_apply_patterns
@@ -199,8 +199,8 @@ def test_an_edited_vector_tile_in_the_printed_script_is_applied(kernel_file, tmp
     path = kernel_file(KERNEL.format(expr="torch.softmax(x, dim=-1)", args="x",
                                      inputs="[torch.randn(8, 256, generator=g)]"))
     printed = compile_kernel(path, schedule="generic", stop_after="cleanup").schedule_text()
-    edited, count = re.subn(r'("transform_ext.tile_to_vector_tiles"\(%\d+\) \{register_tile = '
-                            r'\[\d+, \d+\], vector_tile = )\d+', r"\g<1>16", printed)
+    edited, count = re.subn(r'("transform_ext.tile_to_vector_tiles"\(%\d+\) \{k_chunk = \d+ : i64, '
+                            r'register_tile = \[\d+, \d+\], vector_tile = )\d+', r"\g<1>16", printed)
     assert count == 1, printed
     script = tmp_path / "generic.mlir"
     script.write_text(edited)

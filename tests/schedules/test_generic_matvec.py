@@ -3,11 +3,14 @@
 vector of x (transform_ext.lane_contracts_to_fmas); compared with torch at sizes that do not
 divide the lanes, batched, transposed, bf16, with a second use of the result, and the
 vector-matrix product beside them; a transposed view is read in place
-(transform_ext.fold_transposes_into_matvecs), never copied."""
+(transform_ext.fold_transposes_into_matvecs), never copied, and A^T x accumulates in lane
+vectors along A's rows (no [M, 1] accumulator of one-lane vectors)."""
 
 import pytest
 
+from lighthouse.benchmarks.suite import module_globals
 from lighthouse.compile import compile_kernel
+from tests.conftest import EXAMPLES
 from tests.transform_ext.helpers import check
 
 KERNEL = """
@@ -44,6 +47,20 @@ PRODUCTS = {
     "transposed_a_m1": ("a.t() @ x", "200, 1", "200, 64", ""),
     "transposed_a_bf16": ("a.t() @ x", "200, 24", "200, 1", ".to(torch.bfloat16)"),
     "transposed_a_then_transpose": ("(a.t() @ x).t() + 1", "192, 40", "192, 1", ""),
+    # A^T x as y[m] += A[k, m] x[k] (unit dims dropped): lane runs of 256 along A's rows,
+    # k in chunks of 16 rows; M = 521 (prime) peels its last run, K = 203 has no chunks
+    "transposed_a_peeled_chunked": ("a.t() @ x", "64, 521", "64, 1", ""),
+    "transposed_a_k_odd_rows_over_a_run": ("a.t() @ x", "203, 300", "203, 1", ""),
+    "transposed_mv_bf16": ("torch.mv(a.t(), x)", "96, 300", "96", ".to(torch.bfloat16)"),
+    "transposed_a_peeled_bf16": ("a.t() @ x", "48, 521", "48, 1", ".to(torch.bfloat16)"),
+    "transposed_batched_chunked_odd": ("torch.bmm(a.transpose(1, 2), x)", "2, 64, 131",
+                                       "2, 64, 1", ""),
+    "transposed_batched_bf16": ("torch.bmm(a.transpose(1, 2), x)", "2, 40, 70", "2, 40, 1",
+                                ".to(torch.bfloat16)"),
+    "transposed_a_k1": ("a.t() @ x", "1, 37", "1, 1", ""),
+    "transposed_a_dot": ("a.t() @ x", "5, 1", "5, 1", ""),
+    "transposed_mv_second_use_and_transpose": (
+        "(lambda y: (y.t(), torch.relu(y) * y.sum()))(a.t() @ x)", "64, 300", "64, 1", ""),
 }
 
 
@@ -100,7 +117,7 @@ IN_PLACE = """
 
 @pytest.mark.parametrize("expr, a, x, checks", [
     # A^T x: A [K, M] read in place, m innermost (the vector x matrix form)
-    ("a.t() @ x", "256, 64", "256, 1", IN_PLACE.replace("READ", "(d0, d1, d2) -> (d2, d0)")),
+    ("a.t() @ x", "256, 64", "256, 1", IN_PLACE.replace("READ", "(d0, d1) -> (d1, d0)")),
     ("torch.mv(a.t(), x)", "256, 64", "256", IN_PLACE.replace("READ", "(d0, d1) -> (d1, d0)")),
     # x A^T: A [N, K] read in place, k innermost: split into lanes, rows of A [N, K1, L]
     ("x @ a.t()", "64, 256", "1, 256", """
@@ -112,3 +129,58 @@ IN_PLACE = """
 ])
 def test_a_transposed_view_is_read_in_place(kernel_file, expr, a, x, checks):
     check(str(_compile(kernel_file, expr, a, x, stop_after="fuse").module), checks)
+
+
+def test_a_transposed_views_accumulator_is_a_lane_vector(kernel_file):
+    """A^T x (x [K, 1]): the running sums are one vector of 256 lanes along A's rows,
+    carried over a chunk of 16 rows of A; no [M, 1] accumulator (M one-lane vectors: M
+    scalar FMA chains) and no transposed copy."""
+    compiled = _compile(kernel_file, "a.t() @ x", "64, 512", "64, 1", stop_after="vectorize")
+    check(str(compiled.module), """
+        CHECK-LABEL: func.func @main(%arg0: tensor<64x512xf32>, %arg1: tensor<64x1xf32>)
+        CHECK-NOT: linalg.transpose
+        CHECK: %[[X:.*]] = tensor.collapse_shape %arg1 {{\\[}}[0, 1]] : tensor<64x1xf32> into tensor<64xf32>
+        CHECK: scf.for %{{.*}} = %c0 to %c64 step %c16
+        CHECK:   scf.for %{{.*}} = %c0 to %c512 step %c256
+        CHECK:     scf.for %[[K:.*]] = %c0 to %c16 step %c1 iter_args(%{{.*}} = %{{.*}}) -> (vector<256xf32>)
+        CHECK:       vector.transfer_read %arg0[%{{.*}}, %{{.*}}]{{.*}} : tensor<64x512xf32>, vector<1x256xf32>
+        CHECK:       vector.transfer_read %[[X]][%{{.*}}]{{.*}} : tensor<64xf32>, vector<1xf32>
+        CHECK:       vector.broadcast %{{.*}} : vector<f32> to vector<256xf32>
+        CHECK:       vector.fma %{{.*}}, %{{.*}}, %{{.*}} : vector<256xf32>
+        CHECK-NOT: vector.contract
+        CHECK: tensor.expand_shape %{{.*}} {{\\[}}[0, 1]] output_shape [512, 1] : tensor<512xf32> into tensor<512x1xf32>
+        CHECK-NOT: linalg.transpose
+    """)
+    assert "x1xf32> into vector" not in str(compiled.module)
+
+
+def test_a_batched_transposed_views_accumulator_is_a_lane_vector(kernel_file):
+    """bmm(A^T, x): per batch the same lane run along the rows of A[b], a bf16 A widened
+    into f32 running sums by one FMA per step (the contraction lowering had extracted
+    each of its 256 lanes); no k chunks for a bf16 A (transform_ext.analysis.tiles
+    vector_matrix_k_chunk)."""
+    compiled = _compile(kernel_file, "torch.bmm(a.transpose(1, 2), x)", "2, 32, 256",
+                        "2, 32, 1", ".to(torch.bfloat16)", stop_after="vectorize")
+    check(str(compiled.module), """
+        CHECK-LABEL: func.func @main(%arg0: tensor<2x32x256xbf16>
+        CHECK-NOT: linalg.transpose
+        CHECK: scf.for %{{.*}} = %c0 to %c2 step %c1
+        CHECK-NOT: step %c16
+        CHECK:   scf.for %{{.*}} = %c0 to %c32 step %c1 iter_args(%{{.*}} = %{{.*}}) -> (vector<1x256xf32>)
+        CHECK:   vector.transfer_read %arg0[%{{.*}}, %{{.*}}, %{{.*}}]{{.*}} : tensor<2x32x256xbf16>, vector<1x1x256xbf16>
+        CHECK:   vector.fma %{{.*}}, %{{.*}}, %{{.*}} : vector<1x256xf32>
+        CHECK-NOT: vector.contract
+        CHECK-NOT: linalg.transpose
+    """)
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (EXAMPLES / "matvec").glob("*.py")))
+def test_the_matvec_example_files_match_torch(name):
+    """examples/matvec (the bench's kernel files) at small odd sizes, f32 and bf16."""
+    for dtype in ("float32", "bfloat16"):
+        overrides = {"M": 37, "N": 37, "K": 203, "B": 2, "DTYPE": dtype}
+        path = EXAMPLES / "matvec" / f"{name}.py"
+        known = module_globals(path)
+        compiled = compile_kernel(path, overrides={k: v for k, v in overrides.items() if k in known})
+        for report in compiled.check():
+            assert report.ok, f"{name} {dtype}: {report}"

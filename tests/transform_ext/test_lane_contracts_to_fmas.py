@@ -1,6 +1,7 @@
 """lane_contracts_to_fmas: IR (FileCheck) of a mat-vec step (rows, and x broadcast over
-them), a widened bf16 one, and the contractions it leaves alone (an outer product, a real
-reduction); a non-function target is refused."""
+them), a widened bf16 one, a vector-matrix step (one element of x broadcast along A's run),
+and the contractions it leaves alone (an outer product, a real reduction); a non-function
+target is refused."""
 
 from schedules.common import match
 from transform_ext.lane_contracts_to_fmas import lane_contracts_to_fmas
@@ -44,6 +45,34 @@ def test_bf16_operands_are_widened_first():
         CHECK: arith.extf %{{.*}} : vector<1x64xbf16> to vector<1x64xf32>
         CHECK: vector.fma {{.*}} : vector<4x64xf32>
         CHECK-NOT: vector.contract
+    """)
+
+
+def test_a_vector_matrix_step_is_one_fma_with_the_element_of_x_broadcast():
+    """y[b, m] += A[b, k, m] x[b, k] with b and k of extent 1 (a batched A^T x, bf16)."""
+    payload = parse("""
+        #a = affine_map<(b, m, k) -> (b, k, m)>
+        #x = affine_map<(b, m, k) -> (b, k)>
+        #y = affine_map<(b, m, k) -> (b, m)>
+        func.func @main(%a: vector<1x1x256xbf16>, %x: vector<1x1xbf16>, %y: vector<1x256xf32>)
+            -> vector<1x256xf32> {
+          %r = vector.contract {indexing_maps = [#a, #x, #y], iterator_types = ["parallel", "parallel", "reduction"], kind = #vector.kind<add>}
+              %a, %x, %y : vector<1x1x256xbf16>, vector<1x1xbf16> into vector<1x256xf32>
+          return %r : vector<1x256xf32>
+        }
+    """)
+    _lower(payload)
+    check(payload, """
+        CHECK: func.func @main(%[[A:.*]]: vector<1x1x256xbf16>, %[[X:.*]]: vector<1x1xbf16>, %[[Y:.*]]: vector<1x256xf32>)
+        CHECK: %[[AW:.*]] = arith.extf %[[A]] : vector<1x1x256xbf16> to vector<1x1x256xf32>
+        CHECK: %[[AR:.*]] = vector.shape_cast %[[AW]] : vector<1x1x256xf32> to vector<1x256xf32>
+        CHECK: %[[XW:.*]] = arith.extf %[[X]] : vector<1x1xbf16> to vector<1x1xf32>
+        CHECK: %[[XR:.*]] = vector.shape_cast %[[XW]] : vector<1x1xf32> to vector<1xf32>
+        CHECK: %[[XB:.*]] = vector.broadcast %[[XR]] : vector<1xf32> to vector<256x1xf32>
+        CHECK: %[[XT:.*]] = vector.transpose %[[XB]], [1, 0] : vector<256x1xf32> to vector<1x256xf32>
+        CHECK: %[[R:.*]] = vector.fma %[[AR]], %[[XT]], %[[Y]] : vector<1x256xf32>
+        CHECK-NOT: vector.contract
+        CHECK: return %[[R]]
     """)
 
 

@@ -1,6 +1,7 @@
-"""tile_to_vector_tiles: IR (FileCheck) of a matmul's register tiles with its fill inside and
-of a prime row length whose partial tile is peeled, rejection of a target that is not a
-function; numerics through the generic schedule against torch."""
+"""tile_to_vector_tiles: IR (FileCheck) of a matmul's register tiles with its fill inside, of
+a prime row length whose partial tile is peeled and of a vector-matrix product's lane runs
+(with and without k chunks), rejection of a target that is not a function and of a bad
+k_chunk; numerics through the generic schedule against torch."""
 
 import pytest
 import torch
@@ -138,3 +139,60 @@ def test_middle_dim_reductions_match_torch():
     x[1, 4, 7] = float("nan")
     (r,) = run_module(parse(MIDDLE_MAX), [x])
     torch.testing.assert_close(r, x.amax(1), equal_nan=True)
+
+
+# y[m] = sum_k A[k, m] x[k] (A^T x with A read in place), K = 64, M = 512, y zero-filled
+VECTOR_MATRIX = """
+#a = affine_map<(d0, d1) -> (d1, d0)>
+#x = affine_map<(d0, d1) -> (d1)>
+#y = affine_map<(d0, d1) -> (d0)>
+func.func @main(%a: tensor<64x512xf32>, %x: tensor<64xf32>) -> tensor<512xf32> {
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<512xf32>
+  %init = linalg.fill ins(%zero : f32) outs(%e : tensor<512xf32>) -> tensor<512xf32>
+  %r = linalg.generic {indexing_maps = [#a, #x, #y], iterator_types = ["parallel", "reduction"]}
+      ins(%a, %x : tensor<64x512xf32>, tensor<64xf32>) outs(%init : tensor<512xf32>) {
+  ^bb0(%av: f32, %xv: f32, %out: f32):
+    %p = arith.mulf %av, %xv : f32
+    %s = arith.addf %out, %p : f32
+    linalg.yield %s : f32
+  } -> tensor<512xf32>
+  return %r : tensor<512xf32>
+}
+"""
+
+
+def test_a_vector_matrix_product_walks_its_k_chunks_across_lane_runs_of_a():
+    payload = parse(VECTOR_MATRIX)
+    apply(payload, lambda root: tile_to_vector_tiles(match(root, "func.func"), vector_tile=16,
+                                                     register_tile=(8, 32), k_chunk=16))
+    check(payload, """
+        CHECK-LABEL: func.func @main
+        CHECK: linalg.fill {{.*}} -> tensor<16xf32>
+        CHECK: scf.for %{{.*}} = %{{.*}} to %c64{{.*}} step %c16
+        CHECK:   scf.for %{{.*}} = %{{.*}} to %c512{{.*}} step %c256
+        CHECK:     scf.for %{{.*}} = %{{.*}} to %c16{{.*}} step %c1
+        CHECK:       linalg.generic
+        CHECK-SAME:    ins(%{{.*}}, %{{.*}} : tensor<1x256xf32>, tensor<1xf32>) outs(%{{.*}} : tensor<256xf32>)
+    """)
+
+
+def test_a_vector_matrix_product_without_chunks_keeps_its_lane_run_over_all_of_k():
+    payload = parse(VECTOR_MATRIX)
+    apply(payload, _tile())
+    check(payload, """
+        CHECK-LABEL: func.func @main
+        CHECK: scf.for %{{.*}} = %{{.*}} to %c512{{.*}} step %c256
+        CHECK:   linalg.fill {{.*}} -> tensor<256xf32>
+        CHECK:   scf.for %{{.*}} = %{{.*}} to %c64{{.*}} step %c1
+        CHECK:     linalg.generic
+        CHECK-SAME:  ins(%{{.*}}, %{{.*}} : tensor<1x256xf32>, tensor<1xf32>) outs(%{{.*}} : tensor<256xf32>)
+    """)
+
+
+def test_rejects_a_k_chunk_below_one():
+    payload = parse(VECTOR_MATRIX)
+    message = apply_expect_failure(payload, lambda root: tile_to_vector_tiles(
+        match(root, "func.func"), vector_tile=16, register_tile=(8, 32), k_chunk=0))
+    assert "k_chunk = 0 must be >= 1" in message
+    check(payload, "CHECK-NOT: scf.for")
