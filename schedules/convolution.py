@@ -67,6 +67,7 @@ from transform_ext.convolution_to_contraction import convolution_to_contraction
 from transform_ext.drop_contraction_masks import drop_contraction_masks
 from transform_ext.common import Illegal
 from transform_ext.forward_masked_writes import forward_masked_writes
+from transform_ext.move_output_channels_innermost import move_output_channels_innermost
 from transform_ext.drop_unit_result_dims import drop_unit_result_dims
 from transform_ext.fuse_init_into_register_tile import fuse_init_into_register_tile
 from transform_ext.split_transposed_convolution import analyze as analyze_stuffed
@@ -183,13 +184,21 @@ def analyze_convolution(op: ir.Operation) -> Convolution:
         raise NotApplicable(f"{name} accumulates in {_element_type_name(op.results[0])} "
                             f"(wants f32)")
     ls = loop_structure(op)
-    x_map, y_map = ls.maps[dims.input_index], ls.output_map(0)
+    x_map, w_map, y_map = ls.maps[dims.input_index], ls.maps[dims.filter_index], ls.output_map(0)
     last = len(x_map.results) - 1
     if last not in dims.exprs:
         raise NotApplicable(f"{name}: the innermost dim of its image is not an image dim "
                             f"(wants channels-first layouts)")
-    lanes = dims.exprs[last].image
-    if not isinstance(y_map.results[-1], ir.AffineDimExpr) or y_map.results[-1].position != lanes:
+    inner = dims.exprs[last].image
+    y_inner = y_map.results[-1]
+    if not isinstance(y_inner, ir.AffineDimExpr):
+        raise NotApplicable(f"{name}: its output's innermost dim is not a loop dim")
+    lanes = y_inner.position
+    if lanes in dims.out_channel and w_map.results[-1] == y_inner:
+        # channels innermost (transform_ext.move_output_channels_innermost): the lanes run
+        # along the output channels, the rows along the image's innermost dim
+        return Convolution(dims, inner if dims.ranges[inner] > 1 else None, lanes)
+    if lanes != inner:
         raise NotApplicable(f"{name}: its output's innermost dim is not the image's")
     return Convolution(dims, _rows_dim(dims, lanes), lanes)
 
@@ -315,13 +324,19 @@ def convolution_tiles(c: Convolution, params: ConvolutionParams) -> ConvolutionT
     d, ranges = c.dims, c.dims.ranges
     rank = len(ranges)
     rows_extent = ranges[c.rows] if c.rows is not None else 1
-    mr = min(params.register[0], rows_extent)
     vector_lanes = params.register[1] // 2
     nr = min(params.register[1], -(-ranges[c.lanes] // vector_lanes) * vector_lanes)
+    channel_lanes = c.lanes in d.out_channel
+    if channel_lanes:
+        mr = _image_rows(rows_extent, params.register[0] * params.register[1] // nr)
+    else:
+        mr = min(params.register[0], rows_extent)
     outer = [o for o in d.image if o != c.lanes]
     forall = [0] * rank
     for dim in d.batch + d.group + d.out_channel:
         forall[dim] = 1
+    if channel_lanes:
+        forall[c.lanes] = _tile_of(ranges[c.lanes], nr, params.tile_rows)
     for o in outer:
         forall[o] = ranges[o]
     if c.rows is not None:
@@ -351,7 +366,8 @@ def convolution_tiles(c: Convolution, params: ConvolutionParams) -> ConvolutionT
     if c.rows is not None:
         register[c.rows] = mr
     register[c.lanes] = nr
-    order = [x for x in d.batch + d.group + d.out_channel + outer if x != c.rows] + [c.lanes]
+    order = [x for x in d.batch + d.group + d.out_channel + outer
+             if x not in (c.rows, c.lanes)] + [c.lanes]
     order += [c.rows] if c.rows is not None else []
     reduction = [0] * rank
     for dim in d.in_channel + [k for k in d.window if k is not None]:
@@ -369,6 +385,15 @@ def convolution_tiles(c: Convolution, params: ConvolutionParams) -> ConvolutionT
     peel = tiled.index(c.lanes) if ranges[c.lanes] > nr and ranges[c.lanes] % nr else None
     return ConvolutionTiles(forall, register, order, reduction, vector, output,
                             kept.index(c.lanes), output_lanes, peel, block)
+
+
+def _image_rows(extent: int, accumulators: int) -> int:
+    """The register tile's rows along an image dim of `extent` when the lanes run along the
+    output channels: the largest divisor of the extent within half to one and a half times
+    the `accumulators` (vectors of the tile; no partial last tile), else that many."""
+    fits = [t for t in range(max(1, accumulators // 2), accumulators * 3 // 2 + 1)
+            if extent % t == 0]
+    return max(fits) if fits else min(extent, accumulators)
 
 
 def writes_strided_lanes(c: Convolution) -> bool:
@@ -400,6 +425,8 @@ def _channel_block(c: Convolution, params: ConvolutionParams, mr: int, nr: int) 
     channel = max(wide, key=lambda x: ranges[x])
     rows = mr if c.rows is not None and c.rows in d.image else 1
     x_elements, w_elements = 1, mr if c.rows in d.out_channel else 1
+    if c.lanes in d.out_channel:
+        w_elements = nr
     for w in d.exprs.values():
         k = ranges[w.window] if w.window is not None else 1
         w_elements *= k
@@ -738,6 +765,54 @@ def _split_phases(rec: StepRecorder, name: str, legal, split) -> None:
     rec.step(name, body)
 
 
+# A register tile whose lanes along the innermost image dim do useful work in less than this
+# fraction (a narrow dim: its last vector mostly masked) takes the output channels as its
+# lanes instead, when they fill whole vectors.
+CHANNEL_LANES_BELOW = 0.85
+
+
+def wants_channel_lanes(c: Convolution, found: list[Convolution], params: ConvolutionParams) -> bool:
+    """Should convolution `c` (one of `found`) compute with its output channels innermost
+    (transform_ext.move_output_channels_innermost), the lanes along them and the rows along
+    the image's innermost dim? When its image lanes waste a fraction of
+    1 - CHANNEL_LANES_BELOW or more, its one output channel dim fills whole vectors, its
+    lanes dim has stride 1 (the rows read contiguous image elements), and nothing is fused
+    onto its result (an epilogue, a pooling, a strided phase's insert, another convolution
+    accumulating onto it): the transpose back stands between them."""
+    d, ranges = c.dims, c.dims.ranges
+    if c.lanes in d.out_channel or len(d.out_channel) != 1 or any(ranges[g] > 1 for g in d.group):
+        return False
+    vector_lanes = params.register[1] // 2
+    width = ranges[c.lanes]
+    if ranges[d.out_channel[0]] % vector_lanes or \
+            width / (-(-width // vector_lanes) * vector_lanes) >= CHANNEL_LANES_BELOW:
+        return False
+    if any(e.stride != 1 for e in d.exprs.values() if e.image == c.lanes):
+        return False
+    result = c.op.results[0]
+    if writes_strided_lanes(c) or find_epilogue(result) is not None or \
+            find_pooling(c, result) is not None or len(accumulation_chain(c, found)) > 1:
+        return False
+    return not any(x.op.operands[2] == result for x in found)
+
+
+def _move_channels_innermost(rec: StepRecorder, params: ConvolutionParams) -> None:
+    """The convolutions that `wants_channel_lanes` rewritten with their output channels
+    innermost, in one recorded step."""
+    found = find_convolutions(rec.trial)
+    places = [place_of(rec.trial.operation, c.op) for c in found
+              if wants_channel_lanes(c, found, params)]
+    if not places:
+        return
+
+    def body(root):
+        for place in places:
+            move_output_channels_innermost(at_place(root, place))
+        canonicalize(match(root, "func.func"))
+
+    rec.step("channels_innermost", body)
+
+
 def _generalize_convolutions(rec: StepRecorder) -> None:
     """Named convolutions and the broadcasts feeding them as linalg.generic (the tiles and
     the per-register-tile accumulator work on generics)."""
@@ -772,6 +847,7 @@ def plan_convolution(payload: ir.Module, params: ConvolutionParams, generic: Gen
     _split_phases(rec, "split_transposed", analyze_stuffed, split_transposed_convolution)
     _split_phases(rec, "split_strided", analyze_strided, split_strided_convolution)
     _generalize_convolutions(rec)
+    _move_channels_innermost(rec, params)
     if not find_convolutions(rec.trial):
         return ConvolutionPlan(None, None)
     while True:

@@ -121,6 +121,7 @@ OP_MODULES: list[str] = [
     "drop_contraction_masks",
     "split_transposed_convolution",
     "split_strided_convolution",
+    "move_output_channels_innermost",
     "match_logits_contraction",
     "fold_gathers_through_contraction",
     "gathers_to_masked_class_sums",
