@@ -767,8 +767,11 @@ def _split_phases(rec: StepRecorder, name: str, legal, split) -> None:
 
 # A register tile whose lanes along the innermost image dim do useful work in less than this
 # fraction (a narrow dim: its last vector mostly masked) takes the output channels as its
-# lanes instead, when they fill whole vectors.
+# lanes instead, when they fill whole vectors and each output sums at least
+# CHANNEL_LANES_TERMS products (the transposes around it, a pass over its filter and its
+# output, are then a small part of its work).
 CHANNEL_LANES_BELOW = 0.85
+CHANNEL_LANES_TERMS = 128
 
 
 def wants_channel_lanes(c: Convolution, found: list[Convolution], params: ConvolutionParams) -> bool:
@@ -776,7 +779,8 @@ def wants_channel_lanes(c: Convolution, found: list[Convolution], params: Convol
     (transform_ext.move_output_channels_innermost), the lanes along them and the rows along
     the image's innermost dim? When its image lanes waste a fraction of
     1 - CHANNEL_LANES_BELOW or more, its one output channel dim fills whole vectors, its
-    lanes dim has stride 1 (the rows read contiguous image elements), and nothing is fused
+    lanes dim has stride 1 (the rows read contiguous image elements), each output sums
+    CHANNEL_LANES_TERMS products or more (input channels times window), and nothing is fused
     onto its result (an epilogue, a pooling, a strided phase's insert, another convolution
     accumulating onto it): the transpose back stands between them."""
     d, ranges = c.dims, c.dims.ranges
@@ -788,6 +792,11 @@ def wants_channel_lanes(c: Convolution, found: list[Convolution], params: Convol
             width / (-(-width // vector_lanes) * vector_lanes) >= CHANNEL_LANES_BELOW:
         return False
     if any(e.stride != 1 for e in d.exprs.values() if e.image == c.lanes):
+        return False
+    terms = 1
+    for dim in d.in_channel + [k for k in d.window if k is not None]:
+        terms *= ranges[dim]
+    if terms < CHANNEL_LANES_TERMS:
         return False
     result = c.op.results[0]
     if writes_strided_lanes(c) or find_epilogue(result) is not None or \
