@@ -320,7 +320,10 @@ def convolution_tiles(c: Convolution, params: ConvolutionParams) -> ConvolutionT
     and output channel dim, except the rows: tile_rows of them (`_tile_of`); the outer image
     dims whole, then split (by divisors, outermost first; the rows dim in multiples of MR)
     until the threads have tiles_per_thread tiles each. register: MR x NR (NR rounded down
-    to whole vectors covering the lanes dim when it is narrower), 1 elsewhere."""
+    to whole vectors covering the lanes dim when it is narrower), 1 elsewhere. With the
+    lanes along the output channels: the rows along the image (`_image_rows`), and when
+    they are few, NR widened to more vectors dividing the channels, as many accumulators
+    as MR x NR at most."""
     d, ranges = c.dims, c.dims.ranges
     rank = len(ranges)
     rows_extent = ranges[c.rows] if c.rows is not None else 1
@@ -328,7 +331,11 @@ def convolution_tiles(c: Convolution, params: ConvolutionParams) -> ConvolutionT
     nr = min(params.register[1], -(-ranges[c.lanes] // vector_lanes) * vector_lanes)
     channel_lanes = c.lanes in d.out_channel
     if channel_lanes:
-        mr = _image_rows(rows_extent, params.register[0] * params.register[1] // nr)
+        vectors = params.register[0] * params.register[1] // vector_lanes
+        mr = _image_rows(rows_extent, vectors * vector_lanes // nr)
+        # few rows: more vectors of channels, up to the same number of accumulators
+        widths = [v for v in range(1, vectors // mr + 1) if ranges[c.lanes] % (v * vector_lanes) == 0]
+        nr = max(nr, max(widths, default=1) * vector_lanes)
     else:
         mr = min(params.register[0], rows_extent)
     outer = [o for o in d.image if o != c.lanes]
