@@ -7,6 +7,7 @@ the IR it produces."""
 import pytest
 
 from lighthouse.compile import compile_kernel
+from lighthouse.families import CONVOLUTION
 from schedules.convolution import (ConvolutionParams, analyze_convolution, convolution_tiles,
                                    find_convolutions, wants_channel_lanes)
 from tests.schedules.test_convolution import _parse, assert_matches, conv_kernel
@@ -47,6 +48,21 @@ def test_a_transposed_view_input_and_a_second_use(kernel_file):
                        input="torch.randn(1, 16, 22, 9, generator=g).transpose(2, 3)",
                        forward="(lambda y: (y, y.transpose(-1, -2) * 2))(self.conv(x))")
     assert_matches(compile_kernel(path))
+
+
+def test_backward_weight_gradient(kernel_file):
+    """The weight gradient of a 3 x 3 convolution is a convolution with a 3 x 3 output and
+    a window of the image's size (lighthouse.conv_decompositions): 3 rows of 32 channel
+    lanes."""
+    path = conv_kernel(kernel_file, "Conv2d(8, 32, 3, padding=1)", "2, 8, 9, 11")
+    compiled = compile_kernel(path, backward=True)
+    assert compiled.family is CONVOLUTION, compiled.notes
+    for r in compiled.check():
+        assert r.ok, str(r)
+    fused = str(compile_kernel(path, backward=True, stop_after="fuse").module)
+    filecheck(fused, """
+        CHECK: outs(%{{.*}} : tensor<1x1x3x32xf32>) attrs = {{{.*}}lh.cv_role = "register", lh.cv_vector = array<i64: 1, 1, 3, 32, 1>}
+    """)
 
 
 def test_the_register_tile_runs_along_the_channels(kernel_file):
@@ -133,3 +149,23 @@ def test_tiles_of_channel_lanes():
     tiles = convolution_tiles(c, ConvolutionParams(register=(8, 32)))
     assert tiles.register[:4] == [1, 1, 19, 16] and tiles.interchange[-2:] == [3, 2]
     assert tiles.peel is None and tiles.output_lanes == 3
+
+
+def test_few_rows_take_more_channel_vectors():
+    """3 image rows of 64 channels: 4 vectors of lanes (12 accumulators), not 2."""
+    c, _ = _convolution("""
+        func.func @main(%x: tensor<64x8x58x58xf32>, %w: tensor<8x56x56x64xf32>, %y: tensor<64x3x3x64xf32>) -> tensor<64x3x3x64xf32> {
+          %r = linalg.generic {indexing_maps = [affine_map<(n, oh, ow, f, c, kh, kw) -> (n, c, oh + kh, ow + kw)>,
+                                                affine_map<(n, oh, ow, f, c, kh, kw) -> (c, kh, kw, f)>,
+                                                affine_map<(n, oh, ow, f, c, kh, kw) -> (n, oh, ow, f)>],
+                               iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction", "reduction", "reduction"]}
+                 ins(%x, %w : tensor<64x8x58x58xf32>, tensor<8x56x56x64xf32>) outs(%y : tensor<64x3x3x64xf32>) {
+          ^bb0(%a: f32, %b: f32, %o: f32):
+            %m = arith.mulf %a, %b : f32
+            %s = arith.addf %o, %m : f32
+            linalg.yield %s : f32
+          } -> tensor<64x3x3x64xf32>
+          return %r : tensor<64x3x3x64xf32>
+        }""")
+    tiles = convolution_tiles(c, ConvolutionParams(register=(8, 32)))
+    assert tiles.register[:4] == [1, 1, 3, 64]
