@@ -321,9 +321,7 @@ def convolution_tiles(c: Convolution, params: ConvolutionParams) -> ConvolutionT
     dims whole, then split (by divisors, outermost first; the rows dim in multiples of MR)
     until the threads have tiles_per_thread tiles each. register: MR x NR (NR rounded down
     to whole vectors covering the lanes dim when it is narrower), 1 elsewhere. With the
-    lanes along the output channels: the rows along the image (`_image_rows`), and when
-    they are few, NR widened to more vectors dividing the channels, as many accumulators
-    as MR x NR at most."""
+    lanes along the output channels: MR x NR of `channel_lane_tile`."""
     d, ranges = c.dims, c.dims.ranges
     rank = len(ranges)
     rows_extent = ranges[c.rows] if c.rows is not None else 1
@@ -331,11 +329,7 @@ def convolution_tiles(c: Convolution, params: ConvolutionParams) -> ConvolutionT
     nr = min(params.register[1], -(-ranges[c.lanes] // vector_lanes) * vector_lanes)
     channel_lanes = c.lanes in d.out_channel
     if channel_lanes:
-        vectors = params.register[0] * params.register[1] // vector_lanes
-        mr = _image_rows(rows_extent, vectors * vector_lanes // nr)
-        # few rows: more vectors of channels, up to the same number of accumulators
-        widths = [v for v in range(1, vectors // mr + 1) if ranges[c.lanes] % (v * vector_lanes) == 0]
-        nr = max(nr, max(widths, default=1) * vector_lanes)
+        mr, nr, _ = channel_lane_tile(ranges[c.lanes], rows_extent, params)
     else:
         mr = min(params.register[0], rows_extent)
     outer = [o for o in d.image if o != c.lanes]
@@ -394,13 +388,42 @@ def convolution_tiles(c: Convolution, params: ConvolutionParams) -> ConvolutionT
                             kept.index(c.lanes), output_lanes, peel, block)
 
 
-def _image_rows(extent: int, accumulators: int) -> int:
-    """The register tile's rows along an image dim of `extent` when the lanes run along the
-    output channels: the largest divisor of the extent within half to one and a half times
-    the `accumulators` (vectors of the tile; no partial last tile), else that many."""
-    fits = [t for t in range(max(1, accumulators // 2), accumulators * 3 // 2 + 1)
-            if extent % t == 0]
-    return max(fits) if fits else min(extent, accumulators)
+def channel_lane_tile(channels: int, rows: int, params: ConvolutionParams) -> tuple[int, int, float]:
+    """(MR, NR, useful share) of the register tile whose lanes run along `channels` output
+    channels and its rows along an image dim of `rows`: NR whole vectors dividing the
+    channels, MR x NR / lanes accumulators up to 1.5 times those of params.register. The
+    useful share: the rows computed that are not past the edge (a partial last row tile
+    computes masked rows) times the accumulators' share of params.register's (fewer cannot
+    hide the FMA latency); the best share wins, then the most accumulators. (1, lanes, 0)
+    when the channels are not whole vectors."""
+    lanes = params.register[1] // 2
+    vectors = params.register[0] * params.register[1] // lanes
+    best = (1, lanes, 0.0)
+    best_key = (0.0, 0)
+    for v in range(1, vectors + 1):
+        if channels % (v * lanes):
+            continue
+        for mr in range(1, min(rows, vectors * 3 // 2 // v) + 1):
+            share = rows / (-(-rows // mr) * mr) * min(mr * v, vectors) / vectors
+            key = (round(share, 3), mr * v)
+            if key > best_key:
+                best, best_key = (mr, v * lanes, share), key
+    return best
+
+
+def image_lane_share(c: Convolution, params: ConvolutionParams) -> float:
+    """The useful share (as in `channel_lane_tile`) of the register tile whose lanes run
+    along the innermost image dim: the lanes not past its edge times the rows not past
+    theirs times the accumulators' share."""
+    lanes = params.register[1] // 2
+    vectors = params.register[0] * params.register[1] // lanes
+    width = c.dims.ranges[c.lanes]
+    nr = min(params.register[1], -(-width // lanes) * lanes)
+    rows = c.dims.ranges[c.rows] if c.rows is not None else 1
+    mr = min(params.register[0], rows)
+    lane_share = width / (-(-width // nr) * nr)
+    row_share = rows / (-(-rows // mr) * mr)
+    return lane_share * row_share * min(mr * nr // lanes, vectors) / vectors
 
 
 def writes_strided_lanes(c: Convolution) -> bool:
@@ -537,6 +560,27 @@ def accumulation_chain(c: Convolution, candidates: list[Convolution]) -> list[Co
         chain.insert(0, by_op[owner])
 
 
+def find_copy_back(value: ir.Value) -> ir.Operation | None:
+    """The generic consuming `value` (the convolution's result, its only use) that copies
+    it to a tensor of its dims permuted: all loops parallel over `value`'s dims, read with
+    the identity map, written through a permutation, its body yielding the element read
+    (the transpose back of transform_ext.move_output_channels_innermost). Its loops are the
+    convolution's output dims: it is tiled with the output tiles, as an epilogue."""
+    user = _single_use(value)
+    if user is None or user.name != "linalg.generic" or len(user.operands) != 2:
+        return None
+    ls = loop_structure(user)
+    rank = len(value.type.shape)
+    if ls.reduction_dims or not ls.is_static or ls.num_loops != rank or \
+            ls.maps[0] != ir.AffineMap.get_identity(rank) or not ls.output_map(0).is_permutation:
+        return None
+    block = user.regions[0].blocks[0]
+    body = [op.operation for op in block.operations]
+    if len(body) != 1 or body[0].operands[0] != block.arguments[0]:
+        return None
+    return user
+
+
 def find_pooling(c: Convolution, value: ir.Value) -> ir.Operation | None:
     """The generic consuming `value` (the convolution's result, or its epilogue's; its only
     use) that reduces it over image dims (a global average pool: a sum over H x W, GELU or
@@ -613,7 +657,7 @@ def _schedule(rec: StepRecorder, chain: list[Convolution], params: ConvolutionPa
     last = chain[-1]
     tiles = [convolution_tiles(c, params) for c in chain]
     forall_tiles = tiles[-1]
-    epilogue = find_epilogue(last.op.results[0])
+    epilogue = find_epilogue(last.op.results[0]) or find_copy_back(last.op.results[0])
     pooling = find_pooling(last, (epilogue or last.op).results[0])
     if pooling is not None and any(not isinstance(e, ir.AffineDimExpr)
                                    for e in loop_structure(pooling).output_map(0).results):
@@ -772,20 +816,20 @@ def _split_phases(rec: StepRecorder, name: str, legal, split) -> None:
     rec.step(name, body)
 
 
-# A register tile whose lanes along the innermost image dim do useful work in less than this
-# fraction (a narrow dim: its last vector mostly masked) takes the output channels as its
-# lanes instead, when they fill whole vectors and each output sums at least
-# CHANNEL_LANES_TERMS products (the transposes around it, a pass over its filter and its
-# output, are then a small part of its work).
-CHANNEL_LANES_BELOW = 0.85
+# A register tile takes the output channels as its lanes instead of the innermost image dim
+# when that raises its useful share (`channel_lane_tile`, `image_lane_share`: a narrow
+# image dim leaves its last vector mostly masked) by CHANNEL_LANES_GAIN or more and each
+# output sums at least CHANNEL_LANES_TERMS products (the transposes around it, of its
+# filter and of its output tiles, are then a small part of its work).
+CHANNEL_LANES_GAIN = 0.1
 CHANNEL_LANES_TERMS = 128
 
 
 def wants_channel_lanes(c: Convolution, found: list[Convolution], params: ConvolutionParams) -> bool:
     """Should convolution `c` (one of `found`) compute with its output channels innermost
     (transform_ext.move_output_channels_innermost), the lanes along them and the rows along
-    the image's innermost dim? When its image lanes waste a fraction of
-    1 - CHANNEL_LANES_BELOW or more, its one output channel dim fills whole vectors, its
+    the image's innermost dim? When that raises the register tile's useful share by
+    CHANNEL_LANES_GAIN, its one output channel dim fills whole vectors, its
     lanes dim has stride 1 (the rows read contiguous image elements), each output sums
     CHANNEL_LANES_TERMS products or more (input channels times window), and nothing is fused
     onto its result (an epilogue, a pooling, a strided phase's insert, another convolution
@@ -793,10 +837,8 @@ def wants_channel_lanes(c: Convolution, found: list[Convolution], params: Convol
     d, ranges = c.dims, c.dims.ranges
     if c.lanes in d.out_channel or len(d.out_channel) != 1 or any(ranges[g] > 1 for g in d.group):
         return False
-    vector_lanes = params.register[1] // 2
-    width = ranges[c.lanes]
-    if ranges[d.out_channel[0]] % vector_lanes or \
-            width / (-(-width // vector_lanes) * vector_lanes) >= CHANNEL_LANES_BELOW:
+    *_, share = channel_lane_tile(ranges[d.out_channel[0]], ranges[c.lanes], params)
+    if share < image_lane_share(c, params) + CHANNEL_LANES_GAIN:
         return False
     if any(e.stride != 1 for e in d.exprs.values() if e.image == c.lanes):
         return False

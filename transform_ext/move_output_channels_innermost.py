@@ -7,8 +7,11 @@ For a convolution (transform_ext.analysis.convolution) with one output channel d
     W_t = W with f's axis moved last,   I_t = I with f's axis moved last,
     Y_t[b, o, f] = I_t[b, o, f] + sum_{c, k} X[b, c, o s + k t] W_t[c, k, f],
     Y = Y_t with its last axis moved back to f's place,
-the three moves `linalg.transpose`s, the convolution a linalg.generic whose loops are its
-parallel dims but f in order, then f, then its reduction dims in order. Exact: the same
+the first two moves `linalg.transpose`s, the last a linalg.generic over Y_t's dims that
+reads Y_t with the identity map and writes Y through the permutation (the convolution
+schedule tiles it with the convolution's output tiles, as an epilogue); the convolution
+a linalg.generic whose loops are its parallel dims but f in order, then f, then its
+reduction dims in order. Exact: the same
 products summed in the same order per element. A vector along f is then contiguous in W_t
 and Y_t: the convolution schedule's register tile can take the output channels as its
 lanes when the image's innermost dim is narrow (a few masked lanes per row).
@@ -73,6 +76,18 @@ def _renumbered(amap: ir.AffineMap, to_old: ir.AffineMap, perm: list[int] | None
     return ir.AffineMap.get(to_old.n_dims, 0, results)
 
 
+def _copied_back(value: ir.Value, back: list[int]) -> ir.Value:
+    """A linalg.generic over `value`'s dims writing result dim i from `value`'s dim
+    back[i] (the identity map reading it, the permutation writing)."""
+    t = value.type
+    n = len(t.shape)
+    empty = tensor.EmptyOp([t.shape[b] for b in back], t.element_type).result
+    maps = [ir.AffineMap.get_identity(n),
+            ir.AffineMap.get(n, 0, [ir.AffineDimExpr.get(b) for b in back])]
+    copy = build_generic([value], [empty], maps, ["parallel"] * n, lambda args: [args[0]])
+    return copy.results[0]
+
+
 def _axis_of(amap: ir.AffineMap, dim: int) -> int:
     return next(i for i, e in enumerate(amap.results)
                 if isinstance(e, ir.AffineDimExpr) and e.position == dim)
@@ -112,7 +127,7 @@ def rewrite(op: ir.Operation, dims, rewriter) -> ir.Operation:
         for i in range(len(attrs)):
             if attrs[i].name not in _INHERENT:
                 new.attributes[attrs[i].name] = attrs[i].attr
-        result = _transposed(new.results[0], back)
+        result = _copied_back(new.results[0], back)
     rewriter.replace_op(op, [result])
     return new.operation
 

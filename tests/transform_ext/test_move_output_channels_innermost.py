@@ -34,13 +34,17 @@ def test_filter_and_result_get_the_channels_innermost():
         CHECK: %[[WT:.*]] = linalg.transpose ins(%arg1 : tensor<5x3x2x3xf32>) outs({{.*}} : tensor<3x2x3x5xf32>) permutation = [1, 2, 3, 0]
         CHECK: %[[IT:.*]] = linalg.transpose ins(%arg2 : tensor<2x5x8x5xf32>) outs({{.*}} : tensor<2x8x5x5xf32>) permutation = [0, 2, 3, 1]
         CHECK: %[[Y:.*]] = linalg.generic {indexing_maps = [#[[XMAP:.*]], #[[WMAP:.*]], #[[YMAP:.*]]], iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction", "reduction", "reduction"]} ins(%arg0, %[[WT]] : {{.*}}) outs(%[[IT]] : tensor<2x8x5x5xf32>)
-        CHECK: linalg.transpose ins(%[[Y]] : tensor<2x8x5x5xf32>) outs({{.*}} : tensor<2x5x8x5xf32>) permutation = [0, 3, 1, 2]
+        CHECK: linalg.generic {indexing_maps = [#[[ID:.*]], #[[BACK:.*]]], iterator_types = ["parallel", "parallel", "parallel", "parallel"]} ins(%[[Y]] : tensor<2x8x5x5xf32>) outs({{.*}} : tensor<2x5x8x5xf32>)
+        CHECK-NEXT: ^bb0(%[[IN:.*]]: f32, %{{.*}}: f32):
+        CHECK-NEXT: linalg.yield %[[IN]] : f32
     """)
     text = str(payload)
     # loops (n, oh, ow, f, c, kh, kw): the image read at (oh + kh, ow * 2 + kw), f innermost
     assert "(d0, d1, d2, d3, d4, d5, d6) -> (d0, d4, d1 + d5, d2 * 2 + d6)" in text
     assert "(d0, d1, d2, d3, d4, d5, d6) -> (d4, d5, d6, d3)" in text
     assert "(d0, d1, d2, d3, d4, d5, d6) -> (d0, d1, d2, d3)" in text
+    # the copy back: Y[n, f, oh, ow] = Y_t[n, oh, ow, f] over Y_t's dims
+    assert "(d0, d1, d2, d3) -> (d0, d3, d1, d2)" in text
     x, w, y = _inputs()
     (got,) = run_module(payload, [x, w, y])
     torch.testing.assert_close(got, y + F.conv2d(x, w, stride=(1, 2)), rtol=1e-5, atol=1e-5)
