@@ -10,10 +10,17 @@ depthwise convolution) times its lanes (the innermost image dim o_w, contiguous 
 Y), each step of the reduction an outer product of MR filter values (broadcast) and NR
 image values (a vector load of X at o_w s + k t):
     acc[f0 : f0 + MR, o_w0 : o_w0 + NR] += W[f, c, k] (x) X[c, o_w0 s + k t : + NR s : s]
-No im2col buffer: the register tile reads X where it is.
+No im2col buffer: the register tile reads X where it is. When the innermost image dim is
+narrow (its last vector mostly masked: `wants_channel_lanes`) and the output channels fill
+whole vectors, the lanes run along the output channels instead, the rows along o_w:
+    acc[o_w0 : o_w0 + MR, f0 : f0 + NR] += X[c, o_w0 + k t : + MR] (x) W_t[c, k, f0 : f0 + NR]
+with the filter and the result in channels-last form (transform_ext.
+move_output_channels_innermost; each register tile of the result transposed back in the
+convolution's output tiles, as an epilogue).
 
 Preconditions: static shapes; f32, f16 or bf16 (16-bit operands extended in the body, f32
-accumulation as torch-mlir imports them); the lanes dim is the innermost dim of X and Y.
+accumulation as torch-mlir imports them); the lanes dim is the innermost dim of X and Y
+(or, channels innermost, an output channel dim innermost in W and Y).
 A transposed convolution (torch-mlir imports it as a convolution over the input stuffed
 with zeros, s - 1 between neighbours) is first split into s^d convolutions over the input
 itself, one per phase of the output (transform_ext.split_transposed_convolution), so no
@@ -22,7 +29,8 @@ multiply reads a stuffed zero.
 fuse (the script's @fuse: steps recorded on a trial copy by `plan_convolution`):
   1. normalize: assertions split out, elementwise ops fused (the epilogue becomes one
      generic), stuffed convolutions split into phases, convolutions and the bias
-     broadcast generalized to linalg.generic;
+     broadcast generalized to linalg.generic; the convolutions that take the output
+     channels as lanes rewritten with them innermost;
   2. per convolution, last first: the epilogue (or the convolution) is tiled into an
      `scf.forall` over (batch, group, a block of tile_rows output channels, blocks of the
      outer image dims) with the convolution and its accumulator producer fused in; inside,
