@@ -422,15 +422,15 @@ def channel_lane_tile(channels: int, rows: int, params: ConvolutionParams) -> tu
 
 def image_lane_share(c: Convolution, params: ConvolutionParams) -> float:
     """The useful share (as in `channel_lane_tile`) of the register tile whose lanes run
-    along the innermost image dim: the lanes not past its edge times the rows not past
-    theirs times the accumulators' share."""
+    along the innermost image dim: the lanes not past its edge (the last tile takes whole
+    vectors covering it) times the rows not past theirs times the accumulators' share."""
     lanes = params.register[1] // 2
     vectors = params.register[0] * params.register[1] // lanes
     width = c.dims.ranges[c.lanes]
     nr = min(params.register[1], -(-width // lanes) * lanes)
     rows = c.dims.ranges[c.rows] if c.rows is not None else 1
     mr = min(params.register[0], rows)
-    lane_share = width / (-(-width // nr) * nr)
+    lane_share = width / (-(-width // lanes) * lanes)
     row_share = rows / (-(-rows // mr) * mr)
     return lane_share * row_share * min(mr * nr // lanes, vectors) / vectors
 
@@ -830,7 +830,7 @@ def _split_phases(rec: StepRecorder, name: str, legal, split) -> None:
 # image dim leaves its last vector mostly masked) by CHANNEL_LANES_GAIN or more and each
 # output sums at least CHANNEL_LANES_TERMS products (the transposes around it, of its
 # filter and of its output tiles, are then a small part of its work).
-CHANNEL_LANES_GAIN = 0.1
+CHANNEL_LANES_GAIN = 0.2
 CHANNEL_LANES_TERMS = 128
 
 
@@ -873,8 +873,9 @@ def _move_channels_innermost(rec: StepRecorder, params: ConvolutionParams) -> No
         return
 
     def body(root):
-        for place in places:
-            move_output_channels_innermost(at_place(root, place))
+        handles = [at_place(root, place) for place in places]  # before any rewrite
+        for h in handles:
+            move_output_channels_innermost(h)
         canonicalize(match(root, "func.func"))
 
     rec.step("channels_innermost", body)

@@ -17,8 +17,8 @@ CASES = {
     # stride 1 transposed (KernelBench 58, 68): 20 output lanes, 16 channels
     "transposed_3d": ("ConvTranspose3d(8, 16, (3, 3, 5), padding=(0, 1, 1), bias=False)",
                       "1, 8, 3, 4, 18"),
-    # padded with a bias (the accumulator's start transposed too); 13 output lanes
-    "conv3d_bias": ("Conv3d(6, 16, 3, padding=1)", "2, 6, 4, 5, 13"),
+    # padded with a bias (the accumulator's start transposed too); 18 output lanes
+    "conv3d_bias": ("Conv3d(6, 16, 3, padding=1)", "2, 6, 4, 5, 18"),
     # two vectors of channels, dilated and padded; 20 lanes
     "conv2d_32_channels": ("Conv2d(9, 32, (3, 5), dilation=(2, 1), padding=(2, 2))", "1, 9, 7, 20"),
     # 37 output lanes (prime): row tiles of 16, 16 and 5
@@ -31,7 +31,10 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_channel_lanes_match_torch(kernel_file, case):
     module, shape = CASES[case]
-    assert_matches(compile_kernel(conv_kernel(kernel_file, module, shape)))
+    path = conv_kernel(kernel_file, module, shape)
+    assert_matches(compile_kernel(path))
+    # the filter transposed: the channels are the lanes
+    assert "linalg.transpose" in str(compile_kernel(path, stop_after="fuse").module)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -53,8 +56,9 @@ def test_a_transposed_view_input_and_a_second_use(kernel_file):
 def test_backward_weight_gradient(kernel_file):
     """The weight gradient of a 3 x 3 convolution is a convolution with a 3 x 3 output and
     a window of the image's size (lighthouse.conv_decompositions): 3 rows of 32 channel
-    lanes."""
-    path = conv_kernel(kernel_file, "Conv2d(8, 32, 3, padding=1)", "2, 8, 9, 11")
+    lanes; the input gradient, 20 lanes wide, takes its 16 channels as lanes too (two
+    convolutions rewritten in one step: their places were read before either rewrite)."""
+    path = conv_kernel(kernel_file, "Conv2d(16, 32, 3, padding=1)", "2, 16, 6, 20")
     compiled = compile_kernel(path, backward=True)
     assert compiled.family is CONVOLUTION, compiled.notes
     for r in compiled.check():
@@ -63,6 +67,7 @@ def test_backward_weight_gradient(kernel_file):
     filecheck(fused, """
         CHECK: outs(%{{.*}} : tensor<1x1x3x32xf32>) attrs = {{{.*}}lh.cv_role = "register", lh.cv_vector = array<i64: 1, 1, 3, 32, 1>}
     """)
+    assert fused.count('lh.cv_role = "epilogue"') >= 2
 
 
 def test_the_register_tile_runs_along_the_channels(kernel_file):
