@@ -10,10 +10,17 @@ depthwise convolution) times its lanes (the innermost image dim o_w, contiguous 
 Y), each step of the reduction an outer product of MR filter values (broadcast) and NR
 image values (a vector load of X at o_w s + k t):
     acc[f0 : f0 + MR, o_w0 : o_w0 + NR] += W[f, c, k] (x) X[c, o_w0 s + k t : + NR s : s]
-No im2col buffer: the register tile reads X where it is.
+No im2col buffer: the register tile reads X where it is. When the innermost image dim is
+narrow (its last vector mostly masked: `wants_channel_lanes`) and the output channels fill
+whole vectors, the lanes run along the output channels instead, the rows along o_w:
+    acc[o_w0 : o_w0 + MR, f0 : f0 + NR] += X[c, o_w0 + k t : + MR] (x) W_t[c, k, f0 : f0 + NR]
+with the filter and the result in channels-last form (transform_ext.
+move_output_channels_innermost; each register tile of the result transposed back in the
+convolution's output tiles, as an epilogue).
 
 Preconditions: static shapes; f32, f16 or bf16 (16-bit operands extended in the body, f32
-accumulation as torch-mlir imports them); the lanes dim is the innermost dim of X and Y.
+accumulation as torch-mlir imports them); the lanes dim is the innermost dim of X and Y
+(or, channels innermost, an output channel dim innermost in W and Y).
 A transposed convolution (torch-mlir imports it as a convolution over the input stuffed
 with zeros, s - 1 between neighbours) is first split into s^d convolutions over the input
 itself, one per phase of the output (transform_ext.split_transposed_convolution), so no
@@ -22,7 +29,8 @@ multiply reads a stuffed zero.
 fuse (the script's @fuse: steps recorded on a trial copy by `plan_convolution`):
   1. normalize: assertions split out, elementwise ops fused (the epilogue becomes one
      generic), stuffed convolutions split into phases, convolutions and the bias
-     broadcast generalized to linalg.generic;
+     broadcast generalized to linalg.generic; the convolutions that take the output
+     channels as lanes rewritten with them innermost;
   2. per convolution, last first: the epilogue (or the convolution) is tiled into an
      `scf.forall` over (batch, group, a block of tile_rows output channels, blocks of the
      outer image dims) with the convolution and its accumulator producer fused in; inside,
@@ -67,6 +75,8 @@ from transform_ext.convolution_to_contraction import convolution_to_contraction
 from transform_ext.drop_contraction_masks import drop_contraction_masks
 from transform_ext.common import Illegal
 from transform_ext.forward_masked_writes import forward_masked_writes
+from transform_ext.move_output_channels_innermost import move_output_channels_innermost
+from transform_ext.unmask_extremum_reductions import unmask_extremum_reductions
 from transform_ext.drop_unit_result_dims import drop_unit_result_dims
 from transform_ext.fuse_init_into_register_tile import fuse_init_into_register_tile
 from transform_ext.split_transposed_convolution import analyze as analyze_stuffed
@@ -183,13 +193,21 @@ def analyze_convolution(op: ir.Operation) -> Convolution:
         raise NotApplicable(f"{name} accumulates in {_element_type_name(op.results[0])} "
                             f"(wants f32)")
     ls = loop_structure(op)
-    x_map, y_map = ls.maps[dims.input_index], ls.output_map(0)
+    x_map, w_map, y_map = ls.maps[dims.input_index], ls.maps[dims.filter_index], ls.output_map(0)
     last = len(x_map.results) - 1
     if last not in dims.exprs:
         raise NotApplicable(f"{name}: the innermost dim of its image is not an image dim "
                             f"(wants channels-first layouts)")
-    lanes = dims.exprs[last].image
-    if not isinstance(y_map.results[-1], ir.AffineDimExpr) or y_map.results[-1].position != lanes:
+    inner = dims.exprs[last].image
+    y_inner = y_map.results[-1]
+    if not isinstance(y_inner, ir.AffineDimExpr):
+        raise NotApplicable(f"{name}: its output's innermost dim is not a loop dim")
+    lanes = y_inner.position
+    if lanes in dims.out_channel and w_map.results[-1] == y_inner:
+        # channels innermost (transform_ext.move_output_channels_innermost): the lanes run
+        # along the output channels, the rows along the image's innermost dim
+        return Convolution(dims, inner if dims.ranges[inner] > 1 else None, lanes)
+    if lanes != inner:
         raise NotApplicable(f"{name}: its output's innermost dim is not the image's")
     return Convolution(dims, _rows_dim(dims, lanes), lanes)
 
@@ -311,17 +329,24 @@ def convolution_tiles(c: Convolution, params: ConvolutionParams) -> ConvolutionT
     and output channel dim, except the rows: tile_rows of them (`_tile_of`); the outer image
     dims whole, then split (by divisors, outermost first; the rows dim in multiples of MR)
     until the threads have tiles_per_thread tiles each. register: MR x NR (NR rounded down
-    to whole vectors covering the lanes dim when it is narrower), 1 elsewhere."""
+    to whole vectors covering the lanes dim when it is narrower), 1 elsewhere. With the
+    lanes along the output channels: MR x NR of `channel_lane_tile`."""
     d, ranges = c.dims, c.dims.ranges
     rank = len(ranges)
     rows_extent = ranges[c.rows] if c.rows is not None else 1
-    mr = min(params.register[0], rows_extent)
     vector_lanes = params.register[1] // 2
     nr = min(params.register[1], -(-ranges[c.lanes] // vector_lanes) * vector_lanes)
+    channel_lanes = c.lanes in d.out_channel
+    if channel_lanes:
+        mr, nr, _ = channel_lane_tile(ranges[c.lanes], rows_extent, params)
+    else:
+        mr = min(params.register[0], rows_extent)
     outer = [o for o in d.image if o != c.lanes]
     forall = [0] * rank
     for dim in d.batch + d.group + d.out_channel:
         forall[dim] = 1
+    if channel_lanes:
+        forall[c.lanes] = _tile_of(ranges[c.lanes], nr, params.tile_rows)
     for o in outer:
         forall[o] = ranges[o]
     if c.rows is not None:
@@ -351,7 +376,8 @@ def convolution_tiles(c: Convolution, params: ConvolutionParams) -> ConvolutionT
     if c.rows is not None:
         register[c.rows] = mr
     register[c.lanes] = nr
-    order = [x for x in d.batch + d.group + d.out_channel + outer if x != c.rows] + [c.lanes]
+    order = [x for x in d.batch + d.group + d.out_channel + outer
+             if x not in (c.rows, c.lanes)] + [c.lanes]
     order += [c.rows] if c.rows is not None else []
     reduction = [0] * rank
     for dim in d.in_channel + [k for k in d.window if k is not None]:
@@ -369,6 +395,44 @@ def convolution_tiles(c: Convolution, params: ConvolutionParams) -> ConvolutionT
     peel = tiled.index(c.lanes) if ranges[c.lanes] > nr and ranges[c.lanes] % nr else None
     return ConvolutionTiles(forall, register, order, reduction, vector, output,
                             kept.index(c.lanes), output_lanes, peel, block)
+
+
+def channel_lane_tile(channels: int, rows: int, params: ConvolutionParams) -> tuple[int, int, float]:
+    """(MR, NR, useful share) of the register tile whose lanes run along `channels` output
+    channels and its rows along an image dim of `rows`: NR whole vectors dividing the
+    channels, MR x NR / lanes accumulators up to 1.5 times those of params.register. The
+    useful share: the rows computed that are not past the edge (a partial last row tile
+    computes masked rows) times the accumulators' share of params.register's (fewer cannot
+    hide the FMA latency); the best share wins, then the most accumulators. (1, lanes, 0)
+    when the channels are not whole vectors."""
+    lanes = params.register[1] // 2
+    vectors = params.register[0] * params.register[1] // lanes
+    best = (1, lanes, 0.0)
+    best_key = (0.0, 0)
+    for v in range(1, vectors + 1):
+        if channels % (v * lanes):
+            continue
+        for mr in range(1, min(rows, vectors * 3 // 2 // v) + 1):
+            share = rows / (-(-rows // mr) * mr) * min(mr * v, vectors) / vectors
+            key = (round(share, 3), mr * v)
+            if key > best_key:
+                best, best_key = (mr, v * lanes, share), key
+    return best
+
+
+def image_lane_share(c: Convolution, params: ConvolutionParams) -> float:
+    """The useful share (as in `channel_lane_tile`) of the register tile whose lanes run
+    along the innermost image dim: the lanes not past its edge (the last tile takes whole
+    vectors covering it) times the rows not past theirs times the accumulators' share."""
+    lanes = params.register[1] // 2
+    vectors = params.register[0] * params.register[1] // lanes
+    width = c.dims.ranges[c.lanes]
+    nr = min(params.register[1], -(-width // lanes) * lanes)
+    rows = c.dims.ranges[c.rows] if c.rows is not None else 1
+    mr = min(params.register[0], rows)
+    lane_share = width / (-(-width // lanes) * lanes)
+    row_share = rows / (-(-rows // mr) * mr)
+    return lane_share * row_share * min(mr * nr // lanes, vectors) / vectors
 
 
 def writes_strided_lanes(c: Convolution) -> bool:
@@ -400,6 +464,8 @@ def _channel_block(c: Convolution, params: ConvolutionParams, mr: int, nr: int) 
     channel = max(wide, key=lambda x: ranges[x])
     rows = mr if c.rows is not None and c.rows in d.image else 1
     x_elements, w_elements = 1, mr if c.rows in d.out_channel else 1
+    if c.lanes in d.out_channel:
+        w_elements = nr
     for w in d.exprs.values():
         k = ranges[w.window] if w.window is not None else 1
         w_elements *= k
@@ -503,6 +569,27 @@ def accumulation_chain(c: Convolution, candidates: list[Convolution]) -> list[Co
         chain.insert(0, by_op[owner])
 
 
+def find_copy_back(value: ir.Value) -> ir.Operation | None:
+    """The generic consuming `value` (the convolution's result, its only use) that copies
+    it to a tensor of its dims permuted: all loops parallel over `value`'s dims, read with
+    the identity map, written through a permutation, its body yielding the element read
+    (the transpose back of transform_ext.move_output_channels_innermost). Its loops are the
+    convolution's output dims: it is tiled with the output tiles, as an epilogue."""
+    user = _single_use(value)
+    if user is None or user.name != "linalg.generic" or len(user.operands) != 2:
+        return None
+    ls = loop_structure(user)
+    rank = len(value.type.shape)
+    if ls.reduction_dims or not ls.is_static or ls.num_loops != rank or \
+            ls.maps[0] != ir.AffineMap.get_identity(rank) or not ls.output_map(0).is_permutation:
+        return None
+    block = user.regions[0].blocks[0]
+    body = [op.operation for op in block.operations]
+    if len(body) != 1 or body[0].operands[0] != block.arguments[0]:
+        return None
+    return user
+
+
 def find_pooling(c: Convolution, value: ir.Value) -> ir.Operation | None:
     """The generic consuming `value` (the convolution's result, or its epilogue's; its only
     use) that reduces it over image dims (a global average pool: a sum over H x W, GELU or
@@ -579,7 +666,7 @@ def _schedule(rec: StepRecorder, chain: list[Convolution], params: ConvolutionPa
     last = chain[-1]
     tiles = [convolution_tiles(c, params) for c in chain]
     forall_tiles = tiles[-1]
-    epilogue = find_epilogue(last.op.results[0])
+    epilogue = find_epilogue(last.op.results[0]) or find_copy_back(last.op.results[0])
     pooling = find_pooling(last, (epilogue or last.op).results[0])
     if pooling is not None and any(not isinstance(e, ir.AffineDimExpr)
                                    for e in loop_structure(pooling).output_map(0).results):
@@ -738,6 +825,62 @@ def _split_phases(rec: StepRecorder, name: str, legal, split) -> None:
     rec.step(name, body)
 
 
+# A register tile takes the output channels as its lanes instead of the innermost image dim
+# when that raises its useful share (`channel_lane_tile`, `image_lane_share`: a narrow
+# image dim leaves its last vector mostly masked) by CHANNEL_LANES_GAIN or more and each
+# output sums at least CHANNEL_LANES_TERMS products (the transposes around it, of its
+# filter and of its output tiles, are then a small part of its work).
+CHANNEL_LANES_GAIN = 0.2
+CHANNEL_LANES_TERMS = 128
+
+
+def wants_channel_lanes(c: Convolution, found: list[Convolution], params: ConvolutionParams) -> bool:
+    """Should convolution `c` (one of `found`) compute with its output channels innermost
+    (transform_ext.move_output_channels_innermost), the lanes along them and the rows along
+    the image's innermost dim? When that raises the register tile's useful share by
+    CHANNEL_LANES_GAIN, its one output channel dim fills whole vectors, its
+    lanes dim has stride 1 (the rows read contiguous image elements), each output sums
+    CHANNEL_LANES_TERMS products or more (input channels times window), and nothing is fused
+    onto its result (an epilogue, a pooling, a strided phase's insert, another convolution
+    accumulating onto it): the transpose back stands between them."""
+    d, ranges = c.dims, c.dims.ranges
+    if c.lanes in d.out_channel or len(d.out_channel) != 1 or any(ranges[g] > 1 for g in d.group):
+        return False
+    *_, share = channel_lane_tile(ranges[d.out_channel[0]], ranges[c.lanes], params)
+    if share < image_lane_share(c, params) + CHANNEL_LANES_GAIN:
+        return False
+    if any(e.stride != 1 for e in d.exprs.values() if e.image == c.lanes):
+        return False
+    terms = 1
+    for dim in d.in_channel + [k for k in d.window if k is not None]:
+        terms *= ranges[dim]
+    if terms < CHANNEL_LANES_TERMS:
+        return False
+    result = c.op.results[0]
+    if writes_strided_lanes(c) or find_epilogue(result) is not None or \
+            find_pooling(c, result) is not None or len(accumulation_chain(c, found)) > 1:
+        return False
+    return not any(x.op.operands[2] == result for x in found)
+
+
+def _move_channels_innermost(rec: StepRecorder, params: ConvolutionParams) -> None:
+    """The convolutions that `wants_channel_lanes` rewritten with their output channels
+    innermost, in one recorded step."""
+    found = find_convolutions(rec.trial)
+    places = [place_of(rec.trial.operation, c.op) for c in found
+              if wants_channel_lanes(c, found, params)]
+    if not places:
+        return
+
+    def body(root):
+        handles = [at_place(root, place) for place in places]  # before any rewrite
+        for h in handles:
+            move_output_channels_innermost(h)
+        canonicalize(match(root, "func.func"))
+
+    rec.step("channels_innermost", body)
+
+
 def _generalize_convolutions(rec: StepRecorder) -> None:
     """Named convolutions and the broadcasts feeding them as linalg.generic (the tiles and
     the per-register-tile accumulator work on generics)."""
@@ -772,6 +915,7 @@ def plan_convolution(payload: ir.Module, params: ConvolutionParams, generic: Gen
     _split_phases(rec, "split_transposed", analyze_stuffed, split_transposed_convolution)
     _split_phases(rec, "split_strided", analyze_strided, split_strided_convolution)
     _generalize_convolutions(rec)
+    _move_channels_innermost(rec, params)
     if not find_convolutions(rec.trial):
         return ConvolutionPlan(None, None)
     while True:
@@ -874,6 +1018,7 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams):
                 structured.VectorizeOp(seq.bodyTarget, vectorize_nd_extract=gather)
                 transform.YieldOp()
         func = match(root, "func.func")
+        unmask_extremum_reductions(func)  # a pooling's max over a partial vector
         apply_patterns(func, tvec.ApplyLowerMaskedTransfersPatternsOp)
         apply_patterns(func, tvec.ApplyTransferPermutationPatternsOp)
         # f16/bf16 operands extended inside the contraction (the lowering extends each

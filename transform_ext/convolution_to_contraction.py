@@ -104,18 +104,25 @@ def rewrite(op: ir.Operation, dims, rewriter) -> ir.Operation:
         w_exprs = [dim(e.position) for e in w_map.results if e.position not in dropped]
         y_exprs = [dim(e.position) for e in y_map.results]
         n = len(kept)
-        maps = [ir.AffineMap.get(n, 0, exprs) for exprs in (w_exprs, x_exprs, y_exprs)]
+        # the broadcast operand first: the filter, unless it indexes the output's innermost
+        # dim (its lanes: the output channels, transform_ext.move_output_channels_innermost)
+        lanes = y_exprs[-1]
+        first, second = (w_slice, w_exprs), (x_slice, x_exprs)
+        if lanes in w_exprs:
+            first, second = second, first
+        maps = [ir.AffineMap.get(n, 0, exprs) for exprs in (first[1], second[1], y_exprs)]
         iterators = [ls.iterators[d] for d in kept]
         block = op.regions[0].blocks[0]
         x_arg, w_arg, y_arg = (block.arguments[dims.input_index],
                                block.arguments[dims.filter_index], block.arguments[2])
 
         def body(args):  # named convolutions hold the same multiply-accumulate region
-            yielded = clone_body(op, {w_arg: args[0], x_arg: args[1], y_arg: args[2]})
-            _filter_operand_first(args[0])
+            w_new, x_new = (args[0], args[1]) if first[0] is w_slice else (args[1], args[0])
+            yielded = clone_body(op, {w_arg: w_new, x_arg: x_new, y_arg: args[2]})
+            _broadcast_operand_first(args[0])
             return yielded
 
-        new = build_generic([w_slice, x_slice], [y], maps, iterators, body)
+        new = build_generic([first[0], second[0]], [y], maps, iterators, body)
         attrs = op.attributes
         for i in range(len(attrs)):
             if attrs[i].name not in _INHERENT:
@@ -124,17 +131,18 @@ def rewrite(op: ir.Operation, dims, rewriter) -> ir.Operation:
     return new.operation
 
 
-def _filter_operand_first(w_arg: ir.Value) -> None:
+def _broadcast_operand_first(arg: ir.Value) -> None:
     """Swap the operands of the body's multiplication (exact: it commutes) so that the
-    filter's element (possibly extended) comes first: linalg's vectorizer makes the first
-    factor the lhs of the vector.contract, the operand whose elements are broadcast."""
-    for mul in walk_ops(w_arg.owner.owner, lambda o: o.name == "arith.mulf"):
+    element (possibly extended) of block argument `arg` comes first: linalg's vectorizer
+    makes the first factor the lhs of the vector.contract, the operand whose elements are
+    broadcast."""
+    for mul in walk_ops(arg.owner.owner, lambda o: o.name == "arith.mulf"):
         first = mul.operands[0]
         owner = defining_op(first)
         while owner is not None and owner.name in ("arith.extf", "arith.truncf"):
             first = owner.operands[0]
             owner = defining_op(first)
-        if first != w_arg:
+        if first != arg:
             a, b = mul.operands[0], mul.operands[1]
             mul.operands[0], mul.operands[1] = b, a
 

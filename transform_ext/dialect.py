@@ -123,6 +123,8 @@ OP_MODULES: list[str] = [
     "drop_contraction_masks",
     "split_transposed_convolution",
     "split_strided_convolution",
+    "move_output_channels_innermost",
+    "unmask_extremum_reductions",
     "match_logits_contraction",
     "fold_gathers_through_contraction",
     "gathers_to_masked_class_sums",

@@ -47,7 +47,8 @@ def convolution(draw, w: KernelWriter) -> tuple[str, tuple[int, ...]]:
     c = draw(CHANNELS)
     depthwise = draw(st.booleans())
     groups = c if depthwise else draw(st.sampled_from(_divisors(c)))
-    f = groups * (draw(st.sampled_from((1, 2, 3))) if depthwise else draw(st.sampled_from((1, 2, 3, 4, 6, 8))))
+    # 16 or 32 channels of one group: the register tile may take them as its lanes
+    f = groups * (draw(st.sampled_from((1, 2, 3))) if depthwise else draw(st.sampled_from((1, 2, 3, 4, 6, 8, 16, 32))))
     dims = draw(geometry(rank, transposed))
     batch = draw(st.sampled_from((1, 2, 3)))
     window = tuple(k for k, *_ in dims)

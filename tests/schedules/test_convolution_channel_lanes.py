@@ -1,0 +1,177 @@
+"""The convolution family with the output channels as the register tile's lanes (a narrow
+innermost image dim: KernelBench 58, 68): numerics against torch (3-D transposed, padded,
+strided, dilated, 1-D, two vectors of channels, a partial last row tile, f16 and bf16, a
+transposed-view input, a second use of the result), the lane choice and its refusals, and
+the IR it produces."""
+
+import pytest
+
+from lighthouse.compile import compile_kernel
+from lighthouse.families import CONVOLUTION
+from schedules.convolution import (ConvolutionParams, analyze_convolution, convolution_tiles,
+                                   find_convolutions, wants_channel_lanes)
+from tests.schedules.test_convolution import _parse, assert_matches, conv_kernel
+from tests.transform_ext.helpers import check as filecheck
+
+CASES = {
+    # stride 1 transposed (KernelBench 58, 68): 20 output lanes, 16 channels
+    "transposed_3d": ("ConvTranspose3d(8, 16, (3, 3, 5), padding=(0, 1, 1), bias=False)",
+                      "1, 8, 3, 4, 18"),
+    # padded with a bias (the accumulator's start transposed too); 18 output lanes
+    "conv3d_bias": ("Conv3d(6, 16, 3, padding=1)", "2, 6, 4, 5, 18"),
+    # two vectors of channels, dilated and padded; 20 lanes
+    "conv2d_32_channels": ("Conv2d(9, 32, (3, 5), dilation=(2, 1), padding=(2, 2))", "1, 9, 7, 20"),
+    # 37 output lanes (prime): row tiles of 16, 16 and 5
+    "conv1d_partial_rows": ("Conv1d(40, 16, 5)", "2, 40, 41"),
+    # a stride along an outer dim
+    "conv2d_strided_rows": ("Conv2d(16, 16, 3, stride=(2, 1), bias=False)", "1, 16, 9, 22"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_channel_lanes_match_torch(kernel_file, case):
+    module, shape = CASES[case]
+    path = conv_kernel(kernel_file, module, shape)
+    assert_matches(compile_kernel(path))
+    # the filter transposed: the channels are the lanes
+    assert "linalg.transpose" in str(compile_kernel(path, stop_after="fuse").module)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", ["transposed_3d", "conv3d_bias"])
+def test_half_channel_lanes_accumulate_in_f32(kernel_file, dtype, case):
+    module, shape = CASES[case]
+    assert_matches(compile_kernel(conv_kernel(kernel_file, module, shape, dtype=dtype)))
+
+
+def test_a_transposed_view_input_and_a_second_use(kernel_file):
+    """H and W swapped by a view (7 output lanes); the result returned and read again
+    transposed."""
+    path = conv_kernel(kernel_file, "Conv2d(16, 16, 3)", None,
+                       input="torch.randn(1, 16, 22, 9, generator=g).transpose(2, 3)",
+                       forward="(lambda y: (y, y.transpose(-1, -2) * 2))(self.conv(x))")
+    assert_matches(compile_kernel(path))
+
+
+def test_backward_weight_gradient(kernel_file):
+    """The weight gradient of a 3 x 3 convolution is a convolution with a 3 x 3 output and
+    a window of the image's size (lighthouse.conv_decompositions): 3 rows of 32 channel
+    lanes; the input gradient, 20 lanes wide, takes its 16 channels as lanes too (two
+    convolutions rewritten in one step: their places were read before either rewrite)."""
+    path = conv_kernel(kernel_file, "Conv2d(16, 32, 3, padding=1)", "2, 16, 6, 20")
+    compiled = compile_kernel(path, backward=True)
+    assert compiled.family is CONVOLUTION, compiled.notes
+    for r in compiled.check():
+        assert r.ok, str(r)
+    fused = str(compile_kernel(path, backward=True, stop_after="fuse").module)
+    filecheck(fused, """
+        CHECK: outs(%{{.*}} : tensor<1x1x3x32xf32>) attrs = {{{.*}}lh.cv_role = "register", lh.cv_vector = array<i64: 1, 1, 3, 32, 1>}
+    """)
+    assert fused.count('lh.cv_role = "epilogue"') >= 2
+
+
+def test_the_register_tile_runs_along_the_channels(kernel_file):
+    """20 image rows x 16 channel lanes: per step one filter vector, 20 broadcast image
+    elements, 20 FMAs; the filter transposed before the convolution, each register tile of
+    the result transposed back in the convolution's output tiles (an epilogue)."""
+    module, shape = CASES["transposed_3d"]
+    path = conv_kernel(kernel_file, module, shape)
+    fused = str(compile_kernel(path, stop_after="fuse").module)
+    filecheck(fused, """
+        CHECK: linalg.transpose {{.*}} permutation = [1, 2, 3, 4, 0]
+        CHECK: scf.forall
+        CHECK: linalg.generic {{.*}} ins({{.*}} : tensor<1x1x1x1x20xf32>, tensor<1x16xf32>) outs(%{{.*}} : tensor<1x1x1x20x16xf32>) attrs = {{{.*}}lh.cv_lanes = 4 : i64, lh.cv_role = "register", lh.cv_vector = array<i64: 1, 1, 1, 20, 16, 1>}
+        CHECK: linalg.generic {{.*}} ins(%{{.*}} : tensor<1x1x1x20x16xf32>) outs(%{{.*}} : tensor<1x16x1x1x20xf32>) attrs = {{{.*}}lh.cv_role = "epilogue"
+        CHECK: scf.forall.in_parallel
+    """)
+    vectorized = str(compile_kernel(path, stop_after="vectorize").module)
+    filecheck(vectorized, """
+        CHECK: scf.for {{.*}} -> (vector<20x16xf32>)
+        CHECK: vector.contract {{.*}} : vector<1x20xf32>, vector<1x16xf32> into vector<20x16xf32>
+    """)
+    bufferized = str(compile_kernel(path, stop_after="bufferize").module)
+    filecheck(bufferized, """
+        CHECK: scf.for {{.*}} -> (vector<20x16xf32>)
+        CHECK-COUNT-20: vector.fma {{.*}} : vector<16xf32>
+        CHECK: scf.yield
+    """)
+
+
+_PAYLOADS = []  # the parsed modules outlive the ops found in them
+
+
+def _convolution(text):
+    payload = _parse(text)
+    _PAYLOADS.append(payload)
+    found = find_convolutions(payload)
+    return found[0], found
+
+
+NARROW = """
+func.func @main(%x: tensor<1x16x9x22xf32>, %w: tensor<{f}x16x3x3xf32>, %y: tensor<1x{f}x7x{ow}xf32>) -> tensor<1x{f}x7x{ow}xf32> {{
+  %r = linalg.conv_2d_nchw_fchw {{dilations = dense<1> : vector<2xi64>, strides = dense<[1, {s}]> : vector<2xi64>}}
+         ins(%x, %w : tensor<1x16x9x22xf32>, tensor<{f}x16x3x3xf32>) outs(%y : tensor<1x{f}x7x{ow}xf32>) -> tensor<1x{f}x7x{ow}xf32>
+  return %r : tensor<1x{f}x7x{ow}xf32>
+}}
+"""
+
+
+def test_the_lane_choice():
+    """Channel lanes for 20 output lanes and 16 channels; not for 12 channels (a partial
+    vector), nor a stride along the lanes, nor few terms per output, nor wide rows."""
+    params = ConvolutionParams()
+    c, found = _convolution(NARROW.format(f=16, ow=20, s=1))
+    assert wants_channel_lanes(c, found, params)
+    c, found = _convolution(NARROW.format(f=12, ow=20, s=1))
+    assert not wants_channel_lanes(c, found, params)
+    c, found = _convolution(NARROW.format(f=16, ow=10, s=2))
+    assert not wants_channel_lanes(c, found, params)
+    few = NARROW.replace("1x16x9x22", "1x4x9x22").replace("x16x3x3", "x4x3x3")
+    c, found = _convolution(few.format(f=16, ow=20, s=1))
+    assert not wants_channel_lanes(c, found, params)
+    wide = NARROW.replace("9x22", "9x66")
+    c, found = _convolution(wide.format(f=16, ow=64, s=1))
+    assert not wants_channel_lanes(c, found, params)
+
+
+def test_tiles_of_channel_lanes():
+    """Once channels are innermost: lanes along them (one vector), rows along the image's
+    innermost dim by a divisor of it (19 of 38)."""
+    c, _ = _convolution("""
+        func.func @main(%x: tensor<1x16x9x40xf32>, %w: tensor<16x3x3x16xf32>, %y: tensor<1x7x38x16xf32>) -> tensor<1x7x38x16xf32> {
+          %r = linalg.generic {indexing_maps = [affine_map<(n, oh, ow, f, c, kh, kw) -> (n, c, oh + kh, ow + kw)>,
+                                                affine_map<(n, oh, ow, f, c, kh, kw) -> (c, kh, kw, f)>,
+                                                affine_map<(n, oh, ow, f, c, kh, kw) -> (n, oh, ow, f)>],
+                               iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction", "reduction", "reduction"]}
+                 ins(%x, %w : tensor<1x16x9x40xf32>, tensor<16x3x3x16xf32>) outs(%y : tensor<1x7x38x16xf32>) {
+          ^bb0(%a: f32, %b: f32, %o: f32):
+            %m = arith.mulf %a, %b : f32
+            %s = arith.addf %o, %m : f32
+            linalg.yield %s : f32
+          } -> tensor<1x7x38x16xf32>
+          return %r : tensor<1x7x38x16xf32>
+        }""")
+    assert (c.lanes, c.rows) == (3, 2)
+    tiles = convolution_tiles(c, ConvolutionParams(register=(8, 32)))
+    assert tiles.register[:4] == [1, 1, 19, 16] and tiles.interchange[-2:] == [3, 2]
+    assert tiles.peel is None and tiles.output_lanes == 3
+
+
+def test_few_rows_take_more_channel_vectors():
+    """3 image rows of 64 channels: 4 vectors of lanes (12 accumulators), not 2."""
+    c, _ = _convolution("""
+        func.func @main(%x: tensor<64x8x58x58xf32>, %w: tensor<8x56x56x64xf32>, %y: tensor<64x3x3x64xf32>) -> tensor<64x3x3x64xf32> {
+          %r = linalg.generic {indexing_maps = [affine_map<(n, oh, ow, f, c, kh, kw) -> (n, c, oh + kh, ow + kw)>,
+                                                affine_map<(n, oh, ow, f, c, kh, kw) -> (c, kh, kw, f)>,
+                                                affine_map<(n, oh, ow, f, c, kh, kw) -> (n, oh, ow, f)>],
+                               iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction", "reduction", "reduction"]}
+                 ins(%x, %w : tensor<64x8x58x58xf32>, tensor<8x56x56x64xf32>) outs(%y : tensor<64x3x3x64xf32>) {
+          ^bb0(%a: f32, %b: f32, %o: f32):
+            %m = arith.mulf %a, %b : f32
+            %s = arith.addf %o, %m : f32
+            linalg.yield %s : f32
+          } -> tensor<64x3x3x64xf32>
+          return %r : tensor<64x3x3x64xf32>
+        }""")
+    tiles = convolution_tiles(c, ConvolutionParams(register=(8, 32)))
+    assert tiles.register[:4] == [1, 1, 3, 64]

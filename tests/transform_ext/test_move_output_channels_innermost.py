@@ -1,0 +1,105 @@
+"""move_output_channels_innermost: IR (FileCheck), numerics against torch, rejections; and
+convolution_to_contraction's operand order on its result (the image broadcast, the filter
+along the lanes)."""
+
+import torch
+import torch.nn.functional as F
+
+from schedules.common import match
+from transform_ext.convolution_to_contraction import convolution_to_contraction
+from transform_ext.move_output_channels_innermost import move_output_channels_innermost
+from tests.transform_ext.helpers import apply, apply_expect_failure, check, parse
+from tests.transform_ext.numeric import run_module
+
+# A padded 2-D convolution of stride (1, 2) accumulating onto a given start.
+CONV_2D = """
+func.func @main(%x: tensor<2x3x9x11xf32>, %w: tensor<5x3x2x3xf32>, %y: tensor<2x5x8x5xf32>) -> tensor<2x5x8x5xf32> {
+  %r = linalg.conv_2d_nchw_fchw {dilations = dense<1> : vector<2xi64>, strides = dense<[1, 2]> : vector<2xi64>}
+         ins(%x, %w : tensor<2x3x9x11xf32>, tensor<5x3x2x3xf32>) outs(%y : tensor<2x5x8x5xf32>) -> tensor<2x5x8x5xf32>
+  return %r : tensor<2x5x8x5xf32>
+}
+"""
+
+
+def _inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(2, 3, 9, 11, generator=g), torch.randn(5, 3, 2, 3, generator=g),
+            torch.randn(2, 5, 8, 5, generator=g))
+
+
+def test_filter_and_result_get_the_channels_innermost():
+    payload = parse(CONV_2D)
+    apply(payload, lambda root: move_output_channels_innermost(match(root, "linalg.conv_2d_nchw_fchw")))
+    check(payload, """
+        CHECK: %[[WT:.*]] = linalg.transpose ins(%arg1 : tensor<5x3x2x3xf32>) outs({{.*}} : tensor<3x2x3x5xf32>) permutation = [1, 2, 3, 0]
+        CHECK: %[[IT:.*]] = linalg.transpose ins(%arg2 : tensor<2x5x8x5xf32>) outs({{.*}} : tensor<2x8x5x5xf32>) permutation = [0, 2, 3, 1]
+        CHECK: %[[Y:.*]] = linalg.generic {indexing_maps = [#[[XMAP:.*]], #[[WMAP:.*]], #[[YMAP:.*]]], iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction", "reduction", "reduction"]} ins(%arg0, %[[WT]] : {{.*}}) outs(%[[IT]] : tensor<2x8x5x5xf32>)
+        CHECK: linalg.generic {indexing_maps = [#[[ID:.*]], #[[BACK:.*]]], iterator_types = ["parallel", "parallel", "parallel", "parallel"]} ins(%[[Y]] : tensor<2x8x5x5xf32>) outs({{.*}} : tensor<2x5x8x5xf32>)
+        CHECK-NEXT: ^bb0(%[[IN:.*]]: f32, %{{.*}}: f32):
+        CHECK-NEXT: linalg.yield %[[IN]] : f32
+    """)
+    text = str(payload)
+    # loops (n, oh, ow, f, c, kh, kw): the image read at (oh + kh, ow * 2 + kw), f innermost
+    assert "(d0, d1, d2, d3, d4, d5, d6) -> (d0, d4, d1 + d5, d2 * 2 + d6)" in text
+    assert "(d0, d1, d2, d3, d4, d5, d6) -> (d4, d5, d6, d3)" in text
+    assert "(d0, d1, d2, d3, d4, d5, d6) -> (d0, d1, d2, d3)" in text
+    # the copy back: Y[n, f, oh, ow] = Y_t[n, oh, ow, f] over Y_t's dims
+    assert "(d0, d1, d2, d3) -> (d0, d3, d1, d2)" in text
+    x, w, y = _inputs()
+    (got,) = run_module(payload, [x, w, y])
+    torch.testing.assert_close(got, y + F.conv2d(x, w, stride=(1, 2)), rtol=1e-5, atol=1e-5)
+
+
+def test_the_contraction_broadcasts_the_image_and_reads_the_filter_along_the_lanes():
+    payload = parse("""
+        func.func @main(%x: tensor<1x3x9xf32>, %w: tensor<16x3x1xf32>, %y: tensor<1x16x9xf32>) -> tensor<1x16x9xf32> {
+          %r = linalg.conv_1d_ncw_fcw {dilations = dense<1> : vector<1xi64>, strides = dense<1> : vector<1xi64>}
+                 ins(%x, %w : tensor<1x3x9xf32>, tensor<16x3x1xf32>) outs(%y : tensor<1x16x9xf32>) -> tensor<1x16x9xf32>
+          return %r : tensor<1x16x9xf32>
+        }""")
+
+    def script(root):
+        moved = move_output_channels_innermost(match(root, "linalg.conv_1d_ncw_fcw"))
+        convolution_to_contraction(moved)
+
+    apply(payload, script)
+    check(payload, """
+        CHECK: %[[WT:.*]] = linalg.transpose ins(%arg1 : tensor<16x3x1xf32>)
+        CHECK: %[[X:.*]] = tensor.extract_slice %arg0[0, 0, 0] [1, 3, 9] [1, 1, 1]
+        CHECK: %[[W:.*]] = tensor.extract_slice %[[WT]][0, 0, 0] [3, 1, 16] [1, 1, 1] : tensor<3x1x16xf32> to tensor<3x16xf32>
+        CHECK: linalg.generic {{.*}} ins(%[[X]], %[[W]] : tensor<1x3x9xf32>, tensor<3x16xf32>)
+        CHECK: ^bb0(%[[IX:.*]]: f32, %[[IW:.*]]: f32, %{{.*}}: f32):
+        CHECK: arith.mulf %[[IX]], %[[IW]]
+    """)
+    g = torch.Generator().manual_seed(2)
+    x, w, y = torch.randn(1, 3, 9, generator=g), torch.randn(16, 3, 1, generator=g), torch.randn(1, 16, 9, generator=g)
+    (got,) = run_module(payload, [x, w, y])
+    torch.testing.assert_close(got, y + F.conv1d(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_rejects_channels_innermost_already_and_other_ops():
+    payload = parse("""
+        func.func @main(%x: tensor<1x9x3xf32>, %w: tensor<3x3x4xf32>, %y: tensor<1x7x4xf32>, %a: tensor<4x3xf32>, %b: tensor<3x5xf32>, %c: tensor<4x5xf32>) -> (tensor<1x7x4xf32>, tensor<4x5xf32>) {
+          %r = linalg.conv_1d_nwc_wcf {dilations = dense<1> : vector<1xi64>, strides = dense<1> : vector<1xi64>}
+                 ins(%x, %w : tensor<1x9x3xf32>, tensor<3x3x4xf32>) outs(%y : tensor<1x7x4xf32>) -> tensor<1x7x4xf32>
+          %m = linalg.matmul ins(%a, %b : tensor<4x3xf32>, tensor<3x5xf32>) outs(%c : tensor<4x5xf32>) -> tensor<4x5xf32>
+          return %r, %m : tensor<1x7x4xf32>, tensor<4x5xf32>
+        }""")
+    before = str(payload)
+    message = apply_expect_failure(payload, lambda root: move_output_channels_innermost(match(root, "linalg.conv_1d_nwc_wcf")))
+    assert "transform_ext.move_output_channels_innermost: linalg.conv_1d_nwc_wcf" in message
+    assert "has its output channel dim d2 innermost already" in message
+    message = apply_expect_failure(payload, lambda root: move_output_channels_innermost(match(root, "linalg.matmul")))
+    assert "is not a convolution" in message
+    assert str(payload) == before
+
+
+def test_rejects_depthwise_convolutions():
+    payload = parse("""
+        func.func @main(%x: tensor<2x5x17xf32>, %w: tensor<5x3xf32>, %y: tensor<2x5x15xf32>) -> tensor<2x5x15xf32> {
+          %r = linalg.depthwise_conv_1d_ncw_cw {dilations = dense<1> : vector<1xi64>, strides = dense<1> : vector<1xi64>}
+                 ins(%x, %w : tensor<2x5x17xf32>, tensor<5x3xf32>) outs(%y : tensor<2x5x15xf32>) -> tensor<2x5x15xf32>
+          return %r : tensor<2x5x15xf32>
+        }""")
+    message = apply_expect_failure(payload, lambda root: move_output_channels_innermost(match(root, "linalg.depthwise_conv_1d_ncw_cw")))
+    assert "has 0 output channel dims (wants one)" in message
