@@ -76,7 +76,6 @@ from transform_ext.drop_contraction_masks import drop_contraction_masks
 from transform_ext.common import Illegal
 from transform_ext.forward_masked_writes import forward_masked_writes
 from transform_ext.move_output_channels_innermost import move_output_channels_innermost
-from transform_ext.unmask_extremum_reductions import unmask_extremum_reductions
 from transform_ext.drop_unit_result_dims import drop_unit_result_dims
 from transform_ext.fuse_init_into_register_tile import fuse_init_into_register_tile
 from transform_ext.split_transposed_convolution import analyze as analyze_stuffed
@@ -1018,7 +1017,6 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams):
                 structured.VectorizeOp(seq.bodyTarget, vectorize_nd_extract=gather)
                 transform.YieldOp()
         func = match(root, "func.func")
-        unmask_extremum_reductions(func)  # a pooling's max over a partial vector
         apply_patterns(func, tvec.ApplyLowerMaskedTransfersPatternsOp)
         apply_patterns(func, tvec.ApplyTransferPermutationPatternsOp)
         # f16/bf16 operands extended inside the contraction (the lowering extends each
