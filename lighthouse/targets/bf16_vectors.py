@@ -7,6 +7,10 @@ patterns (odd_bf16_conversions_as_integer_ops, on arith), and the data movement 
 remains moves the bits as i16 (odd_bf16_vectors_as_i16, on the LLVM dialect). Padding the
 odd vectors to a power of two instead does not hold: LLVM's own combines narrow the padded
 ops back to the odd width.
+bf16 scalars (and one-lane vectors) are no safer: LLVM's loop vectorizer widens the scalar
+loops of ops left unvectorized to bf16 vectors of any width, and a strided read among them
+becomes shuffles of bf16 vectors the backend cannot select ("Cannot select: v16bf16 =
+X86ISD::VPERM2X128"); their conversions become the same integer ops.
 """
 
 from __future__ import annotations
@@ -18,21 +22,41 @@ from transform_ext.common import defining_op
 from ..errors import UnsupportedError
 
 
-def _odd_bf16_vector(t: ir.Type) -> bool:
+def _bf16_lanes(t: ir.Type) -> int | None:
+    """The lane count of a bf16 vector (1 for a bf16 scalar); None for other types."""
+    if isinstance(t, ir.BF16Type):
+        return 1
     if not isinstance(t, ir.VectorType) or not isinstance(ir.VectorType(t).element_type, ir.BF16Type):
-        return False
+        return None
     n = 1
     for d in ir.VectorType(t).shape:
         n *= d
-    return n > 1 and n % 2 == 1
+    return n
+
+
+def _odd_bf16_vector(t: ir.Type) -> bool:
+    n = _bf16_lanes(t)
+    return isinstance(t, ir.VectorType) and n is not None and n > 1 and n % 2 == 1
+
+
+def _scalar_or_odd_bf16(t: ir.Type) -> bool:
+    """A bf16 scalar, or a bf16 vector of an odd lane count (one lane included)."""
+    n = _bf16_lanes(t)
+    return n is not None and n % 2 == 1
 
 
 def odd_bf16_conversions_as_integer_ops(payload: ir.Module) -> int:
-    """Conversions from and to odd-lane bf16 vectors through f32, with the bf16 <-> f32 step
-    as integer ops on the bits: extf(x) = bitcast(zext(bits(x)) << 16); truncf(y) rounds to
-    nearest even, bits = (u + 0x7FFF + ((u >> 16) & 1)) >> 16 for u = bits(y), and a NaN
-    gives the quiet NaN 0x7FC0, as torch's conversion. Other sources and destinations (f64,
-    integers) convert to or from f32 first, as torch's bfloat16 does. Returns the number
+    """Conversions from and to odd-lane bf16 vectors (one lane included) and bf16 scalars
+    through f32, with the
+    bf16 <-> f32 step as integer ops on the bits: extf(x) = bitcast(zext(bits(x)) << 16);
+    truncf(y) rounds to nearest even, bits = (u + 0x7FFF + ((u >> 16) & 1)) >> 16 for
+    u = bits(y), and a NaN gives the quiet NaN 0x7FC0, as torch's conversion. Other sources
+    and destinations (f64, integers) convert to or from f32 first, as torch's bfloat16 does.
+    Scalars are rewritten too: the scalar loops of ops the schedules left unvectorized are
+    vectorized by LLVM's loop vectorizer, which widens a scalar bf16 conversion (its load
+    folded into a bf16 load) to bf16 vectors of any width and shuffles them (a strided
+    read), and the x86 backend aborts on those ("Cannot select: X86ISD::VPERM2X128",
+    "soft promote"); as integer ops they are i16 and i32 lanes. Returns the number
     rewritten."""
     from torch_mlir.dialects import arith
 
@@ -41,7 +65,7 @@ def odd_bf16_conversions_as_integer_ops(payload: ir.Module) -> int:
     def visit(op):
         if op.name in ("arith.extf", "arith.truncf", "arith.sitofp", "arith.uitofp",
                        "arith.fptosi", "arith.fptoui") and (
-                _odd_bf16_vector(op.operands[0].type) or _odd_bf16_vector(op.results[0].type)):
+                _scalar_or_odd_bf16(op.operands[0].type) or _scalar_or_odd_bf16(op.results[0].type)):
             targets.append(op)
         return ir.WalkResult.ADVANCE
 
@@ -50,10 +74,16 @@ def odd_bf16_conversions_as_integer_ops(payload: ir.Module) -> int:
         i16, i32, f32 = (ir.IntegerType.get_signless(16), ir.IntegerType.get_signless(32),
                          ir.F32Type.get())
         for op in targets:
-            shape = ir.VectorType(op.operands[0].type).shape
-            v16, v32, vf32 = (ir.VectorType.get(shape, t) for t in (i16, i32, f32))
+            source = op.operands[0].type
+            if isinstance(source, ir.VectorType):
+                shape = ir.VectorType(source).shape
+                v16, v32, vf32 = (ir.VectorType.get(shape, t) for t in (i16, i32, f32))
+            else:
+                v16, v32, vf32 = i16, i32, f32
 
             def splat(value):
+                if v32 == i32:
+                    return arith.constant(i32, ir.IntegerAttr.get(i32, value))
                 return arith.constant(v32, ir.DenseElementsAttr.get_splat(v32, ir.IntegerAttr.get(i32, value)))
 
             def from_bf16(x):
@@ -69,7 +99,7 @@ def odd_bf16_conversions_as_integer_ops(payload: ir.Module) -> int:
 
             with ir.InsertionPoint(op), op.location:
                 x, result_t = op.operands[0], op.results[0].type
-                if _odd_bf16_vector(x.type):  # bf16 -> f32 -> the destination
+                if _scalar_or_odd_bf16(x.type):  # bf16 -> f32 -> the destination
                     y = from_bf16(x)
                     if op.name == "arith.extf":
                         value = y if result_t == vf32 else arith.extf(result_t, y)
