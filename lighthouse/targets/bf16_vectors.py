@@ -23,15 +23,15 @@ from ..errors import UnsupportedError
 
 
 def _bf16_lanes(t: ir.Type) -> int | None:
-    """The lane count of a bf16 vector (1 for a bf16 scalar); None for other types."""
+    """The lane count of the 1-D vectors a bf16 vector reaches LLVM as (its innermost dim:
+    an n-D vector is lowered to an array of them; 1 for a bf16 scalar); None for other
+    types."""
     if isinstance(t, ir.BF16Type):
         return 1
     if not isinstance(t, ir.VectorType) or not isinstance(ir.VectorType(t).element_type, ir.BF16Type):
         return None
-    n = 1
-    for d in ir.VectorType(t).shape:
-        n *= d
-    return n
+    shape = ir.VectorType(t).shape
+    return shape[-1] if shape else 1
 
 
 def _odd_bf16_vector(t: ir.Type) -> bool:
@@ -40,7 +40,9 @@ def _odd_bf16_vector(t: ir.Type) -> bool:
 
 
 def _scalar_or_odd_bf16(t: ir.Type) -> bool:
-    """A bf16 scalar, or a bf16 vector of an odd lane count (one lane included)."""
+    """A bf16 scalar, or a bf16 vector of an odd lane count (one lane included, and an n-D
+    vector whose innermost dim is odd: vector<8x17x1xbf16> reaches LLVM as 136
+    vector<1xbf16>)."""
     n = _bf16_lanes(t)
     return n is not None and n % 2 == 1
 

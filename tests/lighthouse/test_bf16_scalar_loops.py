@@ -55,12 +55,34 @@ def get_init_inputs():
     return []
 """
 
+# crashed with "Do not know how to soft promote this operator's operand!": its gradient's
+# vector<8x17x1xbf16> conversion reached LLVM as 136 one-lane ones
+LINEAR_RESHAPED = """
+import torch
+DTYPE = torch.bfloat16
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc0 = torch.nn.Linear(16, N, bias=False).to(DTYPE)
+    def forward(self, x0):
+        return self.fc0(x0).reshape(2, 8, N).reshape(2, 8 * N)
+def get_inputs():
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(16, 32, generator=g, dtype=DTYPE)[..., ::2]]
+def get_init_inputs():
+    return []
+"""
+
 
 @pytest.mark.parametrize("source, dtype", [
     (GROUPED_TRANSPOSED_CONV, "bfloat16"),
     (GROUPED_TRANSPOSED_CONV, "float16"),
     (TRANSPOSED_CONV_AND_LINEAR_HEAD, "bfloat16"),
-], ids=["grouped-conv-transpose2d", "grouped-conv-transpose2d-f16", "conv-transpose1d-linear"])
+    (LINEAR_RESHAPED.replace("N", "17"), "bfloat16"),
+    (LINEAR_RESHAPED.replace("N", "5"), "bfloat16"),
+    (LINEAR_RESHAPED.replace("N", "24"), "bfloat16"),
+], ids=["grouped-conv-transpose2d", "grouped-conv-transpose2d-f16", "conv-transpose1d-linear",
+        "linear-reshaped-17", "linear-reshaped-5", "linear-reshaped-24"])
 def test_fuzzer_bf16_backward_kernels_compile_and_match_torch(kernel_file, source, dtype):
     """Against torch, or where torch's own low-precision result is off (its f16 grouped
     transposed convolution's gradients are 1.4 away from the float64 ones, ours 0.001), as
@@ -117,19 +139,23 @@ def test_scalar_bf16_conversions_round_as_torch(kernel_file):
 
 
 def test_scalar_and_one_lane_bf16_conversions_become_integer_ops():
-    """extf / truncf of a bf16 scalar and of a vector<1xbf16> become integer ops on the bits;
-    an even vector keeps its native conversion."""
+    """extf / truncf of a bf16 scalar, a vector<1xbf16> and an n-D vector whose innermost dim
+    is odd become integer ops on the bits; vectors of even rows keep the native conversion."""
     with ir.Context(), ir.Location.unknown():
         module = ir.Module.parse("""
-          func.func @f(%a: bf16, %b: f32, %c: vector<1xbf16>, %d: vector<8xf32>)
-              -> (f32, bf16, vector<1xf32>, vector<8xbf16>) {
+          func.func @f(%a: bf16, %b: f32, %c: vector<1xbf16>, %d: vector<8xf32>,
+                       %e: vector<4x2x1xbf16>, %f: vector<3x6xf32>)
+              -> (f32, bf16, vector<1xf32>, vector<8xbf16>, vector<4x2x1xf32>, vector<3x6xbf16>) {
             %0 = arith.extf %a : bf16 to f32
             %1 = arith.truncf %b : f32 to bf16
             %2 = arith.extf %c : vector<1xbf16> to vector<1xf32>
             %3 = arith.truncf %d : vector<8xf32> to vector<8xbf16>
-            return %0, %1, %2, %3 : f32, bf16, vector<1xf32>, vector<8xbf16>
+            %4 = arith.extf %e : vector<4x2x1xbf16> to vector<4x2x1xf32>
+            %5 = arith.truncf %f : vector<3x6xf32> to vector<3x6xbf16>
+            return %0, %1, %2, %3, %4, %5
+              : f32, bf16, vector<1xf32>, vector<8xbf16>, vector<4x2x1xf32>, vector<3x6xbf16>
           }""")
-        assert odd_bf16_conversions_as_integer_ops(module) == 3
+        assert odd_bf16_conversions_as_integer_ops(module) == 4
         module.operation.verify()
         filecheck(str(module), """
           CHECK: arith.bitcast %{{.*}} : bf16 to i16
@@ -142,5 +168,7 @@ def test_scalar_and_one_lane_bf16_conversions_become_integer_ops():
           CHECK: arith.bitcast %{{.*}} : i16 to bf16
           CHECK: arith.extui %{{.*}} : vector<1xi16> to vector<1xi32>
           CHECK: arith.truncf %{{.*}} : vector<8xf32> to vector<8xbf16>
+          CHECK: arith.extui %{{.*}} : vector<4x2x1xi16> to vector<4x2x1xi32>
+          CHECK: arith.truncf %{{.*}} : vector<3x6xf32> to vector<3x6xbf16>
           CHECK-NOT: arith.extf
         """)
