@@ -7,8 +7,9 @@ patterns (odd_bf16_conversions_as_integer_ops, on arith), and the data movement 
 remains moves the bits as i16 (odd_bf16_vectors_as_i16, on the LLVM dialect). Padding the
 odd vectors to a power of two instead does not hold: LLVM's own combines narrow the padded
 ops back to the odd width.
-bf16 scalars (and one-lane vectors) are no safer: LLVM's loop vectorizer widens the scalar
-loops of ops left unvectorized to bf16 vectors of any width, and a strided read among them
+bf16 scalars and one-lane vectors (an n-D vector of an odd innermost dim reaches LLVM as
+1-D ones of that width) are no safer: LLVM's vectorizers join them, in the scalar loops of
+ops left unvectorized too, into bf16 vectors of any width, and a strided read among them
 becomes shuffles of bf16 vectors the backend cannot select ("Cannot select: v16bf16 =
 X86ISD::VPERM2X128"); their conversions become the same integer ops.
 """
@@ -48,18 +49,16 @@ def _scalar_or_odd_bf16(t: ir.Type) -> bool:
 
 
 def odd_bf16_conversions_as_integer_ops(payload: ir.Module) -> int:
-    """Conversions from and to odd-lane bf16 vectors (one lane included) and bf16 scalars
-    through f32, with the
-    bf16 <-> f32 step as integer ops on the bits: extf(x) = bitcast(zext(bits(x)) << 16);
-    truncf(y) rounds to nearest even, bits = (u + 0x7FFF + ((u >> 16) & 1)) >> 16 for
-    u = bits(y), and a NaN gives the quiet NaN 0x7FC0, as torch's conversion. Other sources
-    and destinations (f64, integers) convert to or from f32 first, as torch's bfloat16 does.
-    Scalars are rewritten too: the scalar loops of ops the schedules left unvectorized are
-    vectorized by LLVM's loop vectorizer, which widens a scalar bf16 conversion (its load
-    folded into a bf16 load) to bf16 vectors of any width and shuffles them (a strided
-    read), and the x86 backend aborts on those ("Cannot select: X86ISD::VPERM2X128",
-    "soft promote"); as integer ops they are i16 and i32 lanes. Returns the number
-    rewritten."""
+    """Conversions from and to bf16 scalars and bf16 vectors of an odd lane count
+    (_scalar_or_odd_bf16) through f32, with the bf16 <-> f32 step as integer ops on the
+    bits: extf(x) = bitcast(zext(bits(x)) << 16); truncf(y) rounds to nearest even,
+    bits = (u + 0x7FFF + ((u >> 16) & 1)) >> 16 for u = bits(y), and a NaN gives the quiet
+    NaN 0x7FC0, as torch's conversion. Other sources and destinations (f64, integers)
+    convert to or from f32 first, as torch's bfloat16 does. Scalars and one-lane vectors
+    too: LLVM's vectorizers join them (the scalar loops of ops left unvectorized, their
+    loads folded into bf16 loads) into bf16 vectors of any width and shuffle them for
+    strided reads, which the x86 backend cannot select ("X86ISD::VPERM2X128", "soft
+    promote"); as integer ops they are i16 and i32 lanes. Returns the number rewritten."""
     from torch_mlir.dialects import arith
 
     targets = []
