@@ -601,10 +601,12 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
     dest = defining_op(unpack.operands[1])
     dest_is_fill = dest is not None and dest.name == "linalg.fill"
     register_tile = [{"m": mr, "n": nr}.get(r, 1) for r in roles]
-    places = _places(rec, [epilogue, unpack, kernel, pack_b, pack_a, init, None, None, reduction])
+    # read when the script is built, after the steps ran: its own name, not the tile
+    # step's `places` (taken after this step dropped a fill)
+    role_places = _places(rec, [epilogue, unpack, kernel, pack_b, pack_a, init, None, None, reduction])
 
     def roles_body(root):
-        h = {i: at_place(root, place) for i, place in places.items()}
+        h = {i: at_place(root, place) for i, place in role_places.items()}
         _set_role(h[2], "kernel")
         if pack_a is not None:
             _set_role(h[4], "pack_a", [1] * nb + [1, pack_k["a"], mr] + ([2] if pairs else []))

@@ -7,6 +7,11 @@ patterns (odd_bf16_conversions_as_integer_ops, on arith), and the data movement 
 remains moves the bits as i16 (odd_bf16_vectors_as_i16, on the LLVM dialect). Padding the
 odd vectors to a power of two instead does not hold: LLVM's own combines narrow the padded
 ops back to the odd width.
+bf16 scalars and one-lane vectors (an n-D vector of an odd innermost dim reaches LLVM as
+1-D ones of that width) are no safer: LLVM's vectorizers join them, in the scalar loops of
+ops left unvectorized too, into bf16 vectors of any width, and a strided read among them
+becomes shuffles of bf16 vectors the backend cannot select ("Cannot select: v16bf16 =
+X86ISD::VPERM2X128"); their conversions become the same integer ops.
 """
 
 from __future__ import annotations
@@ -18,22 +23,42 @@ from transform_ext.common import defining_op
 from ..errors import UnsupportedError
 
 
-def _odd_bf16_vector(t: ir.Type) -> bool:
+def _bf16_lanes(t: ir.Type) -> int | None:
+    """The lane count of the 1-D vectors a bf16 vector reaches LLVM as (its innermost dim:
+    an n-D vector is lowered to an array of them; 1 for a bf16 scalar); None for other
+    types."""
+    if isinstance(t, ir.BF16Type):
+        return 1
     if not isinstance(t, ir.VectorType) or not isinstance(ir.VectorType(t).element_type, ir.BF16Type):
-        return False
-    n = 1
-    for d in ir.VectorType(t).shape:
-        n *= d
-    return n > 1 and n % 2 == 1
+        return None
+    shape = ir.VectorType(t).shape
+    return shape[-1] if shape else 1
+
+
+def _odd_bf16_vector(t: ir.Type) -> bool:
+    n = _bf16_lanes(t)
+    return isinstance(t, ir.VectorType) and n is not None and n > 1 and n % 2 == 1
+
+
+def _scalar_or_odd_bf16(t: ir.Type) -> bool:
+    """A bf16 scalar, or a bf16 vector of an odd lane count (one lane included, and an n-D
+    vector whose innermost dim is odd: vector<8x17x1xbf16> reaches LLVM as 136
+    vector<1xbf16>)."""
+    n = _bf16_lanes(t)
+    return n is not None and n % 2 == 1
 
 
 def odd_bf16_conversions_as_integer_ops(payload: ir.Module) -> int:
-    """Conversions from and to odd-lane bf16 vectors through f32, with the bf16 <-> f32 step
-    as integer ops on the bits: extf(x) = bitcast(zext(bits(x)) << 16); truncf(y) rounds to
-    nearest even, bits = (u + 0x7FFF + ((u >> 16) & 1)) >> 16 for u = bits(y), and a NaN
-    gives the quiet NaN 0x7FC0, as torch's conversion. Other sources and destinations (f64,
-    integers) convert to or from f32 first, as torch's bfloat16 does. Returns the number
-    rewritten."""
+    """Conversions from and to bf16 scalars and bf16 vectors of an odd lane count
+    (_scalar_or_odd_bf16) through f32, with the bf16 <-> f32 step as integer ops on the
+    bits: extf(x) = bitcast(zext(bits(x)) << 16); truncf(y) rounds to nearest even,
+    bits = (u + 0x7FFF + ((u >> 16) & 1)) >> 16 for u = bits(y), and a NaN gives the quiet
+    NaN 0x7FC0, as torch's conversion. Other sources and destinations (f64, integers)
+    convert to or from f32 first, as torch's bfloat16 does. Scalars and one-lane vectors
+    too: LLVM's vectorizers join them (the scalar loops of ops left unvectorized, their
+    loads folded into bf16 loads) into bf16 vectors of any width and shuffle them for
+    strided reads, which the x86 backend cannot select ("X86ISD::VPERM2X128", "soft
+    promote"); as integer ops they are i16 and i32 lanes. Returns the number rewritten."""
     from torch_mlir.dialects import arith
 
     targets = []
@@ -41,7 +66,7 @@ def odd_bf16_conversions_as_integer_ops(payload: ir.Module) -> int:
     def visit(op):
         if op.name in ("arith.extf", "arith.truncf", "arith.sitofp", "arith.uitofp",
                        "arith.fptosi", "arith.fptoui") and (
-                _odd_bf16_vector(op.operands[0].type) or _odd_bf16_vector(op.results[0].type)):
+                _scalar_or_odd_bf16(op.operands[0].type) or _scalar_or_odd_bf16(op.results[0].type)):
             targets.append(op)
         return ir.WalkResult.ADVANCE
 
@@ -50,10 +75,16 @@ def odd_bf16_conversions_as_integer_ops(payload: ir.Module) -> int:
         i16, i32, f32 = (ir.IntegerType.get_signless(16), ir.IntegerType.get_signless(32),
                          ir.F32Type.get())
         for op in targets:
-            shape = ir.VectorType(op.operands[0].type).shape
-            v16, v32, vf32 = (ir.VectorType.get(shape, t) for t in (i16, i32, f32))
+            source = op.operands[0].type
+            if isinstance(source, ir.VectorType):
+                shape = ir.VectorType(source).shape
+                v16, v32, vf32 = (ir.VectorType.get(shape, t) for t in (i16, i32, f32))
+            else:
+                v16, v32, vf32 = i16, i32, f32
 
             def splat(value):
+                if v32 == i32:
+                    return arith.constant(i32, ir.IntegerAttr.get(i32, value))
                 return arith.constant(v32, ir.DenseElementsAttr.get_splat(v32, ir.IntegerAttr.get(i32, value)))
 
             def from_bf16(x):
@@ -69,7 +100,7 @@ def odd_bf16_conversions_as_integer_ops(payload: ir.Module) -> int:
 
             with ir.InsertionPoint(op), op.location:
                 x, result_t = op.operands[0], op.results[0].type
-                if _odd_bf16_vector(x.type):  # bf16 -> f32 -> the destination
+                if _scalar_or_odd_bf16(x.type):  # bf16 -> f32 -> the destination
                     y = from_bf16(x)
                     if op.name == "arith.extf":
                         value = y if result_t == vf32 else arith.extf(result_t, y)

@@ -119,8 +119,11 @@ def _row_tile(ops: CrossEntropyOps, params: CrossEntropyParams) -> tuple[int, li
     if params.row_tile:
         want = params.row_tile
     else:
+        # class_dim is a dim of row_max's iteration space: its first operand may have fewer
+        # dims (a broadcast row read through its indexing map)
         x = ops.row_max.operands[0]
-        row_bytes = x.type.shape[ops.class_dim] * max(4, x.type.element_type.width // 8)
+        classes = loop_structure(ops.row_max).ranges[ops.class_dim]
+        row_bytes = classes * max(4, x.type.element_type.width // 8)
         want = max(1, params.block_bytes // row_bytes)
         total = 1
         for e in extents:
