@@ -138,6 +138,23 @@ def is_argument_view(value: ir.Value, block: ir.Block) -> bool:
     return isinstance(value, ir.BlockArgument) and value.owner == block
 
 
+def rewrite_functions(name: str, op, rewriter, state, rewrite_in) -> object:
+    """The apply of an op whose targets are functions: every target checked to be a
+    func.func first (else a silenceable failure naming it, nothing rewritten), then
+    `rewrite_in(func, rewriter)` on each."""
+    with op.context:
+        targets = payload_ops(state, op.target)
+        try:
+            for t in targets:
+                if t.name != "func.func":
+                    raise Illegal(t, "not a func.func")
+        except Illegal as illegal:
+            return fail(name, illegal)
+        for t in targets:
+            rewrite_in(t, rewriter)
+        return Success
+
+
 def largest_divisor_at_most(n: int, limit: int) -> int:
     """The largest divisor of n in [1, limit] (tile sizes that divide their extents)."""
     limit = max(1, min(n, limit))

@@ -33,8 +33,8 @@ from torch_mlir.dialects import ext, tensor, transform, vector
 from torch_mlir.dialects import x86
 
 from .analysis.structure import dim_positions
-from .common import (Illegal, RewritesTargets, Success, constant_value, defining_op, fail,
-                     iterator_kinds, payload_ops, reassociation_attr, walk_ops)
+from .common import (RewritesTargets, constant_value, defining_op, iterator_kinds,
+                     reassociation_attr, rewrite_functions, walk_ops)
 from .dialect import TransformExt
 
 NAME = "transform_ext.contracts_to_bf16_dot_products"
@@ -218,17 +218,7 @@ class ContractsToBf16DotProductsOp(TransformExt.Operation, name="contracts_to_bf
     class Apply(transform.TransformOpInterface):
         @staticmethod
         def apply(op, rewriter, results, state):
-            with op.context:
-                targets = payload_ops(state, op.target)
-                try:
-                    for t in targets:
-                        if t.name != "func.func":
-                            raise Illegal(t, "not a func.func")
-                except Illegal as illegal:
-                    return fail(NAME, illegal)
-                for t in targets:
-                    lower_in(t, rewriter)
-                return Success
+            return rewrite_functions(NAME, op, rewriter, state, lower_in)
 
         @staticmethod
         def allow_repeated_handle_operands(op):

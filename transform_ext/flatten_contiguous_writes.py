@@ -27,8 +27,8 @@ nothing rewritten). The writes are replaced; the handle is only read.
 from torch_mlir import ir
 from torch_mlir.dialects import arith, ext, tensor, transform, vector
 
-from .common import Illegal, RewritesTargets, Success, constant_value, fail, ops_named, payload_ops, \
-    reassociation_attr
+from .common import (RewritesTargets, constant_value, ops_named, reassociation_attr,
+                     rewrite_functions)
 from .dialect import TransformExt
 
 NAME = "transform_ext.flatten_contiguous_writes"
@@ -135,17 +135,7 @@ class FlattenContiguousWritesOp(TransformExt.Operation, name="flatten_contiguous
     class Apply(transform.TransformOpInterface):
         @staticmethod
         def apply(op, rewriter, results, state):
-            with op.context:
-                targets = payload_ops(state, op.target)
-                try:
-                    for t in targets:
-                        if t.name != "func.func":
-                            raise Illegal(t, "not a func.func")
-                except Illegal as illegal:
-                    return fail(NAME, illegal)
-                for t in targets:
-                    flatten_in(t, rewriter)
-                return Success
+            return rewrite_functions(NAME, op, rewriter, state, flatten_in)
 
         @staticmethod
         def allow_repeated_handle_operands(op):

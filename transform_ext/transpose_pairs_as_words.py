@@ -21,7 +21,7 @@ nothing rewritten). The transposes are replaced; the handle is only read.
 from torch_mlir import ir
 from torch_mlir.dialects import ext, transform, vector
 
-from .common import Illegal, RewritesTargets, Success, fail, ops_named, payload_ops
+from .common import RewritesTargets, ops_named, rewrite_functions
 from .dialect import TransformExt
 
 NAME = "transform_ext.transpose_pairs_as_words"
@@ -74,17 +74,7 @@ class TransposePairsAsWordsOp(TransformExt.Operation, name="transpose_pairs_as_w
     class Apply(transform.TransformOpInterface):
         @staticmethod
         def apply(op, rewriter, results, state):
-            with op.context:
-                targets = payload_ops(state, op.target)
-                try:
-                    for t in targets:
-                        if t.name != "func.func":
-                            raise Illegal(t, "not a func.func")
-                except Illegal as illegal:
-                    return fail(NAME, illegal)
-                for t in targets:
-                    rewrite_in(t, rewriter)
-                return Success
+            return rewrite_functions(NAME, op, rewriter, state, rewrite_in)
 
         @staticmethod
         def allow_repeated_handle_operands(op):
