@@ -91,7 +91,7 @@ from .generic import (GenericParams, func_ops, generic_script, parallel_tile_siz
                       register_tile_for, top_level_linalg_ops, vector_tile_sizes)
 from .generic import vectorize_stage as generic_vectorize_stage
 from . import matmul
-from .matmul import find_epilogue
+from .matmul import find_epilogue, reducing_reader
 from .script import StepRecorder, recorded_script
 
 ROLE = "lh.cv_role"            # string attribute: the part of the schedule an op plays
@@ -595,17 +595,10 @@ def find_pooling(c: Convolution, value: ir.Value) -> ir.Operation | None:
     an epilogue folded into its body): one result, static, `value` read with the identity
     map, every reduced loop an image dim of the output, the kept loops written in order (or
     a unit dim by a constant index, transform_ext.drop_unit_result_dims); else None."""
-    user = _single_use(value)
-    if user is None or user.name != "linalg.generic" or len(user.results) != 1:
+    user = reducing_reader(value)
+    if user is None:
         return None
     ls = loop_structure(user)
-    rank = len(value.type.shape)
-    if not ls.reduction_dims or not ls.is_static or ls.num_loops != rank:
-        return None
-    identity = ir.AffineMap.get_identity(rank)
-    reads = [amap for operand, amap in zip(user.operands[: ls.num_inputs], ls.maps) if operand == value]
-    if not reads or any(amap != identity for amap in reads):
-        return None
     y_dims = [e.position for e in loop_structure(c.op).output_map(0).results]
     if any(y_dims[d] not in c.dims.image for d in ls.reduction_dims):
         return None

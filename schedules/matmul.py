@@ -373,12 +373,10 @@ def find_epilogue(value: ir.Value) -> ir.Operation | None:
     return user
 
 
-def find_reduction(value: ir.Value, roles: list[str]) -> ir.Operation | None:
-    """The generic consuming `value` (C's unpack or its epilogue; its only use) that reduces
-    it over some of its m and n dims, if any: one result, static, `value` read with the
-    identity map of its loops (each loop is a dim of C, `roles[d]` its role), the result
-    indexed by the other loops in order, and at least one m or n dim left parallel (the
-    threads split those)."""
+def reducing_reader(value: ir.Value) -> ir.Operation | None:
+    """The generic that is `value`'s only use, with one static result, reducing over some
+    of its loops, one loop per dim of `value`, which it reads with the identity map; else
+    None."""
     user = _single_use(value)
     if user is None or user.name != "linalg.generic" or len(user.results) != 1:
         return None
@@ -390,6 +388,19 @@ def find_reduction(value: ir.Value, roles: list[str]) -> ir.Operation | None:
     reads = [amap for operand, amap in zip(user.operands[: ls.num_inputs], ls.maps) if operand == value]
     if not reads or any(amap != identity for amap in reads):
         return None
+    return user
+
+
+def find_reduction(value: ir.Value, roles: list[str]) -> ir.Operation | None:
+    """The generic consuming `value` (C's unpack or its epilogue; its only use) that reduces
+    it over some of its m and n dims, if any: one result, static, `value` read with the
+    identity map of its loops (each loop is a dim of C, `roles[d]` its role), the result
+    indexed by the other loops in order, and at least one m or n dim left parallel (the
+    threads split those)."""
+    user = reducing_reader(value)
+    if user is None:
+        return None
+    ls = loop_structure(user)
     if dim_positions(ls.output_map(0)) != ls.parallel_dims:
         return None
     if any(roles[d] == "batch" for d in ls.reduction_dims):
