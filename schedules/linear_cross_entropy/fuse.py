@@ -218,9 +218,12 @@ def fuse_backward(params: LinearCrossEntropyParams, rows: int = 0, classes: int 
     """Step 3 of the module docstring; in the [N, V]-major form (the GPU's) the backward in
     two passes (transform_ext.fuse_linear_cross_entropy_backward_two_pass: dh per block of
     rows over class tiles, dW and db per block of classes over row tiles; the block the
-    largest divisor of N and V (`rows`, `classes`) at most `row_tile`, the step the largest
-    at most `class_tile`)."""
+    largest divisor of N and V (`rows`, `classes`) at most `row_tile` and, when N allows,
+    at most N / 2: a grid of one block would fold into its body and leave the per-row
+    producers unsliced, with no kernel to take them; the step the largest at most
+    `class_tile` and, for the same reason (pass 2 loops over the rows), at most N / 2)."""
     common = math.gcd(rows, classes)
+    block_cap = min(params.row_tile, max(rows // 2, 1))
 
     def body(root: ir.Value) -> ir.Value:
         func = match(root, "func.func")
@@ -231,8 +234,8 @@ def fuse_backward(params: LinearCrossEntropyParams, rows: int = 0, classes: int 
                                                bf16_pairs=params.bf16_dot)
         else:
             fuse_linear_cross_entropy_backward_two_pass(
-                func, block=largest_divisor_at_most(common, params.row_tile),
-                step=largest_divisor_at_most(common, params.class_tile))
+                func, block=largest_divisor_at_most(common, block_cap),
+                step=largest_divisor_at_most(common, min(params.class_tile, block_cap)))
         return apply_passes(root, "canonicalize", "cse")
 
     return body

@@ -447,6 +447,18 @@ def test_backward_pvc_builds_without_spills(tmp_path, case):
     assert all(k.machine.dpas > 0 for k in kernels if k.kind.endswith(("_dh", "_dw")))
 
 
+@pytest.mark.parametrize("n", [64, 32])
+def test_backward_of_one_row_block_builds_without_spills(tmp_path, n):
+    """N of one 64-row block or less (refused before as "outside the fused forward"): the
+    passes in blocks and steps of N / 2 build with 0 B spill, DPAS in both."""
+    kernel = _write(tmp_path / "head.py", "bfloat16", n, 64, 256, False, False, "mean")
+    compiled = compile_kernel(kernel, target="xegpu", backward=True, strict=True)
+    kernels = compiled.target.kernels
+    assert [k.kind for k in kernels] == BACKWARD_KINDS["mean"]
+    assert all(k.machine.spill_bytes == 0 for k in kernels), [k.machine for k in kernels]
+    assert all(k.machine.dpas > 0 for k in kernels if k.kind.endswith(("_dh", "_dw")))
+
+
 @pytest.mark.parametrize("chip, d", [("bmg", 1024), ("pvc", 4096)])
 def test_backward_of_a_deep_head_builds_without_spills(tmp_path, chip, d):
     """LM-head depths: the passes in D slices of 64 build with 0 B spill, their loops over
@@ -556,6 +568,10 @@ PROGRAM_CASES = {
     "f16_bias_sum": ("float16", 128, 64, 256, True, False, "sum"),
     "bf16_weight_mean": ("bfloat16", 192, 64, 320, False, True, "mean"),
     "bf16_d128_bias_weight_mean": ("bfloat16", 128, 128, 256, True, True, "mean"),
+    # N of one 64-row block and of half a block: blocks and steps of N / 2, so that no
+    # grid or loop has one trip (it would fold away with the slices its producers fuse by)
+    "bf16_n64_mean": ("bfloat16", 64, 64, 256, False, False, "mean"),
+    "f16_n32_bias_weight_sum": ("float16", 32, 64, 256, True, True, "sum"),
 }
 
 
