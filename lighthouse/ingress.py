@@ -103,6 +103,7 @@ def import_forward(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel
             index_causal_masks(program)
             empty_tensors_without_work(program.graph_module)
             prepare_index_puts(program.graph_module)
+            state_in_lists_as_copies(program)
             module = fx.export_and_import(program, output_type="linalg-on-tensors",
                                           func_name="main", fx_importer=importer,
                                           decomposition_table={})
@@ -306,6 +307,41 @@ def empty_tensors_without_work(gm: torch.fx.GraphModule) -> int:
     if replaced:
         graph.eliminate_dead_code()
         gm.recompile()
+    return replaced
+
+
+def state_in_lists_as_copies(program) -> int:
+    """A parameter, buffer or tensor constant read inside a list argument (the indices of
+    `w[self.index]`, an `aten.index` of a buffer) is read through an `aten.clone` of it:
+    torch-mlir's import freezes state by putting the tensor itself in the argument, and a
+    tensor among a list's nodes fails its import ("Heterogeneous lists are not supported").
+    Exact; returns the number of reads replaced."""
+    sig = program.graph_signature
+    state = {*sig.inputs_to_parameters, *sig.inputs_to_buffers,
+             *sig.inputs_to_lifted_tensor_constants}
+    graph = program.graph_module.graph
+    replaced = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        args = list(node.args)
+        for i, arg in enumerate(args):
+            if not isinstance(arg, (list, tuple)) or not any(
+                    isinstance(a, torch.fx.Node) and a.op == "placeholder" and a.name in state
+                    for a in arg):
+                continue
+            items = []
+            for a in arg:
+                if isinstance(a, torch.fx.Node) and a.op == "placeholder" and a.name in state:
+                    with graph.inserting_before(node):
+                        copy = graph.call_function(torch.ops.aten.clone.default, (a,))
+                    copy.meta = dict(a.meta)
+                    a, replaced = copy, replaced + 1
+                items.append(a)
+            args[i] = type(arg)(items)
+        node.args = tuple(args)
+    if replaced:
+        program.graph_module.recompile()
     return replaced
 
 
@@ -690,11 +726,43 @@ def _check_pure_linalg(module, name: str) -> None:
         raise IngressError(f"{name}: the import left non-linalg ops: {', '.join(leftovers)}")
 
 
+def _tensor_literal(gni, literal):
+    """The torch.vtensor.literal of a frozen parameter or buffer, its data read through
+    numpy's view of the tensor's memory (torch-mlir's default path builds a Python list of
+    every element: 15 s of a ResNet-18 import); None (the default path) for one element (a
+    splat) or a dtype numpy cannot view."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch_mlir import ir
+    from torch_mlir.extras.fx_importer import TORCH_DTYPE_TO_NPY_TYPE, create_mlir_tensor_type
+
+    npy_dtype = TORCH_DTYPE_TO_NPY_TYPE.get(literal.dtype)
+    if literal.numel() <= 1 or npy_dtype is None or literal.dtype.is_complex:
+        return None
+    cache = gni._cc
+    mapping = cache._py_attr_tracker.track(literal)
+    if mapping.is_empty:
+        with unset_fake_temporarily():
+            data = literal.detach().contiguous()
+            bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+            array = data.view(bits[data.element_size()]).numpy().view(npy_dtype).copy()
+        name = f"torch_tensor_{'_'.join(str(d) for d in literal.shape)}_{literal.dtype}"
+        mapping.value = ir.DenseResourceElementsAttr.get_from_buffer(
+            array, name, create_mlir_tensor_type(literal))
+    return ir.Operation.create("torch.vtensor.literal",
+                               results=[cache.tensor_to_vtensor_type(literal)],
+                               attributes={"value": mapping.value}).result
+
+
 def _quiet_importer():
-    """An FxImporter on a fresh context whose diagnostics are collected, not printed."""
+    """An FxImporter on a fresh context whose diagnostics are collected, not printed, and
+    whose tensor literals are read fast (`_tensor_literal`)."""
     from torch_mlir import ir
     from torch_mlir.dialects import torch as torch_d
-    from torch_mlir.extras.fx_importer import FxImporter
+    from torch_mlir.extras.fx_importer import FxImporter, FxImporterHooks
+
+    class Hooks(FxImporterHooks):
+        def resolve_literal(self, gni, literal, info):
+            return _tensor_literal(gni, literal) if isinstance(literal, torch.Tensor) else None
 
     context = ir.Context()
     torch_d.register_dialect(context)
@@ -705,7 +773,7 @@ def _quiet_importer():
         return True
 
     context.attach_diagnostic_handler(collect)
-    return FxImporter(context=context), diagnostics
+    return FxImporter(context=context, hooks=Hooks()), diagnostics
 
 
 def _describe_import_failure(name: str, exc: Exception, diagnostics=()) -> str:

@@ -351,3 +351,43 @@ def test_large_parameters_are_arguments_on_the_cpu(kernel_file, scale, extra):
     """)
     gpu = compile_kernel(path, target="xegpu", stop_after="cleanup")
     assert [tuple(a.shape) for a in gpu.imported.args] == [(5, 64)]
+
+
+STATE_KERNEL = """
+import torch
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.table = torch.nn.Parameter(torch.randn(12, 3, generator=g).to(torch.{dtype}))
+        self.register_buffer("index", torch.randint(0, 12, (5, 4), generator=g))
+        self.register_buffer("keep", torch.rand(5, 4, 3, generator=g) > 0.3)
+        self.one = torch.nn.Parameter(torch.tensor([1.5], dtype=torch.{dtype}))
+    def forward(self, x):
+        picked = self.table[self.index]                   # an index list holding a buffer
+        return torch.where(self.keep, picked * self.one + x, x)
+def get_inputs():
+    return [torch.randn(5, 4, 3, generator=torch.Generator().manual_seed(1)).to(torch.{dtype})]
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_frozen_state_of_every_kind_imports_and_matches_torch(kernel_file, dtype):
+    """Parameters and buffers frozen as literals read from the tensors' memory (f32 or bf16
+    table, i64 indices, an i1 mask, a one-element splat) and a buffer among an index list's
+    tensors (was refused: "Heterogeneous lists are not supported"): the kernel's one
+    argument is x, and its result matches torch (every literal steers it)."""
+    path = kernel_file(STATE_KERNEL.format(dtype=dtype))
+    compiled = compile_kernel(path, threads=1)
+    assert [tuple(a.shape) for a in compiled.imported.args] == [(5, 4, 3)]
+    _assert_matches(compiled)
+    elem = "f32" if dtype == "float32" else "bf16"
+    check(str(compile_kernel(path, threads=1, stop_after="import").module), f"""
+        CHECK: func.func @main(%{{{{.*}}}}: tensor<5x4x3x{elem}>) -> tensor<5x4x3x{elem}>
+        CHECK-DAG: dense_resource<torch_tensor_12_3_torch.{dtype}> : tensor<12x3x{elem}>
+        CHECK-DAG: dense_resource<torch_tensor_5_4_torch.int64> : tensor<5x4xi64>
+        CHECK-DAG: dense_resource<torch_tensor_5_4_3_torch.uint8> : tensor<5x4x3xi8>
+        CHECK-DAG: dense<1.500000e+00> : tensor<1x{elem}>
+    """)
