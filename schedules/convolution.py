@@ -1025,6 +1025,10 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams):
         foreach(match(func, "scf.for"), lambda loop: transform.ApplyLoopInvariantCodeMotionOp(loop))
         hoist_loop_invariant_subsets(func)
         canonicalize(func)
+        # a masked register tile's accumulator start read back in registers, not through
+        # a buffer per tile (its write and read share one mask once hoisted and CSE'd)
+        forward_masked_writes(func)
+        canonicalize(func)
         if contractions:  # the packs' transposes
             matmul.lower_transposes(func, "Shuffle16x16")
         for attr in (ROLE, VECTOR_SIZES, LANES, _DONE) + matmul.ANNOTATIONS:
