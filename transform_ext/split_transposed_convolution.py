@@ -19,7 +19,8 @@ W_q[m] = W[k0 + t m] (a strided slice of W):
 
 over all image dims at once (s_1 ... s_d phases). Exact: the same terms, without the
 products of stuffed zeros (a fraction 1 - 1/s^d of them). The phases read one zero-padded
-copy of x, the union of their ranges [b, b + J_q + (M_q - 1) e), each X_q a slice of it.
+copy of x over the union of their ranges [b, b + J_q + (M_q - 1) e) (zeros, x inserted
+into them as a linalg.copy, an op a schedule can tile for threads), each X_q a slice of it.
 A phase whose taps are empty in some dim is the accumulator start I alone: when there is
 one, the result starts as I over all of Y (written contiguously, not strided phase by
 phase) and only the phases with taps are written over it. Each phase writes the strided
@@ -39,7 +40,7 @@ import itertools
 from dataclasses import dataclass
 
 from torch_mlir import ir
-from torch_mlir.dialects import ext, linalg, tensor, transform
+from torch_mlir.dialects import arith, ext, linalg, tensor, transform
 
 from .analysis.convolution import NotConvolution, convolution_dims
 from .analysis.structure import dim_positions, loop_structure
@@ -178,7 +179,19 @@ def _window_of_x(x: ir.Value, axes: dict[int, tuple[int, int]]) -> ir.Value:
         else:
             offsets[axis], sizes[axis] = first, size
             low[axis], high[axis] = first - lo, hi - last
-    return zero_padded(strided_slice(x, offsets, sizes, [1] * len(shape)), low, high)
+    part = strided_slice(x, offsets, sizes, [1] * len(shape))
+    if not any(low) and not any(high) or 0 in sizes:
+        return zero_padded(part, low, high)
+    # zeros and x copied into their interior by linalg ops (a tensor.pad would be copied
+    # by one thread)
+    t = part.type
+    padded = [n + lo + hi for n, lo, hi in zip(t.shape, low, high)]
+    zero = arith.ConstantOp(t.element_type, ir.FloatAttr.get(t.element_type, 0.0)).result
+    zeros = linalg.fill(zero, outs=[tensor.EmptyOp(padded, t.element_type).result])
+    interior = strided_slice(zeros, low, list(t.shape), [1] * len(shape))
+    copied = linalg.copy(part, outs=[interior])
+    return tensor.InsertSliceOp(copied, zeros, [], [], [], i64_array(low), i64_array(list(t.shape)),
+                                i64_array([1] * len(shape))).result
 
 
 def _phase_window(union: ir.Value, union_lo: dict[int, int], axes: dict[int, Phase]) -> ir.Value:

@@ -19,13 +19,20 @@ SUITE_LIKE = {"N": 2, "C": 8, "H": 7, "W": 13, "F": 8, "KH": 4, "KW": 4, "STRIDE
 
 
 def test_phases_share_one_padded_input_and_start_in_registers():
-    """One tensor.pad for the four phases (each reads a slice of it); after bufferization no
-    phase allocates or copies inside its parallel loop: the bias starts the accumulators in
-    registers (the masked tile's write and read back forwarded), stored once."""
+    """One zero-padded copy of x for the four phases (zeros, x copied into their interior by
+    a linalg.copy; each phase reads a slice of it); after bufferization no phase allocates or
+    copies inside its parallel loop: the bias starts the accumulators in registers (the
+    masked tile's write and read back forwarded), stored once."""
     fused = str(compile_kernel(EXAMPLES / "convolution.py", overrides=SUITE_LIKE,
                                stop_after="fuse").module)
-    assert fused.count("tensor.pad") == 1, fused
-    assert fused.count('lh.cv_role = "register"') == 4
+    assert "tensor.pad" not in fused
+    assert fused.count("linalg.copy") == 1 and fused.count('lh.cv_role = "register"') == 4
+    filecheck(fused, """
+        CHECK: %[[ZEROS:.*]] = linalg.fill
+        CHECK: %[[X:.*]] = linalg.copy {{.*}}ins(%arg0 : tensor<2x8x7x13xf32>)
+        CHECK: %[[PADDED:.*]] = tensor.insert_slice %[[X]] into %[[ZEROS]][0, 0, 1, 1] [2, 8, 7, 13] [1, 1, 1, 1]
+        CHECK-COUNT-4: tensor.extract_slice %[[PADDED]]
+    """)
     bufferized = str(compile_kernel(EXAMPLES / "convolution.py", overrides=SUITE_LIKE,
                                     stop_after="bufferize").module)
     filecheck(bufferized, "\n".join(["""
@@ -37,6 +44,22 @@ def test_phases_share_one_padded_input_and_start_in_registers():
         CHECK-NOT: scf.parallel
     """)
     assert_matches(compile_kernel(EXAMPLES / "convolution.py", overrides=SUITE_LIKE))
+
+
+def test_the_padded_input_is_copied_by_the_threads():
+    """At the default suite's size the zeros and the copy of x are each an scf.forall (split
+    over batch and channels) before the phases' foralls, not one thread's copy."""
+    sizes = dict(SUITE_LIKE, N=8, C=64, H=28, W=28, F=32)
+    fused = str(compile_kernel(EXAMPLES / "convolution.py", overrides=sizes,
+                               stop_after="fuse").module)
+    filecheck(fused, """
+        CHECK: scf.forall ({{.*}}) -> (tensor<8x64x30x30xf32>)
+        CHECK: linalg.fill
+        CHECK: scf.forall ({{.*}}) -> (tensor<8x64x28x28xf32>)
+        CHECK: linalg.copy
+        CHECK: tensor.insert_slice {{.*}}[0, 0, 1, 1] [8, 64, 28, 28] [1, 1, 1, 1]
+        CHECK-COUNT-4: lh.cv_role = "register"
+    """)
 
 
 def test_phases_without_taps_are_the_bias_over_the_whole_output(kernel_file):
