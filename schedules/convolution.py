@@ -52,7 +52,8 @@ fuse (the script's @fuse: steps recorded on a trial copy by `plan_convolution`):
   4. any other linalg op is tiled for threads as the generic schedule does.
 vectorize (@vectorize): every op of step 2 vectorized at its register tile (edge tiles
 masked), the contraction lowered by the target to MR x NR/lanes FMAs per step, the
-accumulator hoisted into registers across the reduction loops.
+accumulator hoisted into registers across the reduction loops (a masked tile's start read
+back in registers, transform_ext.forward_masked_writes, not through a buffer per tile).
 """
 
 from __future__ import annotations
@@ -1024,6 +1025,10 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams):
         canonicalize(func)
         foreach(match(func, "scf.for"), lambda loop: transform.ApplyLoopInvariantCodeMotionOp(loop))
         hoist_loop_invariant_subsets(func)
+        canonicalize(func)
+        # a masked register tile's accumulator start read back in registers, not through
+        # a buffer per tile (its write and read share one mask once hoisted and CSE'd)
+        forward_masked_writes(func)
         canonicalize(func)
         if contractions:  # the packs' transposes
             matmul.lower_transposes(func, "Shuffle16x16")

@@ -17,11 +17,15 @@ W_q[m] = W[k0 + t m] (a strided slice of W):
 
     Y[q + s j] = I[q + s j] + sum_m X_q[j + m e] W_q[m]
 
-over all image dims at once (s_1 ... s_d phases; a phase whose taps are empty in some dim
-is the accumulator start I alone). Exact: the same terms, without the products of stuffed
-zeros (a fraction 1 - 1/s^d of them). Each phase writes the strided slice Y[q :: s] of the
-result in place: its accumulator start is I's producer (a fill or broadcast, cloned) over
-that slice of the result, or a slice of I itself.
+over all image dims at once (s_1 ... s_d phases). Exact: the same terms, without the
+products of stuffed zeros (a fraction 1 - 1/s^d of them). The phases read one zero-padded
+copy of x over the union of their ranges [b, b + J_q + (M_q - 1) e) (zeros, x inserted
+into them as a linalg.copy, an op a schedule can tile for threads), each X_q a slice of it.
+A phase whose taps are empty in some dim is the accumulator start I alone: when there is
+one, the result starts as I over all of Y (written contiguously, not strided phase by
+phase) and only the phases with taps are written over it. Each phase writes the strided
+slice Y[q :: s] of the result in place: its accumulator start is I's producer (a fill or
+broadcast, cloned) over that slice of the result, or a slice of I itself.
 
 Targets: convolutions (transform_ext.analysis.convolution) of stride 1 whose image is such
 a Z: a tensor.insert_slice of static offsets, sizes and strides, stride > 1 in some image
@@ -36,7 +40,7 @@ import itertools
 from dataclasses import dataclass
 
 from torch_mlir import ir
-from torch_mlir.dialects import ext, linalg, tensor, transform
+from torch_mlir.dialects import arith, ext, linalg, tensor, transform
 
 from .analysis.convolution import NotConvolution, convolution_dims
 from .analysis.structure import dim_positions, loop_structure
@@ -162,20 +166,41 @@ def phases_of_dim(O: int, K: int, d: int, s: int, off: int) -> list[Phase]:
     return out
 
 
-def _window_of_x(x: ir.Value, axes: dict[int, Phase]) -> ir.Value:
-    """X_q: x over [lo, hi] along each image axis (the phase's), zero outside x."""
+def _window_of_x(x: ir.Value, axes: dict[int, tuple[int, int]]) -> ir.Value:
+    """x over [lo, hi] along each image axis (`axes`: axis -> (lo, hi)), zero outside x."""
     shape = list(x.type.shape)
     offsets, sizes, low, high = [0] * len(shape), list(shape), [0] * len(shape), [0] * len(shape)
-    for axis, ph in axes.items():
-        extent = ph.hi - ph.lo + 1
-        first, last = max(ph.lo, 0), min(ph.hi, shape[axis] - 1)
+    for axis, (lo, hi) in axes.items():
+        extent = hi - lo + 1
+        first, last = max(lo, 0), min(hi, shape[axis] - 1)
         size = max(0, last - first + 1)
         if size == 0:
             offsets[axis], sizes[axis], low[axis], high[axis] = min(first, shape[axis]), 0, extent, 0
         else:
             offsets[axis], sizes[axis] = first, size
-            low[axis], high[axis] = first - ph.lo, ph.hi - last
-    return zero_padded(strided_slice(x, offsets, sizes, [1] * len(shape)), low, high)
+            low[axis], high[axis] = first - lo, hi - last
+    part = strided_slice(x, offsets, sizes, [1] * len(shape))
+    if not any(low) and not any(high) or 0 in sizes:
+        return zero_padded(part, low, high)
+    # zeros and x copied into their interior by linalg ops (a tensor.pad would be copied
+    # by one thread)
+    t = part.type
+    padded = [n + lo + hi for n, lo, hi in zip(t.shape, low, high)]
+    zero = arith.ConstantOp(t.element_type, ir.FloatAttr.get(t.element_type, 0.0)).result
+    zeros = linalg.fill(zero, outs=[tensor.EmptyOp(padded, t.element_type).result])
+    interior = strided_slice(zeros, low, list(t.shape), [1] * len(shape))
+    copied = linalg.copy(part, outs=[interior])
+    return tensor.InsertSliceOp(copied, zeros, [], [], [], i64_array(low), i64_array(list(t.shape)),
+                                i64_array([1] * len(shape))).result
+
+
+def _phase_window(union: ir.Value, union_lo: dict[int, int], axes: dict[int, Phase]) -> ir.Value:
+    """X_q: the slice [lo, hi] of each phase axis out of `union`, x over [union_lo, ..]."""
+    shape = list(union.type.shape)
+    offsets, sizes = [0] * len(shape), list(shape)
+    for axis, ph in axes.items():
+        offsets[axis], sizes[axis] = ph.lo - union_lo[axis], ph.hi - ph.lo + 1
+    return strided_slice(union, offsets, sizes, [1] * len(shape))
 
 
 def _recomputable(producer: ir.Operation, y_strides) -> bool:
@@ -222,10 +247,19 @@ def rewrite(st: Stuffed, rewriter) -> list[ir.Operation]:
     y_axis = {e.position: a for a, e in enumerate(y_map.results)}
     w_axis = {e.position: a for a, e in enumerate(w_map.results)}
     convs = []
+    reach = {st.x_axis[p]: (min(ph.lo for ph in phases if ph.M), max(ph.hi for ph in phases if ph.M))
+             for p, phases in per_dim.items() if any(ph.M for ph in phases)}
     with ir.InsertionPoint(op), op.location:
+        union = None
         result = tensor.EmptyOp(list(y_type.shape), y_type.element_type).result
-        for combo in itertools.product(*(per_dim[p] for p in positions)):
+        combos = list(itertools.product(*(per_dim[p] for p in positions)))
+        if not all(ph.M for combo in combos for ph in combo):
+            shape = list(y_type.shape)
+            result = _init_over(op.operands[2], result, [0] * len(shape), shape, [1] * len(shape))
+        for combo in combos:
             phase = dict(zip(positions, combo))
+            if not all(ph.M for ph in phase.values()):
+                continue
             y_offsets, y_sizes, y_strides = [0] * len(y_type.shape), list(y_type.shape), [1] * len(y_type.shape)
             for pos, ph in phase.items():
                 a = y_axis[dims.exprs[pos].image]
@@ -233,21 +267,22 @@ def rewrite(st: Stuffed, rewriter) -> list[ir.Operation]:
             y_strides = slice_strides(y_sizes, y_strides)
             dest = strided_slice(result, y_offsets, y_sizes, y_strides)
             init = _init_over(op.operands[2], dest, y_offsets, y_sizes, y_strides)
-            value = init
-            if all(ph.M for ph in phase.values()):
-                value = _phase_convolution(st, phase, init, x_map, w_map, y_map, w_axis)
-                convs.append(defining_op(value))
+            if union is None:
+                union = _window_of_x(st.x, reach)
+            window = _phase_window(union, {a: lo for a, (lo, _) in reach.items()},
+                                   {st.x_axis[pos]: ph for pos, ph in phase.items()})
+            value = _phase_convolution(st, phase, window, init, x_map, w_map, y_map, w_axis)
+            convs.append(defining_op(value))
             result = tensor.InsertSliceOp(value, result, [], [], [], i64_array(y_offsets), i64_array(y_sizes),
                                           i64_array(y_strides)).result
     rewriter.replace_op(op, [result])
     return convs
 
 
-def _phase_convolution(st: Stuffed, phase: dict[int, Phase], init: ir.Value, x_map, w_map,
-                       y_map, w_axis) -> ir.Value:
-    """The convolution of one phase (all image dims' phases in `phase`)."""
+def _phase_convolution(st: Stuffed, phase: dict[int, Phase], window: ir.Value, init: ir.Value,
+                       x_map, w_map, y_map, w_axis) -> ir.Value:
+    """The convolution of one phase (all image dims' phases in `phase`) over its X_q."""
     op, dims = st.op, st.dims
-    window = _window_of_x(st.x, {st.x_axis[pos]: ph for pos, ph in phase.items()})
     image = window
     if st.expand is not None:
         shape = list(st.expand.results[0].type.shape)
