@@ -890,6 +890,39 @@ def _normalize(root: ir.Value) -> ir.Value:
     return apply_passes(root, "linalg-fold-unit-extent-dims", "canonicalize", "cse")
 
 
+def _unit_dim_transposes(payload: ir.Module) -> list[ir.Operation]:
+    """The linalg.transpose ops with a unit dim: reshape propagation (linalg-fuse-elementwise-
+    ops) expands a linear layer's W^T along with its product when the product is reshaped
+    (`y.unsqueeze(1)` before a 1-D pooling: W^T [K, 1, 1, N] from W [1, 1, N, K]), and
+    linalg-fold-unit-extent-dims only folds generics: such a transpose would stay behind a
+    collapse_shape, which no pack folds it through."""
+    found = []
+
+    def visit(op):
+        if op.name == "linalg.transpose" and 1 in list(op.operands[0].type.shape):
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit)
+    return found
+
+
+def _fold_transpose_unit_dims(places: list[Place]):
+    """The transposes at `places` without their unit dims: generalized, unit dims folded
+    (reshapes around the op, which fold into the reshapes already there), then linalg.transpose
+    again, so that the packing of the operand they feed folds them in."""
+    def body(root):
+        func = match(root, "func.func")
+        generics = [structured.GeneralizeOp(at_place(root, place)).transformed for place in places]
+        apply_patterns(func, structured.ApplyFoldUnitExtentDimsViaReshapesPatternsOp,
+                       transform.ApplyCanonicalizationPatternsOp)
+        for generic in generics:
+            structured.SpecializeOp(any_op(), generic)
+        return apply_passes(root, "canonicalize", "cse")
+
+    return body
+
+
 def _reads_widened_bf16(op: ir.Operation) -> bool:
     """Does contraction `op` read both operands as f32 widenings (arith.extf generics) of bf16
     tensors, as torch-mlir imports a bf16 linear layer (A and W^T widened to f32 copies)?"""
@@ -951,6 +984,10 @@ def plan_matmul(payload: ir.Module, params_for, generic: GenericParams) -> Matmu
     transform_ext.load(payload.context)
     rec = StepRecorder(ir.Module.parse(str(payload), payload.context))
     rec.step("normalize", _normalize)
+    transposes = _unit_dim_transposes(rec.trial)
+    if transposes:
+        rec.step("fold_transpose_unit_dims", _fold_transpose_unit_dims(
+            [place_of(rec.trial.operation, op) for op in transposes]))
     widened = [c.op for c in find_contractions(rec.trial)
                if params_for(*c.shape).bf16_dot and _reads_widened_bf16(c.op)]
     if widened:

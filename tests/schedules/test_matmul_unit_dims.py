@@ -1,0 +1,109 @@
+"""The matmul family when the product is reshaped to unit dims (KernelBench level 2's
+Linear + unsqueeze + 1-D pooling, `x.unsqueeze(1) @ w`, `view(B, 1, 1, N)`): reshape
+propagation expands the contraction and the weight's transpose with unit dims; the transpose
+is folded back to 2-D and into B's pack (no transpose of W per call). Against torch (odd
+sizes, bf16, a second use of the product) and FileCheck on the fused IR."""
+
+import pytest
+import torch
+
+from lighthouse.compile import compile_kernel
+from tests.transform_ext.helpers import check as filecheck
+
+KERNEL = """
+import torch
+import torch.nn.functional as F
+M, N, K = {m}, {n}, {k}
+DTYPE = torch.{dtype}
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(K, N)
+
+    def forward(self, x):
+        y = self.linear(x)
+        return {expr}
+
+def get_inputs():
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(M, K, generator=g).to(DTYPE)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def linear_kernel(kernel_file, expr, *, m=61, n=510, k=250, dtype="float32"):
+    source = KERNEL.format(m=m, n=n, k=k, dtype=dtype, expr=expr)
+    if dtype != "float32":
+        source = source.replace("self.linear = torch.nn.Linear(K, N)",
+                                "self.linear = torch.nn.Linear(K, N).to(DTYPE)")
+    return kernel_file(source)
+
+
+def assert_matches(compiled):
+    assert compiled.family.name == "matmul", compiled.notes
+    reports = compiled.check()
+    assert reports
+    for r in reports:
+        assert r.ok, str(r)
+
+
+def fused(path, **kwargs) -> str:
+    """The IR after the fuse stage (kernel params elided)."""
+    return str(compile_kernel(path, stop_after="fuse", **kwargs).module).split("{-#")[0]
+
+
+POOL_SUM = "F.max_pool1d(y.unsqueeze(1), 2).squeeze(1).sum(dim=1) * 0.5"
+
+
+@pytest.mark.parametrize("expr,n", [
+    (POOL_SUM, 510),                                                      # KernelBench 55
+    (POOL_SUM, 509),                                                      # a window cut off
+    ("(F.gelu(F.avg_pool1d(y.unsqueeze(1), 4).squeeze(1)) * 2).amax(dim=1)", 508),  # 98
+    ("torch.relu(y.view(M, 1, 1, N))", 509),                              # a 4-D result
+    ("y.unsqueeze(1).unsqueeze(3) * 3", 33),                              # unit dims inside
+])
+def test_linear_layer_reshaped_to_unit_dims(kernel_file, expr, n):
+    assert_matches(compile_kernel(linear_kernel(kernel_file, expr, n=n), threads=2))
+
+
+def test_unsqueezed_operand_of_a_matmul(kernel_file):
+    """`x.unsqueeze(1) @ w`: a batch of one-row products over a unit dim."""
+    path = kernel_file("""
+        import torch
+        class Model(torch.nn.Module):
+            def forward(self, x, w):
+                return torch.tanh(x.unsqueeze(1) @ w.t()).squeeze(1)
+        def get_inputs():
+            g = torch.Generator().manual_seed(0)
+            return [torch.randn(37, 130, generator=g), torch.randn(257, 130, generator=g)]
+        def get_init_inputs():
+            return []
+    """)
+    assert_matches(compile_kernel(path))
+
+
+def test_second_use_of_the_product(kernel_file):
+    """The product is pooled and also returned: both outputs match."""
+    path = linear_kernel(kernel_file, "(F.max_pool1d(y.unsqueeze(1), 2).squeeze(1).sum(dim=1), y * 2)",
+                         n=130)
+    assert_matches(compile_kernel(path))
+
+
+def test_bf16_linear_layer_before_pooling(kernel_file):
+    path = linear_kernel(kernel_file, POOL_SUM, n=190, dtype="bfloat16")
+    assert_matches(compile_kernel(path))
+
+
+def test_the_weights_transpose_folds_into_the_pack(kernel_file):
+    """W^T, expanded to [K, 1, 1, N] by reshape propagation, is not a transpose of its own
+    (no scf.forall copying W per call): B's pack reads W [N, K] in place, n-major."""
+    filecheck(fused(linear_kernel(kernel_file, POOL_SUM, m=64, n=512, k=256)), """
+        CHECK-LABEL: func.func @main
+        CHECK-NOT: linalg.transpose
+        CHECK-NOT: x1x1x512xf32
+        CHECK: linalg.pack %{{.*}} outer_dims_perm = [0, 1] inner_dims_pos = [0] inner_tiles = [32] {{.*}}lh.mm_role = "pack_b"{{.*}} : tensor<32x16xf32>
+        CHECK-NOT: linalg.transpose
+    """)
