@@ -62,11 +62,17 @@ POOL_SUM = "F.max_pool1d(y.unsqueeze(1), 2).squeeze(1).sum(dim=1) * 0.5"
     (POOL_SUM, 510),                                                      # KernelBench 55
     (POOL_SUM, 509),                                                      # a window cut off
     ("(F.gelu(F.avg_pool1d(y.unsqueeze(1), 4).squeeze(1)) * 2).amax(dim=1)", 508),  # 98
+    ("F.avg_pool1d(y.unsqueeze(1), 16).squeeze(1).sum(dim=1)", 70),       # a window of 16
+    ("F.max_pool1d(y.t().unsqueeze(1), 2).squeeze(1).amax(dim=1)", 130),  # the rows pooled
+    ("F.max_pool1d(y.unsqueeze(1), 3).squeeze(1).sum(dim=1)", 130),       # 3 does not divide NR
+    ("F.max_pool1d(y.unsqueeze(1), 3, 2).squeeze(1).sum(dim=1)", 130),    # stride < window
+    ("torch.relu(F.max_pool1d(y.unsqueeze(1), 2).squeeze(1))", 130),      # no reduction after
     ("torch.relu(y.view(M, 1, 1, N))", 509),                              # a 4-D result
     ("y.unsqueeze(1).unsqueeze(3) * 3", 33),                              # unit dims inside
 ])
-def test_linear_layer_reshaped_to_unit_dims(kernel_file, expr, n):
-    assert_matches(compile_kernel(linear_kernel(kernel_file, expr, n=n), threads=2))
+@pytest.mark.parametrize("threads", [1, 2])
+def test_linear_layer_reshaped_to_unit_dims(kernel_file, expr, n, threads):
+    assert_matches(compile_kernel(linear_kernel(kernel_file, expr, n=n), threads=threads))
 
 
 def test_unsqueezed_operand_of_a_matmul(kernel_file):
@@ -106,4 +112,24 @@ def test_the_weights_transpose_folds_into_the_pack(kernel_file):
         CHECK-NOT: x1x1x512xf32
         CHECK: linalg.pack %{{.*}} outer_dims_perm = [0, 1] inner_dims_pos = [0] inner_tiles = [32] {{.*}}lh.mm_role = "pack_b"{{.*}} : tensor<32x16xf32>
         CHECK-NOT: linalg.transpose
+    """)
+
+
+def test_the_pooling_and_its_sum_are_computed_on_the_register_tiles(kernel_file):
+    """No [M, N] product nor [M, N / 2] pooled tensor after bufferization: each 8 x 32
+    register tile of C is unpacked, pooled in pairs of columns into 8 x 16 (a loop nest over
+    the tile: the windowed read has no vector form) and summed in registers."""
+    filecheck(str(compile_kernel(linear_kernel(kernel_file, POOL_SUM, m=64, n=512, k=200),
+                                 stop_after="bufferize").module).split("{-#")[0], """
+        CHECK-LABEL: func.func @main
+        CHECK-NOT: 64x512xf32
+        CHECK-NOT: 64x256xf32
+        CHECK: scf.parallel
+        CHECK: vector.fma
+        CHECK: scf.for
+        CHECK: linalg.generic {{.*}} ins(%{{.*}}, %{{.*}} : memref<8x32xf32>, memref<2xf32>) outs(%{{.*}} : memref<8x16xf32>)
+        CHECK: arith.maximumf
+        CHECK: vector.reduction <add>
+        CHECK-NOT: 64x512xf32
+        CHECK-NOT: 64x256xf32
     """)
