@@ -1,13 +1,16 @@
 """The matmul family when the product is reshaped to unit dims (KernelBench level 2's
 Linear + unsqueeze + 1-D pooling, `x.unsqueeze(1) @ w`, `view(B, 1, 1, N)`): reshape
 propagation expands the contraction and the weight's transpose with unit dims; the transpose
-is folded back to 2-D and into B's pack (no transpose of W per call). Against torch (odd
-sizes, bf16, a second use of the product) and FileCheck on the fused IR."""
+is folded back to 2-D and into B's pack (no transpose of W per call), and a pooling in
+windows of its stride followed by a reduction is computed on the product's register tiles.
+Against torch (odd sizes, windows cut off or not dividing the register tile, other strides,
+bf16, a second use of the product, two pooled layers) and FileCheck on the fused and the
+bufferized IR."""
 
 import pytest
-import torch
 
 from lighthouse.compile import compile_kernel
+from tests.schedules.test_matmul_reductions import assert_matches, fused
 from tests.transform_ext.helpers import check as filecheck
 
 KERNEL = """
@@ -19,7 +22,7 @@ DTYPE = torch.{dtype}
 class Model(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.linear = torch.nn.Linear(K, N)
+        self.linear = torch.nn.Linear(K, N).to(DTYPE)
 
     def forward(self, x):
         y = self.linear(x)
@@ -35,24 +38,7 @@ def get_init_inputs():
 
 
 def linear_kernel(kernel_file, expr, *, m=61, n=510, k=250, dtype="float32"):
-    source = KERNEL.format(m=m, n=n, k=k, dtype=dtype, expr=expr)
-    if dtype != "float32":
-        source = source.replace("self.linear = torch.nn.Linear(K, N)",
-                                "self.linear = torch.nn.Linear(K, N).to(DTYPE)")
-    return kernel_file(source)
-
-
-def assert_matches(compiled):
-    assert compiled.family.name == "matmul", compiled.notes
-    reports = compiled.check()
-    assert reports
-    for r in reports:
-        assert r.ok, str(r)
-
-
-def fused(path, **kwargs) -> str:
-    """The IR after the fuse stage (kernel params elided)."""
-    return str(compile_kernel(path, stop_after="fuse", **kwargs).module).split("{-#")[0]
+    return kernel_file(KERNEL.format(m=m, n=n, k=k, dtype=dtype, expr=expr))
 
 
 POOL_SUM = "F.max_pool1d(y.unsqueeze(1), 2).squeeze(1).sum(dim=1) * 0.5"
@@ -64,6 +50,7 @@ POOL_SUM = "F.max_pool1d(y.unsqueeze(1), 2).squeeze(1).sum(dim=1) * 0.5"
     ("(F.gelu(F.avg_pool1d(y.unsqueeze(1), 4).squeeze(1)) * 2).amax(dim=1)", 508),  # 98
     ("F.avg_pool1d(y.unsqueeze(1), 16).squeeze(1).sum(dim=1)", 70),       # a window of 16
     ("F.max_pool1d(y.t().unsqueeze(1), 2).squeeze(1).amax(dim=1)", 130),  # the rows pooled
+    ("F.max_pool1d(y.unsqueeze(1), 2).squeeze(1).sum(dim=0)", 130),       # pooled dim kept
     ("F.max_pool1d(y.unsqueeze(1), 3).squeeze(1).sum(dim=1)", 130),       # 3 does not divide NR
     ("F.max_pool1d(y.unsqueeze(1), 3, 2).squeeze(1).sum(dim=1)", 130),    # stride < window
     ("torch.relu(F.max_pool1d(y.unsqueeze(1), 2).squeeze(1))", 130),      # no reduction after
@@ -91,6 +78,27 @@ def test_unsqueezed_operand_of_a_matmul(kernel_file):
     assert_matches(compile_kernel(path))
 
 
+def test_two_linear_layers_each_pooled(kernel_file):
+    """Two transposes and two poolings expanded with unit dims, each folded at its place."""
+    path = kernel_file("""
+        import torch
+        import torch.nn.functional as F
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.first = torch.nn.Linear(100, 96)
+                self.second = torch.nn.Linear(48, 66)
+            def forward(self, x):
+                h = F.max_pool1d(self.first(x).unsqueeze(1), 2).squeeze(1)
+                return F.avg_pool1d(self.second(h).unsqueeze(1), 2).squeeze(1).sum(dim=1)
+        def get_inputs():
+            return [torch.randn(45, 100, generator=torch.Generator().manual_seed(0))]
+        def get_init_inputs():
+            return []
+    """)
+    assert_matches(compile_kernel(path))
+
+
 def test_second_use_of_the_product(kernel_file):
     """The product is pooled and also returned: both outputs match."""
     path = linear_kernel(kernel_file, "(F.max_pool1d(y.unsqueeze(1), 2).squeeze(1).sum(dim=1), y * 2)",
@@ -106,7 +114,8 @@ def test_bf16_linear_layer_before_pooling(kernel_file):
 def test_the_weights_transpose_folds_into_the_pack(kernel_file):
     """W^T, expanded to [K, 1, 1, N] by reshape propagation, is not a transpose of its own
     (no scf.forall copying W per call): B's pack reads W [N, K] in place, n-major."""
-    filecheck(fused(linear_kernel(kernel_file, POOL_SUM, m=64, n=512, k=256)), """
+    module = compile_kernel(linear_kernel(kernel_file, POOL_SUM, m=64, n=512, k=256), stop_after="fuse").module
+    filecheck(str(module).split("{-#")[0], """
         CHECK-LABEL: func.func @main
         CHECK-NOT: linalg.transpose
         CHECK-NOT: x1x1x512xf32
@@ -119,8 +128,7 @@ def test_the_pooling_and_its_sum_are_computed_on_the_register_tiles(kernel_file)
     """No [M, N] product nor [M, N / 2] pooled tensor after bufferization: each 8 x 32
     register tile of C is unpacked, pooled in pairs of columns into 8 x 16 (a loop nest over
     the tile: the windowed read has no vector form) and summed in registers."""
-    filecheck(str(compile_kernel(linear_kernel(kernel_file, POOL_SUM, m=64, n=512, k=200),
-                                 stop_after="bufferize").module).split("{-#")[0], """
+    filecheck(fused(linear_kernel(kernel_file, POOL_SUM, m=64, n=512, k=200)), """
         CHECK-LABEL: func.func @main
         CHECK-NOT: 64x512xf32
         CHECK-NOT: 64x256xf32
