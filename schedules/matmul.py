@@ -957,8 +957,8 @@ def _normalize(root: ir.Value) -> ir.Value:
 
 
 def _named_ops_with_unit_dims(payload: ir.Module) -> tuple[list[ir.Operation], list[ir.Operation]]:
-    """The linalg.transpose ops with a unit dim and the 2-D poolings over a unit height (a
-    1-D pooling of `y.unsqueeze(1)`). Reshape propagation (linalg-fuse-elementwise-ops)
+    """The linalg.transpose ops with a unit dim that permute their other dims and the 2-D
+    poolings over a unit height (a 1-D pooling of `y.unsqueeze(1)`). Reshape propagation (linalg-fuse-elementwise-ops)
     expands a linear layer's W^T along with its product when the product is reshaped
     (before such a pooling: W^T [K, 1, 1, N] from W [1, 1, N, K]), and
     linalg-fold-unit-extent-dims only folds generics: such a transpose would stay behind a
@@ -967,7 +967,7 @@ def _named_ops_with_unit_dims(payload: ir.Module) -> tuple[list[ir.Operation], l
     transposes, poolings = [], []
 
     def visit(op):
-        if op.name == "linalg.transpose" and 1 in list(op.operands[0].type.shape):
+        if op.name == "linalg.transpose" and _moves_unit_and_other_dims(op):
             transposes.append(op)
         elif op.name in POOLING_2D and op.operands[0].type.shape[2] == 1 \
                 and op.operands[1].type.shape[0] == 1:
@@ -976,6 +976,15 @@ def _named_ops_with_unit_dims(payload: ir.Module) -> tuple[list[ir.Operation], l
 
     payload.operation.walk(visit)
     return transposes, poolings
+
+
+def _moves_unit_and_other_dims(transpose: ir.Operation) -> bool:
+    """Does the linalg.transpose have a unit dim and still permute its other dims without
+    them (not a copy then: its generic form keeps a permutation when unit dims fold)?"""
+    shape = list(transpose.operands[0].type.shape)
+    perm = list(ir.DenseI64ArrayAttr(transpose.attributes["permutation"]))
+    others = [d for d in perm if shape[d] != 1]
+    return 1 in shape and others != sorted(others)
 
 
 def _fold_unit_dims_of_named_ops(transposes: list[Place], poolings: list[Place]):

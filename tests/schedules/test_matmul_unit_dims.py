@@ -99,6 +99,47 @@ def test_two_linear_layers_each_pooled(kernel_file):
     assert_matches(compile_kernel(path))
 
 
+def test_transposes_that_only_move_unit_dims(kernel_file):
+    """Transposes that are copies once their unit dims are dropped ([1, M N] -> [M N, 1],
+    [1, M, K] -> [M, 1, K]) fold away."""
+    path = kernel_file("""
+        import torch
+        class Model(torch.nn.Module):
+            def forward(self, a, b, c):
+                y = (a @ b).reshape(1, -1).t()
+                z = a.unsqueeze(0).transpose(0, 1) @ b
+                return y * c.reshape(-1, 1), torch.tanh(z)
+        def get_inputs():
+            g = torch.Generator().manual_seed(0)
+            return [torch.randn(40, 30, generator=g), torch.randn(30, 50, generator=g),
+                    torch.randn(40, 50, generator=g)]
+        def get_init_inputs():
+            return []
+    """)
+    assert_matches(compile_kernel(path))
+
+
+def test_backward_of_a_transposed_batch_of_one(kernel_file):
+    """The fuzzer: the backward of x.transpose(-2, -1) @ w over a batch of one holds
+    [1, K, M] -> [1, M, K] (a transpose with a unit dim) and [K, 1, M] -> [1, K, M] (a copy
+    once the unit dim is dropped: left as it is); f16."""
+    path = kernel_file("""
+        import torch
+        class Model(torch.nn.Module):
+            def forward(self, x0, x1):
+                return x0.transpose(-2, -1) @ x1
+        def get_inputs():
+            g = torch.Generator().manual_seed(0)
+            return [torch.randn(4, 33, 65, generator=g, dtype=torch.float16)[3:],
+                    (torch.randn(130, 33, generator=g, dtype=torch.float16) * 0.174).t()]
+        def get_init_inputs():
+            return []
+    """)
+    compiled = compile_kernel(path, backward=True)
+    assert not compiled.notes, compiled.notes
+    assert_matches(compiled)
+
+
 def test_second_use_of_the_product(kernel_file):
     """The product is pooled and also returned: both outputs match."""
     path = linear_kernel(kernel_file, "(F.max_pool1d(y.unsqueeze(1), 2).squeeze(1).sum(dim=1), y * 2)",
