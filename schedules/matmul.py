@@ -13,8 +13,10 @@ layer's f32 widenings of x and W^T folded into its contraction first), and the k
 step over a pair of k is MR x NR/16 vdpbf16ps (transform_ext.contracts_to_bf16_dot_products)
 on f32 accumulators.
 
-fuse (the script's @fuse: steps recorded on a trial copy by `plan_matmul`), per
-contraction, last first:
+fuse (the script's @fuse: steps recorded on a trial copy by `plan_matmul`): the payload
+normalized (`_normalize`: unit dims folded, elementwise ops fused; transposes and 1-D
+poolings that reshape propagation expanded with unit dims folded back,
+`_fold_unit_dims_of_named_ops`), then per contraction, last first:
   1. data tiling (`transform.structured.pack` + `pack_transpose`): A is packed into panels
      A_p[b, m1, k, m0] and B into B_p[b, n1, k, n0] with m = m1 MR + m0, n = n1 NR + n0
      (zero-padded at the edges); C accumulates in C_p[b, m1, n1, m0, n0] and is unpacked
@@ -34,7 +36,11 @@ contraction, last first:
   A reduction of C (or of its epilogue) over m or n, read with the identity map, becomes
   the root instead: the forall splits the dim it keeps, an scf.for inside walks the reduced
   dim in tile_m or tile_n steps, everything above is fused into that loop, and each MR x NR
-  tile of C is unpacked and reduced in registers (no [M, N] buffer).
+  tile of C is unpacked and reduced in registers (no [M, N] buffer). A pooling between
+  them, C's m or n dim in windows of S with stride S (a 1-D max or average pool of
+  `y.unsqueeze(1)`, `find_window_pooling`), is computed on the same tiles: the reduction's
+  tiles over the pooled dim are C's divided by S, and each register tile of C is pooled
+  by a loop nest (its windowed read has no vector form) before it is reduced.
   Any other linalg op of the payload is tiled for threads as the generic schedule does.
 vectorize (@vectorize): every op of steps 1-4 is vectorized with its nominal tile as
 vector sizes (edge tiles become masked transfers), the contraction becomes an MR x NR x 1
@@ -82,7 +88,7 @@ from transform_ext.split_assertions import split_assertions
 
 from .common import (Place, annotate, any_op, apply_passes, apply_patterns, at_place, canonicalize,
                      hoist_loop_invariant_subsets, match, place_of)
-from .generic import (GenericParams, func_ops, generic_script, parallel_tile_sizes,
+from .generic import (POOLING_2D, GenericParams, func_ops, generic_script, parallel_tile_sizes,
                       register_tile_for, top_level_linalg_ops, vector_tile_sizes)
 from .generic import vectorize_stage as generic_vectorize_stage
 from .script import StepRecorder, recorded_script
@@ -410,6 +416,36 @@ def find_reduction(value: ir.Value, roles: list[str]) -> ir.Operation | None:
     return user
 
 
+def find_window_pooling(value: ir.Value, roles: list[str]) -> tuple[ir.Operation, int, int] | None:
+    """The generic that is `value`'s only use pooling one m or n dim p of it in windows of
+    S (stride S, no dilation or padding: a 1-D max or sum pooling as linalg generalizes it,
+    unit dims folded), P[.., j, ..] = reduce_{w < S} value[.., S j + w, ..], its loops the
+    dims of P then w, `value` read through (.., S d_p + d_w, ..) and the identity on the
+    other dims, P written with the identity map, its other inputs (the window's shape) not
+    read; (op, p, S) or None."""
+    user = _single_use(value)
+    if user is None or user.name != "linalg.generic" or len(user.results) != 1:
+        return None
+    ls = loop_structure(user)
+    rank = len(value.type.shape)
+    if not ls.is_static or ls.num_loops != rank + 1 or ls.reduction_dims != [rank]:
+        return None
+    if dim_positions(ls.output_map(0)) != list(range(rank)):
+        return None
+    block = user.regions[0].blocks[0]
+    reads = [amap for operand, amap in zip(user.operands[: ls.num_inputs], ls.maps) if operand == value]
+    others = [arg for i, arg in enumerate(block.arguments[: ls.num_inputs]) if user.operands[i] != value]
+    if len(reads) != 1 or any(list(arg.uses) for arg in others):
+        return None
+    window = ls.ranges[rank]
+    dims = [ir.AffineDimExpr.get(d) for d in range(rank + 1)]
+    for p in range(rank):
+        expected = ir.AffineMap.get(rank + 1, 0, dims[:p] + [dims[p] * window + dims[rank]] + dims[p + 1: rank])
+        if reads[0] == expected and roles[p] in ("m", "n"):
+            return user, p, window
+    return None
+
+
 def _is_transpose(op: ir.Operation) -> bool:
     """linalg.transpose, or a generic that only permutes its one input (what linalg's
     unpack folding takes for a transpose)."""
@@ -597,8 +633,23 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
     epilogue = find_epilogue(unpack.results[0])
     # A reduction of C (or of its epilogue) over m or n is computed tile by tile: the
     # forall splits its parallel dims, a loop inside walks the reduced ones, and C's tile
-    # is reduced as it is unpacked (register tiles; no [M, N] product in memory).
-    reduction = find_reduction((epilogue or unpack).results[0], roles)
+    # is reduced as it is unpacked (register tiles; no [M, N] product in memory). A pooling
+    # in windows of S between them (`find_window_pooling`) is computed on the same tiles:
+    # the reduction's tiles over the pooled dim are C's divided by S (a register tile of C
+    # holds whole windows).
+    pooling, pooled, window = find_window_pooling((epilogue or unpack).results[0], roles) or (None, 0, 1)
+    if pooling is not None and ({"m": mr, "n": nr}[roles[pooled]] % window
+                                or find_reduction(pooling.results[0], roles) is None):
+        pooling, window = None, 1
+    reduction = find_reduction((pooling or epilogue or unpack).results[0], roles)
+    pooling_fill = defining_op(pooling.operands[-1]) if pooling is not None else None
+    if pooling_fill is not None and (pooling_fill.name != "linalg.fill"
+                                     or _single_use(pooling_fill.results[0]) is None):
+        pooling_fill = None
+
+    def pooled_sizes(sizes):
+        """Sizes over C's dims as sizes over the pooled tensor's (the pooled dim's by S)."""
+        return [size // window if d == pooled else size for d, size in enumerate(sizes)]
     reduced = set(loop_structure(reduction).reduction_dims) if reduction is not None else set()
     if reduction is not None:
         params = _split_parallel_dims_for_threads(params, c, roles, reduced)
@@ -614,7 +665,8 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
     register_tile = [{"m": mr, "n": nr}.get(r, 1) for r in roles]
     # read when the script is built, after the steps ran: its own name, not the tile
     # step's `places` (taken after this step dropped a fill)
-    role_places = _places(rec, [epilogue, unpack, kernel, pack_b, pack_a, init, None, None, reduction])
+    role_places = _places(rec, [epilogue, unpack, kernel, pack_b, pack_a, init, None, None, reduction,
+                                pooling, pooling_fill])
 
     def roles_body(root):
         h = {i: at_place(root, place) for i, place in role_places.items()}
@@ -633,7 +685,11 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
         if epilogue is not None:
             _set_role(h[0], "epilogue", register_tile)
         if reduction is not None:
-            _set_role(h[8], "epilogue", register_tile)
+            _set_role(h[8], "epilogue", pooled_sizes(register_tile))
+        if pooling is not None:
+            _set_role(h[9], "pooling")
+        if pooling_fill is not None:
+            _set_role(h[10], "fill_tile", pooled_sizes(register_tile))
         return apply_passes(root, "canonicalize", "cse")
 
     rec.step("roles", roles_body)
@@ -648,7 +704,7 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
         if source is not None and source.name == "linalg.generic":
             converts[name] = source
     places = _places(rec, [epilogue, unpack, kernel, pack_b, pack_a, init, converts.get("b"),
-                           converts.get("a"), reduction])
+                           converts.get("a"), reduction, pooling, pooling_fill])
     kb = params.tile_k
     b, m, n, k = c.shape
     # packed in pairs, a k block of kb pairs holds as many bytes as kb widened k
@@ -660,16 +716,22 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
         unpack_h, kernel_h, pb, pa = (h.get(i) for i in range(1, 5))
         root_op = h[8] if reduction is not None else h[0] if epilogue is not None else unpack_h
         tiles = [{"m": params.tile_m, "n": params.tile_n}.get(r, 1) for r in roles]
+        if reduction is not None:
+            tiles = pooled_sizes(tiles)
         forall_sizes = [0 if d in reduced else s for d, s in enumerate(tiles)]
         t = structured.TileUsingForallOp(root_op, tile_sizes=forall_sizes)
         forall, tiled_root = t.forall_op, t.tiled_op
-        epilogue_h = None
+        epilogue_h = pooling_h = None
         if reduction is not None:
             # the reduced dims in tiles of the output tile's extent, inside the forall
             tiled_root, loops = _tile(tiled_root, [s if d in reduced else 0 for d, s in enumerate(tiles)])
             # the loops then slice C directly, not the forall's slice of it
             apply_patterns(forall, ttensor.ApplyMergeConsecutiveInsertExtractSlicePatternsOp)
             forall = loops[-1] if loops else forall
+            if pooling is not None:
+                pooling_h, forall = _fuse_into(h[9], forall)
+                if pooling_fill is not None:
+                    pooling_fill_h, forall = _fuse_into(h[10], forall)
             if epilogue is not None:
                 epilogue_h, forall = _fuse_into(h[0], forall)
         if epilogue is not None or reduction is not None:
@@ -718,8 +780,12 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
         if init_h is not None:
             _tile(init_h, [1] * nb + [1, 1] + ([0, 0] if init_is_fill else []))
         if epilogue is not None or reduction is not None:
-            _, loops = _tile(tiled_root, register_tile)
+            _, loops = _tile(tiled_root, pooled_sizes(register_tile) if reduction is not None else register_tile)
             if loops:
+                if pooling_h is not None:
+                    pooling_h, _ = _fuse_into(pooling_h, loops[-1])
+                    if pooling_fill is not None:
+                        _fuse_into(pooling_fill_h, loops[-1])
                 if epilogue_h is not None:
                     _fuse_into(epilogue_h, loops[-1])
                 _fuse_into(unpack_h, loops[-1])
@@ -890,6 +956,56 @@ def _normalize(root: ir.Value) -> ir.Value:
     return apply_passes(root, "linalg-fold-unit-extent-dims", "canonicalize", "cse")
 
 
+def _named_ops_with_unit_dims(payload: ir.Module) -> tuple[list[ir.Operation], list[ir.Operation]]:
+    """The linalg.transpose ops with a unit dim that permute their other dims and the 2-D
+    poolings over a unit height (a 1-D pooling of `y.unsqueeze(1)`). Reshape propagation (linalg-fuse-elementwise-ops)
+    expands a linear layer's W^T along with its product when the product is reshaped
+    (before such a pooling: W^T [K, 1, 1, N] from W [1, 1, N, K]), and
+    linalg-fold-unit-extent-dims only folds generics: such a transpose would stay behind a
+    collapse_shape, which no pack folds it through, and the pooling behind an expand_shape
+    of the product."""
+    transposes, poolings = [], []
+
+    def visit(op):
+        if op.name == "linalg.transpose" and _moves_unit_and_other_dims(op):
+            transposes.append(op)
+        elif op.name in POOLING_2D and op.operands[0].type.shape[2] == 1 \
+                and op.operands[1].type.shape[0] == 1:
+            poolings.append(op)
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit)
+    return transposes, poolings
+
+
+def _moves_unit_and_other_dims(transpose: ir.Operation) -> bool:
+    """Does the linalg.transpose have a unit dim and still permute its other dims without
+    them (not a copy then: its generic form keeps a permutation when unit dims fold)?"""
+    shape = list(transpose.operands[0].type.shape)
+    perm = list(ir.DenseI64ArrayAttr(transpose.attributes["permutation"]))
+    others = [d for d in perm if shape[d] != 1]
+    return 1 in shape and others != sorted(others)
+
+
+def _fold_unit_dims_of_named_ops(transposes: list[Place], poolings: list[Place]):
+    """The transposes and poolings at these places without their unit dims: generalized,
+    unit dims folded (reshapes around the op, which fold into the reshapes already there),
+    the transposes linalg.transpose again (so that the packing of the operand they feed
+    folds them in), the poolings generics reading the product in windows
+    (`find_window_pooling`)."""
+    def body(root):
+        func = match(root, "func.func")
+        handles = [at_place(root, place) for place in transposes + poolings]
+        generics = [structured.GeneralizeOp(h).transformed for h in handles]
+        apply_patterns(func, structured.ApplyFoldUnitExtentDimsViaReshapesPatternsOp,
+                       transform.ApplyCanonicalizationPatternsOp)
+        for generic in generics[: len(transposes)]:
+            structured.SpecializeOp(any_op(), generic)
+        return apply_passes(root, "canonicalize", "cse")
+
+    return body
+
+
 def _reads_widened_bf16(op: ir.Operation) -> bool:
     """Does contraction `op` read both operands as f32 widenings (arith.extf generics) of bf16
     tensors, as torch-mlir imports a bf16 linear layer (A and W^T widened to f32 copies)?"""
@@ -951,6 +1067,10 @@ def plan_matmul(payload: ir.Module, params_for, generic: GenericParams) -> Matmu
     transform_ext.load(payload.context)
     rec = StepRecorder(ir.Module.parse(str(payload), payload.context))
     rec.step("normalize", _normalize)
+    transposes, poolings = _named_ops_with_unit_dims(rec.trial)
+    if transposes or poolings:
+        rec.step("fold_unit_dims", _fold_unit_dims_of_named_ops(
+            *([place_of(rec.trial.operation, op) for op in ops] for ops in (transposes, poolings))))
     widened = [c.op for c in find_contractions(rec.trial)
                if params_for(*c.shape).bf16_dot and _reads_widened_bf16(c.op)]
     if widened:
@@ -1005,6 +1125,8 @@ def vectorize_roles(handles, roles: list[str], sizes: list[list[int] | None]) ->
     """Vectorize the ops with a role (`handles`): each at its nominal tile (edge tiles
     masked), the kernel and the fills at their static shapes."""
     for h, role, vector_sizes in zip(handles, roles, sizes):
+        if role == "pooling":
+            continue  # its windowed read has no vector form: loops over a register tile
         if role in ("kernel", "fill") or vector_sizes is None:
             structured.VectorizeOp(h)
         elif role == "register":

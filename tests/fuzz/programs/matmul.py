@@ -2,8 +2,8 @@
 operands as transposed or sliced views or transposed in the forward, followed by a chain of
 epilogues (bias rows and columns, both GELUs and the tanh formula, integer and float powers,
 tanh, residual adds of inputs or of earlier values), transposes, reshapes, further matmuls,
-values read twice, sums, maxima and means over one of the last two dims, several results and
-a result returned twice."""
+values read twice, sums, maxima and means over one of the last two dims, 1-D max and average
+pools over the last dim, several results and a result returned twice."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from .writer import AVOID, DTYPES, KernelWriter, allowed, layouts, randn, scale_
 
 BATCH = st.sampled_from((1, 2, 3, 4, 5))
 STEPS = ("bias", "gelu", "pow", "tanh", "unary", "residual", "transpose", "reshape", "matmul",
-         "twice", "keep", "reduce")
+         "twice", "keep", "reduce", "pool")
 
 
 def operand(draw, w: KernelWriter, shape: tuple[int, ...], scale: float | None = None) -> str:
@@ -144,6 +144,16 @@ def epilogue(draw, w: KernelWriter, step: str, y: str, shape: tuple[int, ...],
     if step == "keep":
         results.append(y)
         return y, shape
+    if step == "pool":  # a 1-D max or average pool over the last dim (KernelBench 55, 98)
+        windows = [k for k in (2, 3, 4, 16) if k <= shape[-1]]
+        if rank > 3 or not windows:
+            return y, shape
+        k = draw(st.sampled_from(windows))
+        stride = draw(st.sampled_from((k, max(1, k - 1))))
+        pool = draw(st.sampled_from(("F.max_pool1d", "F.avg_pool1d")))
+        x = f"{y}.unsqueeze(-2)" if rank < 3 else y
+        expr = f"{pool}({x}, {k}, {stride})" + (".squeeze(-2)" if rank < 3 else "")
+        return w.let(expr), shape[:-1] + ((shape[-1] - k) // stride + 1,)
     if step == "reduce":  # over one of the two last dims, at least one dim kept
         if rank < 2:
             return y, shape
