@@ -16,7 +16,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
 from .analysis.loss_kernels import kernel_groups
-from .common import Illegal, RewritesTargets, Success, block_ops, fail, payload_ops, user_op
+from .common import RewritesTargets, block_ops, rewrite_functions, user_op
 from .dialect import TransformExt
 
 NAME = "transform_ext.split_shared_fills"
@@ -42,17 +42,8 @@ class SplitSharedFillsOp(TransformExt.Operation, name="split_shared_fills"):
     class Apply(transform.TransformOpInterface):
         @staticmethod
         def apply(op, rewriter, results, state):
-            with op.context:
-                targets = payload_ops(state, op.target)
-                try:
-                    for t in targets:
-                        if t.name != "func.func":
-                            raise Illegal(t, "not a func.func")
-                except Illegal as illegal:
-                    return fail(NAME, illegal)
-                for t in targets:
-                    split_fills(t.regions[0].blocks[0])
-                return Success
+            return rewrite_functions(NAME, op, rewriter, state,
+                                     lambda func, _: split_fills(func.regions[0].blocks[0]))
 
         @staticmethod
         def allow_repeated_handle_operands(op):
