@@ -311,8 +311,19 @@ class ConvolutionTiles:
     output_lanes: int          # the lanes dim among the output's dims
     peel: int | None           # the lanes loop among the register loops, when its last
                                # tile is partial (peeled: vectorized at fewer lanes)
+    peel_rows: int | None      # the rows loop among them, when its last tile is partial
+                               # (peeled: vectorized at its rows, no mask per row)
     channel_block: list[int] | None  # the input channel block (None: all channels at once)
 
+
+
+def register_rows(extent: int, mr: int) -> int:
+    """Rows of the register tile along a dim of `extent`: the largest divisor of the extent
+    from MR / 2 up to MR (every tile full: 42 channels take 7 rows, not 8 and a tile of 2),
+    else MR (the last tile partial, peeled); the extent when it is under MR."""
+    if extent <= mr:
+        return extent
+    return next((t for t in range(mr, -(-mr // 2) - 1, -1) if extent % t == 0), mr)
 
 
 def _tile_of(extent: int, unit: int, largest: int) -> int:
@@ -340,7 +351,7 @@ def convolution_tiles(c: Convolution, params: ConvolutionParams) -> ConvolutionT
     if channel_lanes:
         mr, nr, _ = channel_lane_tile(ranges[c.lanes], rows_extent, params)
     else:
-        mr = min(params.register[0], rows_extent)
+        mr = register_rows(rows_extent, params.register[0])
     outer = [o for o in d.image if o != c.lanes]
     forall = [0] * rank
     for dim in d.batch + d.group + d.out_channel:
@@ -393,8 +404,13 @@ def convolution_tiles(c: Convolution, params: ConvolutionParams) -> ConvolutionT
     output_lanes = [e.position for e in y_map.results].index(c.lanes)
     tiled = [x for x in order if register[x]]
     peel = tiled.index(c.lanes) if ranges[c.lanes] > nr and ranges[c.lanes] % nr else None
+    peel_rows = None
+    if c.rows is not None and mr > 1:
+        tile = forall[c.rows] or rows_extent
+        if tile % mr or rows_extent % tile:
+            peel_rows = tiled.index(c.rows)
     return ConvolutionTiles(forall, register, order, reduction, vector, output,
-                            kept.index(c.lanes), output_lanes, peel, block)
+                            kept.index(c.lanes), output_lanes, peel, peel_rows, block)
 
 
 def channel_lane_tile(channels: int, rows: int, params: ConvolutionParams) -> tuple[int, int, float]:
@@ -429,7 +445,7 @@ def image_lane_share(c: Convolution, params: ConvolutionParams) -> float:
     width = c.dims.ranges[c.lanes]
     nr = min(params.register[1], -(-width // lanes) * lanes)
     rows = c.dims.ranges[c.rows] if c.rows is not None else 1
-    mr = min(params.register[0], rows)
+    mr = register_rows(rows, params.register[0])
     lane_share = width / (-(-width // lanes) * lanes)
     row_share = rows / (-(-rows // mr) * mr)
     return lane_share * row_share * min(mr * nr // lanes, vectors) / vectors
@@ -618,7 +634,7 @@ def _pooling_tiles(c: Convolution, tiles: ConvolutionTiles, params: ConvolutionP
     convolution's output lives one row of tiles at a time, in cache."""
     y_dims = [e.position for e in loop_structure(c.op).output_map(0).results]
     ranges = c.dims.ranges
-    mr = min(params.register[0], ranges[c.rows]) if c.rows is not None else 1
+    mr = register_rows(ranges[c.rows], params.register[0]) if c.rows is not None else 1
     forall, loop = [], []
     for d, l in enumerate(y_dims):
         if d in reduced and l == c.rows:
@@ -727,8 +743,9 @@ def _schedule(rec: StepRecorder, chain: list[Convolution], params: ConvolutionPa
 
 
 def _register_tiles(conv, tiles: ConvolutionTiles, forall, fuse_init: bool) -> None:
-    """A convolution's tile in the forall: channel blocks, register tiles (the lanes' last
-    partial tile peeled), the accumulator start per register tile when `fuse_init`, the
+    """A convolution's tile in the forall: channel blocks, register tiles (the last partial
+    tile of the rows, then of the lanes, peeled), the accumulator start per register tile
+    when `fuse_init`, the
     reductions by 1 (the window loops clamped to the taps that read the unpadded image,
     transform_ext.clamp_window_loops), then each register tile rebuilt as a contraction."""
     if tiles.channel_block is not None:
@@ -736,9 +753,12 @@ def _register_tiles(conv, tiles: ConvolutionTiles, forall, fuse_init: bool) -> N
     conv, loops = _tile(conv, tiles.register, interchange=tiles.interchange)
     if fuse_init:
         fuse_init_into_register_tile(conv)
-    if tiles.peel is not None:
+    if tiles.peel is not None or tiles.peel_rows is not None:
         annotate(conv, _TILE)
-        loop.LoopPeelOp(any_op(), any_op(), loops[tiles.peel])
+        # the rows loop is inside the lanes loop: peeling the lanes copies both row loops
+        for index in (tiles.peel_rows, tiles.peel):
+            if index is not None:
+                loop.LoopPeelOp(any_op(), any_op(), loops[index])
         conv = structured.MatchOp(any_op(), forall, op_attrs={_TILE: ir.UnitAttr.get()}).result
         remove_annotation(conv, _TILE)
     if fuse_init:
@@ -937,12 +957,13 @@ def _role_vector_sizes(op: ir.Operation, lanes: int) -> list[int]:
     """The vector sizes of an op with a role: its nominal sizes, but along the lanes a
     static tile narrower than them (a peeled last tile, a narrow image) takes whole vectors
     of `lanes` covering it; its lanes past the edge are masked in reads and writes (a vector
-    of 30 lanes would be legalized lane by lane)."""
+    of 30 lanes would be legalized lane by lane); along any other dim such a tile (a peeled
+    last tile of rows) takes its own extent, unmasked."""
     sizes = list(op.attributes[VECTOR_SIZES])
     dim = ir.IntegerAttr(op.attributes[LANES]).value
-    extent = loop_structure(op).ranges[dim]
-    if extent is not None and extent < sizes[dim]:
-        sizes[dim] = -(-extent // lanes) * lanes
+    for d, extent in enumerate(loop_structure(op).ranges):
+        if extent is not None and extent < sizes[d]:
+            sizes[d] = -(-extent // lanes) * lanes if d == dim else extent
     return sizes
 
 
