@@ -34,8 +34,10 @@ fuse (the script's @fuse: steps recorded on a trial copy by `plan_convolution`):
   2. per convolution, last first: the epilogue (or the convolution) is tiled into an
      `scf.forall` over (batch, group, a block of tile_rows output channels, blocks of the
      outer image dims) with the convolution and its accumulator producer fused in; inside,
-     register tiles (outer image dims by 1, the lanes by NR, the rows by MR, rows
-     innermost so that the image rows a tile reads stay in L1 across the row tiles); the
+     register tiles (outer image dims by 1, the lanes by NR, the rows by MR or by a
+     divisor of their extent from MR / 2 up (`register_rows`), rows innermost so that the
+     image rows a tile reads stay in L1 across the row tiles; a partial last tile of the
+     rows, then of the lanes, peeled into a static tile of its own); the
      accumulator producer computed per register tile
      (transform_ext.fuse_init_into_register_tile); the input channels and the window by
      1 (loops c, k_1 .. k_d innermost; the taps of an outer image dim clamped to those
