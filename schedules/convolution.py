@@ -417,8 +417,10 @@ def convolution_tiles(c: Convolution, params: ConvolutionParams) -> ConvolutionT
 
 def channel_lane_tile(channels: int, rows: int, params: ConvolutionParams) -> tuple[int, int, float]:
     """(MR, NR, useful share) of the register tile whose lanes run along `channels` output
-    channels and its rows along an image dim of `rows`: NR whole vectors dividing the
-    channels, MR x NR / lanes accumulators up to 1.5 times those of params.register. The
+    channels and its rows along an image dim of `rows`: NR a power-of-two count of vectors
+    dividing the channels (LLVM widens a vector of 3 to 4 and rebuilt the 7 x 48
+    accumulators of a 1 x 1 convolution at 7 x 7 lane by lane per step: 25x slower), MR x
+    NR / lanes accumulators up to 1.5 times those of params.register. The
     useful share: the rows computed that are not past the edge (a partial last row tile
     computes masked rows) times the accumulators' share of params.register's (fewer cannot
     hide the FMA latency); the best share wins, then the most accumulators. (1, lanes, 0)
@@ -428,7 +430,7 @@ def channel_lane_tile(channels: int, rows: int, params: ConvolutionParams) -> tu
     best = (1, lanes, 0.0)
     best_key = (0.0, 0)
     for v in range(1, vectors + 1):
-        if channels % (v * lanes):
+        if channels % (v * lanes) or v & (v - 1):
             continue
         for mr in range(1, min(rows, vectors * 3 // 2 // v) + 1):
             share = rows / (-(-rows // mr) * mr) * min(mr * v, vectors) / vectors
