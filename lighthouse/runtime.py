@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import statistics
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -35,6 +36,7 @@ SUPPORTED_DTYPES = {torch.float32, torch.float16, torch.bfloat16, torch.float64,
                     torch.int32, torch.int16, torch.int8, torch.bool}
 
 _DESCRIPTOR_TYPES: dict[int, type] = {}
+_ENTRY_LOCKS: dict[int, threading.Lock] = {}
 
 
 def descriptor_type(rank: int) -> type:
@@ -75,6 +77,10 @@ class JitFunction:
 
     def __post_init__(self):
         self._fn = self.engine.lookup(self.name)
+        # calls share the kernel's static workspace (lighthouse.targets.workspace): one lock
+        # per entry point, also when two JitFunctions load the same stored library
+        address = ctypes.cast(self._fn, ctypes.c_void_p).value
+        self._lock = _ENTRY_LOCKS.setdefault(address, threading.Lock())
 
     def check_args(self, args) -> list[torch.Tensor]:
         if len(args) != len(self.arg_specs):
@@ -102,8 +108,11 @@ class JitFunction:
         keepalive = (tensors, descs, ptrs)
         messages = self.error_messages
 
+        lock = self._lock
+
         def call():
-            fn(packed)
+            with lock:
+                fn(packed)
             _ = keepalive
             if code and int(code[0]):
                 k = int(code[0])

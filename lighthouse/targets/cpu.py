@@ -42,6 +42,7 @@ from .bf16_vectors import (bf16_memory_as_i16, odd_bf16_conversions_as_integer_o
                            odd_bf16_vectors_as_i16)
 from .description import CpuDescription, host_cpu, host_cpu_flags
 from .runtime_checks import add_vector_bounds_checks
+from .workspace import allocations_into_workspace
 
 
 @lru_cache(maxsize=1)
@@ -393,6 +394,10 @@ def lower_to_llvm(payload: ir.Module, threads: int, *, runtime_checks: bool = Fa
         # when small (no malloc/free per key tile)
         "func.func(buffer-loop-hoisting)",
         "func.func(promote-buffers-to-stack{max-alloc-size-in-bytes=131072 max-rank-of-allocated-memref=8})",
+    ]))
+    # large intermediates in one static workspace: no mmap, page faults and munmap per call
+    allocations_into_workspace(payload)
+    run_passes(payload, ", ".join([
         "buffer-deallocation-pipeline",
         f"convert-scf-to-openmp{{num-threads={threads}}}",
         "convert-vector-to-scf{full-unroll=true}",
