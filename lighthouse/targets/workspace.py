@@ -123,7 +123,8 @@ def allocations_into_workspace(payload: ir.Module, min_bytes: int = MIN_BYTES) -
             index = {op: i for i, op in enumerate(ops)}
             buffers = []
             for op in ops:
-                if op.name != "memref.alloc" or len(op.operands):
+                if op.name != "memref.alloc" or len(op.operands) or ("alignment" in op.attributes
+                        and ir.IntegerAttr(op.attributes["alignment"]).value > ALIGNMENT):
                     continue
                 size = _byte_size(op.results[0].type)
                 if size is None or size < min_bytes:
