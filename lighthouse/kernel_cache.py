@@ -114,7 +114,8 @@ def store(key: str, function: JitFunction, meta: dict) -> bool:
         obj.unlink()
         record = dict(meta, arg_specs=[_spec_json(s) for s in function.arg_specs],
                       result_specs=[_spec_json(s) for s in function.result_specs],
-                      error_messages=list(function.error_messages), name=function.name)
+                      error_messages=list(function.error_messages), name=function.name,
+                      workspace_bytes=function.workspace_bytes)
         (work / "kernel.json").write_text(json.dumps(record))
         try:
             work.rename(final)
@@ -137,7 +138,8 @@ def load(key: str) -> tuple[JitFunction, dict] | None:
         return None
     function = JitFunction(engine, [_spec_of_json(s) for s in record["arg_specs"]],
                            [_spec_of_json(s) for s in record["result_specs"]],
-                           name=record["name"], error_messages=tuple(record["error_messages"]))
+                           name=record["name"], error_messages=tuple(record["error_messages"]),
+                           workspace_bytes=record.get("workspace_bytes", 0))
     return function, record
 
 

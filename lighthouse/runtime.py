@@ -74,6 +74,7 @@ class JitFunction:
     result_specs: list[TensorSpec]
     name: str = "main"
     error_messages: tuple = ()  # the kernel's error code k > 0 means error_messages[k - 1]
+    workspace_bytes: int = 0  # its static workspace (lighthouse.targets.workspace)
 
     def __post_init__(self):
         self._fn = self.engine.lookup(self.name)

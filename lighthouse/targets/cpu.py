@@ -42,7 +42,7 @@ from .bf16_vectors import (bf16_memory_as_i16, odd_bf16_conversions_as_integer_o
                            odd_bf16_vectors_as_i16)
 from .description import CpuDescription, host_cpu, host_cpu_flags
 from .runtime_checks import add_vector_bounds_checks
-from .workspace import allocations_into_workspace
+from .workspace import allocations_into_workspace, workspace_bytes
 
 
 @lru_cache(maxsize=1)
@@ -98,7 +98,8 @@ class CpuTarget:
         engine = ExecutionEngine(module, opt_level=3, shared_libs=[openmp_runtime()],
                                  enable_pic=True)
         return JitFunction(engine, arg_specs, result_specs,
-                           error_messages=tuple(kernel_error_messages(module)))
+                           error_messages=tuple(kernel_error_messages(module)),
+                           workspace_bytes=workspace_bytes(module))
 
 
 def protect_arguments(payload: ir.Module) -> None:

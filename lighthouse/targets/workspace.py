@@ -36,6 +36,7 @@ ESCAPES = frozenset({"func.return", "func.call", "scf.yield", "scf.condition", "
                      "scf.reduce.return", "cf.br", "cf.cond_br", "memref.extract_strided_metadata"})
 ALIGNMENT = 64
 MIN_BYTES = 128 * 1024  # glibc's default mmap threshold
+WORKSPACE_BYTES = "lh.workspace_bytes"
 
 
 @dataclass
@@ -111,8 +112,11 @@ def _pack(buffers: list[_Buffer]) -> int:
 
 def allocations_into_workspace(payload: ir.Module, min_bytes: int = MIN_BYTES) -> int:
     """Rewrite each function's top-level allocations of at least `min_bytes` into views of
-    a workspace global of its own; returns the number rewritten."""
+    a workspace global of its own; returns the number rewritten. The module's
+    WORKSPACE_BYTES attribute gets the workspaces' total size (memory the loaded kernel
+    holds for its life: the bench adds it to the kernel's peak)."""
     rewritten = 0
+    held = 0
     with payload.context:
         for func in list(payload.body.operations):
             func = func.operation
@@ -135,6 +139,7 @@ def allocations_into_workspace(payload: ir.Module, min_bytes: int = MIN_BYTES) -
             if not buffers:
                 continue
             total = _pack(buffers)
+            held += total
             name = f"__lh_workspace_{ir.StringAttr(func.attributes['sym_name']).value}"
             space = ir.MemRefType.get([total], ir.IntegerType.get_signless(8))
             with ir.InsertionPoint.at_block_begin(payload.body), func.location:
@@ -151,4 +156,13 @@ def allocations_into_workspace(payload: ir.Module, min_bytes: int = MIN_BYTES) -
                 b.alloc.results[0].replace_all_uses_with(view)
                 b.alloc.erase()
                 rewritten += 1
+        if held:
+            payload.operation.attributes[WORKSPACE_BYTES] = ir.IntegerAttr.get(
+                ir.IntegerType.get_signless(64), held)
     return rewritten
+
+
+def workspace_bytes(module: ir.Module) -> int:
+    """The WORKSPACE_BYTES of a lowered module (0 when it has none)."""
+    attrs = module.operation.attributes
+    return ir.IntegerAttr(attrs[WORKSPACE_BYTES]).value if WORKSPACE_BYTES in attrs else 0

@@ -8,7 +8,7 @@ import torch
 from torch_mlir import ir
 
 from lighthouse.compile import compile_kernel
-from lighthouse.targets.workspace import allocations_into_workspace
+from lighthouse.targets.workspace import allocations_into_workspace, workspace_bytes
 from tests.transform_ext.helpers import check as filecheck
 
 PAYLOAD = """
@@ -39,6 +39,7 @@ def test_buffers_share_bytes_only_when_their_live_ranges_are_disjoint():
     with ir.Context(), ir.Location.unknown():
         module = ir.Module.parse(PAYLOAD)
         assert allocations_into_workspace(module, min_bytes=1024) == 3
+        assert workspace_bytes(module) == 524288
         text = str(module)
     filecheck(text, """
         CHECK: memref.global "private" @__lh_workspace_main : memref<524288xi8> = uninitialized {alignment = 64 : i64}
@@ -86,6 +87,9 @@ def test_a_kernel_with_a_workspace_matches_torch_on_every_call_and_thread(kernel
     compiled = compile_kernel(kernel_file(KERNEL), threads=1)
     lowered = str(compile_kernel(kernel_file(KERNEL), threads=1, stop_after="llvm").module)
     assert "__lh_workspace_main" in lowered
+    # [2, 48, 40, 37] f32 intermediates live at once: h (to the end), and the depthwise
+    # convolution's padded input or its output
+    assert compiled.function.workspace_bytes >= 2 * 2 * 48 * 40 * 37 * 4
     want = compiled.expected()
     x = compiled.imported.args
 
