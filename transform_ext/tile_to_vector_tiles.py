@@ -2,9 +2,11 @@
 
 Sizes from `vector_tile_sizes` (transform_ext.analysis.tiles):
 - a contraction: an m x n register tile (the largest divisors of its m and n extents up to
-  register_tile), k = 1; with a third entry k2 in register_tile, k = k2 for a contraction
-  whose two inputs are bf16 (pairs of k for the bf16 dot products; an odd last k step is
-  peeled into a static tile of its own); a vector-matrix product y[m] += A[k, m] x[k]
+  register_tile, n a power-of-two multiple of one vector or at most one vector, m then up
+  to twice register_tile's m to keep as many accumulators: `register_lanes`), k = 1; with
+  a third entry k2 in register_tile, k = k2 for a contraction whose two inputs are bf16
+  (pairs of k for the bf16 dot products; an odd last k step is peeled into a static tile
+  of its own); a vector-matrix product y[m] += A[k, m] x[k]
   (`is_vector_matrix`), a run of m x n lanes along A's rows, its k loop first split into
   chunks of `k_chunk` rows (`vector_matrix_k_chunk`; inside the loops over batch dims),
   each chunk walking the register tiles (which then start from the running sums of the

@@ -183,11 +183,17 @@ def vector_tile_sizes(op: ir.Operation, policy) -> list[int] | None:
             # dim of its operand (A^T x with A read in place: the vector x matrix form)
             if out_last == [rows] or ls.ranges[lanes] == 1 and rows_last:
                 rows, lanes = lanes, rows
-            sizes[rows] = largest_divisor_at_most(ls.ranges[rows], policy.register_tile[0])
+            mr, nr = policy.register_tile
+            sizes[rows] = largest_divisor_at_most(ls.ranges[rows], mr)
             # fewer rows than the register tile has (a vector-matrix product x^T A): wider
             # lanes keep as many accumulators and read longer runs of each row of A
-            widen = max(1, policy.register_tile[0] // sizes[rows])
-            sizes[lanes] = largest_divisor_at_most(ls.ranges[lanes], policy.register_tile[1] * widen)
+            widen = max(1, mr // sizes[rows])
+            sizes[lanes] = register_lanes(ls.ranges[lanes], nr * widen, max(1, nr // 2))
+            if sizes[lanes] < nr:
+                # fewer lanes than the register tile has: more rows (at most 2 mr) keep
+                # as many accumulators, each k step sharing one vector of B across them
+                sizes[rows] = largest_divisor_at_most(ls.ranges[rows],
+                                                      min(2 * mr, mr * nr // sizes[lanes]))
             if len(dims["k"]) == 1 and all(isinstance(v.type.element_type, ir.BF16Type)
                                            for v in op.operands[:ls.num_inputs]):
                 sizes[dims["k"][0]] = min(policy.bf16_k, ls.ranges[dims["k"][0]])
@@ -260,6 +266,22 @@ def shared_lane_rows(ls, lane: int) -> int | None:
         return None
     rows = [d for d in ls.contraction_dims()["m"] if ls.ranges[d] > 1]
     return rows[-1] if rows else None
+
+
+def register_lanes(extent: int, limit: int, vector: int) -> int:
+    """Lanes of a contraction's register tile along a dim of `extent`, at most `limit`:
+    the widest power-of-two multiple of one `vector` (register_tile's n is two vectors,
+    schedules.generic.register_tile_for) that divides the extent; else the largest divisor
+    of the extent that fits in one vector. Never another width: the accumulators are
+    carried across the k loop, and LLVM's x86 backend takes a loop-carried <24 x float>
+    or <48 x float> apart element by element on every k step (a 12800x256x48 product ran
+    20x slower in 5 x 24 tiles than in 10 x 16 ones)."""
+    width = vector
+    while 2 * width <= limit and extent % (2 * width) == 0:
+        width *= 2
+    if width <= limit and extent % width == 0:
+        return width
+    return largest_divisor_at_most(extent, min(vector, limit))
 
 
 def lane_tile(extent: int, vector_tile: int, even: bool = False) -> int:
