@@ -114,6 +114,34 @@ def place_of(scope: ir.Operation, op: ir.Operation) -> Place:
     return op.name, same_name.index(op), len(same_name)
 
 
+def places_of(scope: ir.Operation, ops: list[ir.Operation]) -> list[Place]:
+    """`place_of` of each of `ops`, in one walk of `scope` (one walk per op is quadratic
+    in a whole CNN's thousands of ops)."""
+    by_name: dict[str, list] = {}
+
+    def visit(o):
+        by_name.setdefault(o.name, []).append(o)
+        return ir.WalkResult.ADVANCE
+
+    scope.walk(visit, ir.WalkOrder.POST_ORDER)
+    index = {name: {o: i for i, o in enumerate(found)} for name, found in by_name.items()}
+    return [(op.name, index[op.name][op], len(by_name[op.name])) for op in ops]
+
+
+def at_places(root: ir.Value, places: list[Place]) -> list[ir.Value]:
+    """`at_place` of each of `places`, the ops of one name matched and split once (a
+    split per place would list every op of the name again: quadratic in the script)."""
+    splits: dict[tuple[str, int], list[ir.Value]] = {}
+    handles = []
+    for name, index, count in places:
+        if (name, count) not in splits:
+            matched = match(root, name)
+            splits[name, count] = [matched] if count == 1 else list(
+                transform.SplitHandleOp([any_op()] * count, matched).results)
+        handles.append(splits[name, count][index])
+    return handles
+
+
 def at_place(root: ir.Value, place: Place) -> ir.Value:
     """The handle to the op at `place` (see place_of) among the ops matched in `root`."""
     name, index, count = place

@@ -88,8 +88,9 @@ from transform_ext.split_transposed_convolution import split_transposed_convolut
 from transform_ext.remove_annotation import remove_annotation
 from transform_ext.split_assertions import split_assertions
 
-from .common import (annotate, any_op, apply_passes, apply_patterns, at_place, canonicalize,
-                     foreach, hoist_loop_invariant_subsets, match, place_of)
+from .common import (annotate, any_op, apply_passes, apply_patterns, at_place, at_places,
+                     canonicalize, foreach, hoist_loop_invariant_subsets, match, place_of,
+                     places_of)
 from .generic import (GenericParams, func_ops, generic_script, parallel_tile_sizes,
                       register_tile_for, top_level_linalg_ops, vector_tile_sizes)
 from .generic import vectorize_stage as generic_vectorize_stage
@@ -1013,16 +1014,16 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams):
     # the other ops vectorized without bf16 dot products: a k step of 1
     policy = VectorPolicy(generic.vector_tile, generic.register_tile)
     tiles = [(op, vector_tile_sizes(op, policy)) for op in others]
-    places = [place_of(payload.operation, op) for op, _ in plan + tiles]
-    contraction_places = [place_of(payload.operation, op) for op, _, _ in contractions]
+    places = places_of(payload.operation, [op for op, _ in plan + tiles])
+    contraction_places = places_of(payload.operation, [op for op, _, _ in contractions])
     sizes = [s for _, s in plan]
     gathers = [not _extracts_16_bit(op) for op, _ in tiles]
     tiles = [s for _, s in tiles]
 
     def body(root):
-        handles = [at_place(root, place) for place in places]
+        handles = at_places(root, places)
         n = len(plan)
-        contraction_handles = [at_place(root, place) for place in contraction_places]
+        contraction_handles = at_places(root, contraction_places)
         for h, vector_sizes in zip(handles, sizes):
             structured.VectorizeOp(h, vector_sizes=vector_sizes)
         matmul.vectorize_roles(contraction_handles, [role for _, role, _ in contractions],

@@ -117,3 +117,4 @@ def test_a_second_use_of_the_expansion_and_a_transposed_result(kernel_file):
                        forward="(self.dw(torch.relu(self.conv(x))).transpose(2, 3), "
                                "self.conv(x).sum(dim=1))")
     assert_matches(compile_kernel(path))
+
