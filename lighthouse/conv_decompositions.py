@@ -34,6 +34,11 @@ elements: a tap k of that dim moves by k d D elements, its padding by p D, so
     y[.., w, e] = conv(x seen as [.., W D], dilation d D, padding p D)[.., w D + e]
 is one convolution of a rank lower, its output seen back as [.., W_out, D] (repeated while
 it applies: a 1 x 1 convolution over a 7 x 7 image is one of 49 lanes).
+
+torch-mlir lowers a grouped convolution of one image dim [N, C, L] as a two-dim one over
+[N, C, L, 1]: its innermost dim, the register tile's lanes, is a unit dim (one lane of 16
+used). A grouped convolution of one image dim, as given or merged as above, is the two-dim
+convolution over [N, C, 1, L] here (window [1, K], the same values).
 """
 
 from __future__ import annotations
@@ -134,7 +139,21 @@ def _collapsible(input, weight, stride, padding, transposed) -> bool:
     stride, padding = _per_dim(stride, rank), _per_dim(padding, rank)
     inner = input.shape[-1]
     return (weight.shape[-1] == 1 and stride[-1] == 1 and padding[-1] == 0 and stride[-2] == 1
-            and inner < NARROW_LANES)
+            and inner < NARROW_LANES and input.shape[-2] > 1)
+
+
+def _grouped_rank_one(input, transposed, groups) -> bool:
+    """A grouped convolution of one image dim, which torch-mlir would lower with a unit
+    innermost dim (module docstring)?"""
+    return not transposed and groups > 1 and input.dim() == 3
+
+
+def _as_two_dims(input, weight, bias, stride, padding, dilation, groups):
+    """The grouped convolution of one image dim as the two-dim one over [N, C, 1, L]."""
+    stride, padding, dilation = (_per_dim(v, 1) for v in (stride, padding, dilation))
+    y = aten.convolution.default(input.unsqueeze(2), weight.unsqueeze(2), bias, [1, *stride],
+                                 [0, *padding], [1, *dilation], False, [0, 0], groups)
+    return y.squeeze(2)
 
 
 def _collapsed(input, weight, bias, stride, padding, dilation, groups):
@@ -148,6 +167,8 @@ def _collapsed(input, weight, bias, stride, padding, dilation, groups):
     dilation = dilation[:-2] + [dilation[-2] * inner]
     if _collapsible(x, w, stride, padding, False):
         y = _collapsed(x, w, bias, stride, padding, dilation, groups)
+    elif _grouped_rank_one(x, False, groups):
+        y = _as_two_dims(x, w, bias, stride, padding, dilation, groups)
     else:
         y = aten.convolution.default(x, w, bias, stride, padding, dilation, False,
                                      [0] * (rank - 1), groups)
@@ -167,7 +188,8 @@ def _excess_padding(weight, padding, dilation, transposed) -> list[int]:
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
                 groups):
     """aten.convolution, with the transposed convolutions torch-mlir gets wrong stuffed
-    here and narrow innermost image dims merged (module docstring). A transposed
+    here, narrow innermost image dims merged and grouped ones of one image dim as two-dim
+    ones (module docstring). A transposed
     convolution padded beyond its window's reach by e (torch-mlir would slice its stuffed
     input out of bounds) is the one padded e less, e cropped from each side."""
     excess = _excess_padding(weight, padding, dilation, transposed)
@@ -179,6 +201,8 @@ def convolution(input, weight, bias, stride, padding, dilation, transposed, outp
                   *(slice(e, size - e) for e, size in zip(excess, y.shape[2:])))]
     if _collapsible(input, weight, stride, padding, transposed):
         return _collapsed(input, weight, bias, stride, padding, dilation, groups)
+    if _grouped_rank_one(input, transposed, groups):
+        return _as_two_dims(input, weight, bias, stride, padding, dilation, groups)
     if not _depthwise_transposed(input, weight, bias, stride, padding, dilation, transposed,
                                  output_padding, groups):
         return NotImplemented

@@ -786,12 +786,14 @@ def _schedule_others(rec: StepRecorder, params: GenericParams) -> None:
     """Linalg ops outside the convolutions' tiles: tiled for threads like the generic schedule."""
     for func in list(func_ops(rec.trial)):
         while True:
-            roots = [(op, sizes) for op in top_level_linalg_ops(func) if ROLE not in op.attributes
-                     and _DONE not in op.attributes and matmul.ROLE not in op.attributes
-                     and (sizes := parallel_tile_sizes(op, params)) is not None]
-            if not roots:
+            # the last op with parallel tiles, scanned from the end (as schedules.matmul)
+            found = next(((op, sizes) for op in reversed(top_level_linalg_ops(func))
+                          if ROLE not in op.attributes and _DONE not in op.attributes
+                          and matmul.ROLE not in op.attributes
+                          and (sizes := parallel_tile_sizes(op, params)) is not None), None)
+            if found is None:
                 break
-            root, sizes = roots[-1]
+            root, sizes = found
             place = place_of(rec.trial.operation, root)
 
             def body(r, place=place, sizes=sizes):

@@ -72,11 +72,14 @@ from torch_mlir.dialects.transform import vector as tvec
 
 from transform_ext.analysis.structure import dim_positions, is_linalg_op, loop_structure
 from transform_ext.analysis.tiles import VectorPolicy
+from transform_ext.collapse_contraction_parallel_dims import collapse_contraction_parallel_dims
 from transform_ext.collapse_reduction_dims import collapse_reduction_dims
 from transform_ext.common import defining_op, user_op, users
 from transform_ext.contracts_to_bf16_dot_products import contracts_to_bf16_dot_products
 from transform_ext.drop_unpack_destination_fill import drop_unpack_destination_fill
 from transform_ext.flatten_contiguous_writes import flatten_contiguous_writes
+from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion
+from transform_ext.fuse_elementwise_producers import fuse_elementwise_producers
 from transform_ext.forward_masked_writes import forward_masked_writes
 from transform_ext.fold_casts_into_contractions import fold_casts_into_contractions
 from transform_ext.remove_annotation import remove_annotation
@@ -86,8 +89,8 @@ from transform_ext.widen_contraction_operands import widen_contraction_operands
 import transform_ext
 from transform_ext.split_assertions import split_assertions
 
-from .common import (Place, annotate, any_op, apply_passes, apply_patterns, at_place, canonicalize,
-                     hoist_loop_invariant_subsets, match, place_of)
+from .common import (Place, annotate, any_op, apply_passes, apply_patterns, at_place, at_places,
+                     canonicalize, hoist_loop_invariant_subsets, match, place_of, places_of)
 from .generic import (POOLING_2D, GenericParams, func_ops, generic_script, parallel_tile_sizes,
                       register_tile_for, top_level_linalg_ops, vector_tile_sizes)
 from .generic import vectorize_stage as generic_vectorize_stage
@@ -598,13 +601,26 @@ def _unpack_dest_roles(unpack: ir.Operation, c_dims: list[int], dims: dict) -> l
     return roles
 
 
+def _k_contiguous(c: Contraction, index: int, fold_transposes: bool) -> bool:
+    """Is k the contiguous dim of what the pack of operand `index` reads: the operand, or
+    the input of a transpose producing it that folds into the pack (A^T given as A [K, M]:
+    m contiguous, each k row of a panel in another cache line)?"""
+    positions = dim_positions(loop_structure(c.op).maps[index])
+    k_at = positions.index(c.k)
+    producer = defining_op(c.op.operands[index])
+    if fold_transposes and producer is not None and producer.name == "linalg.transpose":
+        permutation = list(ir.DenseI64ArrayAttr(producer.attributes["permutation"]))
+        return permutation[k_at] == len(permutation) - 1
+    return k_at == len(positions) - 1
+
+
 def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) -> None:
     """Steps 1-4 of the module docstring for one contraction."""
     mr, nr = params.register
     nb = len(c.batch)
-    ls = loop_structure(c.op)
-    k_contiguous = {"a": dim_positions(ls.maps[c.a_index])[-1] == c.k,
-                    "b": dim_positions(ls.maps[1 - c.a_index])[-1] == c.k}
+    folds = _folding_leaves_one_unpack(c)
+    k_contiguous = {"a": _k_contiguous(c, c.a_index, folds),
+                    "b": _k_contiguous(c, 1 - c.a_index, folds)}
     pairs = bf16_pairs(c, params)
     # packed in pairs: B one pair of k per packing step (its two rows interleaved into
     # [NR, 2]: one shuffle); A, when k is its contiguous dim, pack_k / 2 pairs per step (an
@@ -616,7 +632,7 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
     widened = [] if pairs else [
         name for index, name in sorted({c.a_index: "a", 1 - c.a_index: "b"}.items())
         if c.op.operands[index].type.element_type != ir.F32Type.get()]
-    kernel = _pack(rec, c, params, fold_transposes=_folding_leaves_one_unpack(c))
+    kernel = _pack(rec, c, params, fold_transposes=folds)
     a_index = c.a_index
     pack_a = defining_op(kernel.operands[a_index])
     pack_b = defining_op(kernel.operands[1 - a_index])
@@ -924,19 +940,51 @@ def _schedule_others(rec: StepRecorder, params: GenericParams) -> None:
     """Linalg ops outside the contractions' tiles: tiled for threads like the generic schedule."""
     for func in list(func_ops(rec.trial)):
         while True:
-            # an op without parallel tiles stays sequential (as it is)
-            roots = [(op, sizes) for op in top_level_linalg_ops(func) if ROLE not in op.attributes
-                     and (sizes := parallel_tile_sizes(op, params)) is not None]
-            if not roots:
+            # the last op with parallel tiles (one without stays sequential, as it is); the
+            # ops are scanned from the end, not all sized per step (quadratic in a model)
+            root = next(((op, sizes) for op in reversed(top_level_linalg_ops(func))
+                         if ROLE not in op.attributes
+                         and (sizes := parallel_tile_sizes(op, params)) is not None), None)
+            if root is None:
                 break
-            root, sizes = roots[-1]
-            rec.step("tile_other", _tile_other(place_of(rec.trial.operation, root), sizes))
+            chain = [root[0]] + _fused_producers(root[0])
+            rec.step("tile_other", _tile_other(places_of(rec.trial.operation, chain), root[1]))
 
 
-def _tile_other(place: Place, sizes: list[int]):
+def _fused_producers(root: ir.Operation) -> list[ir.Operation]:
+    """The linalg ops of `root`'s block without a role that its tiles compute: its
+    producers, and theirs, that only ops of this chain read (no result computed twice),
+    consumers before producers. Not through a reshape or a scheduled contraction's loop:
+    structured.fuse would take those too, and tiling a model's last layer norm by batch
+    rows then recomputed every layer before it per row (a SwinMLP's fuse stage grew its
+    payload tenfold in one step)."""
+    block = root.parent.regions[0].blocks[0]
+    position = {op.operation: i for i, op in enumerate(block.operations)}
+    chain, found, work = {root}, [], [root]
+    while work:
+        op = work.pop(0)
+        for value in op.operands:
+            producer = defining_op(value)
+            if (producer is None or producer in chain or producer not in position
+                    or not is_linalg_op(producer) or ROLE in producer.attributes
+                    or _DONE in producer.attributes):
+                continue
+            if all(user in chain for result in producer.results for user in users(result)):
+                chain.add(producer)
+                found.append(producer)
+                work.append(producer)
+    return sorted(found, key=lambda op: -position[op])
+
+
+def _tile_other(places: list[Place], sizes: list[int]):
+    """The op at places[0] tiled into an scf.forall of `sizes`, the ops at the others
+    (`_fused_producers`) fused into it in turn."""
     def body(root: ir.Value) -> None:
-        structured.FuseOp(at_place(root, place), tile_sizes=sizes, use_forall=True,
-                          apply_cleanup=True)
+        handles = at_places(root, places)
+        forall = structured.TileUsingForallOp(handles[0], tile_sizes=sizes).forall_op
+        for producer in handles[1:]:
+            _, forall = _fuse_into(producer, forall)
+        canonicalize(match(root, "func.func"))
 
     return body
 
@@ -947,12 +995,19 @@ def _places(rec: StepRecorder, ops: list) -> dict[int, Place]:
 
 
 def _normalize(root: ir.Value) -> ir.Value:
-    """Assertions split out, unit dims folded, elementwise ops fused (a contraction's
-    reduction loops that this expanded, a flatten before a linear layer, collapsed back)."""
+    """Assertions split out, unit dims folded, reshapes propagated and elementwise ops
+    fused into elementwise consumers (a contraction's reduction loops that this expanded, a
+    flatten before a linear layer, and its parallel ones, a linear layer over [B, S, D],
+    collapsed back). Never into a contraction: upstream's
+    linalg-fuse-elementwise-ops would fuse a layer norm or the GELU of the layer before
+    into the contraction reading it (once its reshapes made it a generic), its body
+    recomputed for every output column and no contraction left for this schedule."""
     split_assertions(root)
     root = apply_passes(root, "linalg-fold-unit-extent-dims", "canonicalize", "cse")
-    apply_passes(match(root, "func.func"), "linalg-fuse-elementwise-ops")
+    fold_reshape_ops_by_expansion(match(root, "func.func"))
+    fuse_elementwise_producers(match(root, "func.func"))
     collapse_reduction_dims(match(root, "func.func"))
+    collapse_contraction_parallel_dims(match(root, "func.func"))
     return apply_passes(root, "linalg-fold-unit-extent-dims", "canonicalize", "cse")
 
 
@@ -1159,10 +1214,10 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams,
     pairs = any(role == "kernel" and all(isinstance(v.type.element_type, ir.BF16Type)
                                          for v in op.operands[:2])
                 for (op, _), role in zip(plan, roles))
-    places = [place_of(payload.operation, op) for op, _ in plan + tiles]
+    places = places_of(payload.operation, [op for op, _ in plan + tiles])
 
     def body(root):
-        handles = [at_place(root, place) for place in places]
+        handles = at_places(root, places)
         n = len(plan)
         vectorize_roles(handles[:n], roles, [sizes for _, sizes in plan])
         for h, (op, sizes) in zip(handles[n:], tiles):

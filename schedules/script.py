@@ -152,9 +152,11 @@ def stage_text(script: ir.Module, name: str) -> str:
 
         sequences[seq_name].walk(callee)
 
-    stage = _sequence(script, name)
+    _sequence(script, name)  # a ScriptError naming the sequences when there is no @name
     visit(name)
-    return "\n".join([str(sequences[n]) for n in order] + [str(stage)])
+    # local scope: each sequence printed alone (isolated from above, so numbered the same),
+    # not from the whole script once per sequence (quadratic in a long recorded script)
+    return "\n".join(sequences[n].get_asm(use_local_scope=True) for n in order + [name])
 
 
 def _sequence(script: ir.Module, name: str) -> ir.Operation:

@@ -63,7 +63,7 @@ def reduction_group(op: ir.Operation) -> list[int] | None:
     return group if readers >= 2 else None
 
 
-def _reassociation(rank: int, first: int, n: int) -> list[list[int]]:
+def group_reassociation(rank: int, first: int, n: int) -> list[list[int]]:
     return [[d] for d in range(first)] + [list(range(first, first + n))] + \
         [[d] for d in range(first + n, rank)]
 
@@ -81,7 +81,7 @@ def _collapse(value: ir.Value, first: int, n: int) -> ir.Value:
     shape = _collapsed_shape(list(t.shape), first, n)
     out = ir.RankedTensorType.get(shape, t.element_type)
     return tensor.CollapseShapeOp(out, value,
-                                  reassociation_attr(_reassociation(len(t.shape), first, n))).result
+                                  reassociation_attr(group_reassociation(len(t.shape), first, n))).result
 
 
 def _transposed_group(value: ir.Value, first: int, n: int):
@@ -98,7 +98,7 @@ def _transposed_group(value: ir.Value, first: int, n: int):
     return producer, sources[0]
 
 
-def _collapsed_operand(value: ir.Value, first: int, n: int, replaced: list) -> ir.Value:
+def collapsed_operand(value: ir.Value, first: int, n: int, replaced: list) -> ir.Value:
     """`value` collapsed along the group, through a transpose when `_transposed_group` (the
     transpose appended to `replaced`)."""
     found = _transposed_group(value, first, n)
@@ -118,36 +118,44 @@ def _collapsed_operand(value: ir.Value, first: int, n: int, replaced: list) -> i
     return linalg.transpose(x, outs=[init], permutation=new_perm).results[0]
 
 
-def _rewrite(op: ir.Operation, group: list[int], rewriter) -> ir.Operation:
-    """The op with the group collapsed into its first loop."""
+def collapsed_generic(op: ir.Operation, group: list[int]) -> tuple[ir.Operation, list[ir.Operation]]:
+    """A linalg.generic computing `op` with the loops of `group` (consecutive in every
+    operand reading them) collapsed into its first one, built before `op`: the operands
+    collapsed along the group (an input through a single-use transpose, `collapsed_operand`),
+    and the transposes now read by `op` alone, for the caller to erase."""
     ls = loop_structure(op)
     n = len(group)
     kept = [d for d in range(ls.num_loops) if d not in group[1:]]
     new_dim = {d: i for i, d in enumerate(kept)}
-    inputs, maps, transposes = [], [], []
+    operands, maps, transposes = [], [], []
     with ir.InsertionPoint(op), op.location:
         for i, amap in enumerate(ls.maps):
             positions = dim_positions(amap)
             value = op.operands[i]
             if group[0] in positions:
                 first = positions.index(group[0])
-                value = _collapsed_operand(value, first, n, transposes)
+                value = collapsed_operand(value, first, n, transposes if i < ls.num_inputs else [])
                 positions = positions[:first + 1] + positions[first + n:]
             maps.append(ir.AffineMap.get(len(kept), 0,
                                          [ir.AffineDimExpr.get(new_dim[p]) for p in positions]))
-            inputs.append(value)
+            operands.append(value)
         block = op.regions[0].blocks[0]
 
         def body(args):
             return clone_body(op, dict(zip(block.arguments, args)))
 
-        iterators = [ls.iterators[d] for d in kept]
-        new = build_generic(inputs[:ls.num_inputs], inputs[ls.num_inputs:], maps, iterators, body,
-                            name_from=op)
-    rewriter.replace_op(op, new.operation)
+        new = build_generic(operands[:ls.num_inputs], operands[ls.num_inputs:], maps,
+                            [ls.iterators[d] for d in kept], body, name_from=op)
+    return new.operation, transposes
+
+
+def _rewrite(op: ir.Operation, group: list[int], rewriter) -> ir.Operation:
+    """The op with the group collapsed into its first loop."""
+    new, transposes = collapsed_generic(op, group)
+    rewriter.replace_op(op, new)
     for transpose in transposes:  # read by `op` alone
         rewriter.erase_op(transpose)
-    return new.operation
+    return new
 
 
 class CollapseReductionDimsOp(TransformExt.Operation, name="collapse_reduction_dims"):

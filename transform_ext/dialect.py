@@ -25,6 +25,7 @@ OP_MODULES: list[str] = [
     "rewrite_attention_row_mask",
     "fuse_elementwise_producers",
     "collapse_reduction_dims",
+    "collapse_contraction_parallel_dims",
     "drop_unit_result_dims",
     "clamp_window_loops",
     "drop_broadcast_dims",

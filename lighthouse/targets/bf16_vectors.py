@@ -12,6 +12,11 @@ bf16 scalars and one-lane vectors (an n-D vector of an odd innermost dim reaches
 ops left unvectorized too, into bf16 vectors of any width, and a strided read among them
 becomes shuffles of bf16 vectors the backend cannot select ("Cannot select: v16bf16 =
 X86ISD::VPERM2X128"); their conversions become the same integer ops.
+On a CPU without avx512_bf16 both rewrites apply to bf16 vectors of every lane count: LLVM
+has no bf16 conversion instruction there and calls `__truncsfbf2`, a libgcc function the
+JIT does not resolve ("Symbols not found: [ __truncsfbf2 ]"), for each lane it converts to
+bf16, also where it promotes the lanes of a bf16 vector it only moves (an insert, a
+shuffle) to f32 and back.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ def _bf16_lanes(t: ir.Type) -> int | None:
     return shape[-1] if shape else 1
 
 
-def _odd_bf16_vector(t: ir.Type) -> bool:
+def _odd_lanes(t: ir.Type) -> bool:
     n = _bf16_lanes(t)
     return isinstance(t, ir.VectorType) and n is not None and n > 1 and n % 2 == 1
 
@@ -48,7 +53,7 @@ def _scalar_or_odd_bf16(t: ir.Type) -> bool:
     return n is not None and n % 2 == 1
 
 
-def odd_bf16_conversions_as_integer_ops(payload: ir.Module) -> int:
+def odd_bf16_conversions_as_integer_ops(payload: ir.Module, *, all_lane_counts: bool = False) -> int:
     """Conversions from and to bf16 scalars and bf16 vectors of an odd lane count
     (_scalar_or_odd_bf16) through f32, with the bf16 <-> f32 step as integer ops on the
     bits: extf(x) = bitcast(zext(bits(x)) << 16); truncf(y) rounds to nearest even,
@@ -58,7 +63,9 @@ def odd_bf16_conversions_as_integer_ops(payload: ir.Module) -> int:
     too: LLVM's vectorizers join them (the scalar loops of ops left unvectorized, their
     loads folded into bf16 loads) into bf16 vectors of any width and shuffle them for
     strided reads, which the x86 backend cannot select ("X86ISD::VPERM2X128", "soft
-    promote"); as integer ops they are i16 and i32 lanes. Returns the number rewritten."""
+    promote"); as integer ops they are i16 and i32 lanes. With `all_lane_counts` (a CPU
+    without a bf16 conversion instruction: module docstring), the conversions of bf16
+    vectors of any lane count too. Returns the number rewritten."""
     from torch_mlir.dialects import arith
 
     targets = []
@@ -66,7 +73,9 @@ def odd_bf16_conversions_as_integer_ops(payload: ir.Module) -> int:
     def visit(op):
         if op.name in ("arith.extf", "arith.truncf", "arith.sitofp", "arith.uitofp",
                        "arith.fptosi", "arith.fptoui") and (
-                _scalar_or_odd_bf16(op.operands[0].type) or _scalar_or_odd_bf16(op.results[0].type)):
+                _scalar_or_odd_bf16(op.operands[0].type) or _scalar_or_odd_bf16(op.results[0].type)
+                or (all_lane_counts and (_bf16_lanes(op.operands[0].type) is not None
+                                         or _bf16_lanes(op.results[0].type) is not None))):
             targets.append(op)
         return ir.WalkResult.ADVANCE
 
@@ -100,7 +109,7 @@ def odd_bf16_conversions_as_integer_ops(payload: ir.Module) -> int:
 
             with ir.InsertionPoint(op), op.location:
                 x, result_t = op.operands[0], op.results[0].type
-                if _scalar_or_odd_bf16(x.type):  # bf16 -> f32 -> the destination
+                if _bf16_lanes(x.type) is not None:  # bf16 -> f32 -> the destination
                     y = from_bf16(x)
                     if op.name == "arith.extf":
                         value = y if result_t == vf32 else arith.extf(result_t, y)
@@ -125,8 +134,9 @@ _MOVES = {"llvm.load", "llvm.store", "llvm.shufflevector", "llvm.insertelement",
           "llvm.bitcast", "llvm.br", "llvm.cond_br"}
 
 
-def odd_bf16_vectors_as_i16(payload: ir.Module) -> int:
-    """Retype every odd-lane bf16 vector value that only loads, stores, shuffles, inserts,
+def odd_bf16_vectors_as_i16(payload: ir.Module, *, all_lane_counts: bool = False) -> int:
+    """Retype every odd-lane bf16 vector value (with `all_lane_counts`, every bf16 vector
+    value: module docstring) that only loads, stores, shuffles, inserts,
     extracts, selects, branches carry or constants define to the i16 vector of the same
     bits; the other bf16 operands and results of those ops (a power-of-two vector that a
     shuffle narrows, a scalar inserted or extracted) are bitcast at the boundary. Any other
@@ -135,6 +145,10 @@ def odd_bf16_vectors_as_i16(payload: ir.Module) -> int:
     odd: list[ir.Value] = []
     movers: list[ir.Operation] = []
     others: list[str] = []
+    pinned: set = set()  # values an op other than a move reads or defines
+
+    def _odd_bf16_vector(t: ir.Type) -> bool:
+        return _bf16_vector(t) if all_lane_counts else _odd_lanes(t)
 
     def visit(op):
         if op.name in ("llvm.func", "builtin.module"):
@@ -144,12 +158,18 @@ def odd_bf16_vectors_as_i16(payload: ir.Module) -> int:
             for block in region.blocks:
                 odd.extend(a for a in block.arguments if _odd_bf16_vector(a.type))
         if touches:
-            known = op.name in _MOVES or _row_of_constant(op)
+            known = op.name in _MOVES or _row_of_constant(op, _odd_bf16_vector)
             (movers.append(op) if known else others.append(op.name))
+            if not known:
+                pinned.update(v for v in list(op.operands) + list(op.results)
+                              if _odd_bf16_vector(v.type))
         odd.extend(v for v in op.results if _odd_bf16_vector(v.type))
         return ir.WalkResult.ADVANCE
 
     payload.operation.walk(visit)
+    if all_lane_counts:  # a power-of-two vector an intrinsic reads (vdpbf16ps) stays bf16
+        odd = [v for v in odd if v not in pinned]
+        others = [name for name in others if any(_odd_lanes(v.type) for v in pinned)]
     if others:
         raise UnsupportedError(f"bf16 vectors of an odd lane count reach "
                                f"{', '.join(sorted(set(others)))}, which LLVM's x86 backend "
@@ -158,7 +178,7 @@ def odd_bf16_vectors_as_i16(payload: ir.Module) -> int:
         return 0
     from torch_mlir.dialects import llvm
 
-    with payload.context:
+    with payload.context, ir.Location.unknown():
         i16 = ir.IntegerType.get_signless(16)
         bf16 = ir.BF16Type.get()
 
@@ -170,7 +190,8 @@ def odd_bf16_vectors_as_i16(payload: ir.Module) -> int:
 
         for value in odd:
             op = defining_op(value)
-            if op is not None and (op.name == "llvm.mlir.constant" or _row_of_constant(op)):
+            if op is not None and (op.name == "llvm.mlir.constant"
+                                   or _row_of_constant(op, _odd_bf16_vector)):
                 if op.name == "llvm.mlir.constant":
                     attr, row = ir.DenseElementsAttr(op.attributes["value"]), 0
                 else:  # one row of a multi-dimensional constant (an llvm.array of vectors)
@@ -260,9 +281,10 @@ def _bf16_vector(t: ir.Type) -> bool:
     return isinstance(t, ir.VectorType) and isinstance(ir.VectorType(t).element_type, ir.BF16Type)
 
 
-def _row_of_constant(op) -> bool:
-    """Is `op` an llvm.extractvalue of one odd bf16 vector out of a dense constant?"""
-    if op.name != "llvm.extractvalue" or not _odd_bf16_vector(op.results[0].type):
+def _row_of_constant(op, retyped) -> bool:
+    """Is `op` an llvm.extractvalue of one bf16 vector `retyped` takes out of a dense
+    constant?"""
+    if op.name != "llvm.extractvalue" or not retyped(op.results[0].type):
         return False
     source = defining_op(op.operands[0])
     return (isinstance(source, ir.Operation) and source.name == "llvm.mlir.constant"

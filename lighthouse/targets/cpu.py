@@ -410,7 +410,8 @@ def lower_to_llvm(payload: ir.Module, threads: int, *, runtime_checks: bool = Fa
     ]))
     expand_math_in(payload.operation, ldexp="avx512f" in host_cpu_flags())
     narrow_f64_truncations_through_f32(payload)
-    odd_bf16_conversions_as_integer_ops(payload)
+    bf16_in_integers = bf16_moves_in_integers()
+    odd_bf16_conversions_as_integer_ops(payload, all_lane_counts=bf16_in_integers)
     for op in payload.body.operations:
         if op.operation.name == "func.func":
             op.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get(payload.context)
@@ -421,8 +422,15 @@ def lower_to_llvm(payload: ir.Module, threads: int, *, runtime_checks: bool = Fa
         "convert-index-to-llvm", "convert-func-to-llvm", "convert-cf-to-llvm",
         "convert-ub-to-llvm", "reconcile-unrealized-casts", "canonicalize",
     ]))
-    odd_bf16_vectors_as_i16(payload)
+    odd_bf16_vectors_as_i16(payload, all_lane_counts=bf16_in_integers)
     bf16_memory_as_i16(payload)
+
+
+def bf16_moves_in_integers() -> bool:
+    """Do bf16 vectors of every lane count move and convert as integers on this host
+    (lighthouse/targets/bf16_vectors.py)? Without avx512_bf16, LLVM converts to bf16 by a
+    libgcc call the JIT does not resolve."""
+    return "avx512_bf16" not in host_cpu_flags()
 
 
 def strided_copies_to_loops(payload: ir.Module) -> None:

@@ -7,7 +7,8 @@ import torch
 from torch_mlir import ir
 
 from lighthouse.compile import compile_kernel
-from lighthouse.targets.bf16_vectors import odd_bf16_vectors_as_i16
+from lighthouse.targets import cpu
+from lighthouse.targets.bf16_vectors import odd_bf16_conversions_as_integer_ops, odd_bf16_vectors_as_i16
 from tests.conftest import ROOT
 from tests.transform_ext.helpers import check as filecheck
 
@@ -143,4 +144,55 @@ def test_odd_bf16_vectors_move_as_i16():
           CHECK: llvm.store %{{.*}} : vector<9xi16>
           CHECK: llvm.store %[[B]], %{{.*}} : vector<16xbf16>
           CHECK-NOT: 9xbf16
+        """)
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_bf16_in_integers_on_a_host_without_bf16_conversions(kernel_file, monkeypatch, backward):
+    """On a CPU without avx512_bf16 (an AVX2 host), every bf16 vector converts and moves as
+    integers: LLVM's own conversion there calls __truncsfbf2, which the JIT lacks (every
+    bf16 kernel failed to load). Forced here, so that any host runs the path."""
+    monkeypatch.setattr(cpu, "bf16_moves_in_integers", lambda: True)
+    path = kernel_file(BF16_ROWS)
+    for n in (16, 17, 64):
+        compiled = compile_kernel(path, overrides={"N": n}, backward=backward)
+        assert not [note for note in compiled.notes if "failed" in note], compiled.notes
+        for r in compiled.check():
+            assert r.ok, f"N={n}: {r}"
+
+
+def test_even_bf16_vectors_move_and_convert_as_integers():
+    """With all_lane_counts: a conversion of a 16-lane vector to and from bf16 becomes
+    integer ops (round to nearest even), and its shuffles and stores move i16 lanes."""
+    with ir.Context(), ir.Location.unknown():
+        module = ir.Module.parse("""
+          func.func @f(%x: vector<16xf32>, %y: vector<16xbf16>) -> (vector<16xbf16>, vector<16xf32>) {
+            %t = arith.truncf %x : vector<16xf32> to vector<16xbf16>
+            %e = arith.extf %y : vector<16xbf16> to vector<16xf32>
+            return %t, %e : vector<16xbf16>, vector<16xf32>
+          }""")
+        assert odd_bf16_conversions_as_integer_ops(module) == 0
+        assert odd_bf16_conversions_as_integer_ops(module, all_lane_counts=True) == 2
+        module.operation.verify()
+        filecheck(str(module), """
+          CHECK-NOT: arith.truncf
+          CHECK-NOT: arith.extf
+          CHECK: arith.shrui {{.*}} : vector<16xi32>
+          CHECK: arith.trunci {{.*}} : vector<16xi32> to vector<16xi16>
+        """)
+        lowered = ir.Module.parse("""
+          llvm.func @g(%p: !llvm.ptr, %q: !llvm.ptr) {
+            %v = llvm.load %p : !llvm.ptr -> vector<16xbf16>
+            %x = llvm.shufflevector %v, %v [0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15] : vector<16xbf16>
+            llvm.store %x, %q : vector<16xbf16>, !llvm.ptr
+            llvm.return
+          }""")
+        assert odd_bf16_vectors_as_i16(lowered) == 0
+        assert odd_bf16_vectors_as_i16(lowered, all_lane_counts=True) == 2
+        lowered.operation.verify()
+        filecheck(str(lowered), """
+          CHECK: llvm.load %{{.*}} -> vector<16xi16>
+          CHECK: llvm.shufflevector {{.*}} : vector<16xi16>
+          CHECK: llvm.store %{{.*}} : vector<16xi16>
+          CHECK-NOT: bf16
         """)

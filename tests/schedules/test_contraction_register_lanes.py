@@ -107,15 +107,16 @@ def test_a_48_wide_product_runs_in_16_lane_tiles_of_more_rows(kernel_file):
 
 
 def test_netvlad_assignment_product_has_no_24_lane_tiles(kernel_file):
-    """The KernelBench shape's first product (x @ clusters, K+G = 48 columns) in the
-    family the compile picks (matmul): register tiles of 10 rows (N = 20) x 16 lanes."""
+    """The KernelBench shape's first product (x @ clusters over [B, N, D] tokens, K+G = 48
+    columns) in the family the compile picks (matmul): its two m loops collapsed into one
+    (transform_ext.collapse_contraction_parallel_dims), the matmul schedule's packed
+    8 x 32 register tiles (no 24-lane tile)."""
     source = NETVLAD.format(b=2, n=20, d=48, k=32, g=16, result="vlad", cast="")
     compiled = compile_kernel(kernel_file(source), stop_after="vectorize")
     text = str(compiled.module)
     check(text, """
         CHECK-LABEL: func.func @main
-        CHECK: scf.for %{{.*}} = %c0 to %c48 step %c1 iter_args(%{{.*}} = %{{.*}}) -> (vector<10x16xf32>)
-        CHECK:   tensor.extract_slice %{{.*}} [1, 16] [1, 1] : tensor<48x48xf32> to tensor<1x16xf32>
-        CHECK:   vector.contract {{.*}} : vector<10x1xf32>, vector<1x16xf32> into vector<10x16xf32>
+        CHECK: scf.for %{{.*}} = %c0 to %c48 step %c1 iter_args(%{{.*}} = %{{.*}}) -> (vector<8x32xf32>)
+        CHECK:   vector.contract {{.*}} : vector<1x8xf32>, vector<1x32xf32> into vector<8x32xf32>
     """)
     assert "x24xf32>" not in text

@@ -1,0 +1,72 @@
+"""The matmul family on a transformer's layers over [B, S, D] tokens (SwinMLP's and ViT's
+LayerNorm -> Linear -> GELU -> Linear + residual): reshape propagation makes each linear
+layer a contraction over (b, s, n, k); its m loops are collapsed back
+(transform_ext.collapse_contraction_parallel_dims) and no layer norm or GELU is fused into
+it (recomputed per output column, no contraction left for the schedule: 0.15x torch).
+Against torch (odd sizes, bf16, a transposed-view input, a second use of the hidden layer)
+and the scheduled kernels in the fused IR."""
+
+import pytest
+
+from lighthouse.compile import compile_kernel
+from tests.schedules.test_matmul_reductions import assert_matches
+
+KERNEL = """
+import torch
+DTYPE = torch.{dtype}
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.norm = torch.nn.LayerNorm({d}).to(DTYPE)
+        self.fc1 = torch.nn.Linear({d}, {h}).to(DTYPE)
+        self.fc2 = torch.nn.Linear({h}, {d}).to(DTYPE)
+
+    def forward(self, x):
+        hidden = torch.nn.functional.gelu(self.fc1(self.norm(x)))
+        return {result}
+
+def get_inputs():
+    g = torch.Generator().manual_seed(1)
+    return [{input}]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def mlp_kernel(kernel_file, *, b=2, s=37, d=24, h=96, dtype="float32",
+               result="x + self.fc2(hidden)", input=None):
+    return kernel_file(KERNEL.format(
+        b=b, s=s, d=d, h=h, dtype=dtype, result=result,
+        input=input or f"torch.randn({b}, {s}, {d}, generator=g).to(DTYPE)"))
+
+
+def _kernels(path) -> int:
+    """The contractions the matmul schedule took (packed or in place)."""
+    return str(compile_kernel(path, stop_after="fuse").module).count("lh.mm_done")
+
+
+@pytest.mark.parametrize("b,s,d,h", [(2, 37, 24, 96), (3, 49, 96, 384), (1, 5, 7, 13)])
+def test_the_mlp_block_matches_torch_with_both_layers_scheduled(kernel_file, b, s, d, h):
+    path = mlp_kernel(kernel_file, b=b, s=s, d=d, h=h)
+    assert _kernels(path) == 2
+    assert_matches(compile_kernel(path))
+
+
+def test_bf16(kernel_file):
+    assert_matches(compile_kernel(mlp_kernel(kernel_file, dtype="bfloat16")))
+
+
+def test_a_transposed_view_input_and_a_second_use_of_the_hidden_layer(kernel_file):
+    path = mlp_kernel(kernel_file, result="(x + self.fc2(hidden), hidden.sum(-1))",
+                      input="torch.randn(37, 2, 24, generator=g).transpose(0, 1)")
+    assert _kernels(path) == 2
+    assert_matches(compile_kernel(path))
+
+
+def test_a_layer_norm_before_one_linear_layer(kernel_file):
+    path = mlp_kernel(kernel_file, result="self.fc1(self.norm(x)).transpose(1, 2)")
+    assert _kernels(path) == 1
+    assert_matches(compile_kernel(path))
