@@ -947,19 +947,49 @@ def _schedule_others(rec: StepRecorder, params: GenericParams) -> None:
                          and (sizes := parallel_tile_sizes(op, params)) is not None), None)
             if root is None:
                 break
-            chain = [root[0]] + _fused_producers(root[0])
-            rec.step("tile_other", _tile_other(places_of(rec.trial.operation, chain), root[1]))
+            if _reaches_a_reshaped_loop(root[0]):
+                chain = [root[0]] + _fused_producers(root[0])
+                rec.step("tile_other", _tile_chain(places_of(rec.trial.operation, chain), root[1]))
+            else:
+                rec.step("tile_other", _tile_other(place_of(rec.trial.operation, root[0]), root[1]))
+
+
+_RESHAPES = ("tensor.expand_shape", "tensor.collapse_shape")
+
+
+def _reaches_a_reshaped_loop(root: ir.Operation) -> bool:
+    """Does `root` read, through linalg ops without a role and reshapes, a reshape of a
+    loop's result (a scheduled contraction's scf.forall)? structured.fuse follows such a
+    path into the loop and everything before it: tiling a model's last layer norm by batch
+    rows recomputed every layer per row (a SwinMLP's fuse stage grew its payload tenfold
+    in one step)."""
+    seen, work = set(), [root]
+    while work:
+        op = work.pop()
+        for value in op.operands:
+            producer = defining_op(value)
+            if producer is None or producer in seen:
+                continue
+            seen.add(producer)
+            if producer.name in _RESHAPES:
+                source = defining_op(producer.operands[0])
+                if source is not None and source.name == "scf.forall":
+                    return True
+                work.append(producer)
+            elif is_linalg_op(producer) and ROLE not in producer.attributes:
+                work.append(producer)
+    return False
 
 
 def _fused_producers(root: ir.Operation) -> list[ir.Operation]:
     """The linalg ops of `root`'s block without a role that its tiles compute: its
-    producers, and theirs, that only ops of this chain read (no result computed twice),
-    consumers before producers. Not through a reshape or a scheduled contraction's loop:
-    structured.fuse would take those too, and tiling a model's last layer norm by batch
-    rows then recomputed every layer before it per row (a SwinMLP's fuse stage grew its
-    payload tenfold in one step)."""
+    producers, and theirs, that only ops of this chain read (no result computed twice) and
+    that initialize their result from a value no op of the chain writes into (a shared
+    tensor.empty; fused, their tiles would be written in place of each other's),
+    consumers before producers; not through a reshape or a loop."""
     block = root.parent.regions[0].blocks[0]
     position = {op.operation: i for i, op in enumerate(block.operations)}
+    inits = set(list(root.operands)[loop_structure(root).num_inputs:])
     chain, found, work = {root}, [], [root]
     while work:
         op = work.pop(0)
@@ -969,14 +999,26 @@ def _fused_producers(root: ir.Operation) -> list[ir.Operation]:
                     or not is_linalg_op(producer) or ROLE in producer.attributes
                     or _DONE in producer.attributes):
                 continue
+            outs = list(producer.operands)[loop_structure(producer).num_inputs:]
+            if any(v in inits for v in outs):
+                continue
             if all(user in chain for result in producer.results for user in users(result)):
                 chain.add(producer)
+                inits.update(outs)
                 found.append(producer)
                 work.append(producer)
     return sorted(found, key=lambda op: -position[op])
 
 
-def _tile_other(places: list[Place], sizes: list[int]):
+def _tile_other(place: Place, sizes: list[int]):
+    def body(root: ir.Value) -> None:
+        structured.FuseOp(at_place(root, place), tile_sizes=sizes, use_forall=True,
+                          apply_cleanup=True)
+
+    return body
+
+
+def _tile_chain(places: list[Place], sizes: list[int]):
     """The op at places[0] tiled into an scf.forall of `sizes`, the ops at the others
     (`_fused_producers`) fused into it in turn."""
     def body(root: ir.Value) -> None:
