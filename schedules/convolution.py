@@ -60,6 +60,7 @@ back in registers, transform_ext.forward_masked_writes, not through a buffer per
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from torch_mlir import ir
@@ -79,6 +80,7 @@ from transform_ext.drop_contraction_masks import drop_contraction_masks
 from transform_ext.common import Illegal
 from transform_ext.forward_masked_writes import forward_masked_writes
 from transform_ext.move_output_channels_innermost import move_output_channels_innermost
+from transform_ext.pad_image_rows import pad_image_rows
 from transform_ext.drop_unit_result_dims import drop_unit_result_dims
 from transform_ext.fuse_init_into_register_tile import fuse_init_into_register_tile
 from transform_ext.split_transposed_convolution import analyze as analyze_stuffed
@@ -111,6 +113,10 @@ class NotApplicable(Exception):
     """The payload is not one this schedule takes; the message is the one-line reason."""
 
 
+L1_WAY_BYTES = 4096
+LINE_BYTES = 64
+
+
 @dataclass(frozen=True)
 class ConvolutionParams:
     """register: (MR, NR) accumulator tile, MR rows (output channels) x NR lanes (the
@@ -121,7 +127,8 @@ class ConvolutionParams:
     over all input channels exceed it, the channels are split into blocks that fit (a loop
     over the blocks around the register tiles, the accumulators reloaded per block);
     tile_bytes: the output of a forall tile of such a convolution, which stays in cache
-    across the blocks, is at most this."""
+    across the blocks, is at most this. l1_bytes: the L1 data cache, whose ways span 4 KiB
+    each (x86: the page size bounds a way), for `image_row_padding`."""
 
     register: tuple[int, int] = (8, 32)
     tile_rows: int = 128
@@ -129,6 +136,7 @@ class ConvolutionParams:
     tiles_per_thread: int = 4
     block_bytes: int = 24 << 10
     tile_bytes: int = 256 << 10
+    l1_bytes: int = 48 << 10
 
     def __post_init__(self):
         mr, nr = self.register
@@ -140,6 +148,8 @@ class ConvolutionParams:
             raise ValueError("threads and tiles_per_thread must be >= 1")
         if self.block_bytes < 1 or self.tile_bytes < 1:
             raise ValueError("block_bytes and tile_bytes must be >= 1")
+        if self.l1_bytes < L1_WAY_BYTES or self.l1_bytes % L1_WAY_BYTES:
+            raise ValueError(f"l1_bytes={self.l1_bytes} must be a positive multiple of {L1_WAY_BYTES}")
 
     @staticmethod
     def for_cpu(cpu, threads: int) -> "ConvolutionParams":
@@ -149,7 +159,8 @@ class ConvolutionParams:
         tiles of a blocked convolution whose output fills at most a quarter of L2."""
         mr, nr = register_tile_for(cpu.f32_lanes, cpu.vector_registers)
         return ConvolutionParams(register=(mr, nr), tile_rows=16 * mr, threads=threads,
-                                 block_bytes=cpu.l1d_bytes // 2, tile_bytes=cpu.l2_bytes // 4)
+                                 block_bytes=cpu.l1d_bytes // 2, tile_bytes=cpu.l2_bytes // 4,
+                                 l1_bytes=cpu.l1d_bytes)
 
 
 # ----------------------------------------------------------------------------- analysis
@@ -701,6 +712,7 @@ def _schedule(rec: StepRecorder, chain: list[Convolution], params: ConvolutionPa
     ops = [epilogue, init, pooling] + [c.op for c in chain]
     places = {i: place_of(rec.trial.operation, op) for i, op in enumerate(ops) if op is not None}
     epilogue_forall = _output_sizes(last, forall_tiles.forall)
+    init_peel = _init_peel(chain[0], tiles[0])
     epilogue_register = _output_sizes(last, forall_tiles.register)
 
     def body(root):
@@ -732,8 +744,7 @@ def _schedule(rec: StepRecorder, chain: list[Convolution], params: ConvolutionPa
         if init is not None:
             init_h, forall = _fuse_into(h[1], forall)
             if not fused_init:  # the tile starts from I, then the channel blocks add
-                init_h, _ = _tile(init_h, first.output)
-                _set_role(init_h, "init", first.output, first.output_lanes)
+                _init_tiles(init_h, first, init_peel, forall)
         for i, (conv, tile) in enumerate(zip(convs, tiles)):
             _register_tiles(conv, tile, forall, fused_init and i == 0)
         if epilogue is not None:
@@ -745,6 +756,29 @@ def _schedule(rec: StepRecorder, chain: list[Convolution], params: ConvolutionPa
         canonicalize(match(root, "func.func"))
 
     rec.step("tile", body)
+
+
+def _init_peel(c: Convolution, tiles: ConvolutionTiles) -> list[int]:
+    """The loops of `_init_tiles` to peel, inner first: those over the output's lanes and
+    rows dims where the convolution's register tiles peel theirs."""
+    positions = [e.position for e in loop_structure(c.op).output_map(0).results]
+    partial = ([tiles.output_lanes] if tiles.peel is not None else []) + \
+        ([positions.index(c.rows)] if tiles.peel_rows is not None else [])
+    return sorted(partial, reverse=True)
+
+
+def _init_tiles(init, tiles: ConvolutionTiles, peel: list[int], forall) -> None:
+    """The accumulator start of a channel-blocked convolution's forall tile in register
+    tiles, the loops `peel` (`_init_peel`) peeled as the convolution's are (each tile then
+    static: a dynamic edge masks every tile's stores, which AMD's vmaskmovps makes slow)."""
+    init, loops = _tile(init, tiles.output)
+    if peel:
+        annotate(init, _TILE)
+        for index in peel:
+            loop.LoopPeelOp(any_op(), any_op(), loops[index])
+        init = structured.MatchOp(any_op(), forall, op_attrs={_TILE: ir.UnitAttr.get()}).result
+        remove_annotation(init, _TILE)
+    _set_role(init, "init", tiles.output, tiles.output_lanes)
 
 
 def _register_tiles(conv, tiles: ConvolutionTiles, forall, fuse_init: bool) -> None:
@@ -901,6 +935,157 @@ def _move_channels_innermost(rec: StepRecorder, params: ConvolutionParams) -> No
     rec.step("channels_innermost", body)
 
 
+# A copy of the image into longer rows (pad_image_rows, when no zero padding is built
+# anyway) pays when each image element takes part in this many multiply-adds or more.
+COPY_MIN_TERMS = 64
+
+
+def _row_major(shape: list[int]) -> list[int]:
+    strides, stride = [], 1
+    for extent in reversed(shape):
+        strides.insert(0, stride)
+        stride *= extent
+    return strides
+
+
+def _element_strides(value: ir.Value) -> list[int]:
+    """The strides, in elements, of `value`'s dims in the tensor it is sliced from
+    (through tensor.extract_slice; rank-reducing slices drop unit dims)."""
+    op = value.owner
+    op = getattr(op, "operation", op)
+    shape = value.type.shape
+    if not isinstance(op, ir.Operation) or op.name != "tensor.extract_slice":
+        return _row_major(shape)
+    view = op.opview
+    parent = _element_strides(op.operands[0])
+    strides = [p * s for p, s in zip(parent, view.static_strides)]
+    kept = []   # a rank-reducing slice drops unit dims: match the others in order
+    for size, stride in zip(view.static_sizes, strides):
+        if len(kept) < len(shape) and size == shape[len(kept)]:
+            kept.append(stride)
+    return kept
+
+
+def _rows_read(c: Convolution, tiles: ConvolutionTiles) -> list[list[int]] | None:
+    """Per non-innermost dim of `c`'s image, the index offsets of the rows one register tile
+    reads over its reductions: its input channels (of one channel block), its window rows
+    and its rows along an image dim; None past 1 << 16 rows."""
+    d = c.dims
+    x_map = loop_structure(c.op).maps[d.input_index]
+    rank = len(x_map.results)
+    mr = tiles.register[c.rows] if c.rows is not None else 1
+    per_dim, count = [], 1
+    for i in range(rank - 1):
+        values = [0]
+        if i in d.exprs:
+            we = d.exprs[i]
+            taps = range(d.ranges[we.window]) if we.window is not None else [0]
+            rows = range(mr) if we.image == c.rows else [0]
+            values = sorted({r * we.stride + t * we.dilation for r in rows for t in taps})
+        else:
+            dim = x_map.results[i].position
+            if dim in d.in_channel:
+                block = tiles.channel_block[dim] if tiles.channel_block else 0
+                values = list(range(block or d.ranges[dim]))
+            elif dim == c.rows:
+                values = list(range(mr))
+        per_dim.append(values)
+        count *= len(values)
+    return per_dim if count <= 1 << 16 else None
+
+
+def _lanes_window(c: Convolution) -> int:
+    """Taps of the window along the image's innermost dim (1 without a window)."""
+    we = c.dims.exprs[len(loop_structure(c.op).maps[c.dims.input_index].results) - 1]
+    return c.dims.ranges[we.window] if we.window is not None else 1
+
+
+def _set_load(c: Convolution, tiles: ConvolutionTiles, strides: list[int]) -> tuple[int, int]:
+    """(most lines in one L1 set, lines in all) of the rows `_rows_read` with the image's
+    dims `strides` elements apart."""
+    sets = L1_WAY_BYTES // LINE_BYTES
+    size = ir.RankedTensorType(c.op.operands[c.dims.input_index].type).element_type.width // 8
+    we = c.dims.exprs[len(strides) - 1]
+    span = size * ((tiles.register[c.lanes] - 1) * we.stride + (_lanes_window(c) - 1) * we.dilation + 1)
+    offsets = [0]
+    for values, stride in zip(_rows_read(c, tiles), strides):
+        offsets = [o + v * stride for v in values for o in offsets]
+    load = [0] * sets
+    for offset in offsets:
+        start = size * offset
+        for line in range(start // LINE_BYTES, (start + span - 1) // LINE_BYTES + 1):
+            load[line % sets] += 1
+    return max(load), sum(load)
+
+
+# Set conflicts send a register tile's image lines to L2; they cost time only where the
+# tile does few vector multiply-adds per line (L2 feeds L1 about half a line per cycle,
+# two FMAs issue per cycle): below this many.
+MAX_FMAS_PER_L2_LINE = 8
+
+
+def image_row_padding(c: Convolution, tiles: ConvolutionTiles, params: ConvolutionParams) -> int:
+    """Elements to add to each row of `c`'s image (transform_ext.pad_image_rows: rows of a
+    new tensor) so that the lines one register tile reads over its reductions spread over
+    L1's sets (each holds a line per way: l1_bytes / 4 KiB of them); 0 when they already
+    do, would not fit L1 anyway, the tile does MAX_FMAS_PER_L2_LINE or more vector
+    multiply-adds per line (L2 keeps up with the re-reads), or no padding up to 16 lines
+    spreads them. Padding in whole lines (16 f32, 32 bf16)."""
+    rows = _rows_read(c, tiles) if c.lanes not in c.dims.out_channel else None
+    if rows is None:
+        return 0
+    ways = params.l1_bytes // L1_WAY_BYTES
+    image = c.op.operands[c.dims.input_index]
+    most, total = _set_load(c, tiles, _element_strides(image))
+    if most <= ways or total > ways * (L1_WAY_BYTES // LINE_BYTES):
+        return 0
+    vectors = -(-tiles.register[c.lanes] // (params.register[1] // 2))
+    mr = tiles.register[c.rows] if c.rows is not None else 1
+    fmas = math.prod(len(v) for v in rows) * _lanes_window(c) * mr * vectors
+    if fmas >= MAX_FMAS_PER_L2_LINE * total:
+        return 0
+    shape = list(image.type.shape)
+    step = LINE_BYTES // (ir.RankedTensorType(image.type).element_type.width // 8)
+    return next((p for p in range(step, 16 * step + 1, step)
+                 if _set_load(c, tiles, _row_major(shape[:-1] + [shape[-1] + p]))[0] <= ways), 0)
+
+
+def _pads_with_zeros(image: ir.Value) -> bool:
+    """Is the image x inserted into a fill (torch-mlir's zero padding)?"""
+    insert = image.owner
+    insert = getattr(insert, "operation", insert)
+    if not isinstance(insert, ir.Operation) or insert.name != "tensor.insert_slice":
+        return False
+    fill = insert.operands[1].owner
+    fill = getattr(fill, "operation", fill)
+    return isinstance(fill, ir.Operation) and fill.name == "linalg.fill"
+
+
+def _pad_image_rows(rec: StepRecorder, params: ConvolutionParams) -> None:
+    """The convolutions whose register tiles' image rows crowd into a few L1 sets
+    (`image_row_padding`) read them from longer rows, in one recorded step; a copy only where
+    it costs a small part of the convolution (COPY_MIN_TERMS)."""
+    found = []
+    for c in find_convolutions(rec.trial):
+        padding = image_row_padding(c, convolution_tiles(c, params), params)
+        image = c.op.operands[c.dims.input_index]
+        elements = 1
+        for extent in image.type.shape:
+            elements *= extent
+        if padding and (_pads_with_zeros(image) or c.work >= COPY_MIN_TERMS * elements):
+            found.append((place_of(rec.trial.operation, c.op), padding))
+    if not found:
+        return
+
+    def body(root):
+        handles = [(at_place(root, place), padding) for place, padding in found]
+        for h, padding in handles:
+            pad_image_rows(h, padding)
+        canonicalize(match(root, "func.func"))
+
+    rec.step("pad_image_rows", body)
+
+
 def _generalize_convolutions(rec: StepRecorder) -> None:
     """Named convolutions and the broadcasts feeding them as linalg.generic (the tiles and
     the per-register-tile accumulator work on generics)."""
@@ -936,6 +1121,7 @@ def plan_convolution(payload: ir.Module, params: ConvolutionParams, generic: Gen
     _split_phases(rec, "split_strided", analyze_strided, split_strided_convolution)
     _generalize_convolutions(rec)
     _move_channels_innermost(rec, params)
+    _pad_image_rows(rec, params)
     if not find_convolutions(rec.trial):
         return ConvolutionPlan(None, None)
     while True:

@@ -28,6 +28,7 @@ OP_MODULES: list[str] = [
     "collapse_contraction_parallel_dims",
     "drop_unit_result_dims",
     "clamp_window_loops",
+    "pad_image_rows",
     "drop_broadcast_dims",
     "fold_empty_iteration_spaces",
     "expand_integer_powers",
