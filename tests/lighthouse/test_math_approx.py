@@ -166,7 +166,7 @@ def _fit_tool():
 
 @pytest.mark.parametrize("fit,literal", [
     ("tanh_small", expand_math.TANH_SMALL), ("erf_small", expand_math.ERF_SMALL),
-    ("erfc_scaled", expand_math.ERFC_SCALED), ("exp_poly", exp_expansion.EXP_POLY)])
+    ("erfc_poly", expand_math.ERFC_POLY), ("exp_poly", exp_expansion.EXP_POLY)])
 def test_coefficients_are_the_fit_tools(fit, literal):
     """Every coefficient in the code is what tools/fit_math_polynomials.py computes (to the
     last bits a different LAPACK or CPU kernel may change, seen at 7e-12 relative on an
