@@ -230,7 +230,9 @@ def _matmul_script(module, target):
     params = family_params("matmul", target)
     if params.schedule is None:
         return _generic_script(module, target)
-    return matmul_script(plan_matmul(module, params.schedule, params.vector), params.vector)
+    convolution = family_params("convolution", target).schedule
+    return matmul_script(plan_matmul(module, params.schedule, params.vector, convolution),
+                         params.vector)
 
 
 def _matmul_recognize(module):

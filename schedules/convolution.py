@@ -1116,6 +1116,23 @@ def plan_convolution(payload: ir.Module, params: ConvolutionParams, generic: Gen
     transform_ext.load(payload.context)
     rec = StepRecorder(ir.Module.parse(str(payload), payload.context))
     rec.step("normalize", _normalize)
+    if not schedule_convolutions(rec, params):
+        return ConvolutionPlan(None, None)
+    if matmul_params is not None:
+        matmul.schedule_contractions(rec, matmul_params)
+    _schedule_others(rec, generic)
+    rec.step("canonicalize", lambda root: apply_passes(root, "canonicalize", "cse"))
+    return ConvolutionPlan(tuple(rec.steps), vectorize_body(rec.trial, generic))
+
+
+# The attributes of the ops this schedule took (another family's schedule of the same
+# payload leaves them to it: schedules.matmul.plan_matmul).
+SCHEDULED = (ROLE, _DONE)
+
+
+def schedule_convolutions(rec: StepRecorder, params: ConvolutionParams) -> bool:
+    """Steps 1-2 of the module docstring for every convolution of `rec.trial` (normalized)
+    this schedule takes, last first; False (and nothing scheduled) when none is left."""
     # transposed convolutions: no products of stuffed zeros; strided ones: unit-stride lanes
     _split_phases(rec, "split_transposed", analyze_stuffed, split_transposed_convolution)
     _split_phases(rec, "split_strided", analyze_strided, split_strided_convolution)
@@ -1123,17 +1140,12 @@ def plan_convolution(payload: ir.Module, params: ConvolutionParams, generic: Gen
     _move_channels_innermost(rec, params)
     _pad_image_rows(rec, params)
     if not find_convolutions(rec.trial):
-        return ConvolutionPlan(None, None)
+        return False
     while True:
         found = find_convolutions(rec.trial)
         if not found:
-            break
+            return True
         _schedule(rec, accumulation_chain(found[-1], found), params)
-    if matmul_params is not None:
-        matmul.schedule_contractions(rec, matmul_params)
-    _schedule_others(rec, generic)
-    rec.step("canonicalize", lambda root: apply_passes(root, "canonicalize", "cse"))
-    return ConvolutionPlan(tuple(rec.steps), _vectorize_body(rec.trial, generic))
 
 
 def convolution_script(plan: ConvolutionPlan, generic: GenericParams) -> ir.Module:
@@ -1189,7 +1201,7 @@ def _vector_plan(payload: ir.Module, lanes: int):
     return plan, others
 
 
-def _vectorize_body(payload: ir.Module, generic: GenericParams):
+def vectorize_body(payload: ir.Module, generic: GenericParams):
     """The vectorize stage: each op with a role at its vector sizes (edge tiles masked), the
     matmul family's role ops as it vectorizes them (schedules.matmul.vectorize_roles; the
     packs' transposes lowered to shuffles), the others tiled and vectorized as the generic

@@ -936,14 +936,16 @@ def _schedule_unpacked(rec: StepRecorder, c: Contraction, params: MatmulParams) 
     rec.step("tile_in_place", body)
 
 
-def _schedule_others(rec: StepRecorder, params: GenericParams) -> None:
-    """Linalg ops outside the contractions' tiles: tiled for threads like the generic schedule."""
+def _schedule_others(rec: StepRecorder, params: GenericParams, scheduled: tuple = ()) -> None:
+    """Linalg ops outside the contractions' tiles (and those of ops with an attribute in
+    `scheduled`, another schedule's): tiled for threads like the generic schedule."""
     for func in list(func_ops(rec.trial)):
         while True:
             # the last op with parallel tiles (one without stays sequential, as it is); the
             # ops are scanned from the end, not all sized per step (quadratic in a model)
             root = next(((op, sizes) for op in reversed(top_level_linalg_ops(func))
                          if ROLE not in op.attributes
+                         and not any(a in op.attributes for a in scheduled)
                          and (sizes := parallel_tile_sizes(op, params)) is not None), None)
             if root is None:
                 break
@@ -1157,13 +1159,26 @@ def schedule_contractions(rec: StepRecorder, params_for) -> None:
             _schedule_unpacked(rec, c, params)
 
 
-def plan_matmul(payload: ir.Module, params_for, generic: GenericParams) -> MatmulPlan:
+def plan_matmul(payload: ir.Module, params_for, generic: GenericParams,
+                convolution_params=None) -> MatmulPlan:
     """The fuse stage on a copy of `payload` (after cleanup; read, not rewritten), one
     recorded step at a time, then the vectorize stage's body from what it left.
-    `params_for(batch, m, n, k)` gives each contraction's MatmulParams."""
+    `params_for(batch, m, n, k)` gives each contraction's MatmulParams. With
+    `convolution_params` (schedules.convolution's ConvolutionParams), the convolutions
+    beside the contractions (a SwinMLP's token-mixing Conv1d) get the convolution family's
+    schedule and @vectorize (whose contractions are f32 kernels: no bf16 pairs), else the
+    generic one's."""
+    from . import convolution
+
     transform_ext.load(payload.context)
     rec = StepRecorder(ir.Module.parse(str(payload), payload.context))
     rec.step("normalize", _normalize)
+    convolutions = convolution_params is not None and bool(convolution.find_convolutions(rec.trial))
+    if convolutions:
+        f32_params = params_for
+
+        def params_for(*shape):
+            return dataclasses.replace(f32_params(*shape), bf16_dot=False)
     transposes, poolings = _named_ops_with_unit_dims(rec.trial)
     if transposes or poolings:
         rec.step("fold_unit_dims", _fold_unit_dims_of_named_ops(
@@ -1178,9 +1193,12 @@ def plan_matmul(payload: ir.Module, params_for, generic: GenericParams) -> Matmu
         # scaling): nothing left for this schedule.
         return MatmulPlan(None, None)
     schedule_contractions(rec, params_for)
-    _schedule_others(rec, generic)
+    if convolutions:
+        convolutions = convolution.schedule_convolutions(rec, convolution_params)
+    _schedule_others(rec, generic, convolution.SCHEDULED if convolutions else ())
     rec.step("canonicalize", lambda root: apply_passes(root, "canonicalize", "cse"))
-    return MatmulPlan(tuple(rec.steps), _vectorize_body(rec.trial, generic))
+    vectorize = convolution.vectorize_body if convolutions else _vectorize_body
+    return MatmulPlan(tuple(rec.steps), vectorize(rec.trial, generic))
 
 
 def matmul_script(plan: MatmulPlan, generic: GenericParams) -> ir.Module:

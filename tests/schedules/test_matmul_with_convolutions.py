@@ -1,0 +1,78 @@
+"""Convolutions in a payload the matmul family takes (its contractions dominate: a SwinMLP
+block's grouped 1x1 `Conv1d` mixing the tokens of each window beside its MLP): the
+convolutions get the convolution family's schedule (register tiles along the tokens, not
+the generic tiling of an "other" op), the contractions the matmul schedule, and the
+convolution family's @vectorize takes both. Against torch (the block, odd sizes, a
+convolution with a window, bf16, a transposed-view input and a second use) and the fused IR."""
+
+import pytest
+
+from lighthouse.compile import compile_kernel
+from lighthouse.families import MATMUL
+from tests.schedules.test_matmul_reductions import assert_matches
+
+KERNEL = """
+import torch
+DTYPE = torch.{dtype}
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.norm = torch.nn.LayerNorm({d}).to(DTYPE)
+        self.mix = torch.nn.Conv1d({tokens}, {tokens}, {window}, groups={groups},
+                                   padding={window} // 2).to(DTYPE)
+        self.fc1 = torch.nn.Linear({d}, {h}).to(DTYPE)
+        self.fc2 = torch.nn.Linear({h}, {d}).to(DTYPE)
+
+    def forward(self, x):
+        x = x + self.mix(self.norm(x))
+        hidden = torch.nn.functional.gelu(self.fc1(x))
+        return {result}
+
+def get_inputs():
+    g = torch.Generator().manual_seed(1)
+    return [{input}]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def block_kernel(kernel_file, *, b=4, tokens=49, d=96, h=384, groups=1, window=1,
+                 dtype="float32", result="x + self.fc2(hidden)", input=None):
+    return kernel_file(KERNEL.format(
+        b=b, tokens=tokens, d=d, h=h, groups=groups, window=window, dtype=dtype,
+        result=result, input=input or f"torch.randn({b}, {tokens}, {d}, generator=g).to(DTYPE)"))
+
+
+def _fused(path) -> str:
+    compiled = compile_kernel(path, stop_after="fuse")
+    assert compiled.family is MATMUL, compiled.notes
+    return str(compiled.module)
+
+
+@pytest.mark.parametrize("b,tokens,d,h,groups", [(4, 49, 96, 384, 1), (2, 147, 32, 128, 3),
+                                                 (3, 10, 37, 75, 2)])
+def test_the_block_matches_torch_with_every_layer_scheduled(kernel_file, b, tokens, d, h, groups):
+    path = block_kernel(kernel_file, b=b, tokens=tokens, d=d, h=h, groups=groups)
+    fused = _fused(path)
+    assert fused.count("lh.mm_done") == 2                # both linear layers
+    assert 'lh.cv_role = "register"' in fused            # the token-mixing convolution
+    assert_matches(compile_kernel(path))
+
+
+def test_a_convolution_with_a_window(kernel_file):
+    path = block_kernel(kernel_file, window=3, groups=7)
+    assert 'lh.cv_role = "register"' in _fused(path)
+    assert_matches(compile_kernel(path))
+
+
+def test_bf16(kernel_file):
+    assert_matches(compile_kernel(block_kernel(kernel_file, dtype="bfloat16")))
+
+
+def test_a_transposed_view_input_and_a_second_use(kernel_file):
+    path = block_kernel(kernel_file, input="torch.randn(4, 96, 49, generator=g).transpose(1, 2)",
+                        result="(x + self.fc2(hidden), hidden.transpose(1, 2))")
+    assert_matches(compile_kernel(path))
