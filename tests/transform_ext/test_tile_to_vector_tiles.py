@@ -63,6 +63,29 @@ def test_the_partial_tile_of_a_prime_row_is_peeled():
     assert "tensor<1x?xf32>" not in str(payload)
 
 
+def test_an_odd_divisor_of_the_row_is_not_a_vector_tile():
+    """Rows of 255 = 3 x 5 x 17 on 8 lanes (register tile 4 x 16): a tile of 17 would be
+    legalized into two vectors and a single lane each time; tiles of 32 (the vector tile)
+    with the last 31 lanes peeled instead. Rows of 264 keep a divisor of whole vectors (24)."""
+    payload = parse(PRIME_ROWS.replace("4x131", "4x255"))
+    apply(payload, _tile(vector_tile=32, register_tile=(4, 16)))
+    check(payload, """
+        CHECK: func.func @main
+        CHECK: scf.for %{{.*}} = %{{.*}} to %c224 step %c32
+        CHECK: linalg.generic {{.*}} ins(%{{.*}} : tensor<1x32xf32>) outs(%{{.*}} : tensor<1x32xf32>)
+        CHECK: linalg.generic {{.*}} ins(%{{.*}} : tensor<1x31xf32>) outs(%{{.*}} : tensor<1x31xf32>)
+    """)
+    assert "tensor<1x17xf32>" not in str(payload)
+    even = parse(PRIME_ROWS.replace("4x131", "4x264"))
+    apply(even, _tile(vector_tile=32, register_tile=(4, 16)))
+    check(even, """
+        CHECK: scf.for %{{.*}} = %{{.*}} to %c264 step %c24
+        CHECK: linalg.generic {{.*}} ins(%{{.*}} : tensor<1x24xf32>) outs(%{{.*}} : tensor<1x24xf32>)
+    """)
+    x = torch.randn(4, 255, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(run_module(payload, [x])[0], 2.0 * x)
+
+
 def test_the_peeled_rows_match_torch():
     """263 lanes (a prime above twice the default vector tile, 64): 4 x 64 lanes, 7 peeled."""
     x = torch.randn(4, 263, generator=torch.Generator().manual_seed(0))
