@@ -1039,16 +1039,17 @@ def _places(rec: StepRecorder, ops: list) -> dict[int, Place]:
 
 
 def _normalize(root: ir.Value) -> ir.Value:
-    """Assertions split out, unit dims folded, reshapes propagated and elementwise ops
-    fused into elementwise consumers (a contraction's reduction loops that this expanded, a
-    flatten before a linear layer, and its parallel ones, a linear layer over [B, S, D],
-    collapsed back). Never into a contraction: upstream's
+    """Assertions split out, unit dims folded, reshapes propagated (never into a
+    contraction's reduction loops: the flatten before a linear layer stays a reshape of its
+    input, and the weight's transpose folds into its packing) and elementwise ops fused into
+    elementwise consumers (a contraction's reduction loops that an expansion split
+    nonetheless collapsed back, and its parallel ones, a linear layer over [B, S, D]). Never into a contraction: upstream's
     linalg-fuse-elementwise-ops would fuse a layer norm or the GELU of the layer before
     into the contraction reading it (once its reshapes made it a generic), its body
     recomputed for every output column and no contraction left for this schedule."""
     split_assertions(root)
     root = apply_passes(root, "linalg-fold-unit-extent-dims", "canonicalize", "cse")
-    fold_reshape_ops_by_expansion(match(root, "func.func"))
+    fold_reshape_ops_by_expansion(match(root, "func.func"), keep_reduction_loops=True)
     fuse_elementwise_producers(match(root, "func.func"))
     collapse_reduction_dims(match(root, "func.func"))
     collapse_contraction_parallel_dims(match(root, "func.func"))

@@ -17,7 +17,9 @@ importer, become 4-D contractions in one iteration space with their neighbours.
 
 Folded when: L is a linalg op on ranked static tensors whose indexing maps are loop dims or
 constants (projected permutations with broadcast constants); each loop dim appears at most
-once per map; the reshape is static; a reshape group that is split covers a loop dim (or a
+once per map; with `keep_reduction_loops`, a collapse is not folded into a contraction's
+reduction loops (the flatten before a linear layer stays a reshape of its input: the
+matmul family packs the weight's transpose in place); the reshape is static; a reshape group that is split covers a loop dim (or a
 constant index whose group is all ones); the collapse (or the expanded result) has no
 other user (as upstream's default control); and, unlike upstream, no other input that
 would need a reshape too is read by other ops (the reshape would be stuck there, between
@@ -130,7 +132,20 @@ def _check_other_inputs(op: ir.Operation, operand: int, expand: dict[int, list[i
             raise CannotFold(f"it would reshape input {i} of {op.name}, which other ops also read")
 
 
-def plan_fold(reshape: ir.Operation, multi_use: bool = False) -> list[Fold]:
+def _check_reduction_loops(op: ir.Operation, expand: dict[int, list[int]]) -> None:
+    """A collapse is not folded into a contraction by splitting its reduction loops (the
+    flatten before a linear layer): the weight's transpose would be split the same way,
+    and could then not fold into the contraction's operand packing (CvT's 4 MiB weight
+    was transposed anew per call)."""
+    if not loop_structure(op).is_contraction:
+        return
+    iterators = _op_iterators(op)
+    if any(iterators[d] == "reduction" for d in expand):
+        raise CannotFold(f"it would split the reduction loops of the contraction {op.name}")
+
+
+def plan_fold(reshape: ir.Operation, multi_use: bool = False,
+              keep_reduction_loops: bool = False) -> list[Fold]:
     """Folds that absorb `reshape` (one per consumer for a collapse; the producer for an
     expand); raises CannotFold with the reason when there is none. `multi_use` allows a
     collapse with several users (each user absorbs it; used for reshapes given as targets)."""
@@ -168,6 +183,8 @@ def plan_fold(reshape: ir.Operation, multi_use: bool = False) -> list[Fold]:
         try:
             expand = expansion_of(user, use.operand_number, groups, _static_shape(reshape.operands[0].type))
             _check_other_inputs(user, use.operand_number, expand)
+            if keep_reduction_loops:
+                _check_reduction_loops(user, expand)
         except CannotFold as exc:
             reasons.append(str(exc))
             continue
@@ -325,7 +342,7 @@ def _fold_reshape_pair(reshape: ir.Operation, rewriter) -> bool:
     return True
 
 
-def fold_in(target: ir.Operation, rewriter) -> None:
+def fold_in(target: ir.Operation, rewriter, keep_reduction_loops: bool = False) -> None:
     """Apply the folds to a fixed point under `target`."""
     for _ in range(_MAX_FOLDS):
         reshapes = [r for r in walk_ops(target, lambda o: o.name in _RESHAPES) if r != target]
@@ -333,7 +350,7 @@ def fold_in(target: ir.Operation, rewriter) -> None:
             continue
         for r in reshapes:
             try:
-                fold = plan_fold(r)[0]
+                fold = plan_fold(r, keep_reduction_loops=keep_reduction_loops)[0]
             except CannotFold:
                 continue
             _apply(fold, rewriter)
@@ -356,6 +373,7 @@ def fold_reshape_target(reshape: ir.Operation, rewriter) -> None:
 
 class FoldReshapeOpsByExpansionOp(TransformExt.Operation, name="fold_reshape_ops_by_expansion"):
     target: ext.Operand[transform.AnyOpType]
+    keep_reduction_loops: ir.IntegerAttr  # i1
     result: ext.Result[transform.AnyOpType[()]] = ext.infer_result()
 
     class Apply(transform.TransformOpInterface):
@@ -378,8 +396,9 @@ class FoldReshapeOpsByExpansionOp(TransformExt.Operation, name="fold_reshape_ops
                         fold_reshape_target(t, rewriter)
                     else:
                         kept.append(t)
+                keep = bool(ir.IntegerAttr(op.keep_reduction_loops).value)
                 for t in kept:
-                    fold_in(t, rewriter)
+                    fold_in(t, rewriter, keep)
                 results.set_ops(op.result, kept)
                 return Success
 
@@ -390,10 +409,12 @@ class FoldReshapeOpsByExpansionOp(TransformExt.Operation, name="fold_reshape_ops
     Effects = ReplacesTargets
 
 
-def fold_reshape_ops_by_expansion(target: ir.Value) -> ir.Value:
+def fold_reshape_ops_by_expansion(target: ir.Value, keep_reduction_loops: bool = False) -> ir.Value:
     """Fold reshapes across the linalg ops in `target` by expanding their loops (or fold the
-    reshape ops given as targets); returns the container targets."""
-    return FoldReshapeOpsByExpansionOp(target).result
+    reshape ops given as targets); returns the container targets. `keep_reduction_loops`:
+    no collapse is folded into a contraction's reduction loops inside the containers."""
+    flag = ir.IntegerAttr.get(ir.IntegerType.get_signless(1), int(keep_reduction_loops))
+    return FoldReshapeOpsByExpansionOp(target, flag).result
 
 
 __all__ = ["FoldReshapeOpsByExpansionOp", "fold_reshape_ops_by_expansion", "plan_fold"]

@@ -117,7 +117,7 @@ def test_import_scans_the_innermost_dim_in_blocks_of_rows(kernel_file):
     row stride is a power of two."""
     compiled = _compile(kernel_file, "torch.cumsum(x, 2)", "[torch.rand(2, 6, 32)]",
                         stop_after="import")
-    check(compiled.module, """
+    check(compiled.module, r"""
         CHECK-LABEL: func.func @main(%arg0: tensor<2x6x32xf32>)
         CHECK: %[[X:.*]] = tensor.collapse_shape %arg0 {{\[\[}}0, 1], [2]] : tensor<2x6x32xf32> into tensor<12x32xf32>
         CHECK: %[[ALL:[0-9]+]]:2 = scf.forall (%[[R:.*]]) = (0) to (12) step (4) shared_outs(%[[OUT:.*]] = %{{.*}}, %{{.*}} = %{{.*}})

@@ -76,3 +76,37 @@ def test_a_transposed_view_input_and_a_second_use(kernel_file):
     path = block_kernel(kernel_file, input="torch.randn(4, 96, 49, generator=g).transpose(1, 2)",
                         result="(x + self.fc2(hidden), hidden.transpose(1, 2))")
     assert_matches(compile_kernel(path))
+
+
+FLATTEN_KERNEL = """
+import torch
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.patches = torch.nn.Conv2d(3, 8, 4, stride=4)
+        self.proj = torch.nn.Linear(8 * 4 * 4, 256)
+
+    def forward(self, x):
+        return self.proj(self.patches(x).flatten(1))
+
+def get_inputs():
+    g = torch.Generator().manual_seed(1)
+    return [torch.randn(10, 3, 16, 16, generator=g)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_flatten_before_a_linear_layer_keeps_the_weight_in_place(kernel_file):
+    """CvT's patch embedding: Conv2d -> flatten -> Linear. The flatten stays a reshape of
+    the linear layer's input (transform_ext.fold_reshape_ops_by_expansion with
+    keep_reduction_loops), so the weight's transpose folds into its packing; split along
+    (c, h, w) it was a [8, 4, 4, 256] copy of W transposed per call (CvT 0.63x torch)."""
+    path = kernel_file(FLATTEN_KERNEL)
+    fused = _fused(path)
+    assert "tensor<8x4x4x256xf32>" not in fused and "tensor<8x4x4x1x256xf32>" not in fused
+    assert fused.count("lh.mm_done") == 1
+    assert_matches(compile_kernel(path))

@@ -297,6 +297,23 @@ def test_split_reduction_dim():
     torch.testing.assert_close(got, x.reshape(3, 8) @ y.reshape(8, 5))
 
 
+def test_keep_reduction_loops_leaves_the_split_reduction_dim():
+    """With keep_reduction_loops (the matmul family's normal form) neither collapse is folded
+    into the matmul's reduction loop: both stay reshapes of its operands."""
+    payload = parse(SPLIT_K)
+    apply(payload, lambda root: fold_reshape_ops_by_expansion(match(root, "func.func"),
+                                                              keep_reduction_loops=True))
+    check(payload, """
+        CHECK-LABEL: func.func @main
+        CHECK: tensor.collapse_shape %arg0 {{\\[}}[0], [1, 2]] : tensor<3x2x4xf32> into tensor<3x8xf32>
+        CHECK: tensor.collapse_shape %arg1 {{\\[}}[0, 1], [2]] : tensor<2x4x5xf32> into tensor<8x5xf32>
+        CHECK: linalg.matmul
+    """)
+    torch.manual_seed(0)
+    x, y = torch.randn(3, 2, 4), torch.randn(2, 4, 5)
+    torch.testing.assert_close(run_module(payload, [x, y])[0], x.reshape(3, 8) @ y.reshape(8, 5))
+
+
 RANK0 = """
 #id = affine_map<(d0) -> (d0)>
 #s = affine_map<(d0) -> ()>
