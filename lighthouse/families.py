@@ -256,17 +256,15 @@ def _convolution_script(module, target):
     """The recorded plan of the payload after cleanup where the target has a CPU vector unit
     (the schedule is written for one); the generic script elsewhere."""
     from schedules.convolution import convolution_script, plan_convolution
+    from schedules.matmul import without_bf16_pairs
 
     params = family_params("convolution", target)
     if params.schedule is None:
         return _generic_script(module, target)
     matmul = family_params("matmul", target).schedule
-
-    def matmul_params(*shape):  # f32 kernels: the convolution's @vectorize packs no bf16 pairs
-        return dataclasses.replace(matmul(*shape), bf16_dot=False)
-
     return convolution_script(plan_convolution(module, params.schedule, params.vector,
-                                               matmul_params if matmul else None), params.vector)
+                                               without_bf16_pairs(matmul) if matmul else None),
+                              params.vector)
 
 
 def _convolution_recognize(module):

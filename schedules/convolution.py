@@ -80,7 +80,7 @@ from transform_ext.drop_contraction_masks import drop_contraction_masks
 from transform_ext.common import Illegal
 from transform_ext.forward_masked_writes import forward_masked_writes
 from transform_ext.move_output_channels_innermost import move_output_channels_innermost
-from transform_ext.pad_image_rows import pad_image_rows
+from transform_ext.pad_image_rows import filled_insert, pad_image_rows
 from transform_ext.drop_unit_result_dims import drop_unit_result_dims
 from transform_ext.fuse_init_into_register_tile import fuse_init_into_register_tile
 from transform_ext.split_transposed_convolution import analyze as analyze_stuffed
@@ -1000,15 +1000,16 @@ def _lanes_window(c: Convolution) -> int:
     return c.dims.ranges[we.window] if we.window is not None else 1
 
 
-def _set_load(c: Convolution, tiles: ConvolutionTiles, strides: list[int]) -> tuple[int, int]:
-    """(most lines in one L1 set, lines in all) of the rows `_rows_read` with the image's
-    dims `strides` elements apart."""
+def _set_load(c: Convolution, tiles: ConvolutionTiles, rows: list[list[int]],
+              strides: list[int]) -> tuple[int, int]:
+    """(most lines in one L1 set, lines in all) of the rows `rows` (`_rows_read`) with the
+    image's dims `strides` elements apart."""
     sets = L1_WAY_BYTES // LINE_BYTES
     size = ir.RankedTensorType(c.op.operands[c.dims.input_index].type).element_type.width // 8
     we = c.dims.exprs[len(strides) - 1]
     span = size * ((tiles.register[c.lanes] - 1) * we.stride + (_lanes_window(c) - 1) * we.dilation + 1)
     offsets = [0]
-    for values, stride in zip(_rows_read(c, tiles), strides):
+    for values, stride in zip(rows, strides):
         offsets = [o + v * stride for v in values for o in offsets]
     load = [0] * sets
     for offset in offsets:
@@ -1036,7 +1037,7 @@ def image_row_padding(c: Convolution, tiles: ConvolutionTiles, params: Convoluti
         return 0
     ways = params.l1_bytes // L1_WAY_BYTES
     image = c.op.operands[c.dims.input_index]
-    most, total = _set_load(c, tiles, _element_strides(image))
+    most, total = _set_load(c, tiles, rows, _element_strides(image))
     if most <= ways or total > ways * (L1_WAY_BYTES // LINE_BYTES):
         return 0
     vectors = -(-tiles.register[c.lanes] // (params.register[1] // 2))
@@ -1047,18 +1048,7 @@ def image_row_padding(c: Convolution, tiles: ConvolutionTiles, params: Convoluti
     shape = list(image.type.shape)
     step = LINE_BYTES // (ir.RankedTensorType(image.type).element_type.width // 8)
     return next((p for p in range(step, 16 * step + 1, step)
-                 if _set_load(c, tiles, _row_major(shape[:-1] + [shape[-1] + p]))[0] <= ways), 0)
-
-
-def _pads_with_zeros(image: ir.Value) -> bool:
-    """Is the image x inserted into a fill (torch-mlir's zero padding)?"""
-    insert = image.owner
-    insert = getattr(insert, "operation", insert)
-    if not isinstance(insert, ir.Operation) or insert.name != "tensor.insert_slice":
-        return False
-    fill = insert.operands[1].owner
-    fill = getattr(fill, "operation", fill)
-    return isinstance(fill, ir.Operation) and fill.name == "linalg.fill"
+                 if _set_load(c, tiles, rows, _row_major(shape[:-1] + [shape[-1] + p]))[0] <= ways), 0)
 
 
 def _pad_image_rows(rec: StepRecorder, params: ConvolutionParams) -> None:
@@ -1069,10 +1059,8 @@ def _pad_image_rows(rec: StepRecorder, params: ConvolutionParams) -> None:
     for c in find_convolutions(rec.trial):
         padding = image_row_padding(c, convolution_tiles(c, params), params)
         image = c.op.operands[c.dims.input_index]
-        elements = 1
-        for extent in image.type.shape:
-            elements *= extent
-        if padding and (_pads_with_zeros(image) or c.work >= COPY_MIN_TERMS * elements):
+        elements = math.prod(image.type.shape)
+        if padding and (filled_insert(image) or c.work >= COPY_MIN_TERMS * elements):
             found.append((place_of(rec.trial.operation, c.op), padding))
     if not found:
         return

@@ -1160,6 +1160,15 @@ def schedule_contractions(rec: StepRecorder, params_for) -> None:
             _schedule_unpacked(rec, c, params)
 
 
+def without_bf16_pairs(params_for):
+    """`params_for` (a contraction's (batch, m, n, k) -> MatmulParams) with f32 kernels only:
+    for the convolution family's @vectorize, which packs no bf16 pairs."""
+    def f32_kernels(*shape):
+        return dataclasses.replace(params_for(*shape), bf16_dot=False)
+
+    return f32_kernels
+
+
 def plan_matmul(payload: ir.Module, params_for, generic: GenericParams,
                 convolution_params=None) -> MatmulPlan:
     """The fuse stage on a copy of `payload` (after cleanup; read, not rewritten), one
@@ -1176,10 +1185,7 @@ def plan_matmul(payload: ir.Module, params_for, generic: GenericParams,
     rec.step("normalize", _normalize)
     convolutions = convolution_params is not None and bool(convolution.find_convolutions(rec.trial))
     if convolutions:
-        f32_params = params_for
-
-        def params_for(*shape):
-            return dataclasses.replace(f32_params(*shape), bf16_dot=False)
+        params_for = without_bf16_pairs(params_for)
     transposes, poolings = _named_ops_with_unit_dims(rec.trial)
     if transposes or poolings:
         rec.step("fold_unit_dims", _fold_unit_dims_of_named_ops(

@@ -50,14 +50,24 @@ def _longer(t: ir.RankedTensorType, padding: int) -> ir.RankedTensorType:
     return ir.RankedTensorType.get(list(t.shape[:-1]) + [t.shape[-1] + padding], t.element_type)
 
 
-def _padded_fill(image: ir.Value, padding: int) -> ir.Value | None:
-    """X' of an X that is x inserted into a fill (module docstring), None otherwise."""
+def filled_insert(image: ir.Value) -> tuple[ir.Operation, ir.Operation] | None:
+    """(insert, fill) when `image` is x inserted into a linalg.fill (torch-mlir's zero
+    padding: X' is then built longer, no copy), else None."""
     insert = defining_op(image)
     if insert is None or insert.name != "tensor.insert_slice":
         return None
     fill = defining_op(insert.operands[1])
     if fill is None or fill.name != "linalg.fill" or len(fill.operands) != 2:
         return None
+    return insert, fill
+
+
+def _padded_fill(image: ir.Value, padding: int) -> ir.Value | None:
+    """X' of an X that is x inserted into a fill (module docstring), None otherwise."""
+    found = filled_insert(image)
+    if found is None:
+        return None
+    insert, fill = found
     view = insert.opview
     with ir.InsertionPoint(insert), insert.location:
         t = _longer(image.type, padding)
@@ -138,4 +148,4 @@ def pad_image_rows(target: ir.Value, padding: int) -> PadImageRowsOp:
     return PadImageRowsOp(target, ir.IntegerAttr.get(ir.IntegerType.get_signless(64), padding))
 
 
-__all__ = ["PadImageRowsOp", "pad_image_rows"]
+__all__ = ["PadImageRowsOp", "filled_insert", "pad_image_rows"]
