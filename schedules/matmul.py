@@ -84,6 +84,7 @@ from transform_ext.forward_masked_writes import forward_masked_writes
 from transform_ext.fold_casts_into_contractions import fold_casts_into_contractions
 from transform_ext.remove_annotation import remove_annotation
 from transform_ext.transpose_pairs_as_words import transpose_pairs_as_words
+from transform_ext.version_full_tiles import version_full_tiles
 from transform_ext.widen_contraction_operands import widen_contraction_operands
 
 import transform_ext
@@ -787,6 +788,8 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
                 interchange = list(range(nb)) + [nb + 1, nb] if not k_contiguous[name] else None
                 tiled_packs[name], _ = _tile(packs[name], [1] * nb + [1, pack_k[name]],
                                              interchange=interchange)
+                if not converts:
+                    version_full_tiles(tiled_packs[name])
         if converts:  # the widening is fused level by level below, after cleanup
             transform.AnnotateOp(forall, f"{_WIDEN}_forall")
             for loop, name in zip(block_loops, ("m", "k") if m_blocks else ("k",)):
@@ -796,7 +799,7 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
         if init_h is not None:
             _tile(init_h, [1] * nb + [1, 1] + ([0, 0] if init_is_fill else []))
         if epilogue is not None or reduction is not None:
-            _, loops = _tile(tiled_root, pooled_sizes(register_tile) if reduction is not None else register_tile)
+            tiled, loops = _tile(tiled_root, pooled_sizes(register_tile) if reduction is not None else register_tile)
             if loops:
                 if pooling_h is not None:
                     pooling_h, _ = _fuse_into(pooling_h, loops[-1])
@@ -805,8 +808,10 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
                 if epilogue_h is not None:
                     _fuse_into(epilogue_h, loops[-1])
                 _fuse_into(unpack_h, loops[-1])
+            if reduction is None:
+                version_full_tiles(tiled)
         else:
-            _tile(tiled_root, register_tile)
+            version_full_tiles(_tile(tiled_root, register_tile)[0])
         # One buffer per panel, reused by every block: the packs' destinations become
         # block-sized tensor.empty ops hoisted out of the block loops.
         func = match(root, "func.func")
@@ -869,6 +874,9 @@ def _fuse_widening_into_packs(rec: StepRecorder, converts: dict[str, ir.Operatio
                                          deduplicate=True).result
             _fuse_into(widen, loop)
         canonicalize(match(root, "func.func"))
+        for name in converts:
+            if f"{_WIDEN}_{name}_pack" in present:
+                version_full_tiles(marked(root, f"{name}_pack"))
         for attr in sorted(present):
             remove_annotation(root, attr)
 

@@ -29,6 +29,7 @@ OP_MODULES: list[str] = [
     "drop_unit_result_dims",
     "clamp_window_loops",
     "pad_image_rows",
+    "version_full_tiles",
     "drop_broadcast_dims",
     "fold_empty_iteration_spaces",
     "expand_integer_powers",
