@@ -328,6 +328,27 @@ class ConvolutionTiles:
     peel_rows: int | None      # the rows loop among them, when its last tile is partial
                                # (peeled: vectorized at its rows, no mask per row)
     channel_block: list[int] | None  # the input channel block (None: all channels at once)
+    tail: "TailTiles | None" = None  # the lanes past the last whole NR, when split off
+
+
+# multiply-adds per output element from which an unblocked convolution's last lanes are split
+# off into taller tiles (`TailTiles`): its start is then written by a pass of its own (a
+# store and a load per element), instead of starting each register tile in registers
+TAIL_MIN_TERMS = 64
+
+
+@dataclass(frozen=True)
+class TailTiles:
+    """The register tiles of a convolution's last lanes, split off at `start` (the lanes
+    past the last whole NR, one vector or less): MR x NR / lanes accumulators of one vector
+    each, rows taller than MR (a tile of MR one-vector accumulators waits on the FMA latency);
+    sizes as in ConvolutionTiles."""
+
+    lanes_dim: int
+    start: int
+    register: list[int]
+    vector: list[int]
+    peel_rows: int | None
 
 
 
@@ -410,7 +431,13 @@ def convolution_tiles(c: Convolution, params: ConvolutionParams) -> ConvolutionT
     window = {k for k in d.window if k is not None}
     vector = [1 if i in d.in_channel else register[i] or 1 for i in range(rank) if i not in window]
     block = _channel_block(c, params, mr, nr)
-    if block is not None:
+    lanes_left = ranges[c.lanes] % nr
+    # the last lanes split off (`TailTiles`) when they are one vector or less
+    terms = math.prod(ranges[x] for x in d.in_channel + [k for k in d.window if k is not None])
+    splits_tail = ranges[c.lanes] > nr and 0 < lanes_left <= vector_lanes and c.rows is not None \
+        and not channel_lanes and not writes_strided_lanes(c) \
+        and (block is not None or terms >= TAIL_MIN_TERMS)
+    if block is not None or splits_tail:  # the tile's start is then written before it
         _fit_output_tile(c, params, forall, outer, mr)
     y_map = loop_structure(c.op).output_map(0)
     output = [register[e.position] or 1 for e in y_map.results]
@@ -423,8 +450,30 @@ def convolution_tiles(c: Convolution, params: ConvolutionParams) -> ConvolutionT
         tile = forall[c.rows] or rows_extent
         if tile % mr or rows_extent % tile:
             peel_rows = tiled.index(c.rows)
+    tail = None
+    if splits_tail:
+        tail = _tail_tiles(c, ranges[c.lanes] - lanes_left, forall[c.rows] or rows_extent,
+                           mr * nr // vector_lanes, register, vector, kept, tiled)
     return ConvolutionTiles(forall, register, order, reduction, vector, output,
-                            kept.index(c.lanes), output_lanes, peel, peel_rows, block)
+                            kept.index(c.lanes), output_lanes, peel, peel_rows, block, tail)
+
+
+def _tail_tiles(c: Convolution, start: int, rows_tile: int, accumulators: int,
+                register: list[int], vector: list[int], kept: list[int],
+                tiled: list[int]) -> TailTiles | None:
+    """TailTiles of the lanes from `start` on: rows a divisor of the rows tile up to
+    `accumulators` (else that many, the last tile peeled); None when that is no taller
+    than the main tiles' rows."""
+    rows = register_rows(rows_tile, accumulators)
+    if rows <= register[c.rows]:
+        return None
+    tail_register = list(register)
+    tail_register[c.rows] = rows
+    tail_register[c.lanes] = c.dims.ranges[c.lanes] - start
+    tail_vector = list(vector)
+    tail_vector[kept.index(c.rows)] = rows
+    return TailTiles(c.lanes, start, tail_register, tail_vector,
+                     tiled.index(c.rows) if rows_tile % rows else None)
 
 
 def channel_lane_tile(channels: int, rows: int, params: ConvolutionParams) -> tuple[int, int, float]:
@@ -740,7 +789,9 @@ def _schedule(rec: StepRecorder, chain: list[Convolution], params: ConvolutionPa
         for i in range(len(convs) - 2, -1, -1):
             convs[i], forall = _fuse_into(convs[i], forall)
         first = tiles[0]
-        fused_init = init is not None and first.channel_block is None
+        # the start is computed per register tile, unless the channels come in blocks or the
+        # last lanes are split off (`TailTiles`): then once per forall tile, before them
+        fused_init = init is not None and first.channel_block is None and first.tail is None
         if init is not None:
             init_h, forall = _fuse_into(h[1], forall)
             if not fused_init:  # the tile starts from I, then the channel blocks add
@@ -783,19 +834,35 @@ def _init_tiles(init, tiles: ConvolutionTiles, peel: list[int], forall) -> None:
 
 def _register_tiles(conv, tiles: ConvolutionTiles, forall, fuse_init: bool) -> None:
     """A convolution's tile in the forall: channel blocks, register tiles (the last partial
-    tile of the rows, then of the lanes, peeled), the accumulator start per register tile
-    when `fuse_init`, the
-    reductions by 1 (the window loops clamped to the taps that read the unpadded image,
-    transform_ext.clamp_window_loops), then each register tile rebuilt as a contraction."""
+    tile of the rows, then of the lanes, peeled; or the last lanes split off with their own
+    taller tiles, `TailTiles`, when the accumulator start is not fused), the accumulator
+    start per register tile when `fuse_init`, the reductions by 1 (the window loops clamped
+    to the taps that read the unpadded image, transform_ext.clamp_window_loops), then each
+    register tile rebuilt as a contraction."""
     if tiles.channel_block is not None:
         conv, _ = _tile(conv, tiles.channel_block)
-    conv, loops = _tile(conv, tiles.register, interchange=tiles.interchange)
+    tail = tiles.tail
+    if tail is None or fuse_init:
+        _register_loops(conv, tiles, tiles.register, tiles.peel, tiles.peel_rows, tiles.vector,
+                        forall, fuse_init)
+        return
+    parts = structured.SplitOp(conv, dimension=tail.lanes_dim, chunk_sizes=tail.start)
+    main, rest = transform.SplitHandleOp([any_op(), any_op()], parts.results[0]).results
+    _register_loops(main, tiles, tiles.register, None, tiles.peel_rows, tiles.vector, forall, False)
+    _register_loops(rest, tiles, tail.register, None, tail.peel_rows, tail.vector, forall, False)
+
+
+def _register_loops(conv, tiles: ConvolutionTiles, register: list[int], peel: int | None,
+                    peel_rows: int | None, vector: list[int], forall, fuse_init: bool) -> None:
+    """`_register_tiles` from the register tiles on, for `register` tiles whose lanes and
+    rows loops `peel` and `peel_rows` (indices among the tile loops) are peeled."""
+    conv, loops = _tile(conv, register, interchange=tiles.interchange)
     if fuse_init:
         fuse_init_into_register_tile(conv)
-    if tiles.peel is not None or tiles.peel_rows is not None:
+    if peel is not None or peel_rows is not None:
         annotate(conv, _TILE)
         # the rows loop is inside the lanes loop: peeling the lanes copies both row loops
-        for index in (tiles.peel_rows, tiles.peel):
+        for index in (peel_rows, peel):
             if index is not None:
                 loop.LoopPeelOp(any_op(), any_op(), loops[index])
         conv = structured.MatchOp(any_op(), forall, op_attrs={_TILE: ir.UnitAttr.get()}).result
@@ -806,7 +873,7 @@ def _register_tiles(conv, tiles: ConvolutionTiles, forall, fuse_init: bool) -> N
     conv, _ = _tile(conv, tiles.reduction)
     clamp_window_loops(conv)
     kernel = convolution_to_contraction(conv)
-    _set_role(kernel, "register", tiles.vector, tiles.vector_lanes)
+    _set_role(kernel, "register", vector, tiles.vector_lanes)
 
 
 def _output_sizes(c: Convolution, sizes: list[int]) -> list[int]:

@@ -492,3 +492,51 @@ def test_a_blocked_convolutions_start_is_written_in_static_tiles(kernel_file):
     """)
     assert "tensor<1x8x1x?xf32>" not in fused
     assert_matches(compile_kernel(path))
+
+
+@pytest.mark.parametrize("channels,mr,rows", [(64, 8, 16), (20, 5, 10), (17, 8, 16)])
+def test_the_last_lanes_of_a_blocked_convolution_take_taller_register_tiles(
+        kernel_file, channels, mr, rows):
+    """Output rows of 66 lanes in register tiles of MR x 32: the last 2 lanes are split off
+    and tiled with MR x 32 / lanes rows of one vector (16 for MR 8), not MR rows (MR
+    one-vector accumulators wait on the FMA latency: a third of KernelBench 61's time on an
+    AVX2 host); the rows a divisor of the channels when one is at least half that (20
+    channels: MR 5, then 10), else the last row tile peeled (17: 16 + 1)."""
+    path = conv_kernel(kernel_file, f"ConvTranspose2d(64, {channels}, 3, bias=False)", "1, 64, 6, 64")
+    fused = str(compile_kernel(path, stop_after="fuse").module)
+    filecheck(fused, f"""
+        CHECK-DAG: lh.cv_role = "register", lh.cv_vector = array<i64: 1, {mr}, 1, 32, 1>
+        CHECK-DAG: lh.cv_role = "register", lh.cv_vector = array<i64: 1, {rows}, 1, 32, 1>
+        CHECK-DAG: outs(%{{{{.*}}}} : tensor<1x{rows}x1x2xf32>)
+    """)
+    assert_matches(compile_kernel(path))
+
+
+def test_taller_last_lanes_tiles_in_bf16_with_a_transposed_view_and_a_second_use(kernel_file):
+    """The split-off last lanes (66 = 2 x 32 + 2) on a bf16 convolution reading a
+    transposed view, its result used twice."""
+    path = conv_kernel(kernel_file, "ConvTranspose2d(64, 24, 3, bias=False)", None,
+                       dtype="bfloat16", forward="(lambda y: (y, y.sum(1)))(self.conv(x.transpose(2, 3)))",
+                       input="torch.randn(1, 64, 64, 6, generator=g).to(DTYPE)")
+    compiled = compile_kernel(path)
+    assert 'lh.cv_vector = array<i64: 1, 12, 1, 32, 1>' in str(compile_kernel(path, stop_after="fuse").module)
+    assert_matches(compiled)
+
+
+def test_an_unblocked_convolution_splits_its_last_lanes_when_the_reduction_is_long(kernel_file):
+    """16 input channels x 9 taps (144 multiply-adds per output, in one channel block): the
+    last 2 of 66 lanes take 16-row tiles and the start, the bias, is written per forall
+    tile before the register tiles; with 4 channels (36 per output) the start stays in the
+    register tiles (a pass writing it would cost more than the taller tiles save)."""
+    long = conv_kernel(kernel_file, "ConvTranspose2d(16, 16, 3)", "2, 16, 5, 64")
+    fused = str(compile_kernel(long, stop_after="fuse").module)
+    assert 'lh.cv_vector = array<i64: 1, 16, 1, 32, 1>' in fused
+    filecheck(fused, """
+        CHECK: lh.cv_role = "init"
+        CHECK: lh.cv_role = "register", lh.cv_vector = array<i64: 1, 8, 1, 32, 1>
+    """)
+    assert_matches(compile_kernel(long))
+    short = conv_kernel(kernel_file, "ConvTranspose2d(4, 16, 3)", "2, 4, 5, 64")
+    fused = str(compile_kernel(short, stop_after="fuse").module)
+    assert 'lh.cv_vector = array<i64: 1, 16, 1, 32, 1>' not in fused
+    assert_matches(compile_kernel(short))
