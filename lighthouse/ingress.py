@@ -33,6 +33,7 @@ from .causal_masks import index_causal_masks
 from .errors import IngressError
 from .conv_decompositions import (convolution_decompositions,
                                   transposed_convolution_decompositions)
+from .pool_decompositions import pool_decompositions, unbatched_pool_decompositions
 from .flash_decompositions import SdpaIn4d, SdpaMaskGradient, flash_decompositions
 from .tm_tensor_lowering import (index_decompositions, lower_scatters, lower_sorts,
                                  prepare_index_puts)
@@ -1027,6 +1028,7 @@ def _joint_decompositions() -> dict:
     table.update(index_decompositions())
     table.update(flash_decompositions())
     table.update(convolution_decompositions())
+    table.update(pool_decompositions())
     return table
 
 
@@ -1034,4 +1036,5 @@ def _forward_decompositions() -> dict:
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
     return {**get_decomposition_table(), **_narrow_float_decompositions(),
-            **index_decompositions(), **transposed_convolution_decompositions()}
+            **index_decompositions(), **transposed_convolution_decompositions(),
+            **unbatched_pool_decompositions()}
