@@ -21,7 +21,9 @@ log1p(x): u = 1 + x rounded, log1p(x) = log(u) * x / (u - 1) (the rounding error
 tanh(x): |x| < 0.625: x + x^3 P(x^2) (fitted, tools/fit_math_polynomials.py);
          else sign(x) (1 - 2 / (exp(2|x|) + 1)).
 erf(x):  |x| < 0.875: x P(x^2); |x| < 4: sign(x) (1 - Q(x)), Q a polynomial of erfc to
-         an absolute error (1 - Q lies in [0.78, 1): no exp needed); else sign(x).
+         an absolute error (1 - Q lies in [0.78, 1): no exp needed), of degree 15, summed
+         by Estrin's scheme (a Horner chain of 15 fmas bounded a GELU loop by its
+         latency: KernelBench 26 on AVX2 17% faster); else sign(x).
 Each is accurate to a few ulp in f32 (tests/lighthouse/test_math_approx.py measures it).
 
 The transform op: `ops` names the math ops to expand (others stay, e.g. a target whose
@@ -118,7 +120,7 @@ def _erf(b: F32Builder, x):
     x2 = arith.mulf(x, x)
     small = arith.mulf(x, b.horner(x2, ERF_SMALL))
     t = arith.mulf(arith.subf(a, b.f(ERFC_MID)), b.f(1.0 / ERFC_HALF))
-    mid = arith.subf(b.f(1.0), b.horner(t, ERFC_POLY))
+    mid = arith.subf(b.f(1.0), b.estrin(t, ERFC_POLY))
     mid = arith.select(b.cmp(P.ULT, a, b.f(4.0)), mid, b.f(1.0))  # NaN stays NaN
     return arith.select(b.cmp(P.OLT, a, b.f(0.875)), small, _sign_like(b, mid, x))
 

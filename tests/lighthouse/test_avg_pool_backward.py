@@ -6,7 +6,6 @@ error.
 Unbatched poolings (pooled as a batch of one) forward, average and max."""
 
 import pytest
-import torch
 
 from lighthouse.compile import compile_kernel
 from lighthouse.errors import LighthouseError

@@ -40,3 +40,25 @@ def test_a_math_op_without_an_expansion_is_refused():
         payload, lambda root: expand_math(match(root, "func.func"), ops=("math.sin",)))
     assert "transform_ext.expand_math" in message and "no expansion of math.sin" in message
     assert "math.erf" in str(payload)   # nothing rewritten
+
+
+def test_the_erfc_polynomial_is_summed_by_estrins_scheme():
+    """erf's degree-15 polynomial of t on [0.875, 4): 8 pairs by fma, joined by t^2, t^4 and
+    t^8 (a tree of depth 4, not a chain of 15 fmas that bounds a GELU loop by its latency)."""
+    payload = parse("""
+        func.func @f(%x: vector<8xf32>) -> vector<8xf32> {
+          %r = math.erf %x : vector<8xf32>
+          return %r : vector<8xf32>
+        }""")
+    apply(payload, lambda root: expand_math(match(root, "func.func"), ops=("math.erf",)))
+    check(payload, """
+        CHECK: arith.subf
+        CHECK: %[[T:.*]] = arith.mulf %{{.*}}, %{{.*}} : vector<8xf32>
+        CHECK-COUNT-8: math.fma %{{.*}}, %[[T]], %{{.*}} : vector<8xf32>
+        CHECK: %[[T2:.*]] = arith.mulf %[[T]], %[[T]] : vector<8xf32>
+        CHECK-COUNT-4: math.fma %{{.*}}, %[[T2]], %{{.*}} : vector<8xf32>
+        CHECK: %[[T4:.*]] = arith.mulf %[[T2]], %[[T2]] : vector<8xf32>
+        CHECK-COUNT-2: math.fma %{{.*}}, %[[T4]], %{{.*}} : vector<8xf32>
+        CHECK: %[[T8:.*]] = arith.mulf %[[T4]], %[[T4]] : vector<8xf32>
+        CHECK: math.fma %{{.*}}, %[[T8]], %{{.*}} : vector<8xf32>
+    """)
