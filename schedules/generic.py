@@ -65,6 +65,7 @@ from torch_mlir.dialects.transform import structured
 import transform_ext
 from transform_ext.analysis.structure import func_ops, single_func, top_level_linalg_ops
 from transform_ext.analysis.tiles import parallel_tile_sizes, vector_tile_sizes
+from transform_ext.branch_math_on_constant_lanes import branch_math_on_constant_lanes
 from transform_ext.common import largest_divisor_at_most
 from transform_ext.filter_ops import filter_ops
 from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion
@@ -203,6 +204,7 @@ def vectorize_stage(params: GenericParams):
         lane_contracts_to_fmas(func)
         if params.bf16_dot:
             contracts_to_bf16_dot_products(func)
+        branch_math_on_constant_lanes(func)
 
     return body
 

@@ -44,6 +44,7 @@ OP_MODULES: list[str] = [
     "fold_transposes_into_matvecs",
     "split_matvec_lanes",
     "lane_contracts_to_fmas",
+    "branch_math_on_constant_lanes",
     "split_odd_bf16_lanes",
     "match_attention",
     "fuse_attention_backward",
