@@ -61,3 +61,51 @@ def test_each_window_tap_is_a_vector_load_of_the_outputs_lanes(kernel_file):
         CHECK: arith.maximumf %[[X]], %{{.*}} : vector<1x1x{{[0-9]+}}xf32>
     """)
     assert "linalg.pooling" not in text
+
+
+SPECIALS = """
+import torch
+import torch.nn.functional as F
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return {expr}
+def get_inputs():
+    x = torch.randn(2, 3, 150, generator=torch.Generator().manual_seed(0))
+    x[0, 0, 10:30] = -0.0
+    x[0, 0, 20:40:2] = 0.0
+    x[0, 1, 50] = float("nan")
+    x[0, 1, 100:] = float("-inf")
+    x[1, 2, 7] = float("inf")
+    return [x]
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("expr", ["F.max_pool1d(x, 8, 1, 4, 3)", "F.relu(F.max_pool1d(x, 3, 1, 1))",
+                                  "F.max_pool1d(x, 3, 1, 1) - x.amax(-1, keepdim=True)",
+                                  "F.max_pool2d(x.unsqueeze(0), 3, 1, 1, 2).squeeze(0)"])
+def test_window_maxima_without_zero_order_match_torch(kernel_file, expr):
+    """Signed zeros, NaN (propagated through every window holding it), infinities and
+    windows of -inf alone, padded: the same values as torch's."""
+    compiled = compile_kernel(kernel_file(SPECIALS.format(expr=expr)), schedule="generic",
+                              strict=True)
+    for report in compiled.check():
+        assert report.ok, str(report)
+    got, want = compiled.run()[0], compiled.expected()[0]
+    assert got.isnan().equal(want.isnan()) and got.isnan().any()
+
+
+def test_maxima_drop_the_zero_order(kernel_file):
+    """The maxima of the window loops (the main and the peeled last vector) carry nsz: three
+    x86 instructions per vector, not five."""
+    expr = "F.max_pool1d(x, 3, 1, 1) - x.amax(-1, keepdim=True)"
+    compiled = compile_kernel(kernel_file(SPECIALS.format(expr=expr)), schedule="generic",
+                              strict=True, stop_after="vectorize")
+    text = str(compiled.module)
+    check(text, """
+        CHECK:     scf.for %[[TAP:.*]] = %c0 to %c3 step %c1
+        CHECK:       arith.maximumf %{{.*}}, %{{.*}} fastmath<nsz> : vector<1x1x{{[0-9]+}}xf32>
+    """)
+    maxima = [line for line in text.splitlines() if "arith.maximumf" in line]
+    assert len(maxima) >= 2 and all("fastmath<nsz>" in line for line in maxima)
