@@ -48,6 +48,7 @@ from transform_ext.fold_empty_iteration_spaces import fold_empty_iteration_space
 from transform_ext.match_narrow_reductions import match_narrow_reductions, narrow_reductions
 from transform_ext.promote_reductions_to_f32 import promote_reductions_to_f32 as promote_op
 from transform_ext.split_assertions import split_assertions as split_assertions_op
+from transform_ext.unit_dim_transposes_to_reshapes import unit_dim_transposes_to_reshapes
 from transform_ext.widen_bool_tensors import widen_bool_tensors as widen_bool_tensors_op
 
 from .common import any_op, match, run_passes, run_schedule
@@ -121,12 +122,14 @@ def promote_reductions_to_f32(payload: ir.Module) -> int:
 def simplify_imported_ops(payload: ir.Module) -> None:
     """linalg ops whose iteration space is empty become their inits
     (transform_ext.fold_empty_iteration_spaces: zero-size tensors leave no work behind);
-    integer powers become multiplications (transform_ext.expand_integer_powers); f16/bf16
+    transposes that move only unit dims become reshapes (transform_ext.
+    unit_dim_transposes_to_reshapes: no copy); integer powers become multiplications (transform_ext.expand_integer_powers); f16/bf16
     elementwise ops compute in f32 and round once, as torch's eager ops
     (transform_ext.compute_elementwise_in_f32)."""
 
     def body(root):
         funcs = fold_empty_iteration_spaces(match(root, "func.func"))
+        unit_dim_transposes_to_reshapes(funcs)
         expand_integer_powers(funcs)
         compute_elementwise_in_f32(funcs)
 

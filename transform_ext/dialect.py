@@ -32,6 +32,7 @@ OP_MODULES: list[str] = [
     "version_full_tiles",
     "drop_broadcast_dims",
     "fold_empty_iteration_spaces",
+    "unit_dim_transposes_to_reshapes",
     "expand_integer_powers",
     "compute_elementwise_in_f32",
     "scalarize_rank0_generics",
