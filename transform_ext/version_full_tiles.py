@@ -84,7 +84,7 @@ def _inits(op: ir.Operation) -> list[int]:
     """Operand indices of the op's inits (the destination of each result)."""
     if op.name in ("linalg.pack", "linalg.unpack"):
         return [1]
-    count = len(op.opview.outputs)
+    count = len(op.results)  # on tensors: one init per result (linalg.transpose has no `outputs`)
     tensors = [i for i, v in enumerate(op.operands) if isinstance(v.type, ir.RankedTensorType)]
     return tensors[-count:] if count else []
 
