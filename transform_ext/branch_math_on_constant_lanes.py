@@ -8,18 +8,20 @@ with f a math op of one operand that expands into a long sequence (exp, log, tan
 trigonometric and hyperbolic functions: `COSTLY`) and c a splat constant. The same for
 c on the false side (branch on "no lane of m") and for a = min/max(x, c), whose lanes
 are all c when every x is >= c (minimumf: `oge`, NaN lanes are not c; minnumf: `uge`, a
-NaN x gives c) or <= c (maximumf / maxnumf). ELU and SELU are imported as
-max(x, 0) + alpha (exp(min(x, 0)) - 1): on a vector of non-negative x the exp is
-exp(0) = 1 in every lane and is skipped (PyTorch's own kernel branches the same way);
-a vector with a lane below 0 pays one and-reduction of the mask and a branch.
+NaN x gives c) or <= c (maximumf / maxnumf; a -0.0 lane against c = +0.0 counts as c, so
+f's result may differ in the sign of a zero, as the schedules' `nsz` extrema may anyway).
+ELU and SELU are imported as max(x, 0) + alpha (exp(min(x, 0)) - 1): on a vector of
+non-negative x the exp is exp(0) = 1 in every lane and is skipped (PyTorch's own kernel
+branches the same way); a vector with a lane below 0 pays one and-reduction of the mask
+and a branch.
 
 f(c) is the same op on the splat constant (folded by canonicalization where MLIR folds
 it, else expanded with the other math ops and folded by LLVM), so both branches give the
 value f gives for the lane. Only f moves into the else branch; a and its other users stay.
 Scalar operands (no lanes to branch on) are left alone, and so are vectors computed from
 a masked or possibly out-of-bounds read (`read_lanes_defined`): their padding lanes are
-poison, and a branch on a reduction over poison is undefined in LLVM. The targets (functions, loops) are
-only read; ops nested in them are rewritten in place.
+poison, and a branch on a reduction over poison is undefined in LLVM. The targets
+(functions, loops) are only read; ops nested in them are rewritten in place.
 """
 
 from torch_mlir import ir
