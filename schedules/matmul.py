@@ -164,8 +164,9 @@ class MatmulParams:
     @staticmethod
     def for_cpu(batch: int, m: int, n: int, k: int, cpu, threads: int) -> "MatmulParams":
         """`for_shape` on a CPU described by `cpu` (lighthouse.targets.description
-        CpuDescription): its f32 lanes and vector registers; max_tile the largest power of
-        two whose square f32 accumulator tile fills at most half of L2; max_tile_k the
+        CpuDescription): its f32 lanes and vector registers; max_tile (`max_output_tile`)
+        the largest power of two up to MAX_OUTPUT_TILE whose square f32 accumulator tile
+        fills at most a quarter of the thread's share of L3 (else half of L2); max_tile_k the
         largest power of two whose B micro-panel (max_tile_k x NR f32) fits in L1. With
         bf16 dot products, the tiles of a contraction packed in pairs (`pair_tiles`) are
         planned with twice max_tile: its kernel runs at twice the f32 rate on panels of half
@@ -173,7 +174,7 @@ class MatmulParams:
         twice as much against it; larger tiles pack each panel fewer times (the f32
         accumulator tile then fills L2: it is read and written once per k block)."""
         nr = register_tile_for(cpu.f32_lanes, cpu.vector_registers)[1]
-        max_tile = _power_of_two_at_most(math.isqrt(cpu.l2_bytes // 2 // 4))
+        max_tile = max_output_tile(cpu, threads)
 
         def plan(tile):
             return MatmulParams.for_shape(
@@ -225,6 +226,24 @@ class MatmulParams:
         mt, nt = tiles(*counts)
         return MatmulParams(register=(mr, nr), tile_m=mt, tile_n=nt, tile_k=tile_k,
                             block_m=min(mt, 64), pack_k=min(16, tile_k), pack=pack, threads=threads)
+
+
+# The largest output tile side: a tile of 1024 x 1024 repacks A and B a quarter as often as
+# one of 256 x 256 (each is packed once per column, resp. row, of tiles), 5-7% faster on an
+# AVX2 host (L2 512 KiB) at 1024^3 to 2048^3; at 2048 a small-k product (k = 64, whose time
+# is the accumulator's traffic) was 4% slower, and 2048^3 no faster.
+MAX_OUTPUT_TILE = 1024
+
+
+def max_output_tile(cpu, threads: int) -> int:
+    """The side of the largest square output tile: the accumulator tile is read and written
+    once per k block (8 bytes per tile_k multiply-adds), so it may stream from L3; its
+    panels of A and B are packed once per tile, so larger tiles pack less. The largest
+    power of two up to MAX_OUTPUT_TILE whose f32 tile fills at most a quarter of the
+    thread's share of L3, and at least the one filling half of L2."""
+    share = cpu.l3_bytes // max(1, threads) // 4
+    from_l2 = _power_of_two_at_most(math.isqrt(cpu.l2_bytes // 2 // 4))
+    return max(from_l2, min(MAX_OUTPUT_TILE, _power_of_two_at_most(math.isqrt(share // 4))))
 
 
 def _power_of_two_at_most(x: int) -> int:

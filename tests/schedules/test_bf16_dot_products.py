@@ -120,17 +120,18 @@ def test_matmul_packs_a_by_word_transposes_and_writes_panels_whole(kernel_file):
 
 def test_contractions_packed_in_pairs_take_larger_tiles(kernel_file):
     """With the dot products a bf16 contraction's output tiles are planned with twice the
-    largest tile (pair_tiles): 512 x 512 on a 1 MiB L2 where f32 takes 256 x 256."""
+    largest tile (pair_tiles): 512 x 512 on a 1 MiB L2 and 4 MiB L3 where f32 takes 256 x 256."""
     from lighthouse.targets.description import describe_cpu
     from schedules.matmul import MatmulParams
 
-    cpu = describe_cpu(frozenset({"avx512f", "avx512_bf16"}), {1: 48 << 10, 2: 1 << 20}, 2)
+    cpu = describe_cpu(frozenset({"avx512f", "avx512_bf16"}), {1: 48 << 10, 2: 1 << 20, 3: 4 << 20}, 2)
     params = MatmulParams.for_cpu(1, 2048, 2048, 2048, cpu, 2)
     assert (params.tile_m, params.tile_n, params.pair_tiles) == (256, 256, (512, 512))
     assert (params.for_pairs().tile_m, params.for_pairs().tile_n) == (512, 512)
     without = MatmulParams.for_cpu(1, 2048, 2048, 2048, dataclasses.replace(cpu, bf16_dot=False), 2)
     assert without.pair_tiles is None and without.for_pairs() == without
-    options = {"cpu": dataclasses.replace(host_cpu(), l2_bytes=1 << 20, bf16_dot=True)}
+    options = {"cpu": dataclasses.replace(host_cpu(), l2_bytes=1 << 20, l3_bytes=4 << 20,
+                                          bf16_dot=True)}
     for dtype, tile in (("bfloat16", 512), ("float32", 256)):
         fused = str(compile_kernel(binary_kernel(kernel_file, 1024, 1024, 1024, dtype=dtype),
                                    target_options=options, stop_after="fuse").module)

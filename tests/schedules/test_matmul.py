@@ -291,6 +291,28 @@ def test_params_are_validated_and_fit_the_shapes():
     assert MatmulParams.for_shape(8, 64, 64, 64, threads=2).tile_m == 64  # batch feeds threads
 
 
+def test_output_tiles_grow_to_what_l3_holds():
+    """The output tile side is bounded by a quarter of the thread's L3 share (up to 1024),
+    not by L2: A and B are repacked once per column / row of tiles."""
+    from lighthouse.targets.description import CpuDescription
+    from schedules.matmul import MAX_OUTPUT_TILE, max_output_tile
+
+    def cpu(l2, l3, registers=16, bits=256):
+        return CpuDescription(vector_bits=bits, vector_registers=registers, l1d_bytes=32 << 10,
+                              l2_bytes=l2, l3_bytes=l3, threads=2, bf16_dot=False)
+
+    avx2 = cpu(512 << 10, 32 << 20)
+    assert max_output_tile(avx2, 1) == max_output_tile(avx2, 2) == MAX_OUTPUT_TILE == 1024
+    # 2 MiB of L3 per thread: a quarter holds 256 x 256 f32; L2 alone allows the same
+    assert max_output_tile(cpu(512 << 10, 4 << 20), 2) == 256
+    # no L3 to speak of: half of L2 bounds it, as before
+    assert max_output_tile(cpu(2 << 20, 1 << 20), 2) == 512
+    one = MatmulParams.for_cpu(1, 1024, 1024, 1024, avx2, threads=1)
+    assert (one.register, one.tile_m, one.tile_n, one.tile_k) == ((4, 16), 1024, 1024, 512)
+    two = MatmulParams.for_cpu(1, 2048, 2048, 2048, avx2, threads=2)
+    assert (two.tile_m, two.tile_n) == (1024, 1024)
+
+
 # A consumer of C that is a transpose (or a zero-offset slice) folds into C's unpack: the
 # unpack then writes C^T, and its output tiles, register tiles and epilogue follow the
 # permuted destination dims. (Tiled as if it wrote C, the 8 x 32 tiles of C^T straddled
