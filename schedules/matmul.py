@@ -984,14 +984,16 @@ def _schedule_others(rec: StepRecorder, params: GenericParams, scheduled: tuple 
 
 
 _RESHAPES = ("tensor.expand_shape", "tensor.collapse_shape")
+_LOOPS = ("scf.forall", "scf.for")
 
 
 def _reaches_a_reshaped_loop(root: ir.Operation) -> bool:
     """Does `root` read, through linalg ops without a role and reshapes, a reshape of a
-    loop's result (a scheduled contraction's scf.forall)? structured.fuse follows such a
-    path into the loop and everything before it: tiling a model's last layer norm by batch
-    rows recomputed every layer per row (a SwinMLP's fuse stage grew its payload tenfold
-    in one step)."""
+    loop's result (a scheduled contraction's scf.forall, or its scf.for once a forall of one
+    tile folded away)? structured.fuse follows such a path into the loop and everything
+    before it: tiling a model's last layer norm by batch rows recomputed every layer per row
+    (a SwinMLP's fuse stage grew its payload tenfold in one step; a ViT's layer norm after a
+    single-tile linear layer, fivefold, and its compile took over 15 minutes)."""
     seen, work = set(), [root]
     while work:
         op = work.pop()
@@ -1002,7 +1004,7 @@ def _reaches_a_reshaped_loop(root: ir.Operation) -> bool:
             seen.add(producer)
             if producer.name in _RESHAPES:
                 source = defining_op(producer.operands[0])
-                if source is not None and source.name == "scf.forall":
+                if source is not None and source.name in _LOOPS:
                     return True
                 work.append(producer)
             elif is_linalg_op(producer) and ROLE not in producer.attributes:

@@ -70,3 +70,50 @@ def test_a_layer_norm_before_one_linear_layer(kernel_file):
     path = mlp_kernel(kernel_file, result="self.fc1(self.norm(x)).transpose(1, 2)")
     assert _kernels(path) == 1
     assert_matches(compile_kernel(path))
+
+
+
+
+VIT = """
+import torch
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        layer = torch.nn.TransformerEncoderLayer(d_model={d}, nhead=2, dim_feedforward={d},
+                                                 dropout=0.0)
+        self.encoder = torch.nn.TransformerEncoder(layer, num_layers=2,
+                                                   enable_nested_tensor=False)
+        self.embed = torch.nn.Linear(3 * 16 * 16, {d})
+        self.cls = torch.nn.Parameter(torch.randn(1, 1, {d}))
+        self.position = torch.nn.Parameter(torch.randn(1, {patches} + 1, {d}))
+        self.head = torch.nn.Sequential(torch.nn.Linear({d}, 32), torch.nn.GELU(),
+                                        torch.nn.Linear(32, 10))
+
+    def forward(self, image):
+        x = image.unfold(2, 16, 16).unfold(3, 16, 16).reshape(image.shape[0], -1, 3 * 16 * 16)
+        x = torch.cat((self.cls.expand(image.shape[0], -1, -1), self.embed(x)), dim=1)
+        x += self.position
+        x = self.encoder(x)
+        return self.head(x[:, 0])
+
+def get_inputs():
+    return [torch.randn({b}, 3, {side}, {side}, generator=torch.Generator().manual_seed(1))]
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("b,side,d", [(2, 224, 32), (3, 48, 16)])
+def test_vit_layers_keep_each_contraction_once(kernel_file, b, side, d):
+    """One thread: a layer norm reading a linear layer of one output tile (whose forall
+    folds into its scf.for) is tiled alone: structured.fuse would follow the reshape into the layer's
+    unpack loop and the layers before it, copying them per row (a ViT's fuse stage grew
+    fivefold per layer and took over 15 minutes)."""
+    path = kernel_file(VIT.format(b=b, side=side, d=d, patches=(side // 16) ** 2))
+    fused = str(compile_kernel(path, stop_after="fuse", threads=1, schedule="matmul").module)
+    assert fused.count("lh.mm_done") == 15
+    assert fused.count("linalg.generic") < 100
+    assert_matches(compile_kernel(path, threads=1, schedule="matmul"))
