@@ -87,6 +87,8 @@ OP_MODULES: list[str] = [
     "match_column_sweep_ops",
     "match_loss_kernels",
     "split_shared_fills",
+    "fill_slices_of_fills",
+    "drop_overwritten_fills",
     "inline_argument_producers",
     "lane_form_row_reductions",
     "load_rows_in_lane_form",

@@ -483,8 +483,10 @@ def test_a_blocked_convolutions_start_is_written_in_static_tiles(kernel_file):
     """64 input channels in blocks: each forall tile's output starts as zeros in register
     tiles, then every block adds to it. Output rows of 66 lanes: the last partial tile of
     the start is peeled like the convolution's (2 lanes), never a dynamic tile that masks
-    every store (AMD's vmaskmovps: 9% of KernelBench 57 on an AVX2 host)."""
-    path = conv_kernel(kernel_file, "ConvTranspose2d(64, 64, 3, bias=False)", "1, 64, 6, 64")
+    every store (AMD's vmaskmovps: 9% of KernelBench 57 on an AVX2 host). 56 output
+    channels, not whole vectors: the last lanes are not split off with channel lanes
+    (tests/schedules/test_convolution_lane_tails.py)."""
+    path = conv_kernel(kernel_file, "ConvTranspose2d(64, 56, 3, bias=False)", "1, 64, 6, 64")
     fused = str(compile_kernel(path, stop_after="fuse").module)
     filecheck(fused, """
         CHECK-DAG: linalg.fill {{.*}}lh.cv_role = "init"{{.*}} outs(%{{.*}} : tensor<1x8x1x32xf32>)
@@ -494,14 +496,16 @@ def test_a_blocked_convolutions_start_is_written_in_static_tiles(kernel_file):
     assert_matches(compile_kernel(path))
 
 
-@pytest.mark.parametrize("channels,mr,rows", [(64, 8, 16), (20, 5, 10), (17, 8, 16)])
+@pytest.mark.parametrize("channels,mr,rows", [(56, 8, 14), (20, 5, 10), (17, 8, 16)])
 def test_the_last_lanes_of_a_blocked_convolution_take_taller_register_tiles(
         kernel_file, channels, mr, rows):
     """Output rows of 66 lanes in register tiles of MR x 32: the last 2 lanes are split off
     and tiled with MR x 32 / lanes rows of one vector (16 for MR 8), not MR rows (MR
     one-vector accumulators wait on the FMA latency: a third of KernelBench 61's time on an
-    AVX2 host); the rows a divisor of the channels when one is at least half that (20
-    channels: MR 5, then 10), else the last row tile peeled (17: 16 + 1)."""
+    AVX2 host); the rows a divisor of the channels when one is at least half that (56
+    channels: 14; 20: MR 5, then 10), else the last row tile peeled (17: 16 + 1). Channels
+    that fill whole vectors split their last lanes off with channel lanes instead
+    (tests/schedules/test_convolution_lane_tails.py)."""
     path = conv_kernel(kernel_file, f"ConvTranspose2d(64, {channels}, 3, bias=False)", "1, 64, 6, 64")
     fused = str(compile_kernel(path, stop_after="fuse").module)
     filecheck(fused, f"""
