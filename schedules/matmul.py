@@ -758,9 +758,12 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
         t = structured.TileUsingForallOp(root_op, tile_sizes=forall_sizes)
         forall, tiled_root = t.forall_op, t.tiled_op
         epilogue_h = pooling_h = None
+        reduced_loops = []
         if reduction is not None:
             # the reduced dims in tiles of the output tile's extent, inside the forall
             tiled_root, loops = _tile(tiled_root, [s if d in reduced else 0 for d, s in enumerate(tiles)])
+            if loops:  # the threads' forall and these loops: levels of the widening
+                reduced_loops = [forall] + loops[:-1]
             # the loops then slice C directly, not the forall's slice of it
             apply_patterns(forall, ttensor.ApplyMergeConsecutiveInsertExtractSlicePatternsOp)
             forall = loops[-1] if loops else forall
@@ -810,6 +813,8 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
                 if not converts:
                     version_full_tiles(tiled_packs[name])
         if converts:  # the widening is fused level by level below, after cleanup
+            for i, loop in enumerate(reduced_loops):
+                transform.AnnotateOp(loop, f"{_WIDEN}_outer{len(reduced_loops) - i}")
             transform.AnnotateOp(forall, f"{_WIDEN}_forall")
             for loop, name in zip(block_loops, ("m", "k") if m_blocks else ("k",)):
                 transform.AnnotateOp(loop, f"{_WIDEN}_{name}")
@@ -872,7 +877,11 @@ def _fuse_widening_into_packs(rec: StepRecorder, converts: dict[str, ir.Operatio
         return ir.WalkResult.ADVANCE
 
     rec.trial.operation.walk(visit)
-    levels = {"b": ["forall", "k"], "a": ["forall", "k", "m"]}
+    # the loops around a reduced product's forall level (its threads' forall, then the loops
+    # over the reduced dims but the last, `outer2`, `outer1`), outermost first
+    outer = sorted((n[len(_WIDEN) + 1:] for n in present if n.startswith(f"{_WIDEN}_outer")),
+                   key=lambda n: -int(n[len("outer"):]))
+    levels = {"b": outer + ["forall", "k"], "a": outer + ["forall", "k", "m"]}
     # a packing loop of one iteration (a panel of one slice: tiny shapes) is folded away;
     # then the widening stays at the outer levels
     in_loop = {name: _marked_op_in_for(rec.trial, f"{_WIDEN}_{name}_pack") for name in converts}

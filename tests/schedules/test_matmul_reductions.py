@@ -102,6 +102,19 @@ def test_bf16_product_rounded_then_reduced(kernel_file):
     assert_matches(compile_kernel(path))
 
 
+@pytest.mark.parametrize("expr,b,a_shape,b_shape", [
+    ("(a @ b).sum(dim=1)", 1, "M, K", "K, N"),
+    ("(a @ b).sum(dim=2)", 2, "B, M, K", "B, K, N"),
+])
+def test_f16_product_of_one_tile_reduced(kernel_file, expr, b, a_shape, b_shape):
+    """13 x 5 by 5 x 16 in f16 (found by the fuzzer): the reduced loop is a single tile
+    and folds away, the widening of A and B is fused through the threads' forall into the
+    packs (it failed, and the generic schedule took the payload)."""
+    path = reduction_kernel(kernel_file, expr, m=13, n=16, k=5, b=b, dtype="float16",
+                            a_shape=a_shape, b_shape=b_shape)
+    assert_matches(compile_kernel(path))
+
+
 def test_a_second_use_of_the_product_keeps_it(kernel_file):
     """The product is also a result: it is stored, and reduced as a separate op."""
     path = reduction_kernel(kernel_file, "(lambda c: (c.sum(dim=1), c * 2))(a @ b)")
