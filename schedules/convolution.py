@@ -978,6 +978,14 @@ def wants_channel_lanes(c: Convolution, found: list[Convolution], params: Convol
     *_, share = channel_lane_tile(ranges[d.out_channel[0]], ranges[c.lanes], params)
     if share < image_lane_share(c, params) + CHANNEL_LANES_GAIN:
         return False
+    return _channel_lanes_pay(c, found)
+
+
+def _channel_lanes_pay(c: Convolution, found: list[Convolution]) -> bool:
+    """The conditions of `wants_channel_lanes` and `lane_tail_start` past the tile's share:
+    lanes of stride 1, CHANNEL_LANES_TERMS products per output or more, nothing fused onto
+    the result."""
+    d, ranges = c.dims, c.dims.ranges
     if any(e.stride != 1 for e in d.exprs.values() if e.image == c.lanes):
         return False
     terms = 1
@@ -1019,22 +1027,10 @@ def lane_tail_start(c: Convolution, found: list[Convolution], params: Convolutio
     tail = width % lanes
     if width <= lanes or tail == 0 or tail > lanes // 2 or ranges[d.out_channel[0]] % lanes:
         return None
-    if any(e.stride != 1 for e in d.exprs.values() if e.image == c.lanes):
-        return None
     if not any(ranges[o] > 1 for o in d.image if o != c.lanes):
         return None
-    terms = 1
-    for dim in d.in_channel + [k for k in d.window if k is not None]:
-        terms *= ranges[dim]
-    if terms < CHANNEL_LANES_TERMS:
-        return None
     start = _accumulator_producer(c)
-    if start is None or start.name != "linalg.fill":
-        return None
-    result = c.op.results[0]
-    if writes_strided_lanes(c) or find_epilogue(result) is not None or \
-            find_pooling(c, result) is not None or len(accumulation_chain(c, found)) > 1 or \
-            any(x.op.operands[2] == result for x in found):
+    if start is None or start.name != "linalg.fill" or not _channel_lanes_pay(c, found):
         return None
     return width - tail
 

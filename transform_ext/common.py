@@ -249,6 +249,17 @@ def ops_named(root, name: str) -> list[ir.Operation]:
     return found
 
 
+def static_region(slice_op: ir.Operation) -> list[tuple[int, int]] | None:
+    """[(offset, size)] per dim of a tensor.extract_slice or insert_slice with static
+    offsets and sizes and unit strides, else None."""
+    view = slice_op.opview
+    offsets, sizes = list(view.static_offsets), list(view.static_sizes)
+    if any(ir.ShapedType.is_dynamic_size(x) for x in offsets + sizes) or \
+            any(s != 1 for s in view.static_strides):
+        return None
+    return list(zip(offsets, sizes))
+
+
 def block_ops(where) -> list[ir.Operation]:
     """The ops of a block, or of the entry block of an op's first region (a function)."""
     block = where if isinstance(where, ir.Block) else where.regions[0].blocks[0]

@@ -16,21 +16,10 @@ transform_ext.fill_slices_of_fills). Other fills are left alone. Targets: func.f
 from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
-from .common import RewritesTargets, block_ops, rewrite_functions, user_op
+from .common import RewritesTargets, block_ops, rewrite_functions, static_region, user_op
 from .dialect import TransformExt
 
 NAME = "transform_ext.drop_overwritten_fills"
-
-
-def _region(op: ir.Operation) -> list[tuple[int, int]] | None:
-    """[(offset, size)] per dim of a static, unit-stride insert_slice."""
-    view = op.opview
-    offsets, sizes, strides = (list(view.static_offsets), list(view.static_sizes),
-                               list(view.static_strides))
-    if any(ir.ShapedType.is_dynamic_size(x) for x in offsets + sizes) or \
-            any(s != 1 for s in strides):
-        return None
-    return list(zip(offsets, sizes))
 
 
 def _covers(shape: list[int], regions: list[list[tuple[int, int]]]) -> bool:
@@ -54,20 +43,16 @@ def _covers(shape: list[int], regions: list[list[tuple[int, int]]]) -> bool:
 
 
 def _overwritten(fill: ir.Operation) -> bool:
-    uses = list(fill.results[0].uses)
-    regions, value = [], fill.results[0]
-    while True:
-        if len(uses) != 1:
-            break
-        user = user_op(uses[0])
-        if user.name != "tensor.insert_slice" or uses[0].operand_number != 1:
-            break
-        region = _region(user)
+    """Do the inserts chained on `fill`'s result (module docstring) cover all of it?"""
+    regions, uses = [], list(fill.results[0].uses)
+    while len(uses) == 1 and user_op(uses[0]).name == "tensor.insert_slice" \
+            and uses[0].operand_number == 1:
+        insert = user_op(uses[0])
+        region = static_region(insert)
         if region is None:
             return False
         regions.append(region)
-        value = user.results[0]
-        uses = list(value.uses)
+        uses = list(insert.results[0].uses)
     shape = ir.RankedTensorType(fill.results[0].type)
     return shape.has_static_shape and _covers(list(shape.shape), regions)
 

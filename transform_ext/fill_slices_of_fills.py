@@ -18,21 +18,10 @@ func.func ops (else a silenceable failure naming the op); the handle stays valid
 from torch_mlir import ir
 from torch_mlir.dialects import ext, linalg, tensor, transform
 
-from .common import RewritesTargets, block_ops, defining_op, rewrite_functions
+from .common import RewritesTargets, block_ops, defining_op, rewrite_functions, static_region
 from .dialect import TransformExt
 
 NAME = "transform_ext.fill_slices_of_fills"
-
-
-def _region(op: ir.Operation) -> list[tuple[int, int]] | None:
-    """[(offset, size)] per dim of a static, unit-stride extract_slice or insert_slice."""
-    view = op.opview
-    offsets, sizes, strides = (list(view.static_offsets), list(view.static_sizes),
-                               list(view.static_strides))
-    if any(ir.ShapedType.is_dynamic_size(x) for x in offsets + sizes) or \
-            any(s != 1 for s in strides):
-        return None
-    return list(zip(offsets, sizes))
 
 
 def _disjoint(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
@@ -41,12 +30,12 @@ def _disjoint(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
 
 def _filling(slice_op: ir.Operation) -> ir.Operation | None:
     """The fill whose values `slice_op` reads (module docstring), else None."""
-    region = _region(slice_op)
+    region = static_region(slice_op)
     if region is None:
         return None
     source = defining_op(slice_op.operands[0])
     while source is not None and source.name == "tensor.insert_slice":
-        inserted = _region(source)
+        inserted = static_region(source)
         if inserted is None or len(inserted) != len(region) or not _disjoint(region, inserted):
             return None
         source = defining_op(source.operands[1])
