@@ -120,3 +120,35 @@ def test_a_transposed_view_input_an_epilogue_and_a_second_use(kernel_file):
                        forward="(lambda y: torch.relu(y) + y.sum(dim=1, keepdim=True))"
                                "(self.conv(x))")
     assert_matches(compile_kernel(path))
+
+
+STRIDED_ONE_ELEMENT = """
+import torch
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(1, 1, 1, stride=(1, 2), padding=(1, 0), bias=False)
+        self.fc = torch.nn.Linear(3, 5)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.conv(x), 1))
+
+def get_inputs():
+    return [torch.randn(3, 1, 1, 1, generator=torch.Generator().manual_seed(1))]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_stride_along_a_one_element_dim_is_no_stuffing(kernel_file):
+    """The input gradient of a convolution strided along an image dim of one output (found
+    by the fuzzer): torch-mlir inserts the output's gradient at stride 2 into a dim of one
+    element, which stuffs nothing; split_transposed_convolution read it as stuffed and
+    failed on an index (the matmul family then fell back to the generic schedule)."""
+    compiled = compile_kernel(kernel_file(STRIDED_ONE_ELEMENT), backward=True)
+    assert not compiled.notes, compiled.notes
+    for r in compiled.check():
+        assert r.ok, str(r)
