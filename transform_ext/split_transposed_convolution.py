@@ -125,10 +125,12 @@ def analyze(op: ir.Operation) -> Stuffed:
 def _stuffing(op: ir.Operation, insert: ir.Operation):
     """(x, {dim: offset}, {dim: stride}) of Z = insert_slice(x into zeros), or of a chain of
     insert_slices into zeros each stuffing its own dims (x at `offset`, `stride` apart
-    along a stuffed dim; every other dim whole)."""
+    along a stuffed dim; every other dim whole); x of Z's rank."""
     offsets, strides = {}, {}
     value = insert.results[0]
-    while insert is not None and insert.name == "tensor.insert_slice":
+    # (an insert that changes the rank, a reshape, ends the chain: x is its result)
+    while insert is not None and insert.name == "tensor.insert_slice" and \
+            insert.operands[0].type.rank == insert.results[0].type.rank:
         view = insert.opview
         if len(view.offsets) or len(view.sizes) or len(view.strides):
             raise Illegal(op, "its image's tensor.insert_slice has dynamic offsets, sizes or strides")

@@ -152,3 +152,37 @@ def test_a_stride_along_a_one_element_dim_is_no_stuffing(kernel_file):
     assert not compiled.notes, compiled.notes
     for r in compiled.check():
         assert r.ok, str(r)
+
+
+POOLED_LINEAR = """
+import torch
+import torch.nn.functional as F
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(30, 20)
+
+    def forward(self, x, r, b):
+        return (F.avg_pool1d(self.fc(x) + r, 2, 2) + b).transpose(1, 2)
+
+def get_inputs():
+    g = torch.Generator().manual_seed(1)
+    return [torch.randn(1, 13, 30, generator=g), torch.randn(1, 13, 20, generator=g),
+            torch.randn(10, generator=g)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_stuffed_input_reshaped_by_an_insert(kernel_file):
+    """The input gradient of an average pooling of stride 2 (found by the fuzzer): the
+    output's gradient [13, 10] is inserted into [1, 13, 1, 10] (a reshape) and that into
+    zeros at stride 2; the stuffed input is the [1, 13, 1, 10] tensor, not the [13, 10]
+    one before the reshape (an IndexError, and the matmul family fell back)."""
+    compiled = compile_kernel(kernel_file(POOLED_LINEAR), backward=True)
+    assert not compiled.notes, compiled.notes
+    for r in compiled.check():
+        assert r.ok, str(r)
