@@ -139,7 +139,7 @@ def _stuffing(op: ir.Operation, insert: ir.Operation):
         dest = list(insert.operands[1].type.shape)
         for axis, (o, z, t) in enumerate(zip(view.static_offsets, view.static_sizes,
                                              view.static_strides)):
-            if (o, z) == (0, dest[axis]) and (t == 1 or z == 1):  # whole (one element: any stride)
+            if (o, t, z) == (0, 1, dest[axis]):
                 continue
             if axis in offsets:
                 raise Illegal(op, f"its image is stuffed twice along dim {axis}")
