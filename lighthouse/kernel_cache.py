@@ -44,13 +44,22 @@ def cache_dir() -> Path:
     return Path(os.environ.get("LIGHTHOUSE_CACHE_DIR") or default)
 
 
-@lru_cache(maxsize=1)
 def fingerprint() -> str:
-    """What every kernel's code depends on besides its graph and options (module docstring)."""
+    """What every kernel's code depends on besides its graph and options (module docstring).
+    The CPU description is read on every call: LIGHTHOUSE_CPU may change within a process."""
+    from .targets.description import host_cpu
+
+    digest = hashlib.sha256(_fixed_fingerprint().encode())
+    digest.update(repr(host_cpu()).encode())
+    return digest.hexdigest()
+
+
+@lru_cache(maxsize=1)
+def _fixed_fingerprint() -> str:
+    """The part of `fingerprint` that cannot change within a process: the sources, the
+    torch and torch-mlir versions and the host's CPU features."""
     import torch
     import torch_mlir
-
-    from .targets.description import host_cpu
 
     digest = hashlib.sha256()
     root = Path(__file__).resolve().parent.parent
@@ -60,7 +69,6 @@ def fingerprint() -> str:
             digest.update(path.read_bytes())
     digest.update(torch.__version__.encode())
     digest.update(getattr(torch_mlir, "__version__", "").encode())
-    digest.update(repr(host_cpu()).encode())
     digest.update(_host_cpu_features().encode())
     return digest.hexdigest()
 

@@ -98,7 +98,10 @@ class GenericParams:
     """threads: parallel tiles are sized for this many workers (times `tiles_per_thread`).
     tile_bytes: and, over the outer dims, small enough that a tile of the root's result
     holds at most this many bytes (at the widest element type the root touches), so a
-    fused row block's intermediates stay in the L2 cache between its passes.
+    fused row block's intermediates stay in the L2 cache.
+    pass_bytes: the same bound for a root whose chain passes over each row of its tile
+    several times (a normalization: its reductions, then the normalized values), so the
+    tile stays in L1 between the passes.
     vector_tile: elements of the innermost loop dim per vector tile.
     register_tile: (m, n) accumulator tile of contractions.
     bf16_dot: contractions of two bf16 inputs step their k loop by pairs and become AVX512-BF16
@@ -113,6 +116,7 @@ class GenericParams:
     threads: int = 2
     tiles_per_thread: int = 4
     tile_bytes: int = 128 * 1024
+    pass_bytes: int = 24 * 1024
     vector_tile: int = 64
     register_tile: tuple[int, int] = (8, 32)
     min_parallel_work: int = 4096
@@ -120,8 +124,8 @@ class GenericParams:
     k_chunk: int = 16
 
     def __post_init__(self):
-        if self.threads < 1 or self.tiles_per_thread < 1 or self.tile_bytes < 1:
-            raise ValueError("threads, tiles_per_thread and tile_bytes must be >= 1")
+        if self.threads < 1 or self.tiles_per_thread < 1 or min(self.tile_bytes, self.pass_bytes) < 1:
+            raise ValueError("threads, tiles_per_thread, tile_bytes and pass_bytes must be >= 1")
         if self.k_chunk < 1:
             raise ValueError("k_chunk must be >= 1")
         if self.vector_tile < 1 or min(self.register_tile) < 1:
@@ -138,8 +142,10 @@ class GenericParams:
         """The parameters on a CPU described by `cpu` (lighthouse.targets.description
         CpuDescription): vector tiles of 4 vector registers, the register tile of
         `register_tile_for`, tiles of at most a sixteenth of L2 (room for a fused chain's
-        intermediates and inputs beside the root's tile)."""
-        return cls(threads=threads, tile_bytes=cpu.l2_bytes // 16, vector_tile=4 * cpu.f32_lanes,
+        intermediates and inputs beside the root's tile), or half of L1 for a chain of
+        several passes over its tile."""
+        return cls(threads=threads, tile_bytes=cpu.l2_bytes // 16, pass_bytes=cpu.l1d_bytes // 2,
+                   vector_tile=4 * cpu.f32_lanes,
                    register_tile=register_tile_for(cpu.f32_lanes, cpu.vector_registers))
 
 
@@ -173,7 +179,8 @@ def fuse_stage(params: GenericParams):
         fuse_roots_into_foralls(match(root, "func.func"), threads=params.threads,
                                 tiles_per_thread=params.tiles_per_thread,
                                 tile_bytes=params.tile_bytes, vector_tile=params.vector_tile,
-                                min_parallel_work=params.min_parallel_work)
+                                min_parallel_work=params.min_parallel_work,
+                                pass_bytes=params.pass_bytes)
         canonicalize(root)
 
     return body

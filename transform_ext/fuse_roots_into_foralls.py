@@ -5,7 +5,8 @@ Repeatedly, the last linalg op at the top level of the function that is not yet 
 left sequential (a root: nothing after it reads it) gets forall tile sizes from
 `parallel_tile_sizes` (transform_ext.analysis.tiles): over the parallel dims whose split
 recomputes no reduction of its producer chain, threads x tiles_per_thread tiles or more,
-so that a tile's share of the result holds at most tile_bytes; the innermost dim, if the
+so that a tile's share of the result holds at most tile_bytes (pass_bytes when the chain
+reduces each row of the tile before reading it again); the innermost dim, if the
 outer ones give too few tiles, in chunks of at least vector_tile that divide it. Then
 upstream `transform.structured.fuse` (use_forall, cleanup) tiles the root and fuses its
 whole producer chain into the tile. A root with fewer than min_parallel_work output
@@ -30,7 +31,8 @@ from .dialect import TransformExt
 from .nested import apply_to
 
 NAME = "transform_ext.fuse_roots_into_foralls"
-_FIELDS = ("threads", "tiles_per_thread", "tile_bytes", "vector_tile", "min_parallel_work")
+_FIELDS = ("threads", "tiles_per_thread", "tile_bytes", "vector_tile", "min_parallel_work",
+           "pass_bytes")
 
 
 def fuse_roots(func: ir.Operation, policy: ForallPolicy) -> None:
@@ -55,6 +57,7 @@ class FuseRootsIntoForallsOp(TransformExt.Operation, name="fuse_roots_into_foral
     tile_bytes: ir.IntegerAttr
     vector_tile: ir.IntegerAttr
     min_parallel_work: ir.IntegerAttr
+    pass_bytes: ir.IntegerAttr
     transformed: ext.Result[transform.AnyOpType[()]] = ext.infer_result()
 
     class Apply(transform.TransformOpInterface):
@@ -83,11 +86,12 @@ class FuseRootsIntoForallsOp(TransformExt.Operation, name="fuse_roots_into_foral
 
 def fuse_roots_into_foralls(func: ir.Value, *, threads: int, tiles_per_thread: int,
                             tile_bytes: int, vector_tile: int,
-                            min_parallel_work: int) -> ir.Value:
+                            min_parallel_work: int, pass_bytes: int) -> ir.Value:
     """Tile the roots of the functions in `func` into foralls (see the module docstring)."""
     i64 = ir.IntegerType.get_signless(64)
     values = dict(threads=threads, tiles_per_thread=tiles_per_thread, tile_bytes=tile_bytes,
-                  vector_tile=vector_tile, min_parallel_work=min_parallel_work)
+                  vector_tile=vector_tile, min_parallel_work=min_parallel_work,
+                  pass_bytes=pass_bytes)
     return FuseRootsIntoForallsOp(func, *(ir.IntegerAttr.get(i64, values[f]) for f in _FIELDS)).transformed
 
 

@@ -534,7 +534,8 @@ def _tile_other_ops(params: GenericParams):
         fuse_roots_into_foralls(match(root, "func.func"), threads=params.threads,
                                 tiles_per_thread=params.tiles_per_thread,
                                 tile_bytes=params.tile_bytes, vector_tile=params.vector_tile,
-                                min_parallel_work=params.min_parallel_work)
+                                min_parallel_work=params.min_parallel_work,
+                                pass_bytes=params.pass_bytes)
         return apply_passes(root, "canonicalize", "cse")
 
     return body

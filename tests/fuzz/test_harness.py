@@ -145,6 +145,38 @@ def test_a_mismatch_with_torch_that_matches_the_exact_result_is_not_a_failure():
         assert any("close to the exact" in e for e in verdict.events)
 
 
+TORCH_F32_ONE_ELEMENT_LAYER_NORM = """
+import torch
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm((1,), eps=1e-06)
+    def forward(self, x):
+        return self.norm(x * 2.25)
+def get_inputs():
+    return [torch.tensor([10.401723861694336])]
+def get_init_inputs():
+    return []
+"""
+
+
+def test_an_f32_result_that_torch_gets_wrong_is_judged_against_the_exact_one():
+    """A layer norm over one element: x - mean(x) is 0, so the weight's gradient is exactly
+    0; torch's eager backward gives -4e-4 (its rounding, times 1 / sqrt(eps)). Ours is the
+    exact 0: not a failure."""
+    torch_grad = _one_element_layer_norm_weight_grad()
+    verdict, _ = harness.run(TORCH_F32_ONE_ELEMENT_LAYER_NORM, True, "harness_f32_layer_norm_1")
+    assert verdict.ok, verdict
+    if torch_grad != 0:
+        assert any("close to the exact" in e for e in verdict.events)
+
+
+def _one_element_layer_norm_weight_grad() -> float:
+    norm = torch.nn.LayerNorm((1,), eps=1e-06)
+    norm(torch.tensor([10.401723861694336]) * 2.25).sum().backward()
+    return norm.weight.grad.item()
+
+
 def _torch_leaks_the_nan() -> bool:
     """Does torch's bf16 a @ b here put NaN in rows other than the NaN row of a?"""
     a = torch.rand(129, 129, dtype=torch.bfloat16)

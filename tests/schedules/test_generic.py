@@ -57,14 +57,20 @@ def test_reductions_whose_init_is_a_fill_stay_correct(kernel_file, expr):
 
 def test_row_blocks_are_sized_for_the_cache(kernel_file):
     """Layer norm over [4096, 4096] f32 (torch-mlir computes its variance in f64): the row
-    blocks are not threads x 4 = 8 blocks of 512 rows but 1024 blocks of 4 rows (128 KiB at
-    f64, the widest type the root touches, its variance sums widening x as they read it:
-    no f64 copy of a block); the columns are never split (the row statistics would be
-    recomputed). With few rows the threads still split an elementwise op's columns."""
+    blocks are not threads x 4 = 8 blocks of 512 rows but blocks of at most half of L1 (24
+    KiB, pass_bytes: the statistics read a row before the normalization reads it again), so
+    4096 blocks of one row (32 KiB at f64, the widest type the root touches, its variance
+    sums widening x as they read it: no f64 copy of a block); the columns are never split
+    (the row statistics would be recomputed). A row of 1024 f32 makes blocks of 4 rows
+    (16 KiB at f64). With few rows the threads still split an elementwise op's columns."""
     c = _compile(kernel_file, "torch.nn.functional.layer_norm(x, (4096,))",
                  "[torch.randn(4096, 4096)]", "x", stop_after="fuse")
     fused = str(c.module)
-    assert re.search(r"scf\.forall \(%\w+\) = \(0\) to \(4096\) step \(4\)", fused)
+    assert re.search(r"scf\.forall \(%\w+\) in \(4096\)", fused)
+    narrow = _compile(kernel_file, "torch.nn.functional.layer_norm(x, (1024,))",
+                      "[torch.randn(4096, 1024)]", "x", stop_after="fuse")
+    assert re.search(r"scf\.forall \(%\w+\) = \(0\) to \(4096\) step \(2\)",
+                     str(narrow.module))
     assert "x4096xf64>" not in fused
     small = _compile(kernel_file, "x * 2", "[torch.randn(2, 65536)]", "x", stop_after="fuse")
     assert re.search(r"scf\.forall \(%\w+, %\w+\) = \(0, 0\) to \(2, 65536\) step \(1, 16384\)",
@@ -181,7 +187,7 @@ def test_the_schedule_is_one_script_with_its_parameters_visible():
         CHECK: "transform_ext.split_assertions"
         CHECK: apply_registered_pass "linalg-fold-unit-extent-dims"
         CHECK: apply_registered_pass "linalg-fuse-elementwise-ops"
-        CHECK: "transform_ext.fuse_roots_into_foralls"(%{{.*}}) {min_parallel_work = 4096 : i64, threads = 3 : i64, tile_bytes = 131072 : i64, tiles_per_thread = 4 : i64, vector_tile = 32 : i64}
+        CHECK: "transform_ext.fuse_roots_into_foralls"(%{{.*}}) {min_parallel_work = 4096 : i64, pass_bytes = 24576 : i64, threads = 3 : i64, tile_bytes = 131072 : i64, tiles_per_thread = 4 : i64, vector_tile = 32 : i64}
         CHECK: transform.named_sequence @vectorize
         CHECK: "transform_ext.interchange_lane_dims_innermost"
         CHECK: "transform_ext.tile_to_vector_tiles"(%{{.*}}) {k_chunk = 16 : i64, register_tile = [4, 16], vector_tile = 32 : i64}

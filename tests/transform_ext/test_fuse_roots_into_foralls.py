@@ -41,7 +41,32 @@ def row_sums(rows: int = 64, cols: int = 128) -> str:
 
 ROW_SUMS = row_sums()
 
-POLICY = dict(threads=2, tiles_per_thread=4, tile_bytes=1 << 20, vector_tile=16)
+POLICY = dict(threads=2, tiles_per_thread=4, tile_bytes=1 << 20, vector_tile=16,
+              pass_bytes=1 << 20)
+
+_ROW_NORMALIZE = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#rows = affine_map<(d0, d1) -> (d0)>
+func.func @main(%x: tensor<64x128xf32>) -> tensor<64x128xf32> {
+  %zero = arith.constant 0.0 : f32
+  %r0 = tensor.empty() : tensor<64xf32>
+  %acc = linalg.fill ins(%zero : f32) outs(%r0 : tensor<64xf32>) -> tensor<64xf32>
+  %sum = linalg.generic {indexing_maps = [#id, #rows], iterator_types = ["parallel", "reduction"]}
+      ins(%x : tensor<64x128xf32>) outs(%acc : tensor<64xf32>) {
+  ^bb0(%a: f32, %out: f32):
+    %s = arith.addf %a, %out : f32
+    linalg.yield %s : f32
+  } -> tensor<64xf32>
+  %e = tensor.empty() : tensor<64x128xf32>
+  %q = linalg.generic {indexing_maps = [#id, #rows, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%x, %sum : tensor<64x128xf32>, tensor<64xf32>) outs(%e : tensor<64x128xf32>) {
+  ^bb0(%a: f32, %d: f32, %out: f32):
+    %y = arith.divf %a, %d : f32
+    linalg.yield %y : f32
+  } -> tensor<64x128xf32>
+  return %q : tensor<64x128xf32>
+}
+"""
 
 
 def test_a_root_is_tiled_into_a_forall_with_its_producers_fused():
@@ -60,6 +85,31 @@ def test_a_root_is_tiled_into_a_forall_with_its_producers_fused():
         CHECK: scf.forall.in_parallel
         CHECK-NOT: linalg.
         CHECK: return
+    """)
+
+
+def test_a_chain_of_passes_over_its_rows_is_bounded_by_pass_bytes():
+    """x / sum_j x[i, j]: the sum reads each row before the quotient reads it again, so a
+    tile holds at most pass_bytes of the result: 2 KiB, 4 rows of 128 f32 (16 tiles, not
+    the threads' 8)."""
+    payload = parse(_ROW_NORMALIZE)
+    apply(payload, lambda root: fuse_roots_into_foralls(
+        match(root, "func.func"), min_parallel_work=1, **{**POLICY, "pass_bytes": 2048}))
+    check(payload, """
+        CHECK: scf.forall (%[[I:.*]]) = (0) to (64) step (4)
+        CHECK: linalg.generic {{.*}} ins(%{{.*}} : tensor<4x128xf32>) outs(%{{.*}} : tensor<4xf32>)
+        CHECK: arith.divf
+        CHECK: scf.forall.in_parallel
+    """)
+
+
+def test_a_single_pass_reduction_is_not_bounded_by_pass_bytes():
+    """A row sum reads each row once: the threads' 8 tiles, whatever pass_bytes says."""
+    payload = parse(ROW_SUMS)
+    apply(payload, lambda root: fuse_roots_into_foralls(
+        match(root, "func.func"), min_parallel_work=1, **{**POLICY, "pass_bytes": 64}))
+    check(payload, """
+        CHECK: scf.forall (%{{.*}}) = (0) to (64) step (8)
     """)
 
 
