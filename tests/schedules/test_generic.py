@@ -172,6 +172,47 @@ def test_row_reductions_over_other_dims_and_views_match_torch(kernel_file, expr,
     _assert_matches(_compile(kernel_file, f"{expr} * w", inputs, "x, w", backward=backward))
 
 
+@pytest.mark.parametrize("expr, x", [
+    ("torch.nn.functional.group_norm(x, 1)", "torch.randn(1, 2, generator=g)"),
+    ("torch.nn.functional.group_norm(x, 1) * w", "torch.randn(1, 2, generator=g)"),
+    ("torch.nn.functional.group_norm(x, 2) * w", "torch.randn(3, 4, 5, generator=g)"),
+    ("torch.nn.functional.layer_norm(x, (3,)) * w", "torch.randn(4, 3, generator=g)"),
+])
+def test_norm_gradients_whose_element_counts_fold_to_constants_match_torch(kernel_file, expr, x):
+    """The backward of a norm sums ones over each group (its element count); folded into
+    the body as a constant, that reduction reads none of its inputs, and upstream's
+    vectorizer added the one once instead of once per element (a group of 2 counted 1: the
+    input gradient of GroupNorm(1, 2) was 0.92 off)."""
+    w = "torch.rand(" + x.split("(", 1)[1].split(", generator")[0] + ", generator=g) + 0.5"
+    inputs = f"[{x}, {w}]"
+    _assert_matches(_compile(kernel_file, expr, inputs, "x, w", backward=True))
+
+
+def test_a_reduction_of_a_constant_term_counts_every_step():
+    """sum_j 1.5 over 5 steps from 0.25: 7.75 (the vectorizer alone gives 1.75)."""
+    from tests.transform_ext.helpers import parse
+    from tests.transform_ext.numeric import run_module
+
+    payload = parse("""
+    #id = affine_map<(d0, d1) -> (d0, d1)>
+    #row = affine_map<(d0, d1) -> (d0)>
+    func.func @main(%x: tensor<3x5xf32>) -> tensor<3xf32> {
+      %c = arith.constant 1.5 : f32
+      %init = arith.constant 0.25 : f32
+      %e = tensor.empty() : tensor<3xf32>
+      %acc = linalg.fill ins(%init : f32) outs(%e : tensor<3xf32>) -> tensor<3xf32>
+      %sum = linalg.generic {indexing_maps = [#id, #row], iterator_types = ["parallel", "reduction"]}
+          ins(%x : tensor<3x5xf32>) outs(%acc : tensor<3xf32>) {
+      ^bb0(%in: f32, %out: f32):
+        %s = arith.addf %out, %c : f32
+        linalg.yield %s : f32
+      } -> tensor<3xf32>
+      return %sum : tensor<3xf32>
+    }""")
+    got = run_module(payload, [torch.zeros(3, 5)])[0]
+    torch.testing.assert_close(got, torch.full((3,), 7.75))
+
+
 def test_the_schedule_is_one_script_with_its_parameters_visible():
     """@fuse and @vectorize in order, the policy ops carrying GenericParams as attributes."""
     from torch_mlir import ir

@@ -221,9 +221,36 @@ def vector_tile_sizes(op: ir.Operation, policy) -> list[int] | None:
     if rows is not None:
         accumulators = policy.register_tile[0] * policy.register_tile[1] // sizes[lane]
         sizes[rows] = largest_divisor_at_most(ls.ranges[rows], max(1, accumulators))
+    if ls.reduction_dims and has_step_invariant_term(op):
+        for d in ls.reduction_dims:
+            sizes[d] = 1
     if all(s == r for s, r in zip(sizes, ls.ranges)):
         return None
     return sizes
+
+
+def has_step_invariant_term(op: ir.Operation) -> bool:
+    """Does a result of linalg op `op` combine its accumulator with a term that reads none of
+    the op's inputs and no loop index (sum_j 1: a count whose ones were folded into the body
+    as a constant)? Upstream's vectorizer combines such a term once, not once per step of
+    the reduced dims (the count of 2 ones came out 1: a group norm's input gradient was
+    wrong); with those dims tiled by 1 each step is a tile of its own."""
+    block = op.regions[0].blocks[0]
+    num_inputs = len(op.operands) - len(op.results)
+    yielded = block.operations[len(block.operations) - 1]
+
+    def reads_inputs(value, seen) -> bool:
+        owner = defining_op(value)
+        if owner is None:  # a block argument: of this body (an input or an accumulator)?
+            return value.owner == block and ir.BlockArgument(value).arg_number < num_inputs
+        if owner.parent != op or owner in seen:
+            return False
+        seen.add(owner)
+        if owner.name == "linalg.index":
+            return True
+        return any(reads_inputs(v, seen) for v in owner.operands)
+
+    return any(not reads_inputs(v, set()) for v in yielded.operands)
 
 
 def is_vector_matrix(ls, lane: int) -> bool:
