@@ -19,7 +19,8 @@ Sizes from `vector_tile_sizes` (transform_ext.analysis.tiles):
   dim up to 2 vector_tile, else a divisor of the extent in [vector_tile / 2, vector_tile]
   (even when the op touches bf16), else vector_tile, whose last, partial tile is peeled
   (`transform.loop.peel`) into a static tile of its own; the function is canonicalized
-  then, so the peeled tiles' sizes fold to constants.
+  then, so the peeled tiles' sizes fold to constants. A reduction whose combined term reads
+  no input (`has_step_invariant_term`) steps its reduced dims one at a time.
 Ops whose tile is the whole op (or with dynamic shapes) are left alone. Tiling and peeling
 split the iteration space; every element is computed as before.
 
