@@ -99,9 +99,9 @@ class GenericParams:
     tile_bytes: and, over the outer dims, small enough that a tile of the root's result
     holds at most this many bytes (at the widest element type the root touches), so a
     fused row block's intermediates stay in the L2 cache.
-    pass_bytes: the same bound for a root whose chain passes over each row of its tile
-    several times (a normalization: its reductions, then the normalized values), so the
-    tile stays in L1 between the passes.
+    pass_bytes: the same bound for a root whose chain passes over each contiguous row of its
+    tile several times (a normalization over the innermost dim: its reductions, then the
+    normalized values), so the tile stays in L1 between the passes.
     vector_tile: elements of the innermost loop dim per vector tile.
     register_tile: (m, n) accumulator tile of contractions.
     bf16_dot: contractions of two bf16 inputs step their k loop by pairs and become AVX512-BF16

@@ -103,6 +103,46 @@ def test_a_chain_of_passes_over_its_rows_is_bounded_by_pass_bytes():
     """)
 
 
+_CHANNEL_NORMALIZE = """
+#id = affine_map<(d0, d1, d2) -> (d0, d1, d2)>
+#nw = affine_map<(d0, d1, d2) -> (d0, d2)>
+func.func @main(%x: tensor<8x16x64xf32>) -> tensor<8x16x64xf32> {
+  %zero = arith.constant 0.0 : f32
+  %r0 = tensor.empty() : tensor<8x64xf32>
+  %acc = linalg.fill ins(%zero : f32) outs(%r0 : tensor<8x64xf32>) -> tensor<8x64xf32>
+  %sum = linalg.generic {indexing_maps = [#id, #nw],
+                         iterator_types = ["parallel", "reduction", "parallel"]}
+      ins(%x : tensor<8x16x64xf32>) outs(%acc : tensor<8x64xf32>) {
+  ^bb0(%a: f32, %out: f32):
+    %s = arith.addf %a, %out : f32
+    linalg.yield %s : f32
+  } -> tensor<8x64xf32>
+  %e = tensor.empty() : tensor<8x16x64xf32>
+  %q = linalg.generic {indexing_maps = [#id, #nw, #id],
+                       iterator_types = ["parallel", "parallel", "parallel"]}
+      ins(%x, %sum : tensor<8x16x64xf32>, tensor<8x64xf32>) outs(%e : tensor<8x16x64xf32>) {
+  ^bb0(%a: f32, %d: f32, %out: f32):
+    %y = arith.divf %a, %d : f32
+    linalg.yield %y : f32
+  } -> tensor<8x16x64xf32>
+  return %q : tensor<8x16x64xf32>
+}
+"""
+
+
+def test_a_chain_reducing_an_outer_dim_keeps_tile_bytes():
+    """x[n, c, w] / sum_c x[n, c, w] (a norm over the channels): the batch is split for the
+    threads (8 tiles of one), the contiguous dim is not cut into pass_bytes tiles, which
+    would read shorter runs of each channel."""
+    payload = parse(_CHANNEL_NORMALIZE)
+    apply(payload, lambda root: fuse_roots_into_foralls(
+        match(root, "func.func"), min_parallel_work=1, **{**POLICY, "pass_bytes": 64}))
+    check(payload, """
+        CHECK: scf.forall (%{{.*}}) in (8) shared_outs(%{{.*}}) -> (tensor<8x16x64xf32>)
+        CHECK: arith.divf
+    """)
+
+
 def test_a_single_pass_reduction_is_not_bounded_by_pass_bytes():
     """A row sum reads each row once: the threads' 8 tiles, whatever pass_bytes says."""
     payload = parse(ROW_SUMS)
