@@ -143,7 +143,7 @@ class GenericParams:
         CpuDescription): vector tiles of 4 vector registers, the register tile of
         `register_tile_for`, tiles of at most a sixteenth of L2 (room for a fused chain's
         intermediates and inputs beside the root's tile), or half of L1 for a chain of
-        several passes over its tile."""
+        several passes over each contiguous row of its tile."""
         return cls(threads=threads, tile_bytes=cpu.l2_bytes // 16, pass_bytes=cpu.l1d_bytes // 2,
                    vector_tile=4 * cpu.f32_lanes,
                    register_tile=register_tile_for(cpu.f32_lanes, cpu.vector_registers))

@@ -6,7 +6,8 @@ left sequential (a root: nothing after it reads it) gets forall tile sizes from
 `parallel_tile_sizes` (transform_ext.analysis.tiles): over the parallel dims whose split
 recomputes no reduction of its producer chain, threads x tiles_per_thread tiles or more,
 so that a tile's share of the result holds at most tile_bytes (pass_bytes when the chain
-reduces each row of the tile before reading it again); the innermost dim, if the
+reduces each contiguous row of the tile before reading it again: its innermost dim cannot
+be split); the innermost dim, if the
 outer ones give too few tiles, in chunks of at least vector_tile that divide it. Then
 upstream `transform.structured.fuse` (use_forall, cleanup) tiles the root and fuses its
 whole producer chain into the tile. A root with fewer than min_parallel_work output

@@ -21,8 +21,8 @@ from .structure import dim_positions, is_linalg_op, loop_structure
 @dataclass(frozen=True)
 class ForallPolicy:
     """threads x tiles_per_thread forall tiles, a tile's share of the result at most
-    tile_bytes (pass_bytes for a root whose fused chain makes several passes over the tile,
-    `several_passes`), inner chunks of at least vector_tile elements, ops with fewer than
+    tile_bytes (pass_bytes for a root whose fused chain passes over each contiguous row of
+    the tile several times, see `parallel_tile_sizes`), inner chunks of at least vector_tile elements, ops with fewer than
     min_parallel_work output elements sequential."""
 
     threads: int
@@ -242,18 +242,20 @@ def has_step_invariant_term(op: ir.Operation) -> bool:
     num_inputs = len(op.operands) - len(op.results)
     yielded = block.operations[len(block.operations) - 1]
 
-    def reads_inputs(value, seen) -> bool:
+    known: dict = {}  # body op -> does it read an input or a loop index
+
+    def reads_inputs(value) -> bool:
         owner = defining_op(value)
         if owner is None:  # a block argument: of this body (an input or an accumulator)?
             return value.owner == block and ir.BlockArgument(value).arg_number < num_inputs
-        if owner.parent != op or owner in seen:
+        if owner.parent != op:  # defined outside the body: the same at every step
             return False
-        seen.add(owner)
-        if owner.name == "linalg.index":
-            return True
-        return any(reads_inputs(v, seen) for v in owner.operands)
+        if owner not in known:
+            known[owner] = owner.name == "linalg.index" or any(
+                reads_inputs(v) for v in owner.operands)
+        return known[owner]
 
-    return any(not reads_inputs(v, set()) for v in yielded.operands)
+    return any(not reads_inputs(v) for v in yielded.operands)
 
 
 def is_vector_matrix(ls, lane: int) -> bool:
