@@ -35,7 +35,10 @@ One transform script (`generic_script`), two named sequences:
      `transform_ext.split_odd_bf16_lanes` splits bf16 tiles of an odd lane count; a pooling
      op's tile (W outputs of one row, one window tap: its lanes run along the outputs, the
      window loops inside) is decomposed to a 1-D pooling (`transform.structured.decompose`),
-     which the vectorizer turns into a shifted vector load and a max or add per tap;
+     which the vectorizer turns into a shifted vector load and a max or add per tap; a tap
+     of stride s > 1, and one of a 3-D pooling (a linalg.generic), becomes one load of
+     (W-1)*s+1 lanes, a shuffle of every s-th lane and the body on W lanes
+     (`transform_ext.strided_poolings_to_shuffles`);
   4. the function is vectorized (`vectorize_children_and_apply_patterns`) and loop-invariant
      accumulator reads/writes are hoisted out of the loops; a split mat-vec's step (a
      contraction elementwise along its lanes) becomes FMAs of a few rows with one vector of
@@ -80,6 +83,7 @@ from transform_ext.scalarize_rank0_generics import scalarize_rank0_generics
 from transform_ext.split_assertions import split_assertions
 from transform_ext.split_matvec_lanes import split_matvec_lanes
 from transform_ext.split_odd_bf16_lanes import split_odd_bf16_lanes
+from transform_ext.strided_poolings_to_shuffles import strided_poolings_to_shuffles
 from transform_ext.tile_insert_slices import tile_insert_slices
 from transform_ext.tile_to_vector_tiles import tile_to_vector_tiles
 from transform_ext.contracts_to_bf16_dot_products import contracts_to_bf16_dot_products
@@ -211,6 +215,7 @@ def vectorize_stage(params: GenericParams):
                                     k_chunk=params.k_chunk)
         func = split_odd_bf16_lanes(func)
         structured.DecomposeOp(match(func, list(POOLING_2D)))
+        strided_poolings_to_shuffles(func)
         scalarize_rank0_generics(func)
         tile_insert_slices(func, params.vector_tile,
                            max_elements=params.register_tile[0] * params.register_tile[1])

@@ -34,6 +34,7 @@ from __future__ import annotations
 from typing import Callable
 
 from torch_mlir import ir
+from torch_mlir.dialects import linalg
 from torch_mlir.dialects.transform import structured
 
 import transform_ext
@@ -42,8 +43,10 @@ from transform_ext.checks_to_error_code import kernel_error_messages as module_e
 from transform_ext.clamp_gather_indices import clamp_gather_indices as clamp_gather_indices_op
 from transform_ext.common import failure_reason
 from transform_ext.compute_elementwise_in_f32 import compute_elementwise_in_f32
+from transform_ext.exclude_ops import exclude_ops
 from transform_ext.expand_integer_powers import expand_integer_powers
 from transform_ext.filter_by_element_type import filter_by_element_type
+from transform_ext.filter_ops import filter_ops
 from transform_ext.fold_empty_iteration_spaces import fold_empty_iteration_spaces
 from transform_ext.match_narrow_reductions import match_narrow_reductions, narrow_reductions
 from transform_ext.promote_reductions_to_f32 import promote_reductions_to_f32 as promote_op
@@ -110,12 +113,23 @@ def widen_bool_tensors(payload: ir.Module) -> None:
     _apply(payload, body)
 
 
+NAMED_POOLINGS = tuple(f"linalg.{name}" for name in dir(linalg) if name.startswith("pooling_"))
+
+
 def promote_reductions_to_f32(payload: ir.Module) -> int:
     """Reductions (sums, contractions, max...) over bf16/f16 accumulate in f32 and round
-    once at the end, as torch's CPU kernels do (named ones generalized first); returns the
-    number of rewritten ops."""
+    once at the end, as torch's CPU kernels do (named ones generalized first, but for the
+    poolings, which stay named poolings with an f32 result); returns the number of
+    rewritten ops."""
     count = len(narrow_reductions(payload.operation))
-    _apply(payload, lambda root: promote_op(structured.GeneralizeOp(match_narrow_reductions(root)).transformed))
+
+    def body(root):
+        narrow = match_narrow_reductions(root)
+        poolings = filter_ops(narrow, names=NAMED_POOLINGS)
+        promote_op(poolings)
+        promote_op(structured.GeneralizeOp(exclude_ops(narrow, poolings)).transformed)
+
+    _apply(payload, body)
     return count
 
 

@@ -132,6 +132,7 @@ OP_MODULES: list[str] = [
     "split_strided_convolution",
     "move_output_channels_innermost",
     "unmask_extremum_reductions",
+    "strided_poolings_to_shuffles",
     "match_logits_contraction",
     "fold_gathers_through_contraction",
     "gathers_to_masked_class_sums",

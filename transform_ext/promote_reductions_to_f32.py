@@ -12,9 +12,15 @@ by an elementwise generic in front of the op, the result is f32 and an elementwi
 after it rounds it back (round to nearest even) for its users. Other results are kept.
 More exact than the narrow accumulation, never less: the rounding happens once.
 
-Targets: linalg.generic ops with results, a reduction iterator and an f16/bf16 result
-(match_narrow_reductions finds them; else a silenceable failure naming the op, nothing
-rewritten). They change in place; the handle is only read.
+A named pooling op (linalg.pooling_*, reducing a window: y = max/sum over the window of
+x) is rebuilt as the same named op with the f32 init and result instead: its body casts the
+narrow input itself (extf), and it stays the op the generic schedule decomposes and
+vectorizes (a generic with its strided window map does not vectorize).
+
+Targets: linalg.generic ops with results, a reduction iterator and an f16/bf16 result, and
+named poolings with an f16/bf16 result (match_narrow_reductions finds them; else a
+silenceable failure naming the op, nothing rewritten). The generics change in place, the
+poolings are replaced by their f32 form through the rewriter (the handle follows them).
 """
 
 from torch_mlir import ir
@@ -39,6 +45,26 @@ def _map_tensor(value: ir.Value, out_type, fn) -> ir.Value:
     with ir.InsertionPoint(block):
         linalg.YieldOp([fn(block.arguments[0])])
     return g.result
+
+
+def is_narrow_named_pooling(op: ir.Operation) -> bool:
+    """A named linalg pooling op with an f16/bf16 result."""
+    return (op.name.startswith("linalg.pooling_") and len(op.results) == 1
+            and is_narrow(op.results[0].type.element_type))
+
+
+def _promote_pooling(op: ir.Operation, rewriter) -> None:
+    """Rebuild the narrow pooling `op` with an f32 init and result, rounded after it."""
+    f32 = ir.F32Type.get()
+    narrow_t = op.results[0].type
+    wide_t = ir.RankedTensorType.get(list(narrow_t.shape), f32, narrow_t.encoding)
+    build = getattr(linalg, op.name.removeprefix("linalg."))
+    window = {k: list(ir.DenseIntElementsAttr(op.attributes[k])) for k in ("strides", "dilations")}
+    with ir.InsertionPoint(op), op.location:
+        init = _map_tensor(op.opview.outputs[0], wide_t, lambda a: arith.extf(f32, a))
+        wide = build(*op.opview.inputs, outs=[init], **window)
+        back = _map_tensor(wide, narrow_t, lambda a: arith.truncf(narrow_t.element_type, a))
+    rewriter.replace_op(op, [back])
 
 
 def promote(op: ir.Operation) -> None:
@@ -73,13 +99,17 @@ class PromoteReductionsToF32Op(TransformExt.Operation, name="promote_reductions_
                 targets = payload_ops(state, op.target)
                 try:
                     for target in targets:
-                        if not is_narrow_generic_reduction(target):
-                            raise Illegal(target, "not a linalg.generic reducing into an f16 or "
-                                                  "bf16 result")
+                        if not (is_narrow_generic_reduction(target)
+                                or is_narrow_named_pooling(target)):
+                            raise Illegal(target, "not a linalg.generic or named pooling "
+                                                  "reducing into an f16 or bf16 result")
                 except Illegal as illegal:
                     return fail(NAME, illegal)
                 for target in targets:
-                    promote(target)
+                    if target.name == "linalg.generic":
+                        promote(target)
+                    else:
+                        _promote_pooling(target, rewriter)
                 return Success
 
         @staticmethod
@@ -90,8 +120,9 @@ class PromoteReductionsToF32Op(TransformExt.Operation, name="promote_reductions_
 
 
 def promote_reductions_to_f32(target: ir.Value) -> PromoteReductionsToF32Op:
-    """Accumulate the narrow reductions of `target` (generics) in f32."""
+    """Accumulate the narrow reductions of `target` (generics, named poolings) in f32."""
     return PromoteReductionsToF32Op(target)
 
 
-__all__ = ["PromoteReductionsToF32Op", "promote_reductions_to_f32", "promote"]
+__all__ = ["PromoteReductionsToF32Op", "promote_reductions_to_f32", "promote",
+           "is_narrow_named_pooling"]

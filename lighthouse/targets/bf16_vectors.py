@@ -41,8 +41,10 @@ def _bf16_lanes(t: ir.Type) -> int | None:
 
 
 def _odd_lanes(t: ir.Type) -> bool:
+    """A bf16 vector of an odd lane count, one lane included (a strided pooling's taps are
+    one-lane vectors inserted and extracted one by one: "soft promote" on the insert)."""
     n = _bf16_lanes(t)
-    return isinstance(t, ir.VectorType) and n is not None and n > 1 and n % 2 == 1
+    return isinstance(t, ir.VectorType) and n is not None and n % 2 == 1
 
 
 def _scalar_or_odd_bf16(t: ir.Type) -> bool:
@@ -51,6 +53,15 @@ def _scalar_or_odd_bf16(t: ir.Type) -> bool:
     vector<1xbf16>)."""
     n = _bf16_lanes(t)
     return n is not None and n % 2 == 1
+
+
+def _shuffled_from_odd_bf16(value: ir.Value) -> bool:
+    """Is `value` lanes a vector.shuffle picks out of an odd-lane bf16 vector (a strided
+    pooling's taps)? LLVM folds the shuffle into its conversion and aborts on the odd
+    width ("soft promote")."""
+    op = defining_op(value)
+    return (isinstance(op, ir.Operation) and op.name == "vector.shuffle"
+            and any(_scalar_or_odd_bf16(v.type) for v in op.operands))
 
 
 def odd_bf16_conversions_as_integer_ops(payload: ir.Module, *, all_lane_counts: bool = False) -> int:
@@ -63,7 +74,8 @@ def odd_bf16_conversions_as_integer_ops(payload: ir.Module, *, all_lane_counts: 
     too: LLVM's vectorizers join them (the scalar loops of ops left unvectorized, their
     loads folded into bf16 loads) into bf16 vectors of any width and shuffle them for
     strided reads, which the x86 backend cannot select ("X86ISD::VPERM2X128", "soft
-    promote"); as integer ops they are i16 and i32 lanes. With `all_lane_counts` (a CPU
+    promote"); as integer ops they are i16 and i32 lanes. So are the conversions of lanes a
+    vector.shuffle picks out of an odd-lane vector (_shuffled_from_odd_bf16). With `all_lane_counts` (a CPU
     without a bf16 conversion instruction: module docstring), the conversions of bf16
     vectors of any lane count too. Returns the number rewritten."""
     from torch_mlir.dialects import arith
@@ -74,6 +86,7 @@ def odd_bf16_conversions_as_integer_ops(payload: ir.Module, *, all_lane_counts: 
         if op.name in ("arith.extf", "arith.truncf", "arith.sitofp", "arith.uitofp",
                        "arith.fptosi", "arith.fptoui") and (
                 _scalar_or_odd_bf16(op.operands[0].type) or _scalar_or_odd_bf16(op.results[0].type)
+                or _shuffled_from_odd_bf16(op.operands[0])
                 or (all_lane_counts and (_bf16_lanes(op.operands[0].type) is not None
                                          or _bf16_lanes(op.results[0].type) is not None))):
             targets.append(op)

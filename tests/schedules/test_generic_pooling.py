@@ -29,6 +29,20 @@ POOLS = {
     "avg_2d_strided": ("F.avg_pool2d(x, 3, 2, 1, count_include_pad=False)", "2, 3, 13, 70", ""),
     "max_2d_bf16": ("F.max_pool2d(x, 2)", "2, 2, 8, 66", ".to(torch.bfloat16)"),
     "max_2d_one_output": ("F.max_pool2d(x, 5)", "1, 2, 5, 5", ""),
+    # strided windows: each tap one contiguous load and a shuffle of every s-th lane
+    "max_1d_stride3_padded": ("F.max_pool1d(x, 4, 3, 1)", "2, 3, 71", ""),
+    "avg_2d_window_is_stride": ("F.avg_pool2d(x, 7)", "2, 2, 23, 59", ""),
+    # 3-D pooling (a linalg.generic with the window in its maps), strided and dilated
+    "max_3d_strided_dilated": ("F.max_pool3d(x, 3, 2, 1, 3)", "2, 3, 9, 20, 21", ""),
+    "avg_3d_strided": ("F.avg_pool3d(x, 3, 2, 1)", "2, 3, 7, 9, 20", ""),
+    "max_3d_bf16": ("F.max_pool3d(x, 2, 1)", "1, 2, 5, 6, 35", ".to(torch.bfloat16)"),
+    # f16/bf16 poolings accumulate in f32 as named poolings (a generalized one with its
+    # strided window map does not vectorize); a stride-16 window reads one-lane bf16 taps
+    "max_1d_f16_strided": ("F.max_pool1d(x, 16, 16)", "3, 10, 130", ".half()"),
+    "max_1d_bf16_strided": ("F.max_pool1d(x, 16, 16)", "3, 10, 130", ".to(torch.bfloat16)"),
+    "avg_1d_bf16": ("F.avg_pool1d(x, 4, 3)", "2, 16, 67", ".to(torch.bfloat16)"),
+    "avg_2d_f16_padded": ("F.avg_pool2d(x, 3, 2, 1, count_include_pad=False)", "2, 3, 13, 35",
+                          ".half()"),
     # a second use of the pooled tensor, and a transposed view as input
     "max_1d_second_use": ("(lambda p: (p, p.sum(-1)))(F.max_pool1d(x, 3, 1))", "2, 4, 70", ""),
     "max_1d_transposed": ("F.max_pool1d(x.transpose(1, 2), 3, 1)", "2, 70, 4", ""),
@@ -61,6 +75,46 @@ def test_each_window_tap_is_a_vector_load_of_the_outputs_lanes(kernel_file):
         CHECK: arith.maximumf %[[X]], %{{.*}} : vector<1x1x{{[0-9]+}}xf32>
     """)
     assert "linalg.pooling" not in text
+
+
+def test_a_strided_tap_is_one_load_and_a_shuffle(kernel_file):
+    compiled = _compile(kernel_file, "F.max_pool1d(x, 3, 2)", "2, 3, 150", stop_after="vectorize")
+    text = str(compiled.module)
+    check(text, """
+        CHECK-LABEL: func.func @main
+        CHECK: scf.for %[[TAP:.*]] = %c0 to %c3 step %c1
+        CHECK: %[[X:.*]] = vector.transfer_read {{.*}} vector<1x1x[[SPAN:[0-9]+]]xf32>
+        CHECK: %[[ROW:.*]] = vector.shape_cast %[[X]] : vector<1x1x[[SPAN]]xf32> to vector<[[SPAN]]xf32>
+        CHECK: %[[LANES:.*]] = vector.shuffle %[[ROW]], %{{.*}} [0, 2, 4, 6,
+        CHECK: arith.maximumf %{{.*}}, %[[LANES]]
+    """)
+    assert "vector<1xf32>" not in text
+
+
+def test_a_3d_pooling_tap_is_vector_code(kernel_file):
+    compiled = _compile(kernel_file, "F.max_pool3d(x, 3, 2, 1, 3)", "2, 3, 9, 20, 40",
+                        stop_after="vectorize")
+    text = str(compiled.module)
+    check(text, """
+        CHECK-LABEL: func.func @main
+        CHECK: vector.transfer_read {{.*}} vector<1x1x1x1x{{[0-9]+}}xf32>
+        CHECK: vector.shuffle
+        CHECK: arith.maximumf {{.*}} : vector<{{[0-9]+}}xf32>
+    """)
+    assert "linalg.generic" not in text
+
+
+def test_narrow_pooling_stays_a_named_pooling_accumulating_in_f32(kernel_file):
+    compiled = _compile(kernel_file, "F.max_pool1d(x, 16, 16)", "3, 10, 130", ".half()",
+                        stop_after="cleanup")
+    check(str(compiled.module), """
+        CHECK-LABEL: func.func @main
+        CHECK: %[[INIT:.*]] = linalg.generic {{.*}} outs(%{{.*}} : tensor<3x10x1x8xf32>)
+        CHECK: arith.extf %{{.*}} : f16 to f32
+        CHECK: %[[POOL:.*]] = linalg.pooling_nchw_max {{.*}} ins(%{{.*}}, %{{.*}} : tensor<3x10x1x130xf16>, tensor<1x16xf16>) outs(%[[INIT]] : tensor<3x10x1x8xf32>)
+        CHECK: linalg.generic {{.*}} ins(%[[POOL]] : tensor<3x10x1x8xf32>)
+        CHECK: arith.truncf %{{.*}} : f32 to f16
+    """)
 
 
 SPECIALS = """

@@ -60,7 +60,7 @@ class ConvolutionDims:
         return [self.ranges[k] if k is not None else 1 for k in self.window]
 
 
-def _linear_terms(expr) -> dict[int, int] | None:
+def linear_terms(expr) -> dict[int, int] | None:
     """{dim: coefficient} of a sum of dims times positive constants, None otherwise."""
     if isinstance(expr, ir.AffineDimExpr):
         return {expr.position: 1}
@@ -72,7 +72,7 @@ def _linear_terms(expr) -> dict[int, int] | None:
             return {lhs.position: rhs.value}
         return None
     if isinstance(expr, ir.AffineAddExpr):
-        lhs, rhs = _linear_terms(expr.lhs), _linear_terms(expr.rhs)
+        lhs, rhs = linear_terms(expr.lhs), linear_terms(expr.rhs)
         if lhs is None or rhs is None or set(lhs) & set(rhs):
             return None
         return {**lhs, **rhs}
@@ -80,7 +80,7 @@ def _linear_terms(expr) -> dict[int, int] | None:
 
 
 def _window_expr(expr, iterators: list[str]) -> WindowExpr | None:
-    terms = _linear_terms(expr)
+    terms = linear_terms(expr)
     if terms is None or len(terms) > 2:
         return None
     parallel = [d for d in terms if iterators[d] == "parallel"]

@@ -1,0 +1,146 @@
+"""strided_poolings_to_shuffles: one window tap of a pooling tile as a load and a shuffle.
+
+A pooling tile with one window tap (every reduction loop of extent 1) whose only loop of
+extent > 1 is W output lanes along the innermost dims of its output and its input,
+    y[w] = combine(y[w], x[s * w])        for w < W (stride s),
+reads every s-th element of its input slice. The vectorizer unrolls a named 1-D pooling
+of stride s > 1 into W one-lane extracts and combines (its convolution path steps the
+outputs one by one), and leaves a linalg.generic with such a window map (torch-mlir's
+3-D pooling: x[.., 2 * d3 + 3 * d6]) scalar. Here the tile becomes
+    v = vector.transfer_read x[0, .., 0] : vector<1x..x((W-1)*s+1)>  (one contiguous read)
+    p = vector.shuffle v, v [0, s, 2s, ..., (W-1)*s] : vector<W>     (the strided lanes;
+                                                                      none for s = 1)
+    y' = body(p, y)                                                   (W lanes at once)
+which LLVM lowers to whole-vector loads and lane permutes. The pooling's body (a max, min
+or sum; the input widened by extf when the accumulator is wider) is applied lanewise: its
+scalar arith ops are rebuilt on vectors of W lanes. Exact: the same ops on the same
+elements. The window offsets and the dilation are in the slice (one tap).
+
+Targets: nested in the target ops, named linalg.pooling_ncw_* ops of stride > 1 (the
+vectorizer's shifted load covers stride 1) and linalg.generic ops, each with static tensor
+operands, one result, reduction loops of extent 1, one lane loop as above (input 0 indexed
+by s * w plus a window tap, a reduction dim, in its innermost dim and by dims of extent 1
+in the others; the other inputs, a window's shape, unread) and a body of single-result
+arith ops on the input and the accumulator. Other ops are left as they are; never fails.
+The target handle is only read.
+"""
+
+from torch_mlir import ir
+from torch_mlir.dialects import arith, ext, transform, vector
+
+from .analysis.convolution import linear_terms
+from .analysis.structure import loop_structure
+from .common import RewritesTargets, Success, payload_ops, walk_ops
+from .dialect import TransformExt
+
+def _static_tensor(value: ir.Value) -> bool:
+    return isinstance(value.type, ir.RankedTensorType) and ir.RankedTensorType(value.type).has_static_shape
+
+
+def pooling_tap(op: ir.Operation) -> tuple[int, int] | None:
+    """(W, s) of a one-tap pooling tile (module docstring), None for any other op."""
+    named = op.name.startswith("linalg.pooling_ncw_")
+    if not (named or op.name == "linalg.generic") or len(op.results) != 1:
+        return None
+    if not all(_static_tensor(v) for v in op.operands):
+        return None
+    ls = loop_structure(op)
+    if not ls.is_static or not ls.reduction_dims or any(ls.ranges[d] != 1 for d in ls.reduction_dims):
+        return None
+    wide = [d for d, r in enumerate(ls.ranges) if r != 1]
+    out_map, in_map = ls.output_map(), ls.maps[0]
+    if len(wide) != 1 or not isinstance(out_map.results[-1], ir.AffineDimExpr) \
+            or out_map.results[-1].position != wide[0]:
+        return None
+    lane = wide[0]
+    terms = linear_terms(in_map.results[-1])
+    if terms is None or lane not in terms or not any(d in ls.reduction_dims for d in terms):
+        return None
+    for expr in in_map.results[:-1]:
+        others = linear_terms(expr)
+        if others is None and not isinstance(expr, ir.AffineConstantExpr) or others and lane in others:
+            return None
+    in_shape = ir.RankedTensorType(op.operands[0].type).shape
+    width, stride = ls.ranges[lane], terms[lane]
+    if any(n != 1 for n in in_shape[:-1]) or in_shape[-1] < (width - 1) * stride + 1:
+        return None
+    if named and stride == 1 or not _lanewise_body(op):
+        return None
+    return width, stride
+
+
+def _lanewise_body(op: ir.Operation) -> bool:
+    """Is the body of `op` single-result arith ops on the input and the accumulator?"""
+    body = op.regions[0].blocks[0]
+    known = {body.arguments[0], body.arguments[len(op.operands) - 1]}
+    for inner in list(body.operations)[:-1]:
+        if not inner.name.startswith("arith.") or len(inner.results) != 1 or inner.regions \
+                or any(v not in known for v in inner.operands):
+            return False
+        known.add(inner.results[0])
+    return list(body.operations)[-1].operands[0] in known
+
+
+def _read(source: ir.Value, lanes: int, rank: int) -> ir.Value:
+    """The `lanes` first elements of the innermost dim of `source` (all other dims 1), as a
+    1-D vector."""
+    elem = ir.RankedTensorType(source.type).element_type
+    zero = arith.constant(ir.IndexType.get(), 0)
+    rows = vector.transfer_read(ir.VectorType.get([1] * (rank - 1) + [lanes], elem), source,
+                                [zero] * rank, ir.AffineMap.get_minor_identity(rank, rank),
+                                arith.constant(elem, 0.0), [True] * rank)
+    return vector.shape_cast(ir.VectorType.get([lanes], elem), rows)
+
+
+def _rewrite(op: ir.Operation, rewriter) -> None:
+    width, stride = pooling_tap(op)
+    x, init = op.operands[0], op.operands[len(op.operands) - 1]
+    x_rank, out_rank = ir.RankedTensorType(x.type).rank, ir.RankedTensorType(init.type).rank
+    out_elem = ir.RankedTensorType(init.type).element_type
+    body = op.regions[0].blocks[0]
+    with ir.InsertionPoint(op), op.location:
+        row = _read(x, (width - 1) * stride + 1, x_rank)
+        picked = row if stride == 1 else vector.shuffle(row, row, [w * stride for w in range(width)])
+        lanes = {body.arguments[0]: picked, body.arguments[len(op.operands) - 1]: _read(init, width, out_rank)}
+        for inner in list(body.operations)[:-1]:
+            attrs = inner.attributes
+            lanewise = ir.Operation.create(
+                inner.name, results=[ir.VectorType.get([width], inner.results[0].type)],
+                operands=[lanes[v] for v in inner.operands],
+                attributes={attrs[i].name: attrs[i].attr for i in range(len(attrs))})
+            lanes[inner.results[0]] = lanewise.results[0]
+        combined = lanes[list(body.operations)[-1].operands[0]]
+        rows = vector.shape_cast(ir.VectorType.get([1] * (out_rank - 1) + [width], out_elem), combined)
+        zero = arith.constant(ir.IndexType.get(), 0)
+        written = vector.transfer_write(init.type, rows, init, [zero] * out_rank,
+                                        ir.AffineMap.get_minor_identity(out_rank, out_rank),
+                                        [True] * out_rank)
+    rewriter.replace_op(op, [written])
+
+
+class StridedPoolingsToShufflesOp(TransformExt.Operation, name="strided_poolings_to_shuffles"):
+    target: ext.Operand[transform.AnyOpType]
+
+    class Apply(transform.TransformOpInterface):
+        @staticmethod
+        def apply(op, rewriter, results, state):
+            with op.context:
+                found = [p for t in payload_ops(state, op.target)
+                         for p in walk_ops(t, lambda o: pooling_tap(o) is not None)]
+                for p in found:
+                    _rewrite(p, rewriter)
+                return Success
+
+        @staticmethod
+        def allow_repeated_handle_operands(op):
+            return False
+
+    Effects = RewritesTargets
+
+
+def strided_poolings_to_shuffles(target: ir.Value) -> StridedPoolingsToShufflesOp:
+    """Rewrite the one-tap pooling tiles nested in `target` (module docstring)."""
+    return StridedPoolingsToShufflesOp(target)
+
+
+__all__ = ["StridedPoolingsToShufflesOp", "strided_poolings_to_shuffles", "pooling_tap"]
