@@ -98,5 +98,35 @@ def test_rejects_an_f32_reduction():
     before = str(payload)
     message = apply_expect_failure(payload, lambda root: promote_reductions_to_f32(match(root, "linalg.generic")))
     assert "transform_ext.promote_reductions_to_f32: linalg.generic" in message
-    assert "not a linalg.generic reducing into an f16 or bf16 result" in message
+    assert "not a linalg.generic or named pooling reducing into an f16 or bf16 result" in message
     assert str(payload) == before
+
+
+POOLING = """
+func.func @main(%x: tensor<1x2x1x9xbf16>) -> tensor<1x2x1x4xbf16> {
+  %low = arith.constant 0xFF80 : bf16
+  %e = tensor.empty() : tensor<1x2x1x4xbf16>
+  %i = linalg.fill ins(%low : bf16) outs(%e : tensor<1x2x1x4xbf16>) -> tensor<1x2x1x4xbf16>
+  %w = tensor.empty() : tensor<1x3xbf16>
+  %p = linalg.pooling_nchw_max {dilations = dense<1> : vector<2xi64>, strides = dense<[1, 2]> : vector<2xi64>}
+      ins(%x, %w : tensor<1x2x1x9xbf16>, tensor<1x3xbf16>) outs(%i : tensor<1x2x1x4xbf16>) -> tensor<1x2x1x4xbf16>
+  return %p : tensor<1x2x1x4xbf16>
+}
+"""
+
+
+def test_a_named_pooling_stays_named_with_an_f32_accumulator():
+    payload = parse(POOLING)
+    apply(payload, lambda root: promote_reductions_to_f32(match(root, "linalg.pooling_nchw_max")))
+    check(str(payload), """
+        CHECK-LABEL: func.func @main
+        CHECK: %[[INIT:.*]] = linalg.generic {{.*}} outs(%{{.*}} : tensor<1x2x1x4xf32>)
+        CHECK: arith.extf %{{.*}} : bf16 to f32
+        CHECK: %[[P:.*]] = linalg.pooling_nchw_max {dilations = dense<1> : tensor<2xi64>, strides = dense<[1, 2]> : tensor<2xi64>} ins(%arg0, %{{.*}} : tensor<1x2x1x9xbf16>, tensor<1x3xbf16>) outs(%[[INIT]] : tensor<1x2x1x4xf32>)
+        CHECK: %[[R:.*]] = linalg.generic {{.*}} ins(%[[P]] : tensor<1x2x1x4xf32>)
+        CHECK: arith.truncf %{{.*}} : f32 to bf16
+        CHECK: return %[[R]]
+    """)
+    x = torch.randn(1, 2, 1, 9).to(torch.bfloat16)
+    got = run_module(payload, [x])[0]
+    assert torch.equal(got, torch.nn.functional.max_pool2d(x, (1, 3), (1, 2)))
