@@ -358,12 +358,19 @@ def _tensor_result_specs(module, name: str):
     return [_spec_of_type(t, name, f"result {i}") for i, t in enumerate(fn_type.results)]
 
 
-def bench(compiled: Compiled, *, rounds: int = 10) -> tuple[float, float]:
-    """Median seconds per call: ours and torch eager, measured alternately in this process."""
+def bench(compiled: Compiled, *, rounds: int = 10, threads: int | None = None) -> tuple[float, float]:
+    """Median seconds per call: ours and torch eager, measured alternately in this process;
+    with `threads` (ours compiled for that many), torch runs on as many."""
     from .runtime import time_alternately
 
     ours = compiled.function.bind(compiled.imported.args)
-    return time_alternately(ours, compiled.imported.reference, rounds=rounds)
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return time_alternately(ours, compiled.imported.reference, rounds=rounds)
+    finally:
+        torch.set_num_threads(before)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -373,7 +380,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default="cpu", choices=["cpu", "xegpu"])
     p.add_argument("--run", action="store_true", help="run the compiled kernel on get_inputs()")
     p.add_argument("--check", action="store_true", help="compare with torch; exit 1 on mismatch")
-    p.add_argument("--bench", action="store_true", help="median time of ours and of torch eager")
+    p.add_argument("--bench", action="store_true",
+                   help="median time of ours and of torch eager (on --threads threads each)")
     p.add_argument("--emit", metavar="STAGE", help="print the IR after STAGE and stop")
     p.add_argument("--stop-after", metavar="STAGE", help="stop after STAGE (no JIT)")
     p.add_argument("--dump-dir", metavar="DIR",
@@ -470,7 +478,7 @@ def _main(args) -> int:
                 raise CheckFailed(f"{compiled.kernel.path}: result differs from torch")
             print("check passed")
         if args.bench:
-            ours, theirs = bench(compiled)
+            ours, theirs = bench(compiled, threads=args.threads)
             print(f"bench {compiled.kernel.name}: ours {ours * 1e3:.3f} ms, torch {theirs * 1e3:.3f} ms, "
                   f"speedup {theirs / ours:.2f}x")
     return 0

@@ -103,6 +103,7 @@ def import_forward(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel
             program = program.run_decompositions(_forward_decompositions())
             index_causal_masks(program)
             empty_tensors_without_work(program.graph_module)
+            contiguous_as_strided_as_views(program.graph_module)
             prepare_index_puts(program.graph_module)
             state_in_lists_as_copies(program)
             module = fx.export_and_import(program, output_type="linalg-on-tensors",
@@ -222,6 +223,7 @@ def import_joint(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel")
                 SdpaIn4d():
             gm = _trace_joint(joint, flat_args)
         empty_tensors_without_work(gm)
+        contiguous_as_strided_as_views(gm)
         prepare_index_puts(gm)
         module = fx.stateless_fx_import(gm, output_type="linalg-on-tensors", model_name="main",
                                         fx_importer=importer)
@@ -250,6 +252,7 @@ def import_graph(gm: torch.fx.GraphModule, *, name: str = "graph") -> Imported:
     importer, diagnostics = _quiet_importer()
     try:
         empty_tensors_without_work(gm)
+        contiguous_as_strided_as_views(gm)
         prepare_index_puts(gm)
         module = fx.stateless_fx_import(gm, output_type="linalg-on-tensors", model_name="main",
                                         fx_importer=importer)
@@ -307,6 +310,48 @@ def empty_tensors_without_work(gm: torch.fx.GraphModule) -> int:
         replaced += 1
     if replaced:
         graph.eliminate_dead_code()
+        gm.recompile()
+    return replaced
+
+
+def _contiguous_strides(shape) -> list[int]:
+    strides, step = [], 1
+    for n in reversed(list(shape)):
+        strides.append(step)
+        step *= max(n, 1)
+    return strides[::-1]
+
+
+def contiguous_as_strided_as_views(gm: torch.fx.GraphModule) -> int:
+    """Every `aten.as_strided(x, size, stride, 0)` that reads all of a contiguous x in its
+    order (stride the contiguous strides of size, dims of extent 1 aside; as many elements
+    as x) becomes `aten.view(x, size)`. torch's group norm of an [N, C] input ends in two
+    of them; torch-mlir imports an as_strided as a gather through one constant index tensor
+    per dim of x (four [N, C] int64 tensors each), which a view does without. Exact;
+    returns the number of ops replaced."""
+    graph = gm.graph
+    replaced = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten.as_strided.default:
+            continue
+        source, size, stride = node.args[:3]
+        offset = node.args[3] if len(node.args) > 3 else node.kwargs.get("storage_offset")
+        x = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+        if not isinstance(x, torch.Tensor) or not x.is_contiguous() or x.storage_offset() != 0 \
+                or offset not in (None, 0) or not all(isinstance(n, int) for n in list(size) + list(stride)):
+            continue
+        if math.prod(size) != x.numel() or any(
+                n != 1 and s != c for n, s, c in zip(size, stride, _contiguous_strides(size))):
+            continue
+        with graph.inserting_before(node):
+            new = graph.call_function(torch.ops.aten.view.default, (source, list(size)))
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        name = node.name
+        graph.erase_node(node)
+        new._rename(name)
+        replaced += 1
+    if replaced:
         gm.recompile()
     return replaced
 

@@ -26,6 +26,28 @@ def test_bench_prints_both_medians_and_ratio():
     assert "ours" in r.stdout and "torch" in r.stdout and "speedup" in r.stdout
 
 
+def test_bench_runs_torch_on_the_threads_of_ours():
+    """--bench --threads N: torch eager on N threads during the measurement (it would take
+    every core otherwise), its setting restored after."""
+    import torch
+
+    from lighthouse.compile import bench, compile_kernel
+
+    compiled = compile_kernel(EXAMPLES / "matmul.py", overrides={"N": 32}, threads=1)
+    seen = []
+    reference = compiled.imported.reference
+
+    def recording():
+        seen.append(torch.get_num_threads())
+        return reference()
+
+    compiled.imported.reference = recording
+    before = torch.get_num_threads()
+    bench(compiled, rounds=2, threads=1)
+    assert seen and set(seen) == {1}
+    assert torch.get_num_threads() == before
+
+
 def test_emit_prints_stage_ir_and_stops():
     r = run_cli(EXAMPLES / "matmul.py", "--set", "N=32", "--emit", "import")
     assert r.returncode == 0, r.stderr

@@ -391,3 +391,37 @@ def test_frozen_state_of_every_kind_imports_and_matches_torch(kernel_file, dtype
         CHECK-DAG: dense_resource<torch_tensor_5_4_3_torch.uint8> : tensor<5x4x3xi8>
         CHECK-DAG: dense<1.500000e+00> : tensor<1x{elem}>
     """)
+
+
+AS_STRIDED = {
+    # torch's group norm of an [N, C] input ends in as_strided over contiguous results
+    "group_norm_2d": ("torch.nn.functional.group_norm(x, 4, w, b)",
+                      "[torch.randn(6, 24, generator=g), torch.randn(24, generator=g), "
+                      "torch.randn(24, generator=g)]", "x, w, b"),
+    # its neighbours: strides that transpose, an offset, a part of x: gathers, still exact
+    "transposing": ("(x * 2).as_strided((5, 3), (1, 5))", "[torch.randn(3, 5, generator=g)]", "x"),
+    "offset": ("(x * 2).as_strided((2, 5), (5, 1), 5)", "[torch.randn(3, 5, generator=g)]", "x"),
+    "prefix": ("(x * 2).as_strided((2, 4), (4, 1))", "[torch.randn(3, 5, generator=g)]", "x"),
+}
+
+
+# (the backward of a gathering as_strided does not import: torch-mlir has no lowering of
+# the index tensors' literal in its as_strided_scatter)
+@pytest.mark.parametrize("name, backward", [(name, False) for name in AS_STRIDED]
+                         + [("group_norm_2d", True)])
+def test_as_strided_matches_torch(kernel_file, name, backward):
+    expr, inputs, args = AS_STRIDED[name]
+    _assert_matches(_compile(kernel_file, expr, inputs, args, backward=backward))
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_a_contiguous_as_strided_imports_as_a_reshape(kernel_file, backward):
+    """No gather through constant index tensors ([N, C] int64 per dim of the source)."""
+    expr, inputs, args = AS_STRIDED["group_norm_2d"]
+    text = str(_compile(kernel_file, expr, inputs, args, backward=backward,
+                        stop_after="import").module)
+    assert "tensor.extract " not in text and "xi64>" not in text
+    check(text, """
+        CHECK-LABEL: func.func @main
+        CHECK: tensor.collapse_shape {{.*}} : tensor<6x4x6x1xf32> into tensor<6x24xf32>
+    """)
