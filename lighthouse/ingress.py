@@ -352,6 +352,7 @@ def contiguous_as_strided_as_views(gm: torch.fx.GraphModule) -> int:
         new._rename(name)
         replaced += 1
     if replaced:
+        graph.eliminate_dead_code()
         gm.recompile()
     return replaced
 
@@ -1058,6 +1059,15 @@ class _GroupNormInF32(torch.overrides.TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def _reciprocal_as_division(x):
+    """1 / x as a division: torch-mlir lowers aten.reciprocal with an assertion that x is
+    not 0, an ordered compare that a NaN fails too, so a kernel reported "unimplemented:
+    tensor with zero element" where torch gives inf or NaN (also for a reciprocal the joint
+    graph computes and never reads)."""
+    dtype = x.dtype if x.is_floating_point() else torch.get_default_dtype()
+    return torch.ops.aten.div.Tensor(torch.ops.aten.full_like.default(x, 1, dtype=dtype), x)
+
+
 def _joint_decompositions() -> dict:
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
@@ -1074,6 +1084,7 @@ def _joint_decompositions() -> dict:
     table.update(flash_decompositions())
     table.update(convolution_decompositions())
     table.update(pool_decompositions())
+    table[aten.reciprocal.default] = _reciprocal_as_division
     return table
 
 
@@ -1082,4 +1093,5 @@ def _forward_decompositions() -> dict:
 
     return {**get_decomposition_table(), **_narrow_float_decompositions(),
             **index_decompositions(), **transposed_convolution_decompositions(),
-            **unbatched_pool_decompositions()}
+            **unbatched_pool_decompositions(),
+            torch.ops.aten.reciprocal.default: _reciprocal_as_division}

@@ -425,3 +425,17 @@ def test_a_contiguous_as_strided_imports_as_a_reshape(kernel_file, backward):
         CHECK-LABEL: func.func @main
         CHECK: tensor.collapse_shape {{.*}} : tensor<6x4x6x1xf32> into tensor<6x24xf32>
     """)
+
+
+RECIPROCAL_FLOATS = '[torch.tensor([1.0, 0.0, -0.0, float("nan"), float("inf"), -2.0])]'
+
+
+@pytest.mark.parametrize("inputs, backward", [(RECIPROCAL_FLOATS, False), (RECIPROCAL_FLOATS, True),
+                                              ("[torch.tensor([1, 0, 3, -2])]", False)])
+def test_reciprocal_of_zero_and_nan_matches_torch(kernel_file, inputs, backward):
+    """torch.reciprocal gives inf at 0 and NaN at NaN: no kernel error (torch-mlir's
+    lowering asserted x != 0, which a NaN fails too); an integer input divides as floats."""
+    compiled = _compile(kernel_file, "torch.reciprocal(x) * 2", inputs, backward=backward)
+    _assert_matches(compiled)
+    got, want = compiled.run()[0], compiled.expected()[0]
+    assert got.isnan().equal(want.isnan()) and got.isinf().equal(want.isinf())
