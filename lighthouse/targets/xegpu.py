@@ -509,6 +509,7 @@ class _StageBuilder:
                     "xegpu: the attention schedule left no query-block forall to map to "
                     "workgroups (a single query block, B * H * S / query_tile = 1?); lower "
                     "query_tile in the kernel's LIGHTHOUSE dict")
+            _refuse_windowed_ops(func)
             work = []
             for group in find_contraction_groups(func):
                 work.append((top.index(group.root), "contraction", group))
@@ -970,6 +971,22 @@ def _reads_a_pass(op: ir.Operation) -> bool:
         if isinstance(owner, ir.Operation) and BACKWARD_PASS in owner.attributes:
             return True
     return False
+
+
+def _refuse_windowed_ops(func) -> None:
+    """An UnsupportedError naming the first pooling in `func` (a named linalg.pooling_* op,
+    or a linalg op indexing an operand by a sum of dims: a window): the XeGPU kernels tile
+    contractions and rows, and have no form for a window yet."""
+    from transform_ext.analysis.structure import all_linalg_ops, loop_structure
+
+    for op in all_linalg_ops(func):
+        windowed = op.name.startswith("linalg.pooling_") or (
+            op.name == "linalg.generic" and any(
+                not isinstance(e, (ir.AffineDimExpr, ir.AffineConstantExpr))
+                for m in loop_structure(op).maps for e in m.results))
+        if windowed:
+            raise UnsupportedError(f"xegpu: {op.name} at {op.location}: a pooling window has no "
+                                   f"GPU lowering yet (the CPU target compiles it)")
 
 
 def _has_loss_tail(module: ir.Module) -> bool:

@@ -163,6 +163,31 @@ def test_f32_operands_are_refused_naming_them_and_dpas_types():
     assert "Traceback" not in r.stderr and "epilogue rank" not in r.stderr
 
 
+POOLING = """
+import torch
+import torch.nn.functional as F
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return {expr}
+def get_inputs():
+    return [torch.randn({shape}, dtype=torch.float16)]
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("expr, shape, op", [
+    ("F.max_pool1d(x, 4, 4)", "2, 16, 64", "linalg.pooling_nchw_max"),
+    ("torch.relu(F.avg_pool2d(x, 2))", "2, 16, 32, 32", "linalg.pooling_nchw_sum"),
+    ("F.max_pool3d(x, 2, 2)", "2, 4, 8, 8, 32", "linalg.generic")])
+def test_poolings_are_refused_naming_the_op(kernel_file, expr, shape, op):
+    """A pooling has no XeGPU kernel yet: one line naming it, not the vectorizer's internal
+    error after both schedules failed."""
+    path = kernel_file(POOLING.format(expr=expr, shape=shape))
+    with pytest.raises(UnsupportedError, match=rf"xegpu: {op} at .*: a pooling window has no GPU lowering"):
+        compile_kernel(path, target="xegpu", stop_after="workgroups")
+
+
 def test_contraction_without_epilogue_lowers_to_dpas(kernel_file, tmp_path):
     """16-bit inputs widened to f32 and an f32 result: the contraction itself is the root
     of the workgroup tiling (no epilogue), one DPAS kernel with validated SPIR-V."""
