@@ -34,7 +34,6 @@ from __future__ import annotations
 from typing import Callable
 
 from torch_mlir import ir
-from torch_mlir.dialects import linalg
 from torch_mlir.dialects.transform import structured
 
 import transform_ext
@@ -49,6 +48,7 @@ from transform_ext.filter_by_element_type import filter_by_element_type
 from transform_ext.filter_ops import filter_ops
 from transform_ext.fold_empty_iteration_spaces import fold_empty_iteration_spaces
 from transform_ext.match_narrow_reductions import match_narrow_reductions, narrow_reductions
+from transform_ext.promote_reductions_to_f32 import NAMED_POOLINGS
 from transform_ext.promote_reductions_to_f32 import promote_reductions_to_f32 as promote_op
 from transform_ext.split_assertions import split_assertions as split_assertions_op
 from transform_ext.unit_dim_transposes_to_reshapes import unit_dim_transposes_to_reshapes
@@ -111,9 +111,6 @@ def widen_bool_tensors(payload: ir.Module) -> None:
         widen_bool_tensors_op(funcs)
 
     _apply(payload, body)
-
-
-NAMED_POOLINGS = tuple(f"linalg.{name}" for name in dir(linalg) if name.startswith("pooling_"))
 
 
 def promote_reductions_to_f32(payload: ir.Module) -> int:

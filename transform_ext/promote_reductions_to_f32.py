@@ -47,9 +47,13 @@ def _map_tensor(value: ir.Value, out_type, fn) -> ir.Value:
     return g.result
 
 
+# The named pooling ops (each has a builder of the same name in the linalg bindings).
+NAMED_POOLINGS = tuple(f"linalg.{name}" for name in dir(linalg) if name.startswith("pooling_"))
+
+
 def is_narrow_named_pooling(op: ir.Operation) -> bool:
     """A named linalg pooling op with an f16/bf16 result."""
-    return (op.name.startswith("linalg.pooling_") and len(op.results) == 1
+    return (op.name in NAMED_POOLINGS and len(op.results) == 1
             and is_narrow(op.results[0].type.element_type))
 
 
@@ -125,4 +129,4 @@ def promote_reductions_to_f32(target: ir.Value) -> PromoteReductionsToF32Op:
 
 
 __all__ = ["PromoteReductionsToF32Op", "promote_reductions_to_f32", "promote",
-           "is_narrow_named_pooling"]
+           "is_narrow_named_pooling", "NAMED_POOLINGS"]

@@ -58,13 +58,14 @@ def pooling_tap(op: ir.Operation) -> tuple[int, int] | None:
         return None
     for expr in in_map.results[:-1]:
         others = linear_terms(expr)
-        if others is None and not isinstance(expr, ir.AffineConstantExpr) or others and lane in others:
+        if (others is None and not isinstance(expr, ir.AffineConstantExpr)) \
+                or (others is not None and lane in others):
             return None
     in_shape = ir.RankedTensorType(op.operands[0].type).shape
     width, stride = ls.ranges[lane], terms[lane]
     if any(n != 1 for n in in_shape[:-1]) or in_shape[-1] < (width - 1) * stride + 1:
         return None
-    if named and stride == 1 or not _lanewise_body(op):
+    if (named and stride == 1) or not _lanewise_body(op):
         return None
     return width, stride
 
@@ -81,27 +82,28 @@ def _lanewise_body(op: ir.Operation) -> bool:
     return list(body.operations)[-1].operands[0] in known
 
 
-def _read(source: ir.Value, lanes: int, rank: int) -> ir.Value:
+def _read(source: ir.Value, lanes: int, rank: int, zero: ir.Value) -> ir.Value:
     """The `lanes` first elements of the innermost dim of `source` (all other dims 1), as a
-    1-D vector."""
+    1-D vector (`zero`: the index 0)."""
     elem = ir.RankedTensorType(source.type).element_type
-    zero = arith.constant(ir.IndexType.get(), 0)
     rows = vector.transfer_read(ir.VectorType.get([1] * (rank - 1) + [lanes], elem), source,
                                 [zero] * rank, ir.AffineMap.get_minor_identity(rank, rank),
                                 arith.constant(elem, 0.0), [True] * rank)
     return vector.shape_cast(ir.VectorType.get([lanes], elem), rows)
 
 
-def _rewrite(op: ir.Operation, rewriter) -> None:
-    width, stride = pooling_tap(op)
+def _rewrite(op: ir.Operation, tap: tuple[int, int], rewriter) -> None:
+    width, stride = tap
     x, init = op.operands[0], op.operands[len(op.operands) - 1]
     x_rank, out_rank = ir.RankedTensorType(x.type).rank, ir.RankedTensorType(init.type).rank
     out_elem = ir.RankedTensorType(init.type).element_type
     body = op.regions[0].blocks[0]
     with ir.InsertionPoint(op), op.location:
-        row = _read(x, (width - 1) * stride + 1, x_rank)
+        zero = arith.constant(ir.IndexType.get(), 0)
+        row = _read(x, (width - 1) * stride + 1, x_rank, zero)
         picked = row if stride == 1 else vector.shuffle(row, row, [w * stride for w in range(width)])
-        lanes = {body.arguments[0]: picked, body.arguments[len(op.operands) - 1]: _read(init, width, out_rank)}
+        lanes = {body.arguments[0]: picked,
+                 body.arguments[len(op.operands) - 1]: _read(init, width, out_rank, zero)}
         for inner in list(body.operations)[:-1]:
             attrs = inner.attributes
             lanewise = ir.Operation.create(
@@ -111,7 +113,6 @@ def _rewrite(op: ir.Operation, rewriter) -> None:
             lanes[inner.results[0]] = lanewise.results[0]
         combined = lanes[list(body.operations)[-1].operands[0]]
         rows = vector.shape_cast(ir.VectorType.get([1] * (out_rank - 1) + [width], out_elem), combined)
-        zero = arith.constant(ir.IndexType.get(), 0)
         written = vector.transfer_write(init.type, rows, init, [zero] * out_rank,
                                         ir.AffineMap.get_minor_identity(out_rank, out_rank),
                                         [True] * out_rank)
@@ -125,10 +126,15 @@ class StridedPoolingsToShufflesOp(TransformExt.Operation, name="strided_poolings
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                found = [p for t in payload_ops(state, op.target)
-                         for p in walk_ops(t, lambda o: pooling_tap(o) is not None)]
+                taps = {}  # op -> (W, s), each op analyzed once
+
+                def is_tap(o):
+                    taps[o] = pooling_tap(o)
+                    return taps[o] is not None
+
+                found = [p for t in payload_ops(state, op.target) for p in walk_ops(t, is_tap)]
                 for p in found:
-                    _rewrite(p, rewriter)
+                    _rewrite(p, taps[p], rewriter)
                 return Success
 
         @staticmethod
