@@ -26,7 +26,12 @@ One transform script (`generic_script`), two named sequences:
      (`transform.structured.fuse`, use_forall). A producer that still has users outside
      becomes a root of its own in a later round.
 @vectorize:
-  3. `transform_ext.interchange_lane_dims_innermost`, then `transform_ext.tile_to_vector_tiles`:
+  3. a stride-1 max (min) pooling along the innermost dim becomes, per row and chunk of
+     `window_lanes` outputs, one read of the inputs the chunk sees (the unpadded input, the
+     padding spliced in at the edges) and ceil(log2 k) maxima of that vector and itself
+     shifted (`transform_ext.sliding_window_extrema`; a window of k taps is the max of two
+     overlapping windows of 2^j taps); then
+     `transform_ext.interchange_lane_dims_innermost` and `transform_ext.tile_to_vector_tiles`:
      every linalg op is tiled with `scf.for` to a vector tile: contractions to an m x n
      register tile (a vector-matrix product y[m] += A[k, m] x[k]: a run of m x n lanes along
      A's rows; k = 1, lowered later to outer products / FMAs) that computes its
@@ -83,6 +88,7 @@ from transform_ext.scalarize_rank0_generics import scalarize_rank0_generics
 from transform_ext.split_assertions import split_assertions
 from transform_ext.split_matvec_lanes import split_matvec_lanes
 from transform_ext.split_odd_bf16_lanes import split_odd_bf16_lanes
+from transform_ext.sliding_window_extrema import sliding_window_extrema
 from transform_ext.strided_poolings_to_shuffles import strided_poolings_to_shuffles
 from transform_ext.tile_insert_slices import tile_insert_slices
 from transform_ext.tile_to_vector_tiles import tile_to_vector_tiles
@@ -115,7 +121,9 @@ class GenericParams:
       (A^T x, A read in place): each chunk's rows are streamed side by side across the
       register tiles instead of one register tile's column strip of A at a time (f32:
       1.05-1.15x, one thread, shared machine; not for a bf16 A, where it cost 0.85-0.99x);
-      1 = no chunks."""
+      1 = no chunks.
+    window_lanes: outputs per chunk of a stride-1 max (min) pooling computed by doubled
+      windows (transform_ext.sliding_window_extrema)."""
 
     threads: int = 2
     tiles_per_thread: int = 4
@@ -126,14 +134,15 @@ class GenericParams:
     min_parallel_work: int = 4096
     bf16_dot: bool = False
     k_chunk: int = 16
+    window_lanes: int = 128
 
     def __post_init__(self):
         if self.threads < 1 or self.tiles_per_thread < 1 or min(self.tile_bytes, self.pass_bytes) < 1:
             raise ValueError("threads, tiles_per_thread, tile_bytes and pass_bytes must be >= 1")
         if self.k_chunk < 1:
             raise ValueError("k_chunk must be >= 1")
-        if self.vector_tile < 1 or min(self.register_tile) < 1:
-            raise ValueError("vector_tile and register_tile must be >= 1")
+        if min(self.vector_tile, self.window_lanes) < 1 or min(self.register_tile) < 1:
+            raise ValueError("vector_tile, window_lanes and register_tile must be >= 1")
 
     @property
     def bf16_k(self) -> int:
@@ -149,7 +158,7 @@ class GenericParams:
         intermediates and inputs beside the root's tile), or half of L1 for a chain of
         several passes over each contiguous row of its tile."""
         return cls(threads=threads, tile_bytes=cpu.l2_bytes // 16, pass_bytes=cpu.l1d_bytes // 2,
-                   vector_tile=4 * cpu.f32_lanes,
+                   vector_tile=4 * cpu.f32_lanes, window_lanes=8 * cpu.f32_lanes,
                    register_tile=register_tile_for(cpu.f32_lanes, cpu.vector_registers))
 
 
@@ -209,6 +218,7 @@ def vectorize_stage(params: GenericParams):
 
     def body(root: ir.Value) -> None:
         func = match(root, "func.func")
+        sliding_window_extrema(func, params.window_lanes)
         interchange_lane_dims_innermost(func)
         func = tile_to_vector_tiles(func, vector_tile=params.vector_tile,
                                     register_tile=params.register_tile + ((params.bf16_k,) if params.bf16_dot else ()),

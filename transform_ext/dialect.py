@@ -133,6 +133,7 @@ OP_MODULES: list[str] = [
     "move_output_channels_innermost",
     "unmask_extremum_reductions",
     "strided_poolings_to_shuffles",
+    "sliding_window_extrema",
     "match_logits_contraction",
     "fold_gathers_through_contraction",
     "gathers_to_masked_class_sums",

@@ -43,6 +43,16 @@ POOLS = {
     "avg_1d_bf16": ("F.avg_pool1d(x, 4, 3)", "2, 16, 67", ".to(torch.bfloat16)"),
     "avg_2d_f16_padded": ("F.avg_pool2d(x, 3, 2, 1, count_include_pad=False)", "2, 3, 13, 35",
                           ".half()"),
+    # stride-1 max windows, doubled (transform_ext.sliding_window_extrema): rows long
+    # enough for a loop of chunks inside the input, both edges padded, windows of 2, of a
+    # power of two and not, a min through negation, a window along W of a 2-D pooling
+    "max_1d_long_rows": ("F.max_pool1d(x, 7, 1, 3, 2)", "2, 3, 601", ""),
+    "max_1d_window_2": ("F.max_pool1d(x, 2, 1, 1)", "2, 2, 300", ""),
+    "max_1d_power_of_two": ("F.max_pool1d(x, 16, 1, 8)", "1, 3, 410", ""),
+    "min_1d_by_negation": ("-F.max_pool1d(-x, 5, 1, 2, 4)", "2, 2, 333", ""),
+    "max_2d_row_window": ("F.max_pool2d(x, (1, 6), 1, (0, 3), (1, 2))", "1, 2, 3, 270", ""),
+    "max_1d_f16_long": ("F.max_pool1d(x, 8, 1, 4, 3)", "2, 3, 500", ".half()"),
+    "max_1d_bf16_odd": ("F.max_pool1d(x, 12, 1, 5, 2)", "2, 2, 420", ".to(torch.bfloat16)"),
     # a second use of the pooled tensor, and a transposed view as input
     "max_1d_second_use": ("(lambda p: (p, p.sum(-1)))(F.max_pool1d(x, 3, 1))", "2, 4, 70", ""),
     "max_1d_transposed": ("F.max_pool1d(x.transpose(1, 2), 3, 1)", "2, 70, 4", ""),
@@ -64,7 +74,7 @@ def test_pooling_matches_torch(kernel_file, name):
 
 
 def test_each_window_tap_is_a_vector_load_of_the_outputs_lanes(kernel_file):
-    compiled = _compile(kernel_file, "F.max_pool1d(x, 8, 1, 4, 3)", "2, 3, 150",
+    compiled = _compile(kernel_file, "F.avg_pool1d(x, 8, 1, 4)", "2, 3, 150",
                         stop_after="vectorize")
     text = str(compiled.module)
     check(text, """
@@ -72,9 +82,35 @@ def test_each_window_tap_is_a_vector_load_of_the_outputs_lanes(kernel_file):
         CHECK: scf.for %[[TAP:.*]] = %c0 to %c8 step %c1
         CHECK: %[[AT:.*]] = affine.apply {{.*}}(%{{.*}}, %[[TAP]])
         CHECK: %[[X:.*]] = vector.transfer_read %{{.*}}[%{{.*}}, %{{.*}}, %c0, %[[AT]]]{{.*}} vector<1x1x{{[0-9]+}}xf32>
-        CHECK: arith.maximumf %[[X]], %{{.*}} : vector<1x1x{{[0-9]+}}xf32>
+        CHECK: arith.addf %[[X]], %{{.*}} : vector<1x1x{{[0-9]+}}xf32>
     """)
     assert "linalg.pooling" not in text
+
+
+def test_a_stride_1_max_window_is_doubled_on_the_unpadded_input(kernel_file):
+    """KernelBench 41's window (8 taps, dilation 3, padding 4) on rows of 150: 137 outputs,
+    a chunk of 128 (window_lanes on the tests' 512-bit CPU) and one of 9, each the max of
+    maxima over 1, 2 and 4 taps; the padding is spliced into the rows read from x."""
+    compiled = _compile(kernel_file, "F.max_pool1d(x, 8, 1, 4, 3)", "2, 3, 150",
+                        stop_after="vectorize")
+    text = str(compiled.module)
+    check(text, """
+        CHECK-LABEL: func.func @main(%[[X:.*]]: tensor<2x3x150xf32>)
+        CHECK: vector.transfer_read {{.*}} vector<1x1x1x145xf32>
+        CHECK: vector.insert_strided_slice %{{.*}}, %{{.*}} {offsets = [4], strides = [1]} : vector<145xf32> into vector<149xf32>
+        CHECK: vector.extract_strided_slice %{{.*}} {offsets = [3], sizes = [146], strides = [1]}
+        CHECK: arith.maximumf {{.*}} : vector<146xf32>
+        CHECK: vector.extract_strided_slice %{{.*}} {offsets = [6], sizes = [140], strides = [1]}
+        CHECK: arith.maximumf {{.*}} : vector<140xf32>
+        CHECK: vector.extract_strided_slice %{{.*}} {offsets = [12], sizes = [128], strides = [1]}
+        CHECK: arith.maximumf {{.*}} : vector<128xf32>
+        CHECK: vector.transfer_write {{.*}} vector<1x1x1x128xf32>
+        CHECK: vector.transfer_read {{.*}} vector<1x1x1x26xf32>
+        CHECK: arith.maximumf {{.*}} : vector<9xf32>
+        CHECK: vector.transfer_write {{.*}} vector<1x1x1x9xf32>
+    """)
+    for gone in ("linalg.pooling", "tensor.pad", "linalg.fill"):
+        assert gone not in text
 
 
 def test_a_strided_tap_is_one_load_and_a_shuffle(kernel_file):
@@ -138,7 +174,8 @@ def get_init_inputs():
 
 @pytest.mark.parametrize("expr", ["F.max_pool1d(x, 8, 1, 4, 3)", "F.relu(F.max_pool1d(x, 3, 1, 1))",
                                   "F.max_pool1d(x, 3, 1, 1) - x.amax(-1, keepdim=True)",
-                                  "F.max_pool2d(x.unsqueeze(0), 3, 1, 1, 2).squeeze(0)"])
+                                  "F.max_pool2d(x.unsqueeze(0), 3, 1, 1, 2).squeeze(0)",
+                                  "F.max_pool1d(torch.cat([x, x.flip(-1), x, x], -1), 5, 1, 2, 2)"])
 def test_window_maxima_without_zero_order_match_torch(kernel_file, expr):
     """Signed zeros, NaN (propagated through every window holding it), infinities and
     windows of -inf alone, padded: the same values as torch's."""
@@ -151,15 +188,19 @@ def test_window_maxima_without_zero_order_match_torch(kernel_file, expr):
 
 
 def test_maxima_drop_the_zero_order(kernel_file):
-    """The maxima of the window loops (the main and the peeled last vector) carry nsz: three
-    x86 instructions per vector, not five."""
+    """The maxima of the doubled windows carry nsz: three x86 instructions per vector, not
+    five."""
     expr = "F.max_pool1d(x, 3, 1, 1) - x.amax(-1, keepdim=True)"
     compiled = compile_kernel(kernel_file(SPECIALS.format(expr=expr)), schedule="generic",
                               strict=True, stop_after="vectorize")
     text = str(compiled.module)
     check(text, """
-        CHECK:     scf.for %[[TAP:.*]] = %c0 to %c3 step %c1
-        CHECK:       arith.maximumf %{{.*}}, %{{.*}} fastmath<nsz> : vector<1x1x{{[0-9]+}}xf32>
+        CHECK:     arith.maximumf %{{.*}}, %{{.*}} fastmath<nsz> : vector<129xf32>
+        CHECK:     arith.maximumf %{{.*}}, %{{.*}} fastmath<nsz> : vector<128xf32>
+        CHECK:     arith.maximumf %{{.*}}, %{{.*}} fastmath<nsz> : vector<23xf32>
+        CHECK:     arith.maximumf %{{.*}}, %{{.*}} fastmath<nsz> : vector<22xf32>
     """)
+    maxima = [line for line in text.splitlines() if "arith.maximumf" in line]
+    assert maxima and all("fastmath<nsz>" in line for line in maxima)
     maxima = [line for line in text.splitlines() if "arith.maximumf" in line]
     assert len(maxima) >= 2 and all("fastmath<nsz>" in line for line in maxima)

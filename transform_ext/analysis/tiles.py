@@ -81,7 +81,7 @@ def parallel_tile_sizes(op: ir.Operation, policy) -> list[int] | None:
     splittable = [d for d in ls.parallel_dims if not recomputed_reductions(op, d)]
     for_threads = policy.threads * policy.tiles_per_thread
     sizes = [0] * ls.num_loops
-    last = ls.num_loops - 1
+    last = _innermost_parallel(ls)
     rows = [d for d in splittable if d != last]
     chunks = ls.ranges[last] // policy.vector_tile if last in splittable else 1
     most = max(1, chunks)
@@ -112,6 +112,19 @@ def parallel_tile_sizes(op: ir.Operation, policy) -> list[int] | None:
     if not any(sizes):
         return None
     return sizes
+
+
+def _innermost_parallel(ls) -> int:
+    """The loop dim split last, in chunks of vector_tile: the last loop dim, or for a window
+    (a pooling: taps innermost, input 0 indexed by ow + kw) the output's innermost dim: split
+    as an outer row dim it took the smallest divisor above the tiles wanted (KernelBench
+    41's rows of 65523 = 3 x 21841 outputs into forall tiles of 3, 0.28x torch)."""
+    last = ls.num_loops - 1
+    if last in ls.parallel_dims or not ls.num_inputs or not ls.num_outputs \
+            or isinstance(ls.maps[0].results[-1], ir.AffineDimExpr):
+        return last
+    lane = dim_positions(ls.output_map(0))[-1]
+    return lane if lane in ls.parallel_dims else last
 
 
 def recomputed_reductions(root: ir.Operation, dim: int) -> list[ir.Operation]:
