@@ -967,8 +967,9 @@ def wants_channel_lanes(c: Convolution, found: list[Convolution], params: Convol
     """Should convolution `c` (one of `found`) compute with its output channels innermost
     (transform_ext.move_output_channels_innermost), the lanes along them and the rows along
     the image's innermost dim? When that raises the register tile's useful share by
-    CHANNEL_LANES_GAIN, its one output channel dim fills whole vectors, its
-    lanes dim has stride 1 (the rows read contiguous image elements), each output sums
+    CHANNEL_LANES_GAIN (when its lanes are strided: by any amount, and only with
+    STRIDED_CHANNEL_LANES_ACCUMULATORS in the register tile), its one
+    output channel dim fills whole vectors, each output sums
     CHANNEL_LANES_TERMS products or more (input channels times window), and nothing is fused
     onto its result (an epilogue, a pooling, a strided phase's insert, another convolution
     accumulating onto it): the transpose back stands between them."""
@@ -976,18 +977,42 @@ def wants_channel_lanes(c: Convolution, found: list[Convolution], params: Convol
     if c.lanes in d.out_channel or len(d.out_channel) != 1 or any(ranges[g] > 1 for g in d.group):
         return False
     *_, share = channel_lane_tile(ranges[d.out_channel[0]], ranges[c.lanes], params)
-    if share < image_lane_share(c, params) + CHANNEL_LANES_GAIN:
+    image_share = image_lane_share(c, params)
+    if strided_lanes(c):
+        accumulators = params.register[0] * params.register[1] // lanes_per_vector(params)
+        if accumulators < STRIDED_CHANNEL_LANES_ACCUMULATORS or share <= image_share:
+            return False
+    elif share < image_share + CHANNEL_LANES_GAIN:
         return False
     return _channel_lanes_pay(c, found)
 
 
+# A convolution whose lanes are strided (`strided_lanes`) takes the channel lanes on any gain
+# in the tile's useful share when the register tile holds this many accumulators (32 vector
+# registers): its image lanes would read every s-th element, so
+# transform_ext.split_strided_convolution splits it into s phases of unit stride, each adding
+# onto the output in turn, while channel lanes (rows along that dim) broadcast single
+# elements at any stride and need no phases. With AVX-512, one thread: KernelBench 50
+# (AlexNet's 11 x 11 stride-4 conv1) 0.76x -> 0.83x eager, 76 (a stride-3 dilated 1-D conv)
+# 0.85x -> 1.27x; with 16 registers (8 accumulators, AVX2) both ran 12-14% slower than
+# their phases.
+STRIDED_CHANNEL_LANES_ACCUMULATORS = 16
+
+
+def lanes_per_vector(params: ConvolutionParams) -> int:
+    """f32 lanes of one vector register: params.register's NR is two vectors."""
+    return params.register[1] // 2
+
+
+def strided_lanes(c: Convolution) -> bool:
+    """Does the image dim of the convolution's lanes have a stride > 1?"""
+    return any(e.stride != 1 for e in c.dims.exprs.values() if e.image == c.lanes)
+
+
 def _channel_lanes_pay(c: Convolution, found: list[Convolution]) -> bool:
     """The conditions of `wants_channel_lanes` and `lane_tail_start` past the tile's share:
-    lanes of stride 1, CHANNEL_LANES_TERMS products per output or more, nothing fused onto
-    the result."""
+    CHANNEL_LANES_TERMS products per output or more, nothing fused onto the result."""
     d, ranges = c.dims, c.dims.ranges
-    if any(e.stride != 1 for e in d.exprs.values() if e.image == c.lanes):
-        return False
     terms = 1
     for dim in d.in_channel + [k for k in d.window if k is not None]:
         terms *= ranges[dim]
@@ -1027,7 +1052,7 @@ def lane_tail_start(c: Convolution, found: list[Convolution], params: Convolutio
     tail = width % lanes
     if width <= lanes or tail == 0 or tail > lanes // 2 or ranges[d.out_channel[0]] % lanes:
         return None
-    if not any(ranges[o] > 1 for o in d.image if o != c.lanes):
+    if not any(ranges[o] > 1 for o in d.image if o != c.lanes) or strided_lanes(c):
         return None
     start = _accumulator_producer(c)
     if start is None or start.name != "linalg.fill" or not _channel_lanes_pay(c, found):
@@ -1261,9 +1286,18 @@ SCHEDULED = (ROLE, _DONE)
 def schedule_convolutions(rec: StepRecorder, params: ConvolutionParams) -> bool:
     """Steps 1-2 of the module docstring for every convolution of `rec.trial` (normalized)
     this schedule takes, last first; False (and nothing scheduled) when none is left."""
-    # transposed convolutions: no products of stuffed zeros; strided ones: unit-stride lanes
+    # transposed convolutions: no products of stuffed zeros; strided ones: unit-stride lanes,
+    # but for those that take their output channels as lanes (`strided_lanes`)
     _split_phases(rec, "split_transposed", analyze_stuffed, split_transposed_convolution)
-    _split_phases(rec, "split_strided", analyze_strided, split_strided_convolution)
+    found = find_convolutions(rec.trial)
+    unsplit = [c.op for c in found if strided_lanes(c) and wants_channel_lanes(c, found, params)]
+
+    def phases(op):
+        if any(op == u for u in unsplit):
+            raise Illegal(op, "takes its output channels as lanes, unsplit")
+        return analyze_strided(op)
+
+    _split_phases(rec, "split_strided", phases, split_strided_convolution)
     _generalize_convolutions(rec)
     _move_channels_innermost(rec, params)
     _split_lane_tails(rec, params)

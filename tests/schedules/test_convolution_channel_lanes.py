@@ -118,13 +118,17 @@ func.func @main(%x: tensor<1x16x9x22xf32>, %w: tensor<{f}x16x3x3xf32>, %y: tenso
 
 def test_the_lane_choice():
     """Channel lanes for 20 output lanes and 16 channels; not for 12 channels (a partial
-    vector), nor a stride along the lanes, nor few terms per output, nor wide rows."""
+    vector), nor few terms per output, nor wide rows; with a stride along the lanes on 16
+    accumulators, not on AVX2's 8, nor when the image lanes fill their tile."""
     params = ConvolutionParams()
     c, found = _convolution(NARROW.format(f=16, ow=20, s=1))
     assert wants_channel_lanes(c, found, params)
     c, found = _convolution(NARROW.format(f=12, ow=20, s=1))
     assert not wants_channel_lanes(c, found, params)
     c, found = _convolution(NARROW.format(f=16, ow=10, s=2))
+    assert wants_channel_lanes(c, found, params)
+    assert not wants_channel_lanes(c, found, ConvolutionParams(register=(4, 16)))
+    c, found = _convolution(NARROW.replace("9x22", "9x65").format(f=16, ow=32, s=2))
     assert not wants_channel_lanes(c, found, params)
     few = NARROW.replace("1x16x9x22", "1x4x9x22").replace("x16x3x3", "x4x3x3")
     c, found = _convolution(few.format(f=16, ow=20, s=1))
@@ -197,3 +201,41 @@ def test_a_pointwise_convolution_at_7x7_takes_whole_power_of_two_lanes(kernel_fi
         CHECK: vector.contract {{.*}} into vector<{{[0-9]+}}x32xf32>
     """)
     assert_matches(compile_kernel(path))
+
+
+# Lanes of stride > 1 (`strided_lanes`): the channel lanes on any gain of the tile's useful
+# share, the convolution left whole (no stride phases, each adding onto the output).
+STRIDED = {
+    # AlexNet's conv1 along W (KernelBench 50): 55 lanes use 0.86 of an image-lanes tile
+    "conv2d_stride4_11x11": ("Conv2d(3, 32, 11, stride=4, padding=2)", "1, 3, 20, 224"),
+    # KernelBench 76: stride 3, dilation 4, 98 lanes
+    "conv1d_stride3_dilated": ("Conv1d(64, 32, 3, stride=3, dilation=4, bias=False)", "2, 64, 301"),
+    # stride 2, padded, an odd image: 21 lanes
+    "conv2d_stride2_odd": ("Conv2d(16, 16, 3, stride=2, padding=1)", "1, 16, 13, 41"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(STRIDED))
+def test_strided_lanes_take_the_channel_lanes_without_phases(kernel_file, case):
+    module, shape = STRIDED[case]
+    compiled = compile_kernel(conv_kernel(kernel_file, module, shape))
+    assert compiled.family is CONVOLUTION, compiled.notes
+    assert_matches(compiled)
+    script = compiled.schedule_text()
+    assert "move_output_channels_innermost" in script
+    assert "split_strided_convolution" not in script
+
+
+def test_strided_lanes_in_bf16(kernel_file):
+    module, shape = STRIDED["conv2d_stride4_11x11"]
+    assert_matches(compile_kernel(conv_kernel(kernel_file, module, shape, dtype="bfloat16")))
+
+
+def test_strided_lanes_with_an_epilogue_keep_their_phases(kernel_file):
+    """A ReLU fused onto the result: the transpose back would stand between them; the
+    stride phases stay."""
+    module, shape = STRIDED["conv2d_stride4_11x11"]
+    path = conv_kernel(kernel_file, module, shape, forward="torch.relu(self.conv(x))")
+    compiled = compile_kernel(path)
+    assert_matches(compiled)
+    assert "split_strided_convolution" in compiled.schedule_text()
