@@ -75,6 +75,7 @@ from transform_ext.analysis.structure import func_ops, single_func, top_level_li
 from transform_ext.analysis.tiles import parallel_tile_sizes, vector_tile_sizes
 from transform_ext.annotate_fastmath import annotate_fastmath
 from transform_ext.branch_math_on_constant_lanes import branch_math_on_constant_lanes
+from transform_ext.branch_math_on_small_lanes import branch_math_on_small_lanes
 from transform_ext.common import largest_divisor_at_most
 from transform_ext.filter_ops import filter_ops
 from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion
@@ -238,6 +239,7 @@ def vectorize_stage(params: GenericParams):
         if params.bf16_dot:
             contracts_to_bf16_dot_products(func)
         branch_math_on_constant_lanes(func)
+        branch_math_on_small_lanes(func)
         extrema_without_zero_order(func)
 
     return body

@@ -79,7 +79,7 @@ def _mask(producer_x_c) -> ir.Value:
         return arith.CmpFOp(EXTREMUM_PREDICATE[producer.name], x, c).result
 
 
-def _all_lanes(mask: ir.Value, when: bool, at: ir.Operation) -> ir.Value:
+def all_lanes(mask: ir.Value, when: bool, at: ir.Operation) -> ir.Value:
     """i1: every lane of `mask` is `when` (an and- or a negated or-reduction)."""
     with ir.InsertionPoint(at), at.location:
         flat = mask
@@ -102,7 +102,7 @@ def branch(op: ir.Operation, found) -> None:
     c, mask, when = found
     if isinstance(mask, tuple):
         mask = _mask(mask)
-    condition = _all_lanes(mask, when, op)
+    condition = all_lanes(mask, when, op)
     result = op.results[0]
     with ir.InsertionPoint(op), op.location:
         guard = scf.IfOp(condition, [result.type], has_else=True)
@@ -120,7 +120,7 @@ def read_lanes_defined(value: ir.Value, limit: int = 256) -> bool:
     """Whether every lane of `value` is defined: no masked read (vector.mask,
     vector.maskedload, a transfer_read not in bounds in every dim) among the ops of
     `value`'s block it is computed from (at most `limit` of them, else False)."""
-    block = value.owner.block if isinstance(value, ir.BlockArgument) else None
+    block = value.owner if isinstance(value, ir.BlockArgument) else None
     seen, stack = set(), [value]
     while stack:
         producer = defining_op(stack.pop())
@@ -175,5 +175,5 @@ def branch_math_on_constant_lanes(target: ir.Value) -> None:
     BranchMathOnConstantLanesOp(target)
 
 
-__all__ = ["BranchMathOnConstantLanesOp", "COSTLY", "branch_math_on_constant_lanes",
-           "constant_lanes"]
+__all__ = ["BranchMathOnConstantLanesOp", "COSTLY", "all_lanes", "branch_math_on_constant_lanes",
+           "constant_lanes", "read_lanes_defined"]

@@ -46,6 +46,7 @@ OP_MODULES: list[str] = [
     "split_matvec_lanes",
     "lane_contracts_to_fmas",
     "branch_math_on_constant_lanes",
+    "branch_math_on_small_lanes",
     "split_odd_bf16_lanes",
     "match_attention",
     "fuse_attention_backward",

@@ -104,25 +104,40 @@ def _sign_like(b: F32Builder, value, x):
     return mmath.copysign(value, x)
 
 
+def tanh_small(b: F32Builder, x):
+    """tanh(x) for |x| < TANH_SMALL_BOUND: x + x^3 P(x^2)."""
+    x2 = arith.mulf(x, x)
+    return mmath.fma(arith.mulf(x2, x), b.horner(x2, TANH_SMALL), x)
+
+
+def erf_small(b: F32Builder, x):
+    """erf(x) for |x| < ERF_SMALL_BOUND: x P(x^2)."""
+    return arith.mulf(x, b.horner(arith.mulf(x, x), ERF_SMALL))
+
+
+TANH_SMALL_BOUND, ERF_SMALL_BOUND = 0.625, 0.875
+# math op -> (bound, its polynomial for |x| < bound), as _tanh and _erf select them
+SMALL_ARGUMENTS = {"math.tanh": (TANH_SMALL_BOUND, tanh_small),
+                   "math.erf": (ERF_SMALL_BOUND, erf_small)}
+
+
 def _tanh(b: F32Builder, x):
     P = arith.CmpFPredicate
     a = mmath.absf(x)
-    x2 = arith.mulf(x, x)
-    small = mmath.fma(arith.mulf(x2, x), b.horner(x2, TANH_SMALL), x)
     e = _exp(b, arith.mulf(a, b.f(2.0)))
     large = arith.subf(b.f(1.0), arith.divf(b.f(2.0), arith.addf(e, b.f(1.0))))
-    return arith.select(b.cmp(P.OLT, a, b.f(0.625)), small, _sign_like(b, large, x))
+    return arith.select(b.cmp(P.OLT, a, b.f(TANH_SMALL_BOUND)), tanh_small(b, x),
+                        _sign_like(b, large, x))
 
 
 def _erf(b: F32Builder, x):
     P = arith.CmpFPredicate
     a = mmath.absf(x)
-    x2 = arith.mulf(x, x)
-    small = arith.mulf(x, b.horner(x2, ERF_SMALL))
     t = arith.mulf(arith.subf(a, b.f(ERFC_MID)), b.f(1.0 / ERFC_HALF))
     mid = arith.subf(b.f(1.0), b.estrin(t, ERFC_POLY))
     mid = arith.select(b.cmp(P.ULT, a, b.f(4.0)), mid, b.f(1.0))  # NaN stays NaN
-    return arith.select(b.cmp(P.OLT, a, b.f(0.875)), small, _sign_like(b, mid, x))
+    return arith.select(b.cmp(P.OLT, a, b.f(ERF_SMALL_BOUND)), erf_small(b, x),
+                        _sign_like(b, mid, x))
 
 
 _IMPLS = {"math.exp": _exp, "math.log": _log, "math.log1p": _log1p, "math.tanh": _tanh,
@@ -202,4 +217,5 @@ def expand_math(target: ir.Value, ops=EXPANDED, ldexp: bool = False) -> ir.Value
                         ir.IntegerAttr.get(ir.IntegerType.get_signless(1), int(ldexp))).transformed
 
 
-__all__ = ["ExpandMathOp", "expand_math", "expand_math_in", "EXPANDED"]
+__all__ = ["ExpandMathOp", "expand_math", "expand_math_in", "EXPANDED", "SMALL_ARGUMENTS", "erf_small",
+           "tanh_small"]
