@@ -167,6 +167,11 @@ class ConvolutionParams:
 
 # ----------------------------------------------------------------------------- analysis
 
+def lanes_per_vector(params: ConvolutionParams) -> int:
+    """f32 lanes of one vector register: params.register's NR is two vectors."""
+    return params.register[1] // 2
+
+
 @dataclass
 class Convolution:
     """A convolution of the payload and how its register tile covers it: `rows`, the loop
@@ -388,7 +393,7 @@ def convolution_tiles(c: Convolution, params: ConvolutionParams) -> ConvolutionT
     d, ranges = c.dims, c.dims.ranges
     rank = len(ranges)
     rows_extent = ranges[c.rows] if c.rows is not None else 1
-    vector_lanes = params.register[1] // 2
+    vector_lanes = lanes_per_vector(params)
     nr = min(params.register[1], -(-ranges[c.lanes] // vector_lanes) * vector_lanes)
     channel_lanes = c.lanes in d.out_channel
     if channel_lanes:
@@ -494,7 +499,7 @@ def channel_lane_tile(channels: int, rows: int, params: ConvolutionParams) -> tu
     computes masked rows) times the accumulators' share of params.register's (fewer cannot
     hide the FMA latency); the best share wins, then the most accumulators. (1, lanes, 0)
     when the channels are not whole vectors."""
-    lanes = params.register[1] // 2
+    lanes = lanes_per_vector(params)
     vectors = params.register[0] * params.register[1] // lanes
     best = (1, lanes, 0.0)
     best_key = (0.0, 0)
@@ -513,7 +518,7 @@ def image_lane_share(c: Convolution, params: ConvolutionParams) -> float:
     """The useful share (as in `channel_lane_tile`) of the register tile whose lanes run
     along the innermost image dim: the lanes not past its edge (the last tile takes whole
     vectors covering it) times the rows not past theirs times the accumulators' share."""
-    lanes = params.register[1] // 2
+    lanes = lanes_per_vector(params)
     vectors = params.register[0] * params.register[1] // lanes
     width = c.dims.ranges[c.lanes]
     nr = min(params.register[1], -(-width // lanes) * lanes)
@@ -999,11 +1004,6 @@ def wants_channel_lanes(c: Convolution, found: list[Convolution], params: Convol
 STRIDED_CHANNEL_LANES_ACCUMULATORS = 16
 
 
-def lanes_per_vector(params: ConvolutionParams) -> int:
-    """f32 lanes of one vector register: params.register's NR is two vectors."""
-    return params.register[1] // 2
-
-
 def strided_lanes(c: Convolution) -> bool:
     """Does the image dim of the convolution's lanes have a stride > 1?"""
     return any(e.stride != 1 for e in c.dims.exprs.values() if e.image == c.lanes)
@@ -1045,7 +1045,7 @@ def lane_tail_start(c: Convolution, found: list[Convolution], params: Convolutio
     be computed whole, in a pass of its own); and nothing is fused onto its result (as in
     `wants_channel_lanes`)."""
     d, ranges = c.dims, c.dims.ranges
-    lanes = params.register[1] // 2
+    lanes = lanes_per_vector(params)
     if c.lanes in d.out_channel or len(d.out_channel) != 1 or any(ranges[g] > 1 for g in d.group):
         return None
     width = ranges[c.lanes]
@@ -1205,7 +1205,7 @@ def image_row_padding(c: Convolution, tiles: ConvolutionTiles, params: Convoluti
     most, total = _set_load(c, tiles, rows, _element_strides(image))
     if most <= ways or total > ways * (L1_WAY_BYTES // LINE_BYTES):
         return 0
-    vectors = -(-tiles.register[c.lanes] // (params.register[1] // 2))
+    vectors = -(-tiles.register[c.lanes] // lanes_per_vector(params))
     mr = tiles.register[c.rows] if c.rows is not None else 1
     fmas = math.prod(len(v) for v in rows) * _lanes_window(c) * mr * vectors
     if fmas >= MAX_FMAS_PER_L2_LINE * total:
