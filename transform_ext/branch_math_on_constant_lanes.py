@@ -102,14 +102,23 @@ def branch(op: ir.Operation, found) -> None:
     c, mask, when = found
     if isinstance(mask, tuple):
         mask = _mask(mask)
-    condition = all_lanes(mask, when, op)
+
+    def on_constant():
+        clone = op.clone()
+        clone.operands[0] = c
+        return clone.results[0]
+
+    run_unless(op, all_lanes(mask, when, op), on_constant)
+
+
+def run_unless(op: ir.Operation, condition: ir.Value, instead) -> None:
+    """Move `op` (one result) into the else branch of an scf.if on `condition`, whose then
+    branch yields `instead()` (built there); the if's result replaces op's."""
     result = op.results[0]
     with ir.InsertionPoint(op), op.location:
         guard = scf.IfOp(condition, [result.type], has_else=True)
     with ir.InsertionPoint(guard.then_block), op.location:
-        on_constant = op.clone()
-        on_constant.operands[0] = c
-        scf.YieldOp([on_constant.results[0]])
+        scf.YieldOp([instead()])
     result.replace_all_uses_with(guard.results[0])
     with ir.InsertionPoint(guard.else_block), op.location:
         yield_op = scf.YieldOp([result])
@@ -176,4 +185,4 @@ def branch_math_on_constant_lanes(target: ir.Value) -> None:
 
 
 __all__ = ["BranchMathOnConstantLanesOp", "COSTLY", "all_lanes", "branch_math_on_constant_lanes",
-           "constant_lanes", "read_lanes_defined"]
+           "constant_lanes", "read_lanes_defined", "run_unless"]

@@ -17,10 +17,10 @@ undefined). The targets are only read; the math ops nested in them are rewritten
 """
 
 from torch_mlir import ir
-from torch_mlir.dialects import arith, ext, scf, transform
+from torch_mlir.dialects import arith, ext, transform
 from torch_mlir.dialects import math as mmath
 
-from .branch_math_on_constant_lanes import all_lanes, read_lanes_defined
+from .branch_math_on_constant_lanes import all_lanes, read_lanes_defined, run_unless
 from .common import RewritesTargets, Success, payload_ops, walk_ops
 from .dialect import TransformExt
 from .exp_expansion import F32Builder
@@ -38,23 +38,19 @@ def _candidate(op: ir.Operation) -> bool:
 
 def _branch(op: ir.Operation) -> None:
     bound, small = SMALL_ARGUMENTS[op.name]
-    x, result = op.operands[0], op.results[0]
-    vtype = ir.VectorType(result.type)
+    x = op.operands[0]
+    vtype = ir.VectorType(op.results[0].type)
     narrow = str(vtype.element_type) != "f32"
     with ir.InsertionPoint(op), op.location:
         b = F32Builder(vtype)
         wide = arith.extf(b.ftype, x) if narrow else x
         inside = arith.CmpFOp(arith.CmpFPredicate.OLT, mmath.absf(wide), b.f(bound)).result
-    condition = all_lanes(inside, True, op)
-    with ir.InsertionPoint(op), op.location:
-        guard = scf.IfOp(condition, [result.type], has_else=True)
-    with ir.InsertionPoint(guard.then_block), op.location:
+
+    def on_small():
         value = small(F32Builder(vtype), wide)
-        scf.YieldOp([arith.truncf(vtype, value) if narrow else value])
-    result.replace_all_uses_with(guard.results[0])
-    with ir.InsertionPoint(guard.else_block), op.location:
-        yield_op = scf.YieldOp([result])
-    op.move_before(yield_op)
+        return arith.truncf(vtype, value) if narrow else value
+
+    run_unless(op, all_lanes(inside, True, op), on_small)
 
 
 class BranchMathOnSmallLanesOp(TransformExt.Operation, name="branch_math_on_small_lanes"):

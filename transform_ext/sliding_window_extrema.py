@@ -191,6 +191,13 @@ def _chunks(plan: SlidingWindow, width: int, lanes: int):
     return static, ((first * lanes, end * lanes) if end else None)
 
 
+def _rebuilt(op: ir.Operation, operands: list[ir.Value], result_type: ir.Type) -> ir.Value:
+    """`op` (a body's arith op) built again on `operands`, with its attributes (fastmath)."""
+    attrs = {a.name: a.attr for a in (op.attributes[i] for i in range(len(op.attributes)))}
+    return ir.Operation.create(op.name, results=[result_type], operands=operands,
+                               attributes=attrs).results[0]
+
+
 class _Emitter:
     """Builds one pooling's replacement at the current insertion point."""
 
@@ -200,6 +207,7 @@ class _Emitter:
         self.src_type = ir.RankedTensorType(plan.source.type)
         self.out_type = ir.RankedTensorType(op.results[0].type)
         self.width = self.out_type.shape[-1]
+        self.ranges = loop_structure(op).ranges
         self.consts: dict[tuple[int, str], ir.Value] = {}
         self.pad: ir.Value | None = None  # f of the pad value
         # constants and f(pad) go before this first op built: they dominate every loop
@@ -233,11 +241,10 @@ class _Emitter:
     def convert(self, value: ir.Value) -> ir.Value:
         """f (the body's ops on the input) applied to a vector or a scalar."""
         for inner in self.plan.convert:
-            attrs = {inner.attributes[i].name: inner.attributes[i].attr for i in range(len(inner.attributes))}
             elem = inner.results[0].type
             t = ir.VectorType.get(ir.VectorType(value.type).shape, elem) \
                 if isinstance(value.type, ir.VectorType) else elem
-            value = ir.Operation.create(inner.name, results=[t], operands=[value], attributes=attrs).results[0]
+            value = _rebuilt(inner, [value], t)
         return value
 
     def span(self, lead: list[ir.Value], w0, n: int) -> ir.Value:
@@ -264,9 +271,7 @@ class _Emitter:
                                            splat, [a - lo], [1])
 
     def combine(self, a: ir.Value, b: ir.Value) -> ir.Value:
-        c = self.plan.combine
-        attrs = {c.attributes[i].name: c.attributes[i].attr for i in range(len(c.attributes))}
-        return ir.Operation.create(c.name, results=[a.type], operands=[a, b], attributes=attrs).results[0]
+        return _rebuilt(self.plan.combine, [a, b], a.type)
 
     def lanes_of(self, v: ir.Value, offset: int, n: int) -> ir.Value:
         vt = ir.VectorType(v.type)
@@ -330,8 +335,7 @@ class _Emitter:
     def nest(self, dims: list[int], ivs: dict, dest: ir.Value) -> ir.Value:
         if not dims:
             return self.row(ivs, dest)
-        ranges = loop_structure(self.op).ranges
-        loop = scf.ForOp(self.const(0), self.const(ranges[dims[0]]), self.const(1), [dest])
+        loop = scf.ForOp(self.const(0), self.const(self.ranges[dims[0]]), self.const(1), [dest])
         with ir.InsertionPoint(loop.body):
             scf.YieldOp([self.nest(dims[1:], {**ivs, dims[0]: loop.induction_variable},
                                    loop.inner_iter_args[0])])
