@@ -4,7 +4,10 @@ One transform script (`generic_script`), two named sequences:
 @fuse:
   1. the assertions of result-producing generics are split out (`transform_ext.split_assertions`),
      matrix-vector products get k split into vector_tile lanes of partial sums per row,
-     summed once at the end (`transform_ext.split_matvec_lanes`), unit dims folded and elementwise ops fused into their consumers
+     summed once at the end (`transform_ext.split_matvec_lanes`), inputs read through
+     windows sliced to the elements the windows reach (`transform_ext.trim_window_inputs`:
+     a window of one output along a padded dim would fold to a plain dim shorter than its
+     input), unit dims folded and elementwise ops fused into their consumers
      (`linalg-fold-unit-extent-dims`, `linalg-fuse-elementwise-ops`, canonicalization),
      then elementwise producers read only by reductions computed inside each of them
      (`transform_ext.inline_elementwise_producers`, whole: a norm's x widened to f64 for
@@ -26,7 +29,11 @@ One transform script (`generic_script`), two named sequences:
      (`transform.structured.fuse`, use_forall). A producer that still has users outside
      becomes a root of its own in a later round.
 @vectorize:
-  3. a stride-1 max (min) pooling along the innermost dim becomes, per row and chunk of
+  3. a pooling over a window of 2 or 3 dims with enough taps (kh kw >= 2 (kh + kw)) is
+     separated into the pooling of its outer windows over whole rows and that of its
+     innermost window on the result (`transform_ext.separate_pooling_windows`: KernelBench
+     45's 11 x 11 windows of stride 11 read each input row once, not once per column tap);
+     a stride-1 max (min) pooling along the innermost dim becomes, per row and chunk of
      `window_lanes` outputs, one read of the inputs the chunk sees (the unpadded input, the
      padding spliced in at the edges) and ceil(log2 k) maxima of that vector and itself
      shifted (`transform_ext.sliding_window_extrema`; a window of k taps is the max of two
@@ -89,8 +96,10 @@ from transform_ext.scalarize_rank0_generics import scalarize_rank0_generics
 from transform_ext.split_assertions import split_assertions
 from transform_ext.split_matvec_lanes import split_matvec_lanes
 from transform_ext.split_odd_bf16_lanes import split_odd_bf16_lanes
+from transform_ext.separate_pooling_windows import separate_pooling_windows
 from transform_ext.sliding_window_extrema import sliding_window_extrema
 from transform_ext.strided_poolings_to_shuffles import strided_poolings_to_shuffles
+from transform_ext.trim_window_inputs import trim_window_inputs
 from transform_ext.tile_insert_slices import tile_insert_slices
 from transform_ext.tile_to_vector_tiles import tile_to_vector_tiles
 from transform_ext.contracts_to_bf16_dot_products import contracts_to_bf16_dot_products
@@ -176,6 +185,7 @@ def fuse_stage(params: GenericParams):
     def body(root: ir.Value) -> None:
         split_assertions(root)
         split_matvec_lanes(match(root, "func.func"), params.vector_tile)
+        trim_window_inputs(match(root, "func.func"))
         root = apply_passes(root, "linalg-fold-unit-extent-dims")
         canonicalize(root)
         apply_passes(match(root, "func.func"), "linalg-fuse-elementwise-ops")
@@ -219,6 +229,7 @@ def vectorize_stage(params: GenericParams):
 
     def body(root: ir.Value) -> None:
         func = match(root, "func.func")
+        separate_pooling_windows(func)
         sliding_window_extrema(func, params.window_lanes)
         interchange_lane_dims_innermost(func)
         func = tile_to_vector_tiles(func, vector_tile=params.vector_tile,

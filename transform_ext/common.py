@@ -236,6 +236,22 @@ def walk_ops(root, predicate) -> list[ir.Operation]:
     return found
 
 
+def planned_ops(state, handle, plan) -> list[tuple[ir.Operation, object]]:
+    """(op, plan(op)) for the ops nested in the payload of `handle` (the ops themselves
+    included) whose plan is not None; each op is planned once."""
+    plans = {}
+
+    def planned(op):
+        plans[op] = plan(op)
+        return plans[op] is not None
+
+    return [(p, plans[p]) for t in payload_ops(state, handle) for p in walk_ops(t, planned)]
+
+
+def is_static_tensor(value: ir.Value) -> bool:
+    return isinstance(value.type, ir.RankedTensorType) and ir.RankedTensorType(value.type).has_static_shape
+
+
 def ops_named(root, name: str) -> list[ir.Operation]:
     """Ops named `name` under `root` (root included), in post-order (inner ops first)."""
     found = []

@@ -134,6 +134,8 @@ OP_MODULES: list[str] = [
     "move_output_channels_innermost",
     "unmask_extremum_reductions",
     "strided_poolings_to_shuffles",
+    "separate_pooling_windows",
+    "trim_window_inputs",
     "sliding_window_extrema",
     "match_logits_contraction",
     "fold_gathers_through_contraction",

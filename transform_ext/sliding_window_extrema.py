@@ -28,19 +28,17 @@ chunks (`lanes`), and at most 8 chunks of a row are at an edge. Other ops are le
 are; never fails. The target handle is only read.
 """
 
-import math
 from dataclasses import dataclass
 
 from torch_mlir import ir
 from torch_mlir.dialects import arith, ext, scf, transform, vector
 
 from .analysis.convolution import linear_terms
+from .analysis.pooling import is_identity, pooling_body
 from .analysis.structure import loop_structure
-from .common import RewritesTargets, Success, constant_value, defining_op, payload_ops, walk_ops
+from .common import RewritesTargets, Success, constant_value, defining_op, is_static_tensor, planned_ops
 from .dialect import TransformExt
 
-COMBINES = ("arith.maximumf", "arith.minimumf", "arith.maxnumf", "arith.minnumf",
-            "arith.maxsi", "arith.minsi", "arith.maxui", "arith.minui")
 MAX_EDGE_CHUNKS = 8
 
 
@@ -61,54 +59,6 @@ class SlidingWindow:
     init_is_identity: bool
 
 
-def _static_tensor(value: ir.Value) -> bool:
-    return isinstance(value.type, ir.RankedTensorType) and ir.RankedTensorType(value.type).has_static_shape
-
-
-def _body(op: ir.Operation):
-    """(f's ops, the combine op, input first) for a body f(x) then combine(f(x), acc), else None."""
-    body = op.regions[0].blocks[0]
-    x, acc = body.arguments[0], body.arguments[len(op.operands) - 1]
-    ops = list(body.operations)
-    if len(ops) < 2 or ops[-2].name not in COMBINES or ops[-1].operands[0] != ops[-2].results[0]:
-        return None
-    value = x
-    for inner in ops[:-2]:
-        if not inner.name.startswith("arith.") or len(inner.operands) != 1 or len(inner.results) != 1 \
-                or inner.regions or inner.operands[0] != value:
-            return None
-        value = inner.results[0]
-    combine = ops[-2]
-    operands = list(combine.operands)
-    if operands == [value, acc]:
-        input_first = True
-    elif operands == [acc, value]:
-        input_first = False
-    else:
-        return None
-    for i in range(1, len(op.operands) - 1):
-        if len(list(body.arguments[i].uses)):
-            return None
-    return ops[:-2], combine, input_first
-
-
-def _identity(combine: ir.Operation, attr) -> bool:
-    """Is the constant `attr` the identity of `combine`?"""
-    if attr is None:
-        return False
-    name = combine.name
-    if isinstance(attr, ir.FloatAttr):
-        v = attr.value
-        return (name in ("arith.maximumf", "arith.maxnumf") and v == -math.inf) or \
-               (name in ("arith.minimumf", "arith.minnumf") and v == math.inf)
-    if isinstance(attr, ir.IntegerAttr):
-        width = ir.IntegerType(attr.type).width
-        v = attr.value & ((1 << width) - 1)
-        return {"arith.maxsi": 1 << (width - 1), "arith.minsi": (1 << (width - 1)) - 1,
-                "arith.maxui": 0, "arith.minui": (1 << width) - 1}.get(name) == v
-    return False
-
-
 def _pad_of(value: ir.Value):
     """(source, low, pad value) of a tensor.pad of a constant along the innermost dim only."""
     pad = defining_op(value)
@@ -120,7 +70,7 @@ def _pad_of(value: ir.Value):
         return None
     yielded = list(pad.regions[0].blocks[0].operations)[-1].operands[0]
     constant = defining_op(yielded)
-    if constant is None or constant.name != "arith.constant" or not _static_tensor(pad.operands[0]):
+    if constant is None or constant.name != "arith.constant" or not is_static_tensor(pad.operands[0]):
         return None
     return pad.operands[0], low[-1], yielded
 
@@ -128,7 +78,7 @@ def _pad_of(value: ir.Value):
 def sliding_window(op: ir.Operation, lanes: int) -> SlidingWindow | None:
     """The plan for a stride-1 max (min) pooling (module docstring), None for any other op."""
     if not (op.name.startswith("linalg.pooling_") or op.name == "linalg.generic") \
-            or len(op.results) != 1 or not all(_static_tensor(v) for v in op.operands):
+            or len(op.results) != 1 or not all(is_static_tensor(v) for v in op.operands):
         return None
     ls = loop_structure(op)
     if not ls.is_static or not ls.num_inputs or len(op.operands) != ls.num_inputs + 1:
@@ -155,7 +105,7 @@ def sliding_window(op: ir.Operation, lanes: int) -> SlidingWindow | None:
         if t is None or lane in t or window in t:
             return None
         input_terms.append(t)
-    body = _body(op)
+    body = pooling_body(op)
     if body is None:
         return None
     taps = ls.ranges[window]
@@ -166,8 +116,9 @@ def sliding_window(op: ir.Operation, lanes: int) -> SlidingWindow | None:
     source, pad_low, pad_value = pad if pad else (x, 0, None)
     plan = SlidingWindow(lane, taps, dilation,
                          [d for d in ls.parallel_dims if d != lane and ls.ranges[d] > 1],
-                         input_terms, output_dims, *body, source, pad_low, pad_value,
-                         _identity(body[1], constant_value(init)) and defining_op(init).name == "linalg.fill")
+                         input_terms, output_dims, body.convert, body.combine, body.input_first,
+                         source, pad_low, pad_value,
+                         is_identity(body.combine, constant_value(init)) and defining_op(init).name == "linalg.fill")
     if len(_chunks(plan, ls.ranges[lane], lanes)[0]) > MAX_EDGE_CHUNKS:
         return None
     return plan
@@ -359,15 +310,9 @@ class SlidingWindowExtremaOp(TransformExt.Operation, name="sliding_window_extrem
         def apply(op, rewriter, results, state):
             with op.context:
                 lanes = ir.IntegerAttr(op.lanes).value
-                plans = {}
-
-                def is_window(o):
-                    plans[o] = sliding_window(o, lanes) if lanes > 0 else None
-                    return plans[o] is not None
-
-                found = [p for t in payload_ops(state, op.target) for p in walk_ops(t, is_window)]
-                for p in found:
-                    _rewrite(p, plans[p], lanes, rewriter)
+                plan = (lambda o: sliding_window(o, lanes)) if lanes > 0 else (lambda o: None)
+                for p, window in planned_ops(state, op.target, plan):
+                    _rewrite(p, window, lanes, rewriter)
                 return Success
 
         @staticmethod

@@ -19,8 +19,10 @@ elements. The window offsets and the dilation are in the slice (one tap).
 Targets: nested in the target ops, named linalg.pooling_ncw_* ops of stride > 1 (the
 vectorizer's shifted load covers stride 1) and linalg.generic ops, each with static tensor
 operands, one result, reduction loops of extent 1, one lane loop as above (input 0 indexed
-by s * w plus a window tap, a reduction dim, in its innermost dim and by dims of extent 1
-in the others; the other inputs, a window's shape, unread) and a body of single-result
+by s * w, plus a window tap (a reduction dim), in its innermost dim and by dims of extent 1
+in the others, at least one of them a window o * s' + i * d' when the innermost has no tap
+(the outer windows of a separated pooling, transform_ext.separate_pooling_windows); the
+other inputs, a window's shape, unread) and a body of single-result
 arith ops on the input and the accumulator. Other ops are left as they are; never fails.
 The target handle is only read.
 """
@@ -30,19 +32,15 @@ from torch_mlir.dialects import arith, ext, transform, vector
 
 from .analysis.convolution import linear_terms
 from .analysis.structure import loop_structure
-from .common import RewritesTargets, Success, payload_ops, walk_ops
+from .common import RewritesTargets, Success, is_static_tensor, planned_ops
 from .dialect import TransformExt
-
-def _static_tensor(value: ir.Value) -> bool:
-    return isinstance(value.type, ir.RankedTensorType) and ir.RankedTensorType(value.type).has_static_shape
-
 
 def pooling_tap(op: ir.Operation) -> tuple[int, int] | None:
     """(W, s) of a one-tap pooling tile (module docstring), None for any other op."""
     named = op.name.startswith("linalg.pooling_ncw_")
     if not (named or op.name == "linalg.generic") or len(op.results) != 1:
         return None
-    if not all(_static_tensor(v) for v in op.operands):
+    if not all(is_static_tensor(v) for v in op.operands):
         return None
     ls = loop_structure(op)
     if not ls.is_static or not ls.reduction_dims or any(ls.ranges[d] != 1 for d in ls.reduction_dims):
@@ -54,13 +52,17 @@ def pooling_tap(op: ir.Operation) -> tuple[int, int] | None:
         return None
     lane = wide[0]
     terms = linear_terms(in_map.results[-1])
-    if terms is None or lane not in terms or not any(d in ls.reduction_dims for d in terms):
+    if terms is None or lane not in terms or any(d != lane and d not in ls.reduction_dims for d in terms):
         return None
+    window_taps = len(terms) > 1
     for expr in in_map.results[:-1]:
         others = linear_terms(expr)
         if (others is None and not isinstance(expr, ir.AffineConstantExpr)) \
                 or (others is not None and lane in others):
             return None
+        window_taps |= others is not None and len(others) > 1 and any(d in ls.reduction_dims for d in others)
+    if not window_taps:
+        return None
     in_shape = ir.RankedTensorType(op.operands[0].type).shape
     width, stride = ls.ranges[lane], terms[lane]
     if any(n != 1 for n in in_shape[:-1]) or in_shape[-1] < (width - 1) * stride + 1:
@@ -126,15 +128,8 @@ class StridedPoolingsToShufflesOp(TransformExt.Operation, name="strided_poolings
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                taps = {}  # op -> (W, s), each op analyzed once
-
-                def is_tap(o):
-                    taps[o] = pooling_tap(o)
-                    return taps[o] is not None
-
-                found = [p for t in payload_ops(state, op.target) for p in walk_ops(t, is_tap)]
-                for p in found:
-                    _rewrite(p, taps[p], rewriter)
+                for p, tap in planned_ops(state, op.target, pooling_tap):
+                    _rewrite(p, tap, rewriter)
                 return Success
 
         @staticmethod

@@ -17,6 +17,7 @@ from . import harness
 from .programs.attention import attention_kernels
 from .programs.cross_entropy import cross_entropy_kernels
 from .programs.matmul import matmul_kernels
+from .programs.pooling import pooling_kernels
 from .programs.rows import row_kernels
 
 KERNEL = "/tmp/lighthouse-fuzz-abc/matmul_0123.py"
@@ -208,7 +209,7 @@ def _run_eagerly(source: str, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("strategy", [matmul_kernels, attention_kernels, cross_entropy_kernels,
-                                      row_kernels], ids=lambda s: s.__name__)
+                                      row_kernels, pooling_kernels], ids=lambda s: s.__name__)
 def test_drawn_programs_are_valid_torch_programs(strategy, tmp_path):
     @settings(max_examples=25, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))

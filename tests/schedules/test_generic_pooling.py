@@ -53,6 +53,24 @@ POOLS = {
     "max_2d_row_window": ("F.max_pool2d(x, (1, 6), 1, (0, 3), (1, 2))", "1, 2, 3, 270", ""),
     "max_1d_f16_long": ("F.max_pool1d(x, 8, 1, 4, 3)", "2, 3, 500", ".half()"),
     "max_1d_bf16_odd": ("F.max_pool1d(x, 12, 1, 5, 2)", "2, 2, 420", ".to(torch.bfloat16)"),
+    # windows of 2 or 3 dims separated (transform_ext.separate_pooling_windows): whole
+    # rows pooled over the outer windows, then the innermost window on them; rows and
+    # columns past the last window, padding without counting it, ceil mode, a stride-1
+    # max doubled after separation, f16/bf16 widened once, a min through negation
+    "avg_2d_window_11_odd": ("F.avg_pool2d(x, 11)", "2, 3, 60, 59", ""),
+    "avg_2d_separated_padded": ("F.avg_pool2d(x, 5, 3, 2, count_include_pad=False)", "2, 3, 31, 40", ""),
+    "max_2d_separated_ceil": ("F.max_pool2d(x, 4, 3, ceil_mode=True)", "2, 3, 20, 41", ""),
+    "max_2d_separated_stride_1": ("F.max_pool2d(x, 4, 1, 1)", "2, 2, 17, 150", ""),
+    "max_3d_separated_f16": ("F.max_pool3d(x, 3, 2, 1, 2)", "1, 2, 9, 11, 37", ".half()"),
+    "max_3d_separated_bf16": ("F.max_pool3d(x, (2, 3, 4), (2, 3, 4))", "1, 3, 9, 10, 35",
+                              ".to(torch.bfloat16)"),
+    "min_2d_separated": ("-F.max_pool2d(-x, (4, 5), 1, (2, 1))", "2, 2, 13, 150", ""),
+    "avg_2d_separated_second_use": ("(lambda p: (p, p.amax(-1)))(F.avg_pool2d(x, 6))", "2, 3, 25, 37", ""),
+    "avg_2d_separated_transposed": ("F.avg_pool2d(x.transpose(2, 3), 4, 2)", "2, 3, 40, 21", ""),
+    # one window along padded H and W (a fuzz case: unit dims folded to a plain dim of 12
+    # on an input of 20 were an invalid op, and the schedule fell back to loops)
+    "min_3d_one_window_in_padded_dims": ("-F.max_pool3d(-x, (8, 12, 5), (4, 10, 3), (4, 4, 0), (3, 1, 1))",
+                                         "1, 4, 35, 12, 5", ""),
     # a second use of the pooled tensor, and a transposed view as input
     "max_1d_second_use": ("(lambda p: (p, p.sum(-1)))(F.max_pool1d(x, 3, 1))", "2, 4, 70", ""),
     "max_1d_transposed": ("F.max_pool1d(x.transpose(1, 2), 3, 1)", "2, 70, 4", ""),
@@ -140,6 +158,25 @@ def test_a_3d_pooling_tap_is_vector_code(kernel_file):
     assert "linalg.generic" not in text
 
 
+def test_a_window_of_stride_11_pools_whole_rows_then_strided_lanes(kernel_file):
+    """KernelBench 45's 11 x 11 windows of stride 11: the 11 taps down the columns read whole
+    rows of the 55 columns the windows cover (accumulated in registers), then 11 taps of
+    every 11th lane of that sum; no tap reads a strided lane of x."""
+    compiled = _compile(kernel_file, "F.avg_pool2d(x, 11)", "2, 3, 60, 59", stop_after="vectorize")
+    text = str(compiled.module)
+    check(text, """
+        CHECK-LABEL: func.func @main
+        CHECK: scf.for %{{.*}} = %c0 to %c11 step %c1 iter_args(%[[COLS:.*]] = %{{.*}}) -> (vector<1x1x1x55xf32>)
+        CHECK: vector.transfer_read %arg0{{.*}} : tensor<2x3x60x59xf32>, vector<1x1x1x55xf32>
+        CHECK: arith.addf %{{.*}}, %{{.*}} : vector<55xf32>
+        CHECK: scf.for %{{.*}} = %c0 to %c11 step %c1 iter_args(%{{.*}}) -> (vector<1x1x1x5xf32>)
+        CHECK: vector.transfer_read {{.*}} : tensor<{{.*}}x55xf32>, vector<1x1x1x45xf32>
+        CHECK: vector.shuffle %{{.*}}, %{{.*}} [0, 11, 22, 33, 44] : vector<45xf32>, vector<45xf32>
+        CHECK: arith.addf %{{.*}}, %{{.*}} : vector<5xf32>
+    """)
+    assert "linalg.pooling" not in text and "linalg.generic" not in text
+
+
 def test_narrow_pooling_stays_a_named_pooling_accumulating_in_f32(kernel_file):
     compiled = _compile(kernel_file, "F.max_pool1d(x, 16, 16)", "3, 10, 130", ".half()",
                         stop_after="cleanup")
@@ -175,6 +212,7 @@ def get_init_inputs():
 @pytest.mark.parametrize("expr", ["F.max_pool1d(x, 8, 1, 4, 3)", "F.relu(F.max_pool1d(x, 3, 1, 1))",
                                   "F.max_pool1d(x, 3, 1, 1) - x.amax(-1, keepdim=True)",
                                   "F.max_pool2d(x.unsqueeze(0), 3, 1, 1, 2).squeeze(0)",
+                                  "F.max_pool2d(x.unsqueeze(0), (4, 5), (1, 2), (1, 2)).squeeze(0)",
                                   "F.max_pool1d(torch.cat([x, x.flip(-1), x, x], -1), 5, 1, 2, 2)"])
 def test_window_maxima_without_zero_order_match_torch(kernel_file, expr):
     """Signed zeros, NaN (propagated through every window holding it), infinities and

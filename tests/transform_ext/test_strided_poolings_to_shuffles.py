@@ -69,3 +69,36 @@ def test_a_body_reading_the_window_stays():
         CHECK: linalg.generic
         CHECK: arith.addf %{{.*}}, %{{.*}} : f32
     """)
+
+
+# a tap of a separated pooling's outer window (transform_ext.separate_pooling_windows): the
+# window is in the rows' dim (d2 * 11 + d3), the innermost dim reads 55 whole lanes
+OUTER_TAP = """
+#x = affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d2 * 11 + d3, d4)>
+#w = affine_map<(d0, d1, d2, d3, d4) -> (d3)>
+#t = affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d2, d4)>
+func.func @main(%x: tensor<1x1x1x55xf32>, %win: tensor<1xf32>, %acc: tensor<1x1x1x55xf32>) -> tensor<1x1x1x55xf32> {
+  %t = linalg.generic {indexing_maps = [#x, #w, #t],
+         iterator_types = ["parallel", "parallel", "parallel", "reduction", "parallel"]}
+         ins(%x, %win : tensor<1x1x1x55xf32>, tensor<1xf32>) outs(%acc : tensor<1x1x1x55xf32>) {
+  ^bb0(%in: f32, %w: f32, %out: f32):
+    %s = arith.addf %out, %in : f32
+    linalg.yield %s : f32
+  } -> tensor<1x1x1x55xf32>
+  return %t : tensor<1x1x1x55xf32>
+}
+"""
+
+
+def test_a_tap_of_an_outer_window_reads_whole_lanes():
+    payload = parse(OUTER_TAP)
+    apply(payload, lambda root: strided_poolings_to_shuffles(match(root, "func.func")))
+    check(str(payload), """
+        CHECK-LABEL: func.func @main
+        CHECK: %[[X:.*]] = vector.transfer_read %arg0{{.*}} : tensor<1x1x1x55xf32>, vector<1x1x1x55xf32>
+        CHECK: %[[ROW:.*]] = vector.shape_cast %[[X]] : vector<1x1x1x55xf32> to vector<55xf32>
+        CHECK-NOT: vector.shuffle
+        CHECK: arith.addf %{{.*}}, %[[ROW]] : vector<55xf32>
+        CHECK: vector.transfer_write
+    """)
+    assert "linalg.generic" not in str(payload)
