@@ -482,6 +482,15 @@ def _is_transpose(op: ir.Operation) -> bool:
             and ls.maps[0] != ls.maps[1] and len(body) == 1)
 
 
+def _transpose_permutation(op: ir.Operation) -> list[int]:
+    """perm of a transpose (`_is_transpose`): its result's dim i is its input's dim perm[i]."""
+    if op.name == "linalg.transpose":
+        return list(ir.DenseI64ArrayAttr(op.attributes["permutation"]))
+    ls = loop_structure(op)
+    read, written = dim_positions(ls.maps[0]), dim_positions(ls.maps[1])
+    return [read.index(d) for d in written]
+
+
 def _folds_into_unpack(op: ir.Operation) -> bool:
     """A consumer of C that linalg's pack/unpack folding turns into an unpack of its own:
     a transpose, or a slice at offset 0 with unit strides."""
@@ -624,12 +633,14 @@ def _unpack_dest_roles(unpack: ir.Operation, c_dims: list[int], dims: dict) -> l
 def _k_contiguous(c: Contraction, index: int, fold_transposes: bool) -> bool:
     """Is k the contiguous dim of what the pack of operand `index` reads: the operand, or
     the input of a transpose producing it that folds into the pack (A^T given as A [K, M]:
-    m contiguous, each k row of a panel in another cache line)?"""
+    m contiguous, each k row of a panel in another cache line)? The transpose may be a
+    generic (unit-dim folding generalizes linalg.transpose: KernelBench's nn.Linear before
+    a pooling); the pack folds either."""
     positions = dim_positions(loop_structure(c.op).maps[index])
     k_at = positions.index(c.k)
     producer = defining_op(c.op.operands[index])
-    if fold_transposes and producer is not None and producer.name == "linalg.transpose":
-        permutation = list(ir.DenseI64ArrayAttr(producer.attributes["permutation"]))
+    if fold_transposes and producer is not None and _is_transpose(producer):
+        permutation = _transpose_permutation(producer)
         return permutation[k_at] == len(permutation) - 1
     return k_at == len(positions) - 1
 
