@@ -35,7 +35,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import arith, ext, linalg, tensor, transform
 
 from .analysis.convolution import linear_terms
-from .analysis.pooling import EXTREMA, SUMS, identity_attr, pooling_body
+from .analysis.pooling import EXTREMA, SUMS, PoolingBody, identity_attr, pooling_body
 from .analysis.structure import loop_structure
 from .common import (RewritesTargets, Success, build_generic, clone_op, is_static_tensor,
                      planned_ops, strided_slice)
@@ -50,6 +50,7 @@ class Separation:
     dilation: int      # d
     span: int          # t's extent along the lane: (W-1)*s + (k-1)*d + 1
     terms: list        # per input 0 result: {dim: coefficient}, or a constant int
+    body: PoolingBody  # f(x), then the combine
 
 
 def separation(op: ir.Operation) -> Separation | None:
@@ -93,11 +94,12 @@ def separation(op: ir.Operation) -> Separation | None:
     outer_taps = math.prod(ls.ranges[k] for _, k in windows[:-1])
     if outer_taps * ls.ranges[window] < 2 * (outer_taps + ls.ranges[window]):
         return None
-    if pooling_body(op, EXTREMA + SUMS) is None:
+    body = pooling_body(op, EXTREMA + SUMS)
+    if body is None:
         return None
     dilation = last[window]
     span = (ls.ranges[lane] - 1) * stride + (ls.ranges[window] - 1) * dilation + 1
-    return Separation(lane, stride, window, dilation, span, terms)
+    return Separation(lane, stride, window, dilation, span, terms, body)
 
 
 def _expr(terms, position: dict[int, int]):
@@ -127,7 +129,7 @@ def _window_shape(extents: list[int], dims: list[int], position: dict[int, int],
 
 def _rewrite(op: ir.Operation, plan: Separation, rewriter) -> None:
     ls = loop_structure(op)
-    body = pooling_body(op, EXTREMA + SUMS)
+    body = plan.body
     x, init = op.operands[0], op.operands[len(op.operands) - 1]
     out_dims = [e.position for e in ls.output_map().results]
     acc_type = ir.RankedTensorType(init.type).element_type

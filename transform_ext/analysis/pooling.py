@@ -63,20 +63,17 @@ def identity_attr(combine: ir.Operation) -> ir.Attribute:
 
 
 def is_identity(combine: ir.Operation, attr) -> bool:
-    """Is the constant `attr` the identity of extremum `combine`?"""
-    if attr is None:
+    """Is the constant `attr` (a float or integer attribute, or None) `identity_attr(combine)`:
+    the same float with the same sign, or the same integer bits?"""
+    if not isinstance(attr, (ir.FloatAttr, ir.IntegerAttr)):
         return False
-    name = combine.name
+    want = identity_attr(combine)
+    if isinstance(attr, ir.FloatAttr) != isinstance(want, ir.FloatAttr):
+        return False
     if isinstance(attr, ir.FloatAttr):
-        v = attr.value
-        return (name in ("arith.maximumf", "arith.maxnumf") and v == -math.inf) or \
-               (name in ("arith.minimumf", "arith.minnumf") and v == math.inf)
-    if isinstance(attr, ir.IntegerAttr):
-        width = ir.IntegerType(attr.type).width
-        v = attr.value & ((1 << width) - 1)
-        return {"arith.maxsi": 1 << (width - 1), "arith.minsi": (1 << (width - 1)) - 1,
-                "arith.maxui": 0, "arith.minui": (1 << width) - 1}.get(name) == v
-    return False
+        return attr.value == want.value and math.copysign(1.0, attr.value) == math.copysign(1.0, want.value)
+    mask = (1 << ir.IntegerType(attr.type).width) - 1
+    return attr.value & mask == want.value & mask
 
 
 __all__ = ["EXTREMA", "SUMS", "PoolingBody", "identity_attr", "is_identity", "pooling_body"]
