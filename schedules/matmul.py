@@ -16,7 +16,11 @@ on f32 accumulators.
 fuse (the script's @fuse: steps recorded on a trial copy by `plan_matmul`): the payload
 normalized (`_normalize`: unit dims folded, elementwise ops fused; transposes and 1-D
 poolings that reshape propagation expanded with unit dims folded back,
-`_fold_unit_dims_of_named_ops`), then per contraction, last first:
+`_fold_unit_dims_of_named_ops`); a payload of more than CHUNK_CONTRACTIONS contractions is
+split into functions of that many (`transform_ext.outline_contraction_chunks`, inlined back
+at the end of the stage: an upstream fusion costs its function's size per call); then per
+contraction, last first (the packed ones in batches sharing one recorded step per phase,
+`_packed_batch`):
   1. data tiling (`transform.structured.pack` + `pack_transpose`): A is packed into panels
      A_p[b, m1, k, m0] and B into B_p[b, n1, k, n0] with m = m1 MR + m0, n = n1 NR + n0
      (zero-padded at the edges); C accumulates in C_p[b, m1, n1, m0, n0] and is unpacked
@@ -82,6 +86,7 @@ from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expa
 from transform_ext.fuse_elementwise_producers import fuse_elementwise_producers
 from transform_ext.forward_masked_writes import forward_masked_writes
 from transform_ext.fold_casts_into_contractions import fold_casts_into_contractions
+from transform_ext.outline_contraction_chunks import outline_contraction_chunks
 from transform_ext.remove_annotation import remove_annotation
 from transform_ext.transpose_pairs_as_words import transpose_pairs_as_words
 from transform_ext.version_full_tiles import version_full_tiles
@@ -104,6 +109,7 @@ _WIDEN = "lh.mm_widen"          # markers between the tiling and the widening fu
 ANNOTATIONS = (ROLE, VECTOR_SIZES, _DONE)  # what the vectorize stage removes at its end
 
 FLOAT_TYPES = ("f32", "f16", "bf16")
+CHUNK_CONTRACTIONS = 16  # a longer payload is scheduled in chunks of this many (plan_matmul)
 
 
 class NotApplicable(Exception):
@@ -542,59 +548,6 @@ def bf16_pairs(c: Contraction, params: MatmulParams) -> bool:
                                    for i in (0, 1))
 
 
-def _pack(rec: StepRecorder, c: Contraction, params: MatmulParams, fold_transposes: bool) -> ir.Operation:
-    """Step 1 of the module docstring; returns the packed contraction (the kernel).
-    A 16-bit operand is first widened (transform_ext.widen_contraction_operands: the
-    contraction reads its f32 extension, role convert_a or convert_b, vector sizes of a
-    register tile's slice of it), unless both are bf16 packed in pairs of k (`bf16_pairs`:
-    k packed by 2, its inner tile moved after m0 / n0). fold_transposes: fold transposes
-    (and zero-offset slices) around the packs into them."""
-    mr, nr = params.register
-    pairs = bf16_pairs(c, params)
-    sizes = [0] * len(c.ranges)
-    sizes[c.m], sizes[c.n] = mr, nr
-    if pairs:
-        sizes[c.k] = 2
-    ls = loop_structure(c.op)
-    order = {d: 0 for d in c.batch} | {c.m: 1, c.n: 1, c.k: 2}
-    perms = [_outer_perm(ls.maps[i], order) for i in (0, 1)]
-    # packed inner tiles follow the loop dims' order: k's pair goes innermost
-    inner = [[1, 0] if pairs and c.k < (c.m if i == c.a_index else c.n) else None for i in (0, 1)]
-    tile = {d: 1 for d in c.batch} | {c.m: mr, c.n: nr, c.k: params.pack_k}
-    f32 = ir.F32Type.get()
-    narrow = [] if pairs else [index for index in (0, 1)
-                               if c.op.operands[index].type.element_type != f32]
-    place = place_of(rec.trial.operation, c.op)
-
-    def body(root):
-        contraction = at_place(root, place)
-        if narrow:
-            contraction, *extensions = widen_contraction_operands(contraction)
-            for index in narrow:
-                name = "a" if index == c.a_index else "b"
-                _set_role(extensions[index], f"convert_{name}",
-                          [tile[d] for d in dim_positions(ls.maps[index])])
-        kernel = structured.PackOp(transform.OperationType.get("linalg.generic"), contraction,
-                                   [], static_packed_sizes=sizes).packed_op
-        for i, (perm, inner_perm) in enumerate(zip(perms, inner)):
-            if perm is None and inner_perm is None:
-                continue
-            pack = transform.GetProducerOfOperand(transform.OperationType.get("linalg.pack"),
-                                                  kernel, i).producer
-            kernel = structured.PackTransposeOp(
-                transform.OperationType.get("linalg.generic"), transform.OperationType.get("linalg.pack"),
-                any_op(), pack, kernel, outer_perm=perm, inner_perm=inner_perm).packed_op
-        transform.AnnotateOp(kernel, _DONE)
-        func = match(root, "func.func")
-        if fold_transposes:
-            apply_patterns(func, structured.ApplyFoldIntoPackAndUnpackPatternsOp)
-        canonicalize(func)
-
-    rec.step("pack", body)
-    return next(op for func in func_ops(rec.trial) for op in top_level_linalg_ops(func)
-                if _DONE in op.attributes and ROLE not in op.attributes)
-
-
 def _kernel_dims(kernel: ir.Operation, c: Contraction, a_index: int) -> dict[str, list[int] | int]:
     """Loop dims of the packed contraction: batch, m1, n1, k, m0, n0 (k: the pairs of k when
     they are packed in pairs, the pair's dim innermost and left whole)."""
@@ -645,130 +598,197 @@ def _k_contiguous(c: Contraction, index: int, fold_transposes: bool) -> bool:
     return k_at == len(positions) - 1
 
 
-def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) -> None:
-    """Steps 1-4 of the module docstring for one contraction."""
-    mr, nr = params.register
-    nb = len(c.batch)
-    folds = _folding_leaves_one_unpack(c)
-    k_contiguous = {"a": _k_contiguous(c, c.a_index, folds),
-                    "b": _k_contiguous(c, 1 - c.a_index, folds)}
-    pairs = bf16_pairs(c, params)
-    # packed in pairs: B one pair of k per packing step (its two rows interleaved into
-    # [NR, 2]: one shuffle); A, when k is its contiguous dim, pack_k / 2 pairs per step (an
-    # [MR, pack_k / 2] transpose of 32-bit pairs), else one pair per step ([2, MR] -> [MR, 2])
-    if pairs:
-        pack_k = {"a": max(1, params.pack_k // 2) if k_contiguous["a"] else 1, "b": 1}
-    else:
-        pack_k = {"a": params.pack_k, "b": params.pack_k}
-    widened = [] if pairs else [
-        name for index, name in sorted({c.a_index: "a", 1 - c.a_index: "b"}.items())
-        if c.op.operands[index].type.element_type != ir.F32Type.get()]
-    kernel = _pack(rec, c, params, fold_transposes=folds)
-    a_index = c.a_index
-    pack_a = defining_op(kernel.operands[a_index])
-    pack_b = defining_op(kernel.operands[1 - a_index])
-    init = defining_op(kernel.operands[2])
-    unpack = _single_use(kernel.results[0])
-    if unpack is None or unpack.name != "linalg.unpack":
-        raise NotApplicable(f"packing {kernel.name} at {kernel.location} left no unpack")
-    dims = _kernel_dims(kernel, c, a_index)
-    # C's tile in the packed layout, and the role of each dim of the unpack's destination:
-    # C itself, or C transposed when a transpose of C folded into the unpack.
-    c_dims = dim_positions(loop_structure(kernel).output_map(0))
-    c_tile = [{dims["m0"]: mr, dims["n0"]: nr}.get(d, 1) for d in c_dims]
-    roles = _unpack_dest_roles(unpack, c_dims, dims)
-    epilogue = find_epilogue(unpack.results[0])
-    # A reduction of C (or of its epilogue) over m or n is computed tile by tile: the
-    # forall splits its parallel dims, a loop inside walks the reduced ones, and C's tile
-    # is reduced as it is unpacked (register tiles; no [M, N] product in memory). A pooling
-    # in windows of S between them (`find_window_pooling`) is computed on the same tiles:
-    # the reduction's tiles over the pooled dim are C's divided by S (a register tile of C
-    # holds whole windows).
-    pooling, pooled, window = find_window_pooling((epilogue or unpack).results[0], roles) or (None, 0, 1)
-    if pooling is not None and ({"m": mr, "n": nr}[roles[pooled]] % window
-                                or find_reduction(pooling.results[0], roles) is None):
-        pooling, window = None, 1
-    reduction = find_reduction((pooling or epilogue or unpack).results[0], roles)
-    pooling_fill = defining_op(pooling.operands[-1]) if pooling is not None else None
-    if pooling_fill is not None and (pooling_fill.name != "linalg.fill"
-                                     or _single_use(pooling_fill.results[0]) is None):
-        pooling_fill = None
+class _Packed:
+    """Steps 1-4 of the module docstring for one contraction, in the three phases a batch of
+    contractions shares (`_schedule_packed_batch`): its packing (`pack`), then, read from
+    the packed trial (`read_packed`), its roles (`roles`), then its tiles (`read_roled`,
+    `tile`). The phases emit no whole-function cleanup: the batch's step does that once."""
 
-    def pooled_sizes(sizes):
-        """Sizes over C's dims as sizes over the pooled tensor's (the pooled dim's by S)."""
-        return [size // window if d == pooled else size for d, size in enumerate(sizes)]
-    reduced = set(loop_structure(reduction).reduction_dims) if reduction is not None else set()
-    if reduction is not None:
-        params = _split_parallel_dims_for_threads(params, c, roles, reduced)
-    # A packed constant operand is folded to a packed constant: nothing to tile then.
-    pack_a = pack_a if pack_a is not None and pack_a.name == "linalg.pack" else None
-    pack_b = pack_b if pack_b is not None and pack_b.name == "linalg.pack" else None
-    init_is_fill = init is not None and init.name == "linalg.fill"
-    if not init_is_fill and (init is None or init.name != "linalg.pack"):
-        init = None
-    # The unpack overwrites all of its destination: do not compute what it writes into.
-    dest = defining_op(unpack.operands[1])
-    dest_is_fill = dest is not None and dest.name == "linalg.fill"
-    register_tile = [{"m": mr, "n": nr}.get(r, 1) for r in roles]
-    # read when the script is built, after the steps ran: its own name, not the tile
-    # step's `places` (taken after this step dropped a fill)
-    role_places = _places(rec, [epilogue, unpack, kernel, pack_b, pack_a, init, None, None, reduction,
-                                pooling, pooling_fill])
+    def __init__(self, c: Contraction, params: MatmulParams):
+        self.c, self.params, self.base_params = c, params, params
+        mr, nr = params.register
+        self.nb = len(c.batch)
+        self.folds = _folding_leaves_one_unpack(c)
+        self.k_contiguous = {"a": _k_contiguous(c, c.a_index, self.folds),
+                             "b": _k_contiguous(c, 1 - c.a_index, self.folds)}
+        pairs = self.pairs = bf16_pairs(c, params)
+        # packed in pairs: B one pair of k per packing step (its two rows interleaved into
+        # [NR, 2]: one shuffle); A, when k is its contiguous dim, pack_k / 2 pairs per step
+        # (an [MR, pack_k / 2] transpose of 32-bit pairs), else one pair per step
+        # ([2, MR] -> [MR, 2])
+        if pairs:
+            self.pack_k = {"a": max(1, params.pack_k // 2) if self.k_contiguous["a"] else 1, "b": 1}
+        else:
+            self.pack_k = {"a": params.pack_k, "b": params.pack_k}
+        self.widened = [] if pairs else [
+            name for index, name in sorted({c.a_index: "a", 1 - c.a_index: "b"}.items())
+            if c.op.operands[index].type.element_type != ir.F32Type.get()]
+        # step 1's packed sizes and outer/inner permutations
+        sizes = [0] * len(c.ranges)
+        sizes[c.m], sizes[c.n] = mr, nr
+        if pairs:
+            sizes[c.k] = 2
+        self.packed_sizes = sizes
+        ls = self.ls = loop_structure(c.op)
+        order = {d: 0 for d in c.batch} | {c.m: 1, c.n: 1, c.k: 2}
+        self.perms = [_outer_perm(ls.maps[i], order) for i in (0, 1)]
+        # packed inner tiles follow the loop dims' order: k's pair goes innermost
+        self.inner = [[1, 0] if pairs and c.k < (c.m if i == c.a_index else c.n) else None
+                      for i in (0, 1)]
+        self.operand_tile = {d: 1 for d in c.batch} | {c.m: mr, c.n: nr, c.k: params.pack_k}
 
-    def roles_body(root):
-        h = {i: at_place(root, place) for i, place in role_places.items()}
-        _set_role(h[2], "kernel")
-        if pack_a is not None:
-            _set_role(h[4], "pack_a", [1] * nb + [1, pack_k["a"], mr] + ([2] if pairs else []))
-        if pack_b is not None:
-            _set_role(h[3], "pack_b", [1] * nb + [1, pack_k["b"], nr] + ([2] if pairs else []))
-        _set_role(h[1], "unpack", c_tile)
-        if init_is_fill:
-            _set_role(h[5], "fill")
-        elif init is not None:
-            _set_role(h[5], "pack_c", c_tile)
-        if dest_is_fill:
-            drop_unpack_destination_fill(h[1])
-        if epilogue is not None:
-            _set_role(h[0], "epilogue", register_tile)
+    def pack(self, contraction: ir.Value, index: int) -> None:
+        """Step 1 on the handle to the contraction: a 16-bit operand is first widened
+        (transform_ext.widen_contraction_operands: the contraction reads its f32 extension,
+        role convert_a or convert_b, vector sizes of a register tile's slice of it), unless
+        both are bf16 packed in pairs of k (`bf16_pairs`: k packed by 2, its inner tile
+        moved after m0 / n0). The kernel is marked _DONE with `index`."""
+        c = self.c
+        if self.widened:
+            contraction, *extensions = widen_contraction_operands(contraction)
+            for i in (0, 1):
+                name = "a" if i == c.a_index else "b"
+                if name in self.widened:
+                    _set_role(extensions[i], f"convert_{name}",
+                              [self.operand_tile[d] for d in dim_positions(self.ls.maps[i])])
+        kernel = structured.PackOp(transform.OperationType.get("linalg.generic"), contraction,
+                                   [], static_packed_sizes=self.packed_sizes).packed_op
+        for i, (perm, inner_perm) in enumerate(zip(self.perms, self.inner)):
+            if perm is None and inner_perm is None:
+                continue
+            pack = transform.GetProducerOfOperand(transform.OperationType.get("linalg.pack"),
+                                                  kernel, i).producer
+            kernel = structured.PackTransposeOp(
+                transform.OperationType.get("linalg.generic"), transform.OperationType.get("linalg.pack"),
+                any_op(), pack, kernel, outer_perm=perm, inner_perm=inner_perm).packed_op
+        annotate(kernel, _DONE, ir.IntegerAttr.get(ir.IntegerType.get_signless(64), index))
+
+    def read_packed(self, kernel: ir.Operation) -> list:
+        """What the packing left around the kernel: its packs, init, unpack, epilogue,
+        reduction and pooling; returns the ops `roles` takes handles to (None: absent)."""
+        c, params = self.c, self.base_params
+        mr, nr = params.register
+        self.kernel, self.params = kernel, params
+        a_index = c.a_index
+        pack_a = defining_op(kernel.operands[a_index])
+        pack_b = defining_op(kernel.operands[1 - a_index])
+        init = defining_op(kernel.operands[2])
+        unpack = self.unpack = _single_use(kernel.results[0])
+        if unpack is None or unpack.name != "linalg.unpack":
+            raise NotApplicable(f"packing {kernel.name} at {kernel.location} left no unpack")
+        dims = self.dims = _kernel_dims(kernel, c, a_index)
+        # C's tile in the packed layout, and the role of each dim of the unpack's
+        # destination: C itself, or C transposed when a transpose of C folded into the unpack.
+        c_dims = dim_positions(loop_structure(kernel).output_map(0))
+        self.c_tile = [{dims["m0"]: mr, dims["n0"]: nr}.get(d, 1) for d in c_dims]
+        roles = self.dest_roles = _unpack_dest_roles(unpack, c_dims, dims)
+        epilogue = self.epilogue = find_epilogue(unpack.results[0])
+        # A reduction of C (or of its epilogue) over m or n is computed tile by tile: the
+        # forall splits its parallel dims, a loop inside walks the reduced ones, and C's tile
+        # is reduced as it is unpacked (register tiles; no [M, N] product in memory). A
+        # pooling in windows of S between them (`find_window_pooling`) is computed on the
+        # same tiles: the reduction's tiles over the pooled dim are C's divided by S (a
+        # register tile of C holds whole windows).
+        pooling, pooled, window = find_window_pooling((epilogue or unpack).results[0], roles) \
+            or (None, 0, 1)
+        if pooling is not None and ({"m": mr, "n": nr}[roles[pooled]] % window
+                                    or find_reduction(pooling.results[0], roles) is None):
+            pooling, window = None, 1
+        self.pooled, self.window = pooled, window
+        reduction = self.reduction = find_reduction((pooling or epilogue or unpack).results[0], roles)
+        pooling_fill = defining_op(pooling.operands[-1]) if pooling is not None else None
+        if pooling_fill is not None and (pooling_fill.name != "linalg.fill"
+                                         or _single_use(pooling_fill.results[0]) is None):
+            pooling_fill = None
+        self.pooling, self.pooling_fill = pooling, pooling_fill
+        self.reduced = set(loop_structure(reduction).reduction_dims) if reduction is not None else set()
         if reduction is not None:
-            _set_role(h[8], "epilogue", pooled_sizes(register_tile))
-        if pooling is not None:
+            self.params = _split_parallel_dims_for_threads(params, c, roles, self.reduced)
+        # A packed constant operand is folded to a packed constant: nothing to tile then.
+        self.pack_a = pack_a if pack_a is not None and pack_a.name == "linalg.pack" else None
+        self.pack_b = pack_b if pack_b is not None and pack_b.name == "linalg.pack" else None
+        self.init_is_fill = init is not None and init.name == "linalg.fill"
+        if not self.init_is_fill and (init is None or init.name != "linalg.pack"):
+            init = None
+        self.init = init
+        # The unpack overwrites all of its destination: do not compute what it writes into.
+        dest = defining_op(unpack.operands[1])
+        self.dest_is_fill = dest is not None and dest.name == "linalg.fill"
+        self.register_tile = [{"m": mr, "n": nr}.get(r, 1) for r in roles]
+        return self._ops(None, None)
+
+    def _ops(self, convert_b, convert_a) -> list:
+        return [self.epilogue, self.unpack, self.kernel, self.pack_b, self.pack_a, self.init,
+                convert_b, convert_a, self.reduction, self.pooling, self.pooling_fill]
+
+    def pooled_sizes(self, sizes: list[int]) -> list[int]:
+        """Sizes over C's dims as sizes over the pooled tensor's (the pooled dim's by S)."""
+        return [size // self.window if d == self.pooled else size for d, size in enumerate(sizes)]
+
+    def roles(self, h: dict[int, ir.Value]) -> None:
+        """The vectorize stage's roles on the handles to `read_packed`'s ops (by index)."""
+        nb, mr, nr = self.nb, *self.params.register
+        pairs, pack_k = self.pairs, self.pack_k
+        _set_role(h[2], "kernel")
+        if self.pack_a is not None:
+            _set_role(h[4], "pack_a", [1] * nb + [1, pack_k["a"], mr] + ([2] if pairs else []))
+        if self.pack_b is not None:
+            _set_role(h[3], "pack_b", [1] * nb + [1, pack_k["b"], nr] + ([2] if pairs else []))
+        _set_role(h[1], "unpack", self.c_tile)
+        if self.init_is_fill:
+            _set_role(h[5], "fill")
+        elif self.init is not None:
+            _set_role(h[5], "pack_c", self.c_tile)
+        if self.dest_is_fill:
+            drop_unpack_destination_fill(h[1])
+        if self.epilogue is not None:
+            _set_role(h[0], "epilogue", self.register_tile)
+        if self.reduction is not None:
+            _set_role(h[8], "epilogue", self.pooled_sizes(self.register_tile))
+        if self.pooling is not None:
             _set_role(h[9], "pooling")
-        if pooling_fill is not None:
-            _set_role(h[10], "fill_tile", pooled_sizes(register_tile))
-        return apply_passes(root, "canonicalize", "cse")
+        if self.pooling_fill is not None:
+            _set_role(h[10], "fill_tile", self.pooled_sizes(self.register_tile))
 
-    rec.step("roles", roles_body)
+    def read_roled(self) -> list:
+        """After the roles: the f32 widenings of 16-bit operands that feed the packs
+        (fused into them after the tiling, `_fuse_widening_into_packs`); returns the ops
+        `tile` takes handles to."""
+        # A 16-bit operand is widened to f32 while it is packed (the kernel then runs on
+        # f32): its extension feeds the pack, unless folded away (e.g. a constant).
+        self.converts = {}
+        for name in self.widened:
+            pack = self.pack_a if name == "a" else self.pack_b
+            source = defining_op(pack.operands[0]) if pack is not None else None
+            if source is not None and source.name == "linalg.generic":
+                self.converts[name] = source
+        return self._ops(self.converts.get("b"), self.converts.get("a"))
 
-    rank = dims["rank"]
-    # A 16-bit operand is widened to f32 while it is packed (the kernel then runs on f32):
-    # its extension feeds the pack, unless folded away (e.g. a constant): nothing to fuse.
-    converts = {}
-    for name in widened:
-        pack = pack_a if name == "a" else pack_b
-        source = defining_op(pack.operands[0]) if pack is not None else None
-        if source is not None and source.name == "linalg.generic":
-            converts[name] = source
-    places = _places(rec, [epilogue, unpack, kernel, pack_b, pack_a, init, converts.get("b"),
-                           converts.get("a"), reduction, pooling, pooling_fill])
-    kb = params.tile_k
-    b, m, n, k = c.shape
-    # packed in pairs, a k block of kb pairs holds as many bytes as kb widened k
-    k_blocks = (-(-k // 2) if pairs else k) > kb
-    m_blocks = -(-min(params.tile_m, _round_up(m, mr)) // mr) > params.block_m // mr
-
-    def body(root):
-        h = {i: at_place(root, place) for i, place in places.items()}
+    def tile(self, h: dict[int, ir.Value]) -> list[ir.Value]:
+        """Steps 2-4 on the handles to `read_roled`'s ops (by index); returns the k and row
+        block loops, whose packs' destinations the batch's step hoists out of them."""
+        c, params, nb, dims = self.c, self.params, self.nb, self.dims
+        roles, reduced = self.dest_roles, self.reduced
+        mr, _ = params.register
+        rank = dims["rank"]
+        kb = params.tile_k
+        _, m, _, k = c.shape
+        # packed in pairs, a k block of kb pairs holds as many bytes as kb widened k
+        k_blocks = (-(-k // 2) if self.pairs else k) > kb
+        m_blocks = -(-min(params.tile_m, _round_up(m, mr)) // mr) > params.block_m // mr
+        epilogue, reduction, pooling = self.epilogue, self.reduction, self.pooling
         unpack_h, kernel_h, pb, pa = (h.get(i) for i in range(1, 5))
         root_op = h[8] if reduction is not None else h[0] if epilogue is not None else unpack_h
         tiles = [{"m": params.tile_m, "n": params.tile_n}.get(r, 1) for r in roles]
         if reduction is not None:
-            tiles = pooled_sizes(tiles)
+            tiles = self.pooled_sizes(tiles)
         forall_sizes = [0 if d in reduced else s for d, s in enumerate(tiles)]
         t = structured.TileUsingForallOp(root_op, tile_sizes=forall_sizes)
         forall, tiled_root = t.forall_op, t.tiled_op
-        epilogue_h = pooling_h = None
+        import os
+        V = int(os.environ.get("V", "99"))
+        if V == 0: return []
+        epilogue_h = pooling_h = pooling_fill_h = None
         reduced_loops = []
         if reduction is not None:
             # the reduced dims in tiles of the output tile's extent, inside the forall
@@ -780,17 +800,20 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
             forall = loops[-1] if loops else forall
             if pooling is not None:
                 pooling_h, forall = _fuse_into(h[9], forall)
-                if pooling_fill is not None:
+                if self.pooling_fill is not None:
                     pooling_fill_h, forall = _fuse_into(h[10], forall)
             if epilogue is not None:
                 epilogue_h, forall = _fuse_into(h[0], forall)
         if epilogue is not None or reduction is not None:
             unpack_h, forall = _fuse_into(unpack_h, forall)
+        if V == 1: return []
         kernel_h, forall = _fuse_into(kernel_h, forall)
+        if V == 2: return []
         init_h = None
-        if init is not None:
+        if self.init is not None:
             init_h, forall = _fuse_into(h[5], forall)
-        packs = {"b": pb if pack_b is not None else None, "a": pa if pack_a is not None else None}
+        packs = {"b": pb if self.pack_b is not None else None,
+                 "a": pa if self.pack_a is not None else None}
 
         def fuse_packs(names, loop):
             for name in names:
@@ -799,6 +822,7 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
             return loop
 
         forall = fuse_packs("ba", forall)
+        if V == 3: return []
         # k blocks: B's panel per block, A's panel per block of rows. (Tiling a dim by its
         # full extent makes no loop; the packs then stay where they are.)
         block_loops = []
@@ -812,18 +836,19 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
         kernel_h, _ = _tile(kernel_h, _sizes(rank, n1=(dims["n1"], 1)))
         kernel_h, _ = _tile(kernel_h, _sizes(rank, m1=(dims["m1"], 1)))
         kernel_h, _ = _tile(kernel_h, _sizes(rank, k=(dims["k"], 1)))
+        if V == 4: return []
         # Pack slices of pack_k along k: the slices of one operand are visited in the order
         # of its memory (k innermost when k is its contiguous dim, else the panel index),
         # not across rows (a page per row).
         tiled_packs = {}
         for name in ("a", "b"):
             if packs[name] is not None:
-                interchange = list(range(nb)) + [nb + 1, nb] if not k_contiguous[name] else None
-                tiled_packs[name], _ = _tile(packs[name], [1] * nb + [1, pack_k[name]],
+                interchange = list(range(nb)) + [nb + 1, nb] if not self.k_contiguous[name] else None
+                tiled_packs[name], _ = _tile(packs[name], [1] * nb + [1, self.pack_k[name]],
                                              interchange=interchange)
-                if not converts:
+                if not self.converts:
                     version_full_tiles(tiled_packs[name])
-        if converts:  # the widening is fused level by level below, after cleanup
+        if self.converts:  # the widening is fused level by level below, after cleanup
             for i, loop in enumerate(reduced_loops):
                 transform.AnnotateOp(loop, f"{_WIDEN}_outer{len(reduced_loops) - i}")
             transform.AnnotateOp(forall, f"{_WIDEN}_forall")
@@ -831,14 +856,17 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
                 transform.AnnotateOp(loop, f"{_WIDEN}_{name}")
             for name, tiled in tiled_packs.items():
                 transform.AnnotateOp(tiled, f"{_WIDEN}_{name}_pack")
+        if V == 5: return []
         if init_h is not None:
-            _tile(init_h, [1] * nb + [1, 1] + ([0, 0] if init_is_fill else []))
+            _tile(init_h, [1] * nb + [1, 1] + ([0, 0] if self.init_is_fill else []))
+        register_tile = self.register_tile
         if epilogue is not None or reduction is not None:
-            tiled, loops = _tile(tiled_root, pooled_sizes(register_tile) if reduction is not None else register_tile)
+            tiled, loops = _tile(tiled_root, self.pooled_sizes(register_tile)
+                                 if reduction is not None else register_tile)
             if loops:
                 if pooling_h is not None:
                     pooling_h, _ = _fuse_into(pooling_h, loops[-1])
-                    if pooling_fill is not None:
+                    if pooling_fill_h is not None:
                         _fuse_into(pooling_fill_h, loops[-1])
                 if epilogue_h is not None:
                     _fuse_into(epilogue_h, loops[-1])
@@ -847,17 +875,137 @@ def _schedule_packed(rec: StepRecorder, c: Contraction, params: MatmulParams) ->
                 version_full_tiles(tiled)
         else:
             version_full_tiles(_tile(tiled_root, register_tile)[0])
+        return block_loops
+
+
+def _packed_batch(contractions: list[Contraction], params_for) -> list[_Packed]:
+    """The contractions, last first, that one batch of steps packs and tiles (with their
+    params): the first packed one, then each further packed one that folds transposes as it
+    does and is not read by another member through views only (packed side by side, the
+    pack of a reader would fold into the unpack of the product it reads); a 16-bit operand
+    widened while it is packed keeps its contraction alone (its widening is fused into the
+    packs by markers of its own)."""
+    batch, members = [], set()
+    for c in reversed(contractions):
+        params = params_for(*c.shape)
+        if bf16_pairs(c, params):
+            params = params.for_pairs()
+        if not params.pack:
+            continue
+        packed = _Packed(c, params)
+        if batch and (packed.widened or batch[0].widened or packed.folds != batch[0].folds):
+            continue
+        sources = _view_sources(c.op)
+        if sources & members or any(c.op in s for s in (b.sources for b in batch)):
+            continue
+        packed.sources = sources
+        batch.append(packed)
+        members.add(c.op)
+    return batch
+
+
+_VIEWS = ("linalg.transpose", "linalg.copy", "linalg.broadcast", "tensor.expand_shape",
+          "tensor.collapse_shape", "tensor.extract_slice", "tensor.cast")
+
+
+def _view_sources(op: ir.Operation) -> set:
+    """The ops whose results `op` reads through views only (transposes, copies, reshapes,
+    slices, and generics whose body only yields an input)."""
+    found, work = set(), [op]
+    while work:
+        for value in work.pop().operands:
+            producer = defining_op(value)
+            if producer is None or producer in found:
+                continue
+            found.add(producer)
+            if producer.name in _VIEWS or (
+                    producer.name == "linalg.generic"
+                    and [o.operation.name for o in producer.regions[0].blocks[0].operations] == ["linalg.yield"]):
+                work.append(producer)
+    return found
+
+
+def _schedule_packed(rec: StepRecorder, batch: list[_Packed]) -> None:
+    """Steps 1-4 for a batch of contractions (`_packed_batch`), in three recorded steps
+    for all of them: the packing, the roles, the tiles (each step's cost is the payload's
+    size: a step per contraction made a model's fuse stage quadratic in its layers). Ops
+    that two members' tiles would both take (none, but for a pack's fill CSE would share)
+    go to a later round of roles and tiles."""
+    places = places_of(rec.trial.operation, [p.c.op for p in batch])
+    folds = batch[0].folds
+
+    def pack_body(root):
+        for i, (p, h) in enumerate(zip(batch, at_places(root, places))):
+            p.pack(h, i)
+        func = match(root, "func.func")
+        if folds:
+            apply_patterns(func, structured.ApplyFoldIntoPackAndUnpackPatternsOp)
+        # no CSE yet: the members' equal packs and fills stay apart for their own tiles
+        apply_patterns(func, transform.ApplyCanonicalizationPatternsOp)
+
+    rec.step("pack", pack_body)
+    pending = list(range(len(batch)))
+    while pending:
+        kernels = _packed_kernels(rec.trial)
+        wave, later, taken = [], [], set()
+        for i in pending:
+            ops = [op for op in batch[i].read_packed(kernels[i]) if op is not None]
+            if taken.intersection(ops):
+                later.append(i)
+                continue
+            taken.update(ops)
+            wave.append(batch[i])
+        _roles_and_tiles(rec, wave)
+        pending = later
+
+
+def _packed_kernels(payload: ir.Module) -> dict[int, ir.Operation]:
+    """The packed contractions without roles yet, by their index in the batch (_DONE)."""
+    return {ir.IntegerAttr(op.attributes[_DONE]).value: op
+            for func in func_ops(payload) for op in top_level_linalg_ops(func)
+            if _DONE in op.attributes and ROLE not in op.attributes}
+
+
+def _roles_and_tiles(rec: StepRecorder, wave: list[_Packed]) -> None:
+    """The roles step, then the tile step, of the members of `wave` (disjoint ops)."""
+    def places_of_members(ops_of):
+        return places_of(rec.trial.operation, [op for ops in ops_of for op in ops if op is not None])
+
+    role_ops = [p._ops(None, None) for p in wave]
+    role_places = places_of_members(role_ops)
+
+    def roles_body(root):
+        for p, h in zip(wave, _member_handles(root, role_ops, role_places)):
+            p.roles(h)
+        return apply_passes(root, "canonicalize")
+
+    rec.step("roles", roles_body)
+    tile_ops = [p.read_roled() for p in wave]
+    tile_places = places_of_members(tile_ops)
+
+    def tile_body(root):
+        block_loops = []
+        for p, h in zip(wave, _member_handles(root, tile_ops, tile_places)):
+            block_loops += p.tile(h)
         # One buffer per panel, reused by every block: the packs' destinations become
         # block-sized tensor.empty ops hoisted out of the block loops.
         func = match(root, "func.func")
         apply_patterns(func, ttensor.ApplyFoldTensorEmptyPatternsOp)
         for loop in block_loops:
             transform.ApplyLoopInvariantCodeMotionOp(loop)
-        canonicalize(func)
+        return apply_passes(root, "canonicalize", "cse")
 
-    rec.step("tile", body)
-    if converts:
-        _fuse_widening_into_packs(rec, converts)
+    rec.step("tile", tile_body)
+    for p in wave:
+        if p.converts:
+            _fuse_widening_into_packs(rec, p.converts)
+
+
+def _member_handles(root: ir.Value, ops_of: list[list], places: list[Place]) -> list[dict[int, ir.Value]]:
+    """Handles to each member's ops (`places`, in order, of those not None), by the op's
+    index in its list."""
+    handles = iter(at_places(root, places))
+    return [{i: next(handles) for i, op in enumerate(ops) if op is not None} for ops in ops_of]
 
 
 def _split_parallel_dims_for_threads(params: MatmulParams, c: Contraction, roles: list[str],
@@ -1182,6 +1330,10 @@ def _fold_widenings(places: list[Place]):
     return body
 
 
+def _outline_chunks(root: ir.Value) -> None:
+    outline_contraction_chunks(match(root, "func.func"), CHUNK_CONTRACTIONS)
+
+
 @dataclass(frozen=True)
 class MatmulPlan:
     """The script's steps as recorded on a trial of the payload (schedules.script
@@ -1193,8 +1345,8 @@ class MatmulPlan:
 
 def schedule_contractions(rec: StepRecorder, params_for) -> None:
     """Steps 1-4 of the module docstring for every contraction of `rec.trial` this schedule
-    takes (`find_contractions`), last first; `params_for(batch, m, n, k)` gives each one's
-    MatmulParams."""
+    takes (`find_contractions`), last first (the packed ones in batches, `_packed_batch`);
+    `params_for(batch, m, n, k)` gives each one's MatmulParams."""
     while True:
         found = find_contractions(rec.trial)
         if not found:
@@ -1204,7 +1356,7 @@ def schedule_contractions(rec: StepRecorder, params_for) -> None:
         if bf16_pairs(c, params):
             params = params.for_pairs()
         if params.pack:
-            _schedule_packed(rec, c, params)
+            _schedule_packed(rec, _packed_batch(found, params_for))
         else:
             _schedule_unpacked(rec, c, params)
 
@@ -1244,15 +1396,23 @@ def plan_matmul(payload: ir.Module, params_for, generic: GenericParams,
     if widened:
         rec.step("fold_bf16_widenings", _fold_widenings(
             [place_of(rec.trial.operation, op) for op in widened]))
-    if not find_contractions(rec.trial):
+    found = find_contractions(rec.trial)
+    if not found:
         # Elementwise fusion merged every contraction with other work (e.g. attention's
         # scaling): nothing left for this schedule.
         return MatmulPlan(None, None)
+    # A long payload (a recurrent model unrolled over time) is scheduled in functions of
+    # CHUNK_CONTRACTIONS contractions (transform_ext.outline_contraction_chunks: some
+    # upstream transforms cost the size of their function per call), inlined back after.
+    chunked = len(found) > CHUNK_CONTRACTIONS
+    if chunked:
+        rec.step("outline_chunks", _outline_chunks)
     schedule_contractions(rec, params_for)
     if convolutions:
         convolutions = convolution.schedule_convolutions(rec, convolution_params)
     _schedule_others(rec, generic, convolution.SCHEDULED if convolutions else ())
-    rec.step("canonicalize", lambda root: apply_passes(root, "canonicalize", "cse"))
+    rec.step("canonicalize", lambda root: apply_passes(
+        root, *(["inline"] if chunked else []), "canonicalize", "cse"))
     vectorize = convolution.vectorize_body if convolutions else _vectorize_body
     return MatmulPlan(tuple(rec.steps), vectorize(rec.trial, generic))
 

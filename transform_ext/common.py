@@ -282,6 +282,18 @@ def block_ops(where) -> list[ir.Operation]:
     return [op.operation for op in block.operations]
 
 
+def is_nested_in(op: ir.Operation, container: ir.Operation) -> bool:
+    """Is `op` inside a region of `container` (at any depth; not `container` itself)?"""
+    container = getattr(container, "operation", container)
+    parent = op.parent
+    while parent is not None:
+        parent = getattr(parent, "operation", parent)
+        if parent == container:
+            return True
+        parent = parent.parent
+    return False
+
+
 def defining_op(value: ir.Value) -> ir.Operation | None:
     owner = value.owner
     if isinstance(owner, ir.OpView):

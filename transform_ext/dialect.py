@@ -152,6 +152,7 @@ OP_MODULES: list[str] = [
     "forall_allocs_to_function",
     "flatten_contiguous_writes",
     "transpose_pairs_as_words",
+    "outline_contraction_chunks",
 ]
 
 

@@ -23,7 +23,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, linalg, transform
 
 from .analysis.structure import is_linalg_op, loop_structure
-from .common import Illegal, ReplacesTargets, Success, fail, payload_ops, walk_ops
+from .common import Illegal, ReplacesTargets, Success, fail, is_nested_in, payload_ops, walk_ops
 from .dialect import TransformExt
 
 
@@ -68,7 +68,7 @@ class FoldEmptyIterationSpacesOp(TransformExt.Operation, name="fold_empty_iterat
                 except Illegal as illegal:
                     return fail("transform_ext.fold_empty_iteration_spaces", illegal)
                 # an op nested in a folded one goes with it (decided before rewriting)
-                outermost = [e for e in plan if not any(_inside(e, other) for other in plan)]
+                outermost = [e for e in plan if not any(is_nested_in(e, other) for other in plan)]
                 kept = [t for t in targets if not any(t == e for e in outermost)]
                 # users first: an init produced by another folded op is still there
                 for empty in reversed(outermost):
@@ -81,15 +81,6 @@ class FoldEmptyIterationSpacesOp(TransformExt.Operation, name="fold_empty_iterat
             return False
 
     Effects = ReplacesTargets
-
-
-def _inside(op: ir.Operation, outer: ir.Operation) -> bool:
-    parent = op.parent
-    while parent is not None:
-        if parent == outer:
-            return True
-        parent = parent.parent
-    return False
 
 
 def fold_empty_iteration_spaces(target: ir.Value) -> ir.Value:

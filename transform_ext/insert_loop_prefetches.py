@@ -31,7 +31,8 @@ and so is nb_prefetch < 1. The target handle is only read.
 from torch_mlir import ir
 from torch_mlir.dialects import arith, ext, transform
 
-from .common import Illegal, RewritesTargets, Success, defining_op, fail, ops_named, payload_ops
+from .common import (Illegal, RewritesTargets, Success, defining_op, fail, is_nested_in, ops_named,
+                     payload_ops)
 from .dialect import TransformExt
 
 NAME = "transform_ext.insert_loop_prefetches"
@@ -42,15 +43,6 @@ def tile_key(rows: int, cols: int, element_type: str) -> str:
     instruction tile of a prefetch depends on the element size: 2-D block rows are at
     least 32 bytes wide)."""
     return f"{rows}x{cols}x{element_type}"
-
-
-def _inside(op: ir.Operation, container: ir.Operation) -> bool:
-    parent = op.parent
-    while parent is not None:
-        if parent == container:
-            return True
-        parent = parent.parent
-    return False
 
 
 class _Loop:
@@ -64,7 +56,7 @@ class _Loop:
     def invariant(self, value: ir.Value) -> bool:
         if isinstance(value, ir.BlockArgument):
             return value.owner != self.body
-        return not _inside(defining_op(value), self.loop)
+        return not is_nested_in(defining_op(value), self.loop)
 
     def of_iv(self, value: ir.Value) -> bool:
         """Is `value` the induction variable or pure index arithmetic on it (and on loop

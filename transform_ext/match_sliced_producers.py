@@ -11,17 +11,8 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
 from .analysis.structure import is_linalg_op
-from .common import MatchesPayload, Success, block_ops, payload_ops, result_users
+from .common import MatchesPayload, Success, block_ops, is_nested_in, payload_ops, result_users
 from .dialect import TransformExt
-
-
-def _inside(op: ir.Operation, container: ir.Operation) -> bool:
-    parent = op.parent
-    while parent is not None:
-        if parent == container:
-            return True
-        parent = parent.parent
-    return False
 
 
 def sliced_producers(container: ir.Operation) -> list[ir.Operation]:
@@ -31,7 +22,7 @@ def sliced_producers(container: ir.Operation) -> list[ir.Operation]:
         if not is_linalg_op(op) or op == container:
             continue
         readers = result_users(op)
-        if any(u.name == "tensor.extract_slice" and _inside(u, container) for u in readers):
+        if any(u.name == "tensor.extract_slice" and is_nested_in(u, container) for u in readers):
             found.append(op)
     return found
 

@@ -22,8 +22,8 @@ from torch_mlir import ir
 from torch_mlir.dialects import arith, ext, linalg, tensor, transform
 
 from .analysis.structure import is_linalg_op, loop_structure
-from .common import (Illegal, RewritesTargets, Success, defining_op, fail, payload_ops,
-                     reassociation_attr, walk_ops)
+from .common import (Illegal, RewritesTargets, Success, defining_op, fail, is_nested_in,
+                     payload_ops, reassociation_attr, walk_ops)
 from .dialect import TransformExt
 
 NAME = "transform_ext.pack_key_tiles"
@@ -159,18 +159,9 @@ def _key_tile_slice(op: ir.Operation, iv: ir.Value, step: int, forall: ir.Operat
         return None
     owner = defining_op(source)
     if owner is not None:
-        if forall.parent is None or _is_ancestor(forall, owner):
+        if forall.parent is None or (owner == forall or is_nested_in(owner, forall)):
             return None
     return source, offsets, sizes
-
-
-def _is_ancestor(ancestor: ir.Operation, op: ir.Operation) -> bool:
-    while op is not None:
-        if op == ancestor:
-            return True
-        parent = op.parent
-        op = parent.operation if parent is not None else None
-    return False
 
 
 def _packed_copy(x: ir.Value, tile: int) -> ir.Value:

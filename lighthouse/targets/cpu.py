@@ -42,7 +42,7 @@ from .bf16_vectors import (bf16_memory_as_i16, odd_bf16_conversions_as_integer_o
                            odd_bf16_vectors_as_i16)
 from .description import CpuDescription, host_cpu, host_cpu_flags
 from .runtime_checks import add_vector_bounds_checks
-from .workspace import allocations_into_workspace, workspace_bytes
+from .workspace import allocations_into_workspace, crowded_functions, workspace_bytes
 
 
 @lru_cache(maxsize=1)
@@ -382,6 +382,23 @@ def reassociate_vector_reductions(payload: ir.Module) -> int:
     return flagged
 
 
+def promote_small_buffers_to_stack(payload: ir.Module) -> None:
+    """promote-buffers-to-stack (buffers up to 128 KiB) in each function but those whose
+    small top-level buffers add up to more than the stack holds (workspace.crowded_functions:
+    a recurrent model unrolled over 256 steps, 15 MB of allocas, overflowed it); theirs stay
+    mallocs."""
+    from torch_mlir.passmanager import PassManager
+
+    crowded = crowded_functions(payload)
+    with payload.context:
+        pm = PassManager.parse("func.func(promote-buffers-to-stack{max-alloc-size-in-bytes=131072 "
+                               "max-rank-of-allocated-memref=8})")
+        for op in payload.body.operations:
+            op = op.operation
+            if op.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value not in crowded:
+                pm.run(op)
+
+
 def lower_to_llvm(payload: ir.Module, threads: int, *, runtime_checks: bool = False) -> None:
     strided_copies_to_loops(payload)
     if runtime_checks:
@@ -389,13 +406,11 @@ def lower_to_llvm(payload: ir.Module, threads: int, *, runtime_checks: bool = Fa
         # each vector access, gets a cf.assert naming the op and its location
         run_passes(payload, "generate-runtime-verification")
         add_vector_bounds_checks(payload)
-    run_passes(payload, ", ".join([
-        "func.func(convert-linalg-to-loops)",
-        # scratch tiles allocated inside loops: allocate once per loop nest, on the stack
-        # when small (no malloc/free per key tile)
-        "func.func(buffer-loop-hoisting)",
-        "func.func(promote-buffers-to-stack{max-alloc-size-in-bytes=131072 max-rank-of-allocated-memref=8})",
-    ]))
+    # scratch tiles allocated inside loops: allocate once per loop nest, on the stack when
+    # small (no malloc/free per key tile); a function's small top-level buffers too, unless
+    # they would crowd the stack (then they stay mallocs)
+    run_passes(payload, "func.func(convert-linalg-to-loops), func.func(buffer-loop-hoisting)")
+    promote_small_buffers_to_stack(payload)
     # large intermediates in one static workspace: no mmap, page faults and munmap per call
     allocations_into_workspace(payload)
     run_passes(payload, ", ".join([

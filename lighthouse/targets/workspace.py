@@ -36,6 +36,7 @@ ESCAPES = frozenset({"func.return", "func.call", "scf.yield", "scf.condition", "
                      "scf.reduce.return", "cf.br", "cf.cond_br", "memref.extract_strided_metadata"})
 ALIGNMENT = 64
 MIN_BYTES = 128 * 1024  # glibc's default mmap threshold
+STACK_BYTES = 2 * 1024 * 1024  # the most a function's body keeps on the stack (8 MB threads)
 WORKSPACE_BYTES = "lh.workspace_bytes"
 
 
@@ -110,6 +111,29 @@ def _pack(buffers: list[_Buffer]) -> int:
     return -(-top // ALIGNMENT) * ALIGNMENT
 
 
+def _top_level_allocs(func: ir.Operation) -> list[ir.Operation]:
+    """The static memref.alloc ops of a function's body (alignment at most ALIGNMENT)."""
+    return [op.operation for op in func.regions[0].blocks[0].operations
+            if op.operation.name == "memref.alloc" and not len(op.operation.operands)
+            and not ("alignment" in op.operation.attributes
+                     and ir.IntegerAttr(op.operation.attributes["alignment"]).value > ALIGNMENT)]
+
+
+def crowded_functions(payload: ir.Module, stack_bytes: int = STACK_BYTES) -> set[str]:
+    """The functions whose top-level buffers below MIN_BYTES (those promote-buffers-to-stack
+    would make allocas, all live for the whole call) add up to more than `stack_bytes`: a
+    recurrent model unrolled over 256 steps held 15 MB of them, past the thread's stack."""
+    crowded = set()
+    for func in payload.body.operations:
+        func = func.operation
+        if func.name != "func.func" or len(func.regions[0].blocks) != 1:
+            continue
+        sizes = [_byte_size(op.results[0].type) for op in _top_level_allocs(func)]
+        if sum(s for s in sizes if s is not None and s < MIN_BYTES) > stack_bytes:
+            crowded.add(ir.StringAttr(func.attributes["sym_name"]).value)
+    return crowded
+
+
 def allocations_into_workspace(payload: ir.Module, min_bytes: int = MIN_BYTES) -> int:
     """Rewrite each function's top-level allocations of at least `min_bytes` into views of
     a workspace global of its own; returns the number rewritten. The module's
@@ -126,10 +150,7 @@ def allocations_into_workspace(payload: ir.Module, min_bytes: int = MIN_BYTES) -
             ops = [op.operation for op in body.operations]
             index = {op: i for i, op in enumerate(ops)}
             buffers = []
-            for op in ops:
-                if op.name != "memref.alloc" or len(op.operands) or ("alignment" in op.attributes
-                        and ir.IntegerAttr(op.attributes["alignment"]).value > ALIGNMENT):
-                    continue
+            for op in _top_level_allocs(func):
                 size = _byte_size(op.results[0].type)
                 if size is None or size < min_bytes:
                     continue

@@ -8,7 +8,9 @@ import torch
 from torch_mlir import ir
 
 from lighthouse.compile import compile_kernel
-from lighthouse.targets.workspace import allocations_into_workspace, workspace_bytes
+from lighthouse.targets.cpu import promote_small_buffers_to_stack
+from lighthouse.targets.workspace import (STACK_BYTES, allocations_into_workspace,
+                                          crowded_functions, workspace_bytes)
 from tests.transform_ext.helpers import check as filecheck
 
 PAYLOAD = """
@@ -112,3 +114,78 @@ def test_a_kernel_with_a_workspace_matches_torch_on_every_call_and_thread(kernel
     for t in threads:
         t.join()
     assert results == [True] * 15
+
+
+def small_buffers(count: int) -> str:
+    """@main holding `count` buffers of 64 KiB in a chain of copies, and @other with one."""
+    lines = ["func.func @main(%x: memref<16384xf32>, %y: memref<16384xf32>) {"]
+    prev = "%x"
+    for i in range(count):
+        lines += [f"  %b{i} = memref.alloc() {{alignment = 64 : i64}} : memref<16384xf32>",
+                  f"  memref.copy {prev}, %b{i} : memref<16384xf32> to memref<16384xf32>"]
+        prev = f"%b{i}"
+    lines += [f"  memref.copy {prev}, %y : memref<16384xf32> to memref<16384xf32>", "  return", "}",
+              "func.func @other(%x: memref<16384xf32>) {",
+              "  %a = memref.alloc() {alignment = 64 : i64} : memref<16384xf32>",
+              "  memref.copy %x, %a : memref<16384xf32> to memref<16384xf32>", "  return", "}"]
+    return "\n".join(lines)
+
+
+def test_small_buffers_past_the_stack_budget_stay_mallocs():
+    """40 buffers of 64 KiB (2.5 MiB as allocas, all live for the call: a recurrent model
+    unrolled over 256 steps held 15 MB of them and overflowed the stack) stay mallocs in
+    @main; @other's buffer goes on the stack; 8 of them do too."""
+    with ir.Context(), ir.Location.unknown():
+        module = ir.Module.parse(small_buffers(40))
+        assert 40 * 65536 > STACK_BYTES
+        assert crowded_functions(module) == {"main"}
+        promote_small_buffers_to_stack(module)
+        text = str(module)
+        few = ir.Module.parse(small_buffers(8))
+        assert crowded_functions(few) == set()
+        promote_small_buffers_to_stack(few)
+        few_text = str(few)
+    filecheck(text, """
+        CHECK:     func.func @main
+        CHECK-NOT: memref.alloca
+        CHECK-COUNT-40: memref.alloc()
+        CHECK:     func.func @other
+        CHECK:     memref.alloca() {{.*}} : memref<16384xf32>
+    """)
+    assert few_text.count("memref.alloca()") == 9 and "memref.alloc()" not in few_text
+
+
+RECURRENCE = """
+import torch
+class Model(torch.nn.Module):
+    def forward(self, x, w):
+        h = x[0]
+        outputs = []
+        for t in range(x.shape[0]):
+            h = torch.tanh(x[t] + h @ w)
+            outputs.append(h * 2)
+        return torch.stack(outputs)
+def get_inputs():
+    g = torch.Generator().manual_seed(3)
+    return [torch.randn(40, 8, 3072, generator=g), torch.randn(3072, 3072, generator=g) * 0.02]
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_recurrence_whose_small_buffers_exceed_the_stack_matches_torch(kernel_file):
+    """40 steps of [8, 3072] intermediates (96 KiB each, past the stack budget together)
+    match torch, called from a thread of a 4 MiB stack (as allocas they overflowed it: a
+    segmentation fault)."""
+    compiled = compile_kernel(kernel_file(RECURRENCE), threads=1)
+    reports = []
+    default = threading.stack_size(4 * 1024 * 1024)
+    try:
+        thread = threading.Thread(target=lambda: reports.extend(compiled.check()))
+        thread.start()
+        thread.join()
+    finally:
+        threading.stack_size(default)
+    assert reports
+    for report in reports:
+        assert report.ok, str(report)
