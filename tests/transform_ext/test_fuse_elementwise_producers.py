@@ -132,3 +132,47 @@ def test_a_producer_reading_its_init_passes_the_init_in():
     (after,) = run_module(payload, [old, tile])
     ref = torch.maximum(old, tile)
     torch.testing.assert_close(after, torch.where(ref == float("-inf"), torch.zeros(8), ref))
+
+
+THREE = """
+#id = affine_map<(d0) -> (d0)>
+func.func @main(%x: tensor<16xf32>) -> tensor<16xf32> {
+  %e = tensor.empty() : tensor<16xf32>
+  %a = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel"]}
+      ins(%x : tensor<16xf32>) outs(%e : tensor<16xf32>) {
+  ^bb0(%v: f32, %o: f32):
+    %r = arith.negf %v : f32
+    linalg.yield %r : f32
+  } -> tensor<16xf32>
+  %b = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel"]}
+      ins(%a : tensor<16xf32>) outs(%e : tensor<16xf32>) {
+  ^bb0(%v: f32, %o: f32):
+    %r = math.exp %v : f32
+    linalg.yield %r : f32
+  } -> tensor<16xf32>
+  %c = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel"]}
+      ins(%b : tensor<16xf32>) outs(%e : tensor<16xf32>) {
+  ^bb0(%v: f32, %o: f32):
+    %r = arith.mulf %v, %v : f32
+    linalg.yield %r : f32
+  } -> tensor<16xf32>
+  return %c : tensor<16xf32>
+}
+"""
+
+
+def test_generics_given_as_targets_fuse_into_one_the_handle_holds():
+    """The targets are the three generics themselves (each fusion replaces or erases a
+    target): one generic is left, and the result handle holds it (annotated through it)."""
+    from schedules.common import annotate
+
+    payload = parse(THREE)
+    apply(payload, lambda root: annotate(fuse_elementwise_producers(match(root, "linalg.generic")),
+                                         "fused"))
+    check(payload, """
+        CHECK:     linalg.generic {{.*}} ins(%arg0 : tensor<16xf32>) {{.*}} attrs = {fused}
+        CHECK:       arith.negf
+        CHECK-NEXT:  math.exp
+        CHECK-NEXT:  arith.mulf
+        CHECK-NOT: linalg.generic
+    """)
