@@ -12,8 +12,9 @@ from before it (the function's arguments, earlier chunks' results) and returns t
 after it. A constant or an operand-free tensor.empty read across chunks is cloned into each
 chunk that reads it (a packed constant must stay a constant). A new chunk starts right
 before a contraction (a linalg op whose loop structure is a contraction) when the current
-one holds N: a contraction keeps the ops after it (its epilogue, a reduction of it) until
-the next cut. The inliner (the upstream `inline` pass) puts the chunks back.
+one holds N, with the fills, transposes and broadcasts before it that only it reads (its
+init, a transposed operand): a contraction keeps the ops after it (its epilogue, a
+reduction of it) until the next cut. The inliner (the upstream `inline` pass) puts the chunks back.
 
 Why: upstream transforms that build a diagnostic on every call (fuse_into_containing_op
 prints its producer and container, verifying and numbering their whole function) cost the
@@ -31,7 +32,7 @@ from torch_mlir.dialects import ext, func, transform
 
 from .analysis.structure import is_linalg_op, loop_structure
 from .common import (Illegal, RewritesTargets, Success, block_ops, defining_op, fail,
-                     is_nested_in, payload_ops)
+                     is_nested_in, payload_ops, user_op)
 from .dialect import TransformExt
 
 NAME = "transform_ext.outline_contraction_chunks"
@@ -72,8 +73,7 @@ def _only_feeding(chunk: list[ir.Operation], contraction: ir.Operation) -> list[
     taken = {contraction}
     start = len(chunk)
     while start > 0 and chunk[start - 1].name in _FEEDING:
-        readers = [u.owner.operation if isinstance(u.owner, ir.OpView) else u.owner
-                   for r in chunk[start - 1].results for u in r.uses]
+        readers = [user_op(u) for r in chunk[start - 1].results for u in r.uses]
         if not readers or any(r not in taken for r in readers):
             break
         start -= 1
@@ -117,8 +117,7 @@ def _read_after(chunk: list[ir.Operation], body: ir.Block) -> list[ir.Value]:
     """The chunk's results read by ops outside it."""
     inside = set(chunk)
     return [r for op in chunk for r in op.results
-            if any(_top_level(u.owner.operation if isinstance(u.owner, ir.OpView) else u.owner,
-                              body) not in inside for u in r.uses)]
+            if any(_top_level(user_op(u), body) not in inside for u in r.uses)]
 
 
 def plan(function: ir.Operation, contractions: int) -> list[list[ir.Operation]]:
@@ -137,7 +136,7 @@ def plan(function: ir.Operation, contractions: int) -> list[list[ir.Operation]]:
 def _replace_uses(value: ir.Value, new: ir.Value, keep) -> None:
     """Uses of `value` whose op passes `keep` read `new` instead."""
     for use in list(value.uses):
-        owner = use.owner.operation if isinstance(use.owner, ir.OpView) else use.owner
+        owner = user_op(use)
         if keep(owner):
             owner.operands[use.operand_number] = new
 
