@@ -600,7 +600,7 @@ def _k_contiguous(c: Contraction, index: int, fold_transposes: bool) -> bool:
 
 class _Packed:
     """Steps 1-4 of the module docstring for one contraction, in the three phases a batch of
-    contractions shares (`_schedule_packed_batch`): its packing (`pack`), then, read from
+    contractions shares (`_schedule_packed`): its packing (`pack`), then, read from
     the packed trial (`read_packed`), its roles (`roles`), then its tiles (`read_roled`,
     `tile`). The phases emit no whole-function cleanup: the batch's step does that once."""
 
@@ -785,9 +785,6 @@ class _Packed:
         forall_sizes = [0 if d in reduced else s for d, s in enumerate(tiles)]
         t = structured.TileUsingForallOp(root_op, tile_sizes=forall_sizes)
         forall, tiled_root = t.forall_op, t.tiled_op
-        import os
-        V = int(os.environ.get("V", "99"))
-        if V == 0: return []
         epilogue_h = pooling_h = pooling_fill_h = None
         reduced_loops = []
         if reduction is not None:
@@ -806,9 +803,7 @@ class _Packed:
                 epilogue_h, forall = _fuse_into(h[0], forall)
         if epilogue is not None or reduction is not None:
             unpack_h, forall = _fuse_into(unpack_h, forall)
-        if V == 1: return []
         kernel_h, forall = _fuse_into(kernel_h, forall)
-        if V == 2: return []
         init_h = None
         if self.init is not None:
             init_h, forall = _fuse_into(h[5], forall)
@@ -822,7 +817,6 @@ class _Packed:
             return loop
 
         forall = fuse_packs("ba", forall)
-        if V == 3: return []
         # k blocks: B's panel per block, A's panel per block of rows. (Tiling a dim by its
         # full extent makes no loop; the packs then stay where they are.)
         block_loops = []
@@ -836,7 +830,6 @@ class _Packed:
         kernel_h, _ = _tile(kernel_h, _sizes(rank, n1=(dims["n1"], 1)))
         kernel_h, _ = _tile(kernel_h, _sizes(rank, m1=(dims["m1"], 1)))
         kernel_h, _ = _tile(kernel_h, _sizes(rank, k=(dims["k"], 1)))
-        if V == 4: return []
         # Pack slices of pack_k along k: the slices of one operand are visited in the order
         # of its memory (k innermost when k is its contiguous dim, else the panel index),
         # not across rows (a page per row).
@@ -856,7 +849,6 @@ class _Packed:
                 transform.AnnotateOp(loop, f"{_WIDEN}_{name}")
             for name, tiled in tiled_packs.items():
                 transform.AnnotateOp(tiled, f"{_WIDEN}_{name}_pack")
-        if V == 5: return []
         if init_h is not None:
             _tile(init_h, [1] * nb + [1, 1] + ([0, 0] if self.init_is_fill else []))
         register_tile = self.register_tile
@@ -885,7 +877,7 @@ def _packed_batch(contractions: list[Contraction], params_for) -> list[_Packed]:
     pack of a reader would fold into the unpack of the product it reads); a 16-bit operand
     widened while it is packed keeps its contraction alone (its widening is fused into the
     packs by markers of its own)."""
-    batch, members = [], set()
+    batch, members, read = [], set(), []
     for c in reversed(contractions):
         params = params_for(*c.shape)
         if bf16_pairs(c, params):
@@ -896,11 +888,11 @@ def _packed_batch(contractions: list[Contraction], params_for) -> list[_Packed]:
         if batch and (packed.widened or batch[0].widened or packed.folds != batch[0].folds):
             continue
         sources = _view_sources(c.op)
-        if sources & members or any(c.op in s for s in (b.sources for b in batch)):
+        if sources & members or any(c.op in r for r in read):
             continue
-        packed.sources = sources
         batch.append(packed)
         members.add(c.op)
+        read.append(sources)
     return batch
 
 

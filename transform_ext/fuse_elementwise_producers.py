@@ -104,36 +104,33 @@ def _fusable_input(consumer: ir.Operation):
 
 
 def _fuse_all(targets: list[ir.Operation], rewriter) -> list[ir.Operation]:
-    """Fuse every qualifying pair under the targets, in passes over their generics in
-    order (each consumer takes all its producers at once: a producer precedes its consumer,
-    so what a fusion erases was already visited), until a pass fuses nothing; returns the
-    targets, a fused one replaced by its fused op. (Restarting the walk after each fusion
-    was quadratic: 8 s for a 6-layer LSTM of 16 steps.) A pass restarts only when it fuses
-    a target op itself."""
-    changed = True
-    while changed:
-        changed = False
-        restart = True
-        while restart:
-            restart = False
-            for target in targets:
-                for consumer in walk_ops(target, lambda o: o.name == "linalg.generic"):
-                    while (hit := _fusable_input(consumer)) is not None:
-                        index, producer = hit
-                        replaced = [t == consumer for t in targets]
-                        dropped = [t == producer for t in targets]
-                        consumer = _fuse(consumer, index, producer, rewriter)
-                        changed = True
-                        if any(replaced) or any(dropped):
-                            targets = [consumer if r else t for t, r, d in zip(targets, replaced, dropped)
-                                       if not d]
-                            restart = True
-                            break
-                    if restart:
-                        break
-                if restart:
-                    break
+    """Fuse every qualifying pair under the targets, pass after pass until one fuses
+    nothing; returns the targets, a fused one replaced by its fused op. (Restarting the walk
+    after each fusion was quadratic: 8 s for a 6-layer LSTM of 16 steps.)"""
+    fused = True
+    while fused:
+        targets, fused = _fuse_pass(targets, rewriter)
     return targets
+
+
+def _fuse_pass(targets: list[ir.Operation], rewriter) -> tuple[list[ir.Operation], bool]:
+    """One pass over the targets' generics in order, each consumer taking all its producers
+    (a producer precedes its consumer: what a fusion erases was already visited); returns
+    the targets and whether it fused. It ends at a fusion that replaces or erases a target
+    op (the targets' walks would reach it)."""
+    fused = False
+    for target in targets:
+        for consumer in walk_ops(target, lambda o: o.name == "linalg.generic"):
+            while (hit := _fusable_input(consumer)) is not None:
+                index, producer = hit
+                replaced = [t == consumer for t in targets]
+                dropped = [t == producer for t in targets]
+                consumer = _fuse(consumer, index, producer, rewriter)
+                fused = True
+                if any(replaced) or any(dropped):
+                    return [consumer if r else t for t, r, d in zip(targets, replaced, dropped)
+                            if not d], True
+    return targets, fused
 
 
 class FuseElementwiseProducersOp(TransformExt.Operation, name="fuse_elementwise_producers"):
