@@ -1,7 +1,8 @@
 """torch -> linalg-on-tensors with torch-mlir.
 
-Forward: `torch.export` + `torch_mlir.fx.export_and_import(output_type="linalg-on-tensors")`,
-SDPA forced to the math backend (the only one torch-mlir decomposes). Parameters and buffers
+Forward: `torch.export` + torch-mlir's import and lowering to linalg-on-tensors, SDPA forced
+to the math backend (the only one torch-mlir decomposes) and recurrent layers (LSTM, GRU,
+RNN) kept as one loop over the steps each (lighthouse.recurrences). Parameters and buffers
 are frozen into the IR as constants; the function's arguments are the tensors of get_inputs().
 Other inputs (a Python float, int or bool: KernelBench's `A * s`) are compile-time constants,
 as torch.export specializes them: the model is traced with them bound, so the function
@@ -33,6 +34,7 @@ from .causal_masks import index_causal_masks
 from .errors import IngressError
 from .conv_decompositions import (convolution_decompositions,
                                   transposed_convolution_decompositions)
+from .recurrences import RolledRecurrences, calls_for_layers, lower_layer_calls
 from .pool_decompositions import pool_decompositions, unbatched_pool_decompositions
 from .flash_decompositions import SdpaIn4d, SdpaMaskGradient, flash_decompositions
 from .tm_tensor_lowering import (index_decompositions, lower_scatters, lower_sorts,
@@ -82,8 +84,6 @@ def import_forward(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel
     arguments too (their values appended to `args`) instead of constants, which the import
     would copy into the IR and every later stage again (a 2.7 GB MLP needed 17 GB and was
     killed)."""
-    from torch_mlir import fx
-
     inputs = _distinct(inputs)
     tensors = tuple(t for t in inputs if isinstance(t, torch.Tensor))
     traced = model if len(tensors) == len(inputs) else _ConstantsBound(model, inputs)
@@ -98,7 +98,7 @@ def import_forward(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel
     expected = _run_reference(reference, name)  # the model's own errors first, in one line
     importer, diagnostics = _quiet_importer()
     try:
-        with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+        with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), RolledRecurrences():
             program = torch.export.export(traced, tensors, strict=False)
             program = program.run_decompositions(_forward_decompositions())
             index_causal_masks(program)
@@ -106,13 +106,40 @@ def import_forward(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel
             contiguous_as_strided_as_views(program.graph_module)
             prepare_index_puts(program.graph_module)
             state_in_lists_as_copies(program)
-            module = fx.export_and_import(program, output_type="linalg-on-tensors",
-                                          func_name="main", fx_importer=importer,
-                                          decomposition_table={})
+            module = _program_to_linalg(program, importer)
     except Exception as exc:
         raise IngressError(_describe_import_failure(name, exc, diagnostics)) from exc
     names = [f"out{i}" for i in range(len(expected))]
     return _finish(module, tensors, reference, expected, names, name)
+
+
+def _program_to_linalg(program, importer):
+    """torch-mlir's import of `program` and its lowering to linalg-on-tensors, with the
+    recurrent layers' ops (lighthouse.recurrences) carried through as calls and lowered to
+    loops before the backend contract is checked."""
+    from torch_mlir import fx, ir, passmanager
+    from torch_mlir.compiler_utils import run_pipeline_with_repro_report
+
+    module = fx.export_and_import(program, output_type="raw", func_name="main",
+                                  fx_importer=importer, decomposition_table={})
+    calls_for_layers(module)
+    run_pipeline_with_repro_report(
+        module, "builtin.module(func.func(torch-match-quantized-custom-ops),"
+        "torchdynamo-export-to-torch-backend-pipeline{ extra-library=})",
+        "Lowering TorchFX IR -> Torch Backend IR")
+    verify = "torch-verify-linalg-on-tensors-backend-contract"
+    with module.context:
+        pipeline = str(passmanager.PassManager.parse(
+            "builtin.module(torch-backend-to-linalg-on-tensors-backend-pipeline"
+            "{allow-non-finites=True})"))
+    lowering = pipeline.removesuffix(f",{verify})") + ")"
+    assert lowering != pipeline + ")", f"the linalg pipeline no longer ends with {verify}"
+    run_pipeline_with_repro_report(module, lowering,
+                                   "Lowering Torch Backend IR -> Linalg-on-Tensors Backend IR")
+    lower_layer_calls(module)
+    run_pipeline_with_repro_report(module, f"builtin.module({verify})",
+                                   "Lowering Torch Backend IR -> Linalg-on-Tensors Backend IR")
+    return module
 
 
 class _ConstantsBound(torch.nn.Module):
