@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import math
 import re
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -83,7 +84,12 @@ def import_forward(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel
     `weights_as_arguments`: parameters of at least that many elements become trailing
     arguments too (their values appended to `args`) instead of constants, which the import
     would copy into the IR and every later stage again (a 2.7 GB MLP needed 17 GB and was
-    killed)."""
+    killed).
+
+    State the forward writes (a buffer, or a plain tensor attribute it assigns or copies
+    into, which is traced as a buffer: `_TensorAttributesAsBuffers`) is not a result: the
+    kernel is a function of its inputs, and the state it was traced with is the state after
+    the reference call."""
     inputs = _distinct(inputs)
     tensors = tuple(t for t in inputs if isinstance(t, torch.Tensor))
     traced = model if len(tensors) == len(inputs) else _ConstantsBound(model, inputs)
@@ -98,7 +104,10 @@ def import_forward(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel
     expected = _run_reference(reference, name)  # the model's own errors first, in one line
     importer, diagnostics = _quiet_importer()
     try:
-        with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), RolledRecurrences():
+        with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), RolledRecurrences(), \
+                _TensorAttributesAsBuffers(model), warnings.catch_warnings():
+            # nn.LSTM/GRU/RNN rebuild their list of parameter aliases in every forward
+            warnings.filterwarnings("ignore", "The tensor attributes .*_flat_weights")
             program = torch.export.export(traced, tensors, strict=False)
             program = program.run_decompositions(_forward_decompositions())
             index_causal_masks(program)
@@ -107,10 +116,60 @@ def import_forward(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel
             prepare_index_puts(program.graph_module)
             state_in_lists_as_copies(program)
             module = _program_to_linalg(program, importer)
+            _drop_state_results(module, program)
     except Exception as exc:
         raise IngressError(_describe_import_failure(name, exc, diagnostics)) from exc
     names = [f"out{i}" for i in range(len(expected))]
     return _finish(module, tensors, reference, expected, names, name)
+
+
+class _TensorAttributesAsBuffers:
+    """While torch.export traces: every plain tensor attribute of the model's modules (not
+    a parameter or buffer, e.g. a recurrent state `self.hidden = torch.randn(...)` that the
+    forward copies into and reassigns) is a buffer, which export lets the forward write
+    (it refuses a mutated constant); afterwards each is a plain attribute again, with the
+    value it had before."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.attributes = [(module, name, value) for module in model.modules()
+                           for name, value in list(vars(module).items())
+                           if isinstance(value, torch.Tensor)
+                           and not isinstance(value, torch.nn.Parameter)]
+
+    def __enter__(self):
+        for module, name, value in self.attributes:
+            delattr(module, name)
+            module.register_buffer(name, value)
+        return self
+
+    def __exit__(self, *exc):
+        for module, name, value in self.attributes:
+            module._buffers.pop(name, None)
+            object.__setattr__(module, name, value)
+        return False
+
+
+def _drop_state_results(module, program) -> None:
+    """Remove the results export adds for the buffers the forward writes (their new values,
+    ahead of the model's own results): the kernel returns the model's results only."""
+    from torch.export.graph_signature import OutputKind
+    from torch_mlir import ir
+
+    drop = {i for i, spec in enumerate(program.graph_signature.output_specs)
+            if spec.kind == OutputKind.BUFFER_MUTATION}
+    if not drop:
+        return
+    func = _main_func(module)
+    with module.context:
+        block = func.regions[0].blocks[0]
+        ret = list(block.operations)[-1]
+        kept = [v for i, v in enumerate(ret.operands) if i not in drop]
+        with ir.InsertionPoint(ret), ret.location:
+            ir.Operation.create("func.return", operands=kept)
+        ret.erase()
+        fn_type = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
+        func.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
+            fn_type.inputs, [v.type for v in kept]))
 
 
 def _program_to_linalg(program, importer):

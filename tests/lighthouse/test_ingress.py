@@ -393,6 +393,39 @@ def test_frozen_state_of_every_kind_imports_and_matches_torch(kernel_file, dtype
     """)
 
 
+WRITTEN_STATE_KERNEL = """
+import torch
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.hidden = torch.randn(4, 6, generator=g)      # a plain tensor attribute
+        self.i2h = torch.nn.Linear(5 + 6, 6)
+        self.norm = torch.nn.BatchNorm1d(6)                # training: writes its statistics
+    def forward(self, x, initial):
+        self.hidden.copy_(initial)
+        self.hidden = torch.tanh(self.i2h(torch.cat((x, self.hidden), dim=1)))
+        return self.norm(self.hidden) * 2
+def get_inputs():
+    g = torch.Generator().manual_seed(1)
+    return [torch.randn(4, 5, generator=g), torch.randn(4, 6, generator=g)]
+def get_init_inputs():
+    return []
+"""
+
+
+def test_state_the_forward_writes_is_traced_and_not_returned(kernel_file):
+    """KernelBench's 33 VanillaRNN: a plain tensor attribute the forward copies into and
+    reassigns (export refused it: "Constant hidden is mutated"), and a batch norm in
+    training mode, which writes its running statistics: the kernel's only result is the
+    model's, it matches torch, and the attribute is a plain tensor again afterwards."""
+    compiled = compile_kernel(kernel_file(WRITTEN_STATE_KERNEL), threads=1)
+    model = compiled.kernel.model
+    assert "hidden" not in dict(model.named_buffers()) and torch.is_tensor(model.hidden)
+    assert len(compiled.imported.result_specs) == 1
+    _assert_matches(compiled)
+
+
 AS_STRIDED = {
     # torch's group norm of an [N, C] input ends in as_strided over contiguous results
     "group_norm_2d": ("torch.nn.functional.group_norm(x, 4, w, b)",

@@ -61,36 +61,54 @@ def test_the_rolled_form_is_torchs_layer(cell, options):
 
 
 class _Lstm(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, hidden):
         super().__init__()
-        self.lstm = _layer("lstm", layers=2)
+        self.lstm = _layer("lstm", layers=2, hidden=hidden)
 
     def forward(self, x, h, c):
         out, (h, c) = self.lstm(x, (h, c))
         return out, h, c
 
 
-def test_the_import_is_a_loop_of_a_product_per_gate():
-    """Two LSTM layers: two projections at the top, then per layer an scf.for over the 6
-    steps whose body has four [5, 13] x [13, 13] products and one elementwise generic, and
-    no call or custom op is left."""
+def _imported_lstm(hidden):
     g = torch.Generator().manual_seed(1)
-    inputs = (torch.randn(6, 5, 7, generator=g), *_states("lstm", _layer("lstm"), 5))
-    imported = import_forward(_Lstm(), inputs)
-    filecheck(str(imported.module), r"""
+    inputs = (torch.randn(6, 5, 7, generator=g), *_states("lstm", _layer("lstm", hidden=hidden), 5))
+    return str(import_forward(_Lstm(hidden), inputs).module)
+
+
+def test_the_import_is_a_loop_of_one_product_per_step():
+    """Two LSTM layers of 32: per layer, [W_ih^T; W_hh^T] in panels of 32 columns, then an
+    scf.for over the 6 steps whose body puts x_t and h side by side, multiplies them with
+    the panels (one [5, 4, 32] product), and computes the new h and c in one elementwise
+    generic; no call or custom op is left."""
+    filecheck(_imported_lstm(32), r"""
         CHECK-NOT: func.call
         CHECK-LABEL: func.func @main
-        CHECK: linalg.matmul ins(%{{.*}}: tensor<30x7xf32>, tensor<7x52xf32>)
-        CHECK: scf.for %{{.*}} = %c0 to %c6 step %c1 iter_args(%{{.*}} = %{{.*}}, %{{.*}} = %{{.*}}, %{{.*}} = %{{.*}}) -> (tensor<6x5x13xf32>, tensor<5x13xf32>, tensor<5x13xf32>)
-        CHECK-COUNT-4: linalg.matmul ins(%{{.*}}, %{{.*}} : tensor<5x13xf32>, tensor<13x13xf32{{.*}}>)
-        CHECK: linalg.generic
-        CHECK: math.tanh
-        CHECK: math.tanh
+        CHECK: %[[PANELS:.+]] = linalg.transpose ins(%{{.*}} : tensor<39x4x32xf32>) outs(%{{.*}} : tensor<4x39x32xf32>) permutation = [1, 0, 2]
+        CHECK: scf.for %{{.*}} = %c0 to %c6 step %c1 iter_args(%{{.*}} = %{{.*}}, %[[H:.+]] = %{{.*}}, %{{.*}} = %{{.*}}) -> (tensor<6x5x32xf32>, tensor<5x32xf32>, tensor<5x32xf32>)
+        CHECK: %[[X:.+]] = tensor.extract_slice %arg0[%{{.*}}, 0, 0] [1, 5, 7] [1, 1, 1] : tensor<6x5x7xf32> to tensor<5x7xf32>
+        CHECK: %[[A0:.+]] = tensor.insert_slice %[[X]] into %{{.*}}[0, 0] [5, 7]
+        CHECK: %[[A:.+]] = tensor.insert_slice %[[H]] into %[[A0]][0, 7] [5, 32]
+        CHECK: linalg.generic {{.*}} iterator_types = ["parallel", "parallel", "parallel", "reduction"]} ins(%[[A]], %[[PANELS]] : tensor<5x39xf32>, tensor<4x39x32xf32>)
+        CHECK: linalg.yield
+        CHECK-NOT: linalg.matmul
+        CHECK: linalg.generic {{.*}} iterator_types = ["parallel", "parallel"]}
+        CHECK-COUNT-2: math.tanh
         CHECK: tensor.insert_slice
         CHECK: scf.yield
-        CHECK: linalg.matmul ins(%{{.*}}: tensor<30x13xf32>, tensor<13x52xf32>)
+        CHECK: tensor<4x64x32xf32>
         CHECK: scf.for
         CHECK-NOT: {{torch\.(operator|aten)|lighthouse}}
+    """)
+
+
+def test_a_hidden_size_off_the_panels_multiplies_by_the_weights_as_they_are():
+    """13 is no multiple of 32: the step's product is a plain matmul with [W_ih^T; W_hh^T]."""
+    filecheck(_imported_lstm(13), r"""
+        CHECK: scf.for
+        CHECK: linalg.matmul ins(%{{.*}}, %{{.*}} : tensor<5x20xf32>, tensor<20x52xf32>)
+        CHECK: scf.for
+        CHECK: linalg.matmul ins(%{{.*}}, %{{.*}} : tensor<5x26xf32>, tensor<26x52xf32>)
     """)
 
 
@@ -102,7 +120,7 @@ class Model(torch.nn.Module):
         torch.manual_seed(0)
         self.rnn = torch.nn.{layer}.to(torch.{dtype})
     def forward(self, x, *states):
-        out, {state} = self.rnn(x, {states})
+        out, {state} = self.rnn({x}, {states})
         return {result}
 def get_inputs():
     g = torch.Generator().manual_seed(1)
@@ -114,9 +132,9 @@ def get_init_inputs():
 
 
 def _model(kernel_file, layer, *, x_shape, state_shape, cell="lstm", result="out, h",
-           dtype="float32"):
+           dtype="float32", x="x"):
     lstm = cell == "lstm"
-    return kernel_file(MODEL.format(layer=layer, x_shape=x_shape, state_shape=state_shape,
+    return kernel_file(MODEL.format(layer=layer, x_shape=x_shape, state_shape=state_shape, x=x,
                                     state="(h, c)" if lstm else "h",
                                     states="(states[0], states[1])" if lstm else "states[0]",
                                     count=2 if lstm else 1, result=result, dtype=dtype))
@@ -146,13 +164,26 @@ def test_a_compiled_recurrent_model_matches_torch(kernel_file, layer, cell, x_sh
                                           state_shape=state_shape, result=result)))
 
 
+@pytest.mark.parametrize("layer,cell,x,state_shape,dtype", [
+    ("LSTM(6, 32, 2)", "lstm", "x", "2, 3, 32", "float64"),
+    ("GRU(6, 32, 1, batch_first=True)", "gru", "x.transpose(0, 1)", "1, 3, 32", "float32"),
+    ("LSTM(6, 1, 1)", "lstm", "x[:1]", "1, 3, 1", "float32"),  # one step, a hidden size of 1
+])
+def test_recurrent_layers_on_the_edges_match_torch(kernel_file, layer, cell, x, state_shape,
+                                                   dtype):
+    """f64, an input that is a transposed view, one step of one hidden unit."""
+    _assert_matches(compile_kernel(_model(kernel_file, layer, cell=cell, x=x, dtype=dtype,
+                                          x_shape="5, 3, 6", state_shape=state_shape,
+                                          result="out, h, c" if cell == "lstm" else "out, h")))
+
+
 def test_a_long_lstm_compiles_as_one_loop_per_layer(kernel_file):
     """300 steps of 3 layers: the payload is three loops, not 900 cells (an unrolled
     import of this size took minutes); the result matches torch."""
     path = _model(kernel_file, "LSTM(8, 16, 3)", x_shape="300, 2, 8", state_shape="3, 2, 16",
                   result="out[-1], h")
     imported = compile_kernel(path, stop_after="cleanup").module
-    assert str(imported).count("linalg.matmul") == 3 + 3 * 4
+    assert str(imported).count("scf.for") == 3
     _assert_matches(compile_kernel(path))
 
 
