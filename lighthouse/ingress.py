@@ -87,15 +87,11 @@ def import_forward(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel
     killed).
 
     State the forward writes (a buffer, or a plain tensor attribute it assigns or copies
-    into, which is traced as a buffer: `_TensorAttributesAsBuffers`) is not a result: the
+    into, which is traced as a buffer: `_StateAsBuffers`) is not a result: the
     kernel is a function of its inputs, and the state it was traced with is the state after
     the reference call."""
     inputs = _distinct(inputs)
     tensors = tuple(t for t in inputs if isinstance(t, torch.Tensor))
-    traced = model if len(tensors) == len(inputs) else _ConstantsBound(model, inputs)
-    if weights_as_arguments is not None:
-        traced, weights = _WeightsAsInputs.lift(traced, len(tensors), weights_as_arguments)
-        tensors = tensors + weights
 
     def reference():
         with torch.no_grad():
@@ -105,7 +101,12 @@ def import_forward(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel
     importer, diagnostics = _quiet_importer()
     try:
         with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), RolledRecurrences(), \
-                _TensorAttributesAsBuffers(model), warnings.catch_warnings():
+                _StateAsBuffers(model), warnings.catch_warnings():
+            traced = model if len(tensors) == len(inputs) else _ConstantsBound(model, inputs)
+            if weights_as_arguments is not None:
+                traced, weights = _WeightsAsInputs.lift(traced, len(tensors),
+                                                        weights_as_arguments)
+                tensors = tensors + weights
             # nn.LSTM/GRU/RNN rebuild their list of parameter aliases in every forward
             warnings.filterwarnings("ignore", "The tensor attributes .*_flat_weights")
             program = torch.export.export(traced, tensors, strict=False)
@@ -123,26 +124,35 @@ def import_forward(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel
     return _finish(module, tensors, reference, expected, names, name)
 
 
-class _TensorAttributesAsBuffers:
+class _StateAsBuffers:
     """While torch.export traces: every plain tensor attribute of the model's modules (not
     a parameter or buffer, e.g. a recurrent state `self.hidden = torch.randn(...)` that the
     forward copies into and reassigns) is a buffer, which export lets the forward write
-    (it refuses a mutated constant); afterwards each is a plain attribute again, with the
-    value it had before."""
+    (it refuses a mutated constant), and every buffer is persistent (torch-mlir's import
+    looks buffers up in the state dict, which leaves the non-persistent ones out: "Could
+    not find state mapping for buffer"); afterwards each is as it was, with the value it
+    had before."""
 
     def __init__(self, model: torch.nn.Module):
         self.attributes = [(module, name, value) for module in model.modules()
                            for name, value in list(vars(module).items())
                            if isinstance(value, torch.Tensor)
                            and not isinstance(value, torch.nn.Parameter)]
+        self.non_persistent = [(module, set(module._non_persistent_buffers_set))
+                               for module in model.modules()
+                               if module._non_persistent_buffers_set]
 
     def __enter__(self):
         for module, name, value in self.attributes:
             delattr(module, name)
             module.register_buffer(name, value)
+        for module, _ in self.non_persistent:
+            module._non_persistent_buffers_set.clear()
         return self
 
     def __exit__(self, *exc):
+        for module, names in self.non_persistent:
+            module._non_persistent_buffers_set.update(names)
         for module, name, value in self.attributes:
             module._buffers.pop(name, None)
             object.__setattr__(module, name, value)
@@ -219,13 +229,20 @@ class _ConstantsBound(torch.nn.Module):
 class _WeightsAsInputs(torch.nn.Module):
     """`model` with its parameters `names` read from trailing inputs: forward(*tensors)
     calls model(*tensors[:n]) with those parameters set to tensors[n:]. The model is held
-    outside the module's registry, so torch.export lifts none of its parameters."""
+    outside the module's registry, so torch.export lifts none of its parameters; its
+    buffers are this module's too (`buffer<i>`, the same tensors), passed to the call, so
+    that export sees the forward write them as buffers, not as constants it refuses to see
+    mutated."""
 
     def __init__(self, model: torch.nn.Module, inputs: int, names: list[str]):
         super().__init__()
         self.held = [model]
         self.inputs = inputs
         self.names = names
+        self.buffer_names = []
+        for i, (name, buffer) in enumerate(model.named_buffers()):
+            self.register_buffer(f"buffer{i}", buffer)
+            self.buffer_names.append(name)
 
     @staticmethod
     def lift(model: torch.nn.Module, inputs: int, min_elements: int):
@@ -239,8 +256,10 @@ class _WeightsAsInputs(torch.nn.Module):
                 tuple(p.detach() for _, p in big))
 
     def forward(self, *tensors):
-        weights = dict(zip(self.names, tensors[self.inputs:]))
-        return torch.func.functional_call(self.held[0], weights, tensors[:self.inputs])
+        state = dict(zip(self.names, tensors[self.inputs:]))
+        state.update((name, getattr(self, f"buffer{i}"))
+                     for i, name in enumerate(self.buffer_names))
+        return torch.func.functional_call(self.held[0], state, tensors[:self.inputs])
 
 
 def import_joint(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel") -> Imported:

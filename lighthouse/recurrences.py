@@ -200,6 +200,17 @@ def _direction(cell, x, weights, states, reverse):
                                           "tanh" if cell == "rnn_tanh" else "relu", reverse)
 
 
+def layer_flops(op, args) -> float:
+    """The FLOPs of a layer op's step products (2 per multiply-add: T products of [B, K] x
+    [K, N], [K, N] the shape of its weights), 0 for any other op."""
+    if op not in (torch.ops.lighthouse.lstm_layer.default, torch.ops.lighthouse.gru_layer.default,
+                  torch.ops.lighthouse.rnn_layer.default):
+        return 0.0
+    steps, batch = args[0].shape[:2]
+    depth, width = args[1].shape
+    return 2.0 * steps * batch * depth * width
+
+
 def calls_for_layers(module) -> int:
     """In torch-mlir's raw import, each `torch.operator "torch.lighthouse.<cell>_layer"`
     becomes a call of a private function `__lighthouse_<cell>_<direction>_<n>` of its tensor

@@ -134,10 +134,14 @@ def compile_inductor(compiled) -> tuple[Callable | None, float | None, str]:
 
 
 def count_flops(reference) -> float:
-    """FLOPs of the matmul-like aten ops `reference()` dispatches (forward and backward)."""
+    """FLOPs of the matmul-like aten ops `reference()` dispatches (forward and backward),
+    and of the products of its recurrent layers' steps."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    with sdpa_kernel(SDPBackend.MATH), _FlopCount() as counter:
+    from ..recurrences import RolledRecurrences
+
+    # recurrent layers as lighthouse's layer ops (torch's own RNN kernels are opaque)
+    with sdpa_kernel(SDPBackend.MATH), RolledRecurrences(), _FlopCount() as counter:
         reference()
     return counter.flops
 
@@ -154,10 +158,13 @@ class _FlopCount(TorchDispatchMode):
         from torch.utils.flop_counter import flop_registry
 
         kwargs = kwargs or {}
+        from ..recurrences import layer_flops
+
         out = func(*args, **kwargs)
         formula = flop_registry.get(func.overloadpacket)
         if formula is not None:
             self.flops += float(formula(*args, **kwargs, out_val=out))
+        self.flops += layer_flops(func, args)
         return out
 
 

@@ -399,31 +399,64 @@ class Model(torch.nn.Module):
     def __init__(self):
         super().__init__()
         g = torch.Generator().manual_seed(0)
-        self.hidden = torch.randn(4, 6, generator=g)      # a plain tensor attribute
-        self.i2h = torch.nn.Linear(5 + 6, 6)
-        self.norm = torch.nn.BatchNorm1d(6)                # training: writes its statistics
+        self.hidden = torch.randn(4, {hidden}, generator=g)  # a plain tensor attribute
+        self.i2h = torch.nn.Linear(5 + {hidden}, {hidden})
+        self.norm = torch.nn.BatchNorm1d({hidden})  # training: writes its statistics
     def forward(self, x, initial):
         self.hidden.copy_(initial)
         self.hidden = torch.tanh(self.i2h(torch.cat((x, self.hidden), dim=1)))
         return self.norm(self.hidden) * 2
 def get_inputs():
     g = torch.Generator().manual_seed(1)
-    return [torch.randn(4, 5, generator=g), torch.randn(4, 6, generator=g)]
+    return [torch.randn(4, 5, generator=g), torch.randn(4, {hidden}, generator=g)]
 def get_init_inputs():
     return []
 """
 
 
-def test_state_the_forward_writes_is_traced_and_not_returned(kernel_file):
+@pytest.mark.parametrize("hidden", [6, 1100])
+def test_state_the_forward_writes_is_traced_and_not_returned(kernel_file, hidden):
     """KernelBench's 33 VanillaRNN: a plain tensor attribute the forward copies into and
     reassigns (export refused it: "Constant hidden is mutated"), and a batch norm in
     training mode, which writes its running statistics: the kernel's only result is the
-    model's, it matches torch, and the attribute is a plain tensor again afterwards."""
-    compiled = compile_kernel(kernel_file(WRITTEN_STATE_KERNEL), threads=1)
+    model's, it matches torch, and the attribute is a plain tensor again afterwards. At
+    1100 the linear layer's weight is an argument (weights_as_arguments), the model traced
+    through a wrapper that holds it outside its registry."""
+    compiled = compile_kernel(kernel_file(WRITTEN_STATE_KERNEL.format(hidden=hidden)),
+                              threads=1)
     model = compiled.kernel.model
     assert "hidden" not in dict(model.named_buffers()) and torch.is_tensor(model.hidden)
     assert len(compiled.imported.result_specs) == 1
+    assert len(compiled.imported.args) == (3 if hidden == 1100 else 2)
     _assert_matches(compiled)
+
+
+NON_PERSISTENT_KERNEL = """
+import torch
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("scale", torch.arange(6.0), persistent=False)
+        self.inner = torch.nn.Module()
+        self.inner.register_buffer("shift", torch.linspace(-1, 1, 6), persistent=False)
+    def forward(self, x):
+        return x * self.scale + self.inner.shift
+def get_inputs():
+    return [torch.randn(4, 6, generator=torch.Generator().manual_seed(0))]
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_non_persistent_buffers_import_and_stay_non_persistent(kernel_file, backward):
+    """Buffers registered with persistent=False (rotary tables, position ids): torch-mlir's
+    import looked them up in the state dict, which leaves them out ("Could not find state
+    mapping for buffer"); the kernel matches torch and the model's state dict still leaves
+    them out afterwards."""
+    compiled = compile_kernel(kernel_file(NON_PERSISTENT_KERNEL), threads=1, backward=backward)
+    _assert_matches(compiled)
+    assert list(compiled.kernel.model.state_dict()) == []
 
 
 AS_STRIDED = {

@@ -202,3 +202,19 @@ def test_layers_the_rolled_form_does_not_take_still_match_torch(kernel_file, lay
     compiled = compile_kernel(path)
     assert "lighthouse" not in str(compiled.imported.module)
     _assert_matches(compiled)
+
+
+def test_the_bench_counts_the_products_of_every_step():
+    """count_flops sees torch's RNN kernels as opaque: it counts the layer ops' step
+    products (LSTM: [B, I + H] x [I + H, 4H] per step) and the GRU's projection matmul."""
+    from lighthouse.benchmarks.measure import count_flops
+
+    lstm, gru = _layer("lstm", layers=2), _layer("gru", layers=1)
+    x = torch.rand(6, 5, 7)
+
+    def run(layer):
+        with torch.no_grad():
+            return layer(x)
+
+    assert count_flops(lambda: run(lstm)) == 2 * 6 * 5 * ((7 + 13) + (13 + 13)) * 4 * 13
+    assert count_flops(lambda: run(gru)) == 2 * 6 * 5 * (7 + 13) * 3 * 13
