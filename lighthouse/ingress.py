@@ -186,7 +186,7 @@ def _program_to_linalg(program, importer):
     """torch-mlir's import of `program` and its lowering to linalg-on-tensors, with the
     recurrent layers' ops (lighthouse.recurrences) carried through as calls and lowered to
     loops before the backend contract is checked."""
-    from torch_mlir import fx, ir, passmanager
+    from torch_mlir import fx, passmanager
     from torch_mlir.compiler_utils import run_pipeline_with_repro_report
 
     module = fx.export_and_import(program, output_type="raw", func_name="main",
