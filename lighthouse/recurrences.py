@@ -31,9 +31,9 @@ sequential. At M = batch rows the step's product runs at the FMA peak: the fused
 product spares the [T, B, 4H] projection's trip through memory (KernelBench's LSTM: 0.88x
 torch as projection + loop, 1.05x fused).
 
-Taken: f32 and f64 layers on batched dense input (not a PackedSequence), without LSTM
-projections (proj_size) and without dropout while training. Other layers are traced as
-torch unrolls them.
+Taken: f32, f64 and bf16 layers (computed in f32, the results rounded once) on batched
+dense input (not a PackedSequence), without LSTM projections (proj_size) and without
+dropout while training. Other layers are traced as torch unrolls them.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 
 _CELLS = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}  # cell -> gates
-_DTYPES = (torch.float32, torch.float64)
+_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 # columns per panel of the loop's weights (_Layer._weights): the f32 register tile's width
 # on AVX-512 (two vectors; schedules.generic.register_tile_for)
 PANEL = 32
@@ -121,7 +121,7 @@ def _stacked(rows, h0):
 
 
 class RolledRecurrences(torch.overrides.TorchFunctionMode):
-    """While tracing: torch.lstm / gru / rnn_tanh / rnn_relu on batched dense f32/f64 input
+    """While tracing: torch.lstm / gru / rnn_tanh / rnn_relu on batched dense f32/f64/bf16 input
     as one layer op per layer and direction (module docstring); other calls as they are."""
 
     _FUNCS = {torch.lstm: "lstm", torch.gru: "gru", torch.rnn_tanh: "rnn_tanh",
@@ -137,7 +137,7 @@ class RolledRecurrences(torch.overrides.TorchFunctionMode):
 
 def _rollable(cell: str, args) -> bool:
     """The dense overload (input, hx, params, has_biases, num_layers, dropout, train,
-    bidirectional, batch_first) on f32/f64, without projections or active dropout."""
+    bidirectional, batch_first) on f32/f64/bf16, without projections or active dropout."""
     if len(args) != 9 or not isinstance(args[0], torch.Tensor) or args[0].dim() != 3:
         return False
     x, hx, params, has_biases, num_layers, dropout, train, bidirectional, _ = args
@@ -157,7 +157,15 @@ def _rollable(cell: str, args) -> bool:
 
 def _rolled(cell, x, hx, params, has_biases, num_layers, dropout, train, bidirectional,
             batch_first):
-    """torch.<cell>(...)'s results, each layer and direction through its layer op."""
+    """torch.<cell>(...)'s results, each layer and direction through its layer op; a bf16
+    layer computed in f32 and its results rounded once (bf16 products in the loop's generic
+    schedule ran at 0.04x torch's)."""
+    if x.dtype == torch.bfloat16:
+        wide = [t.float() for t in (hx if cell == "lstm" else [hx])]
+        results = _rolled(cell, x.float(), tuple(wide) if cell == "lstm" else wide[0],
+                          [p.float() for p in params], has_biases, num_layers, dropout, train,
+                          bidirectional, batch_first)
+        return tuple(r.to(torch.bfloat16) for r in results)
     states = list(hx) if cell == "lstm" else [hx]
     per_direction = 4 if has_biases else 2
     directions = 2 if bidirectional else 1

@@ -1,7 +1,7 @@
 """Recurrent layers imported as loops over one step (lighthouse.recurrences): the rolled
 form against torch's own layers in eager, the import's IR (FileCheck), and compiled models
 against torch (every cell, several layers, both directions, batch_first, no biases, odd
-sizes, a transposed result, a second use of a state, a layer the rolled form does not take)."""
+sizes, a transposed result, a second use of a state, bf16, a layer the rolled form does not take)."""
 
 import pytest
 import torch
@@ -168,10 +168,13 @@ def test_a_compiled_recurrent_model_matches_torch(kernel_file, layer, cell, x_sh
     ("LSTM(6, 32, 2)", "lstm", "x", "2, 3, 32", "float64"),
     ("GRU(6, 32, 1, batch_first=True)", "gru", "x.transpose(0, 1)", "1, 3, 32", "float32"),
     ("LSTM(6, 1, 1)", "lstm", "x[:1]", "1, 3, 1", "float32"),  # one step, a hidden size of 1
+    ("LSTM(6, 32, 2)", "lstm", "x", "2, 3, 32", "bfloat16"),
+    ("GRU(6, 10, 1)", "gru", "x", "1, 3, 10", "bfloat16"),
 ])
 def test_recurrent_layers_on_the_edges_match_torch(kernel_file, layer, cell, x, state_shape,
                                                    dtype):
-    """f64, an input that is a transposed view, one step of one hidden unit."""
+    """f64, an input that is a transposed view, one step of one hidden unit, bf16 (the
+    layer computed in f32, its results rounded once)."""
     _assert_matches(compile_kernel(_model(kernel_file, layer, cell=cell, x=x, dtype=dtype,
                                           x_shape="5, 3, 6", state_shape=state_shape,
                                           result="out, h, c" if cell == "lstm" else "out, h")))
@@ -187,18 +190,13 @@ def test_a_long_lstm_compiles_as_one_loop_per_layer(kernel_file):
     _assert_matches(compile_kernel(path))
 
 
-@pytest.mark.parametrize("layer,dtype", [
-    ("LSTM(6, 10, 1, proj_size=4)", "float32"),   # projections: unrolled as torch does
-    ("GRU(6, 10, 1)", "bfloat16"),                # bf16: unrolled as torch does
-])
-def test_layers_the_rolled_form_does_not_take_still_match_torch(kernel_file, layer, dtype):
-    state = "1, 3, 4" if "proj_size" in layer else "1, 3, 10"
-    cell = "lstm" if layer.startswith("LSTM") else "gru"
-    path = _model(kernel_file, layer, cell=cell, x_shape="5, 3, 6", state_shape=state,
-                  dtype=dtype, result="out, h, c" if cell == "lstm" else "out, h")
-    if "proj_size" in layer:  # c0 has the hidden size, h0 the projection's
-        path.write_text(path.read_text().replace(
-            "for _ in range(2)]", "for _ in range(1)] + [torch.randn(1, 3, 10, generator=g)]"))
+def test_a_layer_the_rolled_form_does_not_take_still_matches_torch(kernel_file):
+    """An LSTM with projections (proj_size) is traced as torch unrolls it."""
+    path = _model(kernel_file, "LSTM(6, 10, 1, proj_size=4)", x_shape="5, 3, 6",
+                  state_shape="1, 3, 4", result="out, h, c")
+    # c0 has the hidden size, h0 the projection's
+    path.write_text(path.read_text().replace(
+        "for _ in range(2)]", "for _ in range(1)] + [torch.randn(1, 3, 10, generator=g)]"))
     compiled = compile_kernel(path)
     assert "lighthouse" not in str(compiled.imported.module)
     _assert_matches(compiled)
