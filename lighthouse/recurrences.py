@@ -335,11 +335,9 @@ class _Layer:
         return a
 
     def _slice(self, value, offsets, sizes):
-        from torch_mlir import ir
-        from torch_mlir.dialects import tensor
+        from transform_ext.common import strided_slice
 
-        return tensor.ExtractSliceOp(ir.RankedTensorType.get(sizes, self.element), value, [], [],
-                                     [], offsets, sizes, [1] * len(sizes)).result
+        return strided_slice(value, offsets, sizes, [1] * len(sizes))
 
     def _step_slice(self, value, t, column, sizes):
         """value[t, :, column:column + sizes[1]] as [B, width]."""
@@ -367,10 +365,9 @@ class _Layer:
         split = tensor.ExpandShapeOp(
             ir.RankedTensorType.get([depth, panels, PANEL], self.element), self.weight_t,
             reassociation_attr([[0], [1, 2]]), [], [depth, panels, PANEL]).result
-        transpose = linalg.transpose(split, outs=[tensor.EmptyOp([panels, depth, PANEL],
-                                                                 self.element).result],
-                                     permutation=[1, 0, 2])
-        return transpose.results[0] if hasattr(transpose, "results") else transpose
+        return linalg.transpose(split, outs=[tensor.EmptyOp([panels, depth, PANEL],
+                                                            self.element).result],
+                                permutation=[1, 0, 2]).results[0]
 
     def _products(self, a, weights) -> list:
         """Each gate's [B, H] part of a W (`_weights`) from one product into a zero-filled

@@ -151,20 +151,21 @@ class _FlopCount(TorchDispatchMode):
     knows. A plain dispatch mode: FlopCounterMode's module hooks reject autograd.grad()."""
 
     def __init__(self):
+        from ..recurrences import layer_flops
+
         super().__init__()
         self.flops = 0.0
+        self.layer_flops = layer_flops
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         from torch.utils.flop_counter import flop_registry
 
         kwargs = kwargs or {}
-        from ..recurrences import layer_flops
-
         out = func(*args, **kwargs)
         formula = flop_registry.get(func.overloadpacket)
         if formula is not None:
             self.flops += float(formula(*args, **kwargs, out_val=out))
-        self.flops += layer_flops(func, args)
+        self.flops += self.layer_flops(func, args)
         return out
 
 
