@@ -155,6 +155,13 @@ class GenericParams:
             raise ValueError("vector_tile, window_lanes and register_tile must be >= 1")
 
     @property
+    def lanes(self) -> int:
+        """f32 lanes of one vector register (register_tile's n is two vectors,
+        `register_tile_for`): the ForallPolicy field that transform_ext.analysis.tiles reads
+        for the square blocks of a transpose."""
+        return max(1, self.register_tile[1] // 2)
+
+    @property
     def bf16_k(self) -> int:
         """k step of the register tiles of bf16 contractions (the VectorPolicy field that
         transform_ext.analysis.tiles reads): pairs with `bf16_dot`."""
@@ -204,7 +211,7 @@ def fuse_stage(params: GenericParams):
                                 tiles_per_thread=params.tiles_per_thread,
                                 tile_bytes=params.tile_bytes, vector_tile=params.vector_tile,
                                 min_parallel_work=params.min_parallel_work,
-                                pass_bytes=params.pass_bytes)
+                                pass_bytes=params.pass_bytes, lanes=params.lanes)
         canonicalize(root)
 
     return body

@@ -1,5 +1,5 @@
 """Fit every polynomial coefficient of transform_ext/expand_math.py (TANH_SMALL,
-ERF_SMALL, ERFC_POLY) and transform_ext/exp_expansion.py (EXP_POLY).
+ERF_SMALL, ERFC_POLY) and transform_ext/exp_expansion.py (EXP_POLY, EXP_POLY_SHORT).
 
 Least squares on Chebyshev nodes in float64, weighted by the relative error of the function
 the polynomial stands for; the exp fit reweights it (Lawson's iteration) towards the minimax
@@ -72,6 +72,11 @@ def exp_poly(terms=6, half_width=0.35, rounds=100):
     return coef, float(np.max(err))
 
 
+def exp_poly_short():
+    """EXP_POLY_SHORT: e^r = 1 + r P(r), P of degree 4."""
+    return exp_poly(terms=5)
+
+
 def report(name, coef, err, kind="rel"):
     print(f"{name} = ({', '.join(repr(float(c)) for c in coef)})  # max {kind} err {err:.2e}")
 
@@ -82,6 +87,7 @@ def main():
     print(f"ERFC_MID, ERFC_HALF = {ERFC_MID!r}, {ERFC_HALF!r}")
     report("ERFC_POLY", *erfc_poly(), kind="abs")
     report("EXP_POLY", *exp_poly())
+    report("EXP_POLY_SHORT", *exp_poly_short())
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from .nested import apply_to
 
 NAME = "transform_ext.fuse_roots_into_foralls"
 _FIELDS = ("threads", "tiles_per_thread", "tile_bytes", "vector_tile", "min_parallel_work",
-           "pass_bytes")
+           "pass_bytes", "lanes")
 
 
 def fuse_roots(func: ir.Operation, policy: ForallPolicy) -> None:
@@ -59,6 +59,7 @@ class FuseRootsIntoForallsOp(TransformExt.Operation, name="fuse_roots_into_foral
     vector_tile: ir.IntegerAttr
     min_parallel_work: ir.IntegerAttr
     pass_bytes: ir.IntegerAttr
+    lanes: ir.IntegerAttr
     transformed: ext.Result[transform.AnyOpType[()]] = ext.infer_result()
 
     class Apply(transform.TransformOpInterface):
@@ -87,12 +88,12 @@ class FuseRootsIntoForallsOp(TransformExt.Operation, name="fuse_roots_into_foral
 
 def fuse_roots_into_foralls(func: ir.Value, *, threads: int, tiles_per_thread: int,
                             tile_bytes: int, vector_tile: int,
-                            min_parallel_work: int, pass_bytes: int) -> ir.Value:
+                            min_parallel_work: int, pass_bytes: int, lanes: int = 1) -> ir.Value:
     """Tile the roots of the functions in `func` into foralls (see the module docstring)."""
     i64 = ir.IntegerType.get_signless(64)
     values = dict(threads=threads, tiles_per_thread=tiles_per_thread, tile_bytes=tile_bytes,
                   vector_tile=vector_tile, min_parallel_work=min_parallel_work,
-                  pass_bytes=pass_bytes)
+                  pass_bytes=pass_bytes, lanes=lanes)
     return FuseRootsIntoForallsOp(func, *(ir.IntegerAttr.get(i64, values[f]) for f in _FIELDS)).transformed
 
 

@@ -149,7 +149,9 @@ def bufferize(payload: ir.Module) -> None:
         apply_patterns(func, tvec.ApplyTransferPermutationPatternsOp,
                        lambda: tvec.ApplyLowerTransferPatternsOp(max_transfer_rank=1))
         apply_patterns(func, tvec.ApplyLowerOuterProductPatternsOp, tvec.ApplyLowerMasksPatternsOp)
-        apply_patterns(func, tvec.ApplyLowerTransposePatternsOp, tvec.ApplyLowerBroadcastPatternsOp,
+        apply_patterns(func, lambda: tvec.ApplyLowerTransposePatternsOp(
+                           lowering_strategy=tvec.VectorTransposeLowering.Shuffle16x16),
+                       tvec.ApplyLowerBroadcastPatternsOp,
                        tvec.ApplyLowerShapeCastPatternsOp, tvec.ApplyLowerGatherPatternsOp)
         foreach(match(root, "scf.forall"),
                 lambda f: loop.ForallToParallelOp([transform.AnyOpType.get()], f))

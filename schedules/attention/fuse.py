@@ -303,7 +303,7 @@ def backward_tile(length: int) -> int:
         return length
     tile = largest_divisor_at_most(length, BACKWARD_TILE)
     return tile if 2 * tile >= BACKWARD_TILE else BACKWARD_TILE
-QUERY_BLOCKS = "lh.query_blocks"  # the forward's forall, in a payload with a fused backward
+QUERY_BLOCKS = "lh.query_blocks"  # the forward's forall (query blocks, key loops inside)
 
 
 def _fuse_backward(backward: BackwardPlan):
@@ -475,8 +475,8 @@ def tile_query_blocks(plan: AttentionPlan):
     def body(root: ir.Value) -> ir.Value:
         output, producers = match_query_block_ops(match(root, "func.func"))
         tiled = structured.TileUsingForallOp(output, tile_sizes=list(plan.tile_sizes))
-        if plan.backward is not None:  # beside the backward's forall: found by name
-            annotate(tiled.forall_op, QUERY_BLOCKS)
+        # found by name: beside a fused backward's forall, and by the CPU's vectorize stage
+        annotate(tiled.forall_op, QUERY_BLOCKS)
         foreach(producers,
                 lambda producer: structured.FuseIntoContainingOp(producer, tiled.forall_op))
         root = apply_passes(root, "canonicalize", "cse")
@@ -535,7 +535,7 @@ def _tile_other_ops(params: GenericParams):
                                 tiles_per_thread=params.tiles_per_thread,
                                 tile_bytes=params.tile_bytes, vector_tile=params.vector_tile,
                                 min_parallel_work=params.min_parallel_work,
-                                pass_bytes=params.pass_bytes)
+                                pass_bytes=params.pass_bytes, lanes=params.lanes)
         return apply_passes(root, "canonicalize", "cse")
 
     return body

@@ -73,7 +73,7 @@ def test_the_generic_script_reads_the_description():
         script = str(GENERIC.script(None, CpuTarget(threads=3, cpu=SSE)))
     filecheck(script, """
         CHECK: transform.named_sequence @fuse
-        CHECK: "transform_ext.fuse_roots_into_foralls"(%{{.*}}) {min_parallel_work = 4096 : i64, pass_bytes = 16384 : i64, threads = 3 : i64, tile_bytes = 16384 : i64, tiles_per_thread = 4 : i64, vector_tile = 16 : i64}
+        CHECK: "transform_ext.fuse_roots_into_foralls"(%{{.*}}) {lanes = 4 : i64, min_parallel_work = 4096 : i64, pass_bytes = 16384 : i64, threads = 3 : i64, tile_bytes = 16384 : i64, tiles_per_thread = 4 : i64, vector_tile = 16 : i64}
         CHECK: transform.named_sequence @vectorize
         CHECK: "transform_ext.tile_to_vector_tiles"(%{{.*}}) {k_chunk = 16 : i64, register_tile = [4, 8], vector_tile = 16 : i64}
         CHECK: "transform_ext.tile_insert_slices"(%{{.*}}) {lane_tile = 16 : i64, max_elements = 32 : i64}

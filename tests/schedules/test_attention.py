@@ -222,6 +222,34 @@ def test_key_major_scores_on_the_cpu(kernel_file):
     assert "vector.multi_reduction" not in loop and "vector.reduction" not in loop
 
 
+def test_query_blocks_take_the_short_exp_and_the_rest_keeps_the_general_one(kernel_file):
+    """The weights exp(s - m) and corrections exp(m_old - m_new) of the key loops are
+    expanded by the short flushing form (one f32 ln2 constant, 2^(k - 1) from shifted
+    bits), the annotation that found them removed; an exp of the output, fused into the
+    query blocks after the key loop, keeps the general expansion of the CPU lowering
+    (math.exp until then)."""
+    from tests.transform_ext.helpers import check
+
+    path = kernel_file(KERNEL.format(
+        config="query_tile=16, key_tile=16", args="q, k, v",
+        call="q, k, v).exp() + F.scaled_dot_product_attention(q, k, v",
+        inputs="[torch.randn(1, 2, 32, 16) * 4 for _ in range(3)]"))
+    vectorized = str(compile_kernel(path, stop_after="vectorize").module)
+    assert "lh.query_blocks" not in vectorized
+    check(vectorized, """
+        CHECK: arith.constant dense<-0.693147182>
+        CHECK: scf.forall
+        CHECK:   scf.for {{.*}} -> (tensor<{{.*}}>, tensor<{{.*}}>, vector<{{.*}}>)
+        CHECK-NOT: math.exp
+        CHECK:     arith.shli
+        CHECK-NOT: math.exp
+        CHECK:     scf.yield %{{.*}}, %{{.*}}, %{{.*}} : tensor<
+        CHECK:   math.exp %{{.*}} : vector<
+        CHECK: scf.forall.in_parallel
+    """)
+    _check(compile_kernel(path))
+
+
 def test_key_tiles_read_packed_and_register_tiles_start_in_registers(kernel_file):
     from tests.transform_ext.helpers import check
 

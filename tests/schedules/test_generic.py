@@ -228,7 +228,7 @@ def test_the_schedule_is_one_script_with_its_parameters_visible():
         CHECK: "transform_ext.split_assertions"
         CHECK: apply_registered_pass "linalg-fold-unit-extent-dims"
         CHECK: apply_registered_pass "linalg-fuse-elementwise-ops"
-        CHECK: "transform_ext.fuse_roots_into_foralls"(%{{.*}}) {min_parallel_work = 4096 : i64, pass_bytes = 24576 : i64, threads = 3 : i64, tile_bytes = 131072 : i64, tiles_per_thread = 4 : i64, vector_tile = 32 : i64}
+        CHECK: "transform_ext.fuse_roots_into_foralls"(%{{.*}}) {lanes = 8 : i64, min_parallel_work = 4096 : i64, pass_bytes = 24576 : i64, threads = 3 : i64, tile_bytes = 131072 : i64, tiles_per_thread = 4 : i64, vector_tile = 32 : i64}
         CHECK: transform.named_sequence @vectorize
         CHECK: "transform_ext.interchange_lane_dims_innermost"
         CHECK: "transform_ext.tile_to_vector_tiles"(%{{.*}}) {k_chunk = 16 : i64, register_tile = [4, 16], vector_tile = 32 : i64}

@@ -143,3 +143,15 @@ def test_a_sum_of_exps_vectorizes_without_a_contraction():
     apply(payload, lambda root: expand_fast_exp(match(root, "func.func")))
     (got,) = run_module(payload, [x])
     torch.testing.assert_close(got.double(), torch.exp(x.double()).sum(1), rtol=1e-6, atol=0)
+
+
+def test_nesting_targets_expand_each_exp_once():
+    """The function and the generic inside it, both targeted: one expansion of the exp
+    (the attention's key loops, a loop and a loop inside it, are such targets)."""
+    from torch_mlir.dialects import transform
+
+    payload = parse(EXP)
+    apply(payload, lambda root: expand_fast_exp(transform.MergeHandlesOp(
+        [match(root, "func.func"), match(root, "linalg.generic")]).result))
+    body = str(payload)
+    assert "math.exp" not in body and body.count("math.fma") == 10

@@ -10,6 +10,7 @@ tile. Their `policy` argument is any object with the fields they read (the trans
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from torch_mlir import ir
@@ -31,6 +32,7 @@ class ForallPolicy:
     vector_tile: int
     min_parallel_work: int
     pass_bytes: int
+    lanes: int = 1
 
 
 @dataclass(frozen=True)
@@ -109,9 +111,41 @@ def parallel_tile_sizes(op: ir.Operation, policy) -> list[int] | None:
         chunk = largest_divisor_at_most(extent, max(policy.vector_tile, extent // wanted))
         if policy.vector_tile <= chunk < extent:
             sizes[last] = chunk
+    lane = lane_dim(ls)
+    across = transposed_dim(ls, lane, policy.lanes, depth=CHAIN_DEPTH)
+    if across is not None and across in splittable and lane in splittable:
+        sizes = transposed_blocks(ls, sizes, across, lane, policy,
+                                  math.isqrt(policy.tile_bytes // widest_element_bytes(op)))
     if not any(sizes):
         return None
     return sizes
+
+
+def transposed_blocks(ls, sizes: list[int], across: int, lane: int, policy, side: int) -> list[int]:
+    """`sizes` with dims `across` and `lane` of a transposing op (`transposed_dim`) tiled in
+    square blocks of at most `side` (multiples of policy.lanes): a block's input rows and
+    result rows both stay in cache, where rows of the result read the input a few elements
+    per row (2048 x 2048: 2.2 ms in blocks of 128, 3.5 ms in tiles of 8 whole rows). Smaller
+    blocks while there are fewer tiles than threads."""
+    while True:
+        out = list(sizes)
+        for d in (across, lane):
+            out[d] = largest_multiple_dividing(ls.ranges[d], side, policy.lanes)
+        tiles = 1
+        for d, (size, extent) in enumerate(zip(out, ls.ranges)):
+            tiles *= extent // size if size else 1
+        if tiles >= policy.threads or side <= policy.lanes:
+            return out
+        side //= 2
+
+
+CHAIN_DEPTH = 4  # producers up a root's chain whose transposed reads set its forall tiles
+
+
+def largest_multiple_dividing(extent: int, high: int, unit: int) -> int:
+    """The largest multiple of `unit` at most `high` (at least `unit`) that divides `extent`
+    (a multiple of `unit`)."""
+    return next(d for d in range(max(unit, high - high % unit), 0, -unit) if extent % d == 0)
 
 
 def _innermost_parallel(ls) -> int:
@@ -230,6 +264,11 @@ def vector_tile_sizes(op: ir.Operation, policy) -> list[int] | None:
         if 2 * sizes[lane] < run:
             sizes[lane] = min(run, extent)
         return sizes
+    hardware = max(1, policy.register_tile[1] // 2)
+    across = transposed_dim(ls, lane, hardware)
+    if across is not None:
+        sizes[lane] = sizes[across] = hardware
+        return sizes
     # the register tile is two vectors wide (schedules.generic.register_tile_for)
     sizes[lane] = lane_tile(ls.ranges[lane], policy.vector_tile, even=touches_bf16(op),
                             lanes=max(1, policy.register_tile[1] // 2))
@@ -243,6 +282,49 @@ def vector_tile_sizes(op: ir.Operation, policy) -> list[int] | None:
     if all(s == r for s, r in zip(sizes, ls.ranges)):
         return None
     return sizes
+
+
+def transposed_dim(ls, lane: int, hardware: int, depth: int = 0) -> int | None:
+    """For an op without reductions whose lanes run along `lane`: the loop dim that a tensor
+    of 32-bit elements it reads holds innermost while also reading `lane` (a transpose:
+    y[j, i] = f(x[i, j])), when both extents are multiples of `hardware` lanes; the tensors
+    read by its elementwise producers count too, up to `depth` producers up the chain (the
+    ops a forall tile of it fuses). A tile of hardware x hardware elements then reads that
+    tensor in rows and transposes them in registers (cpu target: vector.transpose by
+    shuffles), where lanes along `lane` alone gathered one element per cache line
+    (x.t().contiguous() of 2048 x 2048 ran at 0.19x torch)."""
+    if hardware < 2 or ls.reduction_dims or ls.ranges[lane] % hardware:
+        return None
+    for t, dims in _tensors_read(ls, depth):
+        inner = dims[-1] if len(dims) >= 2 and element_bytes(t) == 4 else None
+        if inner is not None and inner != lane and lane in dims \
+                and inner in ls.parallel_dims and ls.ranges[inner] % hardware == 0:
+            return inner
+    return None
+
+
+def _tensors_read(ls, depth: int):
+    """(type, the loop dim of `ls` each of its dims is indexed by, None for another
+    expression) of each ranked tensor the op reads, and, `depth` producers deep, of those
+    its elementwise producers read (a producer's loop dims mapped to the op's through the
+    tensor between them)."""
+    for i in range(ls.num_inputs):
+        operand = ls.op.operands[i]
+        if not isinstance(operand.type, ir.ShapedType) or operand.type.rank == 0:
+            continue
+        dims = dim_positions(ls.maps[i])
+        yield operand.type, dims
+        producer = defining_op(operand)
+        if depth < 1 or producer is None or not is_linalg_op(producer) \
+                or len(producer.results) != 1:
+            continue
+        pls = loop_structure(producer)
+        written = dim_positions(pls.output_map(0))
+        if pls.reduction_dims or None in written or len(set(written)) != pls.num_loops:
+            continue
+        to_op = dict(zip(written, dims))
+        for t, pdims in _tensors_read(pls, depth - 1):
+            yield t, [to_op.get(d) for d in pdims]
 
 
 def has_step_invariant_term(op: ir.Operation) -> bool:

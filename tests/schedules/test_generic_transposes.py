@@ -1,0 +1,76 @@
+"""The generic schedule on ops that read a tensor transposed (y[j, i] = f(x[i, j])): forall
+tiles in square blocks, vector tiles of lanes x lanes read in rows and transposed in
+registers (transform_ext.analysis.tiles.transposed_dim); numerics against torch."""
+
+import pytest
+
+from tests.schedules.test_generic import _assert_matches, _compile as _compile_args
+from tests.transform_ext.helpers import check as filecheck
+
+
+def _compile(kernel_file, expr, inputs, args="x", **kw):
+    return _compile_args(kernel_file, expr, inputs, args, **kw)
+
+
+def test_a_transpose_is_read_in_rows_and_transposed_in_registers(kernel_file):
+    """x.t().contiguous() of [256, 192] f32 (tests: 16 lanes, tiles of at most 128 KiB):
+    forall blocks of 96 x 128 (the largest multiples of 16 at most sqrt(128 KiB / 4) = 181
+    dividing 192 and 256), each 16 x 16 vector tile one transfer_read of rows and one
+    vector.transpose; after the lowering, shuffles."""
+    source = "[torch.randn(256, 192, generator=g)]"
+    fused = str(_compile(kernel_file, "x.t().contiguous()", source, stop_after="fuse").module)
+    filecheck(fused, """
+        CHECK: scf.forall (%{{.*}}, %{{.*}}) = (0, 0) to (192, 256) step (96, 128)
+    """)
+    vectorized = str(_compile(kernel_file, "x.t().contiguous()", source,
+                              stop_after="vectorize").module)
+    filecheck(vectorized, """
+        CHECK: vector.transfer_read %{{.*}} : tensor<256x192xf32>, vector<16x16xf32>
+        CHECK: vector.transpose %{{.*}}, [1, 0] : vector<16x16xf32> to vector<16x16xf32>
+        CHECK-NOT: vector<{{[0-9]+}}x1xf32>
+    """)
+    lowered = str(_compile(kernel_file, "x.t().contiguous()", source,
+                           stop_after="bufferize").module)
+    filecheck(lowered, """
+        CHECK: vector.shuffle %{{.*}}, %{{.*}} [0, 16, 1, 17, 4, 20, 5, 21
+        CHECK-NOT: vector.transpose
+    """)
+
+
+@pytest.mark.parametrize("expr, inputs, args", [
+    ("x.t().contiguous()", "[torch.randn(256, 192, generator=g)]", "x"),
+    # an elementwise op after the transpose (the forall tiles of its chain), a second input
+    # read in place, and a second use of the transposed result
+    ("(x.t() * 0.5 + y).contiguous()",
+     "[torch.randn(96, 160, generator=g), torch.randn(160, 96, generator=g)]", "x, y"),
+    ("(x.t() * 2, x.t().exp())", "[torch.randn(48, 64, generator=g)]", "x"),
+    # a batched transpose of the last two dims, and of the first two with a row inside
+    ("x.transpose(1, 2).contiguous()", "[torch.randn(3, 80, 48, generator=g)]", "x"),
+    ("x.permute(2, 1, 0).contiguous()", "[torch.randn(32, 5, 48, generator=g)]", "x"),
+    # integers of 32 bits, and a transposed view as the input of a product's neighbour
+    ("x.t().contiguous() + 1", "[torch.randint(-9, 9, (64, 32), generator=g, dtype=torch.int32)]", "x"),
+    ("torch.relu(x.t()) @ y", "[torch.randn(64, 48, generator=g), torch.randn(64, 32, generator=g)]",
+     "x, y"),
+    # a row reduction on the transposed input: its rows are not split
+    ("torch.softmax(x.t(), dim=-1)", "[torch.randn(96, 64, generator=g)]", "x"),
+    # sizes that are not multiples of the lanes, other element types: lanes along the output
+    ("x.t().contiguous()", "[torch.randn(37, 24, generator=g)]", "x"),
+    ("x.t().contiguous()", "[torch.randn(64, 48, generator=g, dtype=torch.float64)]", "x"),
+    ("x.t().contiguous()", "[torch.randn(64, 48, generator=g).to(torch.bfloat16)]", "x"),
+    ("x.t().contiguous()", "[torch.randn(1, 64, generator=g)]", "x"),
+])
+def test_transposes_match_torch(kernel_file, expr, inputs, args):
+    _assert_matches(_compile(kernel_file, expr, inputs, args))
+
+
+@pytest.mark.parametrize("threads, check", [
+    (1, "CHECK-NOT: scf.forall"),
+    (2, "CHECK: scf.forall (%{{.*}}, %{{.*}}) = (0, 0) to (128, 128) step (64, 64)"),
+])
+def test_blocks_shrink_until_every_thread_has_one(kernel_file, threads, check):
+    """[128, 128]: one block of 128 on one thread (no forall); on two, blocks of 64."""
+    source = "[torch.randn(128, 128, generator=g)]"
+    fused = str(_compile(kernel_file, "x.t().contiguous()", source, threads=threads,
+                         stop_after="fuse").module)
+    filecheck(fused, check)
+    _assert_matches(_compile(kernel_file, "x.t().contiguous()", source, threads=threads))
