@@ -8,7 +8,9 @@ recomputes no reduction of its producer chain, threads x tiles_per_thread tiles 
 so that a tile's share of the result holds at most tile_bytes (pass_bytes when the chain
 reduces each contiguous row of the tile before reading it again: its innermost dim cannot
 be split); the innermost dim, if the
-outer ones give too few tiles, in chunks of at least vector_tile that divide it. Then
+outer ones give too few tiles, in chunks of at least vector_tile that divide it; a root
+whose chain reads a tensor transposed (`transposed_dim`: y[j, i] = f(x[i, j])) in square
+blocks of multiples of `lanes` (the vector tiles then transpose lanes x lanes in registers). Then
 upstream `transform.structured.fuse` (use_forall, cleanup) tiles the root and fuses its
 whole producer chain into the tile. A root with fewer than min_parallel_work output
 elements, dynamic shapes or nothing to split stays sequential. A producer that still has
