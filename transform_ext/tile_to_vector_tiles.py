@@ -116,7 +116,9 @@ def tile(op: ir.Operation, sizes: list[int], fuses_init: bool, k_chunk: int | No
         else:
             order = reductions_innermost(ls)
         tiled = structured.TileUsingForOp(handle, sizes=step, interchange=order)
-        for partial in partial_tile_loops(tiled, ranges, step, order):
+        # innermost first: peeling an outer loop clones the loops inside it, whose handles
+        # would then be invalidated (a transpose's tiles are partial along two dims)
+        for partial in reversed(partial_tile_loops(tiled, ranges, step, order)):
             loop.LoopPeelOp(any_op(), any_op(), partial)
             peeled.append(partial)
 

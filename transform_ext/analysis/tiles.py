@@ -123,16 +123,25 @@ def parallel_tile_sizes(op: ir.Operation, policy) -> list[int] | None:
 
 def transposed_blocks(ls, sizes: list[int], across: int, lane: int, policy, side: int) -> list[int]:
     """`sizes` with dims `across` and `lane` of a transposing op (`transposed_dim`) tiled in
-    square blocks of at most `side` (multiples of policy.lanes): a block's input rows and
-    result rows both stay in cache, where rows of the result read the input a few elements
-    per row (2048 x 2048: 2.2 ms in blocks of 128, 3.5 ms in tiles of 8 whole rows). Smaller
-    blocks while there are fewer tiles than threads."""
+    square blocks of at most `side`, multiples of policy.lanes where one divides the extent
+    (else the largest divisor of at least policy.lanes, else whole: the vector tiles peel
+    their partial last tile): a block's input rows and result rows both stay in cache,
+    where rows of the result read the input a few elements per row (2048 x 2048: 2.2 ms in
+    blocks of 128, 3.5 ms in tiles of 8 whole rows). Smaller blocks while there are fewer
+    tiles than threads."""
+    def block(extent: int, high: int) -> int:
+        multiple = largest_multiple_dividing(extent, high, policy.lanes)
+        if multiple:
+            return multiple
+        divisor = largest_divisor_at_most(extent, high)
+        return divisor if divisor >= policy.lanes else 0
+
     while True:
         out = list(sizes)
         for d in (across, lane):
-            out[d] = largest_multiple_dividing(ls.ranges[d], side, policy.lanes)
+            out[d] = block(ls.ranges[d], side)
         tiles = 1
-        for d, (size, extent) in enumerate(zip(out, ls.ranges)):
+        for size, extent in zip(out, ls.ranges):
             tiles *= extent // size if size else 1
         if tiles >= policy.threads or side <= policy.lanes:
             return out
@@ -143,9 +152,9 @@ CHAIN_DEPTH = 4  # producers up a root's chain whose transposed reads set its fo
 
 
 def largest_multiple_dividing(extent: int, high: int, unit: int) -> int:
-    """The largest multiple of `unit` at most `high` (at least `unit`) that divides `extent`
-    (a multiple of `unit`)."""
-    return next(d for d in range(max(unit, high - high % unit), 0, -unit) if extent % d == 0)
+    """The largest multiple of `unit` at most `high` (at least `unit`) that divides
+    `extent`; 0 when none does."""
+    return next((d for d in range(max(unit, high - high % unit), 0, -unit) if extent % d == 0), 0)
 
 
 def _innermost_parallel(ls) -> int:
@@ -286,19 +295,19 @@ def vector_tile_sizes(op: ir.Operation, policy) -> list[int] | None:
 
 def transposed_dim(ls, lane: int, hardware: int, depth: int = 0) -> int | None:
     """For an op without reductions whose lanes run along `lane`: the loop dim that a tensor
-    of 32-bit elements it reads holds innermost while also reading `lane` (a transpose:
-    y[j, i] = f(x[i, j])), when both extents are multiples of `hardware` lanes; the tensors
-    read by its elementwise producers count too, up to `depth` producers up the chain (the
-    ops a forall tile of it fuses). A tile of hardware x hardware elements then reads that
-    tensor in rows and transposes them in registers (cpu target: vector.transpose by
-    shuffles), where lanes along `lane` alone gathered one element per cache line
-    (x.t().contiguous() of 2048 x 2048 ran at 0.19x torch)."""
-    if hardware < 2 or ls.reduction_dims or ls.ranges[lane] % hardware:
+    it reads holds innermost while also reading `lane` (a transpose: y[j, i] = f(x[i, j])),
+    when both extents hold at least `hardware` lanes; the tensors read by its elementwise
+    producers count too, up to `depth` producers up the chain (the ops a forall tile of it
+    fuses). A tile of hardware x hardware elements then reads that tensor in rows and
+    transposes them in registers (cpu target: vector.transpose by shuffles; a partial last
+    tile is peeled), where lanes along `lane` alone gathered one element per cache line
+    (x.t().contiguous() of 2048 x 2048 ran at 0.19x torch in f32, 0.15x in bf16)."""
+    if hardware < 2 or ls.reduction_dims or ls.ranges[lane] < hardware:
         return None
-    for t, dims in _tensors_read(ls, depth):
-        inner = dims[-1] if len(dims) >= 2 and element_bytes(t) == 4 else None
+    for _, dims in _tensors_read(ls, depth):
+        inner = dims[-1] if len(dims) >= 2 else None
         if inner is not None and inner != lane and lane in dims \
-                and inner in ls.parallel_dims and ls.ranges[inner] % hardware == 0:
+                and inner in ls.parallel_dims and ls.ranges[inner] >= hardware:
             return inner
     return None
 
