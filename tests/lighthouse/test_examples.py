@@ -14,6 +14,7 @@ SMALL = {
     "attention": {"B": 1, "H": 2, "S": 80, "D": 32},
     "cross_entropy": {"N": 40, "C": 1000},
     "linear_cross_entropy": {"N": 40, "D": 32, "V": 300},
+    "transpose": {"B": 2, "N": 40, "M": 72},
 }
 BACKWARD = ["mlp", "softmax", "layer_norm", "attention", "cross_entropy", "linear_cross_entropy"]
 
