@@ -65,6 +65,7 @@ OP_MODULES: list[str] = [
     "match_key_loop_ops",
     "match_foldable_collapse",
     "expand_fast_exp",
+    "fuse_reading_loops",
     "fold_gathers_through_elementwise",
     "promote_indexed_extracts",
     "trace_to_argument",
