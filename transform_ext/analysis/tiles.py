@@ -114,21 +114,32 @@ def parallel_tile_sizes(op: ir.Operation, policy) -> list[int] | None:
     lane = lane_dim(ls)
     across = transposed_dim(ls, lane, policy.lanes, depth=CHAIN_DEPTH)
     if across is not None and across in splittable and lane in splittable:
-        sizes = transposed_blocks(ls, sizes, across, lane, policy,
-                                  math.isqrt(policy.tile_bytes // widest_element_bytes(op)))
+        sizes = transposed_blocks(ls, sizes, across, lane, policy, widest_element_bytes(op))
     if not any(sizes):
         return None
     return sizes
 
 
-def transposed_blocks(ls, sizes: list[int], across: int, lane: int, policy, side: int) -> list[int]:
+def transposed_blocks(ls, sizes: list[int], across: int, lane: int, policy,
+                      element_bytes: int) -> list[int]:
     """`sizes` with dims `across` and `lane` of a transposing op (`transposed_dim`) tiled in
-    square blocks of at most `side`, multiples of policy.lanes where one divides the extent
-    (else the largest divisor of at least policy.lanes, else whole: the vector tiles peel
-    their partial last tile): a block's input rows and result rows both stay in cache,
-    where rows of the result read the input a few elements per row (2048 x 2048: 2.2 ms in
-    blocks of 128, 3.5 ms in tiles of 8 whole rows). Smaller blocks while there are fewer
-    tiles than threads."""
+    square blocks, multiples of policy.lanes where one divides the extent (else the largest
+    divisor of at least policy.lanes, else whole: the vector tiles peel their partial last
+    tile): a block's input rows and result rows both stay in cache, where rows of the result
+    read the input a few elements per row (2048 x 2048: 2.2 ms in blocks of 128, 3.5 ms in
+    tiles of 8 whole rows). A tile holds no more elements than `sizes` gave it (nor than
+    tile_bytes): a block of 16 x 16 channels and columns under whole depth and rows of a
+    3-D pooling's layout change doubled its channels-last intermediate past L2 (KernelBench
+    46, 2x slower), so such a root keeps `sizes`; as many tiles as `sizes` gave, for the
+    threads."""
+    tile = rest = 1
+    for d in ls.parallel_dims:
+        tile *= sizes[d] or ls.ranges[d]
+        rest *= (sizes[d] or ls.ranges[d]) if d not in (across, lane) else 1
+    side = math.isqrt(min(tile, policy.tile_bytes // element_bytes) // rest)
+    if side < policy.lanes:
+        return sizes
+
     def block(extent: int, high: int) -> int:
         multiple = largest_multiple_dividing(extent, high, policy.lanes)
         if multiple:
@@ -136,16 +147,10 @@ def transposed_blocks(ls, sizes: list[int], across: int, lane: int, policy, side
         divisor = largest_divisor_at_most(extent, high)
         return divisor if divisor >= policy.lanes else 0
 
-    while True:
-        out = list(sizes)
-        for d in (across, lane):
-            out[d] = block(ls.ranges[d], side)
-        tiles = 1
-        for size, extent in zip(out, ls.ranges):
-            tiles *= extent // size if size else 1
-        if tiles >= policy.threads or side <= policy.lanes:
-            return out
-        side //= 2
+    out = list(sizes)
+    for d in (across, lane):
+        out[d] = block(ls.ranges[d], side)
+    return out
 
 
 CHAIN_DEPTH = 4  # producers up a root's chain whose transposed reads set its forall tiles
