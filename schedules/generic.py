@@ -43,7 +43,7 @@ One transform script (`generic_script`), two named sequences:
      register tile (a vector-matrix product y[m] += A[k, m] x[k]: a run of m x n lanes along
      A's rows; k = 1, lowered later to outer products / FMAs) that computes its
      accumulator's producer (a fill, an elementwise op such as a rescale) on the tile, in
-     registers; an op reading a 32-bit tensor transposed (y[j, i] = f(x[i, j])) to lanes x
+     registers; an op reading a tensor transposed (y[j, i] = f(x[i, j])) to lanes x
      lanes, read in rows and transposed in registers (shuffles; its forall tiles are square
      blocks); every other op to 1 x ... x 1 x W along its lane dim;
      `transform_ext.split_odd_bf16_lanes` splits bf16 tiles of an odd lane count; a pooling

@@ -30,25 +30,23 @@ Then step i of B reads exactly the slice step i of A wrote, and nothing overwrit
 the fused loop computes the same values. A's result stays (other readers use it).
 
 Targets: any ops; the loop pairs in the blocks nested in them are fused, each B with an
-scf.for before it whose tensor it reads (the nearest first), until none is left. The target handle is consumed (handles to
-ops nested in the targets are invalidated) and the targets returned.
+scf.for before it whose tensor it reads (the nearest first), until none is left. The target
+handle is consumed (handles to ops nested in the targets are invalidated) and the targets
+returned.
 """
 
 from torch_mlir import ir
 from torch_mlir.dialects import ext, scf, transform
 
-from .common import (Illegal, RewritesNestedOps, Success, all_in_bounds, clone_op, constant_value,
-                     defining_op, is_nested_in, payload_ops, users, walk_ops)
+from .common import (Illegal, RewritesNestedOps, Success, all_in_bounds, body_of, clone_body,
+                     clone_op, constant_value, defining_op, is_nested_in, payload_ops,
+                     terminator, users, walk_ops)
 from .dialect import TransformExt
 
 NAME = "transform_ext.fuse_reading_loops"
 _WRITES = ("vector.transfer_write", "vector.store", "vector.scatter", "vector.maskedstore",
            "vector.compressstore", "tensor.insert", "tensor.insert_slice",
            "tensor.parallel_insert_slice", "memref.store", "memref.copy")
-
-
-def _body(loop: ir.Operation) -> ir.Block:
-    return loop.regions[0].blocks[0]
 
 
 def _constant(value: ir.Value) -> int | None:
@@ -80,12 +78,12 @@ class _Pair:
 
     def _write(self):
         a = self.a
-        body = _body(a)
+        body = body_of(a)
         if len(a.results) != 1 or not isinstance(a.results[0].type, ir.RankedTensorType):
             raise Illegal(a, "the writing loop does not carry exactly one tensor")
         carried = body.arguments[1]
         uses = users(carried)
-        yielded = body.operations[len(body.operations) - 1].operation
+        yielded = terminator(body)
         if len(uses) != 1 or uses[0].name != "vector.transfer_write" \
                 or uses[0].operands[1] != carried or yielded.operands[0] != uses[0].results[0]:
             raise Illegal(a, "its tensor is not written by one vector.transfer_write yielded")
@@ -111,7 +109,7 @@ class _Pair:
     def _reads(self):
         a, b = self.a, self.b
         written = self.write
-        iv = _body(b).arguments[0]
+        iv = body_of(b).arguments[0]
         reads = []
         for user in users(a.results[0]):
             if not is_nested_in(user, b):
@@ -146,7 +144,7 @@ class _Pair:
         where = {op: i for i, op in enumerate(block_ops)}
         lo, hi = where[a], where[b]
         reads = set(self.reads)
-        pending = list(b.operands[:3]) + list(b.operands[3:])
+        pending = list(b.operands)
         for op in walk_ops(b, lambda o: o != b):
             pending += [v for k, v in enumerate(op.operands) if not (op in reads and k == 0)]
         needed = set()
@@ -175,26 +173,22 @@ class _Pair:
             fused = scf.ForOp(a.operands[0], a.operands[1], a.operands[2],
                               list(a.operands[3:]) + list(b.operands[3:]))
         body = fused.body
-        a_args, b_args = _body(a).arguments, _body(b).arguments
+        a_args, b_args = body_of(a).arguments, body_of(b).arguments
         mapping = {a_args[0]: body.arguments[0], b_args[0]: body.arguments[0]}
         for k, arg in enumerate(list(a_args)[1:]):
             mapping[arg] = body.arguments[1 + k]
         for k, arg in enumerate(list(b_args)[1:]):
             mapping[arg] = body.arguments[len(a_args) + k]
         with ir.InsertionPoint(body), a.location:
-            a_ops = [o.operation for o in _body(a).operations]
-            for op in a_ops[:-1]:
-                clone_op(op, mapping)
+            yields = clone_body(a, mapping)
             value = mapping.get(self.write.operands[0], self.write.operands[0])
             for read in self.reads:
                 mapping[read.results[0]] = value
-            b_ops = [o.operation for o in _body(b).operations]
-            for op in b_ops[:-1]:
+            b_body = body_of(b)
+            for op in [o.operation for o in b_body.operations][:-1]:
                 if op not in self.reads:
                     clone_op(op, mapping)
-            yields = [mapping.get(v, v) for v in a_ops[-1].operands] + \
-                     [mapping.get(v, v) for v in b_ops[-1].operands]
-            scf.YieldOp(yields)
+            scf.YieldOp(yields + [mapping.get(v, v) for v in terminator(b_body).operands])
         for old, new in zip(list(a.results) + list(b.results), fused.results):
             old.replace_all_uses_with(new)
         b.erase()
@@ -205,7 +199,7 @@ def _outside(value: ir.Value, loop: ir.Operation) -> bool:
     """Is `value` defined outside `loop` (not one of its block arguments nor nested ops)?"""
     op = defining_op(value)
     if op is None:
-        return value.owner != _body(loop) and not (
+        return value.owner != body_of(loop) and not (
             isinstance(value.owner, ir.Block) and is_nested_in(value.owner.owner, loop))
     return op != loop and not is_nested_in(op, loop)
 
