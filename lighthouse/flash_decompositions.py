@@ -9,7 +9,9 @@ decomposed here, in the FlashAttention-2 form:
     forward:   O = softmax(S) V with the math backend's graph (S = (Q c^1/2)(K^T c^1/2)
                [+ mask], fully masked rows 0), lse = log sum_j exp(S_ij)
     backward:  S = c Q K^T [+ mask],  lse = log sum_j exp(S_ij),
-               P = exp(S - lse) (0 where lse = -inf),  D = rowsum(dO * O),
+               P = exp(S - lse) (0 where lse = -inf),
+               D = rowsum(dO * O) (rowsum(P * dP) for f16/bf16 with a mask gradient,
+               as torch's math backend: O is rounded),
                dV = P^T dO,  dP = dO V^T,  dS = P (dP - D),  dQ = c dS K,  dK = c dS^T Q
 
 Masks are added to the scores (a bool mask as 0 / -inf, as torch does). The backward
@@ -98,7 +100,12 @@ def _flash_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_c
     p = torch.where(lse == float("-inf"), 0.0, torch.exp(scores - lse))
     dv = torch.matmul(p.transpose(-2, -1), do)
     dp = torch.matmul(do, v.transpose(-2, -1))
-    d = (do * o).sum(-1, keepdim=True)
+    # D_i = sum_j P_ij dP_ij = dO_i . O_i. torch's flash backward takes the dot product with
+    # the rounded O; its math backend (the masks with a gradient) sums P dP, and so do we
+    # there: with O rounded to f16/bf16, dS = P (dP - D) is off by far more where dP and D
+    # nearly cancel
+    exact_d = mask_grad and dtype != torch.float32
+    d = (p * dp if exact_d else do * o).sum(-1, keepdim=True)
     ds = p * (dp - d)
     dq = torch.matmul(ds, k) * c
     dk = torch.matmul(ds.transpose(-2, -1), q) * c

@@ -8,6 +8,10 @@ batch x heads (an scf.forall over G) and query block i of `query_tile` rows:
     lse_i = log sum_j exp(c Q_i K_j^T)       (the forward's, see below; else a first loop
                                                over key tiles: the online max m and sum l;
                                                -inf on a fully masked row)
+
+(when the backward has D = rowsum(P dP) and no O, as a low-precision one does, the first
+loop also computes dP = dO_i V_j^T per key tile and sums d = sum_j exp(S_ij - m) dP_ij,
+rescaled as m grows; D_i = d / l, 0 on a fully masked row)
     for each key tile j:  S = c Q_i K_j^T,  P = exp(S - lse_i)  (0 where lse_i = -inf),
                           dP = dO_i V_j^T,  dS = P (dP - D_i),
                           dQ_i += c dS K_j,  dK_j += c dS^T Q_i,  dV_j += P^T dO_i
@@ -65,9 +69,11 @@ FUSED_KERNEL = "lh.fused_kernel"
 def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, scale: float,
                 delta: int | None, bias: tuple | None = None,
                 lse_given: bool = False, grp: int = 1, splits: int = 1,
-                bias_grad: bool = False, keys: int | None = None) -> str:
+                bias_grad: bool = False, keys: int | None = None,
+                d_online: bool = False) -> str:
     """The kernel as MLIR text: func.func private @name(q, k, v, o, dO[, bias][, lse]) ->
-    (dQ, dK, dV); `bias`: (its shape, its dims' roles, heads), see
+    (dQ, dK, dV); `d_online`: no o, D = rowsum(P dP) summed in the first key loop (which
+    lse is then computed by); `bias`: (its shape, its dims' roles, heads), see
     analysis.attention_backward.Bias; `lse_given`: the rows' lse [G, L] is an argument (the
     forward's), else a first key loop computes it; `grp`: query heads per K/V head (K, V,
     dK, dV have G / grp groups; query group g reads K/V group g // grp); `splits`: the query
@@ -166,12 +172,74 @@ def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, sca
         return value, text + more
 
     s1, m1 = masked("%s_raw", "s_m")
+
+    def rescaled(name, carried):
+        """%name = carried exp(m - mt) (the first key loop's sums as its max grows), 0 while
+        m = -inf (nothing summed yet)."""
+        return f"""
+        %{name} = linalg.generic {{indexing_maps = [affine_map<(a) -> (a)>, affine_map<(a) -> (a)>, affine_map<(a) -> (a)>, affine_map<(a) -> (a)>], iterator_types = ["parallel"]}} ins(%m, %mt, {carried} : {t(bq)}, {t(bq)}, {t(bq)}) outs(%e_q : {t(bq)}) {{
+        ^bb0(%mo: f32, %mn: f32, %lo: f32, %y: f32):
+          %isinf = arith.cmpf oeq, %mo, %ninf : f32
+          %dm = arith.subf %mo, %mn : f32
+          %ex = math.exp %dm : f32
+          %sc = arith.mulf %lo, %ex : f32
+          %r = arith.select %isinf, %zero, %sc : f32
+          linalg.yield %r : f32
+        }} -> {t(bq)}"""
+
+    def summed(name, init, weights=None):
+        """%name = init + sum_j exp(S_ij - mt) [weights_ij], 0 where mt = -inf."""
+        ins, types, arg, weigh, value = "", "", "", "", "%ex"
+        if weights is not None:
+            ins, types, arg = f", {weights}", f", {t(bq, bk)}", ", %wx: f32"
+            weigh, value = """
+          %w = arith.mulf %ex, %wx : f32""", "%w"
+        maps = f"{id2}, {row2}" + (f", {id2}" if weights is not None else "") + f", {row2}"
+        return f"""
+        %{name} = linalg.generic {{indexing_maps = [{maps}], iterator_types = ["parallel", "reduction"]}} ins({s1}, %mt{ins} : {t(bq, bk)}, {t(bq)}{types}) outs({init} : {t(bq)}) {{
+        ^bb0(%x: f32, %mn: f32{arg}, %acc: f32):
+          %isinf = arith.cmpf oeq, %mn, %ninf : f32
+          %d = arith.subf %x, %mn : f32
+          %ex = math.exp %d : f32{weigh}
+          %r = arith.select %isinf, %zero, {value} : f32
+          %s = arith.addf %acc, %r : f32
+          linalg.yield %s : f32
+        }} -> {t(bq)}"""
+
+    d_update, d_final, o_rows, d_dot = "", "", "", ""
+    if d_online:
+        # d = sum_j exp(S_ij - m) dP_ij, rescaled as m grows; D = d / l (0 on masked rows)
+        d_update = f"""
+        %vT_l = tensor.extract_slice %vT[%gk, 0, %j0] [1, {E}, {bk}] [1, 1, 1] : {t(Gk, E, S)} to {t(E, bk)}
+        %dp_l = linalg.generic {{{contr(mmA, mmB)}}} ins(%do_i, %vT_l : {t(bq, E)}, {t(E, bk)}) outs(%z_qk : {t(bq, bk)}) {{
+          {mac}
+        }} -> {t(bq, bk)}{rescaled("dcorr", "%dd")}{summed("dn", "%dcorr", "%dp_l")}"""
+        d_final = f"""
+      %d_i = linalg.generic {{indexing_maps = [affine_map<(a) -> (a)>, affine_map<(a) -> (a)>, affine_map<(a) -> (a)>, affine_map<(a) -> (a)>], iterator_types = ["parallel"]}} ins(%ml#0, %ml#1, %ml#2 : {t(bq)}, {t(bq)}, {t(bq)}) outs(%e_q : {t(bq)}) {{
+      ^bb0(%mx: f32, %lx: f32, %dx: f32, %y: f32):
+        %dl = arith.divf %dx, %lx : f32
+        %isinf = arith.cmpf oeq, %mx, %ninf : f32
+        %r = arith.select %isinf, %zero, %dl : f32
+        linalg.yield %r : f32
+      }} -> {t(bq)}"""
+    else:
+        d_dot = f"""
+      %d_i = linalg.generic {{indexing_maps = [{id2}, {id2}, {row2}], iterator_types = ["parallel", "reduction"]}} ins(%do_i, %o_i : {t(bq, E)}, {t(bq, E)}) outs(%z_q : {t(bq)}) {{
+      ^bb0(%x: f32, %y: f32, %acc: f32):
+        %p = arith.mulf %x, %y : f32
+        %s = arith.addf %acc, %p : f32
+        linalg.yield %s : f32
+      }} -> {t(bq)}"""
+        o_rows = f"""
+      %o_i = tensor.extract_slice %o[%g, %i0, 0] [1, {bq}, {E}] [1, 1, 1] : {t(G, L, E)} to {t(bq, E)}"""
     s2, m2 = masked("%s2_raw", "s2_m")
+    if d_online and lse_given:
+        raise ValueError("d_online sums D in the key loop computing lse: lse cannot be given")
     if lse_given:
         lse_block = f"""%lse = tensor.extract_slice %lse_in[%g, %i0] [1, {bq}] [1, 1] : {t(G, L)} to {t(bq)}"""
     else:
         lse_block = f"""%m_init = linalg.fill ins(%ninf : f32) outs(%e_q : {t(bq)}) -> {t(bq)}
-      %ml:2 = scf.for %j0 = %c0 to {kend} step %cbk iter_args(%m = %m_init, %l = %z_q) -> ({t(bq)}, {t(bq)}) {{
+      %ml:{3 if d_online else 2} = scf.for %j0 = %c0 to {kend} step %cbk iter_args(%m = %m_init, %l = %z_q{", %dd = %z_q" if d_online else ""}) -> ({t(bq)}, {t(bq)}{", " + t(bq) if d_online else ""}) {{
         %kT_j = tensor.extract_slice %kT[%gk, 0, %j0] [1, {E}, {bk}] [1, 1, 1] : {t(Gk, E, S)} to {t(E, bk)}
         %s_raw = linalg.generic {{{contr(mmA, mmB)}}} ins(%qc, %kT_j : {t(bq, E)}, {t(E, bk)}) outs(%z_qk : {t(bq, bk)}) {{
           {mac}
@@ -180,26 +248,8 @@ def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, sca
         ^bb0(%x: f32, %acc: f32):
           %mx = arith.maximumf %x, %acc : f32
           linalg.yield %mx : f32
-        }} -> {t(bq)}
-        %corr = linalg.generic {{indexing_maps = [affine_map<(a) -> (a)>, affine_map<(a) -> (a)>, affine_map<(a) -> (a)>, affine_map<(a) -> (a)>], iterator_types = ["parallel"]}} ins(%m, %mt, %l : {t(bq)}, {t(bq)}, {t(bq)}) outs(%e_q : {t(bq)}) {{
-        ^bb0(%mo: f32, %mn: f32, %lo: f32, %y: f32):
-          %isinf = arith.cmpf oeq, %mo, %ninf : f32
-          %dm = arith.subf %mo, %mn : f32
-          %ex = math.exp %dm : f32
-          %sc = arith.mulf %lo, %ex : f32
-          %r = arith.select %isinf, %zero, %sc : f32
-          linalg.yield %r : f32
-        }} -> {t(bq)}
-        %ln = linalg.generic {{indexing_maps = [{id2}, {row2}, {row2}], iterator_types = ["parallel", "reduction"]}} ins({s1}, %mt : {t(bq, bk)}, {t(bq)}) outs(%corr : {t(bq)}) {{
-        ^bb0(%x: f32, %mn: f32, %acc: f32):
-          %isinf = arith.cmpf oeq, %mn, %ninf : f32
-          %d = arith.subf %x, %mn : f32
-          %ex = math.exp %d : f32
-          %r = arith.select %isinf, %zero, %ex : f32
-          %s = arith.addf %acc, %r : f32
-          linalg.yield %s : f32
-        }} -> {t(bq)}
-        scf.yield %mt, %ln : {t(bq)}, {t(bq)}
+        }} -> {t(bq)}{rescaled("corr", "%l")}{summed("ln", "%corr")}{d_update}
+        scf.yield %mt, %ln{", %dn" if d_online else ""} : {t(bq)}, {t(bq)}{", " + t(bq) if d_online else ""}
       }}
       %lse = linalg.generic {{indexing_maps = [affine_map<(a) -> (a)>, affine_map<(a) -> (a)>, affine_map<(a) -> (a)>], iterator_types = ["parallel"]}} ins(%ml#0, %ml#1 : {t(bq)}, {t(bq)}) outs(%e_q : {t(bq)}) {{
       ^bb0(%mx: f32, %lx: f32, %y: f32):
@@ -208,7 +258,7 @@ def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, sca
         %isinf = arith.cmpf oeq, %mx, %ninf : f32
         %r = arith.select %isinf, %ninf, %s : f32
         linalg.yield %r : f32
-      }} -> {t(bq)}"""
+      }} -> {t(bq)}{d_final}"""
     def db_arg(name, init):
         return f", {name} = {init}" if bias_grad else ""
 
@@ -240,7 +290,7 @@ def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, sca
         shapes.append(("db", tuple(bias[0])))
     sums = _split_sums(shapes, T, t) if T > 1 or bias_grad else ""
     results = ", ".join(f"%{nm}_sum" for nm, _ in shapes) if sums else "%r#0, %r#1, %r#2"
-    head = f"""func.func private @{name}(%q: {t(G, L, E)}, %k: {t(Gk, S, E)}, %v: {t(Gk, S, E)}, %o: {t(G, L, E)}, %do: {t(G, L, E)}{extra_args}) -> ({t(G, L, E)}, {t(Gk, S, E)}, {t(Gk, S, E)}{db_type}) {{
+    head = f"""func.func private @{name}(%q: {t(G, L, E)}, %k: {t(Gk, S, E)}, %v: {t(Gk, S, E)}{"" if d_online else ", %o: " + t(G, L, E)}, %do: {t(G, L, E)}{extra_args}) -> ({t(G, L, E)}, {t(Gk, S, E)}, {t(Gk, S, E)}{db_type}) {{
   %c0 = arith.constant 0 : index
   %cdelta = arith.constant {delta or 0} : index
   %cL = arith.constant {L} : index
@@ -261,7 +311,7 @@ def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, sca
     %blk:{n} = scf.for %i0 = {first_block} to %cL step {block_step} iter_args(%dq_g = %dq_g0, %dk_g = %dk_h, %dv_g = %dv_h{db_arg('%db_g', '%db_h')}) -> ({t(L, E)}, {t(S, E)}, {t(S, E)}{db_type}) {{{causal_bound}
       %q_i = tensor.extract_slice %q[%g, %i0, 0] [1, {bq}, {E}] [1, 1, 1] : {t(G, L, E)} to {t(bq, E)}
       %do_i = tensor.extract_slice %do[%g, %i0, 0] [1, {bq}, {E}] [1, 1, 1] : {t(G, L, E)} to {t(bq, E)}
-      %o_i = tensor.extract_slice %o[%g, %i0, 0] [1, {bq}, {E}] [1, 1, 1] : {t(G, L, E)} to {t(bq, E)}
+{o_rows}
       %e_qe = tensor.empty() : {t(bq, E)}
       %qc = linalg.generic {{indexing_maps = [{id2}, {id2}], iterator_types = ["parallel", "parallel"]}} ins(%q_i : {t(bq, E)}) outs(%e_qe : {t(bq, E)}) {{
       ^bb0(%x: f32, %y: f32):
@@ -269,13 +319,7 @@ def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, sca
         linalg.yield %m : f32
       }} -> {t(bq, E)}
       %e_q = tensor.empty() : {t(bq)}
-      %z_q = linalg.fill ins(%zero : f32) outs(%e_q : {t(bq)}) -> {t(bq)}
-      %d_i = linalg.generic {{indexing_maps = [{id2}, {id2}, {row2}], iterator_types = ["parallel", "reduction"]}} ins(%do_i, %o_i : {t(bq, E)}, {t(bq, E)}) outs(%z_q : {t(bq)}) {{
-      ^bb0(%x: f32, %y: f32, %acc: f32):
-        %p = arith.mulf %x, %y : f32
-        %s = arith.addf %acc, %p : f32
-        linalg.yield %s : f32
-      }} -> {t(bq)}
+      %z_q = linalg.fill ins(%zero : f32) outs(%e_q : {t(bq)}) -> {t(bq)}{d_dot}
       %e_qk = tensor.empty() : {t(bq, bk)}
       %z_qk = linalg.fill ins(%zero : f32) outs(%e_qk : {t(bq, bk)}) -> {t(bq, bk)}
       {lse_block}
@@ -517,7 +561,7 @@ def plan(target: ir.Operation, query_tile: int, key_tile: int, delta: int | None
         bwd = attention_backward_in(target)
     except NotAttentionBackward as exc:
         raise Illegal(target, str(exc))
-    srcs = [bwd.q, bwd.k, bwd.v, bwd.o, bwd.do]
+    srcs = [s for s in (bwd.q, bwd.k, bwd.v, bwd.o, bwd.do) if s is not None]
     for s in srcs + [Source(bwd.dq, False), Source(bwd.dk, False), Source(bwd.dv, False)]:
         t = ir.ShapedType(s.value.type)
         if not t.has_static_shape or str(t.element_type) != "f32" or t.rank < 2:
@@ -526,7 +570,7 @@ def plan(target: ir.Operation, query_tile: int, key_tile: int, delta: int | None
     (g, L, e), (gk, S, ek), (gv, Sv, ev) = map(_groups_rows_cols, srcs[:3])
     grp = bwd.k.groups
     if (gk * grp, gv * grp) != (g, g) or Sv != S or ek != e or ev != e or \
-            _groups_rows_cols(bwd.o) != (g, L, e) or _groups_rows_cols(bwd.do) != (g, L, e):
+            any(_groups_rows_cols(s) != (g, L, e) for s in srcs[3:]):
         raise Illegal(target, f"Q {_shape(bwd.q.value)}, K {_shape(bwd.k.value)}, V "
                               f"{_shape(bwd.v.value)}: the kernel needs K and V with the queries' "
                               f"heads (or a group of them each) and one head dim")
@@ -634,7 +678,9 @@ def rewrite(target: ir.Operation, bwd: AttentionBackward, at: ir.Operation, size
     name = next(f"attention_backward_{n}" for n in range(1, len(taken) + 2)
                 if f"attention_backward_{n}" not in taken)
     bias = None if bwd.bias is None else (_shape(bwd.bias.value), bwd.bias.roles, bwd.bias.heads)
-    lse = bwd.lse if bwd.lse is not None else _forward_lse(bwd)
+    d_online = bwd.o is None
+    # D summed online needs the key loop that computes lse: a given lse goes unread
+    lse = None if d_online else bwd.lse if bwd.lse is not None else _forward_lse(bwd)
     bias_grad = bwd.dbias is not None
     # lengths the tiles do not divide: the rows padded with zeros to whole tiles (a padded
     # query has dO = 0 and adds nothing; a padded key is masked out), the results sliced back
@@ -646,14 +692,15 @@ def rewrite(target: ir.Operation, bwd: AttentionBackward, at: ir.Operation, size
     kernel = ir.Module.parse(kernel_text(
         name, g, Lp, Sp, e, query_tile, key_tile, bwd.scale, delta,
         None if bias is None else (pad_bias, bias[1], bias[2]), lse is not None,
-        bwd.k.groups, splits, bias_grad, keys=S))
+        bwd.k.groups, splits, bias_grad, keys=S, d_online=d_online))
     kernel_func = block_ops(kernel.operation)[0]
     kernel_func.detach_from_parent()
     ir.InsertionPoint(target).insert(kernel_func)
-    args = [_canonical(s, at) for s in (bwd.q, bwd.k, bwd.v, bwd.o, bwd.do)]
+    sources = [(s, rows) for s, rows in zip((bwd.q, bwd.k, bwd.v, bwd.o, bwd.do),
+                                            (Lp, Sp, Sp, Lp, Lp)) if s is not None]
+    args = [_canonical(s, at) for s, _ in sources]
     with ir.InsertionPoint(at), at.location:
-        args = [_pad_to(a, [a_shape[0], rows, e])
-                for a, a_shape, rows in zip(args, map(_shape, args), (Lp, Sp, Sp, Lp, Lp))]
+        args = [_pad_to(a, [_shape(a)[0], rows, e]) for a, (_, rows) in zip(args, sources)]
         if bwd.bias is not None:
             args.append(_pad_to(bwd.bias.value, pad_bias))
     if lse is not None:

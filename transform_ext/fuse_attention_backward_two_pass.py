@@ -39,7 +39,8 @@ FUSED_KERNEL and, as an integer attribute BACKWARD_PASS, their pass (1 or 2).
 Preconditions (checked first; a violation is a silenceable failure naming the op): those of
 fuse_attention_backward (one attention backward, static f32 tensors, K and V with the
 queries' groups, one head dim, an index-computed mask iff `causal_delta` >= 0 is given,
-the gradients' users after their sources), no mask that needs a gradient, and every tile
+the gradients' users after their sources), no mask that needs a gradient, an O to read
+(D = rowsum(dO O), not rowsum(P dP) alone), and every tile
 dividing its extent: bq and bq2 dividing L, bk and bk2 dividing S.
 """
 
@@ -716,6 +717,9 @@ class FuseAttentionBackwardTwoPassOp(TransformExt.Operation,
                         if plans[-1][0].dbias is not None:
                             raise Illegal(t, "the mask needs a gradient, which the two-pass "
                                              "backward does not write")
+                        if plans[-1][0].o is None:
+                            raise Illegal(t, "D = rowsum(P dP) with no O to read: the two-pass "
+                                             "backward reads D = rowsum(dO O)")
                         check_tiles(t, plans[-1][2], dq_tiles, dkv_tiles)
                 except Illegal as illegal:
                     return fail(NAME, illegal)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lighthouse.compile import compile_kernel
+from tests.transform_ext.helpers import check
 
 KERNEL = """
 import torch
@@ -239,6 +240,12 @@ MASK_CASES = {
     "gqa": ("1, 4, 32, 16", "1, 2, 32, 16", "1, 4, 32, 32", "float32", ", enable_gqa=True", ""),
     "3d_inputs": ("3, 32, 16", "3, 32, 16", "32, 32", "float32", "", ""),
     "bf16": ("1, 2, 32, 32", "1, 2, 32, 32", "1, 1, 32, 32", "bfloat16", "", ""),
+    # near-uniform weights over two keys: dP and D nearly cancel in dS = P (dP - D), and
+    # D = rowsum(dO * O) from the rounded O was off by 0.19 (the fuzzer's find)
+    "bf16_near_uniform_weights": ("2, 1, 16, 64", "2, 1, 2, 64", "2, 1, 16, 2", "bfloat16",
+                                  ", scale=2.0", "q = q * 0.09"),
+    "f16_odd_lengths_fully_masked_row": ("1, 2, 37, 32", "1, 2, 33, 32", "1, 2, 37, 33",
+                                         "float16", "", "m[:, :, 5] = float('-inf')"),
     "prime_lengths": ("1, 2, 67, 16", "1, 2, 131, 16", "1, 2, 67, 131", "float32", "", ""),
 }
 
@@ -253,6 +260,66 @@ def test_a_float_mask_gets_its_gradient(kernel_file, name):
                                      edit=edit))
     compiled = _check(compile_kernel(path, backward=True, strict=True))
     assert "d_input3" in compiled.result_names
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_low_precision_mask_gradient_sums_d_from_p_and_dp(kernel_file, dtype):
+    """With O rounded to bf16, D = rowsum(P dP) (torch's math backend) is summed in the
+    first key loop beside the max and the sum (dP = dO V^T per key tile) and divided by the
+    sum after it; an f32 backward keeps D = rowsum(dO O) and its two-row first loop."""
+    path = kernel_file(MASK_WITH_GRADIENT.format(q="1, 2, 64, 16", kv="1, 2, 128, 16",
+                                                 mask="1, 2, 64, 128", dtype=dtype, kwargs="",
+                                                 edit=""))
+    fused = str(compile_kernel(path, backward=True, strict=True, stop_after="fuse").module)
+    if dtype == "float32":
+        assert not re.search(r"scf\.for .*-> \(tensor<64xf32>, tensor<64xf32>, tensor<64xf32>\)",
+                             fused)
+        return
+    check(fused, """
+        CHECK:      scf.for {{.*}} -> (tensor<64xf32>, tensor<64xf32>, tensor<64xf32>)
+        CHECK:        arith.maximumf
+        CHECK:        iterator_types = ["parallel", "parallel", "reduction"]
+        CHECK:        math.exp
+        CHECK-NEXT:   arith.mulf
+        CHECK:        scf.yield
+        CHECK:      math.log
+        CHECK:      arith.divf
+    """)
+
+
+HAND_BACKWARD = """
+import torch
+{options}
+class Model(torch.nn.Module):
+    def forward(self, q, k, v, do):
+        p = torch.softmax(q @ k.transpose(-1, -2) * 0.25, -1)
+        dp = do @ v.transpose(-1, -2)
+        ds = p * (dp - (p * dp).sum(-1, keepdim=True))
+        return (ds @ k) * 0.25, (ds.transpose(-1, -2) @ q) * 0.25, p.transpose(-1, -2) @ do
+def get_inputs():
+    torch.manual_seed(0)
+    return [torch.randn(1, 2, 72, 16) for _ in range(4)]
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_backward_written_by_hand_with_d_from_p_and_dp(kernel_file):
+    """dQ, dK, dV written out with D = rowsum(P dP) and no O: the one-pass kernel sums D in
+    its first key loop; the two-pass one (the GPU's, via backward_tiles) refuses, naming
+    why, and the matmul schedule computes it."""
+    path = kernel_file(HAND_BACKWARD.format(options=""))
+    compiled = compile_kernel(path, strict=True)
+    assert compiled.family.name == "attention", compiled.notes
+    for r in compiled.check():
+        assert r.ok, str(r)
+    fused = str(compile_kernel(path, strict=True, stop_after="fuse").module)
+    assert re.search(r"scf\.for .*-> \((tensor<\d+xf32>), \1, \1\)", fused)
+    two_pass = compile_kernel(kernel_file(HAND_BACKWARD.format(
+        options="LIGHTHOUSE = dict(backward_tiles=(24, 24, 24, 24))")))
+    assert any("D = rowsum(P dP) with no O to read" in n for n in two_pass.notes), two_pass.notes
+    for r in two_pass.check():
+        assert r.ok, str(r)
 
 
 def test_a_mask_gradient_holds_no_l_by_s_buffer_but_its_own(kernel_file):

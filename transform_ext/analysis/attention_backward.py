@@ -3,14 +3,15 @@ the IR of a function:
 
     S = c Q K^T [masked],  P = exp(S - lse) (0 where lse = -inf; lse from a max over S, or
                                               given: the forward's, an input of the graph),
-    D = rowsum(dO * O),  dV = P^T dO,  dP = dO V^T,  dS = P (dP - D),
+    D = rowsum(dO * O) or rowsum(P * dP),  dV = P^T dO,  dP = dO V^T,  dS = P (dP - D),
     dQ = c dS K,  dK = c dS^T Q
 
 (lighthouse/flash_decompositions.py writes torch's CPU flash backward this way). Each
 operand is traced through the layout ops torch-mlir puts around batch matmuls (reshapes that
 merge the batch and head dims, transposes of the last two dims) to its source: the tensors
 are [G, rows, cols] with G the batch x head groups. `attention_backward_in(func)` returns the
-sources (Q, K, V, O, dO, each with the transposition that makes it [G, rows, features]), the
+sources (Q, K, V, O, dO, each with the transposition that makes it [G, rows, features]; O
+None when D = rowsum(P * dP) and no O = P V is computed: the kernel sums P dP itself), the
 scale, the scores contraction and its row max (for the causal analysis), and the values dQ,
 dK, dV the backward computes, or raises NotAttentionBackward saying why not.
 """
@@ -69,7 +70,7 @@ class AttentionBackward:
     q: Source
     k: Source
     v: Source
-    o: Source
+    o: Source | None         # None: D = rowsum(P * dP), with no O = P V to read instead
     do: Source
     scale: float
     scores: ir.Operation     # S = Q K^T (before the scale and mask)
@@ -311,7 +312,8 @@ def attention_backward_in(func: ir.Operation) -> AttentionBackward:
         raise NotAttentionBackward("dP is not dO V^T")
     v_src = dp.leaf(1 - i_do, "features")
     # D = rowsum(dO * O) (rowsum(O) once a dO of ones is folded into it), or the math
-    # backend's rowsum(dP * P) = rowsum(dO * O) with O = P V
+    # backend's rowsum(dP * P) = rowsum(dO * O) with O = P V, or (no P V: a low-precision
+    # flash backward) rowsum(dP * P) itself, O None
     o_src = _rowsum_partner(d_op, do_src, p_src, dp, contractions, cv)
     # P = exp(c S [masked] - lse) or softmax(c S [masked]): its scores read Q and K
     scores, scale, masked, row_max, bias, guarded, lse = _scores_of(p_val, contractions)
@@ -526,9 +528,9 @@ def _group_sum(value: ir.Value, groups: int) -> ir.Value:
 
 
 def _rowsum_partner(d_op: ir.Operation, do_src: Source, p_src: Source, dp: _Contraction,
-                    contractions: list[_Contraction], dv: _Contraction) -> Source:
+                    contractions: list[_Contraction], dv: _Contraction) -> Source | None:
     """O of D = rowsum(dO * O) (`d_op` the reduction), or, for D = rowsum(dP * P), the
-    output of the contraction O = P V; or say why not."""
+    output of the contraction O = P V, or None when there is none; or say why not."""
     prod = defining_op(d_op.operands[0])
     if _elementwise_with(prod, "arith.mulf") and len(_elementwise_inputs(prod)) == 2:
         srcs = [trace(v) for v in _elementwise_inputs(prod)]
@@ -536,6 +538,8 @@ def _rowsum_partner(d_op: ir.Operation, do_src: Source, p_src: Source, dp: _Cont
             pv = [c for c in contractions if c is not dv and c.reads(p_src, "features") is not None]
             if len(pv) == 1:
                 return Source(pv[0].result, False)
+            if not pv:
+                return None
     if _elementwise_with(prod, "arith.mulf") and len(_elementwise_inputs(prod)) == 2 \
             and all(m == ir.AffineMap.get_identity(m.n_dims) for m in loop_structure(prod).maps):
         srcs = [trace(v) for v in _elementwise_inputs(prod)]
