@@ -89,6 +89,7 @@ OP_MODULES: list[str] = [
     "match_column_sweep_ops",
     "match_loss_kernels",
     "split_shared_fills",
+    "clone_shared_fills",
     "fill_slices_of_fills",
     "drop_overwritten_fills",
     "inline_argument_producers",

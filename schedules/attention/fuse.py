@@ -51,6 +51,7 @@ from transform_ext.analysis.attention_backward import NotAttentionBackward, atte
 from transform_ext.analysis.structure import loop_structure
 from transform_ext.append_lse_result import append_lse_result
 from transform_ext.bound_causal_key_loops import bound_causal_key_loops
+from transform_ext.clone_shared_fills import clone_shared_fills
 from transform_ext.common import defining_op, walk_ops
 from transform_ext.deduplicate_generics import deduplicate_generics
 from transform_ext.drop_broadcast_dims import drop_broadcast_dims
@@ -473,6 +474,9 @@ def tile_query_blocks(plan: AttentionPlan):
     query rows fused into it one at a time; a producer fused twice (for a reader inside and
     for a result the forall yields) computed once."""
     def body(root: ir.Value) -> ir.Value:
+        # a zero init shared by the scores and the output (CSE'd when S = E) would reach
+        # one of them only once fused
+        clone_shared_fills(match(root, "func.func"))
         output, producers = match_query_block_ops(match(root, "func.func"))
         tiled = structured.TileUsingForallOp(output, tile_sizes=list(plan.tile_sizes))
         # found by name: beside a fused backward's forall, and by the CPU's vectorize stage

@@ -152,3 +152,33 @@ def test_without_a_softmax_a_gpu_target_gets_the_reason(kernel_file):
     assert notes == [f"the attention schedule does not apply ({reason}); using the matmul schedule"]
     with pytest.raises(ScheduleMismatch, match=re.escape(reason)):
         choose_family(module, target=make_target("xegpu"), strict=True)
+
+
+SCORES_AS_WIDE_AS_HEADS = """
+import torch
+import torch.nn.functional as F
+class Model(torch.nn.Module):
+    def forward(self, q, k, v):
+        k, v = k.repeat_interleave({groups}, dim=1), v.repeat_interleave({groups}, dim=1)
+        return {activation}((q @ k.mT) * 0.125{softmax_dim}) @ v
+def get_inputs():
+    torch.manual_seed(0)
+    return [torch.randn(1, 4, 64, 64), torch.randn(1, 4 // {groups}, 64, 64),
+            torch.randn(1, 4 // {groups}, 64, 64)]
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("activation", ["F.relu", "torch.softmax"])
+def test_scores_as_wide_as_the_heads(kernel_file, activation, groups):
+    """S = E: CSE merges the zero inits of the scores and of the output; each keeps its own
+    when tiled (the output read its uninitialized tile: 1e20 off, the fuzzer's find)."""
+    path = kernel_file(SCORES_AS_WIDE_AS_HEADS.format(
+        activation=activation, groups=groups,
+        softmax_dim=", -1" if activation == "torch.softmax" else ""))
+    compiled = compile_kernel(path)
+    assert compiled.family.name == "attention", compiled.notes
+    for r in compiled.check():
+        assert r.ok, str(r)
