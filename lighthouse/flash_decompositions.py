@@ -132,9 +132,11 @@ def attention_masked(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     torch's own would take its math backend and keep the L x S probabilities; this op
     decomposes into the flash forward (O), and its backward (AttentionMasked) into
     `attention_masked_backward` (dQ, dK, dV and the mask's gradient)."""
+    # contiguous, as the fake below: torch lays the output out like a transposed query,
+    # and a reshape traced against the fake's strides would view the real one wrongly
     return torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
-        enable_gqa=enable_gqa)
+        enable_gqa=enable_gqa).contiguous()
 
 
 @attention_masked.register_fake

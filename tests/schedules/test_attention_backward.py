@@ -322,6 +322,35 @@ def test_a_backward_written_by_hand_with_d_from_p_and_dp(kernel_file):
         assert r.ok, str(r)
 
 
+TRANSPOSED_QUERY_WITH_MASK_GRADIENT = """
+import torch
+import torch.nn.functional as F
+class Model(torch.nn.Module):
+    def forward(self, q, k, v, m):
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=2.0)
+        return o.transpose(1, 2).reshape(1, 2, 48)
+def get_inputs():
+    torch.manual_seed(0)
+    q = (torch.randn(1, 2, 3, 16) * 0.2).transpose(1, 2)
+    m = torch.zeros(1, 1, 1, 2).masked_fill(torch.tensor([True, False]), float('-inf'))
+    return [q, torch.randn(1, 3, 2, 16), torch.randn(1, 3, 2, 16), m]
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_mask_gradient_with_a_transposed_query_and_a_reshape_after(kernel_file):
+    """torch lays the attention's output out like the transposed query; the traced op's
+    is contiguous, as its fake says, so the reshape after it imports (it failed: "view size
+    is not compatible", the fuzzer's find)."""
+    compiled = compile_kernel(kernel_file(TRANSPOSED_QUERY_WITH_MASK_GRADIENT), backward=True,
+                              strict=True)
+    reports = compiled.check()
+    assert [r.name for r in reports][-1] == "d_input3"
+    for r in reports:
+        assert r.ok, str(r)
+
+
 def test_a_mask_gradient_holds_no_l_by_s_buffer_but_its_own(kernel_file):
     """The mask [1, 1, L, S]'s gradient is by definition L x S: the only such buffers are its
     per-split shares; dS and P stay tiles."""
