@@ -55,6 +55,14 @@ def _scalar_or_odd_bf16(t: ir.Type) -> bool:
     return n is not None and n % 2 == 1
 
 
+def _ragged_bf16(t: ir.Type) -> bool:
+    """A bf16 vector whose lane count is not a multiple of 8: LLVM splits it into 8-lane
+    parts and a rest, and aborts on some rests of even width too (a 10-lane conversion
+    whose loads it forwarded from scalar stores: "soft promote")."""
+    n = _bf16_lanes(t)
+    return n is not None and n % 8 != 0
+
+
 def _shuffled_from_odd_bf16(value: ir.Value) -> bool:
     """Is `value` lanes a vector.shuffle picks out of an odd-lane bf16 vector (a strided
     pooling's taps)? LLVM folds the shuffle into its conversion and aborts on the odd
@@ -66,7 +74,8 @@ def _shuffled_from_odd_bf16(value: ir.Value) -> bool:
 
 def odd_bf16_conversions_as_integer_ops(payload: ir.Module, *, all_lane_counts: bool = False) -> int:
     """Conversions from and to bf16 scalars and bf16 vectors of an odd lane count
-    (_scalar_or_odd_bf16) through f32, with the bf16 <-> f32 step as integer ops on the
+    (_scalar_or_odd_bf16) or any other lane count not a multiple of 8 (_ragged_bf16)
+    through f32, with the bf16 <-> f32 step as integer ops on the
     bits: extf(x) = bitcast(zext(bits(x)) << 16); truncf(y) rounds to nearest even,
     bits = (u + 0x7FFF + ((u >> 16) & 1)) >> 16 for u = bits(y), and a NaN gives the quiet
     NaN 0x7FC0, as torch's conversion. Other sources and destinations (f64, integers)
@@ -86,6 +95,7 @@ def odd_bf16_conversions_as_integer_ops(payload: ir.Module, *, all_lane_counts: 
         if op.name in ("arith.extf", "arith.truncf", "arith.sitofp", "arith.uitofp",
                        "arith.fptosi", "arith.fptoui") and (
                 _scalar_or_odd_bf16(op.operands[0].type) or _scalar_or_odd_bf16(op.results[0].type)
+                or _ragged_bf16(op.operands[0].type) or _ragged_bf16(op.results[0].type)
                 or _shuffled_from_odd_bf16(op.operands[0])
                 or (all_lane_counts and (_bf16_lanes(op.operands[0].type) is not None
                                          or _bf16_lanes(op.results[0].type) is not None))):

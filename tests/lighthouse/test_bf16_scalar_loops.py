@@ -1,9 +1,11 @@
-"""bf16 in the scalar loops of ops the schedules leave unvectorized: LLVM's loop vectorizer
-widened their bf16 conversions to bf16 vectors and shuffled them for strided reads, and
-the x86 backend aborted the process ("Cannot select: v16bf16 = X86ISD::VPERM2X128", "Do not
-know how to soft promote this operator's operand!"). The fuzzer's shrunk kernels (bf16
-backward of transposed convolutions, one with a flatten + linear head) and their
-neighbours, against torch; the conversions as integer ops, bit for bit against torch's."""
+"""bf16 in the scalar loops of ops the schedules leave unvectorized, and in vectors whose
+rows are not whole 8-lane parts: LLVM's loop vectorizer widened their bf16 conversions to
+bf16 vectors and shuffled them for strided reads, and the x86 backend aborted the process
+("Cannot select: v16bf16 = X86ISD::VPERM2X128", "Do not know how to soft promote this
+operator's operand!"). The fuzzer's shrunk kernels (bf16 backward of transposed
+convolutions, one with a flatten + linear head; a bf16 average pooling over rows of 10) and
+their neighbours, against torch; the conversions as integer ops, bit for bit against
+torch's."""
 
 import pytest
 import torch
@@ -74,6 +76,33 @@ def get_init_inputs():
 """
 
 
+# crashed with "Do not know how to soft promote this operator's operand!": the pooled rows of
+# 10 lanes (a padded window's divisor counts the unpadded taps), extended to f32
+AVERAGE_POOL_AND_MAX = """
+import torch
+import torch.nn.functional as F
+DTYPE = torch.bfloat16
+class Model(torch.nn.Module):
+    def forward(self, x0):
+        p0 = F.avg_pool2d(x0, (4, 10), (3, 3), (0, 1), ceil_mode=False, count_include_pad=False)
+        return p0, p0.amax(-1)
+def get_inputs():
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(1, 1, 20, 10, generator=g, dtype=DTYPE).expand(2, 1, 20, 10)]
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("source", [AVERAGE_POOL_AND_MAX,
+                                    AVERAGE_POOL_AND_MAX.replace("20, 10", "20, 12")],
+                         ids=["rows-of-10", "rows-of-12"])
+def test_fuzzer_bf16_pooling_with_ragged_rows(kernel_file, source):
+    compiled = compile_kernel(kernel_file(source))
+    for r in compiled.check():
+        assert r.ok, str(r)
+
+
 @pytest.mark.parametrize("source, dtype", [
     (GROUPED_TRANSPOSED_CONV, "bfloat16"),
     (GROUPED_TRANSPOSED_CONV, "float16"),
@@ -139,23 +168,27 @@ def test_scalar_bf16_conversions_round_as_torch(kernel_file):
 
 
 def test_scalar_and_one_lane_bf16_conversions_become_integer_ops():
-    """extf / truncf of a bf16 scalar, a vector<1xbf16> and an n-D vector whose innermost dim
-    is odd become integer ops on the bits; vectors of even rows keep the native conversion."""
+    """extf / truncf of a bf16 scalar, a vector<1xbf16>, an n-D vector whose innermost dim
+    is odd and one whose rows are not whole 8-lane parts (6) become integer ops on the bits;
+    rows of 8 or 16 lanes keep the native conversion."""
     with ir.Context(), ir.Location.unknown():
         module = ir.Module.parse("""
           func.func @f(%a: bf16, %b: f32, %c: vector<1xbf16>, %d: vector<8xf32>,
-                       %e: vector<4x2x1xbf16>, %f: vector<3x6xf32>)
-              -> (f32, bf16, vector<1xf32>, vector<8xbf16>, vector<4x2x1xf32>, vector<3x6xbf16>) {
+                       %e: vector<4x2x1xbf16>, %f: vector<3x6xf32>, %g: vector<2x16xbf16>)
+              -> (f32, bf16, vector<1xf32>, vector<8xbf16>, vector<4x2x1xf32>, vector<3x6xbf16>,
+                  vector<2x16xf32>) {
             %0 = arith.extf %a : bf16 to f32
             %1 = arith.truncf %b : f32 to bf16
             %2 = arith.extf %c : vector<1xbf16> to vector<1xf32>
             %3 = arith.truncf %d : vector<8xf32> to vector<8xbf16>
             %4 = arith.extf %e : vector<4x2x1xbf16> to vector<4x2x1xf32>
             %5 = arith.truncf %f : vector<3x6xf32> to vector<3x6xbf16>
-            return %0, %1, %2, %3, %4, %5
-              : f32, bf16, vector<1xf32>, vector<8xbf16>, vector<4x2x1xf32>, vector<3x6xbf16>
+            %6 = arith.extf %g : vector<2x16xbf16> to vector<2x16xf32>
+            return %0, %1, %2, %3, %4, %5, %6
+              : f32, bf16, vector<1xf32>, vector<8xbf16>, vector<4x2x1xf32>, vector<3x6xbf16>,
+                vector<2x16xf32>
           }""")
-        assert odd_bf16_conversions_as_integer_ops(module) == 4
+        assert odd_bf16_conversions_as_integer_ops(module) == 5
         module.operation.verify()
         filecheck(str(module), """
           CHECK: arith.bitcast %{{.*}} : bf16 to i16
@@ -169,6 +202,8 @@ def test_scalar_and_one_lane_bf16_conversions_become_integer_ops():
           CHECK: arith.extui %{{.*}} : vector<1xi16> to vector<1xi32>
           CHECK: arith.truncf %{{.*}} : vector<8xf32> to vector<8xbf16>
           CHECK: arith.extui %{{.*}} : vector<4x2x1xi16> to vector<4x2x1xi32>
-          CHECK: arith.truncf %{{.*}} : vector<3x6xf32> to vector<3x6xbf16>
+          CHECK: arith.trunci %{{.*}} : vector<3x6xi32> to vector<3x6xi16>
+          CHECK: arith.extf %{{.*}} : vector<2x16xbf16> to vector<2x16xf32>
           CHECK-NOT: arith.extf
+          CHECK-NOT: arith.truncf
         """)
