@@ -312,8 +312,9 @@ def attention_backward_in(func: ir.Operation) -> AttentionBackward:
         raise NotAttentionBackward("dP is not dO V^T")
     v_src = dp.leaf(1 - i_do, "features")
     # D = rowsum(dO * O) (rowsum(O) once a dO of ones is folded into it), or the math
-    # backend's rowsum(dP * P) = rowsum(dO * O) with O = P V, or (no P V: a low-precision
-    # flash backward) rowsum(dP * P) itself, O None
+    # backend's rowsum(dP * P) = rowsum(dO * O) with O = P V, or (no P V: an f16/bf16
+    # backward with a mask gradient, flash_decompositions, or one written by hand)
+    # rowsum(dP * P) itself, O None
     o_src = _rowsum_partner(d_op, do_src, p_src, dp, contractions, cv)
     # P = exp(c S [masked] - lse) or softmax(c S [masked]): its scores read Q and K
     scores, scale, masked, row_max, bias, guarded, lse = _scores_of(p_val, contractions)
