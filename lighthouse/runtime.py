@@ -171,6 +171,27 @@ def measure_alternately(ours: Callable[[], object], theirs: Callable[[], object]
     return AlternatingTimes(times["ours"], times["theirs"], reps)
 
 
+# glibc's malloc moves its mmap threshold up to the size of the last large block freed
+# (and its trim threshold to twice that), so whether a call's large buffers are fresh
+# zero-filled pages every time depended on what the process had freed before: torch's
+# 11 x 11 convolution of KernelBench 50 took 27 ms before the first --check and 16 ms after.
+# Timing fixes both at glibc's dynamic maximum (32 MiB on 64-bit), the state a long-running
+# process settles in.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_STEADY_MMAP_THRESHOLD = 32 << 20
+
+
+def steady_heap() -> None:
+    """Reuse heap blocks below 32 MiB across calls, whatever the process freed before
+    (see above); a no-op where libc has no mallopt."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.mallopt(_M_MMAP_THRESHOLD, _STEADY_MMAP_THRESHOLD)
+    libc.mallopt(_M_TRIM_THRESHOLD, 2 * _STEADY_MMAP_THRESHOLD)
+
+
 def measure_rotating(sides: dict[str, Callable[[], object]], *, warmup: int = 2,
                      rounds: int = 10, min_block_seconds: float = 0.05,
                      budget_seconds: float | None = None, min_rounds: int = 3
@@ -183,7 +204,8 @@ def measure_rotating(sides: dict[str, Callable[[], object]], *, warmup: int = 2,
     set by the slowest side) and records the median call. With `budget_seconds`, slow
     kernels get fewer warm-up calls (one when a call alone exceeds the budget's share) and
     fewer rounds (not below `min_rounds`), so a multi-second kernel is measured in bounded
-    time."""
+    time. The heap is held steady first (`steady_heap`)."""
+    steady_heap()
     calls = list(sides.values())
     n = len(calls)
     first = max(max(_once(f) for f in calls), 1e-6)  # the first warm-up call of each side
