@@ -42,6 +42,7 @@ from .bf16_vectors import (bf16_memory_as_i16, odd_bf16_conversions_as_integer_o
                            odd_bf16_vectors_as_i16)
 from .description import CpuDescription, host_cpu, host_cpu_flags
 from .runtime_checks import add_vector_bounds_checks
+from .transpose_blocks import transposes_in_16x16_blocks
 from .workspace import allocations_into_workspace, crowded_functions, workspace_bytes
 
 
@@ -123,6 +124,7 @@ def protect_arguments(payload: ir.Module) -> None:
 
 def bufferize(payload: ir.Module) -> None:
     checks_to_error_code(payload)  # run-time checks report an error code instead of aborting
+    transposes_in_16x16_blocks(payload)  # lowered by Shuffle16x16 below
     protect_arguments(payload)
     contiguous_gather_sources(payload)
     widen_mixed_reduction_contractions(payload)

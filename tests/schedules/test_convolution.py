@@ -3,6 +3,8 @@
 and bf16, transposed-view inputs, epilogues and the ops after them, the joint backward
 graph; the IR it produces; the family's choice and its refusals."""
 
+import re
+
 import pytest
 import torch
 from torch_mlir import ir
@@ -544,3 +546,15 @@ def test_an_unblocked_convolution_splits_its_last_lanes_when_the_reduction_is_lo
     fused = str(compile_kernel(short, stop_after="fuse").module)
     assert 'lh.cv_vector = array<i64: 1, 16, 1, 32, 1>' not in fused
     assert_matches(compile_kernel(short))
+
+
+def test_a_channel_lanes_tile_of_11_rows_is_transposed_in_16x16_blocks(kernel_file):
+    """KernelBench 50's form: 11 x 11 windows of stride 4, output channels as lanes, register
+    tiles of 11 output columns x 32 channels transposed back to channels-first. The 11 x 32
+    transpose is lowered as two 16 x 16 blocks of register shuffles (lighthouse/targets/
+    transpose_blocks.py), not as one 352-lane shuffle LLVM emitted as 32 scatters."""
+    path = conv_kernel(kernel_file, "Conv2d(3, 32, 11, stride=4, padding=2)", "2, 3, 47, 47")
+    assert_matches(compile_kernel(path))
+    lowered = str(compile_kernel(path, stop_after="bufferize").module)
+    widths = [int(w) for w in re.findall(r"vector\.shuffle [^\n]*: vector<(\d+)xf32>", lowered)]
+    assert widths and max(widths) <= 32, sorted(set(widths))
