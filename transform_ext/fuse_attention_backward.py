@@ -173,39 +173,6 @@ def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, sca
 
     s1, m1 = masked("%s_raw", "s_m")
 
-    def rescaled(name, carried):
-        """%name = carried exp(m - mt) (the first key loop's sums as its max grows), 0 while
-        m = -inf (nothing summed yet)."""
-        return f"""
-        %{name} = linalg.generic {{indexing_maps = [affine_map<(a) -> (a)>, affine_map<(a) -> (a)>, affine_map<(a) -> (a)>, affine_map<(a) -> (a)>], iterator_types = ["parallel"]}} ins(%m, %mt, {carried} : {t(bq)}, {t(bq)}, {t(bq)}) outs(%e_q : {t(bq)}) {{
-        ^bb0(%mo: f32, %mn: f32, %lo: f32, %y: f32):
-          %isinf = arith.cmpf oeq, %mo, %ninf : f32
-          %dm = arith.subf %mo, %mn : f32
-          %ex = math.exp %dm : f32
-          %sc = arith.mulf %lo, %ex : f32
-          %r = arith.select %isinf, %zero, %sc : f32
-          linalg.yield %r : f32
-        }} -> {t(bq)}"""
-
-    def summed(name, init, weights=None):
-        """%name = init + sum_j exp(S_ij - mt) [weights_ij], 0 where mt = -inf."""
-        ins, types, arg, weigh, value = "", "", "", "", "%ex"
-        if weights is not None:
-            ins, types, arg = f", {weights}", f", {t(bq, bk)}", ", %wx: f32"
-            weigh, value = """
-          %w = arith.mulf %ex, %wx : f32""", "%w"
-        maps = f"{id2}, {row2}" + (f", {id2}" if weights is not None else "") + f", {row2}"
-        return f"""
-        %{name} = linalg.generic {{indexing_maps = [{maps}], iterator_types = ["parallel", "reduction"]}} ins({s1}, %mt{ins} : {t(bq, bk)}, {t(bq)}{types}) outs({init} : {t(bq)}) {{
-        ^bb0(%x: f32, %mn: f32{arg}, %acc: f32):
-          %isinf = arith.cmpf oeq, %mn, %ninf : f32
-          %d = arith.subf %x, %mn : f32
-          %ex = math.exp %d : f32{weigh}
-          %r = arith.select %isinf, %zero, {value} : f32
-          %s = arith.addf %acc, %r : f32
-          linalg.yield %s : f32
-        }} -> {t(bq)}"""
-
     d_update, d_final, o_rows, d_dot = "", "", "", ""
     if d_online:
         # d = sum_j exp(S_ij - m) dP_ij, rescaled as m grows; D = d / l (0 on masked rows)
@@ -213,7 +180,7 @@ def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, sca
         %vT_l = tensor.extract_slice %vT[%gk, 0, %j0] [1, {E}, {bk}] [1, 1, 1] : {t(Gk, E, S)} to {t(E, bk)}
         %dp_l = linalg.generic {{{contr(mmA, mmB)}}} ins(%do_i, %vT_l : {t(bq, E)}, {t(E, bk)}) outs(%z_qk : {t(bq, bk)}) {{
           {mac}
-        }} -> {t(bq, bk)}{rescaled("dcorr", "%dd")}{summed("dn", "%dcorr", "%dp_l")}"""
+        }} -> {t(bq, bk)}{rescaled_rows("dcorr", "%dd", t(bq), "%e_q")}{summed_rows("dn", s1, t(bq, bk), "%dcorr", t(bq), "%dp_l")}"""
         d_final = f"""
       %d_i = linalg.generic {{indexing_maps = [affine_map<(a) -> (a)>, affine_map<(a) -> (a)>, affine_map<(a) -> (a)>, affine_map<(a) -> (a)>], iterator_types = ["parallel"]}} ins(%ml#0, %ml#1, %ml#2 : {t(bq)}, {t(bq)}, {t(bq)}) outs(%e_q : {t(bq)}) {{
       ^bb0(%mx: f32, %lx: f32, %dx: f32, %y: f32):
@@ -248,7 +215,7 @@ def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, sca
         ^bb0(%x: f32, %acc: f32):
           %mx = arith.maximumf %x, %acc : f32
           linalg.yield %mx : f32
-        }} -> {t(bq)}{rescaled("corr", "%l")}{summed("ln", "%corr")}{d_update}
+        }} -> {t(bq)}{rescaled_rows("corr", "%l", t(bq), "%e_q")}{summed_rows("ln", s1, t(bq, bk), "%corr", t(bq))}{d_update}
         scf.yield %mt, %ln{", %dn" if d_online else ""} : {t(bq)}, {t(bq)}{", " + t(bq) if d_online else ""}
       }}
       %lse = linalg.generic {{indexing_maps = [affine_map<(a) -> (a)>, affine_map<(a) -> (a)>, affine_map<(a) -> (a)>], iterator_types = ["parallel"]}} ins(%ml#0, %ml#1 : {t(bq)}, {t(bq)}) outs(%e_q : {t(bq)}) {{
@@ -400,6 +367,48 @@ def kernel_text(name: str, G: int, L: int, S: int, E: int, bq: int, bk: int, sca
   return {results} : {t(G, L, E)}, {t(Gk, S, E)}, {t(Gk, S, E)}{db_type}
 }}
 """
+
+
+_ID1 = "affine_map<(a) -> (a)>"
+
+
+def rescaled_rows(name: str, carried: str, rows: str, dest: str) -> str:
+    """%name = carried exp(%m - %mt) per row (an online sum as the running max grows from
+    %m to %mt), 0 while %m = -inf (nothing summed yet); `rows` the rows' tensor type,
+    `dest` an unread init of it."""
+    return f"""
+        %{name} = linalg.generic {{indexing_maps = [{_ID1}, {_ID1}, {_ID1}, {_ID1}], iterator_types = ["parallel"]}} ins(%m, %mt, {carried} : {rows}, {rows}, {rows}) outs({dest} : {rows}) {{
+        ^bb0(%mo: f32, %mn: f32, %lo: f32, %y: f32):
+          %isinf = arith.cmpf oeq, %mo, %ninf : f32
+          %dm = arith.subf %mo, %mn : f32
+          %ex = math.exp %dm : f32
+          %sc = arith.mulf %lo, %ex : f32
+          %r = arith.select %isinf, %zero, %sc : f32
+          linalg.yield %r : f32
+        }} -> {rows}"""
+
+
+def summed_rows(name: str, scores: str, tile: str, init: str, rows: str,
+                weights: str | None = None) -> str:
+    """%name = init + sum_j exp(S_ij - %mt) [weights_ij] per row of the `scores` tile (type
+    `tile`), 0 where %mt = -inf."""
+    ins, types, arg, weigh, value = "", "", "", "", "%ex"
+    if weights is not None:
+        ins, types, arg = f", {weights}", f", {tile}", ", %wx: f32"
+        weigh, value = """
+          %w = arith.mulf %ex, %wx : f32""", "%w"
+    id2, row = "affine_map<(a, b) -> (a, b)>", "affine_map<(a, b) -> (a)>"
+    maps = f"{id2}, {row}" + (f", {id2}" if weights is not None else "") + f", {row}"
+    return f"""
+        %{name} = linalg.generic {{indexing_maps = [{maps}], iterator_types = ["parallel", "reduction"]}} ins({scores}, %mt{ins} : {tile}, {rows}{types}) outs({init} : {rows}) {{
+        ^bb0(%x: f32, %mn: f32{arg}, %acc: f32):
+          %isinf = arith.cmpf oeq, %mn, %ninf : f32
+          %d = arith.subf %x, %mn : f32
+          %ex = math.exp %d : f32{weigh}
+          %r = arith.select %isinf, %zero, {value} : f32
+          %s = arith.addf %acc, %r : f32
+          linalg.yield %s : f32
+        }} -> {rows}"""
 
 
 def _tensor_type(*dims) -> str:
@@ -776,4 +785,5 @@ def fuse_attention_backward(func_handle: ir.Value, *, query_tile: int, key_tile:
                             ir.IntegerAttr.get(i64, threads))
 
 
-__all__ = ["FuseAttentionBackwardOp", "fuse_attention_backward", "kernel_text", "query_splits"]
+__all__ = ["FuseAttentionBackwardOp", "fuse_attention_backward", "kernel_text", "query_splits",
+           "rescaled_rows", "summed_rows"]

@@ -57,7 +57,7 @@ from .common import (Illegal, RewritesTargets, Success, block_ops, body_of, buil
                      ops_named, payload_ops, users)
 from .dialect import TransformExt
 from .fuse_attention_backward import (FUSED_KERNEL, _canonical, _canonical_rows, _forward_lse,
-                                      _reshape, _shape, plan)
+                                      _reshape, _shape, plan, rescaled_rows, summed_rows)
 
 NAME = "transform_ext.fuse_attention_backward_two_pass"
 # the integer attribute naming the pass (1: dQ over query blocks, 2: dK, dV over key blocks)
@@ -239,25 +239,7 @@ def _lse_loop(tile: _Tile, E: int, Gk: int, S: int, name: str, bounds: tuple[str
         ^bb0(%x: f32, %acc: f32):
           %mx = arith.maximumf %x, %acc : f32
           linalg.yield %mx : f32
-        }} -> {rows}
-        %corr = linalg.generic {{indexing_maps = [{_ID1}, {_ID1}, {_ID1}, {_ID1}], iterator_types = ["parallel"]}} ins(%m, %mt, %l : {rows}, {rows}, {rows}) outs(%l : {rows}) {{
-        ^bb0(%mo: f32, %mn: f32, %lo: f32, %y: f32):
-          %isinf = arith.cmpf oeq, %mo, %ninf : f32
-          %dm = arith.subf %mo, %mn : f32
-          %ex = math.exp %dm : f32
-          %sc = arith.mulf %lo, %ex : f32
-          %r = arith.select %isinf, %zero, %sc : f32
-          linalg.yield %r : f32
-        }} -> {rows}
-        %ln = linalg.generic {{indexing_maps = [{_ID2}, {_ROW}, {_ROW}], iterator_types = ["parallel", "reduction"]}} ins({masked}, %mt : {tile.type}, {rows}) outs(%corr : {rows}) {{
-        ^bb0(%x: f32, %mn: f32, %acc: f32):
-          %isinf = arith.cmpf oeq, %mn, %ninf : f32
-          %d = arith.subf %x, %mn : f32
-          %ex = math.exp %d : f32
-          %r = arith.select %isinf, %zero, %ex : f32
-          %s = arith.addf %acc, %r : f32
-          linalg.yield %s : f32
-        }} -> {rows}
+        }} -> {rows}{rescaled_rows("corr", "%l", rows, "%l")}{summed_rows("ln", masked, tile.type, "%corr", rows)}
         scf.yield %mt, %ln : {rows}, {rows}
       }}"""
 
