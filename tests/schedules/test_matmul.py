@@ -211,6 +211,22 @@ def test_ir_after_vectorize_and_bufferize(kernel_file):
         """)
 
 
+def test_one_k_block_accumulates_in_registers_only(kernel_file):
+    """k within one k block: each register tile starts from zeros in registers and is
+    written straight into C (edge tiles too): no packed C buffer, no fill pass over it."""
+    path = binary_kernel(kernel_file, 127, 255, 63)
+    bufferized = str(compile_kernel(path, stop_after="bufferize").module)
+    filecheck(bufferized, """
+        CHECK: %[[ZERO:.*]] = arith.constant dense<0.000000e+00> : vector<8x32xf32>
+        CHECK-NOT: memref.alloc() {{.*}} : memref<{{.*}}x8x32xf32>
+        CHECK: scf.parallel
+        CHECK: %[[ACC:.*]] = scf.for {{.*}} iter_args(%{{.*}} = %[[ZERO]]) -> (vector<8x32xf32>)
+        CHECK-COUNT-8: vector.fma {{.*}} : vector<32xf32>
+        CHECK: vector.transfer_write %[[ACC]], %{{.*}} : vector<8x32xf32>, memref<8x32xf32, strided<[255, 1], offset: ?>>
+        CHECK: vector.transfer_write %[[ACC]], %{{.*}} : vector<8x32xf32>, memref<?x?xf32, strided<[255, 1], offset: ?>>
+        """)
+
+
 def test_epilogue_is_fused_into_the_output_tiles():
     sizes = {"BATCH": 64, "IN_FEATURES": 64, "HIDDEN": 128, "OUT_FEATURES": 64}
     text = str(compile_kernel(EXAMPLES / "mlp.py", overrides=sizes, stop_after="fuse").module)
