@@ -74,10 +74,11 @@ from transform_ext.analysis.convolution import ConvolutionDims, NotConvolution, 
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
 from transform_ext.analysis.tiles import VectorPolicy
 from transform_ext.clamp_window_loops import clamp_window_loops
+from transform_ext.clone_shared_fills import clone_shared_fills
 from transform_ext.collapse_reduction_dims import collapse_reduction_dims
 from transform_ext.convolution_to_contraction import convolution_to_contraction
 from transform_ext.drop_contraction_masks import drop_contraction_masks
-from transform_ext.common import Illegal
+from transform_ext.common import Illegal, defining_op
 from transform_ext.drop_overwritten_fills import drop_overwritten_fills
 from transform_ext.fill_slices_of_fills import fill_slices_of_fills
 from transform_ext.forward_masked_writes import forward_masked_writes
@@ -1308,7 +1309,22 @@ def schedule_convolutions(rec: StepRecorder, params: ConvolutionParams) -> bool:
         found = find_convolutions(rec.trial)
         if not found:
             return True
+        if _shares_its_fill(accumulation_chain(found[-1], found)[0]):
+            # CSE merged the zero inits of convolutions of one output shape (a depthwise
+            # separable pair): each gets its own, computed per register tile
+            rec.step("clone_shared_fills", _clone_shared_fills)
+            found = find_convolutions(rec.trial)
         _schedule(rec, accumulation_chain(found[-1], found), params)
+
+
+def _clone_shared_fills(root: ir.Value) -> None:
+    clone_shared_fills(match(root, "func.func"))
+
+
+def _shares_its_fill(c: Convolution) -> bool:
+    """Is the accumulator's start of `c` a linalg.fill that something else reads too?"""
+    init = defining_op(c.op.operands[2])
+    return init is not None and init.name == "linalg.fill" and len(list(init.results[0].uses)) > 1
 
 
 def convolution_script(plan: ConvolutionPlan, generic: GenericParams) -> ir.Module:

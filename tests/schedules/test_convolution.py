@@ -220,6 +220,24 @@ def test_depthwise_separable(kernel_file):
     assert_matches(compile_kernel(path))
 
 
+def test_convolutions_of_one_shape_start_from_zeros_of_their_own(kernel_file):
+    """A depthwise separable pair whose outputs have one shape: CSE merges their zero
+    inits into one fill; each convolution still starts from zeros per register tile (no
+    zero pass over a whole output, no copy of it for the other convolution)."""
+    path = conv_kernel(kernel_file, "Conv2d(8, 8, 3, groups=8, padding=1, bias=False)",
+                       "1, 8, 16, 64",
+                       extra="        self.pointwise = torch.nn.Conv2d(8, 8, 1, bias=False)\n",
+                       forward="self.pointwise(self.conv(x))")
+    fused = str(compile_kernel(path, stop_after="fuse").module)
+    filecheck(fused, """
+        CHECK-NOT: linalg.fill {{.*}} -> tensor<2x8x12x40xf32>
+        CHECK-COUNT-2: linalg.fill {{.*}}lh.cv_role = "init"
+        """)
+    bufferized = str(compile_kernel(path, stop_after="bufferize").module)
+    assert "memref.copy %arg1" not in bufferized
+    assert_matches(compile_kernel(path))
+
+
 BACKWARD = {
     # an output padding (below the dilation) beyond the stride: the input gradient, a
     # convolution of the output's, reaches past the input (its forward output is one
