@@ -471,13 +471,15 @@ def strided_copies_to_loops(payload: ir.Module) -> None:
 
 
 def _contiguous(t: ir.MemRefType) -> bool:
-    """Row-major dense (any offset): memref.copy lowers such copies to memcpy."""
+    """Row-major dense (any offset) as memref.copy's lowering judges it (then a memcpy):
+    the inner dims at their row-major strides, every dim outside them of size 1 (a unit dim
+    among the inner ones at another stride, the view of a slice with a unit last dim, is
+    not: that copy would call memrefCopy)."""
     if not t.has_static_shape:
         return False
     strides, _ = t.get_strides_and_offset()
+    dims = list(zip(t.shape, strides))
     expected = 1
-    for size, stride in reversed(list(zip(t.shape, strides))):
-        if size != 1 and stride != expected:
-            return False
-        expected *= size
-    return True
+    while dims and dims[-1][1] == expected:
+        expected *= dims.pop()[0]
+    return all(size == 1 for size, _ in dims)

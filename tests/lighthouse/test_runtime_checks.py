@@ -122,3 +122,32 @@ def test_runtime_checks_need_the_cpu_target():
     r = run_cli(EXAMPLES / "matmul_f16.py", "--target", "xegpu", "--runtime-checks")
     assert r.returncode == 2
     assert "--runtime-checks needs the cpu target" in r.stderr
+
+
+def test_a_copy_into_a_view_with_a_strided_unit_dim_runs_with_runtime_checks(kernel_file):
+    """A grouped bf16 transposed convolution copies its input into a view whose unit last
+    dim has stride 2: memref.copy's lowering calls memrefCopy for it (not contiguous by its
+    rule), which the JIT lacks; such copies become loops (a fuzzer finding: the JIT failed
+    with 'Unknown function main' and the schedule fell back)."""
+    path = kernel_file("""
+import torch
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.ConvTranspose3d(8, 16, (2, 5, 1), stride=(1, 2, 2), padding=(1, 0, 0),
+                                             dilation=(1, 2, 1), groups=8, bias=False).to(torch.bfloat16)
+
+    def forward(self, x):
+        return self.conv(x)
+
+def get_inputs():
+    return [torch.randn(3, 8, 6, 2, 1, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)]
+
+def get_init_inputs():
+    return []
+""")
+    compiled = compile_kernel(path, runtime_checks=True)
+    assert compiled.family.name == "convolution" and not compiled.notes, compiled.notes
+    assert all(r.ok for r in compiled.check())
