@@ -772,7 +772,8 @@ def _schedule(rec: StepRecorder, chain: list[Convolution], params: ConvolutionPa
     else:
         pooling_forall, pooling_loop = pooling_tiles
     init = _accumulator_producer(chain[0])
-    ops = [epilogue, init, pooling] + [c.op for c in chain]
+    pad = _padded_image(chain, forall_tiles)
+    ops = [epilogue, init, pooling, pad] + [c.op for c in chain]
     places = {i: place_of(rec.trial.operation, op) for i, op in enumerate(ops) if op is not None}
     epilogue_forall = _output_sizes(last, forall_tiles.forall)
     init_peel = _init_peel(chain[0], tiles[0])
@@ -780,7 +781,7 @@ def _schedule(rec: StepRecorder, chain: list[Convolution], params: ConvolutionPa
 
     def body(root):
         h = {i: at_place(root, place) for i, place in places.items()}
-        convs = [h[3 + i] for i in range(len(chain))]
+        convs = [h[4 + i] for i in range(len(chain))]
         for conv in convs:
             annotate(conv, _DONE)
         if pooling is not None:
@@ -802,6 +803,8 @@ def _schedule(rec: StepRecorder, chain: list[Convolution], params: ConvolutionPa
             forall, convs[-1] = t.forall_op, t.tiled_op
         for i in range(len(convs) - 2, -1, -1):
             convs[i], forall = _fuse_into(convs[i], forall)
+        if pad is not None:
+            _, forall = _fuse_into(h[3], forall)
         first = tiles[0]
         # the start is computed per register tile, unless the channels come in blocks or the
         # last lanes are split off (`TailTiles`): then once per forall tile, before them
@@ -821,6 +824,20 @@ def _schedule(rec: StepRecorder, chain: list[Convolution], params: ConvolutionPa
         canonicalize(match(root, "func.func"))
 
     rec.step("tile", body)
+
+
+def _padded_image(chain: list[Convolution], tiles: ConvolutionTiles) -> ir.Operation | None:
+    """The tensor.pad computing the image of a lone convolution that alone reads it, when
+    its forall tiles take whole images (they split batch, groups or channels only): each
+    tile's images are padded in a small buffer, in cache, not the whole image copied into a
+    filled one before the convolution. (A tile of image rows would copy its halo again.)"""
+    c = chain[0]
+    pad = defining_op(c.op.operands[c.dims.input_index])
+    if len(chain) > 1 or pad is None or pad.name != "tensor.pad" or \
+            len(list(pad.results[0].uses)) != 1:
+        return None
+    whole = all(tiles.forall[d] in (0, c.dims.ranges[d]) for d in c.dims.image)
+    return pad if whole else None
 
 
 def _init_peel(c: Convolution, tiles: ConvolutionTiles) -> list[int]:

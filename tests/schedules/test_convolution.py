@@ -230,7 +230,7 @@ def test_convolutions_of_one_shape_start_from_zeros_of_their_own(kernel_file):
                        forward="self.pointwise(self.conv(x))")
     fused = str(compile_kernel(path, stop_after="fuse").module)
     filecheck(fused, """
-        CHECK-NOT: linalg.fill {{.*}} -> tensor<2x8x12x40xf32>
+        CHECK-NOT: linalg.fill {{.*}} -> tensor<1x8x16x64xf32>
         CHECK-COUNT-2: linalg.fill {{.*}}lh.cv_role = "init"
         """)
     bufferized = str(compile_kernel(path, stop_after="bufferize").module)
@@ -480,6 +480,29 @@ def test_a_global_pooling_is_computed_on_the_output_tiles(kernel_file):
     """)
     bufferized = str(compile_kernel(path, stop_after="bufferize").module)
     assert "memref<2x16x10x38xf32>" not in bufferized
+
+
+def test_whole_images_are_padded_per_forall_tile(kernel_file):
+    """A padded depthwise convolution whose forall tiles take whole images (one channel
+    each): the padding is built per tile, from the tile's slice of the image (in cache),
+    not as a padded copy of the whole image before the convolution; with tiles of image
+    rows the padded image stays whole (a tile would copy its halo again)."""
+    path = conv_kernel(kernel_file, "Conv2d(8, 8, 3, groups=8, padding=1, bias=False)",
+                       "1, 8, 16, 64")
+    fused = str(compile_kernel(path, stop_after="fuse").module)
+    filecheck(fused, """
+        CHECK: scf.forall
+        CHECK: tensor.extract_slice %arg0{{.*}} to tensor<1x1x16x64xf32>
+        CHECK: tensor.pad {{.*}} low[0, 0, 1, 1] high[0, 0, 1, 1]
+        CHECK: } : tensor<1x1x16x64xf32> to tensor<1x1x18x66xf32>
+        CHECK: lh.cv_role = "register"
+        CHECK: scf.forall.in_parallel
+        """)
+    assert_matches(compile_kernel(path))
+    rows = conv_kernel(kernel_file, "Conv2d(4, 16, 3, padding=1, bias=False)", "1, 4, 6, 40")
+    fused = str(compile_kernel(rows, stop_after="fuse").module)
+    assert fused.index("tensor.pad") < fused.index("scf.forall")
+    assert_matches(compile_kernel(rows))
 
 
 def test_window_loops_skip_the_taps_that_read_padding(kernel_file):
