@@ -11,7 +11,11 @@ the first two moves `linalg.transpose`s, the last a linalg.generic over Y_t's di
 reads Y_t with the identity map and writes Y through the permutation (the convolution
 schedule tiles it with the convolution's output tiles, as an epilogue); the convolution
 a linalg.generic whose loops are its parallel dims but f in order, then f, then its
-reduction dims in order. Exact: the same
+reduction dims in order. When the convolution alone reads I and I is a fill or a
+broadcast (a generic of parallel loops writing I through the identity map, each input
+read along fewer dims, no linalg.index: the bias), I_t is that op rebuilt in the new
+layout instead of a transpose: it stays a producer the schedule computes per register
+tile, not a transposed copy of the whole start. Exact: the same
 products summed in the same order per element. A vector along f is then contiguous in W_t
 and Y_t: the convolution schedule's register tile can take the output channels as its
 lanes when the image's innermost dim is narrow (a few masked lanes per row).
@@ -27,8 +31,8 @@ from torch_mlir.dialects import ext, linalg, tensor, transform
 
 from .analysis.convolution import NotConvolution, convolution_dims
 from .analysis.structure import loop_structure
-from .common import (Illegal, ReplacesTargets, Success, build_generic, clone_body, fail,
-                     payload_ops)
+from .common import (Illegal, ReplacesTargets, Success, build_generic, clone_body,
+                     defining_op, fail, payload_ops, walk_ops)
 from .dialect import TransformExt
 
 NAME = "transform_ext.move_output_channels_innermost"
@@ -66,6 +70,43 @@ def _transposed(value: ir.Value, permutation: list[int]) -> ir.Value:
     empty = tensor.EmptyOp(shape, t.element_type).result
     op = linalg.transpose(value, outs=[empty], permutation=permutation)
     return op.results[0] if isinstance(op, ir.OpView) else op
+
+
+def _start_transposed(init: ir.Value, permutation: list[int]) -> ir.Value:
+    """I_t (module docstring): the fill or broadcast computing I rebuilt with result dim i
+    from I's dim permutation[i], else a linalg.transpose of I."""
+    producer = defining_op(init)
+    if producer is None or len(list(init.uses)) != 1:
+        return _transposed(init, permutation)
+    t = init.type
+    shape = [t.shape[p] for p in permutation]
+    if producer.name == "linalg.fill":
+        empty = tensor.EmptyOp(shape, t.element_type).result
+        fill = linalg.fill(producer.operands[0], outs=[empty])
+        return fill.results[0] if isinstance(fill, ir.OpView) else fill
+    if producer.name != "linalg.generic" or len(producer.results) != 1 or \
+            walk_ops(producer, lambda o: o.name == "linalg.index"):
+        return _transposed(init, permutation)
+    ls = loop_structure(producer)
+    n = ls.num_loops
+    inputs = list(producer.operands[:-1])
+    # a broadcast: each input reads fewer dims than I has (a bias along the channels), so
+    # the rebuilt op reads no whole tensor across its layout
+    if any(it != "parallel" for it in ls.iterators) or \
+            ls.output_map(0) != ir.AffineMap.get_identity(n) or \
+            any(len(m.results) >= n for m in ls.maps[:len(inputs)]):
+        return _transposed(init, permutation)
+    # I's loop dim j is I_t's dim permutation.index(j)
+    to_new = ir.AffineMap.get(n, 0, [ir.AffineDimExpr.get(permutation.index(j)) for j in range(n)])
+    maps = [ir.AffineMap.get(n, 0, [e.compose(to_new) for e in m.results])
+            for m in ls.maps[:len(inputs)]] + [ir.AffineMap.get_identity(n)]
+    block = producer.regions[0].blocks[0]
+
+    def body(args):
+        return clone_body(producer, dict(zip(block.arguments, args)))
+
+    empty = tensor.EmptyOp(shape, t.element_type).result
+    return build_generic(inputs, [empty], maps, ["parallel"] * n, body).results[0]
 
 
 def _renumbered(amap: ir.AffineMap, to_old: ir.AffineMap, perm: list[int] | None = None) -> ir.AffineMap:
@@ -121,7 +162,7 @@ def rewrite(op: ir.Operation, dims, rewriter) -> ir.Operation:
         def body(args):
             return clone_body(op, dict(zip(block.arguments, args)))
 
-        new = build_generic(inputs, [_transposed(init, y_perm)], maps,
+        new = build_generic(inputs, [_start_transposed(init, y_perm)], maps,
                             [ls.iterators[d] for d in order], body)
         attrs = op.attributes
         for i in range(len(attrs)):

@@ -50,6 +50,46 @@ def test_filter_and_result_get_the_channels_innermost():
     torch.testing.assert_close(got, y + F.conv2d(x, w, stride=(1, 2)), rtol=1e-5, atol=1e-5)
 
 
+def test_a_bias_start_and_a_zero_start_are_rebuilt_in_the_new_layout():
+    """I = the bias broadcast over the image (a generic read by the convolution alone): I_t is
+    that broadcast written channels-last, not a transpose of it (the schedule computes it per
+    register tile); a zero fill likewise becomes a fill of the transposed shape. A start
+    read by something else too stays a transpose."""
+    payload = parse("""
+        func.func @main(%x: tensor<2x3x9x11xf32>, %w: tensor<5x3x2x3xf32>, %b: tensor<5xf32>) -> (tensor<2x5x8x5xf32>, tensor<2x5x8x5xf32>) {
+          %e = tensor.empty() : tensor<2x5x8x5xf32>
+          %i = linalg.generic {indexing_maps = [affine_map<(d0, d1, d2, d3) -> (d1)>, affine_map<(d0, d1, d2, d3) -> (d0, d1, d2, d3)>],
+                               iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
+                 ins(%b : tensor<5xf32>) outs(%e : tensor<2x5x8x5xf32>) {
+          ^bb0(%in: f32, %out: f32):
+            linalg.yield %in : f32
+          } -> tensor<2x5x8x5xf32>
+          %r = linalg.conv_2d_nchw_fchw {dilations = dense<1> : vector<2xi64>, strides = dense<[1, 2]> : vector<2xi64>}
+                 ins(%x, %w : tensor<2x3x9x11xf32>, tensor<5x3x2x3xf32>) outs(%i : tensor<2x5x8x5xf32>) -> tensor<2x5x8x5xf32>
+          %c = arith.constant 0.0 : f32
+          %e2 = tensor.empty() : tensor<2x5x8x5xf32>
+          %z = linalg.fill ins(%c : f32) outs(%e2 : tensor<2x5x8x5xf32>) -> tensor<2x5x8x5xf32>
+          %r2 = linalg.conv_2d_nchw_fchw {dilations = dense<1> : vector<2xi64>, strides = dense<[1, 2]> : vector<2xi64>}
+                 ins(%x, %w : tensor<2x3x9x11xf32>, tensor<5x3x2x3xf32>) outs(%z : tensor<2x5x8x5xf32>) -> tensor<2x5x8x5xf32>
+          return %r, %r2 : tensor<2x5x8x5xf32>, tensor<2x5x8x5xf32>
+        }""")
+    apply(payload, lambda root: move_output_channels_innermost(match(root, "linalg.conv_2d_nchw_fchw")))
+    check(payload, """
+        CHECK: %[[IT:.*]] = linalg.generic {indexing_maps = [#[[BMAP:.*]], #{{.*}}], iterator_types = ["parallel", "parallel", "parallel", "parallel"]} ins(%arg2 : tensor<5xf32>) outs(%{{.*}} : tensor<2x8x5x5xf32>)
+        CHECK: linalg.generic {{.*}} outs(%[[IT]] : tensor<2x8x5x5xf32>)
+        CHECK: %[[ZT:.*]] = linalg.fill ins(%{{.*}} : f32) outs(%{{.*}} : tensor<2x8x5x5xf32>)
+        CHECK: linalg.generic {{.*}} outs(%[[ZT]] : tensor<2x8x5x5xf32>)
+    """)
+    text = str(payload)
+    assert "(d0, d1, d2, d3) -> (d3)" in text  # the bias read along the channels, now last
+    assert text.count("linalg.transpose") == 2  # the filters only
+    x, w, _ = _inputs()
+    b = torch.randn(5, generator=torch.Generator().manual_seed(3))
+    got, got_zero = run_module(payload, [x, w, b])
+    torch.testing.assert_close(got, F.conv2d(x, w, b, stride=(1, 2)), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_zero, F.conv2d(x, w, stride=(1, 2)), rtol=1e-5, atol=1e-5)
+
+
 def test_the_contraction_broadcasts_the_image_and_reads_the_filter_along_the_lanes():
     payload = parse("""
         func.func @main(%x: tensor<1x3x9xf32>, %w: tensor<16x3x1xf32>, %y: tensor<1x16x9xf32>) -> tensor<1x16x9xf32> {
