@@ -599,3 +599,18 @@ def test_a_channel_lanes_tile_of_11_rows_is_transposed_in_16x16_blocks(kernel_fi
     lowered = str(compile_kernel(path, stop_after="bufferize").module)
     widths = [int(w) for w in re.findall(r"vector\.shuffle [^\n]*: vector<(\d+)xf32>", lowered)]
     assert widths and max(widths) <= 32, sorted(set(widths))
+
+
+def test_a_channel_lanes_convolution_starts_from_its_bias_per_register_tile(kernel_file):
+    """Output channels as lanes with a bias: the start is the bias broadcast written
+    channels-last per register tile (transform_ext.move_output_channels_innermost rebuilds
+    it), not a transposed copy of the broadcast over the whole output, read per tile."""
+    path = conv_kernel(kernel_file, "Conv2d(3, 32, 11, stride=4, padding=2)", "2, 3, 47, 47")
+    fused = str(compile_kernel(path, stop_after="fuse").module)
+    filecheck(fused, """
+        CHECK: scf.forall
+        CHECK: linalg.generic {{.*}} ins(%{{.*}} : tensor<32xf32>) outs(%{{.*}} : tensor<1x1x11x32xf32>) attrs = {{{.*}}lh.cv_role = "init"
+        CHECK: lh.cv_role = "register"
+        """)
+    assert len(re.findall(r"linalg.transpose", fused)) == 1  # the filter's
+    assert_matches(compile_kernel(path))
