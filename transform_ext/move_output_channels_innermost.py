@@ -81,8 +81,7 @@ def _start_transposed(init: ir.Value, permutation: list[int]) -> ir.Value:
     t = init.type
     shape = [t.shape[p] for p in permutation]
     if producer.name == "linalg.fill":
-        empty = tensor.EmptyOp(shape, t.element_type).result
-        fill = linalg.fill(producer.operands[0], outs=[empty])
+        fill = linalg.fill(producer.operands[0], outs=[tensor.EmptyOp(shape, t.element_type).result])
         return fill.results[0] if isinstance(fill, ir.OpView) else fill
     if producer.name != "linalg.generic" or len(producer.results) != 1 or \
             walk_ops(producer, lambda o: o.name == "linalg.index"):
@@ -98,8 +97,7 @@ def _start_transposed(init: ir.Value, permutation: list[int]) -> ir.Value:
         return _transposed(init, permutation)
     # I's loop dim j is I_t's dim permutation.index(j)
     to_new = ir.AffineMap.get(n, 0, [ir.AffineDimExpr.get(permutation.index(j)) for j in range(n)])
-    maps = [ir.AffineMap.get(n, 0, [e.compose(to_new) for e in m.results])
-            for m in ls.maps[:len(inputs)]] + [ir.AffineMap.get_identity(n)]
+    maps = [_renumbered(m, to_new) for m in ls.maps[:len(inputs)]] + [ir.AffineMap.get_identity(n)]
     block = producer.regions[0].blocks[0]
 
     def body(args):
