@@ -90,6 +90,7 @@ OP_MODULES: list[str] = [
     "match_loss_kernels",
     "split_shared_fills",
     "clone_shared_fills",
+    "accumulate_in_unpacked_output",
     "fill_slices_of_fills",
     "drop_overwritten_fills",
     "inline_argument_producers",

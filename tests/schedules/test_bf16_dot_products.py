@@ -94,8 +94,9 @@ def test_matmul_packs_a_by_word_transposes_and_writes_panels_whole(kernel_file):
     """With the dot products, A (k contiguous) is packed 8 pairs per step: an [8 rows, 8
     pairs] transpose of 32-bit words, written as one 128-element run of its panel; B's two
     rows interleaved by one shuffle into one 64-element write; the register tile's step over
-    a pair of k is 8 x 2 dot products on 16 accumulators; no packing step stores rows of
-    2 elements (what the transfer lowering made of an unflattened [NR, 2] write)."""
+    a pair of k is 8 x 2 dot products on 16 accumulators, four steps per iteration of its
+    loop; no packing step stores rows of 2 elements (what the transfer lowering made of an
+    unflattened [NR, 2] write)."""
     path = binary_kernel(kernel_file, 64, 64, 64, dtype="bfloat16")
     vectorized = str(compile_with(path, True, stop_after="vectorize").module)
     filecheck(vectorized, """
@@ -111,7 +112,7 @@ def test_matmul_packs_a_by_word_transposes_and_writes_panels_whole(kernel_file):
     """)
     filecheck(vectorized, """
         CHECK: scf.for {{.*}} -> (vector<8x32xf32>)
-        CHECK-COUNT-16: x86.avx512.dot
+        CHECK-COUNT-64: x86.avx512.dot
         CHECK-NOT: x86.avx512.dot
         CHECK: scf.yield {{.*}} : vector<8x32xf32>
     """)

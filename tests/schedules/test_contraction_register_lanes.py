@@ -116,7 +116,7 @@ def test_netvlad_assignment_product_has_no_24_lane_tiles(kernel_file):
     text = str(compiled.module)
     check(text, """
         CHECK-LABEL: func.func @main
-        CHECK: scf.for %{{.*}} = %c0 to %c48 step %c1 iter_args(%{{.*}} = %{{.*}}) -> (vector<8x32xf32>)
+        CHECK: scf.for %{{.*}} = %c0 to %c48 step %c4 iter_args(%{{.*}} = %{{.*}}) -> (vector<8x32xf32>)
         CHECK:   vector.contract {{.*}} : vector<1x8xf32>, vector<1x32xf32> into vector<8x32xf32>
     """)
     assert "x24xf32>" not in text

@@ -186,29 +186,57 @@ def test_half_operands_are_widened_while_packing(kernel_file):
 
 
 def test_ir_after_vectorize_and_bufferize(kernel_file):
+    """Two k blocks: C's tile starts from zeros written per register tile, then each k block
+    packs its panels and every register tile accumulates in C itself, four k steps per
+    iteration of its loop; no packed C buffer, no unpack."""
     path = binary_kernel(kernel_file, 256, 256, 512)
     vectorized = str(compile_kernel(path, stop_after="vectorize").module)
     filecheck(vectorized, """
         CHECK: scf.forall
+        CHECK: vector.transfer_write {{.*}} : vector<8x32xf32>, tensor<8x32xf32>
         CHECK: scf.for
         CHECK: vector.transfer_read {{.*}} : tensor<16x32xf32>, vector<16x32xf32>
         CHECK: vector.transfer_write {{.*}} : vector<16x32xf32>, tensor<1x16x32xf32>
         CHECK: vector.transfer_read {{.*}} : tensor<8x16xf32>, vector<8x16xf32>
         CHECK: vector.shuffle
         CHECK: vector.transfer_write {{.*}} : vector<16x8xf32>, tensor<1x16x8xf32>
-        CHECK: scf.for {{.*}} -> (vector<8x32xf32>)
-        CHECK: vector.contract {{.*}} : vector<1x8xf32>, vector<1x32xf32> into vector<8x32xf32>
-        CHECK: vector.transfer_write {{.*}} : vector<8x32xf32>, tensor<1x1x8x32xf32>
+        CHECK: %[[ACC:.*]] = vector.transfer_read {{.*}} : tensor<8x32xf32>, vector<8x32xf32>
+        CHECK: scf.for {{.*}} iter_args(%{{.*}} = %[[ACC]]) -> (vector<8x32xf32>)
+        CHECK-COUNT-4: vector.contract {{.*}} : vector<1x8xf32>, vector<1x32xf32> into vector<8x32xf32>
+        CHECK: vector.transfer_write {{.*}} : vector<8x32xf32>, tensor<8x32xf32>
         CHECK: scf.forall.in_parallel
         """)
     assert "linalg." not in vectorized
     bufferized = str(compile_kernel(path, stop_after="bufferize").module)
     filecheck(bufferized, """
+        CHECK-NOT: memref<{{.*}}x8x32xf32>
         CHECK: scf.parallel
-        CHECK: scf.for {{.*}} -> (vector<8x32xf32>)
-        CHECK-COUNT-8: vector.fma {{.*}} : vector<32xf32>
+        CHECK: %[[ACC:.*]] = vector.transfer_read {{.*}} : memref<8x32xf32, strided<[256, 1], offset: ?>>, vector<8x32xf32>
+        CHECK: scf.for {{.*}} iter_args(%{{.*}} = %[[ACC]]) -> (vector<8x32xf32>)
+        CHECK-COUNT-32: vector.fma {{.*}} : vector<32xf32>
         CHECK: scf.yield
+        CHECK: vector.transfer_write {{.*}} : vector<8x32xf32>, memref<8x32xf32, strided<[256, 1], offset: ?>>
         """)
+
+
+@pytest.mark.parametrize("m, n, k, b, expr, a_shape, b_shape, in_c", [
+    (64, 96, 600, 1, "a @ b", "M, K", "K, N", True),                  # three k blocks, the last short
+    (48, 32, 513, 1, "(a @ b).t()", "M, K", "K, N", True),            # C transposed (into the unpack)
+    (32, 64, 300, 2, "torch.bmm(a, b)", "B, M, K", "B, K, N", True),  # batched
+    (64, 32, 640, 1, "a.t() @ b.t()", "K, M", "N, K", True),          # transposed operands
+    (64, 96, 600, 1, "(a @ b)[:, :50]", "M, K", "K, N", True),        # a slice of C after
+    (40, 64, 520, 1, "torch.relu(a @ b) * 2", "M, K", "K, N", False), # an epilogue: C_p kept
+    (61, 70, 530, 1, "a @ b", "M, K", "K, N", False),                 # padded tiles: C_p kept
+])
+def test_k_blocks_accumulate_in_c(kernel_file, m, n, k, b, expr, a_shape, b_shape, in_c):
+    """Several k blocks of an unpadded product with nothing after it accumulate in C itself
+    (transform_ext.accumulate_in_unpacked_output); its neighbours: C transposed, a batch,
+    transposed operands, a slice of C, and an epilogue or tiles that need padding (which
+    keep the packed C and its unpack)."""
+    path = binary_kernel(kernel_file, m, n, k, b=b, expr=expr, a_shape=a_shape, b_shape=b_shape)
+    assert_matches(compile_kernel(path))
+    fused = str(compile_kernel(path, stop_after="fuse").module)
+    assert ("linalg.unpack" not in fused) == in_c
 
 
 def test_one_k_block_accumulates_in_registers_only(kernel_file):
@@ -220,8 +248,9 @@ def test_one_k_block_accumulates_in_registers_only(kernel_file):
         CHECK: %[[ZERO:.*]] = arith.constant dense<0.000000e+00> : vector<8x32xf32>
         CHECK-NOT: memref.alloc() {{.*}} : memref<{{.*}}x8x32xf32>
         CHECK: scf.parallel
-        CHECK: %[[ACC:.*]] = scf.for {{.*}} iter_args(%{{.*}} = %[[ZERO]]) -> (vector<8x32xf32>)
-        CHECK-COUNT-8: vector.fma {{.*}} : vector<32xf32>
+        CHECK: %[[STEPS:.*]] = scf.for {{.*}} iter_args(%{{.*}} = %[[ZERO]]) -> (vector<8x32xf32>)
+        CHECK-COUNT-32: vector.fma {{.*}} : vector<32xf32>
+        CHECK: %[[ACC:.*]] = scf.for {{.*}} iter_args(%{{.*}} = %[[STEPS]]) -> (vector<8x32xf32>)
         CHECK: vector.transfer_write %[[ACC]], %{{.*}} : vector<8x32xf32>, memref<8x32xf32, strided<[255, 1], offset: ?>>
         CHECK: vector.transfer_write %[[ACC]], %{{.*}} : vector<8x32xf32>, memref<?x?xf32, strided<[255, 1], offset: ?>>
         """)
