@@ -5,7 +5,9 @@ Stages after a schedule's `vectorize`:
              one-shot bufferization (identity layouts at function boundaries), results
              turned into out-parameters the kernel writes directly (also through a
              reshape: transform_ext.write_results_in_place), vector ops lowered to 1-D
-             (contractions to outer products and FMAs), scf.forall -> scf.parallel.
+             (contractions to outer products and FMAs; a load wider than a vector register
+             that is only read element by element to scalar loads), scf.forall ->
+             scf.parallel.
   llvm       loops -> OpenMP (libiomp5 from the intel-openmp wheel), exp/log/tanh/erf
              expanded to polynomials, everything to the LLVM dialect.
 The JIT targets the host CPU, so AVX-512 is used where the machine has it.
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from torch_mlir import ir
-from torch_mlir.dialects import linalg, transform
+from torch_mlir.dialects import arith, linalg, transform
 from torch_mlir.dialects.bufferization import LayoutMapOption
 from torch_mlir.dialects.transform import bufferization as tbuf
 from torch_mlir.dialects.transform import loop
@@ -159,6 +161,7 @@ def bufferize(payload: ir.Module) -> None:
                 lambda f: loop.ForallToParallelOp([transform.AnyOpType.get()], f))
 
     run_schedule(payload, body)
+    scalar_reads_of_wide_loads(payload)
     tree_reduce_min_max(payload)
     reassociate_vector_reductions(payload)
     run_passes(payload, "canonicalize, cse")
@@ -167,6 +170,44 @@ def bufferize(payload: ir.Module) -> None:
                "canonicalize")
     transform_ext.load(payload.context)
     run_schedule(payload, lambda root: write_results_in_place(match(root, "func.func")))
+
+
+def scalar_reads_of_wide_loads(payload: ir.Module, lanes: int = 16) -> int:
+    """A 1-D vector.load wider than one vector register (`lanes` f32) that is read only
+    element by element (vector.extract of static positions: a convolution's register tile
+    broadcasting each of its rows' image values) becomes one memref.load per element read:
+    LLVM split such a load (18 lanes: 16 + 2), stored its pieces on the stack and reloaded
+    each element, a store and a reload per step of the register tile's loop (a 3-D
+    transposed convolution 1.5x slower); scalar loads become broadcasts from memory, as a
+    one-register load's do. Exact: the same in-bounds elements. Returns the loads rewritten."""
+    from torch_mlir.dialects import memref
+
+    targets = []
+
+    def visit(op):
+        if op.name == "vector.load":
+            vtype = op.results[0].type
+            uses = list(op.results[0].uses)
+            if vtype.rank == 1 and vtype.shape[0] > lanes and uses and all(
+                    use.owner.name == "vector.extract" and len(use.owner.operands) == 1
+                    and not isinstance(use.owner.results[0].type, ir.VectorType) for use in uses):
+                targets.append(op)
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit)
+    with payload.context:
+        for op in targets:
+            source, *indices = op.operands
+            for use in list(op.results[0].uses):
+                extract = use.owner
+                (position,) = ir.DenseI64ArrayAttr(extract.attributes["static_position"])
+                with ir.InsertionPoint(extract), extract.location:
+                    last = arith.addi(indices[-1], arith.constant(ir.IndexType.get(), position))
+                    value = memref.load(source, indices[:-1] + [last])
+                extract.results[0].replace_all_uses_with(value)
+                extract.erase()
+            op.erase()
+    return len(targets)
 
 
 def narrow_f64_truncations_through_f32(payload: ir.Module) -> int:

@@ -196,3 +196,34 @@ def test_even_bf16_vectors_move_and_convert_as_integers():
           CHECK: llvm.store %{{.*}} : vector<16xi16>
           CHECK-NOT: bf16
         """)
+
+
+CONV_TRANSPOSE_3D = """
+import torch
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.ConvTranspose3d(16, 16, (3, 5, 5), bias=False)
+    def forward(self, x):
+        return self.conv(x)
+def get_inputs():
+    return [torch.randn(1, 16, 2, 3, 32, generator=torch.Generator().manual_seed(0))]
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_register_tile_wider_than_a_vector_reads_its_image_values_one_by_one(kernel_file):
+    """A ConvTranspose3d whose register tile takes 18 output rows (36 = 2 x 18) along its
+    channel lanes: each step's 18 image values are 18 scalar loads (broadcast from memory
+    by LLVM), not an 18-lane vector load LLVM split and spilled to the stack to extract;
+    the result matches torch."""
+    path = kernel_file(CONV_TRANSPOSE_3D)
+    bufferized = str(compile_kernel(path, stop_after="bufferize").module)
+    filecheck(bufferized, """
+        CHECK-NOT: vector.load {{.*}} vector<18xf32>
+        CHECK-COUNT-18: memref.load
+        CHECK: vector.fma {{.*}} : vector<16xf32>
+    """)
+    for r in compile_kernel(path).check():
+        assert r.ok, str(r)
