@@ -110,7 +110,7 @@ from transform_ext.widen_contraction_operands import widen_contraction_operands
 import transform_ext
 from transform_ext.split_assertions import split_assertions
 
-from .common import (Place, annotate, any_op, apply_passes, apply_patterns, at_place, at_places, foreach,
+from .common import (Place, annotate, any_op, apply_passes, apply_patterns, at_place, at_places,
                      canonicalize, hoist_loop_invariant_subsets, match, place_of, places_of)
 from .generic import (POOLING_2D, GenericParams, func_ops, generic_script, parallel_tile_sizes,
                       register_tile_for, top_level_linalg_ops, vector_tile_sizes)
@@ -1587,7 +1587,7 @@ def unroll_k_steps(root) -> None:
     hoisted into iter_args) unrolled by K_STEPS_UNROLL: a loop's increment, compare and
     branch then come once per four steps of multiply-adds (2-3% on 1024^3 f32 here)."""
     loops = structured.MatchOp(any_op(), root, op_attrs={_K_STEPS: ir.UnitAttr.get()}).result
-    foreach(loops, lambda loop: tloop.LoopUnrollOp(loop, factor=K_STEPS_UNROLL))
+    tloop.LoopUnrollOp(loops, factor=K_STEPS_UNROLL)
 
 
 def lower_transposes(func, strategy: str) -> None:

@@ -14,7 +14,7 @@ order, written where the unpack would have put them: generic' is the generic wit
 map e_p(d) T_j + e_(r+j) (resp. e_p(d)), e the generic's map results. The packed result
 never exists: the matmul schedule's register tiles then load and store their accumulators in
 C itself across k blocks, with no C_p buffer and no unpack pass. generic' keeps the
-generic's discardable attributes (the schedule's marks).
+generic's other attributes (library_call, doc, the schedule's marks).
 
 Targets: linalg.unpack ops on static tensors, without padding, whose source is the single
 result of a linalg.generic read by nothing else, with a projected-permutation output map
@@ -28,14 +28,23 @@ from torch_mlir.dialects import ext, linalg, transform
 
 from .analysis.structure import loop_structure
 from .common import (Illegal, ReplacesTargets, Success, build_generic, clone_body, defining_op, fail,
-                     payload_ops, users)
+                     keep_attributes, payload_ops, users)
 from .dialect import TransformExt
 
 NAME = "transform_ext.accumulate_in_unpacked_output"
 
 
-def _ints(op: ir.Operation, name: str) -> list[int] | None:
-    return list(ir.DenseI64ArrayAttr(op.attributes[name])) if name in op.attributes else None
+def _dest_dims(unpack: ir.Operation) -> list[tuple[int, int | None, int]]:
+    """Per dim d of the unpack's destination: (p(d), the packed dim of its outer index; j,
+    the index of its inner tile, or None when it is not tiled; T_j, else 1)."""
+    def ints(name):
+        return list(ir.DenseI64ArrayAttr(unpack.attributes[name])) if name in unpack.attributes else None
+
+    rank = len(unpack.results[0].type.shape)
+    positions, tiles = ints("inner_dims_pos"), ints("static_inner_tiles")
+    perm = ints("outer_dims_perm") or list(range(rank))
+    return [(perm.index(d), positions.index(d), tiles[positions.index(d)]) if d in positions
+            else (perm.index(d), None, 1) for d in range(rank)]
 
 
 def check_unpacked_accumulation(unpack: ir.Operation) -> tuple[ir.Operation, ir.Operation]:
@@ -51,42 +60,28 @@ def check_unpacked_accumulation(unpack: ir.Operation) -> tuple[ir.Operation, ir.
         raise Illegal(unpack, "its source is not the single result of a linalg.generic")
     if len(users(generic.results[0])) != 1:
         raise Illegal(unpack, "the packed result is read by another op too")
-    ls = loop_structure(generic)
-    if not ls.output_map(0).is_projected_permutation:
+    if not loop_structure(generic).output_map(0).is_projected_permutation:
         raise Illegal(unpack, "the generic's output map is not a projected permutation")
     fill = defining_op(generic.operands[-1])
     if fill is None or fill.name != "linalg.fill" or len(users(fill.results[0])) != 1:
         raise Illegal(unpack, "the generic's init is not a linalg.fill read by it alone")
     packed, shape = list(source.type.shape), list(dest.type.shape)
-    rank = len(shape)
-    positions, tiles = _ints(unpack, "inner_dims_pos"), _ints(unpack, "static_inner_tiles")
-    perm = _ints(unpack, "outer_dims_perm") or list(range(rank))
-    if any(t < 0 for t in tiles):
-        raise Illegal(unpack, "its inner tiles are not static")
-    for d in range(rank):
-        extent = packed[perm.index(d)]
-        if d in positions:
-            extent *= tiles[positions.index(d)]
-        if extent != shape[d]:
-            raise Illegal(unpack, f"it drops padding along dim {d} ({extent} packed, "
+    for d, (p, _, tile) in enumerate(_dest_dims(unpack)):
+        if tile < 0:
+            raise Illegal(unpack, "its inner tiles are not static")
+        if packed[p] * tile != shape[d]:
+            raise Illegal(unpack, f"it drops padding along dim {d} ({packed[p] * tile} packed, "
                                   f"{shape[d]} unpacked)")
     return generic, fill
 
 
 def unpacked_output_map(unpack: ir.Operation, packed_map: ir.AffineMap) -> ir.AffineMap:
     """The generic's output map `packed_map` composed with the unpack (module docstring)."""
-    rank = len(unpack.results[0].type.shape)
-    positions, tiles = _ints(unpack, "inner_dims_pos"), _ints(unpack, "static_inner_tiles")
-    perm = _ints(unpack, "outer_dims_perm") or list(range(rank))
     e = list(packed_map.results)
-    results = []
-    for d in range(rank):
-        outer = e[perm.index(d)]
-        if d in positions:
-            j = positions.index(d)
-            outer = outer * ir.AffineConstantExpr.get(tiles[j]) + e[rank + j]
-        results.append(outer)
-    return ir.AffineMap.get(packed_map.n_dims, 0, results)
+    rank = len(unpack.results[0].type.shape)
+    return ir.AffineMap.get(packed_map.n_dims, 0, [
+        e[p] if j is None else e[p] * ir.AffineConstantExpr.get(tile) + e[rank + j]
+        for p, j, tile in _dest_dims(unpack)])
 
 
 def _rewrite(unpack: ir.Operation, generic: ir.Operation, fill: ir.Operation, rewriter):
@@ -98,9 +93,7 @@ def _rewrite(unpack: ir.Operation, generic: ir.Operation, fill: ir.Operation, re
                             [unpacked_output_map(unpack, ls.output_map(0))], ls.iterators,
                             lambda args: clone_body(generic, dict(zip(block.arguments, args))),
                             name_from=generic)
-    for name in list(generic.attributes):
-        if "." in name:  # discardable: the schedule's marks
-            new.operation.attributes[name] = generic.attributes[name]
+    keep_attributes(generic, new.operation)
     rewriter.replace_op(unpack, new.operation)
     rewriter.erase_op(generic)
     rewriter.erase_op(fill)

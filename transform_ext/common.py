@@ -481,6 +481,15 @@ def is_zero(value: ir.Value) -> bool:
 STRUCTURAL_ATTRS = ("indexing_maps", "iterator_types", "operandSegmentSizes")
 
 
+def keep_attributes(old: ir.Operation, new: ir.Operation) -> None:
+    """Copy the attributes of linalg.generic `old` that do not describe its structure (its
+    library_call, doc, and the schedules' marks) onto its rebuilt `new`."""
+    attrs = old.attributes
+    for i in range(len(attrs)):
+        if attrs[i].name not in STRUCTURAL_ATTRS:
+            new.attributes[attrs[i].name] = attrs[i].attr
+
+
 def rebuild_generic(op: ir.Operation, inputs, input_maps, mapping_of, rewriter=None,
                     skip=()) -> ir.Operation:
     """Replace linalg.generic `op` by one reading `inputs` through `input_maps`, its outputs,
@@ -503,10 +512,7 @@ def rebuild_generic(op: ir.Operation, inputs, input_maps, mapping_of, rewriter=N
     with op.context, op.location, ir.InsertionPoint(op):
         new = build_generic(list(inputs), outputs, list(input_maps) + maps[len(view.inputs):],
                             iterator_kinds(op), body, name_from=op)
-    attrs = op.attributes
-    for i in range(len(attrs)):
-        if attrs[i].name not in STRUCTURAL_ATTRS:
-            new.attributes[attrs[i].name] = attrs[i].attr
+    keep_attributes(op, new.operation)
     if rewriter is not None:
         rewriter.replace_op(op, list(new.results))
     else:
