@@ -21,10 +21,12 @@ bounds: the indices it checks are also clamped where they are used).
 from __future__ import annotations
 
 import ctypes
+import platform
 import statistics
 import threading
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable
 
 import torch
@@ -65,6 +67,24 @@ def descriptor(t: torch.Tensor):
     return desc
 
 
+# Linux grants a process the AMX tile data state only on request (arch_prctl; without it the
+# first tile instruction faults): x86-64's syscall number and the request for XTILEDATA.
+_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
+
+
+@lru_cache(maxsize=1)
+def allow_amx_tiles() -> bool:
+    """Ask Linux for the AMX tile registers for this process (all its threads), once; True
+    when granted. False on a host without AMX (or a kernel that refuses): the CPU target
+    then emits no tile instructions."""
+    from .targets.description import has_amx, host_cpu_flags
+
+    if platform.machine() != "x86_64" or not has_amx(host_cpu_flags()):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
+
+
 @dataclass
 class JitFunction:
     """A compiled `main(args..., outs...)`; call it with torch tensors, get torch tensors."""
@@ -77,6 +97,7 @@ class JitFunction:
     workspace_bytes: int = 0  # its static workspace (lighthouse.targets.workspace)
 
     def __post_init__(self):
+        allow_amx_tiles()  # a stored kernel may use tiles: ask before the first call
         self._fn = self.engine.lookup(self.name)
         # calls share the kernel's static workspace (lighthouse.targets.workspace): one lock
         # per entry point, also when two JitFunctions load the same stored library

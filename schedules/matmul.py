@@ -93,7 +93,7 @@ from transform_ext.analysis.structure import dim_positions, is_linalg_op, loop_s
 from transform_ext.analysis.tiles import VectorPolicy
 from transform_ext.collapse_contraction_parallel_dims import collapse_contraction_parallel_dims
 from transform_ext.collapse_reduction_dims import collapse_reduction_dims
-from transform_ext.common import Illegal, defining_op, user_op, users
+from transform_ext.common import Illegal, defining_op, largest_divisor_at_most, user_op, users
 from transform_ext.contracts_to_bf16_dot_products import contracts_to_bf16_dot_products
 from transform_ext.drop_unpack_destination_fill import drop_unpack_destination_fill
 from transform_ext.flatten_contiguous_writes import flatten_contiguous_writes
@@ -150,7 +150,17 @@ class MatmulParams:
       pair of k becomes AVX512-BF16 dot products (the target must have them); else 16-bit
       operands are widened to f32 while packed.
     pair_tiles: (tile_m, tile_n) of a contraction packed in bf16 pairs (`for_pairs`), None:
-      the same tiles."""
+      the same tiles.
+    amx: with bf16_dot, a contraction packed in pairs whose m, n and k are multiples of
+      AMX_TILE and whose A is k-contiguous runs on AMX tiles (`for_amx`, tiles that divide
+      the shape): m is packed by 1
+      (A_p[m, k/2, 1, 2]: A's rows as they are, each 16 pairs a 64-byte tile row), a
+      register tile is AMX_TILE rows x AMX_TILE columns (2 x 2 accumulator tiles) and
+      steps over k by AMX_PAIRS pairs; the CPU target runs that loop on the tiles
+      (transform_ext.contraction_loops_to_amx_tiles).
+    amx_tile, amx_tile_k: on AMX tiles, the largest output tile side (its f32 accumulator
+      tile stays in L2 across the k blocks) and k block in pairs (a block of A's rows and
+      B's micro-panel stay in L1: the tile loads feed tdpbf16ps at L1's rate only)."""
 
     register: tuple[int, int] = (8, 32)
     tile_m: int = 256
@@ -162,6 +172,9 @@ class MatmulParams:
     threads: int = 2
     bf16_dot: bool = False
     pair_tiles: tuple[int, int] | None = None
+    amx: bool = False
+    amx_tile: int = 512
+    amx_tile_k: int = 128
 
     def __post_init__(self):
         mr, nr = self.register
@@ -182,6 +195,23 @@ class MatmulParams:
         tile_m, tile_n = self.pair_tiles
         return dataclasses.replace(self, tile_m=tile_m, tile_n=tile_n,
                                    block_m=min(tile_m, self.block_m), pair_tiles=None)
+
+    def for_amx(self, m: int, n: int, k: int) -> "MatmulParams":
+        """The parameters of a contraction on AMX tiles (`amx`; m, n, k multiples of
+        AMX_TILE): AMX_TILE x AMX_TILE register tiles; output tiles, row blocks and k blocks
+        (in pairs) the largest whole numbers of them up to the planned ones that divide m,
+        n, the output tile and k / 2, so that every tile is static (the tile loops need
+        static shapes)."""
+        side = AMX_TILE
+
+        def dividing(extent, unit, planned):
+            return unit * largest_divisor_at_most(extent // unit, max(1, planned // unit))
+
+        tile_m = dividing(m, side, min(self.tile_m, self.amx_tile))
+        tile_n = dividing(n, side, min(self.tile_n, self.amx_tile))
+        return dataclasses.replace(self, register=(side, side), tile_m=tile_m, tile_n=tile_n,
+                                   block_m=dividing(tile_m, side, self.block_m),
+                                   tile_k=dividing(k // 2, AMX_PAIRS, self.amx_tile_k))
 
     @staticmethod
     def for_cpu(batch: int, m: int, n: int, k: int, cpu, threads: int) -> "MatmulParams":
@@ -207,7 +237,16 @@ class MatmulParams:
         if not cpu.bf16_dot:
             return params
         pairs = plan(2 * max_tile)
-        return dataclasses.replace(params, bf16_dot=True, pair_tiles=(pairs.tile_m, pairs.tile_n))
+        params = dataclasses.replace(params, bf16_dot=True, pair_tiles=(pairs.tile_m, pairs.tile_n))
+        if not cpu.amx:
+            return params
+        # on AMX tiles: the f32 output tile in half of L2; a row block (block_m rows) of A
+        # and B's micro-panel (AMX_TILE columns), 2 + 2 bytes per pair each, in L1
+        return dataclasses.replace(
+            params, amx=True,
+            amx_tile=max(AMX_TILE, _power_of_two_at_most(math.isqrt(cpu.l2_bytes // 2 // 4))),
+            amx_tile_k=max(AMX_PAIRS, _power_of_two_at_most(
+                cpu.l1d_bytes // (4 * (params.block_m + AMX_TILE)))))
 
     @staticmethod
     def for_shape(batch: int, m: int, n: int, k: int, *, threads: int = 2, lanes: int = 16,
@@ -248,6 +287,10 @@ class MatmulParams:
         mt, nt = tiles(*counts)
         return MatmulParams(register=(mr, nr), tile_m=mt, tile_n=nt, tile_k=tile_k,
                             block_m=min(mt, 64), pack_k=min(16, tile_k), pack=pack, threads=threads)
+
+
+AMX_TILE = 32   # rows and columns of an AMX register tile: 2 x 2 tiles of 16 x 16 f32
+AMX_PAIRS = 16  # bf16 pairs of k per AMX step: one 64-byte tile row
 
 
 # The largest output tile side: a tile of 1024 x 1024 repacks A and B a quarter as often as
@@ -574,6 +617,19 @@ def bf16_pairs(c: Contraction, params: MatmulParams) -> bool:
                                    for i in (0, 1))
 
 
+def contraction_params(c: Contraction, params: MatmulParams) -> MatmulParams:
+    """c's own parameters: those of bf16 pairs when it packs them (`for_pairs`), on AMX
+    tiles (`for_amx`) when its m, n and k are multiples of AMX_TILE and A is k-contiguous,
+    else without AMX."""
+    if not bf16_pairs(c, params):
+        return params
+    params = params.for_pairs()
+    _, m, n, k = c.shape
+    amx = params.amx and params.pack and not (m % AMX_TILE or n % AMX_TILE or k % AMX_TILE) \
+        and _k_contiguous(c, c.a_index, _folding_leaves_one_unpack(c))
+    return params.for_amx(m, n, k) if amx else dataclasses.replace(params, amx=False)
+
+
 def _kernel_dims(kernel: ir.Operation, c: Contraction, a_index: int) -> dict[str, list[int] | int]:
     """Loop dims of the packed contraction: batch, m1, n1, k, m0, n0 (k: the pairs of k when
     they are packed in pairs, the pair's dim innermost and left whole)."""
@@ -638,11 +694,17 @@ class _Packed:
         self.k_contiguous = {"a": _k_contiguous(c, c.a_index, self.folds),
                              "b": _k_contiguous(c, 1 - c.a_index, self.folds)}
         pairs = self.pairs = bf16_pairs(c, params)
+        # on AMX tiles: m packed by 1 (A's rows as they are), MR rows per register tile
+        self.amx = pairs and params.amx
+        self.m0 = 1 if self.amx else mr
+        self.rows = mr if self.amx else 1
         # packed in pairs: B one pair of k per packing step (its two rows interleaved into
         # [NR, 2]: one shuffle); A, when k is its contiguous dim, pack_k / 2 pairs per step
         # (an [MR, pack_k / 2] transpose of 32-bit pairs), else one pair per step
-        # ([2, MR] -> [MR, 2])
-        if pairs:
+        # ([2, MR] -> [MR, 2]); on AMX tiles a row's AMX_PAIRS pairs per step (a copy)
+        if self.amx:
+            self.pack_k = {"a": AMX_PAIRS, "b": 1}
+        elif pairs:
             self.pack_k = {"a": max(1, params.pack_k // 2) if self.k_contiguous["a"] else 1, "b": 1}
         else:
             self.pack_k = {"a": params.pack_k, "b": params.pack_k}
@@ -651,7 +713,7 @@ class _Packed:
             if c.op.operands[index].type.element_type != ir.F32Type.get()]
         # step 1's packed sizes and outer/inner permutations
         sizes = [0] * len(c.ranges)
-        sizes[c.m], sizes[c.n] = mr, nr
+        sizes[c.m], sizes[c.n] = self.m0, nr
         if pairs:
             sizes[c.k] = 2
         self.packed_sizes = sizes
@@ -707,7 +769,8 @@ class _Packed:
         # C's tile in the packed layout, and the role of each dim of the unpack's
         # destination: C itself, or C transposed when a transpose of C folded into the unpack.
         c_dims = dim_positions(loop_structure(kernel).output_map(0))
-        self.c_tile = [{dims["m0"]: mr, dims["n0"]: nr}.get(d, 1) for d in c_dims]
+        self.c_tile = [{dims["m1"]: self.rows, dims["m0"]: self.m0, dims["n0"]: nr}.get(d, 1)
+                       for d in c_dims]
         roles = self.dest_roles = _unpack_dest_roles(unpack, c_dims, dims)
         epilogue = self.epilogue = find_epilogue(unpack.results[0])
         # A reduction of C (or of its epilogue) over m or n is computed tile by tile: the
@@ -767,9 +830,10 @@ class _Packed:
         """The vectorize stage's roles on the handles to `read_packed`'s ops (by index)."""
         nb, mr, nr = self.nb, *self.params.register
         pairs, pack_k = self.pairs, self.pack_k
-        _set_role(h[2], "kernel")
+        # on AMX tiles the kernel stays a linalg op for the target (not vectorized)
+        _set_role(h[2], "amx_kernel" if self.amx else "kernel")
         if self.pack_a is not None:
-            _set_role(h[4], "pack_a", [1] * nb + [1, pack_k["a"], mr] + ([2] if pairs else []))
+            _set_role(h[4], "pack_a", [1] * nb + [1, pack_k["a"], self.m0] + ([2] if pairs else []))
         if self.pack_b is not None:
             _set_role(h[3], "pack_b", [1] * nb + [1, pack_k["b"], nr] + ([2] if pairs else []))
         _set_role(h[1], "unpack", self.c_tile)
@@ -874,15 +938,15 @@ class _Packed:
             kernel_h, (lk,) = _tile(kernel_h, _sizes(rank, k=(dims["k"], kb)))
             block_loops.insert(0, fuse_packs("ba", lk))
         if m_blocks:
-            kernel_h, (lm,) = _tile(kernel_h, _sizes(rank, m1=(dims["m1"], params.block_m // mr)))
+            kernel_h, (lm,) = _tile(kernel_h, _sizes(rank, m1=(dims["m1"], params.block_m // self.m0)))
             block_loops.insert(0, fuse_packs("a", lm))
         # Register tiles: n1 outer (B's micro-panel stays in L1 across the rows), m1, then k.
         kernel_h, _ = _tile(kernel_h, _sizes(rank, n1=(dims["n1"], 1)))
-        kernel_h, (register_loop,) = _tile(kernel_h, _sizes(rank, m1=(dims["m1"], 1)))
+        kernel_h, (register_loop,) = _tile(kernel_h, _sizes(rank, m1=(dims["m1"], self.rows)))
         if self.in_place:
             self._tile_k_steps(self._drop_unit_loops(register_loop), *self._register_kernel_dims())
         else:
-            self._tile_k_steps(kernel_h, rank, dims["k"])
+            self._tile_k_steps(kernel_h, rank, dims["k"], self.amx)
         tiled_packs = self._tile_packs(packs)
         if self.converts:  # the widening is fused level by level below, after cleanup
             for i, loop in enumerate(reduced_loops):
@@ -897,7 +961,7 @@ class _Packed:
             _tile(init_h, register_tile)
             return block_loops
         if init_h is not None:
-            _tile(init_h, [1] * nb + [1, 1] + ([0, 0] if self.init_is_fill else []))
+            _tile(init_h, [1] * nb + [self.rows, 1] + ([0, 0] if self.init_is_fill else []))
         if epilogue is not None or reduction is not None:
             tiled, loops = _tile(tiled_root, self.pooled_sizes(register_tile)
                                  if reduction is not None else register_tile)
@@ -977,17 +1041,19 @@ class _Packed:
             # block's slice of it), so that the init fuses into the register tile
             apply_patterns(forall, ttensor.ApplyMergeConsecutiveInsertExtractSlicePatternsOp)
             _fuse_into(init_h, register_loop)
-        self._tile_k_steps(kernel_h, dims["rank"], dims["k"])
+        self._tile_k_steps(kernel_h, dims["rank"], dims["k"], self.amx)
         self._tile_packs(packs)
         version_full_tiles(root)
         return block_loops
 
     @staticmethod
-    def _tile_k_steps(kernel_h, rank: int, k: int) -> None:
+    def _tile_k_steps(kernel_h, rank: int, k: int, amx: bool = False) -> None:
         """Step 3's innermost loop: a register tile's steps over k (loop k of `rank`: one k,
-        or one pair), marked for the vectorize stage to unroll."""
-        for loop in _tile(kernel_h, _sizes(rank, k=(k, 1)))[1]:
-            transform.AnnotateOp(loop, _K_STEPS)
+        or one pair), marked for the vectorize stage to unroll; on AMX tiles, AMX_PAIRS
+        pairs per step, left for the target."""
+        for loop in _tile(kernel_h, _sizes(rank, k=(k, AMX_PAIRS if amx else 1)))[1]:
+            if not amx:
+                transform.AnnotateOp(loop, _K_STEPS)
 
 
 def _packed_batch(contractions: list[Contraction], params_for) -> list[_Packed]:
@@ -999,9 +1065,7 @@ def _packed_batch(contractions: list[Contraction], params_for) -> list[_Packed]:
     packs by markers of its own)."""
     batch, members, read = [], set(), []
     for c in reversed(contractions):
-        params = params_for(*c.shape)
-        if bf16_pairs(c, params):
-            params = params.for_pairs()
+        params = contraction_params(c, params_for(*c.shape))
         if not params.pack:
             continue
         packed = _Packed(c, params)
@@ -1464,9 +1528,7 @@ def schedule_contractions(rec: StepRecorder, params_for) -> None:
         if not found:
             return
         c = found[-1]
-        params = params_for(*c.shape)
-        if bf16_pairs(c, params):
-            params = params.for_pairs()
+        params = contraction_params(c, params_for(*c.shape))
         if params.pack:
             _schedule_packed(rec, _packed_batch(found, params_for))
         else:
@@ -1568,8 +1630,10 @@ def vectorize_roles(handles, roles: list[str], sizes: list[list[int] | None]) ->
     """Vectorize the ops with a role (`handles`): each at its nominal tile (edge tiles
     masked), the kernel and the fills at their static shapes."""
     for h, role, vector_sizes in zip(handles, roles, sizes):
-        if role == "pooling":
-            continue  # its windowed read has no vector form: loops over a register tile
+        if role in ("pooling", "amx_kernel"):
+            # a pooling's windowed read has no vector form: loops over a register tile; a
+            # kernel on AMX tiles is left for the target
+            continue
         if role in ("kernel", "fill") or vector_sizes is None:
             structured.VectorizeOp(h)
         elif role == "register":
@@ -1610,7 +1674,7 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams,
     policy = VectorPolicy(generic.vector_tile, generic.register_tile)
     tiles = [(op, vector_tile_sizes(op, policy)) for op in others]
     roles = [ir.StringAttr(op.attributes[ROLE]).value for op, _ in plan]
-    pairs = any(role == "kernel" and all(isinstance(v.type.element_type, ir.BF16Type)
+    pairs = any(role in ("kernel", "amx_kernel") and all(isinstance(v.type.element_type, ir.BF16Type)
                                          for v in op.operands[:2])
                 for (op, _), role in zip(plan, roles))
     places = places_of(payload.operation, [op for op, _ in plan + tiles])

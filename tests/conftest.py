@@ -14,7 +14,7 @@ sys.path.insert(0, str(ROOT))
 # tests that use them say so); the code still runs on the
 # host. Set LIGHTHOUSE_CPU to run the suite for another description.
 os.environ.setdefault(
-    "LIGHTHOUSE_CPU", "vector_bits=512,vector_registers=32,l1d=48K,l2=2M,l3=480M,bf16_dot=0")
+    "LIGHTHOUSE_CPU", "vector_bits=512,vector_registers=32,l1d=48K,l2=2M,l3=480M,bf16_dot=0,amx=0")
 # Compiled kernels go to a cache of this session's own (lighthouse.kernel_cache; children
 # inherit it), never the user's.
 if "LIGHTHOUSE_CACHE_DIR" not in os.environ:

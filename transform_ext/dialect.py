@@ -151,6 +151,7 @@ OP_MODULES: list[str] = [
     "read_reduction_constants",
     "forward_masked_writes",
     "contracts_to_bf16_dot_products",
+    "contraction_loops_to_amx_tiles",
     "match_loop_accumulators",
     "forall_allocs_to_function",
     "flatten_contiguous_writes",

@@ -2,7 +2,9 @@
 
 Stages after a schedule's `vectorize`:
   bufferize  run-time checks turned into the kernel-reported error code (lighthouse.runtime),
-             one-shot bufferization (identity layouts at function boundaries), results
+             one-shot bufferization (identity layouts at function boundaries), the matmul
+             schedule's bf16 register-tile loops on AMX tiles when the host has them
+             (transform_ext.contraction_loops_to_amx_tiles), results
              turned into out-parameters the kernel writes directly (also through a
              reshape: transform_ext.write_results_in_place), vector ops lowered to 1-D
              (contractions to outer products and FMAs; a load wider than a vector register
@@ -31,15 +33,17 @@ from torch_mlir.dialects.transform import vector as tvec
 
 import transform_ext
 from transform_ext.common import defining_op
+from transform_ext.contraction_loops_to_amx_tiles import contraction_loops_to_amx_tiles
 from transform_ext.expand_math import expand_math_in
 from transform_ext.unmask_extremum_reductions import unmask_extremum_reductions
 from transform_ext.write_results_in_place import write_results_in_place
 
-from schedules.common import apply_patterns, foreach, match, run_passes, run_schedule
+from schedules.common import apply_patterns, canonicalize, foreach, match, run_passes, run_schedule
 from schedules.prepare import checks_to_error_code, kernel_error_messages
 
 from ..errors import UnsupportedError
 from ..pipeline import Stage
+from ..runtime import allow_amx_tiles
 from .bf16_vectors import (bf16_memory_as_i16, odd_bf16_conversions_as_integer_ops,
                            odd_bf16_vectors_as_i16)
 from .description import CpuDescription, host_cpu, host_cpu_flags
@@ -131,6 +135,7 @@ def bufferize(payload: ir.Module) -> None:
     contiguous_gather_sources(payload)
     widen_mixed_reduction_contractions(payload)
     transform_ext.load(payload.context)
+    amx = allow_amx_tiles()
 
     def body(root):
         # a masked max/min reduction with -inf/+inf in its masked-off lanes: LLVM's lowering
@@ -141,6 +146,9 @@ def bufferize(payload: ir.Module) -> None:
             root, bufferize_function_boundaries=True, allow_return_allocs_from_loops=True,
             function_boundary_type_conversion=LayoutMapOption.IdentityLayoutMap).result
         func = match(root, "func.func")
+        if amx:  # the matmul schedule's bf16 pair loops left for AMX tiles (when granted),
+            canonicalize(func)  # once bufferization's loop-carried buffers are forwarded
+            contraction_loops_to_amx_tiles(func)
         apply_patterns(func, lambda: tvec.ApplyLowerContractionPatternsOp(
             lowering_strategy=tvec.VectorContractLowering.OuterProduct))
         apply_patterns(func,
@@ -478,6 +486,9 @@ def lower_to_llvm(payload: ir.Module, threads: int, *, runtime_checks: bool = Fa
     run_passes(payload, ", ".join([
         # enable-x86: the x86 dialect's ops (vdpbf16ps from the bf16 dot products)
         "finalize-memref-to-llvm", "convert-scf-to-cf", "convert-vector-to-llvm{enable-x86}",
+        # cf through the generic conversion, whose type converter knows AMX tiles (carried
+        # by loops), before the OpenMP regions that hold them are converted
+        "convert-to-llvm{filter-dialects=cf,x86}",
         "convert-openmp-to-llvm", "convert-math-to-llvm", "convert-arith-to-llvm",
         "convert-index-to-llvm", "convert-func-to-llvm", "convert-cf-to-llvm",
         "convert-ub-to-llvm", "reconcile-unrealized-casts", "canonicalize",

@@ -39,7 +39,9 @@ class CpuDescription:
     with AVX2, else 128); vector_registers: how many of them (32 with AVX-512, else 16);
     l1d_bytes, l2_bytes, l3_bytes: data cache sizes of one core (L3: shared); threads:
     hardware threads; bf16_dot: bf16 contractions may use AVX512-BF16 dot products
-    (vdpbf16ps: 512-bit vectors and the avx512_bf16 flag)."""
+    (vdpbf16ps: 512-bit vectors and the avx512_bf16 flag); amx: with bf16_dot, the matmul
+    family's bf16 products may run on AMX tiles (tdpbf16ps: the amx_tile and amx_bf16
+    flags)."""
 
     vector_bits: int
     vector_registers: int
@@ -48,6 +50,7 @@ class CpuDescription:
     l3_bytes: int
     threads: int
     bf16_dot: bool = False
+    amx: bool = False
 
     @property
     def f32_lanes(self) -> int:
@@ -102,18 +105,24 @@ def describe_cpu(flags: frozenset[str], caches: dict[int, int], threads: int) ->
     size = {**FALLBACK_CACHE_BYTES, **caches}
     return CpuDescription(vector_bits=bits, vector_registers=32 if avx512 else 16,
                           l1d_bytes=size[1], l2_bytes=size[2], l3_bytes=size[3], threads=threads,
-                          bf16_dot=avx512 and "avx512_bf16" in flags)
+                          bf16_dot=avx512 and "avx512_bf16" in flags,
+                          amx=has_amx(flags))
+
+
+def has_amx(flags: frozenset[str]) -> bool:
+    """Do these /proc/cpuinfo flags have AMX tiles with bf16 products?"""
+    return {"avx512_bf16", "amx_tile", "amx_bf16"} <= flags
 
 
 # Fields of a description that LIGHTHOUSE_CPU may set, and how their values are written.
 OVERRIDABLE = {"vector_bits": int, "vector_registers": int, "l1d": parse_cache_size,
                "l2": parse_cache_size, "l3": parse_cache_size}
-SWITCHES = ("bf16_dot",)  # fields set to 0 or 1
+SWITCHES = ("bf16_dot", "amx")  # fields set to 0 or 1
 
 
 def with_overrides(cpu: CpuDescription, text: str) -> CpuDescription:
     """`cpu` with the fields that `text` sets ("vector_bits=256,vector_registers=16,
-    l1d=32K,l2=1M,l3=32M,bf16_dot=0"; any subset): what the schedules plan for, whatever the
+    l1d=32K,l2=1M,l3=32M,bf16_dot=0,amx=0"; any subset): what the schedules plan for, whatever the
     machine runs (the code is compiled for the host either way: bf16_dot=1 on a host without
     avx512_bf16 compiles code it cannot run). A malformed entry is an
     UnsupportedError naming it."""

@@ -16,7 +16,11 @@ import re
 
 import hypothesis.strategies as st
 
-DTYPES = ("float32", "float16", "bfloat16")
+# FUZZ_DTYPES=bfloat16,... and FUZZ_SIZES=32,64,...: draw only these dtypes and sizes (the
+# AMX path of bf16 products takes m, n and k that are multiples of 32 only)
+DTYPES = tuple(filter(None, os.environ.get("FUZZ_DTYPES", "").split(","))) or (
+    "float32", "float16", "bfloat16")
+SIZES = tuple(int(s) for s in filter(None, os.environ.get("FUZZ_SIZES", "").split(",")))
 
 # FUZZ_AVOID=tag,...: steer away from bug classes known to be open, so that a campaign finds
 # new ones: offset (inputs with a storage offset), int-pow (x ** 2, x.pow(3), torch.pow(x, 3.0),
@@ -167,6 +171,8 @@ def sizes(small=(1, 2, 3, 5, 7, 8, 13, 16, 17, 31, 32, 33, 63, 64, 65),
     """A size: mostly small, odd or not dividing 8/16/32/64, sometimes one that reaches the
     specialized schedules' tiles (large_weight / small_weight of the small ones' share),
     rarely 0 when `zero`; shrinks towards the first small one."""
+    if SIZES:
+        return st.sampled_from(SIZES)
     zero = zero and "zero-size" not in AVOID
     return st.sampled_from(tuple(small) * small_weight + tuple(large) * large_weight +
                            ((0,) if zero else ()))
