@@ -151,9 +151,10 @@ class MatmulParams:
       operands are widened to f32 while packed.
     pair_tiles: (tile_m, tile_n) of a contraction packed in bf16 pairs (`for_pairs`), None:
       the same tiles.
-    amx: with bf16_dot, a contraction packed in pairs whose m, n and k are multiples of
-      AMX_TILE and whose A is k-contiguous runs on AMX tiles (`for_amx`, tiles that divide
-      the shape): m is packed by 1
+    amx: with bf16_dot, a contraction packed in pairs whose A is k-contiguous runs on AMX
+      tiles (`for_amx`, tiles that divide the shape; m and k that are no multiples of
+      AMX_TILE padded with zeros to them, A copied once; n padded by B's pack): m is packed
+      by 1
       (A_p[m, k/2, 1, 2]: A's rows as they are, each 16 pairs a 64-byte tile row), a
       register tile is AMX_TILE rows x AMX_TILE columns (2 x 2 accumulator tiles) and
       steps over k by AMX_PAIRS pairs; the CPU target runs that loop on the tiles
@@ -619,15 +620,20 @@ def bf16_pairs(c: Contraction, params: MatmulParams) -> bool:
 
 def contraction_params(c: Contraction, params: MatmulParams) -> MatmulParams:
     """c's own parameters: those of bf16 pairs when it packs them (`for_pairs`), on AMX
-    tiles (`for_amx`) when its m, n and k are multiples of AMX_TILE and A is k-contiguous,
+    tiles (`for_amx`, for its shape padded to AMX_TILE: `amx_shape`) when A is k-contiguous,
     else without AMX."""
     if not bf16_pairs(c, params):
         return params
     params = params.for_pairs()
+    amx = params.amx and params.pack and _k_contiguous(c, c.a_index, _folding_leaves_one_unpack(c))
+    return params.for_amx(*amx_shape(c)) if amx else dataclasses.replace(params, amx=False)
+
+
+def amx_shape(c: Contraction) -> tuple[int, int, int]:
+    """c's m, n and k rounded up to multiples of AMX_TILE: the product on AMX tiles is
+    computed on operands padded with zeros to them (`_Packed.pack`; n by the pack of B)."""
     _, m, n, k = c.shape
-    amx = params.amx and params.pack and not (m % AMX_TILE or n % AMX_TILE or k % AMX_TILE) \
-        and _k_contiguous(c, c.a_index, _folding_leaves_one_unpack(c))
-    return params.for_amx(m, n, k) if amx else dataclasses.replace(params, amx=False)
+    return _round_up(m, AMX_TILE), _round_up(n, AMX_TILE), _round_up(k, AMX_TILE)
 
 
 def _kernel_dims(kernel: ir.Operation, c: Contraction, a_index: int) -> dict[str, list[int] | int]:
@@ -696,6 +702,7 @@ class _Packed:
         pairs = self.pairs = bf16_pairs(c, params)
         # on AMX tiles: m packed by 1 (A's rows as they are), MR rows per register tile
         self.amx = pairs and params.amx
+        self.element_types = [str(v.type.element_type) for v in c.op.operands]  # A, B, C
         self.m0 = 1 if self.amx else mr
         self.rows = mr if self.amx else 1
         # packed in pairs: B one pair of k per packing step (its two rows interleaved into
@@ -732,6 +739,17 @@ class _Packed:
         both are bf16 packed in pairs of k (`bf16_pairs`: k packed by 2, its inner tile
         moved after m0 / n0). The kernel is marked _DONE with `index`."""
         c = self.c
+        if self.amx:  # m and k that are no multiples of AMX_TILE padded with zeros to them
+            # (n is: B's pack pads its panels, C_p's unpack drops the padding)
+            _, m, _, k = c.shape
+            padded = [(d, size) for d, size in ((c.m, m), (c.k, k)) if size % AMX_TILE]
+            if padded:
+                zeros = [ir.FloatAttr.get(ir.Type.parse(t), 0.0) for t in self.element_types]
+                # (A's and B's pads kept whole: folded into the packs, k's would be lost)
+                contraction = structured.PadOp(
+                    contraction, padding_values=zeros, padding_dimensions=[d for d, _ in padded],
+                    pad_to_multiple_of=[AMX_TILE] * len(padded), nofold_flags=[1, 1, 0],
+                    copy_back_op="none").padded
         if self.widened:
             contraction, *extensions = widen_contraction_operands(contraction)
             for i in (0, 1):

@@ -15,20 +15,22 @@ bf16 contraction in VNNI pairs accumulating into an f32 tile of C, run on AMX ti
 `x86.amx.tile_mulf` (tdpbf16ps) adds to C[m, n] the products A[m, 2q] B[q, 2n] + A[m, 2q+1]
 B[q, 2n+1] over its 16 pairs q, each exact in f32, the sum rounded to nearest even (denormal
 inputs flushed), as oneDNN's AMX bf16 matmul torch calls. The accumulators stay in tile
-registers across the loop: C is read once before it and written once after it.
+registers across the loop: C is read once before it and written once after it. A step that
+is not the body of such a loop (a loop of one step folded away, or a loop that does more)
+is rewritten where it is: C's tiles loaded, the products, C's tiles stored.
 
-Rewritten: every scf.for nested in the targets without iter_args whose body is one
-linalg.generic of that form and ops without memory effects (views, index arithmetic), where
-  - the generic's body is C + extf(A) * extf(B) (f32 C, bf16 A and B), maps projected
-    permutations, static extents: m and n multiples of 16 with (M/16) (N/16) <= 4 (the
-    accumulators, one A and one B tile per column fit AMX's 8 tile registers: M/16 + N/16 +
-    (M/16)(N/16) <= 8), k a multiple of 16, v = 2;
-  - each operand holds its two dims in the order above as its only dims of extent > 1, the
-    trailing one contiguous (A's k, v and B's n, v dense rows of 64 bytes; C's n stride 1);
-  - C's view is defined outside the loop (or by view ops of values defined outside it,
-    which are moved before the loop).
-Other loops are left as they are. Nothing is illegal but a target that is not a func.func
-(a silenceable failure, nothing rewritten). Needs a host with amx_tile and amx_bf16 and the
+Rewritten: every linalg.generic nested in the targets, on memrefs, where
+  - the body is C + extf(A) * extf(B) (f32 C, bf16 A and B), maps projected permutations,
+    static extents: m and n multiples of 16 whose tiles fit AMX's 8 tile registers (the
+    (M/16)(N/16) accumulators, M/16 tiles of A, N/16 of B), k a multiple of 16, v = 2;
+  - each operand holds its two or three dims in the order above as its only dims of extent
+    > 1, the trailing ones contiguous (A's k, v and B's n, v dense rows of 64 bytes; C's n
+    of stride 1);
+and its loop, when it is the body of an scf.for without iter_args holding nothing else but
+ops without memory effects (views, index arithmetic) and C's view is defined outside the
+loop (or by view ops of values defined outside it, which are moved before the loop).
+Other ops are left as they are. Nothing is illegal but a target that is not a func.func (a
+silenceable failure, nothing rewritten). Needs a host with amx_tile and amx_bf16 and the
 process's permission to use the tile registers (lighthouse.runtime). Result: none.
 """
 
@@ -51,10 +53,10 @@ VIEW_OPS = ("memref.subview", "memref.collapse_shape", "memref.expand_shape",
 
 @dataclass
 class _AmxLoop:
-    """A loop the rewrite takes: its generic, A, B and C as 2-D views' sources with the
-    operand dims (m, k, v), (k, n, v), (m, n) and their extents."""
+    """A contraction the rewrite takes: its loop (None: rewritten where it is), its
+    generic, A, B and C (operand dims (m, k, v), (k, n, v), (m, n)) and their extents."""
 
-    loop: ir.Operation
+    loop: ir.Operation | None
     generic: ir.Operation
     a: ir.Value
     b: ir.Value
@@ -135,18 +137,10 @@ def _hoist(value: ir.Value, loop: ir.Operation) -> None:
     producer.move_before(loop)
 
 
-def amx_loop(loop: ir.Operation):
-    """The loop in the form the module docstring names, else None."""
-    if loop.name != "scf.for" or len(loop.results) != 0:
+def amx_contraction(generic: ir.Operation):
+    """The generic in the form the module docstring names (its loop aside), else None."""
+    if generic.name != "linalg.generic":
         return None
-    body = [op.operation for op in loop.regions[0].blocks[0].operations]
-    generics = [op for op in body if op.name == "linalg.generic"]
-    others = [op for op in body if op.name != "linalg.generic"]
-    if len(generics) != 1 or any(op.name not in VIEW_OPS + ("arith.constant", "arith.addi",
-                                                           "arith.muli", "scf.yield")
-                                 for op in others):
-        return None
-    generic = generics[0]
     view = generic.opview
     inputs, outputs = list(view.inputs), list(view.outputs)
     if len(inputs) != 2 or len(outputs) != 1 or not all(
@@ -192,9 +186,24 @@ def amx_loop(loop: ir.Operation):
             b_strides[b_wide[2][0]] != 1 or b_strides[b_wide[1][0]] != 2 or \
             c_strides[c_wide[1][0]] != 1:
         return None
-    if not _invariant(outputs[0], loop):
+    return _AmxLoop(None, generic, a, b, outputs[0], m, n, k)
+
+
+def amx_loop(generic: ir.Operation):
+    """The contraction (`amx_contraction`) and, when it is the step of a loop of the form
+    the module docstring names, that loop; else None."""
+    found = amx_contraction(generic)
+    if found is None:
         return None
-    return _AmxLoop(loop, generic, a, b, outputs[0], m, n, k)
+    loop = generic.parent
+    if loop is None or loop.name != "scf.for":
+        return found
+    body = [op.operation for op in loop.regions[0].blocks[0].operations]
+    if len(loop.results) == 0 and not any(
+            op.name not in VIEW_OPS + ("arith.constant", "arith.addi", "arith.muli", "scf.yield")
+            for op in body if op != generic) and _invariant(found.c, loop):
+        found.loop = loop
+    return found
 
 
 def _as_rows(value: ir.Value, split_after: int) -> ir.Value:
@@ -223,64 +232,70 @@ def _as_rows(value: ir.Value, split_after: int) -> ir.Value:
 
 
 def rewrite(found: _AmxLoop, rewriter) -> None:
-    """Replace the loop by its AMX form (the module docstring)."""
+    """Replace the loop (or the lone step) by its AMX form (the module docstring)."""
     loop, generic = found.loop, found.generic
+    at = loop if loop is not None else generic
     acc_t = ir.Type.parse("!x86.amx.tile<16x16xf32>")
     in_t = ir.Type.parse("!x86.amx.tile<16x32xbf16>")
-    _hoist(found.c, loop)
+    if loop is not None:
+        _hoist(found.c, loop)
 
     def first_wide_axis(value):
         return next(axis for axis, s in enumerate(ir.MemRefType(value.type).shape) if s != 1)
 
     tiles_m, tiles_n, steps = found.m // ROWS, found.n // ROWS, found.k // PAIRS
-    view = loop.opview
-    with ir.InsertionPoint(loop), loop.location:  # the tile offsets, once before the loop
+    with ir.InsertionPoint(at), at.location:  # the tile offsets, once before the loop
         offsets = sorted({ROWS * i for i in range(max(tiles_m, tiles_n, steps))}
                          | {2 * PAIRS * p for p in range(steps)} | {2 * ROWS * j for j in range(tiles_n)})
         index = {o: arith.constant(ir.IndexType.get(), o) for o in offsets}
-
-    def _index(value: int) -> ir.Value:
-        return index[value]
-
-    with ir.InsertionPoint(loop), loop.location:
         c2 = _as_rows(found.c, first_wide_axis(found.c))
-        accs = [x86.TileLoadOp(acc_t, c2, [_index(ROWS * i), _index(ROWS * j)]).result
+        accs = [x86.TileLoadOp(acc_t, c2, [index[ROWS * i], index[ROWS * j]]).result
                 for i in range(tiles_m) for j in range(tiles_n)]
-        new = scf.ForOp(view.lowerBound, view.upperBound, view.step, accs)
-    old_block = loop.regions[0].blocks[0]
-    new_block = new.body
-    with ir.InsertionPoint(new_block), loop.location:
-        yield_op = scf.YieldOp([])
-    for op in [o.operation for o in old_block.operations]:
-        if op.name in ("scf.yield", "linalg.generic"):
-            continue
-        op.move_before(yield_op.operation)
-    old_block.arguments[0].replace_all_uses_with(new.induction_variable)
-    with ir.InsertionPoint(yield_op), loop.location:
-        a2 = _as_rows(found.a, first_wide_axis(found.a))
-        b2 = _as_rows(found.b, first_wide_axis(found.b))
-        accs = list(new.inner_iter_args)
+
+    def steps_of(a, b, accs):
+        """The step's tile loads and products on the accumulators; returns them."""
+        a2 = _as_rows(a, first_wide_axis(a))
+        b2 = _as_rows(b, first_wide_axis(b))
         for p in range(steps):
-            a_tiles = [x86.TileLoadOp(in_t, a2, [_index(ROWS * i), _index(2 * PAIRS * p)]).result
+            a_tiles = [x86.TileLoadOp(in_t, a2, [index[ROWS * i], index[2 * PAIRS * p]]).result
                        for i in range(tiles_m)]
-            b_tiles = [x86.TileLoadOp(in_t, b2, [_index(PAIRS * p), _index(2 * ROWS * j)]).result
+            b_tiles = [x86.TileLoadOp(in_t, b2, [index[PAIRS * p], index[2 * ROWS * j]]).result
                        for j in range(tiles_n)]
             accs = [x86.TileMulFOp(a_tiles[i], b_tiles[j], accs[i * tiles_n + j]).result
                     for i in range(tiles_m) for j in range(tiles_n)]
-        scf.YieldOp(accs)
-    yield_op.operation.erase()
-    with ir.InsertionPoint(loop), loop.location:  # after the new loop
+        return accs
+
+    if loop is None:
+        with ir.InsertionPoint(generic), generic.location:
+            results = steps_of(found.a, found.b, accs)
+    else:
+        view = loop.opview
+        with ir.InsertionPoint(loop), loop.location:
+            new = scf.ForOp(view.lowerBound, view.upperBound, view.step, accs)
+        old_block = loop.regions[0].blocks[0]
+        with ir.InsertionPoint(new.body), loop.location:
+            yield_op = scf.YieldOp([])
+        for op in [o.operation for o in old_block.operations]:
+            if op.name not in ("scf.yield", "linalg.generic"):
+                op.move_before(yield_op.operation)
+        old_block.arguments[0].replace_all_uses_with(new.induction_variable)
+        with ir.InsertionPoint(yield_op), loop.location:
+            scf.YieldOp(steps_of(found.a, found.b, list(new.inner_iter_args)))
+        yield_op.operation.erase()
+        results = list(new.results)
+    with ir.InsertionPoint(at), at.location:  # after the new loop, or the products
         for i in range(tiles_m):
             for j in range(tiles_n):
-                x86.TileStoreOp(c2, [_index(ROWS * i), _index(ROWS * j)],
-                                new.results[i * tiles_n + j])
+                x86.TileStoreOp(c2, [index[ROWS * i], index[ROWS * j]], results[i * tiles_n + j])
     rewriter.erase_op(generic)
-    rewriter.erase_op(loop)
+    if loop is not None:
+        rewriter.erase_op(loop)
 
 
 def lower_in(root: ir.Operation, rewriter) -> int:
     """Rewrite the loops under `root`; returns how many."""
-    found = [f for f in map(amx_loop, walk_ops(root, lambda o: o.name == "scf.for")) if f is not None]
+    found = [f for f in map(amx_loop, walk_ops(root, lambda o: o.name == "linalg.generic"))
+             if f is not None]
     for f in found:
         rewrite(f, rewriter)
     return len(found)

@@ -1,8 +1,8 @@
 """bf16 products on AMX tiles (CpuDescription.amx, MatmulParams.amx): the matmul family
-against torch (one and several k blocks, row blocks, a batch, B^T, an epilogue, C^T, the
-product read twice), the shapes that keep the AVX512-BF16 path (m, n or k no multiple of
-32, A^T), the IR of each stage (A packed by rows, the kernel left unvectorized, then tile
-loops), and the parameters. The numerics need a host with AMX (the IR tests run anywhere:
+against torch (one and several k blocks, one step, row blocks, a batch, B^T, an epilogue,
+C^T, the product read twice, m, n or k padded to multiples of 32), the products that keep
+the AVX512-BF16 path (A^T), the IR of each stage (A packed by rows, the kernel left
+unvectorized, then tile loops), and the parameters. The numerics need a host with AMX (the IR tests run anywhere:
 the schedule only plans for the tiles; the target rewrites the loops when the host has them)."""
 
 import dataclasses
@@ -33,15 +33,23 @@ ON_TILES = [
     dict(m=256, n=64, k=64),                            # row blocks of A
     dict(m=64, n=32, k=160, b=3, expr="torch.bmm(a, b)", a_shape="B, M, K", b_shape="B, K, N"),
     dict(m=64, n=96, k=128, expr="a @ b.t()", b_shape="N, K"),           # nn.Linear's B^T
+    dict(m=64, n=64, k=32),                             # one step: no loop over k
     dict(m=64, n=64, k=64, expr="torch.nn.functional.gelu(a @ b) + 1"),  # epilogue
     dict(m=32, n=64, k=64, expr="(a @ b).t().contiguous()"),             # C^T from the unpack
     dict(m=64, n=64, k=96, expr="(a @ b) * (a @ b).sum()"),              # read twice
+    # padded with zeros to multiples of 32: m, n, k, all three, with an epilogue, a batch
+    dict(m=40, n=64, k=64),
+    dict(m=64, n=48, k=64),
+    dict(m=64, n=64, k=33),
+    dict(m=100, n=200, k=300),
+    dict(m=32, n=17, k=32),     # n padded by B's pack only (a padded copy of B crashed LLVM)
+    dict(m=17, n=17, k=17),
+    dict(m=9, n=33, k=17, expr="torch.nn.functional.gelu(a @ b) + 1"),
+    dict(m=37, n=45, k=70, b=2, expr="a @ b.transpose(1, 2)", a_shape="B, M, K", b_shape="B, N, K"),
 ]
 OFF_TILES = [
-    dict(m=40, n=64, k=64),                             # m no multiple of 32
-    dict(m=64, n=48, k=64),                             # n
-    dict(m=64, n=64, k=48),                             # k
     dict(m=64, n=64, k=64, expr="a.t() @ b", a_shape="K, M"),  # A^T: rows of A not contiguous
+    dict(m=40, n=72, k=33, expr="a.t() @ b", a_shape="K, M"),
 ]
 
 
@@ -55,20 +63,22 @@ def test_matmul_matches_torch(kernel_file, shape):
     assert_product_matches(compile_amx(binary_kernel(kernel_file, dtype="bfloat16", **shape)), shape)
 
 
-@pytest.mark.parametrize("shape,on", [(s, True) for s in ON_TILES[:5]] + [(s, False) for s in OFF_TILES],
-                         ids=[_id(s) for s in ON_TILES[:5] + OFF_TILES])
+SOME_ON = ON_TILES[:6] + ON_TILES[-3:]
+
+
+@pytest.mark.parametrize("shape,on", [(s, True) for s in SOME_ON] + [(s, False) for s in OFF_TILES],
+                         ids=[_id(s) for s in SOME_ON + OFF_TILES])
 def test_only_fitting_products_use_the_tiles(kernel_file, shape, on):
     """The vectorize stage leaves the kernel a linalg.generic over rows x 16 pairs (and packs
-    A by rows: [M, K/2, 1, 2]) exactly when the product fits the tiles; otherwise the
-    register tile's steps are AVX512-BF16 dot products."""
+    A by rows: [M, K/2, 1, 2]) exactly when A's rows are k-contiguous (A and B padded with
+    zeros first when m, n or k is no multiple of 32); otherwise the register tile's steps
+    are AVX512-BF16 dot products."""
     path = binary_kernel(kernel_file, dtype="bfloat16", **shape)
     vectorized = str(compile_amx(path, stop_after="vectorize").module)
     if on:
         filecheck(vectorized, f"""
-            CHECK: scf.for
-            CHECK: tensor.extract_slice {{{{.*}}}} to tensor<{{{{(1x)?}}}}{AMX_TILE}x{AMX_PAIRS}x1x2xbf16>
-            CHECK: tensor.extract_slice {{{{.*}}}} to tensor<{{{{(1x)?}}}}1x{AMX_PAIRS}x{AMX_TILE}x2xbf16>
             CHECK: linalg.generic
+            CHECK-SAME: tensor<{{{{(1x)?}}}}{AMX_TILE}x{AMX_PAIRS}x1x2xbf16>, tensor<{{{{(1x)?}}}}1x{AMX_PAIRS}x{AMX_TILE}x2xbf16>
             CHECK-SAME: outs({{{{.*}}}} : tensor<{{{{(1x)?}}}}{AMX_TILE}x1x1x{AMX_TILE}xf32>)
         """)
         assert "x86.avx512.dot" not in vectorized

@@ -1,8 +1,9 @@
 """contraction_loops_to_amx_tiles: the IR (FileCheck) of the register-tile loops it runs on
 AMX tiles (2 x 2 and 1 x 1 accumulator tiles, 32 pairs per step, C's view made inside the
-loop) and of those it leaves (f32 operands, too many accumulator tiles, B not in pairs, C
-varying with k, an m that is no multiple of 16); the LLVM IR holds the tile intrinsics; and,
-on a host with AMX, the numerics of the lowered loop nest against torch."""
+loop), of a step whose C moves with k and of a lone step (rewritten in place), and of the
+contractions it leaves (f32 operands, too many accumulator tiles, half a tile row per step,
+rows that are no multiple of 16); the LLVM IR holds the tile intrinsics; and, on a host
+with AMX, the numerics of the lowered code against torch."""
 
 import ctypes
 
@@ -117,13 +118,53 @@ def test_one_tile_and_two_steps_per_iteration():
     """)
 
 
+def test_a_step_whose_c_moves_with_k_loads_and_stores_c_per_step():
+    """C's view depends on the loop's k: no tiles are carried; each step loads C's tiles,
+    multiplies and stores them back, inside the loop."""
+    payload = lowered(kernel(c_view=C_VIEW_OF_K))
+    check(payload, """
+        CHECK: scf.for
+        CHECK: scf.for
+        CHECK: scf.for %[[K:.*]] = {{.*}} {
+        CHECK: memref.subview %arg2[%[[K]],
+        CHECK-COUNT-4: x86.amx.tile_load {{.*}} into !x86.amx.tile<16x16xf32>
+        CHECK-COUNT-4: x86.amx.tile_mulf
+        CHECK-COUNT-4: x86.amx.tile_store
+        CHECK-NEXT: }
+    """)
+    assert "iter_args" not in str(payload)
+
+
+def lone_step_kernel() -> str:
+    """`kernel` with k = 16 pairs and its loop over k folded away (the step at k = 0)."""
+    text = kernel(k=32, step=16)
+    loop = text[text.index("      scf.for %k"):text.index("      }\n    }\n  }")]
+    body = loop[loop.index("{\n") + 2:loop.rindex("}")]
+    lone = text.replace(loop, body.replace("%k", "%c0"))
+    assert "scf.for %k" not in lone
+    return lone
+
+
+def test_a_lone_step_is_rewritten_where_it_is():
+    """A loop of one step (folded away): the generic alone becomes C's loads, 2 x 2 products
+    per 16 pairs, C's stores."""
+    payload = lowered(lone_step_kernel())
+    check(payload, """
+        CHECK-NOT: iter_args
+        CHECK-COUNT-4: x86.amx.tile_load {{.*}} into !x86.amx.tile<16x16xf32>
+        CHECK-COUNT-4: x86.amx.tile_load {{.*}} into !x86.amx.tile<16x32xbf16>
+        CHECK-COUNT-4: x86.amx.tile_mulf
+        CHECK-COUNT-4: x86.amx.tile_store
+        CHECK-NOT: linalg.generic
+    """)
+
+
 @pytest.mark.parametrize("text", [
     kernel(dtype="f32"),                                  # f32 operands
     kernel(m=96, rows=48),                                # 3 x 2 accumulators: 11 tiles
     kernel(m=48, rows=24),                                # rows no multiple of 16
     kernel(step=8),                                       # 8 pairs per step: half a row
-    kernel(c_view=C_VIEW_OF_K, m=64, k=64),               # C's view moves with k
-], ids=["f32", "too_many_tiles", "rows", "half_row", "c_varies"])
+], ids=["f32", "too_many_tiles", "rows", "half_row"])
 def test_other_loops_are_left_alone(text):
     payload = lowered(text)
     assert "x86.amx" not in str(payload)
@@ -151,14 +192,14 @@ def test_llvm_ir_holds_the_tile_intrinsics():
 
 
 @pytest.mark.skipif(not allow_amx_tiles(), reason="tdpbf16ps needs a host with AMX (and Linux's grant)")
-@pytest.mark.parametrize("shape", [dict(), dict(m=32, n=32, k=128, rows=16, nr=16, step=32)],
-                         ids=["2x2", "1x1"])
+@pytest.mark.parametrize("shape", [dict(), dict(m=32, n=32, k=128, rows=16, nr=16, step=32),
+                                   dict(k=32, lone=True)], ids=["2x2", "1x1", "lone"])
 def test_lowered_loops_match_torch(shape):
     from torch_mlir.execution_engine import ExecutionEngine
 
     m, n, k = shape.get("m", 64), shape.get("n", 64), shape.get("k", 64)
     nr = shape.get("nr", 32)
-    payload = lowered(kernel(**shape))
+    payload = lowered(lone_step_kernel() if shape.pop("lone", False) else kernel(**shape))
     with payload.context:
         lower_to_llvm(payload, threads=1)
     engine = ExecutionEngine(payload, opt_level=2)
