@@ -702,6 +702,7 @@ class _Packed:
         pairs = self.pairs = bf16_pairs(c, params)
         # on AMX tiles: m packed by 1 (A's rows as they are), MR rows per register tile
         self.amx = pairs and params.amx
+        self.padded = False  # padded to AMX tiles (`pack`)
         self.element_types = [str(v.type.element_type) for v in c.op.operands]  # A, B, C
         self.m0 = 1 if self.amx else mr
         self.rows = mr if self.amx else 1
@@ -742,13 +743,17 @@ class _Packed:
         if self.amx:  # m and k that are no multiples of AMX_TILE padded with zeros to them
             # (n is: B's pack pads its panels, C_p's unpack drops the padding)
             _, m, _, k = c.shape
-            padded = [(d, size) for d, size in ((c.m, m), (c.k, k)) if size % AMX_TILE]
+            padded = [d for d, size in ((c.m, m), (c.k, k)) if size % AMX_TILE]
+            self.padded = bool(padded)
             if padded:
                 zeros = [ir.FloatAttr.get(ir.Type.parse(t), 0.0) for t in self.element_types]
-                # (A's and B's pads kept whole: folded into the packs, k's would be lost)
+                # the padded operands' pads kept whole (folded into the packs, k's would be
+                # lost); B is padded only along k
+                b_padded = int(c.k in padded)
+                nofold = [1, b_padded, 0] if c.a_index == 0 else [b_padded, 1, 0]
                 contraction = structured.PadOp(
-                    contraction, padding_values=zeros, padding_dimensions=[d for d, _ in padded],
-                    pad_to_multiple_of=[AMX_TILE] * len(padded), nofold_flags=[1, 1, 0],
+                    contraction, padding_values=zeros, padding_dimensions=padded,
+                    pad_to_multiple_of=[AMX_TILE] * len(padded), nofold_flags=nofold,
                     copy_back_op="none").padded
         if self.widened:
             contraction, *extensions = widen_contraction_operands(contraction)
@@ -1132,7 +1137,7 @@ def _schedule_packed(rec: StepRecorder, batch: list[_Packed]) -> None:
         for i, (p, h) in enumerate(zip(batch, at_places(root, places))):
             p.pack(h, i)
         func = match(root, "func.func")
-        if folds:
+        if folds or any(p.padded for p in batch):  # (the padded product's slice of C too)
             apply_patterns(func, structured.ApplyFoldIntoPackAndUnpackPatternsOp)
         # no CSE yet: the members' equal packs and fills stay apart for their own tiles
         apply_patterns(func, transform.ApplyCanonicalizationPatternsOp)
