@@ -1521,9 +1521,9 @@ def _fold_widenings(places: list[Place]):
     (transform_ext.fold_casts_into_contractions: the widenings, and a transpose before one,
     folded into the contraction's body and maps), so that they pack bf16 pairs."""
     def body(root):
-        for place in places:
-            generic = structured.GeneralizeOp(at_place(root, place)).transformed
-            fold_casts_into_contractions(generic)
+        # every handle taken first: generalizing one changes the places of the others
+        for handle in [at_place(root, place) for place in places]:
+            fold_casts_into_contractions(structured.GeneralizeOp(handle).transformed)
         return apply_passes(root, "canonicalize", "cse")
 
     return body

@@ -11,6 +11,10 @@ that reads its init, out = max(out, x), passes the init in as one more input).
 Repeated until no pair qualifies. Reductions and contractions are never consumers here (a
 producer fused into a contraction would be recomputed per reduction step), and a producer
 with several users stays (upstream's linalg-fuse-elementwise-ops duplicates it instead).
+Nor is a widening (C = extf(x) of a bf16 x, nothing else) that a reduction or contraction
+reads: it stays one, so that the contraction reads the rounded bf16 values as they are
+(transform_ext.fold_casts_into_contractions; a bf16 MLP's second layer reading the first's
+rounded GELU), not their f32 copy.
 
 Targets: every linalg.generic nested in (or equal to) the target ops. Never fails; the result
 handle holds the targets.
@@ -24,9 +28,32 @@ from .common import (ReplacesTargets, Success, build_generic, clone_body, defini
                      walk_ops)
 from .dialect import TransformExt
 
+# named linalg ops with reduction loops (their iterators are not attributes)
+REDUCING_NAMED_OPS = ("linalg.matmul", "linalg.batch_matmul", "linalg.matvec", "linalg.vecmat",
+                      "linalg.batch_matvec", "linalg.dot", "linalg.reduce", "linalg.contract")
+
+
+def _widening_read_by_a_reduction(op: ir.Operation) -> bool:
+    """Is `op` a generic whose body only widens a bf16 input (extf), read by a linalg op
+    with reduction loops?"""
+    body = [o.operation for o in op.regions[0].blocks[0].operations]
+    if [o.name for o in body] != ["arith.extf", "linalg.yield"] or \
+            not isinstance(body[0].operands[0].type, ir.BF16Type):
+        return False
+    return any(_has_reduction_loops(use.owner) for use in op.results[0].uses)
+
+
+def _has_reduction_loops(op: ir.Operation) -> bool:
+    if op.name in REDUCING_NAMED_OPS:
+        return True
+    return op.name.startswith("linalg.") and "iterator_types" in op.attributes and \
+        "reduction" in str(op.attributes["iterator_types"])
+
 
 def _fusable(consumer: ir.Operation, index: int):
     """The producer of consumer's input `index` when the pair qualifies, else None."""
+    if _widening_read_by_a_reduction(consumer):
+        return None
     producer = defining_op(consumer.operands[index])
     if producer is None or producer.name != "linalg.generic" or len(producer.results) != 1:
         return None

@@ -126,3 +126,33 @@ def test_amx_parameters():
                               pair_tiles=None).for_amx(96, 160, 480)
     assert (odd.tile_m, odd.tile_n, odd.block_m, odd.tile_k) == (32, 32, 32, 80)
     assert not MatmulParams.for_cpu(1, 1024, 1024, 1024, dataclasses.replace(cpu, amx=False), 2).amx
+
+
+MLP = """
+import torch
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        g = torch.manual_seed(0)
+        self.fc1 = torch.nn.Linear(96, 160).bfloat16()
+        self.fc2 = torch.nn.Linear(160, 64).bfloat16()
+    def forward(self, x):
+        return self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+def get_inputs():
+    return [torch.randn(70, 96).bfloat16()]
+def get_init_inputs():
+    return []
+"""
+
+
+def test_both_layers_of_a_bf16_mlp_run_on_tiles(kernel_file):
+    """The second layer reads the first's rounded GELU as bf16 (its widening is not fused
+    with the GELU: transform_ext.fuse_elementwise_producers), so both products take the
+    tiles (before, the second one was an f32 product of widened panels)."""
+    path = kernel_file(MLP)
+    fused = str(compile_amx(path, stop_after="fuse").module)
+    assert fused.count('lh.mm_role = "amx_kernel"') == 2
+    if allow_amx_tiles():
+        c = compile_amx(path)
+        for report in c.check():
+            assert report.ok, str(report)

@@ -176,3 +176,66 @@ def test_generics_given_as_targets_fuse_into_one_the_handle_holds():
         CHECK-NEXT:  arith.mulf
         CHECK-NOT: linalg.generic
     """)
+
+
+# a bf16 GELU-like rounding, its widening read by a matmul and another read elementwise
+WIDENINGS = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+func.func @main(%x: tensor<8x16xf32>, %w: tensor<16x4xf32>) -> (tensor<8x4xf32>, tensor<8x16xf32>) {
+  %zero = arith.constant 0.0 : f32
+  %eb = tensor.empty() : tensor<8x16xbf16>
+  %e = tensor.empty() : tensor<8x16xf32>
+  %round = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%x : tensor<8x16xf32>) outs(%eb : tensor<8x16xbf16>) {
+  ^bb0(%a: f32, %o: bf16):
+    %r = arith.truncf %a : f32 to bf16
+    linalg.yield %r : bf16
+  } -> tensor<8x16xbf16>
+  %widen = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%round : tensor<8x16xbf16>) outs(%e : tensor<8x16xf32>) {
+  ^bb0(%a: bf16, %o: f32):
+    %r = arith.extf %a : bf16 to f32
+    linalg.yield %r : f32
+  } -> tensor<8x16xf32>
+  %round2 = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%x : tensor<8x16xf32>) outs(%eb : tensor<8x16xbf16>) {
+  ^bb0(%a: f32, %o: bf16):
+    %r = arith.truncf %a : f32 to bf16
+    linalg.yield %r : bf16
+  } -> tensor<8x16xbf16>
+  %widen2 = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%round2 : tensor<8x16xbf16>) outs(%e : tensor<8x16xf32>) {
+  ^bb0(%a: bf16, %o: f32):
+    %r = arith.extf %a : bf16 to f32
+    linalg.yield %r : f32
+  } -> tensor<8x16xf32>
+  %ec = tensor.empty() : tensor<8x4xf32>
+  %c0 = linalg.fill ins(%zero : f32) outs(%ec : tensor<8x4xf32>) -> tensor<8x4xf32>
+  %mm = linalg.matmul ins(%widen, %w : tensor<8x16xf32>, tensor<16x4xf32>) outs(%c0 : tensor<8x4xf32>) -> tensor<8x4xf32>
+  return %mm, %widen2 : tensor<8x4xf32>, tensor<8x16xf32>
+}
+"""
+
+
+def test_a_widening_a_contraction_reads_keeps_its_bf16_input():
+    """The matmul's operand stays extf of the rounded bf16 values (the matmul family then
+    reads them as bf16 pairs); the widening returned elementwise takes its producer in."""
+    payload = parse(WIDENINGS)
+    apply(payload, lambda root: fuse_elementwise_producers(match(root, "func.func")))
+    check(payload, """
+        CHECK: %[[ROUND:.*]] = linalg.generic
+        CHECK: arith.truncf
+        CHECK: %[[WIDEN:.*]] = linalg.generic {{.*}} ins(%[[ROUND]] : tensor<8x16xbf16>)
+        CHECK-NEXT: ^bb0
+        CHECK-NEXT: arith.extf
+        CHECK-NEXT: linalg.yield
+        CHECK: %[[FUSED:.*]] = linalg.generic {{.*}} ins(%arg0 : tensor<8x16xf32>)
+        CHECK: arith.truncf
+        CHECK: arith.extf
+        CHECK: linalg.matmul ins(%[[WIDEN]],
+    """)
+    x, w = torch.randn(8, 16), torch.randn(16, 4)
+    mm, widened = run_module(payload, [x, w])
+    rounded = x.bfloat16().float()
+    torch.testing.assert_close(widened, rounded)
+    torch.testing.assert_close(mm, rounded @ w)
