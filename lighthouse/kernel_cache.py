@@ -57,9 +57,12 @@ def fingerprint() -> str:
 @lru_cache(maxsize=1)
 def _fixed_fingerprint() -> str:
     """The part of `fingerprint` that cannot change within a process: the sources, the
-    torch and torch-mlir versions and the host's CPU features."""
+    torch and torch-mlir versions, the host's CPU features and whether Linux granted the
+    process AMX's tile registers (the CPU target emits tile code only then)."""
     import torch
     import torch_mlir
+
+    from .runtime import allow_amx_tiles
 
     digest = hashlib.sha256()
     root = Path(__file__).resolve().parent.parent
@@ -70,6 +73,7 @@ def _fixed_fingerprint() -> str:
     digest.update(torch.__version__.encode())
     digest.update(getattr(torch_mlir, "__version__", "").encode())
     digest.update(_host_cpu_features().encode())
+    digest.update(b"amx tiles granted" if allow_amx_tiles() else b"")
     return digest.hexdigest()
 
 
