@@ -11,7 +11,11 @@ CPU with AVX512-BF16) two bf16 operands are packed as they are, k in pairs inner
 (A_p[b, m1, k/2, m0, 2], B_p[b, n1, k/2, n0, 2], an odd k padded with a zero; a bf16 linear
 layer's f32 widenings of x and W^T folded into its contraction first), and the kernel's
 step over a pair of k is MR x NR/16 vdpbf16ps (transform_ext.contracts_to_bf16_dot_products)
-on f32 accumulators.
+on f32 accumulators. With `MatmulParams.amx` (a CPU with AMX) such a product whose A is
+k-contiguous packs A by rows instead (A_p[b, m, k/2, 1, 2], m and k padded with zeros to
+multiples of 32 first), takes 32 x 32 register tiles over 16 pairs of k per step, and
+leaves that loop a linalg op, which the CPU target runs on AMX tiles
+(transform_ext.contraction_loops_to_amx_tiles: 2 x 2 f32 accumulator tiles, tdpbf16ps).
 
 fuse (the script's @fuse: steps recorded on a trial copy by `plan_matmul`): the payload
 normalized (`_normalize`: unit dims folded, elementwise ops fused; transposes and 1-D
@@ -702,7 +706,10 @@ class _Packed:
         pairs = self.pairs = bf16_pairs(c, params)
         # on AMX tiles: m packed by 1 (A's rows as they are), MR rows per register tile
         self.amx = pairs and params.amx
-        self.padded = False  # padded to AMX tiles (`pack`)
+        # on AMX tiles, m and k that are no multiples of AMX_TILE are padded with zeros to
+        # them (`pack`; n is: B's pack pads its panels, C_p's unpack drops the padding)
+        _, m, _, k = c.shape
+        self.amx_padded = [d for d, size in ((c.m, m), (c.k, k)) if size % AMX_TILE] if self.amx else []
         self.element_types = [str(v.type.element_type) for v in c.op.operands]  # A, B, C
         self.m0 = 1 if self.amx else mr
         self.rows = mr if self.amx else 1
@@ -740,21 +747,17 @@ class _Packed:
         both are bf16 packed in pairs of k (`bf16_pairs`: k packed by 2, its inner tile
         moved after m0 / n0). The kernel is marked _DONE with `index`."""
         c = self.c
-        if self.amx:  # m and k that are no multiples of AMX_TILE padded with zeros to them
-            # (n is: B's pack pads its panels, C_p's unpack drops the padding)
-            _, m, _, k = c.shape
-            padded = [d for d, size in ((c.m, m), (c.k, k)) if size % AMX_TILE]
-            self.padded = bool(padded)
-            if padded:
-                zeros = [ir.FloatAttr.get(ir.Type.parse(t), 0.0) for t in self.element_types]
-                # the padded operands' pads kept whole (folded into the packs, k's would be
-                # lost); B is padded only along k
-                b_padded = int(c.k in padded)
-                nofold = [1, b_padded, 0] if c.a_index == 0 else [b_padded, 1, 0]
-                contraction = structured.PadOp(
-                    contraction, padding_values=zeros, padding_dimensions=padded,
-                    pad_to_multiple_of=[AMX_TILE] * len(padded), nofold_flags=nofold,
-                    copy_back_op="none").padded
+        if self.amx_padded:
+            padded = self.amx_padded
+            zeros = [ir.FloatAttr.get(ir.Type.parse(t), 0.0) for t in self.element_types]
+            # the padded operands' pads kept whole (folded into the packs, k's would be
+            # lost); B is padded only along k
+            b_padded = int(c.k in padded)
+            nofold = [1, b_padded, 0] if c.a_index == 0 else [b_padded, 1, 0]
+            contraction = structured.PadOp(
+                contraction, padding_values=zeros, padding_dimensions=padded,
+                pad_to_multiple_of=[AMX_TILE] * len(padded), nofold_flags=nofold,
+                copy_back_op="none").padded
         if self.widened:
             contraction, *extensions = widen_contraction_operands(contraction)
             for i in (0, 1):
@@ -1137,7 +1140,7 @@ def _schedule_packed(rec: StepRecorder, batch: list[_Packed]) -> None:
         for i, (p, h) in enumerate(zip(batch, at_places(root, places))):
             p.pack(h, i)
         func = match(root, "func.func")
-        if folds or any(p.padded for p in batch):  # (the padded product's slice of C too)
+        if folds or any(p.amx_padded for p in batch):  # (the padded product's slice of C too)
             apply_patterns(func, structured.ApplyFoldIntoPackAndUnpackPatternsOp)
         # no CSE yet: the members' equal packs and fills stay apart for their own tiles
         apply_patterns(func, transform.ApplyCanonicalizationPatternsOp)

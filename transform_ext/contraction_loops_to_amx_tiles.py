@@ -40,7 +40,8 @@ from torch_mlir import ir
 from torch_mlir.dialects import arith, ext, memref, scf, transform, x86
 
 from .analysis.structure import dim_positions
-from .common import RewritesTargets, defining_op, reassociation_attr, rewrite_functions, walk_ops
+from .common import (RewritesTargets, block_ops, defining_op, is_nested_in, reassociation_attr,
+                     rewrite_functions, walk_ops)
 from .dialect import TransformExt
 
 NAME = "transform_ext.contraction_loops_to_amx_tiles"
@@ -68,9 +69,8 @@ class _AmxLoop:
 
 def _is_multiply_add(generic: ir.Operation) -> bool:
     """Is the generic's body yield(C + extf(A) * extf(B)) in f32 (in either order)?"""
-    block = generic.regions[0].blocks[0]
-    args = list(block.arguments)
-    ops = [op.operation for op in block.operations]
+    args = list(generic.regions[0].blocks[0].arguments)
+    ops = block_ops(generic)
     if len(args) != 3 or len(ops) != 5 or ops[-1].name != "linalg.yield":
         return False
     names = sorted(op.name for op in ops[:-1])
@@ -112,25 +112,16 @@ def _invariant(value: ir.Value, loop: ir.Operation) -> bool:
     if producer is None:
         block_owner = value.owner.owner if isinstance(value, ir.BlockArgument) else None
         return block_owner is None or block_owner != loop
-    if not _inside(producer, loop):
+    if not is_nested_in(producer, loop):
         return True
     return producer.name in VIEW_OPS + ("arith.constant",) and all(
         _invariant(v, loop) for v in producer.operands)
 
 
-def _inside(op: ir.Operation, loop: ir.Operation) -> bool:
-    parent = op.parent
-    while parent is not None:
-        if parent == loop:
-            return True
-        parent = parent.parent
-    return False
-
-
 def _hoist(value: ir.Value, loop: ir.Operation) -> None:
     """Move the view ops defining `value` inside `loop` before it (`_invariant` holds)."""
     producer = defining_op(value)
-    if producer is None or not _inside(producer, loop):
+    if producer is None or not is_nested_in(producer, loop):
         return
     for v in producer.operands:
         _hoist(v, loop)
@@ -198,7 +189,7 @@ def amx_loop(generic: ir.Operation):
     loop = generic.parent
     if loop is None or loop.name != "scf.for":
         return found
-    body = [op.operation for op in loop.regions[0].blocks[0].operations]
+    body = block_ops(loop)
     if len(loop.results) == 0 and not any(
             op.name not in VIEW_OPS + ("arith.constant", "arith.addi", "arith.muli", "scf.yield")
             for op in body if op != generic) and _invariant(found.c, loop):
@@ -208,10 +199,9 @@ def amx_loop(generic: ir.Operation):
 
 def _as_rows(value: ir.Value, split_after: int) -> ir.Value:
     """The memref `value` collapsed to 2-D: its axes up to `split_after` as rows, the rest
-    as columns (unit axes and one contiguous run: the checks of `amx_loop`)."""
-    rank = ir.MemRefType(value.type).rank
-    groups = [list(range(split_after + 1)), list(range(split_after + 1, rank))]
+    as columns (unit axes and one contiguous run: the checks of `amx_contraction`)."""
     t = ir.MemRefType(value.type)
+    groups = [list(range(split_after + 1)), list(range(split_after + 1, t.rank))]
     shape, strides = t.shape, _strides(t)
     rows = 1
     for axis in groups[0]:
@@ -275,7 +265,7 @@ def rewrite(found: _AmxLoop, rewriter) -> None:
         old_block = loop.regions[0].blocks[0]
         with ir.InsertionPoint(new.body), loop.location:
             yield_op = scf.YieldOp([])
-        for op in [o.operation for o in old_block.operations]:
+        for op in block_ops(old_block):
             if op.name not in ("scf.yield", "linalg.generic"):
                 op.move_before(yield_op.operation)
         old_block.arguments[0].replace_all_uses_with(new.induction_variable)

@@ -21,33 +21,23 @@ handle holds the targets.
 """
 
 from torch_mlir import ir
-from torch_mlir.dialects import ext, transform
+from torch_mlir.dialects import ext, linalg, transform
 
 from .analysis.structure import loop_structure
-from .common import (ReplacesTargets, Success, build_generic, clone_body, defining_op, payload_ops,
-                     walk_ops)
+from .common import (ReplacesTargets, Success, block_ops, build_generic, clone_body, defining_op,
+                     is_linalg, payload_ops, users, walk_ops)
 from .dialect import TransformExt
-
-# named linalg ops with reduction loops (their iterators are not attributes)
-REDUCING_NAMED_OPS = ("linalg.matmul", "linalg.batch_matmul", "linalg.matvec", "linalg.vecmat",
-                      "linalg.batch_matvec", "linalg.dot", "linalg.reduce", "linalg.contract")
 
 
 def _widening_read_by_a_reduction(op: ir.Operation) -> bool:
-    """Is `op` a generic whose body only widens a bf16 input (extf), read by a linalg op
-    with reduction loops?"""
-    body = [o.operation for o in op.regions[0].blocks[0].operations]
+    """Is `op` a generic whose body only widens a bf16 input (extf), read by a structured
+    linalg op with reduction loops?"""
+    body = block_ops(op)
     if [o.name for o in body] != ["arith.extf", "linalg.yield"] or \
             not isinstance(body[0].operands[0].type, ir.BF16Type):
         return False
-    return any(_has_reduction_loops(use.owner) for use in op.results[0].uses)
-
-
-def _has_reduction_loops(op: ir.Operation) -> bool:
-    if op.name in REDUCING_NAMED_OPS:
-        return True
-    return op.name.startswith("linalg.") and "iterator_types" in op.attributes and \
-        "reduction" in str(op.attributes["iterator_types"])
+    return any(is_linalg(reader) and linalg.get_indexing_maps(reader) is not None
+               and loop_structure(reader).reduction_dims for reader in users(op.results[0]))
 
 
 def _fusable(consumer: ir.Operation, index: int):
