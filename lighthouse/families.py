@@ -46,7 +46,8 @@ SCHEDULE_OPTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "attention": {"query_tile": int, "key_tile": int, "return_lse": bool, "key_major": bool,
                   "register_tile": (int, int), "backward_tiles": (int, int, int, int)},
     "cross_entropy": {"row_tile": int, "class_tile": int, "lanes": int},
-    "linear_cross_entropy": {"row_tile": int, "class_tile": int, "backward_rows": int},
+    "linear_cross_entropy": {"row_tile": int, "class_tile": int, "backward_rows": int,
+                             "amx_class_tile": int},
 }
 
 

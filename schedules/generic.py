@@ -53,7 +53,9 @@ One transform script (`generic_script`), two named sequences:
      of stride s > 1, and one of a 3-D pooling (a linalg.generic), becomes one load of
      (W-1)*s+1 lanes, a shuffle of every s-th lane and the body on W lanes
      (`transform_ext.strided_poolings_to_shuffles`);
-  4. the function is vectorized (`vectorize_children_and_apply_patterns`) and loop-invariant
+  4. the function is vectorized (`vectorize_children_and_apply_patterns`; with
+     keep_target_kernels, op by op leaving the ops marked TARGET_KERNEL, which the
+     target lowers itself: `vectorize_but_target_kernels`) and loop-invariant
      accumulator reads/writes are hoisted out of the loops; a split mat-vec's step (a
      contraction elementwise along its lanes) becomes FMAs of a few rows with one vector of
      x (`transform_ext.lane_contracts_to_fmas`); with `bf16_dot`, contractions
@@ -78,6 +80,8 @@ from dataclasses import dataclass
 from torch_mlir import ir
 from torch_mlir.dialects import transform
 from torch_mlir.dialects.transform import structured
+from torch_mlir.dialects.transform import tensor as ttensor
+from torch_mlir.dialects.transform import vector as tvec
 
 import transform_ext
 from transform_ext.analysis.structure import func_ops, single_func, top_level_linalg_ops
@@ -106,7 +110,11 @@ from transform_ext.tile_insert_slices import tile_insert_slices
 from transform_ext.tile_to_vector_tiles import tile_to_vector_tiles
 from transform_ext.contracts_to_bf16_dot_products import contracts_to_bf16_dot_products
 
-from .common import any_op, apply_passes, canonicalize, hoist_loop_invariant_subsets, match
+from transform_ext.common import TARGET_KERNEL
+from transform_ext.exclude_ops import exclude_ops
+
+from .common import (any_op, apply_passes, apply_patterns, canonicalize, foreach,
+                     hoist_loop_invariant_subsets, match)
 from .script import apply_stage, build_script
 
 # Imported from here by the other families (matmul, attention, cross-entropy) and targets.
@@ -233,8 +241,34 @@ def extrema_without_zero_order(func: ir.Value) -> None:
     annotate_fastmath(match(func, ["arith.maximumf", "arith.minimumf"]), "nsz")
 
 
-def vectorize_stage(params: GenericParams):
-    """Steps 3-4 of the module docstring, as a stage body."""
+def vectorize_but_target_kernels(func: ir.Value) -> None:
+    """What vectorize_children_and_apply_patterns does (vectorize_nd_extract, type extensions
+    folded into contractions), with the linalg ops marked TARGET_KERNEL left as they are
+    (the target lowers them): every other linalg op vectorized, one that cannot be staying a
+    loop nest, then that op's patterns (transfer permutations lowered, reductions to
+    contractions, vector ops sunk, extensions folded, tensor subsets folded into the
+    transfers, canonicalization)."""
+    linalg_ops = structured.MatchOp(any_op(), func,
+                                    interface=structured.MatchInterfaceEnum.LinalgOp).result
+    kept = structured.MatchOp(any_op(), func, op_attrs={TARGET_KERNEL: ir.UnitAttr.get()}).result
+
+    def vectorize(op: ir.Value) -> None:
+        seq = transform.SequenceOp(transform.FailurePropagationMode.Suppress, [], op)
+        with ir.InsertionPoint(seq.body):
+            structured.VectorizeOp(seq.bodyTarget, vectorize_nd_extract=True)
+            transform.YieldOp()
+
+    foreach(exclude_ops(linalg_ops, kept), vectorize)
+    apply_patterns(func, tvec.ApplyTransferPermutationPatternsOp,
+                   tvec.ApplyVectorReductionToContractPatternsOp, tvec.ApplySinkVectorPatternsOp,
+                   tvec.ApplyFoldArithExtensionPatternsOp,
+                   ttensor.ApplyFoldTensorSubsetOpsIntoVectorTransfersPatternsOp)
+    canonicalize(func)
+
+
+def vectorize_stage(params: GenericParams, keep_target_kernels: bool = False):
+    """Steps 3-4 of the module docstring, as a stage body; with `keep_target_kernels`, the
+    ops marked TARGET_KERNEL are neither tiled nor vectorized (vectorize_but_target_kernels)."""
 
     def body(root: ir.Value) -> None:
         func = match(root, "func.func")
@@ -250,8 +284,11 @@ def vectorize_stage(params: GenericParams):
         scalarize_rank0_generics(func)
         tile_insert_slices(func, params.vector_tile,
                            max_elements=params.register_tile[0] * params.register_tile[1])
-        func = structured.VectorizeChildrenAndApplyPatternsOp(
-            func, vectorize_nd_extract=True, fold_type_extensions_into_contract=True).result
+        if keep_target_kernels:
+            vectorize_but_target_kernels(func)
+        else:
+            func = structured.VectorizeChildrenAndApplyPatternsOp(
+                func, vectorize_nd_extract=True, fold_type_extensions_into_contract=True).result
         canonicalize(func)
         hoist_loop_invariant_subsets(func)
         canonicalize(func)

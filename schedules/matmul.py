@@ -97,7 +97,8 @@ from transform_ext.analysis.structure import dim_positions, is_linalg_op, loop_s
 from transform_ext.analysis.tiles import VectorPolicy
 from transform_ext.collapse_contraction_parallel_dims import collapse_contraction_parallel_dims
 from transform_ext.collapse_reduction_dims import collapse_reduction_dims
-from transform_ext.common import Illegal, defining_op, largest_divisor_at_most, user_op, users
+from transform_ext.common import (AMX_SIDE, Illegal, defining_op, largest_divisor_at_most, user_op,
+                                  users)
 from transform_ext.contracts_to_bf16_dot_products import contracts_to_bf16_dot_products
 from transform_ext.drop_unpack_destination_fill import drop_unpack_destination_fill
 from transform_ext.flatten_contiguous_writes import flatten_contiguous_writes
@@ -294,7 +295,7 @@ class MatmulParams:
                             block_m=min(mt, 64), pack_k=min(16, tile_k), pack=pack, threads=threads)
 
 
-AMX_TILE = 32   # rows and columns of an AMX register tile: 2 x 2 tiles of 16 x 16 f32
+AMX_TILE = AMX_SIDE  # rows and columns of an AMX register tile: 2 x 2 tiles of 16 x 16 f32
 AMX_PAIRS = 16  # bf16 pairs of k per AMX step: one 64-byte tile row
 
 

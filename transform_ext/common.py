@@ -17,6 +17,16 @@ Success = transform.DiagnosedSilenceableFailure.Success
 SilenceableFailure = transform.DiagnosedSilenceableFailure.SilenceableFailure
 
 
+# unit attribute of a linalg op the target lowers itself (a step of a contraction on AMX
+# tiles, transform_ext.contraction_loops_to_amx_tiles): vector tiling and vectorization leave it
+TARGET_KERNEL = "lh.target_kernel"
+# unit attribute of a bf16 contraction in pairs, loops (m, n, p, v) with A[m, p, v],
+# B[p, n, v] and C[m, n] f32, m, n and 2p multiples of AMX_SIDE: a CPU schedule cuts it into
+# steps of AMX tiles (schedules/linear_cross_entropy/cpu.py)
+AMX_PRODUCT = "lh.amx_product"
+AMX_SIDE = 32  # the side of the 2 x 2 AMX tiles of such a product's output steps
+
+
 class RewritesTargets(ir.MemoryEffectsOpInterface):
     """Memory effects of an op that rewrites the payload under the handles it reads (the
     targets' own ops stay) and returns handles it produces, if any."""

@@ -67,7 +67,7 @@ class _AmxLoop:
     k: int
 
 
-def _is_multiply_add(generic: ir.Operation) -> bool:
+def is_multiply_add(generic: ir.Operation) -> bool:
     """Is the generic's body yield(C + extf(A) * extf(B)) in f32 (in either order)?"""
     args = list(generic.regions[0].blocks[0].arguments)
     ops = block_ops(generic)
@@ -139,7 +139,7 @@ def amx_contraction(generic: ir.Operation):
         return None
     types = [ir.MemRefType(v.type).element_type for v in inputs + outputs]
     if not (isinstance(types[0], ir.BF16Type) and isinstance(types[1], ir.BF16Type)
-            and isinstance(types[2], ir.F32Type)) or not _is_multiply_add(generic):
+            and isinstance(types[2], ir.F32Type)) or not is_multiply_add(generic):
         return None
     if any(not ir.MemRefType(v.type).has_static_shape for v in inputs + outputs):
         return None
@@ -311,4 +311,5 @@ def contraction_loops_to_amx_tiles(func: ir.Value) -> ContractionLoopsToAmxTiles
     return ContractionLoopsToAmxTilesOp(func)
 
 
-__all__ = ["ContractionLoopsToAmxTilesOp", "amx_loop", "contraction_loops_to_amx_tiles", "lower_in"]
+__all__ = ["ContractionLoopsToAmxTilesOp", "amx_loop", "contraction_loops_to_amx_tiles",
+           "is_multiply_add", "lower_in"]

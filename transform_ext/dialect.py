@@ -152,6 +152,7 @@ OP_MODULES: list[str] = [
     "forward_masked_writes",
     "contracts_to_bf16_dot_products",
     "contraction_loops_to_amx_tiles",
+    "contraction_in_vnni_pairs",
     "match_loop_accumulators",
     "forall_allocs_to_function",
     "flatten_contiguous_writes",

@@ -34,7 +34,14 @@ to bf16 before its bf16 products). With `bf16_pairs`, bf16 operands are not wide
 products read them as they are (each term widened in the product's body, f32 accumulator),
 so their register tiles can take pairs of k as bf16 dot products
 (transform_ext.contracts_to_bf16_dot_products); dh then reads G's tile transposed once per
-tile, [R, C], each row's pair of classes adjacent (one broadcast load per row and pair). The loop over the row blocks carries the unit
+tile, [R, C], each row's pair of classes adjacent (one broadcast load per row and pair).
+With `amx` too, a product of bf16 factors whose extents (m, n, k) are multiples of 32 is
+built in pairs of k for AMX tiles, loops (m, n, p, v), marked lh.amx_product
+(transform_ext.common.AMX_PRODUCT): S_c^T from W_c [C, D/2, 2] in place and h_s^T as pairs
+[D/2, R, 2]; dW_c from G_c^T [C, R/2, 2] in place and h_s's pairs of rows [R/2, D, 2] (both
+packed once per block); dh from G_c [R, C/2, 2] and W's pairs of classes [V/2, D, 2], packed
+once before the row blocks (V even). The others (a remainder tile or block) stay as above.
+The loop over the row blocks carries the unit
 attribute `lh.fused_kernel` (when it has more than one iteration): it is fused, the
 schedule's later steps leave it alone.
 
@@ -57,8 +64,10 @@ from .analysis.linear_cross_entropy_backward import (LinearCrossEntropyBackward,
                                                      RowsAndClasses,
                                                      linear_cross_entropy_backward_in)
 from .analysis.structure import dim_positions, loop_structure
-from .common import (Illegal, RewritesTargets, Success, block_ops, body_of, build_generic,
-                     clone_op, fail, payload_ops, reassociation_attr, terminator, users, walk_ops)
+from .common import (AMX_PRODUCT, AMX_SIDE, Illegal, RewritesTargets, Success, block_ops,
+                     body_of, build_generic, clone_op, fail, payload_ops, reassociation_attr,
+                     terminator, users, walk_ops)
+from .contraction_in_vnni_pairs import in_pairs, transposed_pairs
 from .dialect import TransformExt
 from .widen_contraction_operands import extend_to_f32
 
@@ -257,6 +266,26 @@ def _product(a: ir.Value, a_rows_first: bool, b: ir.Value, acc: ir.Value) -> ir.
     return tensor.CollapseShapeOp(acc_type, out, reassociation_attr([[0], [1, 2]])).result
 
 
+def _pairs_of_rows(b: ir.Value) -> ir.Value:
+    """B [K, N] as pairs of its rows [K/2, N, 2], P[p, n, v] = B[2p + v, n]: an AMX
+    product's second factor (VNNI)."""
+    k, n = ir.RankedTensorType(b.type).shape
+    element = ir.RankedTensorType(b.type).element_type
+    split = tensor.ExpandShapeOp(ir.RankedTensorType.get([k // 2, 2, n], element), b,
+                                 reassociation_attr([[0, 1], [2]]), [], [k // 2, 2, n]).result
+    empty = tensor.EmptyOp([k // 2, n, 2], element).result
+    return linalg.transpose(split, outs=[empty], permutation=[0, 2, 1]).results[0]
+
+
+def _pair_product(a: ir.Value, b: ir.Value, acc: ir.Value) -> ir.Value:
+    """acc[M, N] += sum_(p, v) A[m, p, v] B[p, n, v] (bf16 pairs, f32 acc), loops (m, n,
+    p, v), marked AMX_PRODUCT: the CPU schedule cuts it into AMX tile steps."""
+    out = build_generic([a, b], [acc], [_map(4, [0, 2, 3]), _map(4, [2, 1, 3]), _map(4, [0, 1])],
+                        ["parallel", "parallel", "reduction", "reduction"], _multiply_add)
+    out.attributes[AMX_PRODUCT] = ir.UnitAttr.get()
+    return out.results[0]
+
+
 class _ClassAccumulator:
     """A result accumulated per class over the row blocks (dW [V, D], a column sum [.., V, ..]):
     its full value, the axis of its classes."""
@@ -289,9 +318,10 @@ class _Kernel:
     (when there is one), then one _ClassAccumulator per dW and column sum."""
 
     def __init__(self, bwd: LinearCrossEntropyBackward, row_tile: int, class_tile: int,
-                 threads: int, panel: int, bf16_pairs: bool):
+                 threads: int, panel: int, bf16_pairs: bool, amx: bool = False):
         self.bwd = bwd
         self.bf16_pairs = bf16_pairs
+        self.amx = amx
         self.n, self.v, self.d = bwd.logits.shape
         self.rows = min(row_tile, self.n)
         self.classes = min(class_tile, self.v)
@@ -300,6 +330,13 @@ class _Kernel:
         self.f32 = ir.F32Type.get()
         self.has_dh = bwd.d_rows is not None
         self.accumulators: list[_ClassAccumulator] = []
+        self.w_pairs = None  # W in pairs of classes [V/2, D, 2], for dh on AMX tiles
+
+    def on_tiles(self, m: int, n: int, k: int, *factors: ir.Value) -> bool:
+        """Does a product of extents (m, n, k) of bf16 `factors` run on AMX tiles (`amx`,
+        every extent a multiple of AMX_SIDE)?"""
+        return self.amx and not (m % AMX_SIDE or n % AMX_SIDE or k % AMX_SIDE) and all(
+            isinstance(ir.RankedTensorType(f.type).element_type, ir.BF16Type) for f in factors)
 
     def operand(self, x: ir.Value) -> ir.Value:
         """A product's operand: `x` widened to f32, or as it is when it is bf16 and the
@@ -323,6 +360,10 @@ class _Kernel:
             axis = dim_positions(ls.output_map(0)).index(column.class_loop)
             self.accumulators.append(_ClassAccumulator(mapping[init], axis))
         carried += [a.init for a in self.accumulators]
+        weight = bwd.logits.weight
+        if self.has_dh and self.v % 2 == 0 and self.on_tiles(self.rows, self.d, self.classes,
+                                                             weight):
+            self.w_pairs = _pairs_of_rows(weight)  # packed once for every row block
         full = self.n - self.n % self.rows
         loop = scf.ForOp(_index(0), _index(full), _index(self.rows), carried)
         loop.operation.attributes[FUSED_KERNEL] = ir.UnitAttr.get()
@@ -347,6 +388,9 @@ class _Kernel:
                                permutation=[1, 0]).results[0]
         block = _Block(self, s0, rows, _maybe_panels(self.operand(h_s), self.panel),
                        _maybe_panels(self.operand(h_t), self.panel))
+        if self.on_tiles(self.classes, rows, d, h_s):  # S^T's and dW's second factors
+            block.h_t_pairs = transposed_pairs(h_s)
+            block.h_pairs = _pairs_of_rows(h_s)
         tiles = (self.v - self.v % self.classes) // self.classes
         shared = ([tensor.EmptyOp([self.threads, rows, d], f32).result] if self.has_dh else []) \
             + accumulated
@@ -404,6 +448,7 @@ class _Block:
 
     def __init__(self, kernel: _Kernel, s0: ir.Value, rows: int, h_s: ir.Value, h_t: ir.Value):
         self.k, self.s0, self.rows, self.h_s, self.h_t = kernel, s0, rows, h_s, h_t
+        self.h_t_pairs = self.h_pairs = None  # h_s^T [D/2, R, 2] and h_s [R/2, D, 2]
 
     def class_tile(self, c0: ir.Value, local: ir.Value, classes: int, carried: list) -> list:
         """The tile of `classes` classes from c0 (at `local` in the carried accumulators):
@@ -412,8 +457,13 @@ class _Block:
         bwd, f32, d = k.bwd, k.f32, k.d
         dh = carried[0] if k.has_dh else None
         accumulated = carried[1:] if k.has_dh else carried
-        w_c = k.operand(_slice(bwd.logits.weight, [c0, 0], [classes, d]))
-        s_t = _product(w_c, True, self.h_t, _zeros([classes, self.rows], f32))
+        w_raw = _slice(bwd.logits.weight, [c0, 0], [classes, d])
+        w_c = k.operand(w_raw)
+        if self.h_t_pairs is not None and k.on_tiles(classes, self.rows, d, w_raw):
+            s_t = _pair_product(in_pairs(w_raw), self.h_t_pairs,
+                                _zeros([classes, self.rows], f32))
+        else:
+            s_t = _product(w_c, True, self.h_t, _zeros([classes, self.rows], f32))
         tiles = {bwd.logits.result: s_t}
         if bwd.gradient is not None:
             g = bwd.gradient
@@ -428,14 +478,22 @@ class _Block:
                 # bf16 pairs of classes: G's tile transposed once, each row's pair adjacent
                 rows_major = linalg.transpose(g_t, outs=[tensor.EmptyOp(
                     [self.rows, classes], g_t.type.element_type).result], permutation=[1, 0])
-                result.append(_product(rows_major.results[0], True,
-                                       _maybe_panels(w_c, k.panel), dh))
+                if k.w_pairs is not None and k.on_tiles(self.rows, d, classes, g_t):
+                    w_pairs = _slice(k.w_pairs, [arith.divui(c0, _index(2)), 0, 0],
+                                     [classes // 2, d, 2])
+                    result.append(_pair_product(in_pairs(rows_major.results[0]), w_pairs, dh))
+                else:
+                    result.append(_product(rows_major.results[0], True,
+                                           _maybe_panels(w_c, k.panel), dh))
             else:
                 result.append(_product(g_t, False, _maybe_panels(w_c, k.panel), dh))
         sums = iter(zip(k.accumulators, accumulated))
         if bwd.d_weight is not None:
             acc, dw = next(sums)
-            dw_c = _product(g_t, True, self.h_s, acc.slice(dw, local, classes))
+            if self.h_pairs is not None and k.on_tiles(classes, d, self.rows, g_t):
+                dw_c = _pair_product(in_pairs(g_t), self.h_pairs, acc.slice(dw, local, classes))
+            else:
+                dw_c = _product(g_t, True, self.h_s, acc.slice(dw, local, classes))
             result.append(acc.insert(dw_c, dw, local, classes))
         for column, (acc, total) in zip(bwd.column_sums, sums):
             part = self.tile_op(column, tiles, c0, classes, acc.slice(total, local, classes))
@@ -524,9 +582,10 @@ def tile_op(item: RowsAndClasses, tiles: dict, rows: tuple, classes: tuple, out:
 
 
 def rewrite(bwd: LinearCrossEntropyBackward, at: ir.Operation, row_tile: int, class_tile: int,
-            threads: int, panel: int, bf16_pairs: bool, rewriter) -> None:
+            threads: int, panel: int, bf16_pairs: bool, amx: bool, rewriter) -> None:
     with ir.InsertionPoint(at), at.location:
-        results = iter(_Kernel(bwd, row_tile, class_tile, threads, panel, bf16_pairs).build())
+        results = iter(_Kernel(bwd, row_tile, class_tile, threads, panel, bf16_pairs,
+                               amx).build())
         replaced = [(op, next(results)) for op in (bwd.d_rows, bwd.d_weight) if op is not None]
         replaced += [(column.op, next(results)) for column in bwd.column_sums]
         for i, (op, value) in enumerate(replaced):
@@ -554,6 +613,7 @@ class FuseLinearCrossEntropyBackwardOp(TransformExt.Operation,
     threads: ir.IntegerAttr
     panel: ir.IntegerAttr
     bf16_pairs: ir.IntegerAttr  # i1
+    amx: ir.IntegerAttr  # i1
 
     class Apply(transform.TransformOpInterface):
         @staticmethod
@@ -564,6 +624,7 @@ class FuseLinearCrossEntropyBackwardOp(TransformExt.Operation,
                 threads = ir.IntegerAttr(op.threads).value
                 panel = ir.IntegerAttr(op.panel).value
                 bf16_pairs = bool(ir.IntegerAttr(op.bf16_pairs).value)
+                amx = bf16_pairs and bool(ir.IntegerAttr(op.amx).value)
                 targets = payload_ops(state, op.target)
                 try:
                     if min(rows, classes, threads) < 1 or panel < 0:
@@ -574,7 +635,7 @@ class FuseLinearCrossEntropyBackwardOp(TransformExt.Operation,
                 except Illegal as illegal:
                     return fail(NAME, illegal)
                 for bwd, at in plans:
-                    rewrite(bwd, at, rows, classes, threads, panel, bf16_pairs, rewriter)
+                    rewrite(bwd, at, rows, classes, threads, panel, bf16_pairs, amx, rewriter)
                 return Success
 
         @staticmethod
@@ -585,14 +646,15 @@ class FuseLinearCrossEntropyBackwardOp(TransformExt.Operation,
 
 
 def fuse_linear_cross_entropy_backward(func_handle: ir.Value, *, row_tile: int, class_tile: int,
-                                       threads: int, panel: int = 0, bf16_pairs: bool = False) -> None:
+                                       threads: int, panel: int = 0, bf16_pairs: bool = False,
+                                       amx: bool = False) -> None:
     """Replace the backward of the loss over linear logits of each function of
     `func_handle` by the fused loop nest (see the module docstring)."""
-    i64 = ir.IntegerType.get_signless(64)
-    FuseLinearCrossEntropyBackwardOp(func_handle, ir.IntegerAttr.get(i64, row_tile),
-                                     ir.IntegerAttr.get(i64, class_tile),
-                                     ir.IntegerAttr.get(i64, threads), ir.IntegerAttr.get(i64, panel),
-                                     ir.IntegerAttr.get(ir.IntegerType.get_signless(1), bf16_pairs))
+    i64, i1 = ir.IntegerType.get_signless(64), ir.IntegerType.get_signless(1)
+    FuseLinearCrossEntropyBackwardOp(
+        func_handle, ir.IntegerAttr.get(i64, row_tile), ir.IntegerAttr.get(i64, class_tile),
+        ir.IntegerAttr.get(i64, threads), ir.IntegerAttr.get(i64, panel),
+        ir.IntegerAttr.get(i1, bf16_pairs), ir.IntegerAttr.get(i1, amx))
 
 
 __all__ = ["FuseLinearCrossEntropyBackwardOp", "fuse_linear_cross_entropy_backward",

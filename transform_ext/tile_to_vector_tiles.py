@@ -21,7 +21,8 @@ Sizes from `vector_tile_sizes` (transform_ext.analysis.tiles):
   (`transform.loop.peel`) into a static tile of its own; the function is canonicalized
   then, so the peeled tiles' sizes fold to constants. A reduction whose combined term reads
   no input (`has_step_invariant_term`) steps its reduced dims one at a time.
-Ops whose tile is the whole op (or with dynamic shapes) are left alone. Tiling and peeling
+Ops whose tile is the whole op (or with dynamic shapes), and ops marked TARGET_KERNEL (the
+target lowers them), are left alone. Tiling and peeling
 split the iteration space; every element is computed as before.
 
 Targets: func.func ops (the handle is consumed and returned, see common.RewritesNestedOps). Any other target op is a silenceable
@@ -36,7 +37,7 @@ from torch_mlir.dialects.transform import loop, structured
 from .analysis.structure import all_linalg_ops, loop_structure
 from .analysis.tiles import (VectorPolicy, is_vector_matrix, lane_dim, register_tile_init_producer,
                              vector_matrix_k_chunk, vector_tile_sizes)
-from .common import Illegal, RewritesNestedOps, Success, fail, payload_ops
+from .common import TARGET_KERNEL, Illegal, RewritesNestedOps, Success, fail, payload_ops
 from .dialect import TransformExt
 from .fuse_init_into_register_tile import fuse_init_into_register_tile
 from .nested import any_op, apply_to, canonicalize
@@ -81,8 +82,8 @@ def _fuses_init(op: ir.Operation, sizes: list[int]) -> bool:
 
 def tile_plan(func: ir.Operation, policy: VectorPolicy):
     """(op, sizes, fuses its init) per op to tile; the producers computed per register tile
-    are not tiled on their own."""
-    ops = all_linalg_ops(func)
+    are not tiled on their own, ops marked TARGET_KERNEL not at all."""
+    ops = [op for op in all_linalg_ops(func) if TARGET_KERNEL not in op.attributes]
     sizes = [vector_tile_sizes(op, policy) for op in ops]
     chunks = [vector_matrix_k_chunk(op, policy) for op in ops]
     fused = [s is not None and c is None and _fuses_init(op, s)

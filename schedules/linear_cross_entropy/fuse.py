@@ -35,6 +35,15 @@ Schedule (the script's @fuse, one named step per item; decisions read by
      sum that needs the final exp-sum (label smoothing of bf16/f16 logits: torch rounds each
      log-probability before summing) gets a second loop over the class tiles after it, the
      logits tile recomputed in it.
+  7. logits_in_pairs (plan.amx: bf16 h and W on a CPU with AMX, D, the row block and the
+     class tile multiples of 32, the class tile dividing V): S^T's tile contraction reads
+     W's class tile in pairs of the depth in place, [C, D/2, 2], and the row block's h^T as
+     pairs [D/2, rows, 2] packed once per block (transform_ext.contraction_in_vnni_pairs),
+     marked AMX_PRODUCT; the CPU's vectorize stage cuts it into 32 x 32 steps of 16 pairs
+     that the target runs on AMX tiles. The fused backward (step 3, params.amx) builds its
+     products of such extents in pairs itself: S^T likewise, dW from G^T's rows in place
+     and h_s's pairs of rows, dh from G's rows in place and W's pairs of classes packed
+     once before the row blocks.
 The GPU form (params classes_major=False, masked_target=True, lanes=16; the XeGPU target's
 linear_cross_entropy_tiles): step 2 is masked_gathers (the target logit as a masked sum
 over S's classes, transform_ext.gathers_to_masked_class_sums, a class sum of the fused
@@ -63,6 +72,8 @@ from torch_mlir import ir
 from torch_mlir.dialects import transform
 from torch_mlir.dialects.transform import loop, structured
 
+from transform_ext.common import AMX_PRODUCT
+from transform_ext.contraction_in_vnni_pairs import contraction_in_vnni_pairs
 from transform_ext.filter_iterators import filter_iterators
 from transform_ext.filter_ops import filter_reductions
 from transform_ext.fold_casts_into_contractions import fold_casts_into_contractions
@@ -97,6 +108,7 @@ from ..script import include_step
 from .params import LateSum, LinearCrossEntropyParams, LinearCrossEntropyPlan
 
 ROW_BLOCKS = "lh.row_blocks"  # the forward's forall (the backward's is a fused kernel's)
+AMX_LOGITS = "lh.amx_logits"  # the forward's S^T tile contraction, to be paired (plan.amx)
 ONE_HOT_SUM = "lh.one_hot_sum"  # the backward's one-hot row sums, folded to per-row ops
 
 # the cross_entropy family's normalization without folding reshapes by expansion: the
@@ -231,7 +243,7 @@ def fuse_backward(params: LinearCrossEntropyParams, rows: int = 0, classes: int 
             fuse_linear_cross_entropy_backward(func, row_tile=params.backward_rows,
                                                class_tile=params.class_tile,
                                                threads=params.threads, panel=params.panel,
-                                               bf16_pairs=params.bf16_dot)
+                                               bf16_pairs=params.bf16_dot, amx=params.amx)
         else:
             fuse_linear_cross_entropy_backward_two_pass(
                 func, block=largest_divisor_at_most(common, block_cap),
@@ -250,11 +262,12 @@ def logits_classes_major(root: ir.Value) -> ir.Value:
 
 
 def fuse_class_loops(params: LinearCrossEntropyParams, late: tuple[LateSum, ...] = (),
-                     group_size: int = 0):
+                     group_size: int = 0, amx: bool = False):
     """Step 6 of the module docstring, in every row block; then each late class sum (one
     that reads a reduction of the group other than the row max: sum_c round(x_c - m -
     log l), label smoothing of bf16 logits, needs the final l) gets a loop of its own over
-    the class tiles with S^T's tile computed in it (a second sweep: the logits recomputed)."""
+    the class tiles with S^T's tile computed in it (a second sweep: the logits recomputed).
+    With `amx`, S^T's contraction is marked AMX_LOGITS first (its tiles keep the mark)."""
     def body(root: ir.Value) -> ir.Value:
         blocks = structured.MatchOp(transform.AnyOpType.get(), root,
                                     op_attrs={ROW_BLOCKS: ir.UnitAttr.get()}).result
@@ -266,6 +279,8 @@ def fuse_class_loops(params: LinearCrossEntropyParams, late: tuple[LateSum, ...]
             group = exclude_ops(group, transform.MergeHandlesOp(lates).result)
         row_max = filter_reductions(group, combiner="max")
         logits = match_logits_contraction(blocks)
+        if amx:
+            transform.AnnotateOp(logits, AMX_LOGITS)
         fuse_dependent_reduction_ops(row_max, exclude_ops(group, row_max), params.class_tile,
                                      producers=[logits])
         for target, s in zip(lates, late):
@@ -280,6 +295,17 @@ def fuse_class_loops(params: LinearCrossEntropyParams, late: tuple[LateSum, ...]
         return apply_passes(root, "canonicalize", "cse")
 
     return body
+
+
+def logits_in_pairs(root: ir.Value) -> ir.Value:
+    """Step 7 (plan.amx): each S^T tile's contraction (marked AMX_LOGITS) reads W's rows in
+    pairs of the depth in place and h^T as pairs [D/2, rows, 2] made once per row block
+    (transform_ext.contraction_in_vnni_pairs), marked AMX_PRODUCT: the layout of AMX's
+    tdpbf16ps, whose 32 x 32 tiles the CPU's vectorize stage cuts (cpu.py)."""
+    marked = structured.MatchOp(transform.AnyOpType.get(), root,
+                                op_attrs={AMX_LOGITS: ir.UnitAttr.get()}).result
+    transform.AnnotateOp(contraction_in_vnni_pairs(marked), AMX_PRODUCT)
+    return apply_passes(root, "canonicalize", "cse")
 
 
 def row_results_in_lanes(lanes: int):
@@ -323,7 +349,10 @@ def fuse_steps(plan: LinearCrossEntropyPlan) -> list[tuple[str, object]]:
     steps += [
               ("sink_root_readers", sink_root_readers(plan.root)),
               ("tile_rows", tile_rows(plan.rows, mark=ROW_BLOCKS)),
-              ("fuse_class_loops", fuse_class_loops(plan.params, plan.late, plan.group_size))]
+              ("fuse_class_loops", fuse_class_loops(plan.params, plan.late, plan.group_size,
+                                                    plan.amx))]
+    if plan.amx:
+        steps.append(("logits_in_pairs", logits_in_pairs))
     if plan.params.lanes and plan.backward:
         steps.append(("row_results_in_lanes", row_results_in_lanes(plan.params.lanes)))
     return steps

@@ -9,6 +9,8 @@ the same payload text, so the last plan made is kept.
 
 from __future__ import annotations
 
+import dataclasses
+
 from torch_mlir import ir
 
 import transform_ext
@@ -18,7 +20,7 @@ from transform_ext.analysis.linear_cross_entropy_backward import (
 from transform_ext.analysis.logits import NotLogits, row_max, row_max_contraction, row_max_logits
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
 from transform_ext.analysis.classify import reduction_combiner
-from transform_ext.common import block_ops, defining_op, user_op
+from transform_ext.common import AMX_PRODUCT, AMX_SIDE, block_ops, defining_op, user_op
 
 from ..common import place_of, run_schedule
 from ..cross_entropy.params import RowTiling
@@ -29,7 +31,7 @@ from ..prepare import check_by_planning
 from .fuse import (ROW_BLOCKS, fold_casts, fold_one_hot_sums, fuse_backward, fuse_class_loops,
                    gather_step, logits_classes_major, mark_class_sums, name_target_checks,
                    normalize_loss, restructure, shrink_bounds, sink_root_readers, tile_rows)
-from .fuse import CLASS_SUM, lane_form, targets_in_lanes
+from .fuse import CLASS_SUM, lane_form, logits_in_pairs, targets_in_lanes
 from .params import LateSum, LinearCrossEntropyParams, LinearCrossEntropyPlan
 from .recognize import NotLinearCrossEntropy, linear_cross_entropy_func
 
@@ -78,6 +80,8 @@ def plan_linear_cross_entropy(payload: ir.Module,
         # to the classes in the loop-dim analysis the fusion reads
         raise NotLinearCrossEntropy(f"the depth equals the classes ({depth}): the fusion "
                                     f"cannot tell them apart")
+    bf16 = _bf16_logits(trial)
+    params = _amx_params(params, classes, bf16)
     if not params.classes_major and classes % params.class_tile:
         raise NotLinearCrossEntropy(
             f"the classes ({classes}) are not a multiple of the class tile "
@@ -104,7 +108,10 @@ def plan_linear_cross_entropy(payload: ir.Module,
         root = _lane_copy(ops, root)
     root_place = place_of(trial.operation, root)
     _apply(trial, sink_root_readers(root_place))
-    rows = _row_tiling(trial, root, params)  # the root as chosen before its readers moved
+    amx = _amx_logits(params, classes, depth, bf16)
+    # the root as chosen before its readers moved
+    rows = _row_tiling(trial, root, params, AMX_SIDE if amx else 1)
+    amx = amx and all(s % AMX_SIDE == 0 for s in rows.sizes if s)
     _apply(trial, tile_rows(rows, mark=ROW_BLOCKS))
     late, group_size = _late_sums(trial, params)
     if late and not params.classes_major:
@@ -112,9 +119,15 @@ def plan_linear_cross_entropy(payload: ir.Module,
             "label smoothing of f16/bf16 logits (torch rounds each log-probability, so a "
             "second sweep over the classes recomputes the logits) has no [N, V]-major form "
             "(the GPU's) yet; give f32 logits or no label smoothing")
-    _apply(trial, fuse_class_loops(params, late, group_size))
+    _apply(trial, fuse_class_loops(params, late, group_size, amx))
+    if amx:
+        try:
+            _apply(trial, logits_in_pairs)
+        except ValueError:  # the interpreter's failure: a tile the pairs do not take
+            amx = False
+    products = any(AMX_PRODUCT in op.attributes for op in _walk(trial))
     plan = LinearCrossEntropyPlan(params, classes, backward, root_place, rows, late, group_size,
-                                  n)
+                                  n, amx, products)
     _Plans.key, _Plans.plan = key, plan
     return plan
 
@@ -165,12 +178,39 @@ def _has_backward(payload: ir.Module) -> bool:
     return True
 
 
+def _bf16_logits(payload: ir.Module) -> bool:
+    """Does S's contraction read bf16 h and W?"""
+    contraction = row_max_contraction(linear_cross_entropy_func(payload).regions[0].blocks[0])
+    return all(isinstance(v.type.element_type, ir.BF16Type)
+               for v in list(contraction.opview.inputs))
+
+
+def _amx_params(params: LinearCrossEntropyParams, classes: int,
+                bf16: bool) -> LinearCrossEntropyParams:
+    """`params` with, for bf16 logits on AMX tiles, the class tile of amx_class_tile
+    (LinearCrossEntropyParams) when a multiple of AMX_SIDE up to it divides V."""
+    if params.amx and params.classes_major and bf16:
+        for tile in range(params.amx_class_tile - params.amx_class_tile % AMX_SIDE, 0, -AMX_SIDE):
+            if classes % tile == 0:
+                return dataclasses.replace(params, class_tile=tile)
+    return params
+
+
+def _amx_logits(params: LinearCrossEntropyParams, classes: int, depth: int, bf16: bool) -> bool:
+    """Can the forward's logits tiles run on AMX tiles (LinearCrossEntropyPlan.amx)? The
+    params ask for it, S's contraction reads bf16 h and W, D is a multiple of AMX_SIDE and
+    the class tile one dividing V (the tile loops need static 32 x 32 tiles)."""
+    return params.amx and params.classes_major and bf16 and not (
+        depth % AMX_SIDE or params.class_tile % AMX_SIDE or classes % params.class_tile)
+
+
 def _row_tiling(payload: ir.Module, root: ir.Operation,
-                params: LinearCrossEntropyParams) -> RowTiling:
+                params: LinearCrossEntropyParams, unit: int = 1) -> RowTiling:
     """The root over blocks of rows and its producers over the rows, by their places among
     the ops `structured.match` finds (nested ones, the fused backward's, included). Blocks
     of `row_tile` rows, else as many as keep h^T of a block [D, rows] f32 within
-    `block_bytes` with four blocks per thread at least; a divisor of N. In the [N, V]-major
+    `block_bytes` with four blocks per thread at least; a divisor of N (and a multiple of
+    `unit` when N has one such divisor: AMX tiles take 32 rows). In the [N, V]-major
     form (the GPU's) at most N / 2 rows: a forall of one block would fold away."""
     block = linear_cross_entropy_func(payload).regions[0].blocks[0]
     linalg_ops = [op for op in block_ops(block.owner) if is_linalg_op(op)]
@@ -190,11 +230,20 @@ def _row_tiling(payload: ir.Module, root: ir.Operation,
     if not params.classes_major:   # the GPU's workgroups: two blocks at least (one is folded)
         want = min(want, max(1, extent // 2))
     sizes = [0] * ls.num_loops
-    sizes[row_dims[0]] = largest_divisor_at_most(extent, want)
+    sizes[row_dims[0]] = _block_rows(extent, want, unit)
     names = tuple(sorted({op.name for op in [root] + producers}))
     candidates = [op for op in _walk(payload) if op.name in names]
     places = tuple(candidates.index(op) for op in [root] + producers)
     return RowTiling(names, len(candidates), places, tuple(sizes))
+
+
+def _block_rows(extent: int, want: int, unit: int) -> int:
+    """The largest divisor of `extent` at most `want` that is a multiple of `unit`, else
+    (`unit` > want, or none divides) the largest divisor at most `want`."""
+    for rows in range(want - want % unit, 0, -unit):
+        if extent % rows == 0:
+            return rows
+    return largest_divisor_at_most(extent, want)
 
 
 def _late_sums(payload: ir.Module, params: LinearCrossEntropyParams) -> tuple[tuple, int]:

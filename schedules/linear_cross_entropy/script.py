@@ -18,5 +18,5 @@ def linear_cross_entropy_script(plan: LinearCrossEntropyPlan,
     active context and location."""
     stages = [("fuse", fuse_stage(plan))]
     if vector is not None:
-        stages.append(("vectorize", vectorize_stage(vector)))
+        stages.append(("vectorize", vectorize_stage(vector, amx=plan.amx_products)))
     return build_script(stages, fuse_steps(plan))

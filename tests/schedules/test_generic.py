@@ -294,3 +294,51 @@ def test_norm_means_over_long_groups_are_summed_wide(kernel_file, expr):
     torch_err = (model(x).double() - truth).abs().max().item()
     assert ours_err <= 2 * torch_err + 1e-7, (ours_err, torch_err)
     _assert_matches(compiled)
+
+
+KEPT = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#a = affine_map<(m, n, k) -> (m, k)>
+#b = affine_map<(m, n, k) -> (k, n)>
+#c = affine_map<(m, n, k) -> (m, n)>
+func.func @main(%x: tensor<32x64xf32>, %y: tensor<64x32xf32>) -> tensor<32x32xf32> {
+  %two = arith.constant 2.0 : f32
+  %e = tensor.empty() : tensor<32x64xf32>
+  %x2 = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%x : tensor<32x64xf32>) outs(%e : tensor<32x64xf32>) {
+  ^bb0(%v: f32, %out: f32):
+    %w = arith.mulf %v, %two : f32
+    linalg.yield %w : f32
+  } -> tensor<32x64xf32>
+  %ec = tensor.empty() : tensor<32x32xf32>
+  %p = linalg.generic {indexing_maps = [#a, #b, #c], iterator_types = ["parallel", "parallel", "reduction"]}
+      ins(%x2, %y : tensor<32x64xf32>, tensor<64x32xf32>) outs(%ec : tensor<32x32xf32>) attrs = {lh.target_kernel} {
+  ^bb0(%u: f32, %v: f32, %acc: f32):
+    %m = arith.mulf %u, %v : f32
+    %s = arith.addf %acc, %m : f32
+    linalg.yield %s : f32
+  } -> tensor<32x32xf32>
+  return %p : tensor<32x32xf32>
+}
+"""
+
+
+@pytest.mark.parametrize("keep", [True, False], ids=["kept", "vectorized"])
+def test_ops_marked_for_the_target_are_left_by_the_vectorize_stage(keep):
+    """With keep_target_kernels the contraction marked lh.target_kernel stays one
+    linalg.generic while the elementwise op beside it is vectorized; without, both are
+    vectorized (the marked one as a whole: nothing tiles it)."""
+    from schedules.generic import GenericParams, vectorize_stage
+    from tests.transform_ext.helpers import apply, parse
+
+    payload = parse(KEPT)
+    apply(payload, vectorize_stage(GenericParams(), keep_target_kernels=keep))
+    text = str(payload)
+    assert "vector.transfer_read" in text
+    assert ("linalg.generic" in text) == keep
+    if keep:
+        filecheck(text, """
+            CHECK: vector.transfer_write
+            CHECK: linalg.generic {{.*}} ins(%{{.*}}, %{{.*}} : tensor<32x64xf32>, tensor<64x32xf32>)
+            CHECK-SAME: lh.target_kernel
+        """)

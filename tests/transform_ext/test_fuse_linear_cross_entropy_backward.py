@@ -17,9 +17,9 @@ from transform_ext.fuse_linear_cross_entropy_backward import fuse_linear_cross_e
 
 
 class _Head(torch.nn.Module):
-    def __init__(self, returns_logits=False):
+    def __init__(self, returns_logits=False, d=16, v=40, dtype=torch.float32):
         super().__init__()
-        self.head = torch.nn.Linear(16, 40)
+        self.head = torch.nn.Linear(d, v, dtype=dtype)
         self.returns_logits = returns_logits
 
     def forward(self, h, y):
@@ -28,9 +28,10 @@ class _Head(torch.nn.Module):
         return (loss, logits * 2) if self.returns_logits else loss
 
 
-def _joint(returns_logits=False):
+def _joint(returns_logits=False, n=20, d=16, v=40, dtype=torch.float32):
     torch.manual_seed(0)
-    imported = import_joint(_Head(returns_logits), (torch.randn(20, 16), torch.randint(0, 40, (20,))))
+    imported = import_joint(_Head(returns_logits, d, v, dtype),
+                            (torch.randn(n, d).to(dtype), torch.randint(0, v, (n,))))
     payload = imported.module
     cleanup(payload)
     for step in (normalize(False), fold_casts, restructure, shrink_bounds, fold_gathers):
@@ -59,6 +60,32 @@ def test_the_backward_becomes_one_loop_nest():
     """)
     text = str(payload)
     assert "tensor<20x40xf32>" not in text.split("scf.for", 1)[1]
+
+
+def test_bf16_products_in_pairs_for_amx_tiles():
+    """With bf16_pairs and amx, the three products of a class tile whose extents are
+    multiples of 32 read bf16 pairs and are marked lh.amx_product: S^T from W's rows in
+    place and h_s^T in pairs, dW from G^T's rows in place and h_s's pairs of rows, dh from
+    G's rows in place and W's pairs of classes, packed once before the row blocks."""
+    payload = _joint(n=64, d=64, v=128, dtype=torch.bfloat16)
+    apply(payload, lambda root: fuse_linear_cross_entropy_backward(
+        match(root, "func.func"), row_tile=32, class_tile=32, threads=2, bf16_pairs=True,
+        amx=True))
+    check(str(payload), """
+        CHECK: %[[WP:.*]] = linalg.transpose ins(%{{.*}} : tensor<64x2x64xbf16>) outs(%{{.*}} : tensor<64x64x2xbf16>) permutation = [0, 2, 1]
+        CHECK: scf.for
+        CHECK:   linalg.transpose ins(%{{.*}} : tensor<32x32x2xbf16>) outs(%{{.*}} : tensor<32x32x2xbf16>) permutation = [1, 0, 2]
+        CHECK:   linalg.transpose ins(%{{.*}} : tensor<16x2x64xbf16>) outs(%{{.*}} : tensor<16x64x2xbf16>) permutation = [0, 2, 1]
+        CHECK:   scf.forall
+        CHECK:     linalg.generic {{.*}}["parallel", "parallel", "reduction", "reduction"]{{.*}} ins(%{{.*}}, %{{.*}} : tensor<32x32x2xbf16>, tensor<32x32x2xbf16>) outs(%{{.*}} : tensor<32x32xf32>) attrs =  {lh.amx_product}
+        CHECK:     tensor.extract_slice %[[WP]]
+        CHECK:     linalg.generic {{.*}}["parallel", "parallel", "reduction", "reduction"]{{.*}} ins(%{{.*}}, %{{.*}} : tensor<32x16x2xbf16>, tensor<16x64x2xbf16>) outs(%{{.*}} : tensor<32x64xf32>) attrs =  {lh.amx_product}
+        CHECK:     linalg.generic {{.*}}["parallel", "parallel", "reduction", "reduction"]{{.*}} ins(%{{.*}}, %{{.*}} : tensor<32x16x2xbf16>, tensor<16x64x2xbf16>) outs(%{{.*}} : tensor<32x64xf32>) attrs =  {lh.amx_product}
+    """)
+    plain = _joint(n=64, d=64, v=128, dtype=torch.bfloat16)
+    apply(plain, lambda root: fuse_linear_cross_entropy_backward(
+        match(root, "func.func"), row_tile=32, class_tile=32, threads=2, bf16_pairs=True))
+    assert "lh.amx_product" not in str(plain)
 
 
 def test_a_gradient_read_by_another_op_is_refused():

@@ -63,6 +63,26 @@ def test_the_partial_tile_of_a_prime_row_is_peeled():
     assert "tensor<1x?xf32>" not in str(payload)
 
 
+def test_an_op_marked_for_the_target_is_left_whole():
+    """lh.target_kernel (transform_ext.common.TARGET_KERNEL): the target lowers the op
+    itself; the op beside it is still tiled."""
+    marked = PRIME_ROWS.replace("outs(%e : tensor<4x131xf32>) {",
+                                "outs(%e : tensor<4x131xf32>) attrs = {lh.target_kernel} {")
+    twice = marked.replace("return %r", "%r2 = linalg.generic {indexing_maps = [#id, #id], "
+                           "iterator_types = [\"parallel\", \"parallel\"]} ins(%r : "
+                           "tensor<4x131xf32>) outs(%e : tensor<4x131xf32>) {\n^bb0(%a: f32, "
+                           "%out: f32):\n  %y = arith.addf %a, %two : f32\n  linalg.yield %y : "
+                           "f32\n} -> tensor<4x131xf32>\n  return %r2")
+    payload = parse(twice)
+    apply(payload, _tile())
+    check(payload, """
+        CHECK: func.func @main
+        CHECK: linalg.generic {{.*}} ins(%{{.*}} : tensor<4x131xf32>) outs(%{{.*}} : tensor<4x131xf32>) attrs = {lh.target_kernel}
+        CHECK: scf.for
+        CHECK: linalg.generic {{.*}} ins(%{{.*}} : tensor<1x16xf32>) outs(%{{.*}} : tensor<1x16xf32>)
+    """)
+
+
 def test_an_odd_divisor_of_the_row_is_not_a_vector_tile():
     """Rows of 255 = 3 x 5 x 17 on 8 lanes (register tile 4 x 16): a tile of 17 would be
     legalized into two vectors and a single lane each time; tiles of 32 (the vector tile)
