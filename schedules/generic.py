@@ -58,7 +58,8 @@ One transform script (`generic_script`), two named sequences:
      target lowers itself: `vectorize_but_target_kernels`) and loop-invariant
      accumulator reads/writes are hoisted out of the loops; a split mat-vec's step (a
      contraction elementwise along its lanes) becomes FMAs of a few rows with one vector of
-     x (`transform_ext.lane_contracts_to_fmas`); with `bf16_dot`, contractions
+     x (`transform_ext.lane_contracts_to_fmas`); a copy transposing 16-bit pairs whole (tiles of
+     `pair_lane_sizes`: an AMX operand's pack) becomes a transpose of 32-bit words (`transform_ext.transpose_pairs_as_words`); with `bf16_dot`, contractions
      of two bf16 inputs step k by pairs (register_tile's third entry) and each step becomes
      AVX512-BF16 dot products (`transform_ext.contracts_to_bf16_dot_products`). Before that, every
      tensor.insert_slice that is strided, rank-reducing or larger than a register tile
@@ -105,6 +106,7 @@ from transform_ext.split_odd_bf16_lanes import split_odd_bf16_lanes
 from transform_ext.separate_pooling_windows import separate_pooling_windows
 from transform_ext.sliding_window_extrema import sliding_window_extrema
 from transform_ext.strided_poolings_to_shuffles import strided_poolings_to_shuffles
+from transform_ext.transpose_pairs_as_words import transpose_pairs_as_words
 from transform_ext.trim_window_inputs import trim_window_inputs
 from transform_ext.tile_insert_slices import tile_insert_slices
 from transform_ext.tile_to_vector_tiles import tile_to_vector_tiles
@@ -293,6 +295,7 @@ def vectorize_stage(params: GenericParams, keep_target_kernels: bool = False):
         hoist_loop_invariant_subsets(func)
         canonicalize(func)
         lane_contracts_to_fmas(func)
+        transpose_pairs_as_words(func)
         if params.bf16_dot:
             contracts_to_bf16_dot_products(func)
         branch_math_on_constant_lanes(func)

@@ -122,3 +122,24 @@ def test_a_pooling_layout_change_keeps_its_row_tiles(kernel_file):
         CHECK: scf.forall (%{{.*}}, %{{.*}}) = (0, 0) to (4, 16) step (1, 8)
     """)
     _assert_matches(_compile(kernel_file, expr, source))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_pairs_move_as_words(kernel_file, dtype):
+    """A copy transposing 16-bit pairs, as an AMX operand's pack (transform_ext.analysis.
+    tiles.pair_lane_sizes): [R, K/2, 2] -> [K/2, R, 2] in 16 x 16 tiles of pairs transposed
+    as 32-bit words (transform_ext.transpose_pairs_as_words), not one pair per step; two
+    rows interleaved, [K/2, 2, N] -> [K/2, N, 2], keep the tiles they had. Against torch."""
+    source = f"[torch.randn(64, 96, generator=g).to(torch.{dtype})]"
+    words = "x.view(64, 48, 2).transpose(0, 1).contiguous()"
+    vectorized = str(_compile(kernel_file, words, source, stop_after="vectorize").module)
+    filecheck(vectorized, f"""
+        CHECK: vector.transfer_read {{{{.*}}}} vector<16x16x2x{'bf16' if dtype == 'bfloat16' else 'f16'}>
+        CHECK: vector.bitcast {{{{.*}}}} to vector<16x16xi32>
+        CHECK: vector.transpose %{{{{.*}}}}, [1, 0] : vector<16x16xi32> to vector<16x16xi32>
+    """)
+    _assert_matches(_compile(kernel_file, words, source))
+    rows = "x.view(32, 2, 96).transpose(1, 2).contiguous()"
+    vectorized = str(_compile(kernel_file, rows, source, stop_after="vectorize").module)
+    assert "i32>" not in vectorized
+    _assert_matches(_compile(kernel_file, rows, source))
