@@ -39,8 +39,9 @@ With `amx` too, a product of bf16 factors whose extents (m, n, k) are multiples 
 built in pairs of k for AMX tiles, loops (m, n, p, v), marked lh.amx_product
 (transform_ext.common.AMX_PRODUCT): S_c^T from W_c [C, D/2, 2] in place and h_s^T as pairs
 [D/2, R, 2]; dW_c from G_c^T [C, R/2, 2] in place and h_s's pairs of rows [R/2, D, 2] (both
-packed once per block); dh from G_c [R, C/2, 2] and W's pairs of classes [V/2, D, 2], packed
-once before the row blocks (V even). The others (a remainder tile or block) stay as above.
+packed once per block); dh from G_c [R, C/2, 2] and the pairs of classes of W's whole tiles
+[V'/2, D, 2], packed once before the row blocks. The others (a remainder tile or block)
+stay as above.
 The loop over the row blocks carries the unit
 attribute `lh.fused_kernel` (when it has more than one iteration): it is fused, the
 schedule's later steps leave it alone.
@@ -330,7 +331,7 @@ class _Kernel:
         self.f32 = ir.F32Type.get()
         self.has_dh = bwd.d_rows is not None
         self.accumulators: list[_ClassAccumulator] = []
-        self.w_pairs = None  # W in pairs of classes [V/2, D, 2], for dh on AMX tiles
+        self.w_pairs = None  # W's whole class tiles in pairs of classes, for dh on AMX tiles
 
     def on_tiles(self, m: int, n: int, k: int, *factors: ir.Value) -> bool:
         """Does a product of extents (m, n, k) of bf16 `factors` run on AMX tiles (`amx`,
@@ -361,9 +362,10 @@ class _Kernel:
             self.accumulators.append(_ClassAccumulator(mapping[init], axis))
         carried += [a.init for a in self.accumulators]
         weight = bwd.logits.weight
-        if self.has_dh and self.v % 2 == 0 and self.on_tiles(self.rows, self.d, self.classes,
-                                                             weight):
-            self.w_pairs = _pairs_of_rows(weight)  # packed once for every row block
+        whole = self.v - self.v % self.classes  # the classes of whole tiles
+        if self.has_dh and self.on_tiles(self.rows, self.d, self.classes, weight):
+            # packed once for every row block
+            self.w_pairs = _pairs_of_rows(_slice(weight, [0, 0], [whole, self.d]))
         full = self.n - self.n % self.rows
         loop = scf.ForOp(_index(0), _index(full), _index(self.rows), carried)
         loop.operation.attributes[FUSED_KERNEL] = ir.UnitAttr.get()

@@ -36,7 +36,8 @@ Schedule (the script's @fuse, one named step per item; decisions read by
      log-probability before summing) gets a second loop over the class tiles after it, the
      logits tile recomputed in it.
   7. logits_in_pairs (plan.amx: bf16 h and W on a CPU with AMX, D, the row block and the
-     class tile multiples of 32, the class tile dividing V): S^T's tile contraction reads
+     class tile multiples of 32; not a remainder tile of V mod class_tile classes): S^T's
+     tile contraction in the class loops reads
      W's class tile in pairs of the depth in place, [C, D/2, 2], and the row block's h^T as
      pairs [D/2, rows, 2] packed once per block (transform_ext.contraction_in_vnni_pairs),
      marked AMX_PRODUCT; the CPU's vectorize stage cuts it into 32 x 32 steps of 16 pairs
@@ -108,7 +109,8 @@ from ..script import include_step
 from .params import LateSum, LinearCrossEntropyParams, LinearCrossEntropyPlan
 
 ROW_BLOCKS = "lh.row_blocks"  # the forward's forall (the backward's is a fused kernel's)
-AMX_LOGITS = "lh.amx_logits"  # the forward's S^T tile contraction, to be paired (plan.amx)
+LOGITS = "lh.logits"  # S^T's contraction and its tiles, while the class loops are made (amx)
+AMX_LOGITS = "lh.amx_logits"  # S^T's tile contractions in the class loops, to be paired
 ONE_HOT_SUM = "lh.one_hot_sum"  # the backward's one-hot row sums, folded to per-row ops
 
 # the cross_entropy family's normalization without folding reshapes by expansion: the
@@ -267,7 +269,9 @@ def fuse_class_loops(params: LinearCrossEntropyParams, late: tuple[LateSum, ...]
     that reads a reduction of the group other than the row max: sum_c round(x_c - m -
     log l), label smoothing of bf16 logits, needs the final l) gets a loop of its own over
     the class tiles with S^T's tile computed in it (a second sweep: the logits recomputed).
-    With `amx`, S^T's contraction is marked AMX_LOGITS first (its tiles keep the mark)."""
+    With `amx`, S^T's tile contractions inside these loops are marked AMX_LOGITS (a
+    remainder tile of V mod class_tile classes, after a loop, is not: S^T's contraction is
+    marked LOGITS first, its tiles keep the mark)."""
     def body(root: ir.Value) -> ir.Value:
         blocks = structured.MatchOp(transform.AnyOpType.get(), root,
                                     op_attrs={ROW_BLOCKS: ir.UnitAttr.get()}).result
@@ -280,9 +284,9 @@ def fuse_class_loops(params: LinearCrossEntropyParams, late: tuple[LateSum, ...]
         row_max = filter_reductions(group, combiner="max")
         logits = match_logits_contraction(blocks)
         if amx:
-            transform.AnnotateOp(logits, AMX_LOGITS)
-        fuse_dependent_reduction_ops(row_max, exclude_ops(group, row_max), params.class_tile,
-                                     producers=[logits])
+            transform.AnnotateOp(logits, LOGITS)
+        class_loops = [fuse_dependent_reduction_ops(row_max, exclude_ops(group, row_max),
+                                                    params.class_tile, producers=[logits])]
         for target, s in zip(lates, late):
             any_op = transform.AnyOpType.get()
             producer = transform.GetProducerOfOperand(any_op, target, s.logits_operand).producer
@@ -290,8 +294,15 @@ def fuse_class_loops(params: LinearCrossEntropyParams, late: tuple[LateSum, ...]
             tiled = structured.TileUsingForOp(target, sizes=list(s.tile_sizes))
             structured.FuseIntoContainingOp(producer, tiled.loops[0])
             structured.FuseIntoContainingOp(init, tiled.loops[0])
+            main = tiled.loops[0]
             if s.peel:  # the last, partial class tile as a static tile of its own
-                loop.LoopPeelOp(any_op, any_op, tiled.loops[0])
+                main = loop.LoopPeelOp(any_op, any_op, tiled.loops[0]).peeled_loop
+            class_loops.append(main)
+        if amx:
+            for class_loop in class_loops:
+                marked = structured.MatchOp(transform.AnyOpType.get(), class_loop,
+                                            op_attrs={LOGITS: ir.UnitAttr.get()}).result
+                transform.AnnotateOp(marked, AMX_LOGITS)
         return apply_passes(root, "canonicalize", "cse")
 
     return body

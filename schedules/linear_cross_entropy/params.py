@@ -30,7 +30,8 @@ class LinearCrossEntropyParams:
     allow (LinearCrossEntropyPlan.amx), and so do the fused backward's products (S^T, dW
     and dh of bf16 operands whose extents are multiples of 32; a CPU with AMX, with
     bf16_dot); amx_class_tile: with amx and bf16 logits, the class tile is the largest
-    multiple of 32 at most this that divides V, when there is one (dh's accumulator is
+    multiple of 32 at most this (and V) that divides V, when one of at least half of it
+    does, else that multiple with a remainder tile (dh's accumulator is
     read and written once per class tile: 256 classes took the backward from 116 to 96 ms
     at N=1024, D=1024, V=8192 on one thread, 64 -> 256; the forward was unchanged)."""
 
@@ -87,7 +88,7 @@ class LinearCrossEntropyPlan:
     the late class sums (fuse.py: fuse_class_loops) among the `group_size` marked class
     reductions of a row block; rows_total: N; amx: the forward's logits tiles run on AMX
     tiles (params.amx, bf16 h and W, D, the row block and the class tile multiples of
-    AMX_SIDE, the class tile dividing V: fuse.py's logits_in_pairs); amx_products: some
+    AMX_SIDE; a remainder tile does not: fuse.py's logits_in_pairs); amx_products: some
     product is marked AMX_PRODUCT (the forward's, or the fused backward's whose extents
     allow): the vectorize stage cuts them into AMX steps (cpu.py)."""
 

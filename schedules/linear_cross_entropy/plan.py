@@ -108,7 +108,7 @@ def plan_linear_cross_entropy(payload: ir.Module,
         root = _lane_copy(ops, root)
     root_place = place_of(trial.operation, root)
     _apply(trial, sink_root_readers(root_place))
-    amx = _amx_logits(params, classes, depth, bf16)
+    amx = _amx_logits(params, depth, bf16)
     # the root as chosen before its readers moved
     rows = _row_tiling(trial, root, params, AMX_SIDE if amx else 1)
     amx = amx and all(s % AMX_SIDE == 0 for s in rows.sizes if s)
@@ -188,20 +188,24 @@ def _bf16_logits(payload: ir.Module) -> bool:
 def _amx_params(params: LinearCrossEntropyParams, classes: int,
                 bf16: bool) -> LinearCrossEntropyParams:
     """`params` with, for bf16 logits on AMX tiles, the class tile of amx_class_tile
-    (LinearCrossEntropyParams) when a multiple of AMX_SIDE up to it divides V."""
-    if params.amx and params.classes_major and bf16:
-        for tile in range(params.amx_class_tile - params.amx_class_tile % AMX_SIDE, 0, -AMX_SIDE):
-            if classes % tile == 0:
-                return dataclasses.replace(params, class_tile=tile)
-    return params
+    (LinearCrossEntropyParams): the largest multiple of AMX_SIDE up to it (and up to V)
+    that divides V when one of at least half of that exists, else that multiple itself
+    (a remainder tile of V mod it classes then keeps the AVX512-BF16 products)."""
+    high = min(params.amx_class_tile, classes)
+    high -= high % AMX_SIDE
+    if not (params.amx and params.classes_major and bf16) or high < AMX_SIDE:
+        return params
+    tile = next((t for t in range(high, high // 2 - 1, -AMX_SIDE) if classes % t == 0), high)
+    return dataclasses.replace(params, class_tile=tile)
 
 
-def _amx_logits(params: LinearCrossEntropyParams, classes: int, depth: int, bf16: bool) -> bool:
+def _amx_logits(params: LinearCrossEntropyParams, depth: int, bf16: bool) -> bool:
     """Can the forward's logits tiles run on AMX tiles (LinearCrossEntropyPlan.amx)? The
-    params ask for it, S's contraction reads bf16 h and W, D is a multiple of AMX_SIDE and
-    the class tile one dividing V (the tile loops need static 32 x 32 tiles)."""
+    params ask for it, S's contraction reads bf16 h and W, and D and the class tile are
+    multiples of AMX_SIDE (the tile loops need static 32 x 32 tiles; the row block is
+    chosen so, when N allows)."""
     return params.amx and params.classes_major and bf16 and not (
-        depth % AMX_SIDE or params.class_tile % AMX_SIDE or classes % params.class_tile)
+        depth % AMX_SIDE or params.class_tile % AMX_SIDE)
 
 
 def _row_tiling(payload: ir.Module, root: ir.Operation,

@@ -2,8 +2,9 @@
 LinearCrossEntropyPlan.amx): forward and forward+backward against torch (a bias, class
 weights and label smoothing with its second sweep over the class tiles, reduction='none'
 with an ignore_index, 3-D hidden states, large logits, all rows ignored, a depth of three
-16-pair steps); the neighbours the tiles do not take (a depth, a class count or a row count
-that is no multiple of 32, f32) still match torch on the AVX512 path; the IR of the
+16-pair steps, class counts with a remainder tile); the neighbours the tiles do not take
+(a depth or a row count that is no multiple of 32, f32) still match torch on the AVX512
+path; the IR of the
 fuse and vectorize stages (W read in pairs in place, h packed in pairs per row block, the
 32 x 32 steps left to the target) and, on a host with AMX, the tile products after
 bufferization. The numerics need a host with AMX; the IR tests run anywhere."""
@@ -53,10 +54,12 @@ ON_TILES = [
     ("all_rows_ignored", dict(targets="y[:] = -100")),
     ("depth_96", dict(d=96)),
     ("classes_480", dict(v=480)),  # class tiles of 160
+    ("classes_515", dict(v=515)),  # tiles of 256 and a remainder of 3 on the old path
+    ("classes_100_smoothing", dict(   # a tile of 96 and 4 more; the second sweep peeled
+        v=100, body="return F.cross_entropy(F.linear(h, w), y, label_smoothing=0.1)")),
 ]
 OFF_TILES = [
     ("depth_40", dict(d=40)),
-    ("classes_515", dict(v=515)),
     ("rows_200", dict(n=200)),
     ("f32", dict(dtype="float32")),
 ]
@@ -73,8 +76,8 @@ def test_matches_torch(kernel_file, case, backward):
 @pytest.mark.parametrize("case, on", [(c, True) for c in ON_TILES] + [(c, False) for c in OFF_TILES],
                          ids=[c[0] for c in ON_TILES + OFF_TILES])
 def test_only_fitting_logits_use_the_tiles(kernel_file, case, on):
-    """bf16 h and W with D, the row block and the class tile multiples of 32 (the class
-    tile dividing V) take the tiles; the others keep the AVX512 register tiles."""
+    """bf16 h and W with D, the row block and the class tile multiples of 32 take the tiles
+    (a remainder tile of classes does not); the others keep the AVX512 register tiles."""
     path = kernel(kernel_file, **{**SMALL, **case[1]})
     assert on_tiles(path) == on
 
