@@ -81,7 +81,7 @@ def plan_linear_cross_entropy(payload: ir.Module,
         raise NotLinearCrossEntropy(f"the depth equals the classes ({depth}): the fusion "
                                     f"cannot tell them apart")
     bf16 = _bf16_logits(trial)
-    params = _amx_params(params, classes, bf16)
+    params = _amx_params(params, classes, depth, bf16)
     if not params.classes_major and classes % params.class_tile:
         raise NotLinearCrossEntropy(
             f"the classes ({classes}) are not a multiple of the class tile "
@@ -185,15 +185,17 @@ def _bf16_logits(payload: ir.Module) -> bool:
                for v in list(contraction.opview.inputs))
 
 
-def _amx_params(params: LinearCrossEntropyParams, classes: int,
+def _amx_params(params: LinearCrossEntropyParams, classes: int, depth: int,
                 bf16: bool) -> LinearCrossEntropyParams:
-    """`params` with, for bf16 logits on AMX tiles, the class tile of amx_class_tile
-    (LinearCrossEntropyParams): the largest multiple of AMX_SIDE up to it (and up to V)
-    that divides V when one of at least half of that exists, else that multiple itself
-    (a remainder tile of V mod it classes then keeps the AVX512-BF16 products)."""
+    """`params` with, for bf16 logits on AMX tiles (D a multiple of AMX_SIDE: every product
+    has D as an extent), the class tile of amx_class_tile (LinearCrossEntropyParams): the
+    largest multiple of AMX_SIDE up to it (and up to V) that divides V when one of at least
+    half of that exists, else that multiple itself (a remainder tile of V mod it classes
+    then keeps the AVX512-BF16 products)."""
     high = min(params.amx_class_tile, classes)
     high -= high % AMX_SIDE
-    if not (params.amx and params.classes_major and bf16) or high < AMX_SIDE:
+    if not (params.amx and params.classes_major and bf16) or high < AMX_SIDE or \
+            depth % AMX_SIDE:
         return params
     tile = next((t for t in range(high, high // 2 - 1, -AMX_SIDE) if classes % t == 0), high)
     return dataclasses.replace(params, class_tile=tile)
@@ -259,7 +261,11 @@ def _late_sums(payload: ir.Module, params: LinearCrossEntropyParams) -> tuple[tu
         raise NotLinearCrossEntropy("the loss's rows were not tiled into blocks")
     body = blocks[0].regions[0].blocks[0]
     group = [op for op in _walk_in(blocks[0]) if CLASS_SUM in op.attributes]
-    row_max_op = next(op for op in group if reduction_combiner(op) == "max")
+    row_max_op = next((op for op in group if reduction_combiner(op) == "max"), None)
+    if row_max_op is None:
+        raise NotLinearCrossEntropy("the row max over the classes was not fused into the "
+                                    "row blocks (the per-row loss reaches them through "
+                                    "another op)")
     logits = row_max_contraction(body).results[0]
     inside = {o.operation for o in body.operations}
 

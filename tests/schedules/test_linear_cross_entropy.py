@@ -5,11 +5,14 @@ reductions, all rows ignored, large logits), f32/bf16/f16, rows and classes that
 divide the tiles; loss, dh, dW and db. That the compiled IR holds no [N, V] buffer, that the
 printed script replays, and that what the family cannot take falls back with the reason."""
 
+import dataclasses
+
 import pytest
 import torch
 from torch_mlir import ir
 
 from lighthouse.compile import compile_kernel
+from lighthouse.targets.description import host_cpu, host_cpu_flags
 from tests.conftest import EXAMPLES
 
 KERNEL = """
@@ -252,6 +255,27 @@ def test_falls_back_with_a_reason(kernel_file):
     assert c.notes and "the linear_cross_entropy schedule does not apply" in c.notes[0]
     assert c.notes[0].endswith("; using the matmul schedule")
     assert_matches(c)
+
+
+def test_a_loss_whose_row_max_stays_outside_the_row_blocks_falls_back(kernel_file):
+    """Found by the fuzzer: bf16 logits with a bias and label smoothing 1.0, N = V = 96.
+    With bf16 dot products the per-row loss reaches the row blocks through another op, so
+    the row max stays outside them, and planning raised StopIteration; now the family
+    refuses with that reason. (Without them, as the tests pin the CPU, a step of the plan
+    makes IR that fails to verify: a refusal too.) The matmul family compiles the kernel."""
+    path = kernel(kernel_file, init=MODULE.format(bias=True, loss="label_smoothing=1.0"),
+                  body="return self.loss(self.head(h), y)", args="h, y", inputs="h, y",
+                  n=96, d=40, v=96, dtype="bfloat16", options="")
+    c = compile_kernel(path, backward=True)
+    if c.family.name != "linear_cross_entropy":
+        assert "the linear_cross_entropy schedule does not apply (" in c.notes[0]
+    assert_matches(c)
+    if "avx512_bf16" in host_cpu_flags():
+        c = compile_kernel(path, backward=True, target_options={"cpu": dataclasses.replace(
+            host_cpu(), bf16_dot=True)})
+        assert c.family.name == "linear_cross_entropy" or \
+            "the row max over the classes was not fused into the row blocks" in c.notes[0]
+        assert_matches(c)
 
 
 @pytest.mark.parametrize("body", [
