@@ -28,7 +28,8 @@ UNROLL = 4
 
 def vectorize_stage(params: GenericParams, unroll: int = UNROLL, amx: bool = False):
     """@vectorize of the linear cross-entropy script, as a stage body. With `amx` (the
-    plan's), the S^T tiles' contractions in pairs (fuse.py: logits_in_pairs) are first cut
+    plan's amx_products), the products marked AMX_PRODUCT (the forward's S^T tiles in
+    pairs, fuse.py: logits_in_pairs; the fused backward's S^T, dW and dh) are first cut
     into 32 x 32 output tiles stepping over the depth by 16 pairs, each step marked
     TARGET_KERNEL: the generic stage leaves it, the CPU target runs its loop on AMX tiles
     (transform_ext.contraction_loops_to_amx_tiles)."""
