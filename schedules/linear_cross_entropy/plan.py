@@ -92,6 +92,12 @@ def plan_linear_cross_entropy(payload: ir.Module,
     if params.lanes:
         _apply(trial, lane_form(n, params.lanes))
     backward = _has_backward(trial)
+    if backward and n == classes:
+        # the backward's column sums (db [V]) and the per-row values [N] then share a shape,
+        # and the choice of the forward's last per-row op can take a column sum
+        raise NotLinearCrossEntropy(f"the rows equal the classes ({n}) in the joint graph: "
+                                    f"the plan cannot tell the per-row values from the "
+                                    f"column sums")
     if params.lanes and backward:
         _apply(trial, fold_one_hot_sums)
     if backward:
