@@ -58,8 +58,9 @@ One transform script (`generic_script`), two named sequences:
      target lowers itself: `vectorize_but_target_kernels`) and loop-invariant
      accumulator reads/writes are hoisted out of the loops; a split mat-vec's step (a
      contraction elementwise along its lanes) becomes FMAs of a few rows with one vector of
-     x (`transform_ext.lane_contracts_to_fmas`); a copy transposing 16-bit pairs whole (tiles of
-     `pair_lane_sizes`: an AMX operand's pack) becomes a transpose of 32-bit words (`transform_ext.transpose_pairs_as_words`); with `bf16_dot`, contractions
+     x (`transform_ext.lane_contracts_to_fmas`); a copy transposing 16-bit pairs whole
+     (tiles of `pair_lane_sizes`: an AMX operand's pack) becomes a transpose of 32-bit
+     words (`transform_ext.transpose_pairs_as_words`); with `bf16_dot`, contractions
      of two bf16 inputs step k by pairs (register_tile's third entry) and each step becomes
      AVX512-BF16 dot products (`transform_ext.contracts_to_bf16_dot_products`). Before that, every
      tensor.insert_slice that is strided, rank-reducing or larger than a register tile

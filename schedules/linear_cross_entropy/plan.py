@@ -80,8 +80,9 @@ def plan_linear_cross_entropy(payload: ir.Module,
         # to the classes in the loop-dim analysis the fusion reads
         raise NotLinearCrossEntropy(f"the depth equals the classes ({depth}): the fusion "
                                     f"cannot tell them apart")
-    bf16 = _bf16_logits(trial)
-    params = _amx_params(params, classes, depth, bf16)
+    candidate = _amx_candidate(trial, params, depth)
+    if candidate:
+        params = _amx_params(params, classes)
     if not params.classes_major and classes % params.class_tile:
         raise NotLinearCrossEntropy(
             f"the classes ({classes}) are not a multiple of the class tile "
@@ -114,7 +115,9 @@ def plan_linear_cross_entropy(payload: ir.Module,
         root = _lane_copy(ops, root)
     root_place = place_of(trial.operation, root)
     _apply(trial, sink_root_readers(root_place))
-    amx = _amx_logits(params, depth, bf16)
+    # the forward's logits tiles on AMX (plan.amx): static 32 x 32 tiles of the class tile
+    # and of the row block (chosen so when N allows)
+    amx = candidate and params.class_tile % AMX_SIDE == 0
     # the root as chosen before its readers moved
     rows = _row_tiling(trial, root, params, AMX_SIDE if amx else 1)
     amx = amx and all(s % AMX_SIDE == 0 for s in rows.sizes if s)
@@ -184,36 +187,28 @@ def _has_backward(payload: ir.Module) -> bool:
     return True
 
 
-def _bf16_logits(payload: ir.Module) -> bool:
-    """Does S's contraction read bf16 h and W?"""
+def _amx_candidate(payload: ir.Module, params: LinearCrossEntropyParams, depth: int) -> bool:
+    """May the logits' products run on AMX tiles? The params ask for it (classes-major),
+    S's contraction reads bf16 h and W, and D is a multiple of AMX_SIDE (every product has
+    D as an extent)."""
+    if not (params.amx and params.classes_major) or depth % AMX_SIDE:
+        return False
     contraction = row_max_contraction(linear_cross_entropy_func(payload).regions[0].blocks[0])
     return all(isinstance(v.type.element_type, ir.BF16Type)
                for v in list(contraction.opview.inputs))
 
 
-def _amx_params(params: LinearCrossEntropyParams, classes: int, depth: int,
-                bf16: bool) -> LinearCrossEntropyParams:
-    """`params` with, for bf16 logits on AMX tiles (D a multiple of AMX_SIDE: every product
-    has D as an extent), the class tile of amx_class_tile (LinearCrossEntropyParams): the
-    largest multiple of AMX_SIDE up to it (and up to V) that divides V when one of at least
-    half of that exists, else that multiple itself (a remainder tile of V mod it classes
-    then keeps the AVX512-BF16 products)."""
+def _amx_params(params: LinearCrossEntropyParams, classes: int) -> LinearCrossEntropyParams:
+    """`params` (of an `_amx_candidate`) with the class tile of amx_class_tile
+    (LinearCrossEntropyParams): the largest multiple of AMX_SIDE up to it (and up to V)
+    that divides V when one of at least half of that exists, else that multiple itself (a
+    remainder tile of V mod it classes then keeps the AVX512-BF16 products)."""
     high = min(params.amx_class_tile, classes)
     high -= high % AMX_SIDE
-    if not (params.amx and params.classes_major and bf16) or high < AMX_SIDE or \
-            depth % AMX_SIDE:
+    if high < AMX_SIDE:
         return params
     tile = next((t for t in range(high, high // 2 - 1, -AMX_SIDE) if classes % t == 0), high)
     return dataclasses.replace(params, class_tile=tile)
-
-
-def _amx_logits(params: LinearCrossEntropyParams, depth: int, bf16: bool) -> bool:
-    """Can the forward's logits tiles run on AMX tiles (LinearCrossEntropyPlan.amx)? The
-    params ask for it, S's contraction reads bf16 h and W, and D and the class tile are
-    multiples of AMX_SIDE (the tile loops need static 32 x 32 tiles; the row block is
-    chosen so, when N allows)."""
-    return params.amx and params.classes_major and bf16 and not (
-        depth % AMX_SIDE or params.class_tile % AMX_SIDE)
 
 
 def _row_tiling(payload: ir.Module, root: ir.Operation,
