@@ -1,0 +1,123 @@
+"""The CPU target's prefetch of the next register tile's accumulators
+(lighthouse.targets.prefetch): FileCheck of the rewrite on hand-written loops, and matmuls
+whose output tiles take it, against torch, with run-time bounds checks on every view."""
+
+import pytest
+import torch
+from torch_mlir import ir
+
+from lighthouse.compile import compile_kernel
+from lighthouse.targets.prefetch import prefetch_next_accumulators
+from tests.transform_ext.helpers import check as filecheck
+
+NEST = """
+func.func @tiles(%C: memref<64x64xf32>, %B: memref<8x32xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c8 = arith.constant 8 : index
+  %c32 = arith.constant 32 : index
+  %c64 = arith.constant 64 : index
+  %f0 = arith.constant 0.0 : f32
+  scf.for %i = %c0 to %c64 step %c8 {
+    scf.for %j = %c0 to %c64 step %c32 {
+      %tile = memref.subview %C[%i, %j] [8, 32] [1, 1]
+          : memref<64x64xf32> to memref<8x32xf32, strided<[64, 1], offset: ?>>
+      %acc = vector.transfer_read %tile[%c0, %c0], %f0 {in_bounds = [true, true]}
+          : memref<8x32xf32, strided<[64, 1], offset: ?>>, vector<8x32xf32>
+      %sum = scf.for %k = %c0 to %c8 step %c1 iter_args(%a = %acc) -> (vector<8x32xf32>) {
+        %b = vector.transfer_read %B[%c0, %c0], %f0 {in_bounds = [true, true]}
+            : memref<8x32xf32>, vector<8x32xf32>
+        %next = vector.fma %b, %b, %a : vector<8x32xf32>
+        scf.yield %next : vector<8x32xf32>
+      }
+      vector.transfer_write %sum, %tile[%c0, %c0] {in_bounds = [true, true]}
+          : vector<8x32xf32>, memref<8x32xf32, strided<[64, 1], offset: ?>>
+    }
+  }
+  return
+}
+"""
+
+
+def _rewritten(source: str) -> tuple[int, str]:
+    with ir.Context(), ir.Location.unknown():
+        module = ir.Module.parse(source)
+        served = prefetch_next_accumulators(module)
+        assert module.operation.verify()
+        return served, str(module)
+
+
+def test_the_next_tile_of_the_nest_is_prefetched_line_by_line():
+    """Column tiles step by 32 inside row tiles of 8: the next tile is (i, j + 32), or on
+    the last column (i + 8, 0), or on the nest's last tile the tile itself; each of its 8
+    rows of 128 bytes is two lines, prefetched for writing before the accumulators' read."""
+    served, text = _rewritten(NEST)
+    assert served == 1
+    filecheck(text, """
+        CHECK: scf.for %[[I:.*]] = %{{.*}} to %[[C64:.*]] step %[[C8:.*]] {
+        CHECK: scf.for %[[J:.*]] = %[[C0:.*]] to %{{.*}} step %[[C32:.*]] {
+        CHECK: %[[JN:.*]] = arith.addi %[[J]], %[[C32]]
+        CHECK: %[[WRAP:.*]] = arith.cmpi sge, %[[JN]], %[[C64]]
+        CHECK: %[[IN:.*]] = arith.addi %[[I]], %[[C8]]
+        CHECK: %[[END:.*]] = arith.cmpi sge, %[[IN]], %[[C64]]
+        CHECK: %[[LAST:.*]] = arith.andi %[[WRAP]], %[[END]]
+        CHECK: %[[J0:.*]] = arith.select %[[WRAP]], %[[C0]], %[[JN]]
+        CHECK: %[[J1:.*]] = arith.select %[[LAST]], %[[J]], %[[J0]]
+        CHECK: %[[MOVE:.*]] = arith.cmpi ne, %[[WRAP]], %[[LAST]]
+        CHECK: %[[I1:.*]] = arith.select %[[MOVE]], %[[IN]], %[[I]]
+        CHECK: %[[NEXT:.*]] = memref.subview %{{.*}}[%[[I1]], %[[J1]]] [8, 32] [1, 1]
+        CHECK: memref.prefetch %[[NEXT]][%[[C0]], %[[C0]]], write, locality<3>, data
+        CHECK: memref.prefetch %[[NEXT]][%[[C0]], %{{.*}}], write, locality<3>, data
+        CHECK-COUNT-14: memref.prefetch %[[NEXT]]
+        CHECK-NOT: memref.prefetch
+        CHECK: vector.transfer_read %{{.*}} vector<8x32xf32>
+        CHECK-NEXT: scf.for
+    """)
+
+
+@pytest.mark.parametrize("change, reason", [
+    (("%tile = memref.subview %C[%i, %j]", "%tile = memref.subview %C[%c0, %c0]"),
+     "the same view on every iteration"),
+    (("%next = vector.fma %b, %b, %a", "%next = arith.addf %b, %a"),
+     "a loop without multiply-adds"),
+    (("vector.transfer_write %sum, %tile[%c0, %c0]", "vector.transfer_write %sum, %tile[%c0, %c8]"),
+     "the result written elsewhere"),
+])
+def test_no_prefetch_where_the_next_tile_is_not_an_accumulator_tile(change, reason):
+    served, text = _rewritten(NEST.replace(*change))
+    assert served == 0, reason
+    assert "memref.prefetch" not in text, reason
+
+
+MATMUL = """
+import torch
+M, N, K = {m}, {n}, {k}
+class Model(torch.nn.Module):
+    def forward(self, a, b):
+        return {expr}
+def get_inputs():
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn({a_shape}, generator=g), torch.randn({b_shape}, generator=g)]
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("m, n, k, expr, a_shape, b_shape", [
+    (64, 96, 768, "a @ b", "M, K", "K, N"),  # several k blocks accumulating in C
+    (40, 64, 600, "a @ b", "M, K", "K, N"),  # k blocks that do not divide k
+    (64, 64, 512, "a @ b.t()", "M, K", "N, K"),  # a transposed B
+    (64, 64, 512, "(a @ b).t()", "M, K", "K, N"),  # a transpose after the product
+    (64, 64, 520, "torch.bmm(a, b)", "3, M, K", "3, K, N"),  # batched
+])
+def test_matmuls_with_prefetched_accumulators_match_torch_with_bounds_checks(
+        kernel_file, m, n, k, expr, a_shape, b_shape):
+    """Each view of the next tile is verified at run time (an out-of-bounds subview stops
+    the kernel); the results match torch."""
+    path = kernel_file(MATMUL.format(m=m, n=n, k=k, expr=expr, a_shape=a_shape, b_shape=b_shape))
+    bufferized = str(compile_kernel(path, stop_after="bufferize", threads=2).module)
+    assert "memref.prefetch" in bufferized
+    compiled = compile_kernel(path, threads=2, runtime_checks=True)
+    for r in compiled.check():
+        assert r.ok, str(r)
+    torch.manual_seed(0)
