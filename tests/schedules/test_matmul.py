@@ -331,6 +331,12 @@ def test_params_are_validated_and_fit_the_shapes():
     assert p.pack and p.register == (8, 32) and p.tile_k == 256
     tiles = -(-1024 // p.tile_m) * -(-1024 // p.tile_n)
     assert tiles % 2 == 0  # both threads get the same number of tiles
+    # a square product on 2 threads splits its rows (B's copying pack repeats, not A's
+    # transposing one); a wide one its columns
+    square = MatmulParams.for_shape(1, 1024, 1024, 1024, threads=2, max_tile=1024)
+    assert (square.tile_m, square.tile_n) == (512, 1024)
+    wide = MatmulParams.for_shape(1, 512, 1024, 256, threads=2, max_tile=1024)
+    assert (wide.tile_m, wide.tile_n) == (512, 512)
     p = MatmulParams.for_shape(1, 127, 255, 63, threads=2)
     assert p.tile_m % 8 == 0 and p.tile_n % 32 == 0 and p.tile_k == 63
     assert MatmulParams.for_shape(8, 64, 64, 64, threads=2).tile_m == 64  # batch feeds threads
