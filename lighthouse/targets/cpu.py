@@ -143,6 +143,10 @@ def bufferize(payload: ir.Module) -> None:
         # of the mask puts the smallest negative denormal there (a max of negative values
         # over a partial vector came out -1.4e-45)
         unmask_extremum_reductions(match(root, "func.func"))
+        # a tensor.empty whose value is inserted into a destination (a thread's partial of
+        # a reduction, parallel_insert_slice'd into the shared partials) becomes that slice:
+        # bufferized in place, not in a buffer of its own copied there
+        tbuf.EliminateEmptyTensorsOp(match(root, "func.func"))
         root = tbuf.OneShotBufferizeOp(
             root, bufferize_function_boundaries=True, allow_return_allocs_from_loops=True,
             function_boundary_type_conversion=LayoutMapOption.IdentityLayoutMap).result

@@ -227,3 +227,21 @@ def test_a_register_tile_wider_than_a_vector_reads_its_image_values_one_by_one(k
     """)
     for r in compile_kernel(path).check():
         assert r.ok, str(r)
+
+
+def test_each_threads_partial_of_dw_accumulates_where_it_is_summed():
+    """The linear cross-entropy backward on 2 threads: each thread accumulates its partial
+    of dW's class tile in its slice of the shared partials (empty-tensor elimination before
+    bufferization), not in a buffer of its own copied there per class tile; the
+    gradients match torch."""
+    path = ROOT / "examples" / "linear_cross_entropy.py"
+    overrides = dict(N=256, D=128, V=1024)
+    bufferized = str(compile_kernel(path, overrides=overrides, backward=True, threads=2,
+                                    stop_after="bufferize").module)
+    filecheck(bufferized, """
+        CHECK: memref.alloc() {{.*}} : memref<2x256x128xf32>
+        CHECK-NOT: memref.copy {{.*}} : memref<256x128xf32> to
+        CHECK: scf.reduce
+    """)
+    for r in compile_kernel(path, overrides=overrides, backward=True, threads=2).check():
+        assert r.ok, str(r)
