@@ -54,8 +54,9 @@ def is_static(op: ir.Operation) -> bool:
 
 def updates_in_place(op: ir.Operation) -> bool:
     """The source is computed into a slice of the destination taken at the same offsets,
-    sizes and strides (through the inits of destination-style ops and loops): after
-    bufferization the insert writes nothing."""
+    sizes and strides (through the inits of destination-style ops and loops, and reshapes,
+    which keep the elements in their row-major order): after bufferization the insert
+    writes nothing."""
     view = op.opview
     value = view.source
     for _ in range(64):
@@ -72,6 +73,9 @@ def updates_in_place(op: ir.Operation) -> bool:
         if producer.name == "scf.for":
             index = list(producer.results).index(value)
             value = producer.operands[3 + index]
+            continue
+        if producer.name in ("tensor.expand_shape", "tensor.collapse_shape"):
+            value = producer.operands[0]  # the same elements in the same order
             continue
         inits = _destination_of(producer, value)
         if inits is None:

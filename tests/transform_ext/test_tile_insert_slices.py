@@ -180,3 +180,36 @@ def test_an_update_in_place_is_left_alone():
         CHECK:   scf.for
         CHECK:     tensor.insert_slice {{.*}}[1, 16] [1, 1]
     """)
+
+
+RESHAPED_UPDATE = """
+func.func @main(%dst: tensor<256x64xf32>, %a: tensor<64x8x8xf32>) -> tensor<256x64xf32> {
+  %tile = tensor.extract_slice %dst[64, 0] [64, 64] [1, 1] : tensor<256x64xf32> to tensor<64x64xf32>
+  %split = tensor.expand_shape %tile [[0], [1, 2]] output_shape [64, 8, 8]
+      : tensor<64x64xf32> into tensor<64x8x8xf32>
+  %sum = linalg.add ins(%split, %a : tensor<64x8x8xf32>, tensor<64x8x8xf32>)
+      outs(%split : tensor<64x8x8xf32>) -> tensor<64x8x8xf32>
+  %merged = tensor.collapse_shape %sum [[0], [1, 2]] : tensor<64x8x8xf32> into tensor<64x64xf32>
+  %r = tensor.insert_slice %merged into %dst[64, 0] [64, 64] [1, 1] : tensor<64x64xf32> into tensor<256x64xf32>
+  return %r : tensor<256x64xf32>
+}
+"""
+
+
+def test_an_update_in_place_through_reshapes_is_left_alone():
+    """A row block of dh accumulated in [rows, D/32, 32] (expanded from the slice,
+    collapsed back): the same elements in the same order, written in place by
+    bufferization, not tiled into a copy loop out of and back into the destination."""
+    payload = parse(RESHAPED_UPDATE)
+    apply(payload, lambda root: tile_insert_slices(match(root, "func.func"), 16, max_elements=256))
+    check(str(payload), """
+        CHECK: %[[MERGED:.*]] = tensor.collapse_shape
+        CHECK: tensor.insert_slice %[[MERGED]] into %{{.*}}[64, 0] [64, 64] [1, 1]
+        CHECK-NOT: scf.for
+    """)
+    g = torch.Generator().manual_seed(0)
+    dst, a = torch.randn(256, 64, generator=g), torch.randn(64, 8, 8, generator=g)
+    expected = dst.clone()
+    expected[64:128] += a.reshape(64, 64)
+    got = run_module(parse(RESHAPED_UPDATE), [dst, a])[0]
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
