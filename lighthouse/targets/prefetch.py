@@ -79,6 +79,11 @@ def _carried(value: ir.Value) -> ir.Value:
 
 
 def _minor_identity(read: ir.Operation) -> bool:
+    """Does `read` take whole rows of its view's minor dims, in bounds (so that every
+    prefetched element is inside the view)?"""
+    in_bounds = read.attributes["in_bounds"] if "in_bounds" in read.attributes else None
+    if in_bounds is None or not all(ir.BoolAttr(b).value for b in ir.ArrayAttr(in_bounds)):
+        return False
     amap = ir.AffineMapAttr(read.attributes["permutation_map"]).value
     rank = amap.n_dims
     results = [str(r) for r in amap.results]

@@ -82,6 +82,9 @@ def test_the_next_tile_of_the_nest_is_prefetched_line_by_line():
      "a loop without multiply-adds"),
     (("vector.transfer_write %sum, %tile[%c0, %c0]", "vector.transfer_write %sum, %tile[%c0, %c8]"),
      "the result written elsewhere"),
+    (("%acc = vector.transfer_read %tile[%c0, %c0], %f0 {in_bounds = [true, true]}",
+      "%acc = vector.transfer_read %tile[%c0, %c0], %f0 {in_bounds = [false, true]}"),
+     "a read that may pass the view's end (its padding is not in memory)"),
 ])
 def test_no_prefetch_where_the_next_tile_is_not_an_accumulator_tile(change, reason):
     served, text = _rewritten(NEST.replace(*change))
