@@ -149,8 +149,17 @@ def _grouped_rank_one(input, transposed, groups) -> bool:
 
 
 def _as_two_dims(input, weight, bias, stride, padding, dilation, groups):
-    """The grouped convolution of one image dim as the two-dim one over [N, C, 1, L]."""
+    """The grouped convolution of one image dim as the two-dim one over [N, C, 1, L]; a
+    16-bit one that is strided and padded over f32 operands, rounded once (torch 2.13's
+    CPU kernel crashes on it while the joint graph is traced: the weight gradient of a
+    float16 Conv1d(16, 32, 4, stride=2, padding=3, dilation=2, groups=16) on one position,
+    a [1, 32, 1, 1] image, a [32, 2, 1, 1] window, stride 2, padding 3)."""
     stride, padding, dilation = (_per_dim(v, 1) for v in (stride, padding, dilation))
+    if input.dtype in (torch.float16, torch.bfloat16) and any(s > 1 for s in stride) \
+            and any(p > 0 for p in padding):
+        wide = _as_two_dims(input.float(), weight.float(), None if bias is None else bias.float(),
+                            stride, padding, dilation, groups)
+        return wide.to(input.dtype)
     y = aten.convolution.default(input.unsqueeze(2), weight.unsqueeze(2), bias, [1, *stride],
                                  [0, *padding], [1, *dilation], False, [0, 0], groups)
     return y.squeeze(2)

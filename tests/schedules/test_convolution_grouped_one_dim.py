@@ -53,6 +53,17 @@ def test_backward(kernel_file):
         assert r.ok, str(r)
 
 
+def test_float16_strided_padded_backward(kernel_file):
+    """A fuzz finding: the weight gradient of this float16 depthwise-by-two Conv1d on one
+    position (a grouped, strided, padded convolution of a 1 x 1 image) crashed torch's CPU
+    kernel while the joint graph was traced; it is traced over f32 operands, and the
+    gradients match torch."""
+    path = conv_kernel(kernel_file, "Conv1d(16, 32, 4, stride=2, padding=3, dilation=2, groups=16, bias=False)",
+                       None, dtype="float16", input="torch.randn(5, 16, 1, generator=g).to(DTYPE)[3:]")
+    for r in compile_kernel(path, backward=True).check():
+        assert r.ok, str(r)
+
+
 def test_the_lanes_run_along_the_image(kernel_file):
     """Imported over [N, G, C, 1, L]: the register tile's lanes run along L (32 wide), its
     rows along the group's 49 output channels, not one lane of a unit dim."""
