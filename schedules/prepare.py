@@ -51,6 +51,7 @@ from transform_ext.match_narrow_reductions import match_narrow_reductions, narro
 from transform_ext.promote_reductions_to_f32 import NAMED_POOLINGS
 from transform_ext.promote_reductions_to_f32 import promote_reductions_to_f32 as promote_op
 from transform_ext.split_assertions import split_assertions as split_assertions_op
+from transform_ext.trim_unread_pooling_tails import trim_unread_pooling_tails
 from transform_ext.unit_dim_transposes_to_reshapes import unit_dim_transposes_to_reshapes
 from transform_ext.widen_bool_tensors import widen_bool_tensors as widen_bool_tensors_op
 
@@ -134,13 +135,16 @@ def simplify_imported_ops(payload: ir.Module) -> None:
     """linalg ops whose iteration space is empty become their inits
     (transform_ext.fold_empty_iteration_spaces: zero-size tensors leave no work behind);
     transposes that move only unit dims become reshapes (transform_ext.
-    unit_dim_transposes_to_reshapes: no copy); integer powers become multiplications (transform_ext.expand_integer_powers); f16/bf16
+    unit_dim_transposes_to_reshapes: no copy); a pooling's unread tail along a dim of one
+    window is sliced off (transform_ext.trim_unread_pooling_tails: its generic form then
+    verifies once the unit dim is folded); integer powers become multiplications (transform_ext.expand_integer_powers); f16/bf16
     elementwise ops compute in f32 and round once, as torch's eager ops
     (transform_ext.compute_elementwise_in_f32)."""
 
     def body(root):
         funcs = fold_empty_iteration_spaces(match(root, "func.func"))
         unit_dim_transposes_to_reshapes(funcs)
+        trim_unread_pooling_tails(funcs)
         expand_integer_powers(funcs)
         compute_elementwise_in_f32(funcs)
 
