@@ -285,7 +285,7 @@ class MatmulParams:
                 break
             # Another column of tiles repacks A once more (m k), another row B (k n); on a
             # tie the rows split: A's pack transposes, B's copies (1024^3 on 2 threads:
-            # tiles of 512 x 1024 ran 1.04x faster than 1024 x 512)
+            # tiles of 512 x 1024 ran in 6.08 ms, 1024 x 512 in 6.68 ms)
             if nt > nr and (m < n or mt <= mr):
                 counts[1] += 1
             elif mt > mr:
