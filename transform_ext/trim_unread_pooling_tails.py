@@ -64,9 +64,9 @@ class TrimUnreadPoolingTailsOp(TransformExt.Operation, name=NAME):
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
-                found = [(p, shape) for target in payload_ops(state, op.target)
-                         for p in walk_ops(target, lambda o: trimmed_shape(o) is not None)
-                         for shape in [trimmed_shape(p)]]
+                poolings = [p for target in payload_ops(state, op.target)
+                            for p in walk_ops(target, lambda o: _layout(o) is not None)]
+                found = [(p, shape) for p in poolings if (shape := trimmed_shape(p)) is not None]
                 for pooling, shape in found:
                     image = pooling.operands[0]
                     with ir.InsertionPoint(pooling), pooling.location:

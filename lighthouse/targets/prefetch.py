@@ -16,21 +16,12 @@ from __future__ import annotations
 from torch_mlir import ir
 from torch_mlir.dialects import arith, memref
 
-from transform_ext.common import defining_op
+from transform_ext.common import all_in_bounds, clone_op, defining_op, is_nested_in
 
 CACHE_LINE_BYTES = 64
 MAX_LINES = 64  # per tile: a register tile of at most 32 rows of two lines
 _KERNEL_OPS = ("vector.fma", "vector.contract", "x86.avx512.dot")
 _VIEW_OPS = ("memref.subview", "affine.apply", "memref.cast", "memref.reinterpret_cast")
-
-
-def _inside(op: ir.Operation, loop: ir.Operation) -> bool:
-    parent = op.parent
-    while parent is not None:
-        if parent == loop:
-            return True
-        parent = parent.parent
-    return False
 
 
 def _has_kernel_ops(loop: ir.Operation) -> bool:
@@ -78,16 +69,12 @@ def _carried(value: ir.Value) -> ir.Value:
     return value
 
 
-def _minor_identity(read: ir.Operation) -> bool:
+def _reads_minor_rows_in_bounds(read: ir.Operation) -> bool:
     """Does `read` take whole rows of its view's minor dims, in bounds (so that every
     prefetched element is inside the view)?"""
-    in_bounds = read.attributes["in_bounds"] if "in_bounds" in read.attributes else None
-    if in_bounds is None or not all(ir.BoolAttr(b).value for b in ir.ArrayAttr(in_bounds)):
-        return False
     amap = ir.AffineMapAttr(read.attributes["permutation_map"]).value
-    rank = amap.n_dims
-    results = [str(r) for r in amap.results]
-    return results == [f"d{d}" for d in range(rank - len(results), rank)]
+    return all_in_bounds(read) and \
+        amap == ir.AffineMap.get_minor_identity(amap.n_dims, len(amap.results))
 
 
 def _iv(loop: ir.Operation) -> ir.Value:
@@ -106,8 +93,8 @@ def _slice(value: ir.Value, loops: list[ir.Operation], order: list[ir.Operation]
                 ivs.append(value)
             return True
         owner = ir.BlockArgument(value).owner.owner
-        return not (owner == loops[-1] or _inside(owner, loops[-1]))
-    if not _inside(op, loops[-1]) or op in order:
+        return not (owner == loops[-1] or is_nested_in(owner, loops[-1]))
+    if not is_nested_in(op, loops[-1]) or op in order:
         return True
     if op.name not in _VIEW_OPS and not op.name.startswith("arith."):
         return False
@@ -151,11 +138,9 @@ def _prefetch_next(read: ir.Operation) -> bool:
     source = read.operands[0]
     mtype = ir.MemRefType(source.type)
     vtype = ir.VectorType(read.results[0].type)
-    if vtype.rank not in (1, 2) or not _minor_identity(read):
+    if vtype.rank not in (1, 2) or not _reads_minor_rows_in_bounds(read):
         return False
-    elem_bytes = max(1, ir.FloatType(mtype.element_type).width // 8) \
-        if isinstance(mtype.element_type, ir.FloatType) else 4
-    line = max(1, CACHE_LINE_BYTES // elem_bytes)
+    line = max(1, CACHE_LINE_BYTES * 8 // getattr(mtype.element_type, "width", 32))
     rows, cols = (vtype.shape[0] if vtype.rank == 2 else 1), vtype.shape[-1]
     if rows * -(-cols // line) > MAX_LINES:
         return False
@@ -169,17 +154,10 @@ def _prefetch_next(read: ir.Operation) -> bool:
     if len(loops) == 2 and not any(iv == _iv(loops[1]) for iv in ivs):
         loops = loops[:1]
     with ir.InsertionPoint(read), read.location:
-        mapping = list(_next_ivs(loops).items())
-
-        def mapped(v):
-            return next((new for old, new in mapping if v == old), v)
-
+        mapping = _next_ivs(loops)
         for op in order:
-            clone = op.clone(ip=ir.InsertionPoint(read))
-            for i, v in enumerate(list(clone.operands)):
-                clone.operands[i] = mapped(v)
-            mapping += list(zip(op.results, clone.results))
-        view, at = mapped(source), [mapped(v) for v in indices]
+            clone_op(op, mapping)
+        view, at = mapping.get(source, source), [mapping.get(v, v) for v in indices]
         index = ir.IndexType.get()
 
         def plus(value, offset):
