@@ -203,6 +203,40 @@ def test_a_pointwise_convolution_at_7x7_takes_whole_power_of_two_lanes(kernel_fi
     assert_matches(compile_kernel(path))
 
 
+@pytest.mark.parametrize("register, registers", [((8, 32), 32), ((4, 16), 16)])
+def test_channel_lane_tiles_fit_the_vector_registers(register, registers):
+    """The accumulators, the step's filter vectors and a broadcast fit the vector registers
+    (3 x 8 accumulators with 8 filter vectors spilled to the stack every step); a tile of
+    as many accumulators with fewer filter vectors is taken where both fit."""
+    params = ConvolutionParams(register=register)
+    lanes = register[1] // 2
+    for channels in (16, 32, 48, 64, 96, 128, 256, 512, 1152):
+        for rows in (1, 2, 3, 7, 13, 14, 28, 49, 55, 56, 112, 339):
+            mr, nr, _ = channel_lane_tile(channels, rows, params)
+            v = nr // lanes
+            assert mr * v + v + 1 <= registers, (channels, rows, mr, nr)
+    assert channel_lane_tile(128, 339, ConvolutionParams(register=(8, 32)))[:2] == (10, 32)
+    assert channel_lane_tile(128, 14, ConvolutionParams(register=(8, 32)))[:2] == (5, 64)
+    assert channel_lane_tile(512, 7, ConvolutionParams(register=(8, 32)))[:2] == (4, 64)
+
+
+def test_many_channel_lanes_do_not_spill(kernel_file):
+    """KernelBench 76's convolution (a stride-3, dilation-4 Conv1d) to 128 channels: its
+    channel-lane register tile took 3 rows x 128 lanes (24 accumulators and 8 filter
+    vectors, spilled each step); now 10 x 32 (339 rows: a last tile of 9), against torch."""
+    path = conv_kernel(kernel_file, "Conv1d(64, 128, 3, stride=3, dilation=4, bias=False)",
+                       "1, 64, 1023")
+    compiled = compile_kernel(path)
+    assert compiled.family is CONVOLUTION, compiled.notes
+    assert_matches(compiled)
+    vectorized = str(compile_kernel(path, stop_after="vectorize").module)
+    assert "into vector<3x128xf32>" not in vectorized
+    filecheck(vectorized, """
+        CHECK-DAG: vector.contract {{.*}} into vector<10x32xf32>
+        CHECK-DAG: vector.contract {{.*}} into vector<9x32xf32>
+    """)
+
+
 # Lanes of stride > 1 (`strided_lanes`): the channel lanes on any gain of the tile's useful
 # share, the convolution left whole (no stride phases, each adding onto the output).
 STRIDED = {
