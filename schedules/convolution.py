@@ -158,7 +158,8 @@ class ConvolutionParams:
     def for_cpu(cpu, threads: int) -> "ConvolutionParams":
         """The parameters on a CPU described by `cpu` (lighthouse.targets.description
         CpuDescription): the register tile of its vector registers (register_tile_for);
-        channel blocks whose image rows and filter values fill at most half of L1; forall
+        channel blocks whose image rows and filter values fill at most half of L1 (all of
+        it with the output channels as lanes, `_channel_block`); forall
         tiles of a blocked convolution whose output fills at most a quarter of L2."""
         mr, nr = register_tile_for(cpu.f32_lanes, cpu.vector_registers)
         return ConvolutionParams(register=(mr, nr), tile_rows=16 * mr, threads=threads,
@@ -565,7 +566,10 @@ def writes_strided_lanes(c: Convolution) -> bool:
 
 def _channel_block(c: Convolution, params: ConvolutionParams, mr: int, nr: int) -> list[int] | None:
     """Tile sizes splitting the widest input channel dim into blocks whose image rows and
-    filter values (per register tile) fit params.block_bytes, None when all fit or when the
+    filter values (per register tile) fit params.block_bytes (with the output channels as
+    lanes, params.l1_bytes: the filter values, most of it, are read by each row tile in
+    turn and stay in L1; a stride-2 3 x 3 convolution to 64 channels ran 8% faster in
+    blocks of 32 channels than of 16), None when all fit or when the
     output is strided along the lanes (`writes_strided_lanes`: one block keeps the tile's
     start in registers and writes it once, where each block would read and write it)."""
     if writes_strided_lanes(c):
@@ -593,7 +597,7 @@ def _channel_block(c: Convolution, params: ConvolutionParams, mr: int, nr: int) 
         if x != channel:
             others *= ranges[x]
     per_channel = 4 * others * (x_elements + w_elements)
-    fit = params.block_bytes // per_channel
+    fit = (params.l1_bytes if c.lanes in d.out_channel else params.block_bytes) // per_channel
     if fit >= ranges[channel]:
         return None
     size = max([t for t in range(1, max(1, fit) + 1) if ranges[channel] % t == 0])
