@@ -572,10 +572,11 @@ def test_taller_last_lanes_tiles_in_bf16_with_a_transposed_view_and_a_second_use
 
 def test_an_unblocked_convolution_splits_its_last_lanes_when_the_reduction_is_long(kernel_file):
     """16 input channels x 9 taps (144 multiply-adds per output, in one channel block): the
-    last 2 of 66 lanes take 16-row tiles and the start, the bias, is written per forall
+    last 2 of 130 lanes take 16-row tiles and the start, the bias, is written per forall
     tile before the register tiles; with 4 channels (36 per output) the start stays in the
-    register tiles (a pass writing it would cost more than the taller tiles save)."""
-    long = conv_kernel(kernel_file, "ConvTranspose2d(16, 16, 3)", "2, 16, 5, 64")
+    register tiles (a pass writing it would cost more than the taller tiles save). (At 66
+    lanes the output channels are the lanes: `wants_channel_lanes`.)"""
+    long = conv_kernel(kernel_file, "ConvTranspose2d(16, 16, 3)", "2, 16, 5, 128")
     fused = str(compile_kernel(long, stop_after="fuse").module)
     assert 'lh.cv_vector = array<i64: 1, 16, 1, 32, 1>' in fused
     filecheck(fused, """
@@ -583,7 +584,7 @@ def test_an_unblocked_convolution_splits_its_last_lanes_when_the_reduction_is_lo
         CHECK: lh.cv_role = "register", lh.cv_vector = array<i64: 1, 8, 1, 32, 1>
     """)
     assert_matches(compile_kernel(long))
-    short = conv_kernel(kernel_file, "ConvTranspose2d(4, 16, 3)", "2, 4, 5, 64")
+    short = conv_kernel(kernel_file, "ConvTranspose2d(4, 16, 3)", "2, 4, 5, 128")
     fused = str(compile_kernel(short, stop_after="fuse").module)
     assert 'lh.cv_vector = array<i64: 1, 16, 1, 32, 1>' not in fused
     assert_matches(compile_kernel(short))

@@ -252,6 +252,24 @@ def test_channel_lane_blocks_fill_l1(kernel_file):
     """)
 
 
+@pytest.mark.parametrize("module, shape", [
+    # 56 lanes: 32 + 24 as image lanes (7 of 8 used); a lane tail would leave 32 + 16 + 8
+    ("Conv2d(16, 16, 3, padding=1, bias=False)", "1, 16, 4, 56"),
+    # 28 lanes of 128 channels (a ResNet stage's 28 x 28)
+    ("Conv2d(32, 128, 3, padding=1, bias=False)", "1, 32, 3, 28"),
+])
+def test_rows_of_seven_eighths_of_a_tile_take_the_channel_lanes(kernel_file, module, shape):
+    """An image row that fills 7 of 8 lanes of its last tile gains 0.125 of useful share
+    with the output channels as lanes (`CHANNEL_LANES_GAIN`): the whole convolution takes
+    them, no lane tail split off; against torch."""
+    compiled = compile_kernel(conv_kernel(kernel_file, module, shape))
+    assert compiled.family is CONVOLUTION, compiled.notes
+    assert_matches(compiled)
+    script = compiled.schedule_text()
+    assert "move_output_channels_innermost" in script
+    assert "@split_lane_tails" not in script
+
+
 # Lanes of stride > 1 (`strided_lanes`): the channel lanes on any gain of the tile's useful
 # share, the convolution left whole (no stride phases, each adding onto the output).
 STRIDED = {
