@@ -47,7 +47,7 @@ from ..runtime import allow_amx_tiles
 from .bf16_vectors import (bf16_memory_as_i16, odd_bf16_conversions_as_integer_ops,
                            odd_bf16_vectors_as_i16)
 from .description import CpuDescription, host_cpu, host_cpu_flags
-from .prefetch import prefetch_next_accumulators
+from .prefetch import prefetch_next_accumulators, prefetch_next_page_strided_loads
 from .runtime_checks import add_vector_bounds_checks
 from .transpose_blocks import transposes_in_16x16_blocks
 from .workspace import allocations_into_workspace, crowded_functions, workspace_bytes
@@ -175,6 +175,7 @@ def bufferize(payload: ir.Module) -> None:
 
     run_schedule(payload, body)
     prefetch_next_accumulators(payload)
+    prefetch_next_page_strided_loads(payload)
     scalar_reads_of_wide_loads(payload)
     tree_reduce_min_max(payload)
     reassociate_vector_reductions(payload)

@@ -1,4 +1,5 @@
-"""Software prefetch of the next register tile's accumulators.
+"""Software prefetch of the next register tile's accumulators, and of streams that cross a
+page every step.
 
 A register tile's loop (an scf.for over k carrying vector accumulators) starts from a
 `vector.transfer_read` of its output tile and ends in a `vector.transfer_write` of the same
@@ -9,7 +10,15 @@ Sapphire Rapids host. `prefetch_next_accumulators` issues, before each such read
 will read: the view of the output tile is recomputed with the innermost loop's induction
 variable one step on (or, on its last iteration, the next outer one's and the inner loop's
 first), so the lines arrive while this tile's loop runs. The last tile of the nest prefetches
-itself: every view stays in bounds (runtime checks verify subviews)."""
+itself: every view stays in bounds (runtime checks verify subviews).
+
+A register tile loop that loads one vector per step from rows a page or more apart (a 1 x 1
+convolution's image: one channel plane per input channel, 128 planes per channel block)
+runs as many streams as steps, more than the hardware prefetcher follows; its first pass
+over a tile of lanes waits on memory. `prefetch_next_page_strided_loads` prefetches into L2,
+with each such load, the same step's vector of the next tile along the nearest enclosing
+loop that moves it (the next tile of lanes). Conv2d(256, 64, 1) over [8, 256, 56, 56] on one
+thread: 5.69 -> 4.99 ms (torch 4.38)."""
 
 from __future__ import annotations
 
@@ -186,3 +195,81 @@ def prefetch_next_accumulators(payload: ir.Module) -> int:
     payload.operation.walk(visit)
     with payload.context:
         return sum(_prefetch_next(read) for read in reads)
+
+
+# A stream the hardware prefetcher loses: a register tile's loop reads one vector per step
+# from rows at least this many bytes apart (each step a new page: a 1 x 1 convolution's
+# image, one channel plane per input channel).
+PAGE_BYTES = 4096
+
+
+def _page_strided_loads(loop: ir.Operation) -> list[ir.Operation]:
+    """The 1-D `vector.load`s in `loop`'s body from a subview whose offset along a dim of
+    PAGE_BYTES stride or more is `loop`'s induction variable."""
+    iv = _iv(loop)
+    found = []
+    for op in loop.regions[0].blocks[0].operations:
+        if op.name != "vector.load" or ir.VectorType(op.results[0].type).rank != 1:
+            continue
+        view = defining_op(op.operands[0])
+        if view is None or view.name != "memref.subview":
+            continue
+        source = ir.MemRefType(view.operands[0].type)
+        strides, _ = source.get_strides_and_offset()
+        width = getattr(source.element_type, "width", 32) // 8
+        offsets = iter(list(view.operands)[1:])
+        for dim, static in enumerate(view.opview.static_offsets):
+            value = next(offsets) if static == ir.ShapedType.get_dynamic_stride_or_offset() else None
+            if value is not None and value == iv and strides[dim] * width >= PAGE_BYTES:
+                found.append(op)
+                break
+    return found
+
+
+def _prefetch_next_stream(load: ir.Operation, loop: ir.Operation) -> bool:
+    """Prefetch into L2, before `load` (in register tile loop `loop`), the lines of the same
+    step of the next tile along the nearest enclosing loop that moves the loaded view;
+    the nest's last such tile prefetches itself."""
+    outer = _enclosing_loops(loop)
+    source, indices = load.operands[0], list(load.operands)[1:]
+    for moving in outer:
+        order, ivs = [], []
+        if not all(_slice(v, [loop, moving], order, ivs) for v in [source] + indices):
+            return False
+        if any(iv == _iv(moving) for iv in ivs):
+            break
+    else:
+        return False
+    vtype = ir.VectorType(load.results[0].type)
+    line = max(1, CACHE_LINE_BYTES * 8 // getattr(vtype.element_type, "width", 32))
+    with ir.InsertionPoint(load), load.location:
+        lb, ub, step = list(moving.operands)[:3]
+        iv = _iv(moving)
+        ahead = arith.addi(iv, step)
+        mapping = {iv: arith.select(arith.cmpi(arith.CmpIPredicate.slt, ahead, ub), ahead, iv)}
+        for op in order:
+            clone_op(op, mapping)
+        view, at = mapping.get(source, source), [mapping.get(v, v) for v in indices]
+        index = ir.IndexType.get()
+        for c in range(0, vtype.shape[0], line):
+            where = list(at)
+            if c:
+                where[-1] = arith.addi(where[-1], arith.constant(index, c))
+            memref.prefetch(view, where, False, 2, True)  # for reading, into L2
+    return True
+
+
+def prefetch_next_page_strided_loads(payload: ir.Module) -> int:
+    """Prefetch, in each register tile loop that loads a vector from a new page every step
+    (`_page_strided_loads`), the next tile's vector of the same step (see
+    `_prefetch_next_stream`). Returns the loads served."""
+    pairs = []
+
+    def visit(op):
+        if op.name == "scf.for" and _has_kernel_ops(op):
+            pairs.extend((load, op) for load in _page_strided_loads(op))
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit)
+    with payload.context:
+        return sum(_prefetch_next_stream(load, loop) for load, loop in pairs)

@@ -1,13 +1,15 @@
-"""The CPU target's prefetch of the next register tile's accumulators
-(lighthouse.targets.prefetch): FileCheck of the rewrite on hand-written loops, and matmuls
-whose output tiles take it, against torch, with run-time bounds checks on every view."""
+"""The CPU target's prefetches (lighthouse.targets.prefetch): of the next register tile's
+accumulators, and of the next lane tile of a stream that crosses a page every step.
+FileCheck of the rewrites on hand-written loops, and matmuls and convolutions that take
+them, against torch, with run-time bounds checks on every view."""
 
 import pytest
 import torch
 from torch_mlir import ir
 
 from lighthouse.compile import compile_kernel
-from lighthouse.targets.prefetch import prefetch_next_accumulators
+from lighthouse.targets.prefetch import prefetch_next_accumulators, prefetch_next_page_strided_loads
+from tests.schedules.test_convolution import conv_kernel
 from tests.transform_ext.helpers import check as filecheck
 
 NEST = """
@@ -124,3 +126,91 @@ def test_matmuls_with_prefetched_accumulators_match_torch_with_bounds_checks(
     for r in compiled.check():
         assert r.ok, str(r)
     torch.manual_seed(0)
+
+
+# A 1 x 1 convolution's register tiles: lanes of 32 pixels (j), rows of 8 output channels
+# (i), a k loop over the input channels loading one vector of each channel plane.
+STREAM = """
+func.func @planes(%X: memref<64x{plane}xf32>, %W: memref<16x64xf32>, %Y: memref<16x{plane}xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c8 = arith.constant 8 : index
+  %c16 = arith.constant 16 : index
+  %c32 = arith.constant 32 : index
+  %c64 = arith.constant 64 : index
+  %cp = arith.constant {plane} : index
+  %f0 = arith.constant 0.0 : f32
+  scf.for %j = %c0 to %cp step %c32 {
+    scf.for %i = %c0 to %c16 step %c8 {
+      %tile = memref.subview %Y[%i, %j] [8, 32] [1, 1]
+          : memref<16x{plane}xf32> to memref<8x32xf32, strided<[{plane}, 1], offset: ?>>
+      %lanes = memref.subview %X[0, %j] [64, 32] [1, 1]
+          : memref<64x{plane}xf32> to memref<64x32xf32, strided<[{plane}, 1], offset: ?>>
+      %init = vector.broadcast %f0 : f32 to vector<32xf32>
+      %sum = scf.for %k = %c0 to %c64 step %c1 iter_args(%a = %init) -> (vector<32xf32>) {
+        %row = memref.subview %lanes[%k, 0] [1, 32] [1, 1]
+            : memref<64x32xf32, strided<[{plane}, 1], offset: ?>> to memref<1x32xf32, strided<[{plane}, 1], offset: ?>>
+        %x = vector.load %row[%c0, %c0] : memref<1x32xf32, strided<[{plane}, 1], offset: ?>>, vector<32xf32>
+        %w = memref.load %W[%i, %k] : memref<16x64xf32>
+        %b = vector.broadcast %w : f32 to vector<32xf32>
+        %next = vector.fma %b, %x, %a : vector<32xf32>
+        scf.yield %next : vector<32xf32>
+      }
+      vector.store %sum, %tile[%c0, %c0] : memref<8x32xf32, strided<[{plane}, 1], offset: ?>>, vector<32xf32>
+    }
+  }
+  return
+}
+"""
+
+
+def _streamed(plane: int) -> tuple[int, str]:
+    with ir.Context(), ir.Location.unknown():
+        module = ir.Module.parse(STREAM.replace("{plane}", str(plane)))
+        served = prefetch_next_page_strided_loads(module)
+        assert module.operation.verify()
+        return served, str(module)
+
+
+def test_the_next_lane_tile_of_a_page_strided_stream_is_prefetched_into_l2():
+    """Channel planes of 4 KiB: each step's load is on a new page. Before it, the same
+    channel's vector of the next lane tile (j + 32, the lanes loop being the nearest that
+    moves the view: the rows loop between does not), on the last lane tile the tile
+    itself; two lines of 32 floats, for reading, into L2."""
+    served, text = _streamed(1024)
+    assert served == 1
+    filecheck(text, """
+        CHECK: scf.for %[[J:[a-z0-9_]+]] = %{{.*}} to %[[UB:[a-z0-9_]+]] step %[[C32:[a-z0-9_]+]] {
+        CHECK: scf.for %{{.*}} step %c8 {
+        CHECK: scf.for %[[K:[a-z0-9_]+]] = %{{.*}} to
+        CHECK: %[[AHEAD:[a-z0-9_]+]] = arith.addi %[[J]], %[[C32]]
+        CHECK: %[[IN:[a-z0-9_]+]] = arith.cmpi slt, %[[AHEAD]], %[[UB]]
+        CHECK: %[[NEXT:[a-z0-9_]+]] = arith.select %[[IN]], %[[AHEAD]], %[[J]]
+        CHECK: %[[LANES:[a-z0-9_]+]] = memref.subview %{{[a-z0-9_]+}}[0, %[[NEXT]]] [64, 32]
+        CHECK: %[[ROW:[a-z0-9_]+]] = memref.subview %[[LANES]]{{\\[}}%[[K]], 0] [1, 32]
+        CHECK: memref.prefetch %[[ROW]]{{\\[}}%{{.*}}, %{{.*}}], read, locality<2>, data
+        CHECK: memref.prefetch %[[ROW]]{{\\[}}%{{.*}}, %{{.*}}], read, locality<2>, data
+        CHECK-NOT: memref.prefetch
+        CHECK: vector.load %{{.*}} : memref<1x32xf32
+    """)
+
+
+def test_no_stream_prefetch_where_the_rows_share_pages():
+    """Channel planes of 1 KiB: four steps share a page, the hardware follows the stream."""
+    served, text = _streamed(256)
+    assert served == 0
+    assert "memref.prefetch" not in text
+
+
+@pytest.mark.parametrize("module, shape", [
+    ("Conv2d(96, 16, 1, bias=False)", "1, 96, 32, 32"),  # planes of 4 KiB
+    ("Conv2d(64, 24, 1)", "2, 64, 36, 40"),  # 1440 lanes: a partial last tile, a bias
+])
+def test_pointwise_convolutions_with_stream_prefetches_match_torch_with_bounds_checks(
+        kernel_file, module, shape):
+    path = conv_kernel(kernel_file, module, shape)
+    bufferized = str(compile_kernel(path, stop_after="bufferize", threads=2).module)
+    assert "locality<2>" in bufferized
+    compiled = compile_kernel(path, threads=2, runtime_checks=True)
+    for r in compiled.check():
+        assert r.ok, str(r)
