@@ -1003,11 +1003,15 @@ def _split_phases(rec: StepRecorder, name: str, legal, split) -> None:
 # when that raises its useful share (`channel_lane_tile`, `image_lane_share`: a narrow
 # image dim leaves its last vector mostly masked) by CHANNEL_LANES_GAIN or more and each
 # output sums at least CHANNEL_LANES_TERMS products (the transposes around it, of its
-# filter and of its output tiles, are then a small part of its work). An image row of 56
-# or 28 (7 of 8 lanes used) gains 0.125: with AVX-512 on one thread, 3 x 3 convolutions
-# over 56 x 56 (64 channels) ran 12.0 -> 10.5 ms and over 28 x 28 (128 channels)
-# 11.0 -> 9.1 ms with the channels as lanes.
-CHANNEL_LANES_GAIN = 0.1
+# filter and of its output tiles, are then a small part of its work); by
+# CHANNEL_LANES_SMALL_GAIN when its last lanes are not split off after whole register tiles
+# instead (`lane_tail_start`). An image row of 56 or 28 (7 of 8 lanes used) gains 0.125:
+# with AVX-512 on one thread, 3 x 3 convolutions over 56 x 56 (64 channels) ran
+# 12.0 -> 10.5 ms and over 28 x 28 (128 channels) 11.0 -> 9.1 ms with the channels as
+# lanes; one over 72 x 72 (64 + a tail of 8) ran 9.5 ms with its tail split off, 11.9 ms
+# with the channels as lanes.
+CHANNEL_LANES_GAIN = 0.2
+CHANNEL_LANES_SMALL_GAIN = 0.1
 CHANNEL_LANES_TERMS = 128
 
 
@@ -1015,9 +1019,9 @@ def wants_channel_lanes(c: Convolution, found: list[Convolution], params: Convol
     """Should convolution `c` (one of `found`) compute with its output channels innermost
     (transform_ext.move_output_channels_innermost), the lanes along them and the rows along
     the image's innermost dim? When that raises the register tile's useful share by
-    CHANNEL_LANES_GAIN and its last lanes are not split off instead (`lane_tail_start`; when
-    its lanes are strided: on any gain, and only with
-    STRIDED_CHANNEL_LANES_ACCUMULATORS in the register tile), its one
+    CHANNEL_LANES_GAIN, or by CHANNEL_LANES_SMALL_GAIN when its last lanes are not split
+    off after whole register tiles instead (`lane_tail_start`; when its lanes are strided:
+    on any gain, and only with STRIDED_CHANNEL_LANES_ACCUMULATORS in the register tile), its one
     output channel dim fills whole vectors, each output sums
     CHANNEL_LANES_TERMS products or more (input channels times window), and nothing is fused
     onto its result (an epilogue, a pooling, a strided phase's insert, another convolution
@@ -1031,8 +1035,12 @@ def wants_channel_lanes(c: Convolution, found: list[Convolution], params: Convol
         accumulators = params.register[0] * params.register[1] // lanes_per_vector(params)
         if accumulators < STRIDED_CHANNEL_LANES_ACCUMULATORS or share <= image_share:
             return False
-    elif share < image_share + CHANNEL_LANES_GAIN or lane_tail_start(c, found, params) is not None:
+    elif share < image_share + CHANNEL_LANES_SMALL_GAIN:
         return False
+    elif share < image_share + CHANNEL_LANES_GAIN:
+        start = lane_tail_start(c, found, params)
+        if start is not None and start % params.register[1] == 0:
+            return False
     return _channel_lanes_pay(c, found)
 
 
@@ -1070,7 +1078,7 @@ def _channel_lanes_pay(c: Convolution, found: list[Convolution]) -> bool:
 
 
 # A convolution whose innermost image dim ends in at most a half vector past its last whole
-# register tile computes those last lanes apart, with the output channels as their lanes and its
+# vector computes those last lanes apart, with the output channels as their lanes and its
 # rows along the next image dim out (`lane_tail_start`); each part starts from a fill of its
 # own (transform_ext.fill_slices_of_fills) and no pass fills the whole result
 # (transform_ext.drop_overwritten_fills). On 8 lanes the 2-lane tail of a 66-wide row (a
@@ -1083,9 +1091,7 @@ def lane_tail_start(c: Convolution, found: list[Convolution], params: Convolutio
     its output channels as lanes (transform_ext.move_output_channels_innermost on the part
     past the split), None when it does not: the lanes run along the image's innermost dim
     with stride 1, past one vector and ending in at most half a vector past the last whole
-    one, the lanes before it whole register tiles (56 lanes are 32 + 16 + 8: the tile of 16
-    has half the accumulators, and the whole convolution takes the channel lanes instead,
-    `wants_channel_lanes`); another image dim is wider than 1 (the tail's rows run along it); its one output
+    one; another image dim is wider than 1 (the tail's rows run along it); its one output
     channel dim fills whole vectors; each output sums CHANNEL_LANES_TERMS products or more;
     its accumulator starts from a fill (each part then fills its own; a bias broadcast would
     be computed whole, in a pass of its own); and nothing is fused onto its result (as in
@@ -1096,8 +1102,7 @@ def lane_tail_start(c: Convolution, found: list[Convolution], params: Convolutio
         return None
     width = ranges[c.lanes]
     tail = width % lanes
-    if width <= lanes or tail == 0 or tail > lanes // 2 or (width - tail) % params.register[1] \
-            or ranges[d.out_channel[0]] % lanes:
+    if width <= lanes or tail == 0 or tail > lanes // 2 or ranges[d.out_channel[0]] % lanes:
         return None
     if not any(ranges[o] > 1 for o in d.image if o != c.lanes) or strided_lanes(c):
         return None
