@@ -75,7 +75,7 @@ into registers across the k loop, and that loop is unrolled by K_STEPS_UNROLL.
 
 `MatmulParams.for_shape` picks the parameters from the shapes; `pack=False` keeps the
 operands in place (register tiles read A and B directly: for skinny shapes, where packing
-does not pay).
+does not pay; but a k-contiguous B is packed all the same, `contraction_params`).
 """
 
 from __future__ import annotations
@@ -626,9 +626,16 @@ def bf16_pairs(c: Contraction, params: MatmulParams) -> bool:
 
 
 def contraction_params(c: Contraction, params: MatmulParams) -> MatmulParams:
-    """c's own parameters: those of bf16 pairs when it packs them (`for_pairs`), on AMX
-    tiles (`for_amx`, for its shape padded to AMX_TILE: `amx_shape`) when A is k-contiguous,
+    """c's own parameters: packed when `for_shape` leaves a product of fewer rows than MR
+    unpacked but B is k-contiguous (`_k_contiguous`: x @ W^T, a small batch through an
+    nn.Linear), whose register tiles would otherwise read B through a transposed copy of
+    the whole of it; those of bf16 pairs when it packs them (`for_pairs`), on AMX tiles
+    (`for_amx`, for its shape padded to AMX_TILE: `amx_shape`) when A is k-contiguous,
     else without AMX."""
+    _, m, n, _ = c.shape
+    if not params.pack and m > 1 and n >= params.register[1] // 2 and \
+            _k_contiguous(c, 1 - c.a_index, _folding_leaves_one_unpack(c)):
+        params = dataclasses.replace(params, pack=True)
     if not bf16_pairs(c, params):
         return params
     params = params.for_pairs()
