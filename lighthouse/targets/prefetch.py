@@ -243,7 +243,7 @@ def _prefetch_next_stream(load: ir.Operation, loop: ir.Operation) -> bool:
     vtype = ir.VectorType(load.results[0].type)
     line = max(1, CACHE_LINE_BYTES * 8 // getattr(vtype.element_type, "width", 32))
     with ir.InsertionPoint(load), load.location:
-        lb, ub, step = list(moving.operands)[:3]
+        _, ub, step = list(moving.operands)[:3]
         iv = _iv(moving)
         ahead = arith.addi(iv, step)
         mapping = {iv: arith.select(arith.cmpi(arith.CmpIPredicate.slt, ahead, ub), ahead, iv)}
