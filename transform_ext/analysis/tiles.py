@@ -260,6 +260,11 @@ def vector_tile_sizes(op: ir.Operation, policy) -> list[int] | None:
                 rows, lanes = lanes, rows
             mr, nr = policy.register_tile
             sizes[rows] = largest_divisor_at_most(ls.ranges[rows], mr)
+            taller = largest_divisor_at_most(ls.ranges[rows], 3 * mr // 2)
+            if sizes[rows] < mr < taller:
+                # 9-12 rows (an LSTM step's batch of 10): all in one tile of up to 1.5 mr
+                # rows, not two of 5 (half the accumulators, B's vectors read twice)
+                sizes[rows] = taller
             # fewer rows than the register tile has (a vector-matrix product x^T A): wider
             # lanes keep as many accumulators and read longer runs of each row of A
             widen = max(1, mr // sizes[rows])
