@@ -33,6 +33,11 @@ _KERNEL_OPS = ("vector.fma", "vector.contract", "x86.avx512.dot")
 _VIEW_OPS = ("memref.subview", "affine.apply", "memref.cast", "memref.reinterpret_cast")
 
 
+def _line_elements(element_type: ir.Type) -> int:
+    """Elements of `element_type` in one cache line."""
+    return max(1, CACHE_LINE_BYTES * 8 // getattr(element_type, "width", 32))
+
+
 def _has_kernel_ops(loop: ir.Operation) -> bool:
     found = []
 
@@ -149,7 +154,7 @@ def _prefetch_next(read: ir.Operation) -> bool:
     vtype = ir.VectorType(read.results[0].type)
     if vtype.rank not in (1, 2) or not _reads_minor_rows_in_bounds(read):
         return False
-    line = max(1, CACHE_LINE_BYTES * 8 // getattr(mtype.element_type, "width", 32))
+    line = _line_elements(mtype.element_type)
     rows, cols = (vtype.shape[0] if vtype.rank == 2 else 1), vtype.shape[-1]
     if rows * -(-cols // line) > MAX_LINES:
         return False
@@ -241,7 +246,7 @@ def _prefetch_next_stream(load: ir.Operation, loop: ir.Operation) -> bool:
     else:
         return False
     vtype = ir.VectorType(load.results[0].type)
-    line = max(1, CACHE_LINE_BYTES * 8 // getattr(vtype.element_type, "width", 32))
+    line = _line_elements(vtype.element_type)
     with ir.InsertionPoint(load), load.location:
         _, ub, step = list(moving.operands)[:3]
         iv = _iv(moving)
