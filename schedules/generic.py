@@ -4,7 +4,10 @@ One transform script (`generic_script`), two named sequences:
 @fuse:
   1. the assertions of result-producing generics are split out (`transform_ext.split_assertions`),
      matrix-vector products get k split into vector_tile lanes of partial sums per row,
-     summed once at the end (`transform_ext.split_matvec_lanes`), inputs read through
+     summed once at the end, and short products (x @ W^T for a batch of at most short_rows
+     rows, at the top level) into one vector of lanes per pair of rows
+     (`transform_ext.split_matvec_lanes`; forall tiles then split W's rows, never the
+     batch: `transform_ext.analysis.tiles.splits_short_rows`), inputs read through
      windows sliced to the elements the windows reach (`transform_ext.trim_window_inputs`:
      a window of one output along a padded dim would fold to a plain dim shorter than its
      input), unit dims folded and elementwise ops fused into their consumers
@@ -20,7 +23,8 @@ One transform script (`generic_script`), two named sequences:
      transposes read by mat-vecs folded into their indexing maps and their unit dims dropped
      (`transform_ext.fold_transposes_into_matvecs`, after the reshape folding, which would
      expand the unit dims back: a.t() @ x and torch.mv(a.t(), x) read A in place as
-     y[m] += A[k, m] x[k], lanes along A's rows; x @ a.t() gets its k split as above) and the
+     y[m] += A[k, m] x[k], lanes along A's rows; x @ a.t() gets its k split as above, and
+     so does a short product's x @ W^T) and the
      elementwise producers of every reduction inlined again (x widened to f64);
   2. `transform_ext.fuse_roots_into_foralls`: repeatedly, the last untiled linalg op of the
      function (a root: nothing after it reads it) has its outer parallel dims tiled into an
@@ -58,7 +62,9 @@ One transform script (`generic_script`), two named sequences:
      target lowers itself: `vectorize_but_target_kernels`) and loop-invariant
      accumulator reads/writes are hoisted out of the loops; a split mat-vec's step (a
      contraction elementwise along its lanes) becomes FMAs of a few rows with one vector of
-     x (`transform_ext.lane_contracts_to_fmas`); a copy transposing 16-bit pairs whole
+     x, a split short product's FMAs of every pair of its tile's rows (all of the batch x
+     up to a register tile's worth of W's: `transform_ext.analysis.tiles.shared_lane_pairs`)
+     (`transform_ext.lane_contracts_to_fmas`); a copy transposing 16-bit pairs whole
      (tiles of `pair_lane_sizes`: an AMX operand's pack) becomes a transpose of 32-bit
      words (`transform_ext.transpose_pairs_as_words`); with `bf16_dot`, contractions
      of two bf16 inputs step k by pairs (register_tile's third entry) and each step becomes
@@ -146,7 +152,11 @@ class GenericParams:
       1.05-1.15x, one thread, shared machine; not for a bf16 A, where it cost 0.85-0.99x);
       1 = no chunks.
     window_lanes: outputs per chunk of a stride-1 max (min) pooling computed by doubled
-      windows (transform_ext.sliding_window_extrema)."""
+      windows (transform_ext.sliding_window_extrema).
+    short_rows: a contraction with rows on both sides but at most this many on one (x @ W^T
+      for a small batch, both operands read along k) is split into dot products of one
+      vector of k lanes per pair of rows (transform_ext.split_matvec_lanes): W is read once,
+      in place, instead of transposed and packed per call; 0 = never."""
 
     threads: int = 2
     tiles_per_thread: int = 4
@@ -158,6 +168,7 @@ class GenericParams:
     bf16_dot: bool = False
     k_chunk: int = 16
     window_lanes: int = 128
+    short_rows: int = 16
 
     def __post_init__(self):
         if self.threads < 1 or self.tiles_per_thread < 1 or min(self.tile_bytes, self.pass_bytes) < 1:
@@ -186,10 +197,13 @@ class GenericParams:
         CpuDescription): vector tiles of 4 vector registers, the register tile of
         `register_tile_for`, tiles of at most a sixteenth of L2 (room for a fused chain's
         intermediates and inputs beside the root's tile), or half of L1 for a chain of
-        several passes over each contiguous row of its tile."""
+        several passes over each contiguous row of its tile, and short products of up to
+        twice the register tile's rows (a short side of up to as many vector accumulators as
+        the register tile has, each paired with one row of the other side)."""
+        register_tile = register_tile_for(cpu.f32_lanes, cpu.vector_registers)
         return cls(threads=threads, tile_bytes=cpu.l2_bytes // 16, pass_bytes=cpu.l1d_bytes // 2,
                    vector_tile=4 * cpu.f32_lanes, window_lanes=8 * cpu.f32_lanes,
-                   register_tile=register_tile_for(cpu.f32_lanes, cpu.vector_registers))
+                   register_tile=register_tile, short_rows=2 * register_tile[0])
 
 
 def register_tile_for(lanes: int, registers: int) -> tuple[int, int]:
@@ -199,12 +213,19 @@ def register_tile_for(lanes: int, registers: int) -> tuple[int, int]:
     return (8 if registers >= 32 else 4, 2 * lanes)
 
 
+def split_short_products(root: ir.Value, params: GenericParams) -> None:
+    """Mat-vecs split into vector_tile lanes of partial sums per row, products of at most
+    short_rows rows on one side into one vector of lanes per pair of rows."""
+    split_matvec_lanes(match(root, "func.func"), params.vector_tile, params.short_rows,
+                       params.lanes)
+
+
 def fuse_stage(params: GenericParams):
     """Steps 1-2 of the module docstring, as a stage body."""
 
     def body(root: ir.Value) -> None:
         split_assertions(root)
-        split_matvec_lanes(match(root, "func.func"), params.vector_tile)
+        split_short_products(root, params)
         trim_window_inputs(match(root, "func.func"))
         root = apply_passes(root, "linalg-fold-unit-extent-dims")
         canonicalize(root)
@@ -215,8 +236,8 @@ def fuse_stage(params: GenericParams):
         canonicalize(root)
         merge_sibling_reductions(match(root, "func.func"))
         fold_reshape_ops_by_expansion(match(root, "func.func"))
-        fold_transposes_into_matvecs(match(root, "func.func"))
-        split_matvec_lanes(match(root, "func.func"), params.vector_tile)
+        fold_transposes_into_matvecs(match(root, "func.func"), params.short_rows)
+        split_short_products(root, params)
         inline_elementwise_producers(filter_ops(match(root, "linalg.generic"),
                                                 structure="reductions"), whole=True)
         canonicalize(root)

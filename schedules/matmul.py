@@ -20,9 +20,14 @@ leaves that loop a linalg op, which the CPU target runs on AMX tiles
 fuse (the script's @fuse: steps recorded on a trial copy by `plan_matmul`): the payload
 normalized (`_normalize`: unit dims folded, elementwise ops fused; transposes and 1-D
 poolings that reshape propagation expanded with unit dims folded back,
-`_fold_unit_dims_of_named_ops`); a payload of more than CHUNK_CONTRACTIONS contractions is
-split into functions of that many (`transform_ext.outline_contraction_chunks`, inlined back
-at the end of the stage: an upstream fusion costs its function's size per call); then per
+`_fold_unit_dims_of_named_ops`); mat-vecs and short products (x @ W^T for a batch of at
+most GenericParams.short_rows rows, at the top level) read their transposed operands in
+place and get their k split into lanes as in the generic schedule (`_split_short_products`:
+W read once, not packed; their partial sums are tiled and vectorized as the generic
+schedule does, below, and stay in this family when no other contraction is left); a
+payload of more than CHUNK_CONTRACTIONS contractions is split into functions of that many
+(`transform_ext.outline_contraction_chunks`, inlined back at the end of the stage: an
+upstream fusion costs its function's size per call); then per
 contraction, last first (the packed ones in batches sharing one recorded step per phase,
 `_packed_batch`):
   1. data tiling (`transform.structured.pack` + `pack_transpose`): A is packed into panels
@@ -94,7 +99,7 @@ from torch_mlir.dialects.transform import vector as tvec
 from transform_ext.accumulate_in_unpacked_output import (accumulate_in_unpacked_output,
                                                          check_unpacked_accumulation)
 from transform_ext.analysis.structure import dim_positions, is_linalg_op, loop_structure
-from transform_ext.analysis.tiles import VectorPolicy
+from transform_ext.analysis.tiles import VectorPolicy, short_side
 from transform_ext.collapse_contraction_parallel_dims import collapse_contraction_parallel_dims
 from transform_ext.collapse_reduction_dims import collapse_reduction_dims
 from transform_ext.common import (AMX_SIDE, Illegal, defining_op, largest_divisor_at_most, user_op,
@@ -106,6 +111,10 @@ from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expa
 from transform_ext.fuse_elementwise_producers import fuse_elementwise_producers
 from transform_ext.forward_masked_writes import forward_masked_writes
 from transform_ext.fold_casts_into_contractions import fold_casts_into_contractions
+from transform_ext.fold_transposes_into_matvecs import (fold_transposes_into_matvecs,
+                                                        foldable_inputs)
+from transform_ext.lane_contracts_to_fmas import lane_contracts_to_fmas
+from transform_ext.split_matvec_lanes import split_plan
 from transform_ext.outline_contraction_chunks import outline_contraction_chunks
 from transform_ext.remove_annotation import remove_annotation
 from transform_ext.transpose_pairs_as_words import transpose_pairs_as_words
@@ -118,7 +127,8 @@ from transform_ext.split_assertions import split_assertions
 from .common import (Place, annotate, any_op, apply_passes, apply_patterns, at_place, at_places,
                      canonicalize, hoist_loop_invariant_subsets, match, place_of, places_of)
 from .generic import (POOLING_2D, GenericParams, func_ops, generic_script, parallel_tile_sizes,
-                      register_tile_for, top_level_linalg_ops, vector_tile_sizes)
+                      register_tile_for, split_short_products, top_level_linalg_ops,
+                      vector_tile_sizes)
 from .generic import vectorize_stage as generic_vectorize_stage
 from .script import StepRecorder, recorded_script
 
@@ -364,6 +374,9 @@ def analyze_contraction(op: ir.Operation) -> Contraction:
         raise NotApplicable(f"{name} has dynamic shapes")
     if ls.num_inputs != 2 or ls.num_outputs != 1:
         raise NotApplicable(f"{name} does not have two inputs and one output")
+    if short_side(ls):
+        raise NotApplicable(f"{name} pairs rows of both sides on shared lanes (a short "
+                            "product's split k, tiled like the generic schedule)")
     all_dims = ls.contraction_dims()
     dims = {role: [d for d in ds if ls.ranges[d] != 1] for role, ds in all_dims.items()}
     if len(dims["m"]) != 1 or len(dims["n"]) != 1 or len(dims["k"]) != 1:
@@ -1542,6 +1555,26 @@ def _fold_widenings(places: list[Place]):
     return body
 
 
+def _has_short_products(payload: ir.Module, generic: GenericParams) -> bool:
+    """Does `payload` hold a mat-vec or a product of at most generic.short_rows rows on one
+    side that `_split_short_products` rewrites?"""
+    return any(split_plan(op, generic.vector_tile, generic.short_rows, generic.lanes)
+               or foldable_inputs(op, generic.short_rows)
+               for func in func_ops(payload) for op in top_level_linalg_ops(func))
+
+
+def _split_short_products(generic: GenericParams):
+    """Mat-vecs and short products (x @ W^T for a small batch) read their transposed
+    operands in place and get their k split into lanes, as in the generic schedule
+    (schedules.generic.split_short_products): W is read once, in place, not packed."""
+    def body(root):
+        fold_transposes_into_matvecs(match(root, "func.func"), generic.short_rows)
+        split_short_products(root, generic)
+        return apply_passes(root, "canonicalize", "cse")
+
+    return body
+
+
 def _outline_chunks(root: ir.Value) -> None:
     outline_contraction_chunks(match(root, "func.func"), CHUNK_CONTRACTIONS)
 
@@ -1594,6 +1627,9 @@ def plan_matmul(payload: ir.Module, params_for, generic: GenericParams,
     transform_ext.load(payload.context)
     rec = StepRecorder(ir.Module.parse(str(payload), payload.context))
     rec.step("normalize", _normalize)
+    split = _has_short_products(rec.trial, generic)
+    if split:
+        rec.step("split_short_products", _split_short_products(generic))
     convolutions = convolution_params is not None and bool(convolution.find_convolutions(rec.trial))
     if convolutions:
         params_for = without_bf16_pairs(params_for)
@@ -1607,9 +1643,11 @@ def plan_matmul(payload: ir.Module, params_for, generic: GenericParams,
         rec.step("fold_bf16_widenings", _fold_widenings(
             [place_of(rec.trial.operation, op) for op in widened]))
     found = find_contractions(rec.trial)
-    if not found:
+    if not found and not split:
         # Elementwise fusion merged every contraction with other work (e.g. attention's
-        # scaling): nothing left for this schedule.
+        # scaling): nothing left for this schedule. (Split short products stay here: the
+        # generic script, from the start, would propagate the reshapes before them into
+        # their k, which it then does not split: a flatten before a linear layer.)
         return MatmulPlan(None, None)
     # A long payload (a recurrent model unrolled over time) is scheduled in functions of
     # CHUNK_CONTRACTIONS contractions (transform_ext.outline_contraction_chunks: some
@@ -1743,6 +1781,7 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams,
         canonicalize(func)
         hoist_loop_invariant_subsets(func)
         canonicalize(func)
+        lane_contracts_to_fmas(func)
         unroll_k_steps(root)
         if pairs:  # A's [MR, k pairs, 2] -> [k pairs, MR, 2] as a 2-D transpose of words
             transpose_pairs_as_words(func)

@@ -19,13 +19,18 @@ copy of an [M, K] view of a [K, M] tensor read each element by a strided scalar 
 What remains is one of the forms the generic schedule makes fast: k innermost in the
 rows' operand (transform_ext.split_matvec_lanes) or the vector x matrix form, lanes along
 the rows (A's contiguous dim). Exact: a transpose only moves elements, a unit dim holds one.
+A short product (rows on both sides, at most `short_rows` on one, one k dim, at the top
+level of its function: x @ W^T for a small batch) is folded too when both its inputs then
+read k innermost (W [N, K] in place: the form split_matvec_lanes splits).
 
 Targets: func.func ops; every linalg op nested in them that qualifies (`foldable_inputs`
 non-empty: a static-shaped contraction on tensors with one result, m or n dims all of
-extent 1, an input made by linalg.transpose) is rewritten, the others are left alone. A
-target that is not a func.func is a silenceable failure, nothing rewritten. The handle is
-only read.
+extent 1 or a short product as above, an input made by linalg.transpose) is rewritten, the
+others are left alone. A target that is not a func.func is a silenceable failure, nothing
+rewritten. The handle is only read.
 """
+
+import math
 
 from torch_mlir import ir
 from torch_mlir.dialects import ext, linalg, tensor, transform
@@ -39,20 +44,29 @@ from .fold_casts_into_contractions import source_map
 NAME = "transform_ext.fold_transposes_into_matvecs"
 
 
-def foldable_inputs(op: ir.Operation) -> list[int]:
-    """The inputs of `op` made by a linalg.transpose, when `op` is a mat-vec (see the module
-    docstring); else []."""
+def foldable_inputs(op: ir.Operation, short_rows: int = 0) -> list[int]:
+    """The inputs of `op` made by a linalg.transpose, when `op` is a mat-vec or a short
+    product whose inputs all read k innermost once folded (see the module docstring);
+    else []."""
     if not is_linalg_op(op) or len(op.results) != 1 or not linalg.isa_contraction_op(op):
         return []
     ls = loop_structure(op)
     if not ls.is_static or any(not isinstance(v.type, ir.RankedTensorType) for v in op.operands):
         return []
+    transposed = [i for i in range(ls.num_inputs)
+                  if (producer := defining_op(op.operands[i])) is not None
+                  and producer.name == "linalg.transpose"]
     dims = ls.contraction_dims()
-    if all(any(ls.ranges[d] > 1 for d in dims[side]) for side in ("m", "n")):
+    rows = [math.prod(ls.ranges[d] for d in dims[side]) for side in ("m", "n")]
+    if min(rows) == 1:
+        return transposed
+    if min(rows) > short_rows or len(dims["k"]) != 1 or op.parent.name != "func.func":
         return []
-    return [i for i in range(ls.num_inputs)
-            if (producer := defining_op(op.operands[i])) is not None
-            and producer.name == "linalg.transpose"]
+    maps = [source_map(defining_op(op.operands[i]), ls.maps[i]) if i in transposed else ls.maps[i]
+            for i in range(ls.num_inputs)]
+    if any(dim_positions(m)[-1:] != dims["k"] for m in maps):
+        return []
+    return transposed
 
 
 def _without_unit_dims(value: ir.Value, amap: ir.AffineMap, kept: list[int]):
@@ -116,12 +130,14 @@ def fold(op: ir.Operation, inputs: list[int], rewriter) -> list[ir.Operation]:
 
 class FoldTransposesIntoMatvecsOp(TransformExt.Operation, name="fold_transposes_into_matvecs"):
     target: ext.Operand[transform.AnyOpType]
+    short_rows: ir.IntegerAttr
 
     class Apply(transform.TransformOpInterface):
         @staticmethod
         def apply(op, rewriter, results, state):
             with op.context:
                 targets = payload_ops(state, op.target)
+                short_rows = ir.IntegerAttr(op.short_rows).value
                 try:
                     for target in targets:
                         if target.name != "func.func":
@@ -129,8 +145,10 @@ class FoldTransposesIntoMatvecsOp(TransformExt.Operation, name="fold_transposes_
                 except Illegal as illegal:
                     return fail(NAME, illegal)
                 for target in targets:
-                    for candidate in walk_ops(target, lambda o: bool(foldable_inputs(o))):
-                        for transpose in fold(candidate, foldable_inputs(candidate), rewriter):
+                    for candidate in walk_ops(target,
+                                              lambda o: bool(foldable_inputs(o, short_rows))):
+                        for transpose in fold(candidate, foldable_inputs(candidate, short_rows),
+                                              rewriter):
                             if not any(list(r.uses) for r in transpose.results):
                                 rewriter.erase_op(transpose)
                 return Success
@@ -142,10 +160,13 @@ class FoldTransposesIntoMatvecsOp(TransformExt.Operation, name="fold_transposes_
     Effects = RewritesTargets
 
 
-def fold_transposes_into_matvecs(target: ir.Value) -> FoldTransposesIntoMatvecsOp:
-    """Fold the transposes read by the mat-vecs in the functions of `target` into their
-    indexing maps (see the module docstring)."""
-    return FoldTransposesIntoMatvecsOp(target)
+def fold_transposes_into_matvecs(target: ir.Value,
+                                 short_rows: int = 0) -> FoldTransposesIntoMatvecsOp:
+    """Fold the transposes read by the mat-vecs, and by the products of at most `short_rows`
+    rows on one side, in the functions of `target` into their indexing maps (see the
+    module docstring)."""
+    return FoldTransposesIntoMatvecsOp(
+        target, ir.IntegerAttr.get(ir.IntegerType.get_signless(64), short_rows))
 
 
 __all__ = ["FoldTransposesIntoMatvecsOp", "fold_transposes_into_matvecs", "foldable_inputs"]

@@ -68,11 +68,13 @@ def test_skinny_matmul_reads_operands_in_place(kernel_file):
 
 @pytest.mark.parametrize("m", [2, 4, 7])
 def test_a_small_batch_through_a_transposed_weight_is_packed(kernel_file, m):
-    """x @ W^T with fewer rows than the register tile: B is packed (folding W's transpose,
-    so W is read in place and repacked per tile) instead of read in place through a
-    transposed copy of the whole of W (a 4 x 4096 @ 4096 x 4096 product spent most of its
-    time writing that copy: 0.20x torch eager); odd n and k, against torch."""
-    path = binary_kernel(kernel_file, m, 70, 90, expr="a @ b.T", a_shape="M, K", b_shape="N, K")
+    """x @ W^T with fewer rows than the register tile and a k too short to split into
+    lanes (transform_ext.split_matvec_lanes wants k >= 2 x 16; longer ones are split, see
+    tests/schedules/test_short_products.py): B is packed (folding W's transpose, so W is
+    read in place and repacked per tile) instead of read in place through a transposed
+    copy of the whole of W (a 4 x 4096 @ 4096 x 4096 product spent most of its time
+    writing that copy: 0.20x torch eager); odd n and k, against torch."""
+    path = binary_kernel(kernel_file, m, 70, 29, expr="a @ b.T", a_shape="M, K", b_shape="N, K")
     fused = str(compile_kernel(path, stop_after="fuse").module)
     assert "linalg.transpose" not in fused
     assert "linalg.pack" in fused

@@ -111,9 +111,11 @@ def test_vit_layers_keep_each_contraction_once(kernel_file, b, side, d):
     """One thread: a layer norm reading a linear layer of one output tile (whose forall
     folds into its scf.for) is tiled alone: structured.fuse would follow the reshape into the layer's
     unpack loop and the layers before it, copying them per row (a ViT's fuse stage grew
-    fivefold per layer and took over 15 minutes)."""
+    fivefold per layer and took over 15 minutes). The head's two layers over the b class
+    tokens are short products, split (transform_ext.split_matvec_lanes), not packed."""
     path = kernel_file(VIT.format(b=b, side=side, d=d, patches=(side // 16) ** 2))
     fused = str(compile_kernel(path, stop_after="fuse", threads=1, schedule="matmul").module)
-    assert fused.count("lh.mm_done") == 15
+    assert fused.count("lh.mm_done") == 13
+    assert f"tensor<10x{b}x16xf32>" in fused  # the last layer's partial sums
     assert fused.count("linalg.generic") < 100
     assert_matches(compile_kernel(path, threads=1, schedule="matmul"))

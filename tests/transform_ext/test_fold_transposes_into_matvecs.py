@@ -94,3 +94,47 @@ def test_a_result_of_unit_dims_only_keeps_them():
         CHECK: linalg.generic {{.*}} iterator_types = ["parallel", "parallel", "reduction"]
         CHECK-SAME: ins(%arg0, %arg1 : tensor<5x1xf32>, tensor<5x1xf32>) outs(%arg2 : tensor<1x1xf32>)
     """)
+
+
+SHORT = """
+func.func @main(%x: tensor<4x64xf32>, %w: tensor<40x64xf32>, %init: tensor<4x40xf32>,
+                %xt: tensor<64x4xf32>, %b: tensor<64x40xf32>) -> (tensor<4x40xf32>, tensor<4x40xf32>) {
+  %e = tensor.empty() : tensor<64x40xf32>
+  %wt = linalg.transpose ins(%w : tensor<40x64xf32>) outs(%e : tensor<64x40xf32>) permutation = [1, 0]
+  %y = linalg.matmul ins(%x, %wt : tensor<4x64xf32>, tensor<64x40xf32>) outs(%init : tensor<4x40xf32>) -> tensor<4x40xf32>
+  %e2 = tensor.empty() : tensor<4x64xf32>
+  %xtt = linalg.transpose ins(%xt : tensor<64x4xf32>) outs(%e2 : tensor<4x64xf32>) permutation = [1, 0]
+  %z = linalg.matmul ins(%xtt, %b : tensor<4x64xf32>, tensor<64x40xf32>) outs(%init : tensor<4x40xf32>) -> tensor<4x40xf32>
+  return %y, %z : tensor<4x40xf32>, tensor<4x40xf32>
+}
+"""
+
+
+def test_a_short_products_transposed_weight_is_read_in_place():
+    """x @ W^T with 4 rows (short_rows = 4): W [N, K] read in place, k innermost in both
+    inputs. x^T^T @ B (B [K, N], n innermost) is left alone: folding would not put k
+    innermost in B."""
+    payload = parse(SHORT)
+    apply(payload, lambda root: fold_transposes_into_matvecs(match(root, "func.func"), 4))
+    check(payload, """
+        CHECK-DAG: #[[X:.*]] = affine_map<(d0, d1, d2) -> (d0, d2)>
+        CHECK-DAG: #[[W:.*]] = affine_map<(d0, d1, d2) -> (d1, d2)>
+        CHECK: func.func @main(%[[XX:[^:]*]]: tensor<4x64xf32>, %[[WW:[^:]*]]: tensor<40x64xf32>
+        CHECK: linalg.generic {indexing_maps = [#[[X]], #[[W]], #{{.*}}], iterator_types = ["parallel", "parallel", "reduction"]}
+        CHECK-SAME: ins(%[[XX]], %[[WW]] : tensor<4x64xf32>, tensor<40x64xf32>)
+        CHECK: %[[XTT:.*]] = linalg.transpose
+        CHECK: linalg.matmul ins(%[[XTT]], %{{.*}} : tensor<4x64xf32>, tensor<64x40xf32>)
+    """)
+
+
+def test_products_of_more_rows_than_short_rows_are_left_alone():
+    payload = parse(SHORT)
+    apply(payload, lambda root: fold_transposes_into_matvecs(match(root, "func.func"), 3))
+    check(payload, """
+        CHECK-NOT: linalg.generic
+        CHECK: linalg.transpose
+        CHECK: linalg.matmul
+        CHECK: linalg.transpose
+        CHECK: linalg.matmul
+        CHECK-NOT: linalg.generic
+    """)

@@ -3,6 +3,7 @@ leaves alone (n > 1, k not innermost in A), and the refusal of a non-function ta
 numeric checks against torch are in tests/schedules/test_generic_matvec.py."""
 
 from schedules.common import match
+from transform_ext.fold_transposes_into_matvecs import fold_transposes_into_matvecs
 from transform_ext.split_matvec_lanes import split_matvec_lanes
 from tests.transform_ext.helpers import apply, apply_expect_failure, check, parse
 
@@ -93,3 +94,84 @@ def test_a_target_that_is_not_a_function_is_refused():
         payload, lambda root: split_matvec_lanes(match(root, "linalg.matmul"), 16))
     assert "not a func.func" in error
     check(payload, "CHECK: linalg.matmul")
+
+
+SHORT = """
+func.func @main(%x: tensor<{m}x64xf32>, %w: tensor<40x64xf32>, %init: tensor<{m}x40xf32>) -> tensor<{m}x40xf32> {{
+  %y = linalg.generic {{indexing_maps = [affine_map<(m, n, k) -> (m, k)>, affine_map<(m, n, k) -> (n, k)>,
+                                        affine_map<(m, n, k) -> (m, n)>],
+                       iterator_types = ["parallel", "parallel", "reduction"]}}
+      ins(%x, %w : tensor<{m}x64xf32>, tensor<40x64xf32>) outs(%init : tensor<{m}x40xf32>) {{
+    ^bb0(%a: f32, %b: f32, %c: f32):
+      %p = arith.mulf %a, %b : f32
+      %s = arith.addf %c, %p : f32
+      linalg.yield %s : f32
+  }} -> tensor<{m}x40xf32>
+  return %y : tensor<{m}x40xf32>
+}}
+"""
+
+
+def test_a_short_product_pairs_rows_of_both_sides_on_short_lanes():
+    """x @ W^T (x [3, 64], W [40, 64]) with short_rows = 4, short_lanes = 16: partial sums
+    P[n, m, l] (the short side's rows together, innermost but the lanes) summed over l into
+    C[m, n]."""
+    payload = parse(SHORT.format(m=3))
+    apply(payload, lambda root: split_matvec_lanes(match(root, "func.func"), 64, 4, 16))
+    check(payload, """
+        CHECK-DAG: #[[X:.*]] = affine_map<(d0, d1, d2, d3) -> (d0, d2, d3)>
+        CHECK-DAG: #[[W:.*]] = affine_map<(d0, d1, d2, d3) -> (d1, d2, d3)>
+        CHECK-DAG: #[[P:.*]] = affine_map<(d0, d1, d2, d3) -> (d1, d0, d3)>
+        CHECK-DAG: #[[PSUM:.*]] = affine_map<(d0, d1, d2) -> (d1, d0, d2)>
+        CHECK-DAG: #[[C:.*]] = affine_map<(d0, d1, d2) -> (d0, d1)>
+        CHECK-DAG: %[[XV:.*]] = tensor.expand_shape %arg0 {{\\[\\[}}0], [1, 2]] output_shape [3, 4, 16]
+        CHECK-DAG: %[[WV:.*]] = tensor.expand_shape %arg1 {{\\[\\[}}0], [1, 2]] output_shape [40, 4, 16]
+        CHECK: %[[Z:.*]] = linalg.fill ins(%{{.*}} : f32) outs(%{{.*}} : tensor<40x3x16xf32>)
+        CHECK: %[[PART:.*]] = linalg.generic {indexing_maps = [#[[X]], #[[W]], #[[P]]], iterator_types = ["parallel", "parallel", "reduction", "parallel"]}
+        CHECK-SAME: ins(%[[XV]], %[[WV]] : tensor<3x4x16xf32>, tensor<40x4x16xf32>) outs(%[[Z]] : tensor<40x3x16xf32>)
+        CHECK: %[[R:.*]] = linalg.generic {indexing_maps = [#[[PSUM]], #[[C]]], iterator_types = ["parallel", "parallel", "reduction"]}
+        CHECK-SAME: ins(%[[PART]] : tensor<40x3x16xf32>) outs(%arg2 : tensor<3x40xf32>)
+        CHECK: return %[[R]]
+    """)
+
+
+def test_short_products_of_more_rows_or_in_a_loop_are_left_alone():
+    """5 rows over short_rows = 4; a product in a loop body (an LSTM step: its loop-invariant
+    W^T copy is amortized, its outer-product register tiles ran 1.7x faster); short_rows
+    = 0 (mat-vecs only)."""
+    for payload, short_rows in ((parse(SHORT.format(m=5)), 4), (parse(SHORT.format(m=3)), 0)):
+        apply(payload, lambda root: split_matvec_lanes(match(root, "func.func"), 64, short_rows, 16))
+        check(payload, """
+            CHECK-NOT: tensor.expand_shape
+            CHECK: linalg.generic
+            CHECK-NOT: linalg.generic
+        """)
+    looped = parse("""
+        func.func @main(%x: tensor<3x64xf32>, %w: tensor<40x64xf32>, %init: tensor<3x40xf32>) -> tensor<3x40xf32> {
+          %c0 = arith.constant 0 : index
+          %c1 = arith.constant 1 : index
+          %c5 = arith.constant 5 : index
+          %r = scf.for %i = %c0 to %c5 step %c1 iter_args(%acc = %init) -> tensor<3x40xf32> {
+            %e = tensor.empty() : tensor<64x40xf32>
+            %wt = linalg.transpose ins(%w : tensor<40x64xf32>) outs(%e : tensor<64x40xf32>) permutation = [1, 0]
+            %y = linalg.matmul ins(%x, %wt : tensor<3x64xf32>, tensor<64x40xf32>) outs(%acc : tensor<3x40xf32>) -> tensor<3x40xf32>
+            scf.yield %y : tensor<3x40xf32>
+          }
+          return %r : tensor<3x40xf32>
+        }
+    """)
+    apply(looped, lambda root: (fold_transposes_into_matvecs(match(root, "func.func"), 4),
+                                split_matvec_lanes(match(root, "func.func"), 64, 4, 16)))
+    check(looped, """
+        CHECK-NOT: linalg.generic
+        CHECK: linalg.transpose
+        CHECK: linalg.matmul
+    """)
+
+
+def test_short_rows_without_short_lanes_are_refused():
+    payload = parse(SHORT.format(m=3))
+    error = apply_expect_failure(
+        payload, lambda root: split_matvec_lanes(match(root, "func.func"), 64, 4, 0))
+    assert "short_lanes = 0 must be >= 1 with short_rows = 4" in error
+    check(payload, "CHECK-NOT: tensor.expand_shape")

@@ -80,7 +80,8 @@ def parallel_tile_sizes(op: ir.Operation, policy) -> list[int] | None:
         work *= ls.ranges[d]
     if work < policy.min_parallel_work:
         return None
-    splittable = [d for d in ls.parallel_dims if not recomputed_reductions(op, d)]
+    splittable = [d for d in ls.parallel_dims
+                  if not recomputed_reductions(op, d) and not splits_short_rows(op, d)]
     for_threads = policy.threads * policy.tiles_per_thread
     sizes = [0] * ls.num_loops
     last = _innermost_parallel(ls)
@@ -220,6 +221,34 @@ def recomputed_reductions(root: ir.Operation, dim: int) -> list[ir.Operation]:
     return found
 
 
+def splits_short_rows(root: ir.Operation, dim: int) -> bool:
+    """Does splitting loop dim `dim` of `root` split the short side of a product in its
+    producer chain that pairs rows of both sides on shared lanes (`short_side`)? Each tile
+    would then read the whole of the long side's operand again (a linear layer's W once
+    per row of a small batch)."""
+    seen, stack = set(), [(root, frozenset([dim]))]
+    while stack:
+        op, tiled = stack.pop()
+        if (op, tiled) in seen:
+            continue
+        seen.add((op, tiled))
+        ls = loop_structure(op)
+        if tiled & short_side(ls):
+            return True
+        for value, amap in zip(op.operands, ls.maps):
+            producer = defining_op(value)
+            if producer is None or not is_linalg_op(producer) \
+                    or not isinstance(value.type, ir.ShapedType):
+                continue
+            out = dim_positions(loop_structure(producer).output_map(
+                ir.OpResult(value).result_number))
+            ptiled = frozenset(out[a] for a, expr in enumerate(amap.results)
+                               if expr_dims(expr) & tiled and out[a] is not None)
+            if ptiled:
+                stack.append((producer, ptiled))
+    return False
+
+
 def expr_dims(expr) -> set[int]:
     """The loop dims an affine expression reads."""
     if isinstance(expr, ir.AffineDimExpr):
@@ -248,6 +277,9 @@ def vector_tile_sizes(op: ir.Operation, policy) -> list[int] | None:
     if not ls.is_static or ls.num_loops == 0 or ls.num_outputs == 0:
         return None
     sizes = [1] * ls.num_loops
+    shared = shared_lane_pairs(ls, policy)
+    if shared is not None:
+        return shared
     if ls.is_contraction:
         dims = ls.contraction_dims()
         if len(dims["m"]) and len(dims["n"]):
@@ -460,13 +492,57 @@ def vector_matrix_k_chunk(op: ir.Operation, policy) -> int | None:
 
 def shared_lane_rows(ls, lane: int) -> int | None:
     """For a contraction whose lane dim every operand reads (a mat-vec's split k,
-    transform_ext.split_matvec_lanes: P[m, l] += A[m, k1, l] x[k1, l]), its innermost m dim
-    of extent > 1: a tile of several rows shares each vector of x and keeps a register
-    tile's worth of running sums. Else None."""
+    transform_ext.split_matvec_lanes: P[m, l] += A[m, k1, l] x[k1, l]), its innermost row
+    dim of extent > 1 (m, or n for x @ A^T): a tile of several rows shares each vector of x
+    and keeps a register tile's worth of running sums. Else None."""
     if not ls.is_contraction or any(lane not in dim_positions(m) for m in ls.maps):
         return None
-    rows = [d for d in ls.contraction_dims()["m"] if ls.ranges[d] > 1]
+    dims = ls.contraction_dims()
+    rows = [d for d in dims["m"] if ls.ranges[d] > 1] or [d for d in dims["n"] if ls.ranges[d] > 1]
     return rows[-1] if rows else None
+
+
+def short_side(ls) -> frozenset[int]:
+    """For a contraction with rows on both sides whose lane dim every operand reads
+    innermost (a short product's split k, transform_ext.split_matvec_lanes:
+    P[m, n, l] += A[m, k1, l] B[n, k1, l]): the dims of extent > 1 of its side with fewer
+    rows. Else empty."""
+    if not ls.is_contraction or not ls.is_static or ls.num_outputs != 1:
+        return frozenset()
+    lane = (dim_positions(ls.output_map(0)) or [None])[-1]
+    if lane is None or ls.iterators[lane] != "parallel" or \
+            any(dim_positions(m)[-1:] != [lane] for m in ls.maps):
+        return frozenset()
+    dims = ls.contraction_dims()
+    rows = [[d for d in dims[side] if ls.ranges[d] > 1] for side in ("m", "n")]
+    if not all(rows):
+        return frozenset()
+    return frozenset(min(rows, key=lambda r: math.prod(ls.ranges[d] for d in r)))
+
+
+def shared_lane_pairs(ls, policy) -> list[int] | None:
+    """For a short product's split k (`short_side`): the lanes whole, all of the short
+    side's innermost rows and as many of the other side's as keep a register tile's worth of
+    vector accumulators (each step loads one vector per row of either side and takes an
+    FMA per pair). Else None."""
+    short = short_side(ls)
+    if not short:
+        return None
+    lane = dim_positions(ls.output_map(0))[-1]
+    dims = ls.contraction_dims()
+    short_row, other_row = (
+        [d for d in dims[side] if ls.ranges[d] > 1][-1]
+        for side in sorted(("m", "n"), key=lambda side: not set(dims[side]) & short))
+    hardware = max(1, policy.register_tile[1] // 2)
+    accumulators = max(1, policy.register_tile[0] * policy.register_tile[1] // hardware)
+    vectors = -(-ls.ranges[lane] // hardware)
+    sizes = [1] * ls.num_loops
+    sizes[lane] = ls.ranges[lane]
+    sizes[short_row] = largest_divisor_at_most(ls.ranges[short_row],
+                                               max(1, accumulators // vectors))
+    sizes[other_row] = largest_divisor_at_most(
+        ls.ranges[other_row], max(1, accumulators // (vectors * sizes[short_row])))
+    return sizes
 
 
 def register_lanes(extent: int, limit: int, vector: int) -> int:
