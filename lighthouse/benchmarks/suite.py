@@ -78,6 +78,9 @@ def default_suite() -> list[Case]:
         _example("matmul_bf16_1024", "matmul_f16", M=1024, N=1024, K=1024, DTYPE="bfloat16"),
         _example("matmul_bf16_2048", "matmul_f16", M=2048, N=2048, K=2048, DTYPE="bfloat16"),
         _example("mlp", "mlp", **mlp),
+        # a decode-style batch: each weight read once per call (the short products)
+        _example("mlp_batch_4", "mlp", BATCH=4, IN_FEATURES=4096, HIDDEN=4096,
+                 OUT_FEATURES=4096),
         _example("softmax", "softmax", N=4096, C=4096),
         _example("log_softmax", "log_softmax", N=4096, C=4096),
         _example("layer_norm", "layer_norm", N=4096, D=4096),
@@ -132,6 +135,9 @@ def quick_suite() -> list[Case]:
     return [
         _example("matmul", "matmul", N=192),
         _example("mlp", "mlp", **mlp),
+        # a decode-style batch: each weight read once per call (the short products)
+        _example("mlp_batch_4", "mlp", BATCH=4, IN_FEATURES=4096, HIDDEN=4096,
+                 OUT_FEATURES=4096),
         _example("softmax", "softmax", N=96, C=1000),
         _example("log_softmax", "log_softmax", N=96, C=1000),
         _example("layer_norm", "layer_norm", N=96, D=768),

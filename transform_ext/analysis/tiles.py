@@ -393,7 +393,9 @@ def transposed_dim(ls, lane: int, hardware: int, depth: int = 0) -> int | None:
     if hardware < 2 or ls.reduction_dims or ls.ranges[lane] < hardware:
         return None
     for dims in _tensors_read(ls, depth):
-        inner = dims[-1] if len(dims) >= 2 else None
+        # unit dims hold no stride: a 1 x 1 filter's [F, C, 1] is read along C
+        wide = [d for d in dims if d is None or ls.ranges[d] != 1]
+        inner = wide[-1] if len(wide) >= 2 else None
         if inner is not None and inner != lane and lane in dims \
                 and inner in ls.parallel_dims and ls.ranges[inner] >= hardware:
             return inner
