@@ -110,7 +110,7 @@ from transform_ext.flatten_contiguous_writes import flatten_contiguous_writes
 from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion
 from transform_ext.fuse_elementwise_producers import fuse_elementwise_producers
 from transform_ext.forward_masked_writes import forward_masked_writes
-from transform_ext.fold_casts_into_contractions import fold_casts_into_contractions
+from transform_ext.fold_casts_into_contractions import fold_casts_into_contractions, is_widening
 from transform_ext.fold_transposes_into_matvecs import (fold_transposes_into_matvecs,
                                                         foldable_inputs)
 from transform_ext.lane_contracts_to_fmas import lane_contracts_to_fmas
@@ -425,9 +425,15 @@ def _work(op: ir.Operation) -> int:
 
 
 def _feeds_contraction(op: ir.Operation) -> bool:
-    """A transpose whose only user is a contraction (it folds into the operand's packing)."""
-    user = _single_use(op.results[0]) if op.name == "linalg.transpose" else None
-    return user is not None and is_linalg_op(user) and loop_structure(user).is_contraction
+    """A transpose or a widening (bf16 to f32, `is_widening`) whose only user is a
+    contraction, or such a widening (they fold into the operand's packing or the
+    contraction's body)."""
+    if op.name != "linalg.transpose" and not is_widening(op):
+        return False
+    user = _single_use(op.results[0])
+    if user is None or not is_linalg_op(user):
+        return False
+    return loop_structure(user).is_contraction or (is_widening(user) and _feeds_contraction(user))
 
 
 def recognize(payload: ir.Module) -> bool:
@@ -444,8 +450,9 @@ def recognize(payload: ir.Module) -> bool:
 
 
 def check(payload: ir.Module) -> str | None:
-    """None when the schedule applies (some contraction fits it, none has dynamic shapes),
-    else the reason (one line)."""
+    """None when the schedule applies (some contraction fits it, or a bf16 one of few rows
+    on a side that the schedule splits, `_short_widened_products`; none has dynamic
+    shapes), else the reason (one line)."""
     reasons, fits = [], 0
     for op in _contraction_ops(payload):
         try:
@@ -455,7 +462,7 @@ def check(payload: ir.Module) -> str | None:
             if not loop_structure(op).is_static:
                 return str(exc)
             reasons.append(str(exc))
-    if fits:
+    if fits or _short_widened_products(payload, GenericParams()):
         return None
     return reasons[0] if reasons else "the payload has no contraction"
 
@@ -1563,6 +1570,27 @@ def _has_short_products(payload: ir.Module, generic: GenericParams) -> bool:
                for func in func_ops(payload) for op in top_level_linalg_ops(func))
 
 
+def _short_widened_products(payload: ir.Module, generic: GenericParams) -> list[ir.Operation]:
+    """The top-level contractions reading an f32 widening of a bf16 tensor (`is_widening`)
+    with at most generic.short_rows rows on one side (a bf16 linear layer over a small
+    batch, or one row: its W^T widened): split by `_split_short_products` once their
+    widenings are folded (a one-row x widened behind a reshape stays an f32 copy)."""
+    found = []
+    for func in func_ops(payload):
+        for op in top_level_linalg_ops(func):
+            ls = loop_structure(op)
+            if not ls.is_contraction or not ls.is_static or not any(
+                    is_widening(defining_op(v))
+                    and isinstance(defining_op(v).operands[0].type.element_type, ir.BF16Type)
+                    for v in list(op.operands)[:ls.num_inputs]):
+                continue
+            dims = ls.contraction_dims()
+            if min(math.prod(ls.ranges[d] for d in dims[side]) for side in ("m", "n")) \
+                    <= generic.short_rows:
+                found.append(op)
+    return found
+
+
 def _split_short_products(generic: GenericParams):
     """Mat-vecs and short products (x @ W^T for a small batch) read their transposed
     operands in place and get their k split into lanes, as in the generic schedule
@@ -1627,6 +1655,10 @@ def plan_matmul(payload: ir.Module, params_for, generic: GenericParams,
     transform_ext.load(payload.context)
     rec = StepRecorder(ir.Module.parse(str(payload), payload.context))
     rec.step("normalize", _normalize)
+    widened = _short_widened_products(rec.trial, generic)
+    if widened:  # read in bf16 by the split below, W in place, widened per vector
+        rec.step("fold_short_product_widenings", _fold_widenings(
+            [place_of(rec.trial.operation, op) for op in widened]))
     split = _has_short_products(rec.trial, generic)
     if split:
         rec.step("split_short_products", _split_short_products(generic))

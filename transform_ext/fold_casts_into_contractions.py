@@ -33,7 +33,7 @@ from .dialect import TransformExt
 NAME = "transform_ext.fold_casts_into_contractions"
 
 
-def _widening(op: ir.Operation | None) -> bool:
+def is_widening(op: ir.Operation | None) -> bool:
     """A one-input elementwise generic whose body yields extf(input)."""
     if op is None or op.name != "linalg.generic" or len(op.results) != 1:
         return False
@@ -84,7 +84,7 @@ def foldable(op: ir.Operation) -> list[int]:
     found = []
     for i in range(ls.num_inputs):
         producer = defining_op(op.operands[i])
-        if _widening(producer) or _transpose(producer) and \
+        if is_widening(producer) or _transpose(producer) and \
                 _reduction_innermost(op, source_map(producer, ls.maps[i])):
             found.append(i)
     return found
@@ -101,7 +101,7 @@ def fold(op: ir.Operation, rewriter) -> ir.Operation:
         value, amap = op.operands[i], ls.maps[i]
         producer = defining_op(value)
         if i in folded:
-            widen.append(_widening(producer) and
+            widen.append(is_widening(producer) and
                          ir.RankedTensorType(producer.results[0].type).element_type)
             amap = source_map(producer, amap)
             value = producer.operands[0]
@@ -161,4 +161,4 @@ def fold_casts_into_contractions(target: ir.Value) -> ir.Value:
     return FoldCastsIntoContractionsOp(target).result
 
 
-__all__ = ["FoldCastsIntoContractionsOp", "fold_casts_into_contractions", "source_map"]
+__all__ = ["FoldCastsIntoContractionsOp", "fold_casts_into_contractions", "is_widening", "source_map"]
