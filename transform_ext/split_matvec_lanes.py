@@ -20,7 +20,9 @@ A short product C[m.., n..] = init + sum_k A[m.., k] B[n.., k] (x @ W^T for a sm
 rows on both sides, at most `short_rows` on one of them, the short side; k innermost in both
 inputs; at the top level of its function) is split the same way with L = `short_lanes`:
     P[n.., m.., l] = sum_k1 A[m.., k1, l] B[n.., k1, l]
-the short side's dims innermost but the lanes (a register tile's partial sums contiguous).
+the short side's dims innermost but the lanes (a register tile's partial sums contiguous),
+its loops the other side's rows first, then the short side's (tiles of a few rows of W walk
+the batch while those rows stay in L1).
 Each step is an FMA per pair of rows with one vector of each: B is read once, in place, where
 an outer-product kernel wants B^T (a transposed copy or pack of W per call: a [4, 4096] x
 [4096, 4096]^T product ran 4x slower so). A product in a loop body is left alone: a
@@ -161,8 +163,12 @@ def split(op: ir.Operation, plan: SplitPlan, rewriter) -> None:
     """Rewrite `op` by `plan` (see the module docstring)."""
     ls = loop_structure(op)
     kept = {}  # old loop dim -> new loop dim (unit dims are dropped)
-    for d, extent in enumerate(ls.ranges):
-        if extent != 1:
+    # a short product loops over the other side's rows, then the short side's: tiles of a
+    # few rows of W walk the batch while those rows stay in L1
+    order = range(ls.num_loops) if not plan.short else sorted(
+        range(ls.num_loops), key=lambda d: (ls.iterators[d] == "reduction", d in plan.short))
+    for d in order:
+        if ls.ranges[d] != 1:
             kept[d] = len(kept)
     inputs = list(op.operands[:ls.num_inputs])
     init = op.operands[ls.num_inputs]

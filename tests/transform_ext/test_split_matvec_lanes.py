@@ -114,14 +114,14 @@ func.func @main(%x: tensor<{m}x64xf32>, %w: tensor<40x64xf32>, %init: tensor<{m}
 
 def test_a_short_product_pairs_rows_of_both_sides_on_short_lanes():
     """x @ W^T (x [3, 64], W [40, 64]) with short_rows = 4, short_lanes = 16: partial sums
-    P[n, m, l] (the short side's rows together, innermost but the lanes) summed over l into
-    C[m, n]."""
+    P[n, m, l] (the short side's rows together, innermost but the lanes; its loops n, m,
+    k1, l: W's rows outside the batch's) summed over l into C[m, n]."""
     payload = parse(SHORT.format(m=3))
     apply(payload, lambda root: split_matvec_lanes(match(root, "func.func"), 64, 4, 16))
     check(payload, """
-        CHECK-DAG: #[[X:.*]] = affine_map<(d0, d1, d2, d3) -> (d0, d2, d3)>
-        CHECK-DAG: #[[W:.*]] = affine_map<(d0, d1, d2, d3) -> (d1, d2, d3)>
-        CHECK-DAG: #[[P:.*]] = affine_map<(d0, d1, d2, d3) -> (d1, d0, d3)>
+        CHECK-DAG: #[[X:.*]] = affine_map<(d0, d1, d2, d3) -> (d1, d2, d3)>
+        CHECK-DAG: #[[W:.*]] = affine_map<(d0, d1, d2, d3) -> (d0, d2, d3)>
+        CHECK-DAG: #[[P:.*]] = affine_map<(d0, d1, d2, d3) -> (d0, d1, d3)>
         CHECK-DAG: #[[PSUM:.*]] = affine_map<(d0, d1, d2) -> (d1, d0, d2)>
         CHECK-DAG: #[[C:.*]] = affine_map<(d0, d1, d2) -> (d0, d1)>
         CHECK-DAG: %[[XV:.*]] = tensor.expand_shape %arg0 {{\\[\\[}}0], [1, 2]] output_shape [3, 4, 16]

@@ -523,10 +523,12 @@ def short_side(ls) -> frozenset[int]:
 
 
 def shared_lane_pairs(ls, policy) -> list[int] | None:
-    """For a short product's split k (`short_side`): the lanes whole, all of the short
-    side's innermost rows and as many of the other side's as keep a register tile's worth of
-    vector accumulators (each step loads one vector per row of either side and takes an
-    FMA per pair). Else None."""
+    """For a short product's split k (`short_side`): the lanes whole, the short side's
+    innermost rows up to half a register tile's worth of vector accumulators (a batch of up
+    to 8 whole; 16 in tiles of 8, which its loops walk inside each tile of the other side's
+    rows: transform_ext.split_matvec_lanes orders them so) and as many of the other side's
+    as fill the register tile (each step loads one vector per row of either side and takes
+    an FMA per pair). Else None."""
     short = short_side(ls)
     if not short:
         return None
@@ -541,7 +543,7 @@ def shared_lane_pairs(ls, policy) -> list[int] | None:
     sizes = [1] * ls.num_loops
     sizes[lane] = ls.ranges[lane]
     sizes[short_row] = largest_divisor_at_most(ls.ranges[short_row],
-                                               max(1, accumulators // vectors))
+                                               max(1, accumulators // (2 * vectors)))
     sizes[other_row] = largest_divisor_at_most(
         ls.ranges[other_row], max(1, accumulators // (vectors * sizes[short_row])))
     return sizes
