@@ -21,8 +21,9 @@ fuse (the script's @fuse: steps recorded on a trial copy by `plan_matmul`): the 
 normalized (`_normalize`: unit dims folded, elementwise ops fused; transposes and 1-D
 poolings that reshape propagation expanded with unit dims folded back,
 `_fold_unit_dims_of_named_ops`); mat-vecs and short products (x @ W^T for a batch of at
-most GenericParams.short_rows rows, at the top level) read their transposed operands in
-place and get their k split into lanes as in the generic schedule (`_split_short_products`:
+most GenericParams.short_rows rows, at the top level; in bf16, their f32 widenings folded
+into them first, `_short_widened_products`) read their transposed operands in place and get
+their k split into lanes as in the generic schedule (`_split_short_products`:
 W read once, not packed; their partial sums are tiled and vectorized as the generic
 schedule does, below, and stay in this family when no other contraction is left); a
 payload of more than CHUNK_CONTRACTIONS contractions is split into functions of that many
