@@ -1580,16 +1580,16 @@ def _short_widened_products(payload: ir.Module, generic: GenericParams) -> list[
     for func in func_ops(payload):
         for op in top_level_linalg_ops(func):
             ls = loop_structure(op)
-            if not ls.is_contraction or not ls.is_static or not any(
-                    is_widening(defining_op(v))
-                    and isinstance(defining_op(v).operands[0].type.element_type, ir.BF16Type)
-                    for v in list(op.operands)[:ls.num_inputs]):
-                continue
-            dims = ls.contraction_dims()
-            if min(math.prod(ls.ranges[d] for d in dims[side]) for side in ("m", "n")) \
-                    <= generic.short_rows:
+            if ls.is_contraction and ls.is_static and ls.fewest_rows() <= generic.short_rows \
+                    and any(_widened_from_bf16(v) for v in list(op.operands)[:ls.num_inputs]):
                 found.append(op)
     return found
+
+
+def _widened_from_bf16(value: ir.Value) -> bool:
+    producer = defining_op(value)
+    return is_widening(producer) and isinstance(producer.operands[0].type.element_type,
+                                                ir.BF16Type)
 
 
 def _split_short_products(generic: GenericParams):

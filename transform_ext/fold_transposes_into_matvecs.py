@@ -30,8 +30,6 @@ others are left alone. A target that is not a func.func is a silenceable failure
 rewritten. The handle is only read.
 """
 
-import math
-
 from torch_mlir import ir
 from torch_mlir.dialects import ext, linalg, tensor, transform
 
@@ -56,11 +54,10 @@ def foldable_inputs(op: ir.Operation, short_rows: int = 0) -> list[int]:
     transposed = [i for i in range(ls.num_inputs)
                   if (producer := defining_op(op.operands[i])) is not None
                   and producer.name == "linalg.transpose"]
-    dims = ls.contraction_dims()
-    rows = [math.prod(ls.ranges[d] for d in dims[side]) for side in ("m", "n")]
-    if min(rows) == 1:
+    if ls.fewest_rows() == 1:
         return transposed
-    if min(rows) > short_rows or len(dims["k"]) != 1 or op.parent.name != "func.func":
+    dims = ls.contraction_dims()
+    if ls.fewest_rows() > short_rows or len(dims["k"]) != 1 or op.parent.name != "func.func":
         return []
     maps = [source_map(defining_op(op.operands[i]), ls.maps[i]) if i in transposed else ls.maps[i]
             for i in range(ls.num_inputs)]

@@ -39,6 +39,7 @@ A target that is not a func.func, lanes < 1, or short_rows > 0 with short_lanes 
 silenceable failure, nothing rewritten. The handle is only read.
 """
 
+import math
 from dataclasses import dataclass
 
 from torch_mlir import ir
@@ -87,9 +88,9 @@ def split_plan(op: ir.Operation, lanes: int, short_rows: int = 0,
         return None
     short = frozenset()
     if m_rows and n_rows:
-        short = min(m_rows, n_rows, key=lambda rows: _rows(ls, rows))
-        if _rows(ls, short) > short_rows or short_lanes < 1 or op.parent.name != "func.func":
+        if ls.fewest_rows() > short_rows or short_lanes < 1 or op.parent.name != "func.func":
             return None
+        short = min(m_rows, n_rows, key=lambda rows: math.prod(ls.ranges[d] for d in rows))
         lanes = short_lanes
     k = dims["k"][0]
     if ls.ranges[k] % lanes and lanes % 2 == 0 and ls.ranges[k] % (lanes // 2) == 0:
@@ -106,13 +107,6 @@ def split_plan(op: ir.Operation, lanes: int, short_rows: int = 0,
     if walk_ops(op, lambda inner: inner.name == "linalg.index"):
         return None
     return SplitPlan(k, ls.ranges[k], lanes, frozenset(short))
-
-
-def _rows(ls, dims: set[int]) -> int:
-    count = 1
-    for d in dims:
-        count *= ls.ranges[d]
-    return count
 
 
 def _head_operand(value: ir.Value, positions: list, plan: SplitPlan, kept: dict) -> ir.Value:

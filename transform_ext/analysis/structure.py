@@ -7,6 +7,7 @@ alone. Works for named ops (matmul, transpose, fill, ...) and generics alike.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from torch_mlir import ir
@@ -49,6 +50,12 @@ class LoopStructure:
     def contraction_dims(self) -> dict[str, list[int]]:
         d = linalg.infer_contraction_dimensions(self.op)
         return {"batch": list(d.batch), "m": list(d.m), "n": list(d.n), "k": list(d.k)}
+
+    def fewest_rows(self) -> int:
+        """Of a static contraction: the rows on its side with fewer (the product of its m
+        dims' extents, or of its n dims'; 1 for a mat-vec)."""
+        dims = self.contraction_dims()
+        return min(math.prod(self.ranges[d] for d in dims[side]) for side in ("m", "n"))
 
     def output_map(self, i: int = 0):
         return self.maps[self.num_inputs + i]
