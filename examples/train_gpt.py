@@ -26,11 +26,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-# As in lighthouse.bench: torch's OpenMP threads (libgomp) sleep when a parallel region ends
-# instead of spinning on the cores the next kernel needs (lighthouse's, on the OpenMP
-# runtime it compiles against, or inductor's); read when torch loads libgomp, so before the
-# import. The same for eager, lighthouse and inductor.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# As in lighthouse.bench: torch's OpenMP threads (libgomp) spin about 200 us after a parallel
+# region, as lighthouse's do, instead of milliseconds on the cores the next kernel needs
+# (lighthouse's, on the OpenMP runtime it compiles against, or inductor's); read when torch
+# loads libgomp, so before the import. The same for eager, lighthouse and inductor.
+os.environ.setdefault("GOMP_SPINCOUNT", "20000")
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 if __name__ == "__main__":
-    # As in lighthouse.bench: torch's libgomp threads sleep when a parallel region ends
-    # instead of spinning, so --bench times torch and ours under the same policy. Read
-    # when torch loads libgomp, hence before `import torch`.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # As in lighthouse.bench: torch's libgomp threads spin about 200 us after a parallel
+    # region, as ours do (lighthouse.targets.cpu.SPIN_BEFORE_SLEEP), so --bench times both
+    # under the same policy. Read when torch loads libgomp, hence before `import torch`.
+    os.environ.setdefault("GOMP_SPINCOUNT", "20000")
 
 import torch
 
@@ -35,6 +35,7 @@ from .families import Family, choose_family, fallback_family, family_names, pars
 from .ingress import Imported, import_forward, import_joint
 from .kernel import Kernel, load_kernel, parse_override
 from .pipeline import Pipeline, Stage
+from .targets.parallel_bound import on_one_thread_when_small
 
 # (rtol, atol) per result dtype: elementwise |ours - torch| <= atol s + rtol |torch|, where
 # s = max(1, rms(torch)) puts atol on the result's own scale: a sum of K terms carries
@@ -280,6 +281,7 @@ def compile_payload(importer, *, name: str, target, schedule=None, strict=False,
     start = time.perf_counter() if start is None else start
     imported = importer()
     notes: list[str] = []
+    target = on_one_thread_when_small(imported.module, target, notes)
     family = choose_family(imported.module, requested=schedule, strict=strict, notes=notes,
                            target=target)
     import_seconds = time.perf_counter() - start

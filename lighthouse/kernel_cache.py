@@ -159,8 +159,9 @@ class SharedLibraryEngine:
     """A stored kernel's library, looked up as ExecutionEngine looks up a compiled module."""
 
     def __init__(self, path: Path):
-        from .targets.cpu import openmp_runtime
+        from .targets.cpu import configure_openmp_runtime, openmp_runtime
 
+        configure_openmp_runtime()
         ctypes.CDLL(openmp_runtime(), mode=ctypes.RTLD_GLOBAL)
         self.path = path
         self.library = ctypes.CDLL(str(path))

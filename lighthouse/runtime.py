@@ -127,7 +127,8 @@ class JitFunction:
         for i, p in enumerate(ptrs):
             packed[i] = ctypes.cast(ctypes.pointer(p), ctypes.c_void_p)
         fn = self._fn
-        keepalive = (tensors, descs, ptrs)
+        # the engine too: a thunk may outlive this JitFunction, and the code is the engine's
+        keepalive = (tensors, descs, ptrs, self)
         messages = self.error_messages
 
         lock = self._lock

@@ -12,9 +12,12 @@ sys.path.insert(0, str(ROOT))
 # inherit it): the IR the tests check is chosen from vector registers and cache sizes, so
 # it is pinned to one machine's (AVX-512, 48 KiB L1d, 2 MiB L2, no bf16 dot products: the
 # tests that use them say so); the code still runs on the
-# host. Set LIGHTHOUSE_CPU to run the suite for another description.
+# host. Small kernels stay on all threads (parallel_cycles=0): the tests' shapes are small,
+# and their parallel tiles are what they test. Set LIGHTHOUSE_CPU to run the suite for
+# another description.
 os.environ.setdefault(
-    "LIGHTHOUSE_CPU", "vector_bits=512,vector_registers=32,l1d=48K,l2=2M,l3=480M,bf16_dot=0,amx=0")
+    "LIGHTHOUSE_CPU",
+    "vector_bits=512,vector_registers=32,l1d=48K,l2=2M,l3=480M,parallel_cycles=0,bf16_dot=0,amx=0")
 # Compiled kernels go to a cache of this session's own (lighthouse.kernel_cache; children
 # inherit it), never the user's.
 if "LIGHTHOUSE_CACHE_DIR" not in os.environ:

@@ -7,12 +7,14 @@ thread pools, JIT) but starts in milliseconds instead of the seconds those impor
 A child's stdout and stderr go to a log file whose last line explains a crash; a child
 still running after `timeout` seconds is killed.
 
-The children's OpenMP runtimes sleep as soon as a parallel region ends (`CHILD_ENV`, unless
-the caller set these variables): ours (libiomp5) already does (KMP_BLOCKTIME=0); torch's
-libgomp spins by default, and with other busy processes on the machine a spinning worker
-that loses its core makes each of torch's parallel regions wait for a time slice: a
-[96, 1000] softmax measured 0.05 ms or 7 ms depending on the neighbours. With both passive,
-the comparison does not depend on what else runs.
+Both OpenMP runtimes in a child spin about 200 us after a parallel region, then sleep
+(`CHILD_ENV`, unless the caller set these variables): ours (libiomp5) by KMP_BLOCKTIME, as
+lighthouse.targets.cpu sets it anyway; torch's libgomp by GOMP_SPINCOUNT (20000 spins took
+200-400 us here). Calls back to back find either side's workers awake, as they would in a
+program; a worker that sleeps costs 50-100 us to wake on this project's VMs. libgomp's
+default (300000 spins, milliseconds) made a small torch softmax jump from 0.05 to 7 ms with
+a busy neighbour process; fully passive threads, as the bench had before, charged every
+small kernel of either side a wake-up per parallel region.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ class Outcome:
     seconds: float = 0.0
 
 
-CHILD_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0"}
+CHILD_ENV = {"GOMP_SPINCOUNT": "20000", "KMP_BLOCKTIME": "200us"}
 
 
 def _get_context():

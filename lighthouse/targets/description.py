@@ -29,6 +29,11 @@ from pathlib import Path
 
 CPUINFO = Path("/proc/cpuinfo")
 CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
+# The least work (vector cycles as lighthouse.targets.parallel_bound estimates them) a kernel
+# shares between threads. Waking a sleeping OpenMP worker costs 50-100 us on this project's
+# VMs; kernels near 2^15 cycles took 10-50 us on one thread, and two threads saved at most a
+# few microseconds when the second was awake.
+PARALLEL_CYCLES = 1 << 15
 # Cache sizes assumed when the machine does not report them (a common x86 core).
 FALLBACK_CACHE_BYTES = {1: 32 << 10, 2: 1 << 20, 3: 8 << 20}
 
@@ -51,6 +56,7 @@ class CpuDescription:
     threads: int
     bf16_dot: bool = False
     amx: bool = False
+    parallel_cycles: int = PARALLEL_CYCLES
 
     @property
     def f32_lanes(self) -> int:
@@ -116,13 +122,13 @@ def has_amx(flags: frozenset[str]) -> bool:
 
 # Fields of a description that LIGHTHOUSE_CPU may set, and how their values are written.
 OVERRIDABLE = {"vector_bits": int, "vector_registers": int, "l1d": parse_cache_size,
-               "l2": parse_cache_size, "l3": parse_cache_size}
+               "l2": parse_cache_size, "l3": parse_cache_size, "parallel_cycles": int}
 SWITCHES = ("bf16_dot", "amx")  # fields set to 0 or 1
 
 
 def with_overrides(cpu: CpuDescription, text: str) -> CpuDescription:
     """`cpu` with the fields that `text` sets ("vector_bits=256,vector_registers=16,
-    l1d=32K,l2=1M,l3=32M,bf16_dot=0,amx=0"; any subset): what the schedules plan for, whatever the
+    l1d=32K,l2=1M,l3=32M,parallel_cycles=0,bf16_dot=0,amx=0"; any subset): what the schedules plan for, whatever the
     machine runs (the code is compiled for the host either way: bf16_dot=1 on a host without
     avx512_bf16 compiles code it cannot run). A malformed entry is an
     UnsupportedError naming it."""
@@ -143,9 +149,10 @@ def with_overrides(cpu: CpuDescription, text: str) -> CpuDescription:
             number = OVERRIDABLE[key](value)
         except ValueError:
             number = 0
-        if number < 1 or (key == "vector_bits" and number not in (128, 256, 512)):
+        if number < (0 if key == "parallel_cycles" else 1) or (
+                key == "vector_bits" and number not in (128, 256, 512)):
             raise UnsupportedError(f"LIGHTHOUSE_CPU: {entry!r} is not a valid size")
-        fields[key if key.startswith("vector") else f"{key}_bytes"] = number
+        fields[key if key.startswith(("vector", "parallel")) else f"{key}_bytes"] = number
     return dataclasses.replace(cpu, **fields)
 
 

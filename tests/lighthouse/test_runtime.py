@@ -69,6 +69,19 @@ def test_results_are_fresh_tensors_freed_by_python(kernel_file):
     torch.testing.assert_close(second, x + 1)
 
 
+def test_a_bound_call_keeps_its_kernel_alive(kernel_file):
+    """A thunk from `bind` outlives the Compiled it came from: the engine that holds its
+    code is not freed under it (it was, and the call jumped into freed code)."""
+    x = torch.randn(64, 48)
+    c = _compile(kernel_file, "return xs[0] * 2 + 1", "[torch.randn(64, 48)]")
+    call = c.function.bind([x])
+    del c
+    gc.collect()
+    other = _compile(kernel_file, "return xs[0] - 3", "[torch.randn(64, 48)]")
+    torch.testing.assert_close(call()[0], x * 2 + 1)
+    torch.testing.assert_close(other.run(x)[0], x - 3)
+
+
 def test_wrong_argument_is_a_clear_error(kernel_file):
     c = _compile(kernel_file, "return xs[0] + 1", "[torch.randn(4, 4)]")
     with pytest.raises(UnsupportedError, match=r"argument 0: expected \[4, 4\] float32, got \[4, 5\]"):
