@@ -7,8 +7,10 @@ For a convolution (transform_ext.analysis.convolution) with one output channel d
     W_t = W with f's axis moved last,   I_t = I with f's axis moved last,
     Y_t[b, o, f] = I_t[b, o, f] + sum_{c, k} X[b, c, o s + k t] W_t[c, k, f],
     Y = Y_t with its last axis moved back to f's place,
-the first two moves `linalg.transpose`s, the last a linalg.generic over Y_t's dims that
-reads Y_t with the identity map and writes Y through the permutation (the convolution
+the first two moves `linalg.transpose`s (an axis moved past several others moves past
+them collapsed into one, the result expanded back: the schedules transpose that in square
+tiles), the last a linalg.generic over Y_t's dims that reads Y_t with the identity map
+and writes Y through the permutation (the convolution
 schedule tiles it with the convolution's output tiles, as an epilogue); the convolution
 a linalg.generic whose loops are its parallel dims but f in order, then f, then its
 reduction dims in order. When the convolution alone reads I and I is a fill or a
@@ -26,13 +28,15 @@ the reason, nothing rewritten. Result `convolution`: the rebuilt convolutions (t
 results feed the transposes back). The target handle is consumed.
 """
 
+import math
+
 from torch_mlir import ir
 from torch_mlir.dialects import ext, linalg, tensor, transform
 
 from .analysis.convolution import NotConvolution, convolution_dims
 from .analysis.structure import loop_structure
 from .common import (Illegal, ReplacesTargets, Success, build_generic, clone_body,
-                     defining_op, fail, payload_ops, walk_ops)
+                     defining_op, fail, payload_ops, reassociation_attr, walk_ops)
 from .dialect import TransformExt
 
 NAME = "transform_ext.move_output_channels_innermost"
@@ -64,8 +68,24 @@ def _to_last(values: list, axis: int) -> list:
 
 
 def _transposed(value: ir.Value, permutation: list[int]) -> ir.Value:
-    """linalg.transpose of `value`: result dim i is `value`'s dim permutation[i]."""
+    """linalg.transpose of `value`: result dim i is `value`'s dim permutation[i]. An axis
+    moved last past several others (a 3 x 3 filter's [F, C, 3, 3] -> [C, 3, 3, F]) moves
+    past them collapsed into one, the result expanded back: [F, 9 C] -> [9 C, F] is a
+    transpose the schedules tile in square blocks (transform_ext.analysis.tiles.
+    transposed_dim), where [F, C, 3, 3] read F's lanes one element per 9 C."""
     t = value.type
+    rank = len(permutation)
+    axis = permutation[-1]
+    if permutation == _to_last(list(range(rank)), axis) and rank - axis > 2:
+        groups = [[i] for i in range(axis + 1)] + [list(range(axis + 1, rank))]
+        flat = list(t.shape[:axis + 1]) + [math.prod(t.shape[axis + 1:])]
+        collapsed = tensor.CollapseShapeOp(ir.RankedTensorType.get(flat, t.element_type),
+                                           value, reassociation_attr(groups)).result
+        moved = _transposed(collapsed, _to_last(list(range(axis + 2)), axis))
+        shape = [t.shape[p] for p in permutation]
+        back = [[i] for i in range(axis)] + [list(range(axis, rank - 1)), [rank - 1]]
+        return tensor.ExpandShapeOp(ir.RankedTensorType.get(shape, t.element_type), moved,
+                                    reassociation_attr(back), [], shape).result
     shape = [t.shape[p] for p in permutation]
     empty = tensor.EmptyOp(shape, t.element_type).result
     op = linalg.transpose(value, outs=[empty], permutation=permutation)

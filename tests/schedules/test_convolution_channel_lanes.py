@@ -72,13 +72,17 @@ def test_backward_weight_gradient(kernel_file):
 
 def test_the_register_tile_runs_along_the_channels(kernel_file):
     """20 image rows x 16 channel lanes: per step one filter vector, 20 broadcast image
-    elements, 20 FMAs; the filter transposed before the convolution, each register tile of
-    the result transposed back in the convolution's output tiles (an epilogue)."""
+    elements, 20 FMAs; the filter transposed before the convolution (its [F, C K] as a
+    2-D transpose in tiles of 16 x 24, the lanes not gathered one element per C K), each
+    register tile of the result transposed back in the convolution's output tiles (an
+    epilogue)."""
     module, shape = CASES["transposed_3d"]
     path = conv_kernel(kernel_file, module, shape)
     fused = str(compile_kernel(path, stop_after="fuse").module)
     filecheck(fused, """
-        CHECK: linalg.transpose {{.*}} permutation = [1, 2, 3, 4, 0]
+        CHECK: tensor.collapse_shape %{{.*}} {{\[}}[0], [1, 2, 3, 4]] : tensor<16x8x3x3x5xf32> into tensor<16x360xf32>
+        CHECK: linalg.transpose ins(%{{.*}} : tensor<16x24xf32>) outs(%{{.*}} : tensor<24x16xf32>) permutation = [1, 0]
+        CHECK: tensor.expand_shape %{{.*}} {{\[}}[0, 1, 2, 3], [4]] output_shape [8, 3, 3, 5, 16]
         CHECK: scf.forall
         CHECK: linalg.generic {{.*}} ins({{.*}} : tensor<1x1x1x1x20xf32>, tensor<1x16xf32>) outs(%{{.*}} : tensor<1x1x1x20x16xf32>) attrs = {{{.*}}lh.cv_lanes = 4 : i64, lh.cv_role = "register", lh.cv_vector = array<i64: 1, 1, 1, 20, 16, 1>}
         CHECK: linalg.generic {{.*}} ins(%{{.*}} : tensor<1x1x1x20x16xf32>) outs(%{{.*}} : tensor<1x16x1x1x20xf32>) attrs = {{{.*}}lh.cv_role = "epilogue"
@@ -204,16 +208,17 @@ def test_a_pointwise_convolution_at_7x7_takes_whole_power_of_two_lanes(kernel_fi
 
 
 def test_a_pointwise_filter_is_transposed_in_square_blocks(kernel_file):
-    """A 1 x 1 filter [F, C, 1] (its unit window dim kept) moved to [C, 1, F] for the
-    channel lanes: tiled in 16 x 16 blocks read along C and transposed in registers, not
-    in runs of F lanes that gathered one element per cache line (ResNet's 512 -> 2048
-    pointwise convolution at 7 x 7 spent 40% of its time there: 18.1 -> 11.4 ms, torch
-    9.3 ms)."""
+    """A 1 x 1 filter [F, C, 1] moved to [C, 1, F] for the channel lanes: as [F, C] ->
+    [C, F], tiled in 16 x 16 blocks read along C and transposed in registers, not in runs
+    of F lanes that gathered one element per cache line (ResNet's 512 -> 2048 pointwise
+    convolution at 7 x 7 spent 40% of its time there: 18.1 -> 11.4 ms, torch 9.3 ms)."""
     path = conv_kernel(kernel_file, "Conv2d(128, 256, 1, bias=False)", "2, 128, 7, 7")
     vectorized = str(compile_kernel(path, stop_after="vectorize").module)
     filecheck(vectorized, """
-        CHECK: vector.transfer_read {{.*}} : tensor<16x16x1xf32>, vector<16x16x1xf32>
-        CHECK: vector.transpose %{{.*}}, [1, 2, 0] : vector<16x16x1xf32> to vector<16x1x16xf32>
+        CHECK: tensor.collapse_shape {{.*}} : tensor<64x64x1x1xf32> into tensor<64x64xf32>
+        CHECK: vector.transfer_read {{.*}} : tensor<16x16xf32>, vector<16x16xf32>
+        CHECK: vector.transpose %{{.*}}, [1, 0] : vector<16x16xf32> to vector<16x16xf32>
+        CHECK: tensor.expand_shape {{.*}} output_shape [128, 1, 256] : tensor<128x256xf32> into tensor<128x1x256xf32>
     """)
     assert_matches(compile_kernel(path, runtime_checks=True))
 
@@ -321,3 +326,32 @@ def test_strided_lanes_with_an_epilogue_keep_their_phases(kernel_file):
     compiled = compile_kernel(path)
     assert_matches(compiled)
     assert "split_strided_convolution" in compiled.schedule_text()
+
+
+def test_lane_tiles_take_the_whole_batch_and_the_image_is_padded_once(kernel_file):
+    """512 output channels as lanes at 7 x 7, batch 3: the forall splits the channels
+    alone, 8 tiles of 64 (the threads' tiles_per_thread), each over every image, so that a
+    tile reads its columns of the filter once for all of them; the image is padded once
+    before the forall, not again by each tile."""
+    path = conv_kernel(kernel_file, "Conv2d(16, 512, 3, padding=1, bias=False)", "3, 16, 7, 7")
+    fused = str(compile_kernel(path, stop_after="fuse").module)
+    filecheck(fused, """
+        CHECK: tensor.pad %arg0 low[0, 0, 1, 1] high[0, 0, 1, 1]
+        CHECK: scf.forall (%{{.*}}) in (8) shared_outs(%{{.*}}) -> (tensor<3x512x7x7xf32>)
+        CHECK-NOT: tensor.pad
+        CHECK: lh.cv_role = "register"
+        CHECK: scf.forall.in_parallel
+    """)
+    assert_matches(compile_kernel(path, runtime_checks=True))
+
+
+def test_a_batch_too_large_for_one_tile_keeps_a_tile_per_image(kernel_file):
+    """The same convolution over 48 images: a tile of 64 channels of every image would
+    hold 602 KB of output (over tile_bytes), so each image has its tiles (of 128 channels)
+    and pads its own image inside them."""
+    path = conv_kernel(kernel_file, "Conv2d(16, 512, 3, padding=1, bias=False)", "48, 16, 7, 7")
+    fused = str(compile_kernel(path, stop_after="fuse").module)
+    filecheck(fused, """
+        CHECK: scf.forall (%{{.*}}, %{{.*}}) in (48, 4) shared_outs(%{{.*}}) -> (tensor<48x512x7x7xf32>)
+        CHECK: tensor.pad %{{.*}} low[0, 0, 1, 1] high[0, 0, 1, 1]
+    """)

@@ -89,7 +89,7 @@ def test_each_part_starts_from_its_own_fill(kernel_file):
     filecheck(text, """
         CHECK: scf.forall {{.*}} -> (tensor<1x16x6x64xf32>)
         CHECK: linalg.fill {{.*}}lh.cv_role = "init"{{.*}} -> tensor<1x8x1x32xf32>
-        CHECK: linalg.transpose {{.*}} permutation = [1, 2, 3, 0]
+        CHECK: linalg.transpose {{.*}} permutation = [1, 0]
         CHECK: scf.forall {{.*}} -> (tensor<1x16x6x2xf32>)
         CHECK: linalg.fill {{.*}}lh.cv_role = "init"{{.*}} -> tensor<1x6x1x16xf32>
     """)

@@ -31,8 +31,12 @@ def test_filter_and_result_get_the_channels_innermost():
     payload = parse(CONV_2D)
     apply(payload, lambda root: move_output_channels_innermost(match(root, "linalg.conv_2d_nchw_fchw")))
     check(payload, """
-        CHECK: %[[WT:.*]] = linalg.transpose ins(%arg1 : tensor<5x3x2x3xf32>) outs({{.*}} : tensor<3x2x3x5xf32>) permutation = [1, 2, 3, 0]
-        CHECK: %[[IT:.*]] = linalg.transpose ins(%arg2 : tensor<2x5x8x5xf32>) outs({{.*}} : tensor<2x8x5x5xf32>) permutation = [0, 2, 3, 1]
+        CHECK: %[[W2:.*]] = tensor.collapse_shape %arg1 {{\[}}[0], [1, 2, 3]] : tensor<5x3x2x3xf32> into tensor<5x18xf32>
+        CHECK: %[[W2T:.*]] = linalg.transpose ins(%[[W2]] : tensor<5x18xf32>) outs({{.*}} : tensor<18x5xf32>) permutation = [1, 0]
+        CHECK: %[[WT:.*]] = tensor.expand_shape %[[W2T]] {{\[}}[0, 1, 2], [3]] output_shape [3, 2, 3, 5]
+        CHECK: %[[I3:.*]] = tensor.collapse_shape %arg2 {{\[}}[0], [1], [2, 3]] : tensor<2x5x8x5xf32> into tensor<2x5x40xf32>
+        CHECK: %[[I3T:.*]] = linalg.transpose ins(%[[I3]] : tensor<2x5x40xf32>) outs({{.*}} : tensor<2x40x5xf32>) permutation = [0, 2, 1]
+        CHECK: %[[IT:.*]] = tensor.expand_shape %[[I3T]] {{\[}}[0], [1, 2], [3]] output_shape [2, 8, 5, 5]
         CHECK: %[[Y:.*]] = linalg.generic {indexing_maps = [#[[XMAP:.*]], #[[WMAP:.*]], #[[YMAP:.*]]], iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction", "reduction", "reduction"]} ins(%arg0, %[[WT]] : {{.*}}) outs(%[[IT]] : tensor<2x8x5x5xf32>)
         CHECK: linalg.generic {indexing_maps = [#[[ID:.*]], #[[BACK:.*]]], iterator_types = ["parallel", "parallel", "parallel", "parallel"]} ins(%[[Y]] : tensor<2x8x5x5xf32>) outs({{.*}} : tensor<2x5x8x5xf32>)
         CHECK-NEXT: ^bb0(%[[IN:.*]]: f32, %{{.*}}: f32):
@@ -104,7 +108,9 @@ def test_the_contraction_broadcasts_the_image_and_reads_the_filter_along_the_lan
 
     apply(payload, script)
     check(payload, """
-        CHECK: %[[WT:.*]] = linalg.transpose ins(%arg1 : tensor<16x3x1xf32>)
+        CHECK: %[[W2:.*]] = tensor.collapse_shape %arg1 {{\[}}[0], [1, 2]] : tensor<16x3x1xf32> into tensor<16x3xf32>
+        CHECK: %[[W2T:.*]] = linalg.transpose ins(%[[W2]] : tensor<16x3xf32>)
+        CHECK: %[[WT:.*]] = tensor.expand_shape %[[W2T]] {{\[}}[0, 1], [2]] output_shape [3, 1, 16]
         CHECK: %[[X:.*]] = tensor.extract_slice %arg0[0, 0, 0] [1, 3, 9] [1, 1, 1]
         CHECK: %[[W:.*]] = tensor.extract_slice %[[WT]][0, 0, 0] [3, 1, 16] [1, 1, 1] : tensor<3x1x16xf32> to tensor<3x16xf32>
         CHECK: linalg.generic {{.*}} ins(%[[X]], %[[W]] : tensor<1x3x9xf32>, tensor<3x16xf32>)
