@@ -1,7 +1,7 @@
 """When a kernel is too small to share between threads.
 
 Each parallel region forks and joins the OpenMP workers. A worker that slept since the last
-region costs a wake-up (on the VMs this project is measured on, 60-100 us each way, more
+region costs a wake-up (on the VMs this project is measured on, 50-100 us each way, more
 than a small kernel's whole work), and even spinning workers cost a few microseconds per
 region. torch does the same (ATen runs a loop on one thread below its grain size).
 
@@ -29,9 +29,9 @@ from transform_ext.analysis.structure import is_linalg_op, loop_structure
 
 MATH_OPS = 10  # about the vector ops of an exp, log or tanh once expanded to polynomials
 
-# ops with regions whose work is counted: linalg ops by their iteration points, scf.for by
-# its trip count times its body's work, a function or module by their body's
-_COUNTED_REGIONS = ("builtin.module", "func.func", "scf.for", "scf.yield", "func.return")
+# ops with regions whose work is counted (besides linalg ops): scf.for as its trip count
+# times its body's work, a function or module as their body's
+_COUNTED_REGIONS = ("builtin.module", "func.func", "scf.for")
 
 
 class _Uncounted(Exception):
