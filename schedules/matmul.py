@@ -426,9 +426,9 @@ def _work(op: ir.Operation) -> int:
 
 
 def _feeds_contraction(op: ir.Operation) -> bool:
-    """A transpose or a widening (bf16 to f32, `is_widening`) whose only user is a
-    contraction, or such a widening (they fold into the operand's packing or the
-    contraction's body)."""
+    """A transpose or a widening (`is_widening`) whose only user is a contraction, or a
+    widening whose only user is another such widening: they fold into the operand's packing
+    or the contraction's body."""
     if op.name != "linalg.transpose" and not is_widening(op):
         return False
     user = _single_use(op.results[0])

@@ -54,10 +54,11 @@ def foldable_inputs(op: ir.Operation, short_rows: int = 0) -> list[int]:
     transposed = [i for i in range(ls.num_inputs)
                   if (producer := defining_op(op.operands[i])) is not None
                   and producer.name == "linalg.transpose"]
-    if ls.fewest_rows() == 1:
+    rows = ls.fewest_rows()
+    if rows == 1:
         return transposed
     dims = ls.contraction_dims()
-    if ls.fewest_rows() > short_rows or len(dims["k"]) != 1 or op.parent.name != "func.func":
+    if rows > short_rows or len(dims["k"]) != 1 or op.parent.name != "func.func":
         return []
     maps = [source_map(defining_op(op.operands[i]), ls.maps[i]) if i in transposed else ls.maps[i]
             for i in range(ls.num_inputs)]

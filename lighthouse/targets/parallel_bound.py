@@ -26,6 +26,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import linalg
 
 from transform_ext.analysis.structure import is_linalg_op, loop_structure
+from transform_ext.common import constant_value
 
 MATH_OPS = 10  # about the vector ops of an exp, log or tanh once expanded to polynomials
 
@@ -85,14 +86,10 @@ def _body_ops(op: ir.Operation) -> int:
 
 
 def _trip_count(loop: ir.Operation) -> int:
-    bounds = []
-    for value in list(loop.operands)[:3]:
-        owner = value.owner
-        owner = getattr(owner, "operation", owner)
-        if not isinstance(owner, ir.Operation) or owner.name != "arith.constant":
-            raise _Uncounted("scf.for with a bound that is not a constant")
-        bounds.append(ir.IntegerAttr(owner.attributes["value"]).value)
-    lower, upper, step = bounds
+    bounds = [constant_value(v) for v in list(loop.operands)[:3]]
+    if not all(isinstance(b, ir.IntegerAttr) for b in bounds):
+        raise _Uncounted("scf.for with a bound that is not a constant")
+    lower, upper, step = (b.value for b in bounds)
     return max(0, -(-(upper - lower) // step))
 
 
