@@ -89,6 +89,7 @@ from transform_ext.move_output_channels_innermost import move_output_channels_in
 from transform_ext.pad_image_rows import filled_insert, pad_image_rows
 from transform_ext.drop_unit_result_dims import drop_unit_result_dims
 from transform_ext.fuse_init_into_register_tile import fuse_init_into_register_tile
+from transform_ext.lane_contracts_to_fmas import lane_contracts_to_fmas
 from transform_ext.split_transposed_convolution import analyze as analyze_stuffed
 from transform_ext.split_strided_convolution import analyze as analyze_strided
 from transform_ext.split_strided_convolution import split_strided_convolution
@@ -1513,6 +1514,9 @@ def vectorize_body(payload: ir.Module, generic: GenericParams):
         # a buffer per tile (its write and read share one mask once hoisted and CSE'd)
         forward_masked_writes(func)
         canonicalize(func)
+        # a short product's or mat-vec's split k step (elementwise along its lanes) as
+        # FMAs of whole vectors, as the generic and matmul schedules do
+        lane_contracts_to_fmas(func)
         if contractions:  # the packs' transposes
             matmul.lower_transposes(func, "Shuffle16x16")
         for attr in (ROLE, VECTOR_SIZES, LANES, _DONE) + matmul.ANNOTATIONS:
