@@ -52,6 +52,7 @@ from transform_ext.analysis.structure import loop_structure
 from transform_ext.append_lse_result import append_lse_result
 from transform_ext.bound_causal_key_loops import bound_causal_key_loops
 from transform_ext.clone_shared_fills import clone_shared_fills
+from transform_ext.collapse_reduction_dims import collapse_reduction_dims
 from transform_ext.common import defining_op, walk_ops
 from transform_ext.deduplicate_generics import deduplicate_generics
 from transform_ext.drop_broadcast_dims import drop_broadcast_dims
@@ -533,8 +534,14 @@ def _causal_bounds(plan: AttentionPlan):
 def _tile_other_ops(params: GenericParams):
     """Step 6 (CPU): the ops outside the fused kernels (the projections around an attention
     written by hand, K's transpose) tiled for threads with their producers fused in, as the
-    generic schedule tiles its roots."""
+    generic schedule tiles its roots; first, a contraction over several reduction loops
+    that its operands read as one contiguous group (an output projection of the heads
+    re-assembled, y.transpose(1, 2).view(B, T, C) @ W^T, over (head, head dim)) takes them
+    as one loop, as the generic schedule's normalization does (with two, its register
+    tile's step had no outer-product form: one scalar FMA per lane)."""
     def body(root: ir.Value) -> ir.Value:
+        collapse_reduction_dims(match(root, "func.func"))
+        root = apply_passes(root, "canonicalize", "cse")
         fuse_roots_into_foralls(match(root, "func.func"), threads=params.threads,
                                 tiles_per_thread=params.tiles_per_thread,
                                 tile_bytes=params.tile_bytes, vector_tile=params.vector_tile,
