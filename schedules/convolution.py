@@ -1462,9 +1462,9 @@ def _vector_plan(payload: ir.Module, lanes: int):
 def vectorize_body(payload: ir.Module, generic: GenericParams):
     """The vectorize stage: each op with a role at its vector sizes (edge tiles masked), the
     matmul family's role ops as it vectorizes them (schedules.matmul.vectorize_roles; the
-    packs' transposes lowered to shuffles), the others tiled and vectorized as the generic
-    schedule does; loop invariants hoisted so that the accumulator stays in registers
-    across the reduction loops."""
+    packs' transposes left to the target's 16 x 16 blocks), the others tiled and
+    vectorized as the generic schedule does; loop invariants hoisted so that the
+    accumulator stays in registers across the reduction loops."""
     plan, others = _vector_plan(payload, generic.register_tile[1] // 2)
     if not plan:
         return generic_vectorize_stage(generic)
@@ -1517,8 +1517,6 @@ def vectorize_body(payload: ir.Module, generic: GenericParams):
         # a short product's or mat-vec's split k step (elementwise along its lanes) as
         # FMAs of whole vectors, as the generic and matmul schedules do
         lane_contracts_to_fmas(func)
-        if contractions:  # the packs' transposes
-            matmul.lower_transposes(func, "Shuffle16x16")
         for attr in (ROLE, VECTOR_SIZES, LANES, _DONE) + matmul.ANNOTATIONS:
             remove_annotation(root, attr)
 

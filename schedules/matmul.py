@@ -71,10 +71,11 @@ contraction, last first (the packed ones in batches sharing one recorded step pe
 vectorize (@vectorize): every op of steps 1-4 is vectorized with its nominal tile as
 vector sizes (edge tiles become masked transfers), the contraction becomes an MR x NR x 1
 vector.contract (lowered by the target to outer products, i.e. MR x NR/lanes FMAs with
-broadcast A; an MR x NR x 2 bf16 one becomes dot products), the pack transposes are
-lowered to shuffles (16 x 16 blocks; with bf16 pairs, one shuffle per 2-D transpose, for
-every transpose of the function: A's [MR, pack_k / 2 pairs, 2] as a transpose of 32-bit
-words, transform_ext.transpose_pairs_as_words; B's two rows interleaved), a packing step's
+broadcast A; an MR x NR x 2 bf16 one becomes dot products), the f32 pack transposes are
+left to the target (which lowers them to shuffles in 16 x 16 blocks); with bf16 pairs, they
+are lowered here, one shuffle per 2-D transpose, for every transpose of the function (A's
+[MR, pack_k / 2 pairs, 2] as a transpose of 32-bit words,
+transform_ext.transpose_pairs_as_words; B's two rows interleaved), a packing step's
 write of whole trailing panel dims becomes one 1-D write (transform_ext.
 flatten_contiguous_writes: not one 4-byte store per pair), the accumulator is hoisted
 into registers across the k loop, and that loop is unrolled by K_STEPS_UNROLL.
@@ -1769,11 +1770,14 @@ def lower_transposes(func, strategy: str) -> None:
     canonicalize(func)
 
 
-def _vectorize_body(payload: ir.Module, generic: GenericParams,
-                    transpose_lowering: str = "Shuffle16x16"):
+def _vectorize_body(payload: ir.Module, generic: GenericParams):
     """The vectorize stage (see the module docstring) for `payload` as the fuse stage left
     it: each op with a role vectorized at its vector sizes, the others tiled and vectorized
-    as the generic schedule does (the generic stage when no op has a role)."""
+    as the generic schedule does (the generic stage when no op has a role). The f32 packs'
+    transposes stay vector.transpose ops: the CPU target lowers every 2-D transpose in
+    16 x 16 blocks of register shuffles (lighthouse.targets.transpose_blocks; lowered here,
+    B's [NR, pack_k] = [32, 16] one from a k-contiguous B, W^T of x @ W^T, took 32
+    registers in and 32 out, spilled, and made its pack a third of the product's time)."""
     plan, others = _vector_plan(payload)
     if not plan:  # no contraction was scheduled here: the payload went the generic way
         return generic_vectorize_stage(generic)
@@ -1818,8 +1822,7 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams,
         unroll_k_steps(root)
         if pairs:  # A's [MR, k pairs, 2] -> [k pairs, MR, 2] as a 2-D transpose of words
             transpose_pairs_as_words(func)
-        lower_transposes(func, "Shuffle1D" if pairs else transpose_lowering)
-        if pairs:
+            lower_transposes(func, "Shuffle1D")
             contracts_to_bf16_dot_products(func)
             flatten_contiguous_writes(func)
             canonicalize(func)
