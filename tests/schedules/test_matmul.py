@@ -2,6 +2,8 @@
 transposed operands, epilogues, f16/bf16), the IR it produces, its parameters, and that the
 driver picks it for contraction payloads."""
 
+import re
+
 import pytest
 import torch
 from torch_mlir import ir
@@ -118,6 +120,25 @@ def test_a_transposed_weights_pack_shuffles_16_x_16_blocks(kernel_file, m, n, k)
     assert_matches(compile_kernel(path, runtime_checks=True))
 
 
+@pytest.mark.parametrize("m,n,k,expr,b_shape,per_panel", [
+    (128, 200, 520, "a @ b.T", "N, K", True),     # W^T from W's rows, partial last k block
+    (37, 33, 300, "a @ b.T + 1", "N, K", True),   # an epilogue: C_p, unpacked at the end
+    (100, 75, 600, "a @ b", "K, N", False),       # n-contiguous B: packed a k block at a time
+])
+def test_one_block_of_rows_packs_b_a_panel_at_a_time(kernel_file, m, n, k, expr, b_shape,
+                                                     per_panel):
+    """An output tile of at most PANEL_ROWS rows over several k blocks: A's k block packed
+    whole; a k-contiguous B's micro-panels packed inside the loop over them, each right
+    before its register tiles (an n-contiguous B keeps its whole-tile pack, which reads
+    each of B's rows across the panels). Against torch with run-time checks (the panel
+    slices' bounds)."""
+    path = binary_kernel(kernel_file, m, n, k, expr=expr, a_shape="M, K", b_shape=b_shape)
+    vectorized = str(compile_kernel(path, stop_after="vectorize").module)
+    panel_loop = re.search(r"scf\.for .* -> \(tensor<1x(\d+|\?)x32xf32>\)", vectorized)
+    assert bool(panel_loop) == per_panel, vectorized
+    assert_matches(compile_kernel(path, runtime_checks=True))
+
+
 def test_mlp_example_with_bias_and_gelu_epilogue():
     sizes = {"BATCH": 40, "IN_FEATURES": 72, "HIDDEN": 136, "OUT_FEATURES": 50}
     assert_matches(compile_kernel(EXAMPLES / "mlp.py", overrides=sizes))
@@ -222,20 +243,22 @@ def test_half_operands_are_widened_while_packing(kernel_file):
 
 def test_ir_after_vectorize_and_bufferize(kernel_file):
     """Two k blocks: C's tile starts from zeros written per register tile, then each k block
-    packs its panels (A's transposing step left a vector.transpose for the target) and every
-    register tile accumulates in C itself, four k steps per iteration of its loop; no packed
-    C buffer, no unpack."""
+    packs A's block (its 128 rows whole, PANEL_ROWS; the transposing step left a
+    vector.transpose for the target) and B's panels (n-contiguous: the whole tile's, a
+    k block at a time), and every register tile accumulates in C itself, four k steps per
+    iteration of its loop; no packed C buffer, no unpack."""
     path = binary_kernel(kernel_file, 256, 256, 512)
     vectorized = str(compile_kernel(path, stop_after="vectorize").module)
     filecheck(vectorized, """
         CHECK: scf.forall
         CHECK: vector.transfer_write {{.*}} : vector<8x32xf32>, tensor<8x32xf32>
         CHECK: scf.for
-        CHECK: vector.transfer_read {{.*}} : tensor<16x32xf32>, vector<16x32xf32>
-        CHECK: vector.transfer_write {{.*}} : vector<16x32xf32>, tensor<1x16x32xf32>
         CHECK: vector.transfer_read {{.*}} : tensor<8x16xf32>, vector<8x16xf32>
         CHECK: vector.transpose {{.*}} to vector<1x16x8xf32>
         CHECK: vector.transfer_write {{.*}} : vector<16x8xf32>, tensor<1x16x8xf32>
+        CHECK: scf.for {{.*}} -> (tensor<8x256x32xf32>)
+        CHECK: vector.transfer_read {{.*}} : tensor<16x32xf32>, vector<16x32xf32>
+        CHECK: vector.transfer_write {{.*}} : vector<16x32xf32>, tensor<1x16x32xf32>
         CHECK: %[[ACC:.*]] = vector.transfer_read {{.*}} : tensor<8x32xf32>, vector<8x32xf32>
         CHECK: scf.for {{.*}} iter_args(%{{.*}} = %[[ACC]]) -> (vector<8x32xf32>)
         CHECK-COUNT-4: vector.contract {{.*}} : vector<1x8xf32>, vector<1x32xf32> into vector<8x32xf32>
