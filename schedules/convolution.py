@@ -1517,6 +1517,7 @@ def vectorize_body(payload: ir.Module, generic: GenericParams):
         # a short product's or mat-vec's split k step (elementwise along its lanes) as
         # FMAs of whole vectors, as the generic and matmul schedules do
         lane_contracts_to_fmas(func)
+        canonicalize(func)
         for attr in (ROLE, VECTOR_SIZES, LANES, _DONE) + matmul.ANNOTATIONS:
             remove_annotation(root, attr)
 

@@ -1842,7 +1842,7 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams):
             lower_transposes(func, "Shuffle1D")
             contracts_to_bf16_dot_products(func)
             flatten_contiguous_writes(func)
-            canonicalize(func)
+        canonicalize(func)
         for attr in ANNOTATIONS:
             remove_annotation(root, attr)
 
