@@ -1513,7 +1513,6 @@ def vectorize_body(payload: ir.Module, generic: GenericParams):
         # a masked register tile's accumulator start read back in registers, not through
         # a buffer per tile (its write and read share one mask once hoisted and CSE'd)
         forward_masked_writes(func)
-        canonicalize(func)
         # a short product's or mat-vec's split k step (elementwise along its lanes) as
         # FMAs of whole vectors, as the generic and matmul schedules do
         lane_contracts_to_fmas(func)
