@@ -20,9 +20,11 @@ leaves that loop a linalg op, which the CPU target runs on AMX tiles
 fuse (the script's @fuse: steps recorded on a trial copy by `plan_matmul`): the payload
 normalized (`_normalize`: unit dims folded, elementwise ops fused; transposes and 1-D
 poolings that reshape propagation expanded with unit dims folded back,
-`_fold_unit_dims_of_named_ops`); mat-vecs and short products (x @ W^T for a batch of at
-most GenericParams.short_rows rows, at the top level; in bf16, their f32 widenings folded
-into them first, `_short_widened_products`) read their transposed operands in place and get
+`_fold_unit_dims_of_named_ops`; a product read only through a transpose of its lanes,
+(A @ B)^T, computed as the product B^T A^T of its own,
+transform_ext.fold_result_transposes_into_contractions); mat-vecs and short products
+(x @ W^T for a batch of at most GenericParams.short_rows rows, at the top level; in
+bf16, their f32 widenings folded into them first, `_short_widened_products`) read their transposed operands in place and get
 their k split into lanes as in the generic schedule (`_split_short_products`:
 W read once, not packed; their partial sums are tiled and vectorized as the generic
 schedule does, below, and stay in this family when no other contraction is left); a
@@ -35,10 +37,11 @@ contraction, last first (the packed ones in batches sharing one recorded step pe
      A_p[b, m1, k, m0] and B into B_p[b, n1, k, n0] with m = m1 MR + m0, n = n1 NR + n0
      (zero-padded at the edges); C accumulates in C_p[b, m1, n1, m0, n0] and is unpacked
      at the end. The zero fill of C and transposes feeding A or B fold into the packs; a
-     transpose consuming C folds into the unpack, which then writes C^T (the tiles below
-     follow the dims of the unpack's destination). When C has other uses besides such a
-     transpose (or a slice at offset 0), C would be unpacked twice: nothing is folded then
-     (transposes of A or B stay separate ops, C is unpacked once for all its uses).
+     transpose consuming C that keeps C's innermost dim (one moving batch dims) folds
+     into the unpack (the tiles below follow the dims of the unpack's destination). When C
+     has other uses besides such a transpose (or a slice at offset 0), C would be unpacked
+     twice: nothing is folded then (transposes of A or B stay separate ops, C is unpacked
+     once for all its uses).
   2. threads: the epilogue (or the unpack) is tiled into an `scf.forall` of
      tile_m x tile_n output tiles; unpack, contraction, fill and packs are fused into it.
   3. cache blocking inside a tile: for each k block of tile_k, B's panel is packed; for
@@ -115,6 +118,7 @@ from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expa
 from transform_ext.fuse_elementwise_producers import fuse_elementwise_producers
 from transform_ext.forward_masked_writes import forward_masked_writes
 from transform_ext.fold_casts_into_contractions import fold_casts_into_contractions, is_widening
+from transform_ext.fold_result_transposes_into_contractions import fold_result_transposes_into_contractions
 from transform_ext.fold_transposes_into_matvecs import (fold_transposes_into_matvecs,
                                                         foldable_inputs)
 from transform_ext.lane_contracts_to_fmas import lane_contracts_to_fmas
@@ -1501,6 +1505,7 @@ def _normalize(root: ir.Value) -> ir.Value:
     fuse_elementwise_producers(match(root, "func.func"))
     collapse_reduction_dims(match(root, "func.func"))
     collapse_contraction_parallel_dims(match(root, "func.func"))
+    fold_result_transposes_into_contractions(match(root, "func.func"))
     return apply_passes(root, "linalg-fold-unit-extent-dims", "canonicalize", "cse")
 
 

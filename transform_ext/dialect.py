@@ -26,6 +26,8 @@ OP_MODULES: list[str] = [
     "fuse_elementwise_producers",
     "collapse_reduction_dims",
     "collapse_contraction_parallel_dims",
+    "fold_result_transposes_into_contractions",
+    "order_contract_multiplicands",
     "drop_unit_result_dims",
     "clamp_window_loops",
     "pad_image_rows",

@@ -280,7 +280,7 @@ def test_ir_after_vectorize_and_bufferize(kernel_file):
 
 @pytest.mark.parametrize("m, n, k, b, expr, a_shape, b_shape, in_c", [
     (64, 96, 600, 1, "a @ b", "M, K", "K, N", True),                  # three k blocks, the last short
-    (48, 32, 513, 1, "(a @ b).t()", "M, K", "K, N", True),            # C transposed (into the unpack)
+    (64, 48, 513, 1, "(a @ b).t()", "M, K", "K, N", True),            # C transposed: C^T [48, 64]
     (32, 64, 300, 2, "torch.bmm(a, b)", "B, M, K", "B, K, N", True),  # batched
     (64, 32, 640, 1, "a.t() @ b.t()", "K, M", "N, K", True),          # transposed operands
     (64, 96, 600, 1, "(a @ b)[:, :50]", "M, K", "K, N", True),        # a slice of C after
@@ -462,15 +462,18 @@ def test_transposed_result(kernel_file, expr, a, b, c, m, k, n):
     assert_matches(compile_kernel(ternary_kernel(kernel_file, expr, a, b, c, m=m, k=k, n=n)))
 
 
-def test_transpose_of_the_result_folds_into_the_unpack_and_the_epilogue_follows(kernel_file):
+def test_a_transposed_result_is_a_product_of_its_own_and_the_epilogue_follows(kernel_file):
+    """(a @ b).t() + c: C^T = b^T a^T is the product (transform_ext.
+    fold_result_transposes_into_contractions), unpacked as it is into [8, 32] tiles that the
+    epilogue reads along its rows (tests/schedules/test_matmul_transposed_results.py)."""
     path = ternary_kernel(kernel_file, "(a @ b).t() + c", "M, K", "K, N", "N, M", m=64, k=48, n=96)
     text = str(compile_kernel(path, stop_after="fuse").module)
     assert "linalg.transpose" not in text
     filecheck(text, """
         CHECK: scf.forall
         CHECK: linalg.generic {{.*}}lh.mm_role = "kernel"
-        CHECK: linalg.unpack {{.*}} outer_dims_perm = [1, 0] inner_dims_pos = [1, 0] inner_tiles = [8, 32] {{.*}}lh.mm_role = "unpack", lh.mm_vector = array<i64: 1, 1, 8, 32>{{.*}} : tensor<1x1x8x32xf32> -> tensor<{{[?0-9]+}}x8xf32>
-        CHECK: linalg.generic {{.*}}lh.mm_role = "epilogue", lh.mm_vector = array<i64: 32, 8>
+        CHECK: linalg.unpack {{.*}} inner_dims_pos = [0, 1] inner_tiles = [8, 32] {{.*}}lh.mm_role = "unpack", lh.mm_vector = array<i64: 1, 1, 8, 32>{{.*}} : tensor<1x1x8x32xf32> -> tensor<8x32xf32>
+        CHECK: linalg.generic {{.*}}lh.mm_role = "epilogue", lh.mm_vector = array<i64: 8, 32>
         CHECK: scf.forall.in_parallel
         """)
 
