@@ -29,7 +29,9 @@ One transform script (`generic_script`), two named sequences:
   2. `transform_ext.fuse_roots_into_foralls`: repeatedly, the last untiled linalg op of the
      function (a root: nothing after it reads it) has its outer parallel dims tiled into an
      `scf.forall` (enough tiles for the threads, and small enough that a tile's
-     intermediates stay in L2), and its whole producer chain is fused into the tile
+     intermediates stay in L2; a row chain over a transposed input, softmax(x.t()), in
+     tiles of at least a vector's lanes of rows: whole cache lines of x), and its whole
+     producer chain is fused into the tile
      (`transform.structured.fuse`, use_forall). A producer that still has users outside
      becomes a root of its own in a later round.
 @vectorize:

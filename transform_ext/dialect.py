@@ -28,6 +28,7 @@ OP_MODULES: list[str] = [
     "collapse_contraction_parallel_dims",
     "fold_result_transposes_into_contractions",
     "order_contract_multiplicands",
+    "drop_unit_reduction_dims_of_contracts",
     "drop_unit_result_dims",
     "clamp_window_loops",
     "pad_image_rows",

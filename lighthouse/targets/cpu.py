@@ -35,6 +35,7 @@ import transform_ext
 from transform_ext.common import defining_op
 from transform_ext.contraction_loops_to_amx_tiles import contraction_loops_to_amx_tiles
 from transform_ext.expand_math import expand_math_in
+from transform_ext.drop_unit_reduction_dims_of_contracts import drop_unit_reduction_dims_of_contracts
 from transform_ext.order_contract_multiplicands import order_contract_multiplicands
 from transform_ext.unmask_extremum_reductions import unmask_extremum_reductions
 from transform_ext.write_results_in_place import write_results_in_place
@@ -170,7 +171,8 @@ def bufferize(payload: ir.Module) -> None:
         if amx:  # the matmul schedule's bf16 pair loops left for AMX tiles (when granted),
             canonicalize(func)  # once bufferization's loop-carried buffers are forwarded
             contraction_loops_to_amx_tiles(func)
-        # the outer products broadcast the left multiplicand: the lanes' one goes right
+        # the outer products take one reduction dim and broadcast the left multiplicand
+        drop_unit_reduction_dims_of_contracts(func)
         order_contract_multiplicands(func)
         apply_patterns(func, lambda: tvec.ApplyLowerContractionPatternsOp(
             lowering_strategy=tvec.VectorContractLowering.OuterProduct))

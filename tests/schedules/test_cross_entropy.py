@@ -1,6 +1,6 @@
 """The cross-entropy family against torch: every semantic item of F.cross_entropy (targets,
-weights, ignore_index, reductions, label smoothing, N-D and unbatched inputs, dtypes, edge
-values), forward and forward+backward, on shapes that do not divide the tiles; and that the
+weights, ignore_index, reductions, label smoothing, unbatched inputs, dtypes, edge values;
+N-D inputs go to the generic schedule), forward and forward+backward, on shapes that do not divide the tiles; and that the
 driver picks it (strict) or falls back with a one-line reason."""
 
 import pytest
@@ -64,12 +64,6 @@ CASES = [
      "label_smoothing=0.15)"),
     ("probabilities", "F.cross_entropy(x, t, label_smoothing=0.1)",
      f"{LOGITS}; t = torch.softmax(torch.randn(N, C, generator=g), 1); return [x, t]", "x, t", "pass"),
-    ("nd_weight_mean", "F.cross_entropy(x, y, weight=w)",
-     "x = torch.randn(2, C, 3, 5, generator=g); y = torch.randint(0, C, (2, 3, 5), generator=g); "
-     "y[0, 1, 2] = -100; w = torch.rand(C, generator=g); return [x, y, w]", "x, y, w", "pass"),
-    ("nd_none", "F.cross_entropy(x, y, reduction='none', ignore_index=-1)",
-     "x = torch.randn(3, C, 4, generator=g); y = torch.randint(0, C, (3, 4), generator=g); "
-     "y[2, 0] = -1; return [x, y]", "x, y", "pass"),
     ("unbatched", "F.cross_entropy(x, y, label_smoothing=0.05)",
      "x = torch.randn(C, generator=g); y = torch.tensor(C - 1); return [x, y]", "x, y", "pass"),
 ]
@@ -82,6 +76,35 @@ def test_matches_torch(kernel_file, case, backward):
     path = kernel(kernel_file, expr, inputs, args=args, init=init)
     c = compiled(path, backward)
     assert any(n.startswith("d_") for n in c.imported.result_names) == backward
+    assert_matches(c)
+
+
+# N-D inputs [N, C, d1, ..]: the classes are not the innermost dim
+ND_CASES = [
+    ("nd_weight_mean", "F.cross_entropy(x, y, weight=w)",
+     "x = torch.randn(2, C, 3, 5, generator=g); y = torch.randint(0, C, (2, 3, 5), generator=g); "
+     "y[0, 1, 2] = -100; w = torch.rand(C, generator=g); return [x, y, w]", "x, y, w"),
+    ("nd_none", "F.cross_entropy(x, y, reduction='none', ignore_index=-1)",
+     "x = torch.randn(3, C, 4, generator=g); y = torch.randint(0, C, (3, 4), generator=g); "
+     "y[2, 0] = -1; return [x, y]", "x, y"),
+    ("segmentation", "F.cross_entropy(x, y)",
+     "x = torch.randn(2, C, 40, generator=g); y = torch.randint(0, C, (2, 40), generator=g); "
+     "return [x, y]", "x, y"),
+    ("log_softmax_dim_1", "torch.log_softmax(x, dim=1)", "return [torch.randn(4, C, 33, generator=g)]", "x"),
+]
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+@pytest.mark.parametrize("case", ND_CASES, ids=[c[0] for c in ND_CASES])
+def test_classes_that_are_not_the_innermost_dim_go_to_the_generic_schedule(kernel_file, case, backward):
+    """The family runs its lanes along the classes; over [N, C, L] they would read one
+    element per cache line (0.56x torch forward on [16, 512, 256], where the generic
+    schedule's lanes along L run at 1.4x): it declines, naming the reason."""
+    _, expr, inputs, args = case
+    path = kernel(kernel_file, expr, inputs, args=args)
+    c = compile_kernel(path, backward=backward)
+    assert c.family.name == "generic"
+    assert any("not the innermost dim of the logits" in note for note in c.notes), c.notes
     assert_matches(c)
 
 

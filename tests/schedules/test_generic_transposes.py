@@ -143,3 +143,22 @@ def test_pairs_move_as_words(kernel_file, dtype):
     vectorized = str(_compile(kernel_file, rows, source, stop_after="vectorize").module)
     assert "i32>" not in vectorized
     _assert_matches(_compile(kernel_file, rows, source))
+
+
+@pytest.mark.parametrize("expr", [
+    "torch.softmax(x.t(), dim=-1)",
+    "torch.nn.functional.layer_norm(x.t(), (1024,))",
+    "torch.log_softmax(x.t() * 2.0, dim=-1)",
+])
+def test_rows_of_a_transposed_input_are_tiled_in_whole_cache_lines(kernel_file, expr):
+    """A row-wise chain over x.t() (x [1024, 64]: 64 rows of 1024, each row a column of x)
+    reduces each row whole, so its lanes cannot be split; its forall tiles take 16 rows
+    (x's contiguous dim: one 64-byte line of each of x's rows), where the L1 budget of a
+    row chain gave 4 (softmax(x.t()) of 2048 x 2048: 0.36x torch, 1.9x in 16 rows)."""
+    source = "[torch.randn(1024, 64, generator=g)]"
+    fused = str(_compile(kernel_file, expr, source, stop_after="fuse").module)
+    filecheck(fused, """
+        CHECK: scf.forall (%{{.*}}) = (0) to (64) step (16)
+        CHECK: linalg.transpose ins(%{{.*}} : tensor<1024x16xf32>) outs(%{{.*}} : tensor<16x1024xf32>)
+    """)
+    _assert_matches(_compile(kernel_file, expr, source))

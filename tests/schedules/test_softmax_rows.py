@@ -73,9 +73,10 @@ def _kernel(kernel_file, op, dim, shape, prologue, epilogue, dtype, transposed):
                                      x0_shape=x0_shape, x0_view=".t()" if transposed else ""))
 
 
-def _float64_truth(c, backward: bool) -> list:
-    """The model's results (and the gradients of every input, seeded by ones) in float64."""
-    inputs = [x.detach().double().requires_grad_(backward) for x in c.kernel.inputs]
+def _torch_results(c, backward: bool, dtype=torch.float64) -> list:
+    """The model's results (and the gradients of every input, seeded by ones) computed by
+    torch in `dtype`."""
+    inputs = [x.detach().to(dtype).requires_grad_(backward) for x in c.kernel.inputs]
     out = c.kernel.model(*inputs)
     outs = list(out) if isinstance(out, tuple) else [out]
     if not backward:
@@ -97,12 +98,16 @@ def test_softmax_rows_match_torch(kernel_file, backward, name, op, dim, shape, p
     results = c.run()
     for report in c.check(results):
         assert report.ok, str(report)
-    # float64 truth, rounding of the result's dtype: f32 results within 1e-6 on their scale
-    # (fused, the partial exp-sum left errors of 1e-5 to 7e-3); bf16 by --check's rule above
+    # float64 truth, rounding of the result's dtype: f32 results within 1e-6 on their scale,
+    # or twice torch's own f32 error (log_softmax's gradient g - exp(ls) sum(g) loses
+    # sum(g) exp(ls) ulp(ls): 6e-6 in torch on one element of [257, 3]); fused, the partial
+    # exp-sum left errors of 1e-5 to 7e-3; bf16 by --check's rule above
     if dtype == "float32":
-        for got, want in zip(results, _float64_truth(c, backward)):
+        torch_f32 = _torch_results(c, backward, torch.float32)
+        for got, want, theirs in zip(results, _torch_results(c, backward), torch_f32):
             scale = max(1.0, want.square().mean().sqrt().item())
             err = (got.double() - want).abs()
-            assert (err <= 1e-6 * scale + 1e-5 * want.abs()).all(), \
+            allowed = 1e-6 * scale + 1e-5 * want.abs() + 2 * (theirs.double() - want).abs()
+            assert (err <= allowed).all(), \
                 f"{name}: max abs err {err.max().item():.3g} against float64 ({c.family.name})"
     assert all("\n" not in note and "loc(" not in note for note in c.notes), c.notes

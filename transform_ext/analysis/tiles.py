@@ -71,7 +71,9 @@ def parallel_tile_sizes(op: ir.Operation, policy) -> list[int] | None:
     an outer dim (an RMS norm over the channels of [N, C, H, W]) keeps `tile_bytes`: its
     smaller tiles read shorter runs of each channel (0.75x); the innermost loop dim then,
     when the outer dims alone give too few tiles, in chunks of at least `vector_tile` that
-    divide it (forall tiles keep static shapes; a prime extent stays whole)."""
+    divide it (forall tiles keep static shapes; a prime extent stays whole). A chain
+    reading a tensor transposed gets square blocks (`transposed_blocks`), or, when its lanes
+    cannot be split, rows in whole cache lines of that tensor (`_whole_lines_across`)."""
     ls = loop_structure(op)
     if not ls.is_static or not ls.parallel_dims or ls.num_outputs == 0:
         return None
@@ -119,9 +121,29 @@ def parallel_tile_sizes(op: ir.Operation, policy) -> list[int] | None:
         across, lane = pairs
     if across is not None and across in splittable and lane in splittable:
         sizes = transposed_blocks(ls, sizes, across, lane, policy, widest_element_bytes(op))
+    elif across is not None and across in splittable and sizes[across]:
+        sizes = _whole_lines_across(ls, sizes, across, policy)
     if not any(sizes):
         return None
     return sizes
+
+
+def _whole_lines_across(ls, sizes: list[int], across: int, policy) -> list[int]:
+    """`sizes` with the rows of a chain that reads its input transposed (`across`, the
+    input's contiguous dim) but cannot split its lanes (a softmax or norm over the rows of
+    x.t(): each row is reduced whole) tiled in at least policy.lanes rows, a divisor of the
+    extent, while the tiles still cover the threads: a tile then reads whole cache lines of
+    the input. Tiles of two rows used two elements of every line they read (softmax(x.t())
+    of 2048 x 2048: 0.36x torch)."""
+    extent = ls.ranges[across]
+    rows = smallest_divisor_at_least(extent, max(sizes[across], policy.lanes))
+    tiles = 1
+    for d, size in enumerate(sizes):
+        if size and d != across:
+            tiles *= ls.ranges[d] // size
+    if tiles * (extent // rows) < policy.threads:
+        return sizes
+    return sizes[:across] + [rows] + sizes[across + 1:]
 
 
 def transposed_blocks(ls, sizes: list[int], across: int, lane: int, policy,
