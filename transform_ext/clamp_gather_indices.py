@@ -13,8 +13,9 @@ index_select) gets `cf.assert 0 <= i <= n - 1, "index out of range: dimension p 
 (checks_to_error_code) instead of returning a clamped read.
 
 Sites: every tensor.extract directly in the body of a linalg op nested in the target ops.
-An index computed only from loop indices (linalg.index) and constants, and a dim of
-dynamic size, are left alone; nothing is rejected. The handle is only read.
+An index computed only from loop indices (linalg.index) and constants, one bounded by
+construction (an unsigned minimum with a constant in [0, n - 1]), and a dim of dynamic
+size are left alone; nothing is rejected. The handle is only read.
 """
 
 from torch_mlir import ir
@@ -67,6 +68,24 @@ def _loop_index_only(value: ir.Value, body_owner: ir.Operation) -> bool:
     return True
 
 
+def _bounded_by_construction(value: ir.Value, size: int) -> bool:
+    """Is `value` (or the integer it was cast from) an unsigned minimum with a constant in
+    [0, size - 1], so in range whatever its data (a sort's position, read from its packed
+    key: lighthouse/tm_tensor_lowering.py)?"""
+    owner = defining_op(value)
+    if owner is not None and owner.name == "arith.index_cast":
+        owner = defining_op(owner.operands[0])
+    if owner is None or owner.name != "arith.minui":
+        return False
+    for operand in owner.operands:
+        constant = defining_op(operand)
+        if constant is not None and constant.name == "arith.constant" and \
+                isinstance(constant.attributes["value"], ir.IntegerAttr) and \
+                0 <= ir.IntegerAttr(constant.attributes["value"]).value <= size - 1:
+            return True
+    return False
+
+
 def clamp(extract: ir.Operation) -> int:
     """Clamp the data-dependent indices of `extract` (see the module docstring); returns
     how many were clamped."""
@@ -76,7 +95,8 @@ def clamp(extract: ir.Operation) -> int:
     count = 0
     for pos, value in enumerate(list(extract.operands)[1:]):
         size = source.shape[pos]
-        if size <= 0 or _loop_index_only(value, extract.parent):
+        if size <= 0 or _loop_index_only(value, extract.parent) or \
+                _bounded_by_construction(value, size):
             continue
         with ir.InsertionPoint(extract), extract.location:
             low = arith.ConstantOp(index, ir.IntegerAttr.get(index, 0)).result

@@ -8,7 +8,8 @@ of i8, with b stored as zext(b):
   of its body; one yielding into an i1 tensor extends (`arith.extui`) what it yields. Scalar
   operands (a fill value) stay i1;
 - an i1 dense constant becomes the i8 constant of 0s and 1s;
-- `tensor.extract` of an i1 tensor yields i8 and is truncated after; `tensor.insert`,
+- `tensor.extract` of an i1 tensor (in a linalg body too) yields i8 and is truncated
+  after; `tensor.insert`,
   `tensor.splat` and `tensor.from_elements` extend their i1 scalars;
 - ops that only move or reshape tensors (empty, reshapes, slices, casts, pad, concat, scf
   loops and their yields, func.return) are retyped in place.
@@ -64,13 +65,22 @@ def plan(funcs: list[ir.Operation]) -> tuple[list[ir.Operation], list[str]]:
     unknown: list[str] = []
     named: list[ir.Operation] = []
 
+    def gathers(op):  # a tensor.extract of an i1 tensor in a linalg body (a sort's gather)
+        if op.name == "tensor.extract" and _is_bool_tensor(op.operands[0].type):
+            users.append(op)
+        return ir.WalkResult.ADVANCE
+
     def visit(op):
         if _is_linalg(op):
             if _holds_bool_tensor(op):
                 users.append(op)
                 if op.name != "linalg.generic":
                     named.append(op)
-            return ir.WalkResult.SKIP  # bodies hold scalars
+            for region in op.regions:
+                for block in region.blocks:
+                    for inner in block.operations:
+                        inner.operation.walk(gathers, ir.WalkOrder.PRE_ORDER)
+            return ir.WalkResult.SKIP  # bodies hold scalars, but for gathers
         if _holds_bool_tensor(op):
             users.append(op)
             if op.name not in _SHAPE_ONLY and op.name not in _ELEMENT_ACCESS:

@@ -239,16 +239,66 @@ def test_import_holds_a_loop_over_the_updates(kernel_file):
     """)
 
 
-def test_import_of_a_sort_is_two_reductions(kernel_file):
+def test_import_of_a_sort_is_a_bitonic_network_over_packed_keys(kernel_file):
+    """[4, 6] sorted along 6: each element's key and position packed into one i64, padded
+    to 8 (the largest key), 6 compare-exchange stages (k = 2; 4, 2; 8, 4, 2 with j = k / 2
+    .. 1), each one reduction over a pair of a [P / k, k / 2j, 2, j] view of the row, then
+    the values read at the sorted positions (their bound tells clamp_gather_indices that
+    no check is needed)."""
     compiled = _compile(kernel_file, "torch.sort(x, 1)[0]", "[torch.randn(4, 6)]", "x",
                         stop_after="import")
     check(compiled.module, """
         CHECK-LABEL: func.func @main(%arg0: tensor<4x6xf32>)
         CHECK-NOT: tm_tensor
-        CHECK: %[[RANK:.*]] = linalg.generic {{.*}} iterator_types = ["parallel", "parallel", "reduction"]} ins(%arg0, %arg0 : tensor<4x6xf32>, tensor<4x6xf32>) outs(%{{.*}} : tensor<4x6xi64>)
-        CHECK: arith.cmpf olt
-        CHECK: arith.cmpf uno
-        CHECK: linalg.generic {{.*}} iterator_types = ["parallel", "parallel", "reduction"]} ins(%arg0, %{{.*}}, %[[RANK]] : tensor<4x6xf32>, tensor<4x6xi64>, tensor<4x6xi64>)
-        CHECK: arith.select
+        CHECK: %[[KEYS:.*]] = linalg.generic {{.*}} ins(%arg0 : tensor<4x6xf32>) outs(%{{.*}} : tensor<4x6xi64>)
+        CHECK: arith.bitcast %{{.*}} : f32 to i32
+        CHECK: %[[PADS:.*]] = linalg.generic {{.*}} outs(%{{.*}} : tensor<4x8xi64>)
+        CHECK: tensor.insert_slice %[[KEYS]] into %[[PADS]][0, 0] [4, 6] [1, 1] : tensor<4x6xi64> into tensor<4x8xi64>
+        CHECK: tensor.expand_shape %{{.*}} output_shape [4, 4, 1, 2, 1]
+        CHECK: linalg.generic {{.*}} iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "reduction"]
+        CHECK: arith.maxsi
+        CHECK: arith.minsi
+        CHECK: tensor.expand_shape %{{.*}} output_shape [4, 2, 1, 2, 2]
+        CHECK: tensor.expand_shape %{{.*}} output_shape [4, 2, 2, 2, 1]
+        CHECK: tensor.expand_shape %{{.*}} output_shape [4, 1, 1, 2, 4]
+        CHECK: tensor.expand_shape %{{.*}} output_shape [4, 1, 2, 2, 2]
+        CHECK: tensor.expand_shape %{{.*}} output_shape [4, 1, 4, 2, 1]
+        CHECK-NOT: tensor.expand_shape
+        CHECK: tensor.extract_slice %{{.*}}[0, 0] [4, 6] [1, 1] : tensor<4x8xi64> to tensor<4x6xi64>
+        CHECK: arith.minui
+        CHECK: tensor.extract %arg0
         CHECK-NOT: tm_tensor
     """)
+    fused = str(_compile(kernel_file, "torch.sort(x, 1)[0]", "[torch.randn(4, 6)]", "x",
+                         stop_after="fuse").module)
+    assert "cf.assert" not in fused
+
+
+# sorts the network pads (n no power of two), long rows, ties, NaN and signed zeros, in
+# both directions, and key types of every width (64-bit keys: the rank sort)
+EDGE_SORTS = {
+    "long_rows": ("torch.sort(x, 1)", "[torch.randn(3, 1000, generator=g, dtype=dt)]", "float32"),
+    "power_of_two": ("torch.sort(x, 1, descending=True)", "[torch.randn(2, 1024, generator=g, dtype=dt)]",
+                     "float32"),
+    "ties_nan_zeros": (
+        "(*torch.sort(x, dim=1, stable=True), *torch.sort(x, dim=1, descending=True, stable=True))",
+        "[torch.tensor([[0.0, -0.0, float('nan'), 1.0, -float('nan'), -1.0, 0.0, float('inf'), "
+        "-float('inf'), 1.0, -0.0]] * 2, dtype=dt)]", "float32"),
+    "float16": ("torch.sort(x, dim=1, descending=True, stable=True)",
+                "[torch.randint(-8, 8, (3, 77), generator=g).to(dt)]", "float16"),
+    "int16": ("torch.sort(x, dim=1, stable=True)", "[torch.randint(-9, 9, (3, 50), generator=g, dtype=dt)]",
+              "int16"),
+    "bool": ("torch.sort(x, dim=1, descending=True, stable=True)",
+             "[torch.randint(0, 2, (3, 50), generator=g).to(dt)]", "bool"),
+    "int32_extremes": ("torch.sort(x, dim=1, stable=True)",
+                       "[torch.tensor([[2**31 - 1, -2**31, 0, -1, 2**31 - 1, -2**31, 5]], dtype=dt)]",
+                       "int32"),
+    "float64": ("torch.sort(x, 1)", "[torch.randn(3, 40, generator=g, dtype=dt)]", "float64"),
+    "topk": ("torch.topk(x, 5, dim=1)", "[torch.randn(4, 300, generator=g, dtype=dt)]", "float32"),
+}
+
+
+@pytest.mark.parametrize("name", EDGE_SORTS)
+def test_edge_sorts_match_torch(kernel_file, name):
+    expr, inputs, dtype = EDGE_SORTS[name]
+    _assert_matches(_compile(kernel_file, expr, inputs, "x", dtype))
