@@ -21,7 +21,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, transform, vector
 
 from .analysis.structure import dim_positions
-from .common import Illegal, RewritesTargets, Success, fail, iterator_kinds, payload_ops, walk_ops
+from .common import RewritesTargets, iterator_kinds, rewrite_functions, walk_ops
 from .dialect import TransformExt
 
 NAME = "transform_ext.drop_unit_reduction_dims_of_contracts"
@@ -88,18 +88,11 @@ class DropUnitReductionDimsOfContractsOp(TransformExt.Operation,
     class Apply(transform.TransformOpInterface):
         @staticmethod
         def apply(op, rewriter, results, state):
-            with op.context:
-                targets = payload_ops(state, op.target)
-                try:
-                    for target in targets:
-                        if target.name != "func.func":
-                            raise Illegal(target, "not a func.func")
-                except Illegal as illegal:
-                    return fail(NAME, illegal)
-                for target in targets:
-                    for contract in walk_ops(target, lambda o: bool(unit_reduction_dims(o))):
-                        rewriter.replace_op(contract, [rewrite(contract, unit_reduction_dims(contract))])
-                return Success
+            def rewrite_in(func, rewriter):
+                for contract in walk_ops(func, lambda o: bool(unit_reduction_dims(o))):
+                    rewriter.replace_op(contract, [rewrite(contract, unit_reduction_dims(contract))])
+
+            return rewrite_functions(NAME, op, rewriter, state, rewrite_in)
 
         @staticmethod
         def allow_repeated_handle_operands(op):

@@ -21,7 +21,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import ext, transform
 
 from .analysis.structure import dim_positions
-from .common import Illegal, RewritesTargets, Success, fail, payload_ops, walk_ops
+from .common import RewritesTargets, rewrite_functions, walk_ops
 from .dialect import TransformExt
 
 NAME = "transform_ext.order_contract_multiplicands"
@@ -55,18 +55,11 @@ class OrderContractMultiplicandsOp(TransformExt.Operation, name="order_contract_
     class Apply(transform.TransformOpInterface):
         @staticmethod
         def apply(op, rewriter, results, state):
-            with op.context:
-                targets = payload_ops(state, op.target)
-                try:
-                    for target in targets:
-                        if target.name != "func.func":
-                            raise Illegal(target, "not a func.func")
-                except Illegal as illegal:
-                    return fail(NAME, illegal)
-                for target in targets:
-                    for contract in walk_ops(target, lanes_on_the_left):
-                        swap(contract)
-                return Success
+            def rewrite_in(func, rewriter):
+                for contract in walk_ops(func, lanes_on_the_left):
+                    swap(contract)
+
+            return rewrite_functions(NAME, op, rewriter, state, rewrite_in)
 
         @staticmethod
         def allow_repeated_handle_operands(op):
