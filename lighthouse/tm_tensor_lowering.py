@@ -341,16 +341,73 @@ def _lower_sort(op) -> bool:
     n = list(types[0].shape)[dim]
     if n <= 1:
         results = operands
+    elif _key_bits(element) <= 32:
+        keep = _leading_extent(op, dim)
+        with ir.InsertionPoint(op), op.location:
+            results = _bitonic_sort(operands, dim, ascending, signedness, keep)
+        if keep < n:
+            _replace_leading_slices(op, dim, results)
+            op.erase()
+            return True
     else:
         with ir.InsertionPoint(op), op.location:
-            if _key_bits(element) <= 32:
-                results = _bitonic_sort(operands, dim, ascending, signedness)
-            else:
-                results = _rank_sort(operands, dim, ascending, signedness)
+            results = _rank_sort(operands, dim, ascending, signedness)
     for old, new in zip(op.results, results):
         old.replace_all_uses_with(new)
     op.erase()
     return True
+
+
+def _leading_slice_extent(user, dim: int) -> int | None:
+    """The extent along `dim` of a tensor.extract_slice that takes the leading elements
+    along `dim` and everything else (torch.topk's values and indices), else None."""
+    from torch_mlir import ir
+
+    if user.name != "tensor.extract_slice" or len(user.operands) != 1:
+        return None
+    offsets = list(ir.DenseI64ArrayAttr(user.attributes["static_offsets"]))
+    sizes = list(ir.DenseI64ArrayAttr(user.attributes["static_sizes"]))
+    strides = list(ir.DenseI64ArrayAttr(user.attributes["static_strides"]))
+    full = list(ir.RankedTensorType(user.operands[0].type).shape)
+    if any(offsets) or any(s != 1 for s in strides) or \
+            any(a != b for d, (a, b) in enumerate(zip(sizes, full)) if d != dim):
+        return None
+    return sizes[dim]
+
+
+def _leading_extent(op, dim: int) -> int:
+    """How many leading elements along `dim` the sort's users read: the largest extent of
+    their leading slices (`_leading_slice_extent`), or all n when another op reads it."""
+    n = list(op.results[0].type.shape)[dim]
+    keep = 1
+    for result in op.results:
+        for use in result.uses:
+            extent = _leading_slice_extent(use.owner, dim)
+            if extent is None:
+                return n
+            keep = max(keep, extent)
+    return keep
+
+
+def _replace_leading_slices(op, dim: int, results) -> None:
+    """Each leading slice of a sort result replaced by the same slice of `results` (the
+    sorted leading elements: `_bitonic_sort` with keep)."""
+    from torch_mlir import ir
+    from torch_mlir.dialects import tensor
+
+    for result, kept in zip(op.results, results):
+        keep = list(ir.RankedTensorType(kept.type).shape)[dim]
+        for use in list(result.uses):
+            user = use.owner
+            extent = _leading_slice_extent(user, dim)
+            value = kept
+            if extent != keep:
+                shape = list(ir.RankedTensorType(user.results[0].type).shape)
+                with ir.InsertionPoint(user), user.location:
+                    value = tensor.extract_slice(user.results[0].type, kept, [], [], [],
+                                                 [0] * len(shape), shape, [1] * len(shape))
+            user.results[0].replace_all_uses_with(value)
+            user.erase()
 
 
 def _key_bits(element) -> int:
@@ -411,14 +468,18 @@ def _rank_sort(operands, dim: int, ascending: bool, signedness) -> list:
     return list(picked.results)
 
 
-def _bitonic_sort(operands, dim: int, ascending: bool, signedness) -> list:
-    """The operands sorted along `dim` by operand 0 (keys of at most 32 bits) in torch's
-    order, stable: each element becomes one i64, its order-preserving 32-bit key above its
-    position (`_packed_keys`), so that the packed values' order is the stable sort's; a
-    bitonic network sorts them over the sort dim padded to P = 2^p (padding after every
-    element: the largest key, positions >= n), p (p + 1) / 2 stages (`_bitonic_stage`),
-    O(n log^2 n) per row; every operand is then read at the sorted positions (a gather:
-    the values as they were, -0.0 and NaN payloads included)."""
+def _bitonic_sort(operands, dim: int, ascending: bool, signedness, keep: int) -> list:
+    """The first `keep` elements along `dim` of the operands sorted by operand 0 (keys of
+    at most 32 bits) in torch's order, stable: each element becomes one i64, its
+    order-preserving 32-bit key above its position (`_packed_keys`), so that the packed
+    values' order is the stable sort's; a bitonic network sorts them over the sort dim
+    padded to P = 2^p (padding after every element: the largest key, positions >= n), p (p
+    + 1) / 2 stages (`_bitonic_stage`), O(n log^2 n) per row. When K = 2^q >= keep is at
+    most P / 2 (torch.topk), only blocks of K are sorted, in alternating directions; then
+    each pair of blocks keeps its K first elements (`_halve`: the elementwise minimum of an
+    ascending and a descending block, a bitonic sequence) and is sorted again, until one
+    block is left: O(n log^2 K). Every operand is then read at the sorted positions (a
+    gather: the values as they were, -0.0 and NaN payloads included)."""
     from torch_mlir import ir
     from torch_mlir.dialects import arith, linalg, tensor
 
@@ -440,14 +501,27 @@ def _bitonic_sort(operands, dim: int, ascending: bool, signedness) -> list:
         pads = build_generic([], [tensor.EmptyOp(padded_shape, i64).result], [identity],
                              ["parallel"] * rank, padding).result
         keys = tensor.insert_slice(keys, pads, [], [], [], [0] * rank, shape, [1] * rank)
+    block = max(2, 1 << (keep - 1).bit_length())
+    if 2 * block > size:
+        block = size
     k = 2
-    while k <= size:
+    while k <= block:
         j = k // 2
         while j >= 1:
             keys = _bitonic_stage(keys, dim, rank, padded_shape, size, k, j)
             j //= 2
         k *= 2
-    if size != n:
+    length = size
+    while length > block:
+        keys = _halve(keys, dim, rank, padded_shape[:dim] + [length] + padded_shape[dim + 1:], block)
+        length //= 2
+        j = block // 2
+        while j >= 1:
+            keys = _bitonic_stage(keys, dim, rank, padded_shape[:dim] + [length] + padded_shape[dim + 1:],
+                                  length, block, j)
+            j //= 2
+    shape = shape[:dim] + [keep] + shape[dim + 1:]
+    if length != keep:
         keys = tensor.extract_slice(ir.RankedTensorType.get(shape, i64), keys, [], [], [],
                                     [0] * rank, shape, [1] * rank)
 
@@ -465,6 +539,43 @@ def _bitonic_sort(operands, dim: int, ascending: bool, signedness) -> list:
                              ["parallel"] * rank, body).result
 
     return [gathered(v) for v in operands]
+
+
+def _halve(keys, dim, rank, shape, block):
+    """Of each pair of consecutive blocks of `block` along `dim` (one ascending, one
+    descending), the elementwise minimum: the pair's `block` first elements, in a bitonic
+    sequence. A reduction over the pair (one read of `keys`, see `_bitonic_stage`)."""
+    from torch_mlir import ir
+    from torch_mlir.dialects import arith, linalg, tensor
+
+    from transform_ext.common import build_generic, reassociation_attr
+
+    length = shape[dim]
+    view = shape[:dim] + [length // (2 * block), 2, block] + shape[dim + 1:]
+    groups = [[d] for d in range(dim)] + [list(range(dim, dim + 3))] + \
+        [[d + 2] for d in range(dim + 1, rank)]
+    halved_groups = [[d] for d in range(dim)] + [[dim, dim + 1]] + \
+        [[d + 1] for d in range(dim + 1, rank)]
+    loops = rank + 2
+    e = rank + 1  # the pair's block, a reduction loop
+    dims = [ir.AffineDimExpr.get(d) for d in range(loops)]
+    read = ir.AffineMap.get(loops, 0, dims[:dim + 1] + [dims[e]] + dims[dim + 1:e])
+    written = ir.AffineMap.get(loops, 0, dims[:e])
+    i1, i64 = ir.IntegerType.get_signless(1), ir.IntegerType.get_signless(64)
+    viewed = tensor.expand_shape(ir.RankedTensorType.get(view, i64), keys,
+                                 reassociation_attr(groups), [], view)
+    out_view = view[:dim + 1] + view[dim + 2:]
+
+    def body(args):
+        x, acc = args
+        second = arith.trunci(i1, arith.index_cast(i64, linalg.IndexOp(e).result))
+        return [arith.select(second, arith.minsi(x, acc), x)]
+
+    kept = build_generic([viewed], [tensor.EmptyOp(out_view, i64).result], [read, written],
+                         ["parallel"] * (rank + 1) + ["reduction"], body).result
+    halved = shape[:dim] + [length // 2] + shape[dim + 1:]
+    return tensor.collapse_shape(ir.RankedTensorType.get(halved, i64), kept,
+                                 reassociation_attr(halved_groups))
 
 
 def _packed_keys(values, dim: int, ascending: bool, signedness):

@@ -274,6 +274,29 @@ def test_import_of_a_sort_is_a_bitonic_network_over_packed_keys(kernel_file):
     assert "cf.assert" not in fused
 
 
+def test_import_of_a_topk_sorts_blocks_and_halves_them(kernel_file):
+    """topk(x, 5) of [4, 300]: the row padded to 512 keys; blocks of K = 8 sorted (6
+    stages); then 6 times, each pair of blocks halved to its 8 first keys (a minimum over
+    the pair) and sorted again (3 stages), 512 -> 8; the 5 first read back (no full sort:
+    6 + 6 x (1 + 3) = 30 steps in place of 45 stages, on ever shorter rows)."""
+    compiled = _compile(kernel_file, "torch.topk(x, 5, dim=1).values", "[torch.randn(4, 300)]",
+                        "x", stop_after="import")
+    text = str(compiled.module)
+    check(text, """
+        CHECK-COUNT-6: tensor.collapse_shape {{.*}} into tensor<4x512xi64>
+        CHECK:         tensor.expand_shape %{{.*}} output_shape [4, 32, 2, 8] : tensor<4x512xi64> into tensor<4x32x2x8xi64>
+        CHECK:         linalg.generic {{.*}} iterator_types = ["parallel", "parallel", "parallel", "reduction"]
+        CHECK:         arith.minsi
+        CHECK:         tensor.collapse_shape {{.*}} : tensor<4x32x8xi64> into tensor<4x256xi64>
+        CHECK-COUNT-3: tensor.collapse_shape {{.*}} into tensor<4x256xi64>
+        CHECK:         tensor.collapse_shape {{.*}} : tensor<4x1x8xi64> into tensor<4x8xi64>
+        CHECK-COUNT-3: tensor.collapse_shape {{.*}} into tensor<4x8xi64>
+        CHECK:         tensor.extract_slice %{{.*}}[0, 0] [4, 5] [1, 1] : tensor<4x8xi64> to tensor<4x5xi64>
+        CHECK:         tensor.extract %arg0
+    """)
+    assert "tensor<4x300xf32> to tensor<4x5xf32>" not in text  # no slice of a full sort
+
+
 # sorts the network pads (n no power of two), long rows, ties, NaN and signed zeros, in
 # both directions, and key types of every width (64-bit keys: the rank sort)
 EDGE_SORTS = {
@@ -295,6 +318,16 @@ EDGE_SORTS = {
                        "int32"),
     "float64": ("torch.sort(x, 1)", "[torch.randn(3, 40, generator=g, dtype=dt)]", "float64"),
     "topk": ("torch.topk(x, 5, dim=1)", "[torch.randn(4, 300, generator=g, dtype=dt)]", "float32"),
+    # top-k keeps blocks of K = 2^q >= k and halves them: k of one block, of half the row,
+    # the smallest along dim 0, one element, and two slices of one sort
+    "topk_150": ("torch.topk(x, 150, dim=1)", "[torch.randn(3, 300, generator=g, dtype=dt)]", "float32"),
+    "topk_smallest_dim0": ("torch.topk(x, 3, dim=0, largest=False)",
+                           "[torch.randn(37, 4, generator=g, dtype=dt)]", "float32"),
+    "topk_1": ("torch.topk(x, 1, dim=1)[0]", "[torch.randn(5, 64, generator=g, dtype=dt)]", "float32"),
+    "topk_bf16_ties": ("torch.topk(x, 9, dim=1).values",
+                       "[torch.randint(-4, 4, (6, 100), generator=g).to(dt)]", "bfloat16"),
+    "two_slices": ("(lambda s: (s[0][:, :4], s[1][:, :7]))(torch.sort(x, 1, descending=True))",
+                   "[torch.randn(4, 200, generator=g, dtype=dt)]", "float32"),
 }
 
 
