@@ -513,7 +513,7 @@ def _bitonic_sort(operands, dim: int, ascending: bool, signedness, keep: int) ->
         k *= 2
     length = size
     while length > block:
-        keys = _halve(keys, dim, rank, padded_shape[:dim] + [length] + padded_shape[dim + 1:], block)
+        keys = _halve(keys, dim, padded_shape[:dim] + [length] + padded_shape[dim + 1:], block)
         length //= 2
         j = block // 2
         while j >= 1:
@@ -539,43 +539,6 @@ def _bitonic_sort(operands, dim: int, ascending: bool, signedness, keep: int) ->
                              ["parallel"] * rank, body).result
 
     return [gathered(v) for v in operands]
-
-
-def _halve(keys, dim, rank, shape, block):
-    """Of each pair of consecutive blocks of `block` along `dim` (one ascending, one
-    descending), the elementwise minimum: the pair's `block` first elements, in a bitonic
-    sequence. A reduction over the pair (one read of `keys`, see `_bitonic_stage`)."""
-    from torch_mlir import ir
-    from torch_mlir.dialects import arith, linalg, tensor
-
-    from transform_ext.common import build_generic, reassociation_attr
-
-    length = shape[dim]
-    view = shape[:dim] + [length // (2 * block), 2, block] + shape[dim + 1:]
-    groups = [[d] for d in range(dim)] + [list(range(dim, dim + 3))] + \
-        [[d + 2] for d in range(dim + 1, rank)]
-    halved_groups = [[d] for d in range(dim)] + [[dim, dim + 1]] + \
-        [[d + 1] for d in range(dim + 1, rank)]
-    loops = rank + 2
-    e = rank + 1  # the pair's block, a reduction loop
-    dims = [ir.AffineDimExpr.get(d) for d in range(loops)]
-    read = ir.AffineMap.get(loops, 0, dims[:dim + 1] + [dims[e]] + dims[dim + 1:e])
-    written = ir.AffineMap.get(loops, 0, dims[:e])
-    i1, i64 = ir.IntegerType.get_signless(1), ir.IntegerType.get_signless(64)
-    viewed = tensor.expand_shape(ir.RankedTensorType.get(view, i64), keys,
-                                 reassociation_attr(groups), [], view)
-    out_view = view[:dim + 1] + view[dim + 2:]
-
-    def body(args):
-        x, acc = args
-        second = arith.trunci(i1, arith.index_cast(i64, linalg.IndexOp(e).result))
-        return [arith.select(second, arith.minsi(x, acc), x)]
-
-    kept = build_generic([viewed], [tensor.EmptyOp(out_view, i64).result], [read, written],
-                         ["parallel"] * (rank + 1) + ["reduction"], body).result
-    halved = shape[:dim] + [length // 2] + shape[dim + 1:]
-    return tensor.collapse_shape(ir.RankedTensorType.get(halved, i64), kept,
-                                 reassociation_attr(halved_groups))
 
 
 def _packed_keys(values, dim: int, ascending: bool, signedness):
@@ -627,39 +590,74 @@ def _packed_keys(values, dim: int, ascending: bool, signedness):
 def _bitonic_stage(keys, dim, rank, padded_shape, size, k, j):
     """One compare-exchange stage (k, j) of `_bitonic_sort`: element i against i + j in
     blocks of 2j, the smaller first where i's bit k is 0, last elsewhere. Over the view
-    [.., a, b, h, c, ..] of the sort dim ([P / k, k / 2j, 2, j]), each result element
-    (a, b, h, c) is a reduction over the pair's two elements (loop e): min or max of them
-    by h xor a's parity (the block's direction). One read of one tensor per stage: fusion
-    clones a producer per read, which over the stages' chain is exponential."""
+    [.., a, b, h, c, ..] of the sort dim ([P / k, k / 2j, 2, j]), element (a, b, h, c) is
+    the min or max of the pair (a, b, :, c) by h xor a's parity (the block's direction)."""
+    from torch_mlir.dialects import arith
+
+    def later_of_pair(x, acc, bit):
+        later = bit(dim + 2)
+        if size > k:
+            later = arith.xori(later, bit(dim))
+        return arith.select(later, arith.maxsi(x, acc), arith.minsi(x, acc))
+
+    return _pair_reduction(keys, dim, padded_shape, [size // k, k // (2 * j), 2, j], 2, True,
+                           later_of_pair)
+
+
+def _halve(keys, dim, shape, block):
+    """Of each pair of consecutive blocks of `block` along `dim` (one ascending, one
+    descending), the elementwise minimum: the pair's `block` first elements, in a bitonic
+    sequence; the sort dim halves."""
+    from torch_mlir.dialects import arith
+
+    return _pair_reduction(keys, dim, shape, [shape[dim] // (2 * block), 2, block], 1, False,
+                           lambda x, acc, bit: arith.minsi(x, acc))
+
+
+def _pair_reduction(keys, dim, shape, split, pair, keep_pair, combine):
+    """`keys` (i64) with its sort dim viewed as `split`, whose entry `pair` (extent 2)
+    pairs elements: each result element a reduction over its pair, `combine(x1, x0, bit)`
+    (bit(loop): the loop index's parity), over the view (`keep_pair`: each of the pair's
+    positions its own result) or over it without the pair dim (the sort dim halved), then
+    collapsed back. One read of one tensor: fusion clones a producer per read, which over
+    the chain of stages is exponential."""
     from torch_mlir import ir
     from torch_mlir.dialects import arith, linalg, tensor
 
     from transform_ext.common import build_generic, reassociation_attr
 
-    view = padded_shape[:dim] + [size // k, k // (2 * j), 2, j] + padded_shape[dim + 1:]
-    groups = [[d] for d in range(dim)] + [list(range(dim, dim + 4))] + \
-        [[d + 3] for d in range(dim + 1, rank)]
-    loops = rank + 4
-    e = rank + 3
+    rank = len(shape)
+    view = shape[:dim] + split + shape[dim + 1:]
+    written_view = view if keep_pair else view[:dim + pair] + view[dim + pair + 1:]
+    inner = len(split) if keep_pair else len(split) - 1
+
+    def grouped(width):
+        return [[d] for d in range(dim)] + [list(range(dim, dim + width))] + \
+            [[d + width - 1] for d in range(dim + 1, rank)]
+
+    loops = len(written_view) + 1
+    e = loops - 1  # the pair's element, a reduction loop
     dims = [ir.AffineDimExpr.get(d) for d in range(loops)]
-    read = ir.AffineMap.get(loops, 0, dims[:dim + 2] + [dims[e]] + dims[dim + 3:e])
+    after = dim + pair + 1 if keep_pair else dim + pair
+    read = ir.AffineMap.get(loops, 0, dims[:dim + pair] + [dims[e]] + dims[after:e])
     written = ir.AffineMap.get(loops, 0, dims[:e])
     i1, i64 = ir.IntegerType.get_signless(1), ir.IntegerType.get_signless(64)
     viewed = tensor.expand_shape(ir.RankedTensorType.get(view, i64), keys,
-                                 reassociation_attr(groups), [], view)
+                                 reassociation_attr(grouped(len(split))), [], view)
 
     def bit(loop):
         return arith.trunci(i1, arith.index_cast(i64, linalg.IndexOp(loop).result))
 
     def body(args):
         x, acc = args
-        later = bit(dim + 2)
-        if size > k:
-            later = arith.xori(later, bit(dim))
-        paired = arith.select(later, arith.maxsi(x, acc), arith.minsi(x, acc))
-        return [arith.select(bit(e), paired, x)]
+        combined = combine(x, acc, bit)
+        return [arith.select(bit(e), combined, x)]
 
-    stage = build_generic([viewed], [tensor.EmptyOp(view, i64).result], [read, written],
-                          ["parallel"] * (rank + 3) + ["reduction"], body).result
-    return tensor.collapse_shape(ir.RankedTensorType.get(padded_shape, i64), stage,
-                                 reassociation_attr(groups))
+    result = build_generic([viewed], [tensor.EmptyOp(written_view, i64).result], [read, written],
+                           ["parallel"] * (loops - 1) + ["reduction"], body).result
+    extent = 1
+    for d in written_view[dim:dim + inner]:
+        extent *= d
+    collapsed = shape[:dim] + [extent] + shape[dim + 1:]
+    return tensor.collapse_shape(ir.RankedTensorType.get(collapsed, i64), result,
+                                 reassociation_attr(grouped(inner)))
