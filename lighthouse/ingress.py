@@ -36,8 +36,11 @@ from .errors import IngressError
 from .conv_decompositions import (convolution_decompositions,
                                   transposed_convolution_decompositions)
 from .recurrences import RolledRecurrences, calls_for_layers, lower_layer_calls
-from .pool_decompositions import pool_decompositions, unbatched_pool_decompositions
+from .pool_decompositions import (adaptive_pool_decompositions, pool_decompositions,
+                                  unbatched_pool_decompositions)
 from .flash_decompositions import SdpaIn4d, SdpaMaskGradient, flash_decompositions
+from .torch_semantics import (nan_as_torch_in_index_searches, refuse_unsigned_bytes,
+                              semantics_decompositions)
 from .tm_tensor_lowering import (index_decompositions, lower_scatters, lower_sorts,
                                  prepare_index_puts)
 
@@ -111,6 +114,8 @@ def import_forward(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel
             warnings.filterwarnings("ignore", "The tensor attributes .*_flat_weights")
             program = torch.export.export(traced, tensors, strict=False)
             program = program.run_decompositions(_forward_decompositions())
+            refuse_unsigned_bytes(program.graph_module, name)
+            _refuse_input_writes(program, name)
             index_causal_masks(program)
             empty_tensors_without_work(program.graph_module)
             contiguous_as_strided_as_views(program.graph_module)
@@ -157,6 +162,16 @@ class _StateAsBuffers:
             module._buffers.pop(name, None)
             object.__setattr__(module, name, value)
         return False
+
+
+def _refuse_input_writes(program, name: str) -> None:
+    """A forward that writes an input tensor in place (x.add_(1)) is refused: the kernel is a
+    function of its inputs and returns new tensors only."""
+    written = sorted(set(program.graph_signature.user_inputs_to_mutate.values()))
+    if written:
+        raise IngressError(f"{name}: the forward writes its input {', '.join(written)} in place; "
+                           f"the kernel cannot write its inputs: write to a copy "
+                           f"(x = x.clone()) and return it")
 
 
 def _drop_state_results(module, program) -> None:
@@ -327,6 +342,7 @@ def import_joint(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel")
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]), SdpaMaskGradient(), \
                 SdpaIn4d():
             gm = _trace_joint(joint, flat_args)
+        refuse_unsigned_bytes(gm, name)
         empty_tensors_without_work(gm)
         contiguous_as_strided_as_views(gm)
         prepare_index_puts(gm)
@@ -356,6 +372,7 @@ def import_graph(gm: torch.fx.GraphModule, *, name: str = "graph") -> Imported:
             raise IngressError(f"{name}: input {i} is {type(val).__name__}, not a tensor")
     importer, diagnostics = _quiet_importer()
     try:
+        refuse_unsigned_bytes(gm, name)
         empty_tensors_without_work(gm)
         contiguous_as_strided_as_views(gm)
         prepare_index_puts(gm)
@@ -527,6 +544,7 @@ def _finish(module, args, reference, expected, names, name) -> Imported:
     for i, (spec, t) in enumerate(zip(arg_specs, args)):
         if spec.shape != tuple(t.shape) or spec.dtype != t.dtype:
             raise IngressError(f"{name}: argument {i} imported as {spec}, input is {TensorSpec.of(t)}")
+    nan_as_torch_in_index_searches(module)
     lower_scans(module)
     lower_scatters(module)
     lower_sorts(module)
@@ -929,6 +947,8 @@ def _quiet_importer():
 
 
 def _describe_import_failure(name: str, exc: Exception, diagnostics=()) -> str:
+    if isinstance(exc, IngressError):
+        return str(exc)
     text = "\n".join(list(diagnostics) + [str(exc)])
     m = re.search(r"failed to legalize operation 'torch.operator'.*?name = \"([^\"]+)\"", text)
     if m:
@@ -1190,6 +1210,7 @@ def _joint_decompositions() -> dict:
     table.update(convolution_decompositions())
     table.update(pool_decompositions())
     table[aten.reciprocal.default] = _reciprocal_as_division
+    table.update(semantics_decompositions())
     return table
 
 
@@ -1198,5 +1219,6 @@ def _forward_decompositions() -> dict:
 
     return {**get_decomposition_table(), **_narrow_float_decompositions(),
             **index_decompositions(), **transposed_convolution_decompositions(),
-            **unbatched_pool_decompositions(),
+            **unbatched_pool_decompositions(), **adaptive_pool_decompositions(),
+            **semantics_decompositions(),
             torch.ops.aten.reciprocal.default: _reciprocal_as_division}

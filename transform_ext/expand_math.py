@@ -1,4 +1,5 @@
-"""expand_math: polynomial expansions of math.exp / log / log1p / tanh / erf (f32 arithmetic).
+"""expand_math: polynomial expansions of math.exp / log / log1p / tanh / erf, and asinh /
+acosh / atanh through log and log1p (f32 arithmetic).
 
 This MLIR build has no `math-polynomial-approximation` pass, LLVM scalarizes vector `exp` &
 co. into libm calls, and XeVM has no lowering of math.erf. `expand_math_in(op)` (the CPU
@@ -24,6 +25,13 @@ erf(x):  |x| < 0.875: x P(x^2); |x| < 4: sign(x) (1 - Q(x)), Q a polynomial of e
          an absolute error (1 - Q lies in [0.78, 1): no exp needed), of degree 15, summed
          by Estrin's scheme (a Horner chain of 15 fmas bounded a GELU loop by its
          latency: KernelBench 26 on AVX2 17% faster); else sign(x).
+expm1(x): |x| < 0.35: x + x^2 P(x), P the Taylor series to x^6 / 8! (its remainder is below
+         1e-9 of x); else exp(x) - 1 (exp(x) >= 0.7: the subtraction keeps a few ulp).
+         exp(x) - 1 alone (LLVM's lowering) lost every digit below |x| ~ 1e-4.
+asinh(x): sign(x) log1p(a + a^2 / (1 + sqrt(1 + a^2))), a = |x|; log(a) + ln2 for
+         a > 2^12 (a^2 would overflow; the dropped 1 / (4 a^2) is below an ulp).
+acosh(x): log1p(t + sqrt(t (t + 2))), t = x - 1; log(x) + ln2 for x > 2^12; NaN below 1.
+atanh(x): sign(x) log1p(2a / (1 - a)) / 2: inf at 1, NaN past it.
 Each is accurate to a few ulp in f32 (tests/lighthouse/test_math_approx.py measures it).
 
 The transform op: `ops` names the math ops to expand (others stay, e.g. a target whose
@@ -60,7 +68,11 @@ ERFC_POLY = (0.0005665420852012701, -0.004633968384757013, 0.017649129246993724,
              0.003763388165530214, -0.0007159615849511531, -0.0006021613729341735,
              0.00024534371142015095)
 
-EXPANDED = ("math.exp", "math.log", "math.log1p", "math.tanh", "math.erf")
+EXPANDED = ("math.exp", "math.log", "math.log1p", "math.expm1", "math.tanh", "math.erf",
+            "math.asinh", "math.acosh", "math.atanh")
+EXPM1_SMALL_BOUND = 0.35
+EXPM1_SMALL = tuple(1.0 / math.factorial(n) for n in range(2, 9))
+LARGE_INVERSE_HYPERBOLIC = 4096.0
 
 
 def _exp(b: F32Builder, x):
@@ -140,8 +152,46 @@ def _erf(b: F32Builder, x):
                         _sign_like(b, mid, x))
 
 
-_IMPLS = {"math.exp": _exp, "math.log": _log, "math.log1p": _log1p, "math.tanh": _tanh,
-          "math.erf": _erf}
+def _expm1(b: F32Builder, x):
+    P = arith.CmpFPredicate
+    small = mmath.fma(arith.mulf(x, x), b.horner(x, EXPM1_SMALL), x)
+    large = arith.subf(_exp(b, x), b.f(1.0))
+    return arith.select(b.cmp(P.OLT, mmath.absf(x), b.f(EXPM1_SMALL_BOUND)), small, large)
+
+
+def _log_twice(b: F32Builder, a):
+    """log(2a) = log(a) + ln2, the inverse hyperbolics of a > LARGE_INVERSE_HYPERBOLIC."""
+    return arith.addf(_log(b, a), b.f(math.log(2.0)))
+
+
+def _asinh(b: F32Builder, x):
+    P = arith.CmpFPredicate
+    a = mmath.absf(x)
+    a2 = arith.mulf(a, a)
+    root = arith.addf(b.f(1.0), mmath.sqrt(arith.addf(b.f(1.0), a2)))
+    small = _log1p(b, arith.addf(a, arith.divf(a2, root)))
+    big = b.cmp(P.OGT, a, b.f(LARGE_INVERSE_HYPERBOLIC))
+    return _sign_like(b, arith.select(big, _log_twice(b, a), small), x)
+
+
+def _acosh(b: F32Builder, x):
+    P = arith.CmpFPredicate
+    t = arith.subf(x, b.f(1.0))
+    small = _log1p(b, arith.addf(t, mmath.sqrt(arith.mulf(t, arith.addf(t, b.f(2.0))))))
+    big = b.cmp(P.OGT, x, b.f(LARGE_INVERSE_HYPERBOLIC))
+    result = arith.select(big, _log_twice(b, x), small)
+    return arith.select(b.cmp(P.ULT, x, b.f(1.0)), b.f(math.nan), result)
+
+
+def _atanh(b: F32Builder, x):
+    a = mmath.absf(x)
+    ratio = arith.divf(arith.mulf(a, b.f(2.0)), arith.subf(b.f(1.0), a))
+    return _sign_like(b, arith.mulf(_log1p(b, ratio), b.f(0.5)), x)
+
+
+_IMPLS = {"math.exp": _exp, "math.log": _log, "math.log1p": _log1p, "math.expm1": _expm1,
+          "math.tanh": _tanh, "math.erf": _erf, "math.asinh": _asinh, "math.acosh": _acosh,
+          "math.atanh": _atanh}
 
 
 def _element_type(t: ir.Type) -> ir.Type:
@@ -149,7 +199,7 @@ def _element_type(t: ir.Type) -> ir.Type:
 
 
 def expand_math_in(root: ir.Operation, ops=EXPANDED, ldexp: bool = False) -> int:
-    """Rewrite every op named in `ops` (default: exp, log, log1p, tanh and erf) on f32/f16/bf16
+    """Rewrite every op named in `ops` (default: all of EXPANDED) on f32/f16/bf16
     (scalar or vector) nested in `root` into its polynomial; return the count. `ldexp`:
     scale by powers of two with LLVM's ldexp (for targets where it is one instruction,
     AVX-512)."""

@@ -49,6 +49,7 @@ from ..runtime import allow_amx_tiles
 from .bf16_vectors import (bf16_memory_as_i16, odd_bf16_conversions_as_integer_ops,
                            odd_bf16_vectors_as_i16)
 from .description import CpuDescription, host_cpu, host_cpu_flags
+from .libm_calls import f64_math_as_libm_calls
 from .prefetch import prefetch_next_accumulators, prefetch_next_page_strided_loads
 from .runtime_checks import add_vector_bounds_checks
 from .transpose_blocks import transposes_in_16x16_blocks
@@ -504,11 +505,12 @@ def lower_to_llvm(payload: ir.Module, threads: int, *, runtime_checks: bool = Fa
         "canonicalize", "cse",
     ]))
     expand_math_in(payload.operation, ldexp="avx512f" in host_cpu_flags())
+    f64_math_as_libm_calls(payload)
     narrow_f64_truncations_through_f32(payload)
     bf16_in_integers = bf16_moves_in_integers()
     odd_bf16_conversions_as_integer_ops(payload, all_lane_counts=bf16_in_integers)
-    for op in payload.body.operations:
-        if op.operation.name == "func.func":
+    for op in payload.body.operations:  # the kernels, not the libm declarations
+        if op.operation.name == "func.func" and len(op.regions[0].blocks):
             op.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get(payload.context)
     run_passes(payload, ", ".join([
         # enable-x86: the x86 dialect's ops (vdpbf16ps from the bf16 dot products)

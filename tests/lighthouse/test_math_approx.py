@@ -1,4 +1,4 @@
-"""The polynomial exp/log/log1p/tanh/erf of the CPU target: few-ulp accuracy against torch (f32),
+"""The polynomial exp/log/log1p/expm1/tanh/erf and the asinh/acosh/atanh of the CPU target: few-ulp accuracy against torch (f32),
 special values, and that they replace the libm calls in vectorized code; the flushing
 variant of the one exp expansion (transform_ext.expand_fast_exp): its ulp error and its
 edges; the coefficients are tools/fit_math_polynomials.py's."""
@@ -20,8 +20,9 @@ from tests.transform_ext.helpers import apply, parse
 from tests.transform_ext.numeric import run_module
 from transform_ext.expand_fast_exp import expand_fast_exp
 
-FUNCS = {"exp": torch.exp, "log": torch.log, "log1p": torch.log1p, "tanh": torch.tanh,
-         "erf": torch.erf}
+FUNCS = {"exp": torch.exp, "log": torch.log, "log1p": torch.log1p, "expm1": torch.expm1,
+         "tanh": torch.tanh, "erf": torch.erf, "asinh": torch.asinh, "acosh": torch.acosh,
+         "atanh": torch.atanh}
 
 
 def _kernel(kernel_file, name, n):
@@ -55,6 +56,19 @@ def _points(name: str) -> torch.Tensor:
         x = torch.cat([torch.logspace(-37, 38, 20000), -torch.logspace(-37, -0.0001, 8000),
                        torch.randn(4000, generator=g) * 1e-3, torch.rand(4000, generator=g) * 20,
                        torch.tensor([5.9e-8, 6e-8, -5.9e-8, 1e-7, -0.5, -0.9999999])])
+    elif name == "expm1":
+        x = torch.cat([torch.linspace(-20, 88.5, 20000), torch.logspace(-37, -0.3, 8000),
+                       -torch.logspace(-37, -0.3, 8000), torch.randn(4000, generator=g) * 1e-3,
+                       torch.tensor([0.3499, 0.35, 0.3501, -0.35, -0.3501, 1e-8, -1e-8])])
+    elif name in ("asinh", "atanh"):
+        top = 38 if name == "asinh" else -1e-7
+        x = torch.cat([torch.logspace(-37, top, 20000), torch.randn(4000, generator=g) * 1e-3,
+                       torch.rand(4000, generator=g) * (20 if name == "asinh" else 1)])
+        x = torch.cat([x, -x, torch.tensor([4095.9, 4096.0, 4096.1, 0.9999999, 0.5])])
+    elif name == "acosh":
+        x = torch.cat([1 + torch.logspace(-7, 0, 8000), torch.logspace(0, 38, 20000),
+                       1 + torch.rand(4000, generator=g) * 20,
+                       torch.tensor([1.0, 1.0000001, 4095.9, 4096.0, 4096.1])])
     elif name == "tanh":
         x = torch.cat([torch.linspace(-12, 12, 20000), torch.randn(4000, generator=g) * 1e-3,
                        torch.tensor([0.6249, 0.625, 0.6251, -0.625])])
@@ -74,8 +88,9 @@ def scaling(request, monkeypatch):
     return ldexp
 
 
-@pytest.mark.parametrize("name,max_ulp", [("exp", 1.5), ("log", 3), ("log1p", 4), ("tanh", 2),
-                                           ("erf", 3)])
+@pytest.mark.parametrize("name,max_ulp", [("exp", 1.5), ("log", 3), ("log1p", 4), ("expm1", 4),
+                                           ("tanh", 2), ("erf", 3), ("asinh", 5),
+                                           ("acosh", 5), ("atanh", 5)])
 def test_accuracy_in_ulp(kernel_file, scaling, name, max_ulp):
     x = _points(name)
     compiled = compile_kernel(_kernel(kernel_file, name, x.numel()))
@@ -93,7 +108,7 @@ def test_accuracy_in_ulp(kernel_file, scaling, name, max_ulp):
 @pytest.mark.parametrize("name", sorted(FUNCS))
 def test_special_values_match_torch(kernel_file, scaling, name):
     x = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e-30, -1e-30,
-                      200.0, -200.0, 89.0, -105.0, 1e38, -1.0, 1.0])
+                      200.0, -200.0, 89.0, -105.0, 1e38, -1.0, 1.0, 0.5, -0.5, 1.5, -1.5])
     got = compile_kernel(_kernel(kernel_file, name, x.numel())).run(x)[0]
     want = FUNCS[name](x)
     assert torch.equal(torch.isnan(got), torch.isnan(want)), (got, want)
