@@ -39,7 +39,7 @@ from .recurrences import RolledRecurrences, calls_for_layers, lower_layer_calls
 from .pool_decompositions import (adaptive_pool_decompositions, pool_decompositions,
                                   unbatched_pool_decompositions)
 from .flash_decompositions import SdpaIn4d, SdpaMaskGradient, flash_decompositions
-from .torch_semantics import (nan_as_torch_in_index_searches, refuse_unsigned_bytes,
+from .torch_semantics import (nan_as_torch, refuse_unsigned_bytes,
                               semantics_decompositions)
 from .tm_tensor_lowering import (index_decompositions, lower_scatters, lower_sorts,
                                  prepare_index_puts)
@@ -544,7 +544,7 @@ def _finish(module, args, reference, expected, names, name) -> Imported:
     for i, (spec, t) in enumerate(zip(arg_specs, args)):
         if spec.shape != tuple(t.shape) or spec.dtype != t.dtype:
             raise IngressError(f"{name}: argument {i} imported as {spec}, input is {TensorSpec.of(t)}")
-    nan_as_torch_in_index_searches(module)
+    nan_as_torch(module)
     lower_scans(module)
     lower_scatters(module)
     lower_sorts(module)

@@ -1,10 +1,11 @@
 """Where torch-mlir's lowering of an op differs from torch's own result, and the fix.
 
 FX decompositions (`semantics_decompositions`, in the ingress's tables for every import):
-- clamp, clamp_min, clamp_max, hardtanh (and relu6 through it) with number bounds on a
-  float tensor: torch-mlir compares with `ult` / `ugt`, so a NaN became the lower bound.
-  torch keeps x unless it is strictly outside the bounds: y = x < lo ? lo : x, then
-  y > hi ? hi : y, compares that a NaN fails (NaN stays NaN, -0 stays -0, lo > hi gives hi).
+- hardtanh (and relu6): torch-mlir's decomposition picks the bound where x is NaN
+  (`x > lo ? x : lo`); it is traced as clamp(x, lo, hi), which torch-mlir lowers in one
+  elementwise op, and whose compares the IR rewrite below orders.
+- clamp of an integer tensor by a float bound: torch promotes to the default float type;
+  torch-mlir compared the integers with cmpf and failed. The tensor is converted first.
 - hardtanh_backward: torch passes the gradient where min < x < max only (a NaN x gets 0);
   torch-mlir's compares passed it through at a NaN.
 - eq of two float tensors: torch-mlir folds eq(x, x) to true (also x == x.clone()), which
@@ -22,7 +23,11 @@ signless i8 and then compares, divides and widens them as signed (a uint8 floor 
 crashed its lowering, a float converted to uint8 came back wrong); the one-line error names
 the op that makes or reads one.
 
-IR rewrites after the import (`nan_as_torch_in_index_searches`, in every import's finish):
+IR rewrites after the import (`nan_as_torch`, in every import's finish):
+- clamp, clamp_min, clamp_max, hardtanh, relu6 with number bounds: torch-mlir lowers each
+  bound as `x <u lo ? lo : x` (`ult`, `ugt`), so a NaN became the bound. torch keeps x
+  unless it is strictly outside: the compares of that `select(cmp(x, b), b, x)` shape
+  become ordered (NaN stays NaN, -0 stays -0, lo > hi still gives hi).
 - argmax / argmin / max(dim) / min(dim): torch-mlir's reduction moves the index when
   `in > best` (`ogt`), which a NaN fails, while torch takes the first NaN as the extreme
   (the value result already propagates NaN through maximumf / minimumf). The compare
@@ -48,34 +53,18 @@ def _is_number(v) -> bool:
     return v is None or isinstance(v, numbers.Number)
 
 
-def _clamp_keeping_nan(x, min=None, max=None):
-    """min(max(x, lo), hi) as torch computes it for number bounds: NaN and -0 kept. An
-    integer x with a float bound is clamped in the default float type, as torch promotes
-    (torch-mlir compared the integers with cmpf)."""
-    if not (_is_number(min) and _is_number(max)):
+def _clamp_of_integers_promoted(x, min=None, max=None):
+    """clamp(x, lo, hi) of an integer x with a float bound, in the default float type."""
+    if x.is_floating_point() or not (_is_number(min) and _is_number(max)) or \
+            not any(isinstance(b, float) for b in (min, max)):
         return NotImplemented
+    return torch.clamp(x.to(torch.get_default_dtype()), min, max)
+
+
+def _hardtanh_as_clamp(x, min_val=-1.0, max_val=1.0):
     if not x.is_floating_point():
-        if not any(isinstance(b, float) for b in (min, max)):
-            return NotImplemented
-        x = x.to(torch.get_default_dtype())
-    y = x
-    if min is not None:
-        y = torch.where(y < min, min, y)
-    if max is not None:
-        y = torch.where(y > max, max, y)
-    return y
-
-
-def _clamp_min_keeping_nan(x, min):
-    return _clamp_keeping_nan(x, min, None)
-
-
-def _clamp_max_keeping_nan(x, max):
-    return _clamp_keeping_nan(x, None, max)
-
-
-def _hardtanh_keeping_nan(x, min_val=-1.0, max_val=1.0):
-    return _clamp_keeping_nan(x, min_val, max_val)
+        return NotImplemented
+    return torch.clamp(x, min_val, max_val)
 
 
 def _hardtanh_backward_inside(grad_output, x, min_val, max_val):
@@ -145,10 +134,8 @@ SCATTERS = (aten.scatter.src, aten.scatter.value, aten.scatter.reduce,
 
 
 def semantics_decompositions() -> dict:
-    return {aten.clamp.default: _clamp_keeping_nan,
-            aten.clamp_min.default: _clamp_min_keeping_nan,
-            aten.clamp_max.default: _clamp_max_keeping_nan,
-            aten.hardtanh.default: _hardtanh_keeping_nan,
+    return {aten.clamp.default: _clamp_of_integers_promoted,
+            aten.hardtanh.default: _hardtanh_as_clamp,
             aten.hardtanh_backward.default: _hardtanh_backward_inside,
             aten.eq.Tensor: _float_eq_as_not_ne,
             aten.pow.Tensor_Scalar: _pow_half_as_sqrt,
@@ -157,9 +144,10 @@ def semantics_decompositions() -> dict:
             **{op: _positive_dim(op) for op in SCATTERS}}
 
 
-def nan_as_torch_in_index_searches(module) -> int:
-    """Both rewrites of the module docstring; return how many compares were rewritten."""
-    return _nan_first_arg_reductions(module) + _nan_found_in_pool_indices(module)
+def nan_as_torch(module) -> int:
+    """The IR rewrites of the module docstring; return how many compares were rewritten."""
+    return (_nan_kept_by_clamps(module) + _nan_first_arg_reductions(module)
+            + _nan_found_in_pool_indices(module))
 
 
 def _generic_bodies(module):
@@ -205,6 +193,31 @@ def _replace_compare(cmp, build) -> None:
 
 def _predicate(cmp) -> int:
     return int(str(cmp.attributes["predicate"]).split(":")[0])
+
+
+def _nan_kept_by_clamps(module) -> int:
+    """`%c = cmpf ult|ugt %x, %b` whose one use is `select %c, %b, %x`: olt|ogt."""
+    from torch_mlir.dialects import arith
+
+    P = arith.CmpFPredicate
+    ordered = {int(P.ULT): P.OLT, int(P.UGT): P.OGT}
+    found = []
+    for block, _ in _generic_bodies(module):
+        for inner in block.operations:
+            if inner.name != "arith.cmpf" or _predicate(inner) not in ordered:
+                continue
+            uses = list(inner.results[0].uses)
+            if len(uses) != 1 or uses[0].owner.name != "arith.select" or uses[0].operand_number:
+                continue
+            x, bound = inner.operands
+            select = uses[0].owner
+            if select.operands[1] == bound and select.operands[2] == x:
+                found.append((inner, ordered[_predicate(inner)]))
+    with module.context:
+        for cmp, predicate in found:
+            _replace_compare(cmp, lambda x, bound, predicate=predicate:
+                             arith.cmpf(predicate, x, bound))
+    return len(found)
 
 
 def _nan_first_arg_reductions(module) -> int:
