@@ -133,7 +133,10 @@ def index_decompositions() -> dict:
     negative indices: index_fill wraps them (as index_put does: prepare_index_puts),
     index_add and index_copy raise, so theirs are moved out of range for the kernel to
     report (torch's own decompositions would have them wrapped). sort(stable=True) as
-    sort, whose lowering is stable (torch-mlir has none for sort.stable)."""
+    sort, whose lowering is stable (torch-mlir has none for sort.stable). x[mask] = v (one bool
+    mask over x's leading dims, v broadcast over the elements it selects: a number, or a
+    tensor of x's trailing shape) as where(mask, v, x), x + where(mask, v, 0) accumulating:
+    torch-mlir lowered it to a scatter at data-dependent positions that left tm_tensor ops."""
     aten = torch.ops.aten
 
     def stable_sort(x, *, stable=None, dim=-1, descending=False):
@@ -157,7 +160,22 @@ def index_decompositions() -> dict:
         return put(x, dim, index, torch.full((), value, dtype=x.dtype) if not isinstance(
             value, torch.Tensor) else value.to(x.dtype), False, False)
 
-    return {aten.index_add.default: index_add, aten.index_copy.default: index_copy,
+    def put_by_mask(x, indices, values, accumulate=False):
+        if len(indices) != 1 or indices[0] is None or indices[0].dtype != torch.bool:
+            return NotImplemented
+        mask = indices[0]
+        rest = x.dim() - mask.dim()
+        if rest < 0 or list(mask.shape) != list(x.shape[:mask.dim()]) or \
+                values.dim() > rest and values.numel() != 1:
+            return NotImplemented
+        values = values.reshape(()) if values.dim() > rest else values
+        mask = mask.view(list(mask.shape) + [1] * rest)
+        if accumulate:
+            return x + torch.where(mask, values.to(x.dtype), 0)
+        return torch.where(mask, values.to(x.dtype), x)
+
+    return {aten.index_put.default: put_by_mask,
+            aten.index_add.default: index_add, aten.index_copy.default: index_copy,
             aten.index_fill.int_Scalar: index_fill, aten.index_fill.int_Tensor: index_fill,
             aten.sort.stable: stable_sort}
 

@@ -1,4 +1,5 @@
-"""Where torch-mlir's lowering of an op differs from torch's own result, and the fix.
+"""Where torch-mlir's lowering of an op differs from torch's own result or is missing, and
+the fix.
 
 FX decompositions (`semantics_decompositions`, in the ingress's tables for every import):
 - hardtanh (and relu6): torch-mlir's decomposition picks the bound where x is NaN
@@ -13,6 +14,10 @@ FX decompositions (`semantics_decompositions`, in the ingress's tables for every
 - pow(x, 0.5) and pow(x, -0.5): torch computes sqrt(x) and rsqrt(x) (pow(-inf, 0.5) is NaN,
   pow(-0, 0.5) is -0); math.powf gave inf and +0.
 - isfinite (torch-mlir has no lowering): not isnan(x) and |x| != inf; true for integers.
+- dist(a, b, p) (no lowering): the vector norm of a - b.
+- bucketize and searchsorted (no lowering; no sorter): the count of boundaries below each
+  value (`right`: at or below; all of them for NaN), over a broadcast compare [..., values,
+  boundaries].
 - scatter, scatter_add, scatter_reduce along a negative dim: torch-mlir's lowering ran out
   of memory or crashed the process; the dim is made non-negative first.
 - constant_pad_nd with a negative pad (F.pad cropping): the crop as a slice, then the
@@ -121,6 +126,35 @@ def refuse_unsigned_bytes(gm: torch.fx.GraphModule, name: str) -> None:
                                f"convert to int16 or wider first")
 
 
+def _dist(a, b, p=2):
+    return torch.linalg.vector_norm(a - b, p)
+
+
+def _count_below(values, boundaries, right: bool, out_int32: bool):
+    """#boundaries < v (<= v when `right`) per value; `boundaries` 1-D, or batched over
+    values' leading dims."""
+    if boundaries.dim() == 1:
+        pairs = values.unsqueeze(-1), boundaries
+    else:
+        pairs = values.unsqueeze(-1), boundaries.unsqueeze(-2)
+    above = pairs[1] > pairs[0] if right else pairs[1] >= pairs[0]
+    below = torch.logical_not(above)  # a NaN value is past every boundary, as in torch
+    return below.sum(-1, dtype=torch.int32 if out_int32 else torch.int64)
+
+
+def _bucketize(input, boundaries, *, out_int32=False, right=False):
+    if not isinstance(input, torch.Tensor):
+        return NotImplemented
+    return _count_below(input, boundaries, right, out_int32)
+
+
+def _searchsorted(sorted_sequence, input, *, out_int32=False, right=False, side=None,
+                  sorter=None):
+    if sorter is not None or not isinstance(input, torch.Tensor):
+        return NotImplemented
+    return _count_below(input, sorted_sequence, right or side == "right", out_int32)
+
+
 def _positive_dim(op):
     def scatter(self, dim, *args, **kwargs):
         if dim >= 0:
@@ -141,6 +175,9 @@ def semantics_decompositions() -> dict:
             aten.pow.Tensor_Scalar: _pow_half_as_sqrt,
             aten.isfinite.default: _isfinite,
             aten.constant_pad_nd.default: _pad_cropping_first,
+            aten.dist.default: _dist,
+            aten.bucketize.Tensor: _bucketize,
+            aten.searchsorted.Tensor: _searchsorted,
             **{op: _positive_dim(op) for op in SCATTERS}}
 
 

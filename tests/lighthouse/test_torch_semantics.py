@@ -168,6 +168,40 @@ def test_float_eq_of_itself(kernel_file):
                            "x.long() == x.long()"))
 
 
+@pytest.mark.parametrize("expr", [
+    "torch.bucketize(x, b), torch.bucketize(x, b, right=True, out_int32=True)",
+    "torch.searchsorted(b, x), torch.searchsorted(b, x, side='right')",
+    "torch.searchsorted(x.nan_to_num().sort(-1).values, x.flip(-1))",
+    "torch.dist(x.nan_to_num(), x.nan_to_num().flip(0)), torch.dist(x, x * 2, 3)",
+])
+def test_search_and_dist(kernel_file, expr):
+    """No lowering in torch-mlir; NaN and +-inf values, values equal to a boundary."""
+    _assert_exact(_compile(kernel_file, expr, args="x, b", inputs=(
+        "special(16, 37, 0), torch.tensor([-1.0, 0.0, 2.0, 2.0, float('inf')])")))
+
+
+@pytest.mark.parametrize("expr", [
+    "y = x.clone(); y[x > 0] = -1.0; return y",
+    "y = x.clone(); y[x[:, 0] > 0] = v; return y",
+    "y = x.clone(); y[x < 0] = torch.tensor([7.0]); return y",
+    "return x.index_put((x < -1,), torch.tensor(5.0), accumulate=True)",
+])
+def test_assignment_through_a_mask(kernel_file, expr):
+    """x[mask] = v: torch-mlir's scatter at data-dependent positions left tm_tensor ops."""
+    source = KERNEL.replace("        return {expr}", "        {expr}")
+    path = kernel_file(source.format(expr=expr, args="x, v", inputs=(
+        "torch.randn(6, 5, generator=g), torch.randn(5, generator=g)")))
+    _assert_exact(compile_kernel(path))
+
+
+def test_assignment_through_a_mask_backward(kernel_file):
+    source = KERNEL.replace("        return {expr}", "        {expr}")
+    path = kernel_file(source.format(expr="y = x * 2; y[x > 0] = -1.0; return y.sum()",
+                                     args="x", inputs="torch.randn(6, 5, generator=g)"))
+    reports = compile_kernel(path, backward=True).check()
+    assert len(reports) == 2 and all(r.ok for r in reports), reports
+
+
 def test_pow_half_is_sqrt(kernel_file):
     """pow(-inf, 0.5) is NaN and pow(-0, 0.5) is -0 in torch (sqrt), inf and +0 in C's pow."""
     _assert_exact(_compile(kernel_file, "x ** 0.5, x ** -0.5, torch.pow(x.double(), 0.5)"))
