@@ -1023,9 +1023,12 @@ def _differentiable(model, inputs: tuple, positions: list[int]) -> list[int]:
 
 
 def _scatter_value_onehot(self, dim, index, value):
-    """scatter(self, dim, index, value) with one index per row along `dim` == a select."""
+    """scatter(self, dim, index, value) with one index per row along `dim` == a select; other
+    scatters along a non-negative dim (torch_semantics)."""
     if index.shape[dim] != 1 or any(index.shape[d] != self.shape[d]
                                     for d in range(self.dim()) if d != dim):
+        if dim < 0:
+            return torch.ops.aten.scatter.value(self, dim + max(self.dim(), 1), index, value)
         return NotImplemented
     shape = [1] * self.dim()
     shape[dim] = self.shape[dim]
@@ -1201,6 +1204,7 @@ def _joint_decompositions() -> dict:
     keep = {aten.nll_loss_backward, aten._log_softmax_backward_data, aten._softmax_backward_data}
     table = {op: fn for op, fn in get_decomposition_table().items()
              if getattr(op, "overloadpacket", op) not in keep}
+    table.update(semantics_decompositions())  # the more specific forms below win
     table[aten.scatter.value] = _scatter_value_onehot
     table[aten.native_batch_norm.default] = _native_batch_norm_eval
     table[aten._native_batch_norm_legit_no_training.default] = _native_batch_norm_no_training
@@ -1210,7 +1214,6 @@ def _joint_decompositions() -> dict:
     table.update(convolution_decompositions())
     table.update(pool_decompositions())
     table[aten.reciprocal.default] = _reciprocal_as_division
-    table.update(semantics_decompositions())
     return table
 
 

@@ -112,13 +112,15 @@ def _pad_cropping_first(x, pad, value=0.0):
 
 
 def refuse_unsigned_bytes(gm: torch.fx.GraphModule, name: str) -> None:
-    """Raise IngressError naming the first op (or input) of `gm` with a uint8 value."""
+    """Raise IngressError naming the first op (or input) of `gm` with a uint8 value that
+    holds elements."""
     from .errors import IngressError
 
     for node in gm.graph.nodes:
         values = node.meta.get("val")
         values = values if isinstance(values, (tuple, list)) else (values,)
-        if any(isinstance(v, torch.Tensor) and v.dtype == torch.uint8 for v in values):
+        if any(isinstance(v, torch.Tensor) and v.dtype == torch.uint8 and v.numel()
+               for v in values):  # not batch norm's empty reserve
             what = f"input {node.target} is" if node.op == "placeholder" else \
                 f"{getattr(node.target, '__name__', node.target)} ({node.name}) makes"
             raise IngressError(f"{name}: {what} a uint8 tensor; unsigned 8-bit tensors are "
