@@ -154,6 +154,35 @@ def test_a_transposed_views_accumulator_is_a_lane_vector(kernel_file):
     assert "x1xf32> into vector" not in str(compiled.module)
 
 
+@pytest.mark.parametrize("x", ["1, 512", "512"])
+def test_a_row_times_a_matrix_walks_k_in_chunks(kernel_file, x):
+    """x @ A for x of one row (2-D, whose unit row dim the matmul keeps, or 1-D): A's k loop
+    in chunks of 16 rows outside the lane runs, each chunk's rows read as sequential
+    streams (one run per row down a 256-column strip of A, 16 KiB apart, ran at 0.80x
+    torch; is_vector_matrix had not looked past the unit dim)."""
+    compiled = _compile(kernel_file, "x @ a", "512, 1024", x, stop_after="vectorize")
+    check(str(compiled.module), """
+        CHECK: scf.for %{{.*}} = %c0 to %c512 step %c16 iter_args
+        CHECK:   scf.for %{{.*}} = %c0 to %c1024 step %c256 iter_args
+        CHECK:     scf.for %{{.*}} = %c0 to %c16 step %c1 iter_args(%{{.*}} = %{{.*}}) -> (vector<1x256xf32>)
+        CHECK:       vector.fma %{{.*}}, %{{.*}}, %{{.*}} : vector<1x256xf32>
+    """)
+    for report in compile_kernel(compiled.kernel.path, schedule="generic").check():
+        assert report.ok, str(report)
+
+
+@pytest.mark.parametrize("threads,step", [(2, 2048), (4, 1024)])
+def test_a_row_times_a_matrix_takes_one_forall_tile_per_thread(kernel_file, threads, step):
+    """Each forall tile streams its strip of every row of A: one tile per thread (four per
+    thread had cut A's rows into runs of 4 KiB)."""
+    compiled = _compile(kernel_file, "x @ a", "512, 4096", "1, 512", threads=threads,
+                        stop_after="fuse")
+    check(str(compiled.module), f"""
+        CHECK: scf.forall (%{{{{.*}}}}) = (0) to (4096) step ({step})
+        CHECK:   linalg.matmul
+    """)
+
+
 def test_a_batched_transposed_views_accumulator_is_a_lane_vector(kernel_file):
     """bmm(A^T, x): per batch the same lane run along the rows of A[b], a bf16 A widened
     into f32 running sums by one FMA per step (the contraction lowering had extracted
