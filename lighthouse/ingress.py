@@ -949,6 +949,9 @@ def _quiet_importer():
 def _describe_import_failure(name: str, exc: Exception, diagnostics=()) -> str:
     if isinstance(exc, IngressError):
         return str(exc)
+    if type(exc).__name__ in ("GuardOnDataDependentSymNode", "DataDependentOutputException"):
+        return (f"{name}: a shape depends on the tensors' values (nonzero, masked_select, "
+                f"boolean indexing of a read): kernels have static shapes")
     text = "\n".join(list(diagnostics) + [str(exc)])
     m = re.search(r"failed to legalize operation 'torch.operator'.*?name = \"([^\"]+)\"", text)
     if m:

@@ -254,6 +254,13 @@ def test_uint8_refused_in_one_line(kernel_file, expr, inputs, what):
     assert len(errors) == 1 and "uint8" in errors[0], done.stderr
 
 
+@pytest.mark.parametrize("expr", ["torch.nonzero(x > 0)", "x.masked_select(x > 0)"])
+def test_data_dependent_shapes_refused_in_one_line(kernel_file, expr):
+    path = kernel_file(KERNEL.format(expr=expr, inputs="torch.randn(4, 5)", args="x"))
+    with pytest.raises(IngressError, match="a shape depends on the tensors' values"):
+        compile_kernel(path)
+
+
 def test_input_written_in_place_refused(kernel_file):
     path = kernel_file(KERNEL.format(expr="x.add_(1) * 2", inputs="torch.randn(4, 5)", args="x"))
     with pytest.raises(IngressError, match="writes its input x in place"):
