@@ -21,9 +21,13 @@ as loops and linalg (lighthouse/tm_tensor_lowering.py), scans by lower_scans.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
+import logging
 import math
 import re
+import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable
@@ -112,7 +116,8 @@ def import_forward(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel
                 tensors = tensors + weights
             # nn.LSTM/GRU/RNN rebuild their list of parameter aliases in every forward
             warnings.filterwarnings("ignore", "The tensor attributes .*_flat_weights")
-            program = torch.export.export(traced, tensors, strict=False)
+            with _QuietShapeLog():
+                program = torch.export.export(traced, tensors, strict=False)
             program = program.run_decompositions(_forward_decompositions())
             refuse_unsigned_bytes(program.graph_module, name)
             _refuse_input_writes(program, name)
@@ -923,6 +928,27 @@ def _tensor_literal(gni, literal):
                                attributes={"value": mapping.value}).result
 
 
+class _QuietShapeLog:
+    """While torch.export traces: torch's symbolic-shape log is quiet, and what it writes to
+    stderr is held back, then passed on unless the trace failed (on a data-dependent branch
+    torch printed the whole partial graph before the error, which _describe_import_failure
+    puts in one line)."""
+
+    def __enter__(self):
+        self.log = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+        self.level = self.log.level
+        self.log.setLevel(logging.ERROR)
+        self.held = io.StringIO()
+        self.redirect = contextlib.redirect_stderr(self.held)
+        self.redirect.__enter__()
+
+    def __exit__(self, kind, *exc):
+        self.redirect.__exit__(kind, *exc)
+        self.log.setLevel(self.level)
+        if kind is None and self.held.getvalue():
+            sys.stderr.write(self.held.getvalue())
+
+
 def _quiet_importer():
     """An FxImporter on a fresh context whose diagnostics are collected, not printed, and
     whose tensor literals are read fast (`_tensor_literal`)."""
@@ -950,8 +976,8 @@ def _describe_import_failure(name: str, exc: Exception, diagnostics=()) -> str:
     if isinstance(exc, IngressError):
         return str(exc)
     if type(exc).__name__ in ("GuardOnDataDependentSymNode", "DataDependentOutputException"):
-        return (f"{name}: a shape depends on the tensors' values (nonzero, masked_select, "
-                f"boolean indexing of a read): kernels have static shapes")
+        return (f"{name}: the graph depends on the tensors' values (a shape, as of nonzero or "
+                f"masked_select, or a Python branch on a tensor): kernels are static")
     text = "\n".join(list(diagnostics) + [str(exc)])
     m = re.search(r"failed to legalize operation 'torch.operator'.*?name = \"([^\"]+)\"", text)
     if m:

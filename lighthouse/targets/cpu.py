@@ -10,8 +10,10 @@ Stages after a schedule's `vectorize`:
              (contractions to outer products and FMAs; a load wider than a vector register
              that is only read element by element to scalar loads), scf.forall ->
              scf.parallel.
-  llvm       loops -> OpenMP (libiomp5 from the intel-openmp wheel), exp/log/tanh/erf
-             expanded to polynomials, everything to the LLVM dialect.
+  llvm       loops -> OpenMP (libiomp5 from the intel-openmp wheel), f32 exp/log/log1p/
+             expm1/tanh/erf expanded to polynomials (asinh/acosh/atanh through them), f64
+             log1p/expm1/erf/asinh/acosh/atanh as C library calls, everything to the LLVM
+             dialect.
 The JIT targets the host CPU, so AVX-512 is used where the machine has it.
 """
 
