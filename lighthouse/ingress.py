@@ -46,7 +46,7 @@ from .flash_decompositions import SdpaIn4d, SdpaMaskGradient, flash_decompositio
 from .torch_semantics import (nan_as_torch, refuse_unsigned_bytes,
                               semantics_decompositions)
 from .tm_tensor_lowering import (index_decompositions, lower_scatters, lower_sorts,
-                                 prepare_index_puts)
+                                 masked_sums_as_where, prepare_index_puts)
 
 _DTYPES = {
     "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "f64": torch.float64,
@@ -350,6 +350,7 @@ def import_joint(model: torch.nn.Module, inputs: tuple, *, name: str = "kernel")
         refuse_unsigned_bytes(gm, name)
         empty_tensors_without_work(gm)
         contiguous_as_strided_as_views(gm)
+        masked_sums_as_where(gm)
         prepare_index_puts(gm)
         module = fx.stateless_fx_import(gm, output_type="linalg-on-tensors", model_name="main",
                                         fx_importer=importer)
@@ -380,6 +381,7 @@ def import_graph(gm: torch.fx.GraphModule, *, name: str = "graph") -> Imported:
         refuse_unsigned_bytes(gm, name)
         empty_tensors_without_work(gm)
         contiguous_as_strided_as_views(gm)
+        masked_sums_as_where(gm)
         prepare_index_puts(gm)
         module = fx.stateless_fx_import(gm, output_type="linalg-on-tensors", model_name="main",
                                         fx_importer=importer)

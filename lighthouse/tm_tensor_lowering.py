@@ -114,6 +114,60 @@ def prepare_index_puts(gm: torch.fx.GraphModule) -> int:
     return wrapped
 
 
+def masked_sums_as_where(gm: torch.fx.GraphModule) -> int:
+    """Every sum over dim 0 of x[mask] (aten.index with one bool mask over x's leading dims,
+    read only by such sums: the gradient of v in x[mask] = v) becomes the sum over the
+    mask's dims of where(mask, x, 0). x[mask] has a shape that depends on the mask's values,
+    which the traced graph fixed and torch-mlir could not lower. Exact up to the order of
+    the sum; returns the number of sums rewritten."""
+    aten = torch.ops.aten
+    graph = gm.graph
+    rewritten = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not aten.index.Tensor \
+                or len(node.args[1]) != 1 or not isinstance(node.args[1][0], torch.fx.Node):
+            continue
+        x, mask = node.args[0], node.args[1][0]
+        xv, mv = x.meta.get("val"), mask.meta.get("val")
+        if xv is None or mv is None or mv.dtype != torch.bool or mv.dim() == 0 \
+                or list(mv.shape) != list(xv.shape[:mv.dim()]):
+            continue
+        sums = list(node.users)
+        if not sums or any(u.target is not aten.sum.dim_IntList or list(u.args[1]) != [0]
+                           for u in sums):
+            continue
+        for total in sums:
+            shape = list(mv.shape) + [1] * (xv.dim() - mv.dim())
+            steps = [(aten.view.default, (mask, shape)),
+                     (aten.where.ScalarOther, (None, x, 0.0)),
+                     (aten.sum.dim_IntList, (None, list(range(mv.dim())))),
+                     (aten.view.default, (None, list(total.meta["val"].shape)))]
+            value = None
+            with graph.inserting_before(total):
+                for target, args in steps:
+                    args = tuple(value if a is None else a for a in args)
+                    value = graph.call_function(target, args)
+                    value.meta["val"] = _fake_result(target, args)
+            total.replace_all_uses_with(value)
+            graph.erase_node(total)
+            rewritten += 1
+        graph.erase_node(node)
+    if rewritten:
+        graph.eliminate_dead_code()
+        gm.recompile()
+    return rewritten
+
+
+def _fake_result(target, args):
+    """`target` run on fake tensors of its node arguments' shapes and dtypes, in a mode of
+    its own (a traced joint graph's values can come from several fake modes)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        return target(*[torch.empty(a.meta["val"].shape, dtype=a.meta["val"].dtype)
+                        if isinstance(a, torch.fx.Node) else a for a in args])
+
+
 def _fx_call(graph, target, *args):
     """A call_function node whose meta value is `target` run on its arguments' values."""
     node = graph.call_function(target, args)
