@@ -36,7 +36,8 @@ Any other comparator is left in place (the import then refuses with tm_tensor.so
 Before the import, on the FX graph, torch's index rules the scatters cannot know:
 prepare_index_puts wraps index_put's negative indices (and drops index_puts that write
 nothing); index_decompositions lowers index_add / index_copy / index_fill to index_put
-keeping each op's own rule for negative indices, and sort(stable=True) to sort.
+keeping each op's own rule for negative indices, sort(stable=True) to sort, and x[mask] = v
+to a where; masked_sums_as_where sums x[mask] over its rows (v's gradient) as a where.
 """
 
 from __future__ import annotations
