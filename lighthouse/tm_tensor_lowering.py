@@ -139,16 +139,12 @@ def masked_sums_as_where(gm: torch.fx.GraphModule) -> int:
             continue
         for total in sums:
             shape = list(mv.shape) + [1] * (xv.dim() - mv.dim())
-            steps = [(aten.view.default, (mask, shape)),
-                     (aten.where.ScalarOther, (None, x, 0.0)),
-                     (aten.sum.dim_IntList, (None, list(range(mv.dim())))),
-                     (aten.view.default, (None, list(total.meta["val"].shape)))]
-            value = None
             with graph.inserting_before(total):
-                for target, args in steps:
-                    args = tuple(value if a is None else a for a in args)
-                    value = graph.call_function(target, args)
-                    value.meta["val"] = _fake_result(target, args)
+                kept = _fx_call(graph, aten.where.ScalarOther,
+                                _fx_call(graph, aten.view.default, mask, shape), x, 0.0)
+                summed = _fx_call(graph, aten.sum.dim_IntList, kept, list(range(mv.dim())))
+                value = _fx_call(graph, aten.view.default, summed,
+                                 list(total.meta["val"].shape))
             total.replace_all_uses_with(value)
             graph.erase_node(total)
             rewritten += 1
@@ -159,24 +155,22 @@ def masked_sums_as_where(gm: torch.fx.GraphModule) -> int:
     return rewritten
 
 
-def _fake_result(target, args):
-    """`target` run on fake tensors of its node arguments' shapes and dtypes, in a mode of
-    its own (a traced joint graph's values can come from several fake modes)."""
+def _fx_call(graph, target, *args):
+    """A call_function node whose meta value is `target` run on its arguments' values: in
+    their fake mode, or in a fresh one on fakes of their shapes when they come from several
+    (a traced joint graph's values can), or on the meta device when none is fake."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    with FakeTensorMode():
-        return target(*[torch.empty(a.meta["val"].shape, dtype=a.meta["val"].dtype)
-                        if isinstance(a, torch.fx.Node) else a for a in args])
-
-
-def _fx_call(graph, target, *args):
-    """A call_function node whose meta value is `target` run on its arguments' values."""
     node = graph.call_function(target, args)
     values = [a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args]
-    fake_mode = next((v.fake_mode for v in values if hasattr(v, "fake_mode")), None)
-    if fake_mode is not None:
-        with fake_mode:
+    modes = {id(v.fake_mode): v.fake_mode for v in values if hasattr(v, "fake_mode")}
+    if len(modes) == 1:
+        with next(iter(modes.values())):
             node.meta["val"] = target(*values)
+    elif modes:
+        with FakeTensorMode():
+            node.meta["val"] = target(*[torch.empty(v.shape, dtype=v.dtype)
+                                        if isinstance(v, torch.Tensor) else v for v in values])
     else:
         node.meta["val"] = target(*[v.to("meta") if isinstance(v, torch.Tensor) else v
                                     for v in values])

@@ -191,17 +191,10 @@ def nan_as_torch(module) -> int:
 
 def _generic_bodies(module):
     """(block, number of inputs) of every linalg.generic in `module`."""
-    from torch_mlir import ir
+    from transform_ext.common import ops_named
 
-    found = []
-
-    def visit(op):
-        if op.name == "linalg.generic":
-            found.append((op.regions[0].blocks[0], len(op.operands) - len(op.results)))
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    return found
+    return [(op.regions[0].blocks[0], len(op.operands) - len(op.results))
+            for op in ops_named(module.operation, "linalg.generic")]
 
 
 def _is_block_arg(value, block, inputs: int, *, output: bool) -> bool:
@@ -264,6 +257,8 @@ def _nan_first_arg_reductions(module) -> int:
     maximumf|minimumf(%in, %best), %c only the condition of selects."""
     from torch_mlir.dialects import arith
 
+    from transform_ext.common import defining_op
+
     P = arith.CmpFPredicate
     extreme_of = {int(P.OGT): ("arith.maximumf", P.UGT), int(P.OLT): ("arith.minimumf", P.ULT)}
     found = []
@@ -278,9 +273,9 @@ def _nan_first_arg_reductions(module) -> int:
             if not (_is_block_arg(value, block, inputs, output=False) and
                     _is_block_arg(best, block, inputs, output=True)):
                 continue
-            update = yielded[best.arg_number - inputs].owner
-            if not hasattr(update, "operation") or update.operation.name != extreme or \
-                    sorted(map(str, update.operands)) != sorted(map(str, (value, best))):
+            update = defining_op(yielded[best.arg_number - inputs])
+            if update is None or update.name != extreme or \
+                    list(update.operands) not in ([value, best], [best, value]):
                 continue
             if _only_selects_condition(inner, block, inputs, into_output=False):
                 found.append((inner, unordered))
@@ -298,6 +293,8 @@ def _nan_found_in_pool_indices(module) -> int:
     from torch_mlir import ir
     from torch_mlir.dialects import arith
 
+    from transform_ext.common import defining_op
+
     P = arith.CmpFPredicate
     found = []
     for block, inputs in _generic_bodies(module):
@@ -306,7 +303,8 @@ def _nan_found_in_pool_indices(module) -> int:
             if inner.name != "arith.cmpf" or _predicate(inner) != int(P.OEQ):
                 continue
             x, m = inner.operands
-            if not hasattr(x.owner, "operation") or x.owner.operation.name != "tensor.extract":
+            read = defining_op(x)
+            if read is None or read.name != "tensor.extract":
                 continue
             uses = list(inner.results[0].uses)
             if len(uses) == 1 and _is_block_arg(m, block, inputs, output=False) and \
