@@ -46,7 +46,7 @@ from .flash_decompositions import SdpaIn4d, SdpaMaskGradient, flash_decompositio
 from .torch_semantics import (nan_as_torch, refuse_unsigned_bytes,
                               semantics_decompositions)
 from .tm_tensor_lowering import (index_decompositions, lower_scatters, lower_sorts,
-                                 masked_sums_as_where, prepare_index_puts)
+                                 masked_sums_as_where, prepare_index_puts, row_block)
 
 _DTYPES = {
     "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "f64": torch.float64,
@@ -590,11 +590,12 @@ def lower_scans(module) -> int:
     inclusive: out[0] = in[0], out[i] = f(out[i-1], in[i]); exclusive: out[0] = acc,
     out[i] = f(out[i-1], in[i-1]); the accumulator result is out[n-1] (acc itself when the
     inclusive scan has one element). Each step is an elementwise linalg.generic over the
-    other dims (slices without the scan dim: its vector lanes run along the rows of a scan
-    over the innermost dim, not along a unit dim), updating the running value in place, so
+    other dims (slices without the scan dim), updating the running value in place, so
     the schedules tile and vectorize it like any elementwise op; the loop itself stays
-    sequential. A scan over the innermost dim of a tensor of several rows runs per block of
-    _SCAN_BLOCK_ROWS rows (the other dims collapsed), the blocks in an scf.forall. An
+    sequential. A scan over the innermost dim of a tensor of rank 2 or more runs per block
+    of rows one 64-byte vector wide (the other dims collapsed; the blocks in an
+    scf.forall), on chunks of their columns transposed so that each step reads and writes
+    one contiguous vector (`_scan_rows_in_chunks`). An
     inclusive scan of flip(x) along its dim whose output only a flip along it reads is the
     scan of x from its last element down (no flip is left). As torch does,
     an f16/bf16 scan carries its running value in f32 (f is recomputed in f32) and rounds
@@ -609,11 +610,13 @@ def lower_scans(module) -> int:
 _NARROW_FLOATS = ("bf16", "f16")
 
 
-# Rows of an innermost-dim scan per block: a step reads x and writes out at one element of
-# each row, and the 16 steps after it hit the same cache lines. With a power-of-two row
-# stride all those lines fall into one L1 set (8 to 12 ways): 4 rows keep their 8 lines there
-# (64 rows took 20x longer, each step missing L1 and the TLB).
-_SCAN_BLOCK_ROWS = 4
+# An innermost-dim scan runs on blocks of rows one vector of this many bytes wide (16 f32
+# rows), on chunks of about _SCAN_CHUNK_BYTES of their columns: each chunk is transposed in
+# L1 (columns become rows) and scanned one contiguous vector per step. The blocks' rows
+# before, a vector gathered across 4 rows per step, ran KernelBench 89 (cumsum of
+# [2048, 2048]) at 1.0x torch; blocks of 8 or 4 rows transposed ran slower than 16 rows.
+_SCAN_BLOCK_BYTES = 64
+_SCAN_CHUNK_BYTES = 8192
 
 
 def _lower_scan(op) -> bool:
@@ -648,12 +651,14 @@ def _lower_scan(op) -> bool:
     rows = 1
     for extent in shape[:-1]:
         rows *= extent
-    block = largest_divisor_at_most(rows, _SCAN_BLOCK_ROWS)
+    width = _element_bytes(element)
+    block = largest_divisor_at_most(rows, max(1, _SCAN_BLOCK_BYTES // width))
+    chunk = max(1, _SCAN_CHUNK_BYTES // (block * width))
     with ir.InsertionPoint(op), op.location:
         if n == 0:
             results = [out_init, acc_init]
-        elif dim != rank - 1 or rank < 2 or rows <= block:
-            results = scan.lower(source, tensor.EmptyOp(shape, element).result, acc_init, dim)
+        elif dim != rank - 1 or rank < 2:
+            results = scan.lower(source, tensor.EmptyOp(shape, element).result, acc_init, dim)[:2]
         else:
             # an innermost-dim scan: its rows (the other dims collapsed) in blocks, in parallel
             flat = [list(range(rank - 1)), [rank - 1]]
@@ -662,18 +667,22 @@ def _lower_scan(op) -> bool:
             acc = acc_init if rank == 2 else tensor.CollapseShapeOp(
                 ir.RankedTensorType.get([rows], element), acc_init,
                 reassociation_attr([list(range(rank - 1))])).result
-            forall = scf.ForallOp([0], [rows], [block], shared_outs=[
-                tensor.EmptyOp([rows, n], element).result, acc])
-            with ir.InsertionPoint(forall.body):
-                r = forall.induction_variables[0]
-                out_rows, acc_rows = forall.inner_iter_args
-                parts = scan.lower(_rows(x, r, block), _rows(out_rows, r, block),
-                                   _rows(acc_rows, r, block), 1)
-                parallel = scf.InParallelOp()
-                with ir.InsertionPoint(parallel.block):
-                    for part, dest in zip(parts, (out_rows, acc_rows)):
-                        _rows(dest, r, block, part)
-            out, acc = forall.results
+            if rows == block:
+                out, acc = _scan_rows_in_chunks(scan, x, tensor.EmptyOp([rows, n], element).result,
+                                                acc, chunk)
+            else:
+                forall = scf.ForallOp([0], [rows], [block], shared_outs=[
+                    tensor.EmptyOp([rows, n], element).result, acc])
+                with ir.InsertionPoint(forall.body):
+                    r = forall.induction_variables[0]
+                    out_rows, acc_rows = forall.inner_iter_args
+                    parts = _scan_rows_in_chunks(scan, row_block(x, r, block), row_block(out_rows, r, block),
+                                                 row_block(acc_rows, r, block), chunk)
+                    parallel = scf.InParallelOp()
+                    with ir.InsertionPoint(parallel.block):
+                        for part, dest in zip(parts, (out_rows, acc_rows)):
+                            row_block(dest, r, block, part)
+                out, acc = forall.results
             results = [out if rank == 2 else tensor.ExpandShapeOp(
                 out_type, out, reassociation_attr(flat), [], shape).result,
                        acc if rank == 2 else tensor.ExpandShapeOp(
@@ -758,20 +767,74 @@ def _sole_flip_reader(value, dim: int):
         else None
 
 
-def _rows(t, r, count: int, part=None):
-    """Rows [r, r + count) of `t` (dims after the first whole); with `part`, the
-    parallel_insert_slice of `part` there instead."""
+def _element_bytes(element) -> int:
+    """Bytes of one element of the int or float type `element`."""
+    from torch_mlir import ir
+
+    if isinstance(element, ir.IntegerType):
+        return max(1, element.width // 8)
+    return max(1, ir.FloatType(element).width // 8)
+
+
+def _scan_rows_in_chunks(scan: "_Scan", x, dest, acc, chunk: int) -> list:
+    """(out, acc) of `scan` along the rows of x [R, n] (acc [R] its accumulator), out
+    written into `dest`. The scan runs on x's transpose, one contiguous R-vector per step:
+    chunk columns of x at a time are transposed to [chunk, R] and scanned along their dim
+    0 (each chunk continuing the one before: `_Scan.lower`'s carry) into one [n, R]
+    tensor, which is transposed into `dest` at the end. A reverse scan takes the chunks
+    from the last one down; the last chunk taken is n mod chunk columns wide when chunk
+    does not divide n."""
+    from torch_mlir import ir
+    from torch_mlir.dialects import arith, linalg, scf, tensor
+
+    rows, n = ir.RankedTensorType(x.type).shape
+    element = ir.RankedTensorType(x.type).element_type
+    chunk = min(chunk, n)
+    full, tail = divmod(n, chunk)
+
+    def transposed(value, into):
+        result = linalg.transpose(value, outs=[into], permutation=[1, 0])
+        return result if isinstance(result, ir.Value) else result.results[0]
+
+    def one(offset, width, scanned, carry):
+        part = transposed(_columns(x, offset, width),
+                          tensor.EmptyOp([width, rows], element).result)
+        return scan.lower(part, scanned, acc, 0, carry=carry, carry_out=True, offset=offset)
+
+    def offset_of(index):  # the index-th chunk taken (Value or int)
+        if not scan.reverse:
+            return arith.MulIOp(index, _index_constant(chunk)).result \
+                if isinstance(index, ir.Value) else index * chunk
+        if isinstance(index, ir.Value):
+            taken = arith.MulIOp(arith.AddIOp(index, _index_constant(1)).result,
+                                 _index_constant(chunk)).result
+            return arith.SubIOp(_index_constant(n), taken).result
+        return n - (index + 1) * chunk
+
+    scanned, last, state = one(offset_of(0), chunk, tensor.EmptyOp([n, rows], element).result, None)
+    if full > 1:
+        loop = scf.ForOp(_index_constant(1), _index_constant(full), _index_constant(1),
+                         [scanned, last, state])
+        with ir.InsertionPoint(loop.body):
+            scf.YieldOp(list(one(offset_of(loop.induction_variable), chunk,
+                                 *[loop.inner_iter_args[i] for i in (0, 2)])))
+        scanned, last, state = loop.results
+    if tail:
+        scanned, last, _ = one(0 if scan.reverse else full * chunk, tail, scanned, state)
+    return [transposed(scanned, dest), last]
+
+
+def _columns(t, offset, count: int):
+    """Columns [offset, offset + count) of the 2-D `t` (offset an int or an index Value)."""
     from torch_mlir import ir
     from torch_mlir.dialects import tensor
 
-    shape = list(ir.RankedTensorType(t.type).shape)
-    dynamic = ir.ShapedType.get_dynamic_stride_or_offset()
-    offsets, sizes = [dynamic] + [0] * (len(shape) - 1), [count] + shape[1:]
-    if part is not None:
-        return tensor.ParallelInsertSliceOp(part, t, [r], [], [], offsets, sizes,
-                                            [1] * len(shape))
-    return tensor.ExtractSliceOp(ir.RankedTensorType.get(sizes, ir.RankedTensorType(t.type).element_type),
-                                 t, [r], [], [], offsets, sizes, [1] * len(shape)).result
+    rows = ir.RankedTensorType(t.type).shape[0]
+    dynamic = isinstance(offset, ir.Value)
+    offsets = [0, ir.ShapedType.get_dynamic_stride_or_offset() if dynamic else offset]
+    return tensor.ExtractSliceOp(ir.RankedTensorType.get(
+        [rows, count], ir.RankedTensorType(t.type).element_type), t,
+        [offset] if dynamic else [], [], [], offsets, [rows, count], [1, 1]).result
 
 
 class _Scan:
@@ -784,8 +847,15 @@ class _Scan:
         self.reverse = reverse  # out[i] = f(out[i+1], in[i]) from the last row down
         self.wide = ir.F32Type.get() if narrow else element
 
-    def lower(self, source, dest, acc_init, dim: int) -> list:
-        """(out, acc) of the scan of `source` along `dim`, out written into `dest`."""
+    def lower(self, source, dest, acc_init, dim: int, carry=None, carry_out=False,
+              offset=0) -> list:
+        """(out, acc, state) of the scan of `source` along `dim`, out written into `dest`
+        from `offset` along `dim` on (an int or an index Value).
+
+        `carry` (a step-shaped tensor of the wide type): the scan continues one whose state
+        it is, so a scan runs in chunks along `dim`. The state after a chunk (with
+        `carry_out`, else None): the last output (inclusive) or the next one, f(last output,
+        last input) (exclusive), wide."""
         from torch_mlir import ir
         from torch_mlir.dialects import arith, scf, tensor
 
@@ -814,19 +884,52 @@ class _Scan:
             return tensor.InsertSliceOp(value, t, [i] if isinstance(i, ir.Value) else [], [], [],
                                         at(i), sizes, [1] * rank).result
 
+        def shifted(i):  # source row i's row in dest
+            if isinstance(offset, int) and isinstance(i, int):
+                return offset + i
+            if isinstance(offset, int) and offset == 0:
+                return i
+            if isinstance(i, int) and i == 0:
+                return offset
+            return arith.AddIOp(*[v if isinstance(v, ir.Value) else _index_constant(v)
+                                  for v in (offset, i)]).result
+
         def empty(elem):
             return tensor.EmptyOp(step_shape, elem).result
 
-        start = n - 1 if self.reverse else 0
-        first = row(source, start) if self.inclusive else acc_init
+        def apply(running, x):  # f(running, x), wide; and rounded to the element type
+            def fn(args):
+                value = args[1] if not narrow else arith.extf(wide, args[1])
+                result = _clone_scan_body(body, {body.arguments[0]: args[0],
+                                                 body.arguments[1]: value}, wide)
+                return [result, arith.truncf(element, result)] if narrow else [result]
+
+            outs = [empty(wide)] + ([empty(element)] if narrow else [])
+            return build_generic([running, x], outs, [identity] * (2 + len(outs)), parallel,
+                                 fn).results
+
+        def widened(value):
+            return build_generic([value], [empty(wide)], [identity] * 2, parallel,
+                                 lambda args: [arith.extf(wide, args[0])]).result
+
+        def rounded(value):
+            return build_generic([value], [empty(element)], [identity] * 2, parallel,
+                                 lambda args: [arith.truncf(element, args[0])]).result
+
+        start, end = (n - 1, 0) if self.reverse else (0, n - 1)
+        if carry is None:
+            first = row(source, start) if self.inclusive else acc_init
+            first_wide = widened(first) if narrow else first
+        elif self.inclusive:
+            steps = apply(carry, row(source, start))
+            first, first_wide = steps[-1], steps[0]
+        else:
+            first, first_wide = (rounded(carry) if narrow else carry), carry
         lb, ub, one = (arith.ConstantOp(idx, ir.IntegerAttr.get(idx, v)).result
                        for v in (1, n, 1))
         # every row of the output is written: row 0 here, the others by the steps; the
         # running value is the output's row before (kept apart in f32 for f16/bf16)
-        carried = [put(first, dest, start)]
-        if narrow:
-            carried.append(build_generic([first], [empty(wide)], [identity] * 2, parallel,
-                                         lambda args: [arith.extf(wide, args[0])]).result)
+        carried = [put(first, dest, shifted(start))] + ([first_wide] if narrow else [])
         loop = scf.ForOp(lb, ub, one, carried)
         with ir.InsertionPoint(loop.body):
             i = loop.induction_variable
@@ -835,23 +938,16 @@ class _Scan:
                 i, before = (arith.SubIOp(_index_constant(n - 1), i).result,
                              arith.SubIOp(_index_constant(n), i).result)
             out = loop.inner_iter_args[0]
-            running = loop.inner_iter_args[1] if narrow else row(out, before)
-            x = row(source, i if self.inclusive else before)
-
-            def step_body(args):
-                value = args[1] if not narrow else arith.extf(wide, args[1])
-                result = _clone_scan_body(body, {body.arguments[0]: args[0],
-                                                 body.arguments[1]: value}, wide)
-                return [result, arith.truncf(element, result)] if narrow else [result]
-
-            outs = [empty(wide)] + ([empty(element)] if narrow else [])
-            step = build_generic([running, x], outs, [identity] * (2 + len(outs)), parallel,
-                                 step_body)
-            scf.YieldOp([put(step.results[-1], out, i)] + ([step.results[0]] if narrow else []))
-        last = row(loop.results[0], 0 if self.reverse else n - 1) if not narrow else build_generic(
-            [loop.results[1]], [empty(element)], [identity] * 2, parallel,
-            lambda args: [arith.truncf(element, args[0])]).result
-        return [loop.results[0], acc_init if self.inclusive and n == 1 else last]
+            running = loop.inner_iter_args[1] if narrow else row(out, shifted(before))
+            step = apply(running, row(source, i if self.inclusive else before))
+            scf.YieldOp([put(step[-1], out, shifted(i))] + ([step[0]] if narrow else []))
+        last_wide = loop.results[1] if narrow else row(loop.results[0], shifted(end))
+        last = rounded(last_wide) if narrow else last_wide
+        state = None
+        if carry_out:
+            state = last_wide if self.inclusive else apply(last_wide, row(source, end))[0]
+        acc = acc_init if self.inclusive and n == 1 and carry is None else last
+        return [loop.results[0], acc, state]
 
 
 def _index_constant(value: int):

@@ -50,6 +50,7 @@ from ..pipeline import Stage
 from ..runtime import allow_amx_tiles
 from .bf16_vectors import (bf16_memory_as_i16, odd_bf16_conversions_as_integer_ops,
                            odd_bf16_vectors_as_i16)
+from .concat_pieces import innermost_concats_as_inserts
 from .description import CpuDescription, host_cpu, host_cpu_flags
 from .libm_calls import f64_math_as_libm_calls
 from .prefetch import prefetch_next_accumulators, prefetch_next_page_strided_loads
@@ -152,6 +153,7 @@ def protect_arguments(payload: ir.Module) -> None:
 def bufferize(payload: ir.Module) -> None:
     checks_to_error_code(payload)  # run-time checks report an error code instead of aborting
     transposes_in_16x16_blocks(payload)  # lowered by Shuffle16x16 below
+    innermost_concats_as_inserts(payload)
     protect_arguments(payload)
     contiguous_gather_sources(payload)
     widen_mixed_reduction_contractions(payload)
@@ -164,7 +166,8 @@ def bufferize(payload: ir.Module) -> None:
         # over a partial vector came out -1.4e-45)
         unmask_extremum_reductions(match(root, "func.func"))
         # a tensor.empty whose value is inserted into a destination (a thread's partial of
-        # a reduction, parallel_insert_slice'd into the shared partials) becomes that slice:
+        # a reduction, parallel_insert_slice'd into the shared partials; a piece of an
+        # innermost concatenation: innermost_concats_as_inserts) becomes that slice:
         # bufferized in place, not in a buffer of its own copied there
         tbuf.EliminateEmptyTensorsOp(match(root, "func.func"))
         root = tbuf.OneShotBufferizeOp(

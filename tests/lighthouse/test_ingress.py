@@ -63,6 +63,33 @@ SCANS = {
     "reverse_cumprod": ("torch.cumprod(x.flip(1), 1).flip(1)",
                         "[torch.rand(8, 21, generator=g) + 0.5]"),
     "flip_other_dim": ("torch.cumsum(x.flip(0), 1).flip(0)", "[torch.randn(8, 21, generator=g)]"),
+    # innermost-dim scans in chunks of columns (transposed): blocks of 16 f32 rows, chunks of
+    # 128 columns and a 44-column tail; forwards and backwards, every combiner, the wider
+    # and narrower types (8 f64 / i64 rows, 32 bf16 rows per block), fewer rows than a
+    # vector (chunks of 682), a chunk of one column, an exclusive sum through a cat
+    "chunks": ("torch.cumsum(x, 2)", "[torch.randn(2, 16, 300, generator=g)]"),
+    "chunks_reverse": ("torch.cumsum(x.flip(1), 1).flip(1)", "[torch.randn(16, 300, generator=g)]"),
+    "chunks_cumprod": ("torch.cumprod(x, 1)", "[1 + torch.randn(16, 300, generator=g) / 100]"),
+    "chunks_reverse_cumprod": ("torch.cumprod(x.flip(1), 1).flip(1)",
+                               "[1 + torch.randn(16, 300, generator=g) / 100]"),
+    "chunks_logcumsumexp": ("torch.logcumsumexp(x, 1)", "[torch.randn(16, 300, generator=g)]"),
+    "chunks_f64": ("torch.cumsum(x, 1)", "[torch.randn(8, 300, generator=g, dtype=torch.float64)]"),
+    "chunks_int64": ("torch.cumsum(x, 1)",
+                     "[torch.randint(-99, 99, (24, 1100), generator=g, dtype=torch.int64)]"),
+    "chunks_bf16": ("torch.cumsum(x, 1)", "[torch.rand(32, 700, generator=g).to(torch.bfloat16)]"),
+    "chunks_bf16_reverse": ("torch.cumsum(x.flip(1), 1).flip(1)",
+                            "[torch.rand(64, 300, generator=g).to(torch.bfloat16)]"),
+    "chunks_few_rows": ("torch.cumsum(x, 1)", "[torch.randn(3, 1500, generator=g)]"),
+    "chunks_one_column_tail": ("torch.cumsum(x, 1)", "[torch.randn(16, 257, generator=g)]"),
+    "chunks_exclusive": ("torch.cat((torch.zeros_like(x[:, :1]), torch.cumsum(x[:, :-1], 1)), 1)",
+                         "[torch.randn(32, 301, generator=g)]"),
+    # concatenations along the innermost dim (one insert per piece, written in place) and
+    # along another (a copy), a piece read twice, a piece that is an input
+    "cat_pieces": ("(lambda c: (c, c[:, 3:9] * 2))(torch.cat((x * 2, torch.cumsum(x, 1), x), 1))",
+                   "[torch.randn(16, 33, generator=g)]"),
+    "cat_outer_dim": ("torch.cat((torch.cumsum(x, 1), x.sin()), 0)", "[torch.randn(16, 33, generator=g)]"),
+    "chunks_second_use": ("(lambda c: (c, c.t() * 2, c.sum(1)))(torch.cumsum(x, 1))",
+                          "[torch.randn(48, 200, generator=g)]"),
     "one_element": ("torch.cumsum(x, 1)", "[torch.randn(4, 1, generator=g)]"),
     "vector": ("torch.cumsum(x, 0)", "[torch.randn(301, generator=g)]"),
     # a second use of the result, a consumer after it, a non-additive combiner
@@ -95,55 +122,103 @@ def test_scan_backward_matches_torch(kernel_file):
 def test_import_holds_a_loop_over_the_scan_dim(kernel_file):
     """Each step is an elementwise op over the other dims (the scan dim dropped: lanes along
     the rows), reading the output's row before it."""
-    compiled = _compile(kernel_file, "torch.cumsum(x, 1)", "[torch.rand(4, 6)]", stop_after="import")
+    compiled = _compile(kernel_file, "torch.cumsum(x, 0)", "[torch.rand(6, 4)]", stop_after="import")
     check(compiled.module, """
-        CHECK-LABEL: func.func @main(%arg0: tensor<4x6xf32>)
-        CHECK: %[[FIRST:.*]] = tensor.extract_slice %arg0[0, 0] [4, 1] [1, 1] : tensor<4x6xf32> to tensor<4xf32>
-        CHECK: %[[OUT0:.*]] = tensor.insert_slice %[[FIRST]] into %{{.*}}[0, 0] [4, 1] [1, 1]
+        CHECK-LABEL: func.func @main(%arg0: tensor<6x4xf32>)
+        CHECK: %[[FIRST:.*]] = tensor.extract_slice %arg0[0, 0] [1, 4] [1, 1] : tensor<6x4xf32> to tensor<4xf32>
+        CHECK: %[[OUT0:.*]] = tensor.insert_slice %[[FIRST]] into %{{.*}}[0, 0] [1, 4] [1, 1]
         CHECK: scf.for %[[I:.*]] = %c1 to %c6 step %c1{{.*}} iter_args(%[[OUT:.*]] = %[[OUT0]])
         CHECK: %[[BEFORE:.*]] = arith.subi %[[I]], %c1
-        CHECK: %[[RUN:.*]] = tensor.extract_slice %[[OUT]][0, %[[BEFORE]]] [4, 1] [1, 1] : tensor<4x6xf32> to tensor<4xf32>
-        CHECK: %[[X:.*]] = tensor.extract_slice %arg0[0, %[[I]]] [4, 1] [1, 1] : tensor<4x6xf32> to tensor<4xf32>
+        CHECK: %[[RUN:.*]] = tensor.extract_slice %[[OUT]][%[[BEFORE]], 0] [1, 4] [1, 1] : tensor<6x4xf32> to tensor<4xf32>
+        CHECK: %[[X:.*]] = tensor.extract_slice %arg0[%[[I]], 0] [1, 4] [1, 1] : tensor<6x4xf32> to tensor<4xf32>
         CHECK: %[[NEXT:.*]] = linalg.generic {{.*}} ins(%[[RUN]], %[[X]] : tensor<4xf32>, tensor<4xf32>)
         CHECK: arith.addf
-        CHECK: tensor.insert_slice %[[NEXT]] into %[[OUT]][0, %[[I]]] [4, 1] [1, 1]
+        CHECK: tensor.insert_slice %[[NEXT]] into %[[OUT]][%[[I]], 0] [1, 4] [1, 1]
         CHECK-NOT: tm_tensor
     """)
 
 
-def test_import_scans_the_innermost_dim_in_blocks_of_rows(kernel_file):
-    """A scan over the innermost dim runs per block of 4 rows (the other dims collapsed), the
-    blocks in parallel: a step touches one cache line per row, all in one L1 set when the
-    row stride is a power of two."""
-    compiled = _compile(kernel_file, "torch.cumsum(x, 2)", "[torch.rand(2, 6, 32)]",
+def test_import_scans_the_innermost_dim_on_transposed_chunks(kernel_file):
+    """A scan over the innermost dim runs per block of 16 f32 rows (the other dims
+    collapsed; the blocks in parallel), on chunks of 128 columns transposed to [128, 16]:
+    each step reads and writes one contiguous 16-lane row. The first chunk starts the scan,
+    the loop's chunks continue it from the running value (f(carry, x) first), a 44-column
+    tail ends it, and one transpose puts the [300, 16] result back into the block's rows."""
+    compiled = _compile(kernel_file, "torch.cumsum(x, 2)", "[torch.rand(2, 16, 300)]",
                         stop_after="import")
     check(compiled.module, r"""
-        CHECK-LABEL: func.func @main(%arg0: tensor<2x6x32xf32>)
-        CHECK: %[[X:.*]] = tensor.collapse_shape %arg0 {{\[\[}}0, 1], [2]] : tensor<2x6x32xf32> into tensor<12x32xf32>
-        CHECK: %[[ALL:[0-9]+]]:2 = scf.forall (%[[R:.*]]) = (0) to (12) step (4) shared_outs(%[[OUT:.*]] = %{{.*}}, %{{.*}} = %{{.*}})
-        CHECK: %[[XB:.*]] = tensor.extract_slice %[[X]][%[[R]], 0] [4, 32] [1, 1]
+        CHECK-LABEL: func.func @main(%arg0: tensor<2x16x300xf32>)
+        CHECK: %[[X:.*]] = tensor.collapse_shape %arg0 {{\[\[}}0, 1], [2]] : tensor<2x16x300xf32> into tensor<32x300xf32>
+        CHECK: %[[ALL:[0-9]+]]:2 = scf.forall (%[[R:.*]]) = (0) to (32) step (16) shared_outs(%[[OUT:.*]] = %{{.*}}, %{{.*}} = %{{.*}})
+        CHECK: %[[XB:.*]] = tensor.extract_slice %[[X]][%[[R]], 0] [16, 300] [1, 1]
+        CHECK: %[[OB:.*]] = tensor.extract_slice %[[OUT]][%[[R]], 0] [16, 300] [1, 1]
+        CHECK: %[[C0:.*]] = tensor.extract_slice %[[XB]][0, 0] [16, 128] [1, 1]
+        CHECK: %[[T0:.*]] = linalg.transpose ins(%[[C0]] : tensor<16x128xf32>) outs(%{{.*}} : tensor<128x16xf32>) permutation = [1, 0]
         CHECK: scf.for
-        CHECK: tensor.extract_slice %[[XB]][0, %{{.*}}] [4, 1] [1, 1] : tensor<4x32xf32> to tensor<4xf32>
+        CHECK: tensor.extract_slice %[[T0]][%{{.*}}, 0] [1, 16] [1, 1] : tensor<128x16xf32> to tensor<16xf32>
         CHECK: linalg.generic
-        CHECK: tensor.parallel_insert_slice %{{.*}} into %[[OUT]][%[[R]], 0] [4, 32] [1, 1]
-        CHECK: tensor.expand_shape %[[ALL]]#0 {{\[\[}}0, 1], [2]] output_shape [2, 6, 32]
+        CHECK: tensor.insert_slice %{{.*}} into %{{.*}}[%{{.*}}, 0] [1, 16] [1, 1] : tensor<16xf32> into tensor<300x16xf32>
+        CHECK: %[[CHUNKS:.*]]:3 = scf.for %[[J:.*]] = %{{.*}} to %{{.*}} step %{{.*}} iter_args(%[[SCANNED:.*]] = %{{.*}}, %{{.*}} = %{{.*}}, %[[CARRY:.*]] = %{{.*}})
+        CHECK: %[[OFF:.*]] = arith.muli %[[J]], %{{.*}}
+        CHECK: %[[CJ:.*]] = tensor.extract_slice %[[XB]][0, %[[OFF]]] [16, 128] [1, 1]
+        CHECK: %[[TJ:.*]] = linalg.transpose ins(%[[CJ]] : tensor<16x128xf32>)
+        CHECK: %[[XJ:.*]] = tensor.extract_slice %[[TJ]][0, 0] [1, 16] [1, 1]
+        CHECK: linalg.generic {{.*}} ins(%[[CARRY]], %[[XJ]] : tensor<16xf32>, tensor<16xf32>)
+        CHECK: tensor.insert_slice %{{.*}} into %[[SCANNED]][%[[OFF]], 0] [1, 16] [1, 1]
+        CHECK: tensor.extract_slice %[[XB]][0, 256] [16, 44] [1, 1]
+        CHECK: linalg.generic {{.*}} ins(%[[CHUNKS]]#2, %{{.*}} : tensor<16xf32>, tensor<16xf32>)
+        CHECK: %[[BACK:.*]] = linalg.transpose ins(%{{.*}} : tensor<300x16xf32>) outs(%[[OB]] : tensor<16x300xf32>) permutation = [1, 0]
+        CHECK: tensor.parallel_insert_slice %[[BACK]] into %[[OUT]][%[[R]], 0] [16, 300] [1, 1]
+        CHECK: tensor.expand_shape %[[ALL]]#0 {{\[\[}}0, 1], [2]] output_shape [2, 16, 300]
     """)
 
 
 def test_a_reverse_scan_reads_x_where_it_lies(kernel_file):
     """flip(cumsum(flip(x))) along the scan dim: the steps run from the last row down over x
-    itself, and no flip (a gather at n - 1 - i) is left."""
-    compiled = _compile(kernel_file, "torch.cumsum(x.flip(1), 1).flip(1)",
-                        "[torch.rand(4, 6)]", stop_after="cleanup")
+    itself, and no flip (a gather at n - 1 - i) is left; over the innermost dim too, where
+    the chunks are taken from the last one down (a 16-column tail at column 0)."""
+    compiled = _compile(kernel_file, "torch.cumsum(x.flip(0), 0).flip(0)",
+                        "[torch.rand(6, 4)]", stop_after="cleanup")
     text = str(compiled.module)
     check(text, """
-        CHECK-LABEL: func.func @main(%arg0: tensor<4x6xf32>)
-        CHECK: %[[LAST:.*]] = tensor.extract_slice %arg0[0, 5] [4, 1] [1, 1] : tensor<4x6xf32> to tensor<4xf32>
+        CHECK-LABEL: func.func @main(%arg0: tensor<6x4xf32>)
+        CHECK: %[[LAST:.*]] = tensor.extract_slice %arg0[5, 0] [1, 4] [1, 1] : tensor<6x4xf32> to tensor<4xf32>
         CHECK: scf.for %[[K:.*]] = %c1 to %c6 step %c1
         CHECK: %[[I:.*]] = arith.subi %c5, %[[K]]
-        CHECK: tensor.extract_slice %arg0[0, %[[I]]] [4, 1] [1, 1]
+        CHECK: tensor.extract_slice %arg0[%[[I]], 0] [1, 4] [1, 1]
     """)
     assert "tensor.extract %" not in text
+    compiled = _compile(kernel_file, "torch.cumsum(x.flip(1), 1).flip(1)",
+                        "[torch.rand(16, 400)]", stop_after="cleanup")
+    text = str(compiled.module)
+    check(text, """
+        CHECK-LABEL: func.func @main(%arg0: tensor<16x400xf32>)
+        CHECK: tensor.extract_slice %arg0[0, 272] [16, 128] [1, 1]
+        CHECK: scf.for %[[J:.*]] = %c1 to %c3 step %c1
+        CHECK: %[[TAKEN:.*]] = arith.muli %{{.*}}, %c128
+        CHECK: %[[AT:.*]] = arith.subi %c400, %[[TAKEN]]
+        CHECK: tensor.extract_slice %arg0[0, %[[AT]]] [16, 128] [1, 1]
+        CHECK: tensor.extract_slice %arg0[0, 0] [16, 16] [1, 1]
+    """)
+    assert "tensor.extract %" not in text
+
+
+def test_a_concatenated_scan_is_written_in_place(kernel_file):
+    """KernelBench 92's exclusive cumsum, cat((0, cumsum(x[:, :-1]))): the concatenation is
+    one insert_slice per piece before bufferization, so the scan's row blocks write their
+    results straight into the output's columns 1.. (no buffer of the scan copied there)."""
+    compiled = _compile(kernel_file,
+                        "torch.cat((torch.zeros_like(x[:, :1]), torch.cumsum(x[:, :-1], 1)), 1)",
+                        "[torch.rand(32, 301)]", stop_after="bufferize")
+    text = str(compiled.module)
+    check(text, r"""
+        CHECK-LABEL: func.func @main(%arg0: memref<32x301xf32>, %arg1: memref<32x301xf32>)
+        CHECK: %[[SCAN:.*]] = memref.subview %arg1[0, 1] [32, 300] [1, 1]
+        CHECK: scf.parallel (%[[R:.*]]) = (%c0) to (%c32) step (%c16)
+        CHECK: %[[ROWS:.*]] = memref.subview %[[SCAN]][%[[R]], 0] [16, 300] [1, 1]
+        CHECK: vector.transfer_write %{{.*}}, %[[ROWS]]
+    """)
+    assert "memref<32x300xf32>" not in text
 
 
 SCALARS = {

@@ -240,61 +240,116 @@ def test_import_holds_a_loop_over_the_updates(kernel_file):
 
 
 def test_import_of_a_sort_is_a_bitonic_network_over_packed_keys(kernel_file):
-    """[4, 6] sorted along 6: each element's key and position packed into one i64, padded
+    """[6, 4] sorted along 6: each element's key and position packed into one i64, padded
     to 8 (the largest key), 6 compare-exchange stages (k = 2; 4, 2; 8, 4, 2 with j = k / 2
-    .. 1), each one reduction over a pair of a [P / k, k / 2j, 2, j] view of the row, then
-    the values read at the sorted positions (their bound tells clamp_gather_indices that
-    no check is needed)."""
-    compiled = _compile(kernel_file, "torch.sort(x, 1)[0]", "[torch.randn(4, 6)]", "x",
+    .. 1), each one reduction over a pair of a [P / k, k / 2j, 2, j] view of the sort dim
+    (the other dim last, whole), then the values read at the sorted positions (their bound
+    tells clamp_gather_indices that no check is needed)."""
+    compiled = _compile(kernel_file, "torch.sort(x, 0)[0]", "[torch.randn(6, 4)]", "x",
                         stop_after="import")
     check(compiled.module, """
-        CHECK-LABEL: func.func @main(%arg0: tensor<4x6xf32>)
+        CHECK-LABEL: func.func @main(%arg0: tensor<6x4xf32>)
         CHECK-NOT: tm_tensor
-        CHECK: %[[KEYS:.*]] = linalg.generic {{.*}} ins(%arg0 : tensor<4x6xf32>) outs(%{{.*}} : tensor<4x6xi64>)
+        CHECK: %[[KEYS:.*]] = linalg.generic {{.*}} ins(%arg0 : tensor<6x4xf32>) outs(%{{.*}} : tensor<6x4xi64>)
         CHECK: arith.bitcast %{{.*}} : f32 to i32
-        CHECK: %[[PADS:.*]] = linalg.generic {{.*}} outs(%{{.*}} : tensor<4x8xi64>)
-        CHECK: tensor.insert_slice %[[KEYS]] into %[[PADS]][0, 0] [4, 6] [1, 1] : tensor<4x6xi64> into tensor<4x8xi64>
-        CHECK: tensor.expand_shape %{{.*}} output_shape [4, 4, 1, 2, 1]
+        CHECK: %[[PADS:.*]] = linalg.generic {{.*}} outs(%{{.*}} : tensor<8x4xi64>)
+        CHECK: tensor.insert_slice %[[KEYS]] into %[[PADS]][0, 0] [6, 4] [1, 1] : tensor<6x4xi64> into tensor<8x4xi64>
+        CHECK: tensor.expand_shape %{{.*}} output_shape [4, 1, 2, 1, 4]
         CHECK: linalg.generic {{.*}} iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "reduction"]
         CHECK: arith.maxsi
         CHECK: arith.minsi
-        CHECK: tensor.expand_shape %{{.*}} output_shape [4, 2, 1, 2, 2]
-        CHECK: tensor.expand_shape %{{.*}} output_shape [4, 2, 2, 2, 1]
-        CHECK: tensor.expand_shape %{{.*}} output_shape [4, 1, 1, 2, 4]
-        CHECK: tensor.expand_shape %{{.*}} output_shape [4, 1, 2, 2, 2]
-        CHECK: tensor.expand_shape %{{.*}} output_shape [4, 1, 4, 2, 1]
+        CHECK: tensor.expand_shape %{{.*}} output_shape [2, 1, 2, 2, 4]
+        CHECK: tensor.expand_shape %{{.*}} output_shape [2, 2, 2, 1, 4]
+        CHECK: tensor.expand_shape %{{.*}} output_shape [1, 1, 2, 4, 4]
+        CHECK: tensor.expand_shape %{{.*}} output_shape [1, 2, 2, 2, 4]
+        CHECK: tensor.expand_shape %{{.*}} output_shape [1, 4, 2, 1, 4]
         CHECK-NOT: tensor.expand_shape
-        CHECK: tensor.extract_slice %{{.*}}[0, 0] [4, 6] [1, 1] : tensor<4x8xi64> to tensor<4x6xi64>
+        CHECK: tensor.extract_slice %{{.*}}[0, 0] [6, 4] [1, 1] : tensor<8x4xi64> to tensor<6x4xi64>
         CHECK: arith.minui
         CHECK: tensor.extract %arg0
         CHECK-NOT: tm_tensor
     """)
-    fused = str(_compile(kernel_file, "torch.sort(x, 1)[0]", "[torch.randn(4, 6)]", "x",
+    fused = str(_compile(kernel_file, "torch.sort(x, 0)[0]", "[torch.randn(6, 4)]", "x",
                          stop_after="fuse").module)
     assert "cf.assert" not in fused
 
 
+def test_import_of_a_row_sort_runs_on_transposed_blocks_of_rows(kernel_file):
+    """A sort along the innermost dim runs per block of 16 rows (the blocks in parallel),
+    on the block's transpose: [16, 6] -> [6, 16], padded to [8, 16], the same 6 stages over
+    dim 0 (each compares whole 16-row vectors), the values read there, and transposed back;
+    the indices are the sorted positions themselves (torch-mlir's iota operand is neither
+    transposed nor read)."""
+    compiled = _compile(kernel_file, "torch.sort(x, 1)", "[torch.randn(32, 6)]", "x",
+                        stop_after="import")
+    text = str(compiled.module)
+    check(text, """
+        CHECK-LABEL: func.func @main(%arg0: tensor<32x6xf32>)
+        CHECK: scf.forall (%[[R:.*]]) = (0) to (32) step (16) shared_outs(%[[V:.*]] = %{{.*}}, %[[I:.*]] = %{{.*}})
+        CHECK: %[[X:.*]] = tensor.extract_slice %arg0[%[[R]], 0] [16, 6] [1, 1]
+        CHECK: %[[XT:.*]] = linalg.transpose ins(%[[X]] : tensor<16x6xf32>) outs(%{{.*}} : tensor<6x16xf32>) permutation = [1, 0]
+        CHECK: linalg.generic {{.*}} ins(%[[XT]] : tensor<6x16xf32>) outs(%{{.*}} : tensor<6x16xi64>)
+        CHECK: tensor.expand_shape %{{.*}} output_shape [4, 1, 2, 1, 16]
+        CHECK-COUNT-5: tensor.expand_shape %{{.*}} : tensor<8x16xi64> into
+        CHECK: tensor.extract %[[XT]]
+        CHECK: %[[VT:.*]] = linalg.transpose ins(%{{.*}} : tensor<6x16xf32>) outs(%{{.*}} : tensor<16x6xf32>)
+        CHECK: %[[IT:.*]] = linalg.transpose ins(%{{.*}} : tensor<6x16xi64>) outs(%{{.*}} : tensor<16x6xi64>)
+        CHECK: tensor.parallel_insert_slice %[[VT]] into %[[V]][%[[R]], 0] [16, 6] [1, 1]
+        CHECK: tensor.parallel_insert_slice %[[IT]] into %[[I]][%[[R]], 0] [16, 6] [1, 1]
+    """)
+    assert text.count("tensor.extract %") == 1  # the values; the indices are no gather
+
+
+def test_import_of_a_small_topk_selects(kernel_file):
+    """topk(x, 3) of [4, 300]: no sort; three reductions over the packed keys, the first the
+    smallest (the largest value), each next the smallest above the one before, stored as
+    the kept keys [4, 3], then the values read at their positions and the indices the
+    positions themselves."""
+    compiled = _compile(kernel_file, "torch.topk(x, 3, dim=1)", "[torch.randn(4, 300)]", "x",
+                        stop_after="import")
+    text = str(compiled.module)
+    check(text, """
+        CHECK-LABEL: func.func @main(%arg0: tensor<4x300xf32>)
+        CHECK: %[[KEYS:.*]] = linalg.generic {{.*}} ins(%{{.*}} : tensor<4x300xf32>) outs(%{{.*}} : tensor<4x300xi64>)
+        CHECK: %[[M1:.*]] = linalg.generic {{.*}} iterator_types = ["parallel", "reduction"]} ins(%[[KEYS]] : tensor<4x300xi64>) outs(%{{.*}} : tensor<4xi64>)
+        CHECK: arith.minsi
+        CHECK: %[[K1:.*]] = tensor.insert_slice %[[M1]] into %{{.*}}[0, 0] [4, 1] [1, 1] : tensor<4xi64> into tensor<4x3xi64>
+        CHECK: %[[M2:.*]] = linalg.generic {{.*}} ins(%[[KEYS]], %[[M1]] : tensor<4x300xi64>, tensor<4xi64>)
+        CHECK: arith.cmpi sgt
+        CHECK: arith.select
+        CHECK: arith.minsi
+        CHECK: %[[K2:.*]] = tensor.insert_slice %[[M2]] into %[[K1]][0, 1] [4, 1] [1, 1]
+        CHECK: %[[M3:.*]] = linalg.generic {{.*}} ins(%[[KEYS]], %[[M2]] : tensor<4x300xi64>, tensor<4xi64>)
+        CHECK: %[[K3:.*]] = tensor.insert_slice %[[M3]] into %[[K2]][0, 2] [4, 1] [1, 1]
+        CHECK: linalg.generic {{.*}} ins(%[[K3]] : tensor<4x3xi64>) outs(%{{.*}} : tensor<4x3xf32>)
+        CHECK: tensor.extract
+        CHECK: linalg.generic {{.*}} ins(%[[K3]] : tensor<4x3xi64>) outs(%{{.*}} : tensor<4x3xi64>)
+        CHECK-NOT: tensor.extract
+    """)
+
+
 def test_import_of_a_topk_sorts_blocks_and_halves_them(kernel_file):
-    """topk(x, 5) of [4, 300]: the row padded to 512 keys; blocks of K = 8 sorted (6
-    stages); then 6 times, each pair of blocks halved to its 8 first keys (a minimum over
-    the pair) and sorted again (3 stages), 512 -> 8; the 5 first read back (no full sort:
-    6 + 6 x (1 + 3) = 30 steps in place of 45 stages, on ever shorter rows)."""
-    compiled = _compile(kernel_file, "torch.topk(x, 5, dim=1).values", "[torch.randn(4, 300)]",
+    """topk(x, 70) of [300, 4] along dim 0 (more than a selection takes): the dim padded to
+    512 keys; blocks of K = 128 sorted (28 stages); then twice, each pair of blocks halved
+    to its 128 first keys (a minimum over the pair) and sorted again (7 stages), 512 ->
+    128; the 70 first read back (no full sort: 28 + 2 x (1 + 7) = 44 steps in place of 45
+    stages, on ever shorter dims)."""
+    compiled = _compile(kernel_file, "torch.topk(x, 70, dim=0).values", "[torch.randn(300, 4)]",
                         "x", stop_after="import")
     text = str(compiled.module)
     check(text, """
-        CHECK-COUNT-6: tensor.collapse_shape {{.*}} into tensor<4x512xi64>
-        CHECK:         tensor.expand_shape %{{.*}} output_shape [4, 32, 2, 8] : tensor<4x512xi64> into tensor<4x32x2x8xi64>
-        CHECK:         linalg.generic {{.*}} iterator_types = ["parallel", "parallel", "parallel", "reduction"]
-        CHECK:         arith.minsi
-        CHECK:         tensor.collapse_shape {{.*}} : tensor<4x32x8xi64> into tensor<4x256xi64>
-        CHECK-COUNT-3: tensor.collapse_shape {{.*}} into tensor<4x256xi64>
-        CHECK:         tensor.collapse_shape {{.*}} : tensor<4x1x8xi64> into tensor<4x8xi64>
-        CHECK-COUNT-3: tensor.collapse_shape {{.*}} into tensor<4x8xi64>
-        CHECK:         tensor.extract_slice %{{.*}}[0, 0] [4, 5] [1, 1] : tensor<4x8xi64> to tensor<4x5xi64>
-        CHECK:         tensor.extract %arg0
+        CHECK-COUNT-28: tensor.collapse_shape {{.*}} into tensor<512x4xi64>
+        CHECK:          tensor.expand_shape %{{.*}} output_shape [2, 2, 128, 4] : tensor<512x4xi64> into tensor<2x2x128x4xi64>
+        CHECK:          linalg.generic {{.*}} iterator_types = ["parallel", "parallel", "parallel", "reduction"]
+        CHECK:          arith.minsi
+        CHECK:          tensor.collapse_shape {{.*}} : tensor<2x128x4xi64> into tensor<256x4xi64>
+        CHECK-COUNT-7:  tensor.collapse_shape {{.*}} into tensor<256x4xi64>
+        CHECK:          tensor.collapse_shape {{.*}} : tensor<1x128x4xi64> into tensor<128x4xi64>
+        CHECK-COUNT-7:  tensor.collapse_shape {{.*}} into tensor<128x4xi64>
+        CHECK:          tensor.extract_slice %{{.*}}[0, 0] [70, 4] [1, 1] : tensor<128x4xi64> to tensor<70x4xi64>
+        CHECK:          tensor.extract %arg0
     """)
-    assert "tensor<4x300xf32> to tensor<4x5xf32>" not in text  # no slice of a full sort
+    assert "tensor<300x4xf32> to tensor<70x4xf32>" not in text  # no slice of a full sort
 
 
 # sorts the network pads (n no power of two), long rows, ties, NaN and signed zeros, in
@@ -328,6 +383,36 @@ EDGE_SORTS = {
                        "[torch.randint(-4, 4, (6, 100), generator=g).to(dt)]", "bfloat16"),
     "two_slices": ("(lambda s: (s[0][:, :4], s[1][:, :7]))(torch.sort(x, 1, descending=True))",
                    "[torch.randn(4, 200, generator=g, dtype=dt)]", "float32"),
+    # rows sorted in transposed blocks of 16 (two blocks; blocks of 12 and of 4; a prime row
+    # count sorts its rows as they are), 3-D, NaN and ties, integers
+    "row_blocks": ("torch.sort(x, 1, descending=True)", "[torch.randn(32, 77, generator=g, dtype=dt)]",
+                   "float32"),
+    "row_blocks_of_12": ("torch.sort(x, -1)", "[torch.randn(2, 12, 40, generator=g, dtype=dt)]", "float32"),
+    "row_blocks_of_4": ("torch.sort(x, dim=1, stable=True)", "[torch.randint(-3, 3, (4, 33), generator=g).to(dt)]",
+                        "float32"),
+    "prime_rows": ("torch.sort(x, 1)", "[torch.randn(37, 50, generator=g, dtype=dt)]", "float32"),
+    "row_blocks_nan": ("torch.sort(x, dim=1, descending=True, stable=True)",
+                       "[torch.where(torch.rand(16, 40, generator=g) < 0.2, float('nan'), "
+                       "torch.randint(-3, 3, (16, 40), generator=g).to(dt))]", "float32"),
+    "row_blocks_int32": ("torch.sort(x, dim=1, stable=True)",
+                         "[torch.randint(-99, 99, (16, 50), generator=g, dtype=dt)]",
+                         "int32"),
+    "row_blocks_topk_70": ("torch.topk(x, 70, dim=1)", "[torch.randn(16, 300, generator=g, dtype=dt)]",
+                           "float32"),
+    # top-k by selection (k <= 64): one and 64 of them, the smallest, NaN (the largest),
+    # -0.0 and 0.0, integers, bf16, 3-D, along dim 0, row blocks of 8 (32 KiB) and more
+    "select_64": ("torch.topk(x, 64, dim=1)", "[torch.randn(8, 300, generator=g, dtype=dt)]", "float32"),
+    "select_smallest": ("torch.topk(x, 7, dim=1, largest=False)", "[torch.randn(24, 1024, generator=g, dtype=dt)]",
+                        "float32"),
+    "select_nan_zeros": ("torch.topk(x, 4, dim=1).values, torch.topk(x, 4, dim=1, largest=False).values",
+                         "[torch.tensor([[0.0, -0.0, float('nan'), 1.0, -1.0, float('inf'), -float('inf'), "
+                         "2.0, float('nan')]] * 3, dtype=dt)]", "float32"),
+    "select_int64_indices": ("torch.topk(x, 5, dim=1)",
+                             "[torch.randperm(64, generator=g).to(dt).view(2, 32)]", "int32"),
+    "select_bf16": ("torch.topk(x, 6, dim=-1)", "[torch.randn(3, 5, 64, generator=g).to(dt)]", "bfloat16"),
+    "select_dim0": ("torch.topk(x, 5, dim=0)", "[torch.randn(300, 6, generator=g, dtype=dt)]", "float32"),
+    "select_then_use": ("(lambda t: t.values.sum(1) + t.indices.float().mean(1))(torch.topk(x, 3, dim=1))",
+                        "[torch.randn(40, 100, generator=g, dtype=dt)]", "float32"),
 }
 
 
