@@ -1,7 +1,9 @@
 """Kernels of row reductions and elementwise chains: softmax and log-softmax over any dim,
 layer norm (functional with input affine, or the module), RMS norm (module, functional, or
 by hand with `x.pow(2).mean(...)`), group norm, batch norm in eval mode (running statistics
-as buffers), each between elementwise chains (integer and float powers, tanh-GELU, exp,
+as buffers), scans (cumsum, logcumsumexp, backwards through flips, exclusive through a
+cat), top-k and sorts (their indices read back through a gather, which ties cannot
+change; summed back onto x's shape), each between elementwise chains (integer and float powers, tanh-GELU, exp,
 sigmoid, clamps, selects, a second input broadcast in); zero-size and size-1 dims, any
 layout, f32/f16/bf16."""
 
@@ -43,7 +45,30 @@ def core(draw, w: KernelWriter, x: str, shape: tuple[int, ...]) -> str:
     rank = len(shape)
     dims = ", ".join(map(str, shape))
     kind = draw(st.sampled_from(("softmax", "log_softmax", "layer_norm", "rms_norm",
-                                 "group_norm", "batch_norm", "none")))
+                                 "group_norm", "batch_norm", "scan", "topk", "sort", "none")))
+    if kind == "scan" and rank >= 1:
+        dim = draw(st.integers(-rank, rank - 1))
+        form = draw(st.sampled_from((
+            "torch.cumsum({x}, {d})", "{x}.cumsum({d})", "torch.logcumsumexp({x}, {d})",
+            "torch.cumsum({x}.flip({d}), {d}).flip({d})",
+            "torch.cat((torch.zeros_like({x}.narrow({d}, 0, 1)), "
+            "torch.cumsum({x}, {d}).narrow({d}, 0, {x}.shape[{d}] - 1)), {d})")))
+        if "narrow" in form and shape[dim] == 0:
+            return x
+        return w.let(form.format(x=x, d=dim), prefix="r")
+    if kind in ("topk", "sort") and rank >= 1 and shape[-1] > 0:
+        dim = draw(st.integers(-rank, rank - 1))
+        if shape[dim] == 0:
+            return x
+        largest = draw(st.booleans())
+        if kind == "topk":
+            k = draw(st.sampled_from(sorted({1, min(3, shape[dim]), min(33, shape[dim]), shape[dim]})))
+            picked = w.let(f"torch.topk({x}, {k}, dim={dim}, largest={largest})", prefix="r")
+        else:
+            picked = w.let(f"torch.sort({x}, dim={dim}, descending={largest})", prefix="r")
+        # back to x's shape for the chain after it
+        return w.let(f"{x} + ({picked}[0] + torch.gather({x}, {dim}, {picked}[1])).sum({dim}, keepdim=True)",
+                     prefix="r")
     if kind in ("softmax", "log_softmax"):
         dim = draw(st.integers(-rank, rank - 1))
         form = draw(st.sampled_from((f"torch.{kind}({{x}}, dim={dim})",
