@@ -11,6 +11,10 @@ FX decompositions (`semantics_decompositions`, in the ingress's tables for every
   torch-mlir's compares passed it through at a NaN.
 - eq of two float tensors: torch-mlir folds eq(x, x) to true (also x == x.clone()), which
   a NaN is not; eq is computed as not ne (une), which no fold touches.
+- eq, ne, lt, le, gt, ge of a float tensor and an int scalar: torch-mlir folded them wrongly
+  on a constant tensor (ones_like(y) < 0 all true, full_like(y, 2.0) == 2 all false; the
+  gradient of logcumsumexp, which splits ones by sign, came out negated). The scalar is
+  made a float, as torch converts it to the tensor's type.
 - pow(x, 0.5) and pow(x, -0.5): torch computes sqrt(x) and rsqrt(x) (pow(-inf, 0.5) is NaN,
   pow(-0, 0.5) is -0); math.powf gave inf and +0.
 - isfinite (torch-mlir has no lowering): not isnan(x) and |x| != inf; true for integers.
@@ -80,6 +84,24 @@ def _float_eq_as_not_ne(a, b):
     if not (isinstance(a, torch.Tensor) and a.is_floating_point()):
         return NotImplemented
     return torch.logical_not(torch.ne(a, b))
+
+
+def _compared_with_a_float(op):
+    """A float tensor compared with an int scalar, compared with that scalar as a float (as
+    torch does: the scalar takes the tensor's type). torch-mlir folded such compares of a
+    constant tensor wrongly: ones_like(y) < 0 was all true, full_like(y, 2.0) == 2 all false
+    (so the gradient of logcumsumexp, whose where(grad < 0, ...) reads ones, changed sign)."""
+
+    def decomposition(a, b):
+        if not (isinstance(a, torch.Tensor) and a.is_floating_point()) or not isinstance(b, int):
+            return NotImplemented
+        return op(a, float(b))
+
+    return decomposition
+
+
+COMPARES = (aten.eq.Scalar, aten.ne.Scalar, aten.lt.Scalar, aten.le.Scalar, aten.gt.Scalar,
+            aten.ge.Scalar)
 
 
 def _pow_half_as_sqrt(x, exponent):
@@ -180,7 +202,8 @@ def semantics_decompositions() -> dict:
             aten.dist.default: _dist,
             aten.bucketize.Tensor: _bucketize,
             aten.searchsorted.Tensor: _searchsorted,
-            **{op: _positive_dim(op) for op in SCATTERS}}
+            **{op: _positive_dim(op) for op in SCATTERS},
+            **{op: _compared_with_a_float(op) for op in COMPARES}}
 
 
 def nan_as_torch(module) -> int:

@@ -1,9 +1,9 @@
 """Where torch-mlir's lowering differed from torch (lighthouse/torch_semantics.py,
 lighthouse/targets/libm_calls.py): NaN through clamp and hardtanh, the index of a NaN
-maximum (argmax, max(dim), max_pool), pow(x, +-0.5), isfinite, F.pad with negative widths,
-f64 log1p/expm1/erf and the inverse hyperbolics, scatters along a negative dim, adaptive max
-pooling over uneven windows, and the one-line refusals of uint8 tensors
-and of a forward that writes its input. Results are compared with torch bit for bit where
+maximum (argmax, max(dim), max_pool), compares of constants with an int, pow(x, +-0.5),
+isfinite, F.pad with negative widths, f64 log1p/expm1/erf and the inverse hyperbolics,
+scatters along a negative dim, adaptive max pooling over uneven windows, and the one-line
+refusals of uint8 tensors and of a forward that writes its input. Results are compared with torch bit for bit where
 torch's own result is exact (NaN positions, signed zeros, indices)."""
 
 import pytest
@@ -163,6 +163,29 @@ def test_float_eq_of_itself(kernel_file):
     mask)."""
     _assert_exact(_compile(kernel_file, "x == x, x.eq(x.clone()), torch.where(x == x, x, 0.0), "
                            "x.long() == x.long()"))
+
+
+@pytest.mark.parametrize("expr", [
+    "torch.ones_like(x * 2) < 0, torch.ones_like(x * 2) > 0, torch.ones_like(x * 2) <= 0",
+    "(lambda t: (t < 1, t < 3, t > 1, t >= 2, t == 2, t != 2))(torch.full_like(x * 2, 2.0))",
+    "torch.where(torch.ones_like(x * 2) < 0, torch.ones_like(x).abs().log(), torch.tensor(-7.0)) - x",
+    "(lambda t: (t.to(torch.bfloat16) < 1, t.double() >= 2))(torch.full_like(x, 2.0))",
+])
+def test_constant_compared_with_an_int(kernel_file, expr):
+    """torch-mlir folded the compare of a constant float tensor with an int scalar wrongly
+    (ones_like(y) < 0 all true, full_like(y, 2.0) == 2 all false); a float tensor is now
+    compared with the scalar as a float."""
+    _assert_exact(_compile(kernel_file, expr))
+
+
+def test_logcumsumexp_backward_keeps_its_sign(kernel_file):
+    """The gradient of logcumsumexp splits the incoming gradient into its positive and
+    negative parts with where(g > 0, ...) and where(g < 0, ...); with g = ones both
+    compares were folded the other way round, and the gradient came out negated."""
+    compiled = _compile(kernel_file, "torch.logcumsumexp(x, 1)",
+                        "torch.randn(8, 5, generator=g) * 10", backward=True)
+    for report in compiled.check():
+        assert report.ok, str(report)
 
 
 @pytest.mark.parametrize("expr", [
