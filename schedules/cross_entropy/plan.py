@@ -192,7 +192,8 @@ def _lane_count(row_max: ir.Operation, consumers: list, params: CrossEntropyPara
     ls = loop_structure(row_max)
     k = ls.reduction_dims[0]
     x = row_max.operands[0]
-    last = ls.maps[0].results[len(ls.maps[0].results) - 1]
+    results = list(ls.maps[0].results)  # none when the logits are a 0-d value (a broadcast)
+    last = results[-1] if results else None
     if params.lanes <= 1 or not isinstance(last, ir.AffineDimExpr) or last.position != k:
         return 1
     extent = x.type.shape[-1]

@@ -231,6 +231,17 @@ def test_example_is_chosen_and_falls_back_with_a_reason(kernel_file):
         compile_kernel(path, backward=True, strict=True)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_log_softmax_of_a_broadcast_vector(kernel_file, dtype):
+    """log_softmax over a 1-D vector made of a broadcast [1] input: the row max reads a 0-d
+    value, which the plan's lane count indexed past (an IndexError, found by the rows
+    fuzzer) instead of declining the split."""
+    assert_matches(compile_kernel(kernel(
+        kernel_file, "torch.log_softmax((x * 1.5 + y) * 1.5, dim=0), x * 2.0",
+        f"return [(torch.randn(3, generator=g) * 3).to(torch.{dtype}), "
+        f"torch.randn(1, generator=g).to(torch.{dtype})]")))
+
+
 # --------------------------------------------------------------------------- the IR
 
 
