@@ -415,15 +415,21 @@ def _lower_sort(op) -> bool:
         results = operands
     elif _key_bits(element) <= 32:
         keep = _leading_extent(op, dim)
+        def selected(blocks, d, _blocked):
+            return _selected_first(blocks, d, ascending, signedness, keep)
+
+        def sorted_(blocks, d, blocked):
+            if blocked:
+                return _bitonic_sort_transposed(blocks, ascending, signedness, keep)
+            return _bitonic_sort(blocks, d, ascending, signedness, keep)
+
         with ir.InsertionPoint(op), op.location:
             if keep <= SELECT_MAX and 2 * keep <= n:
                 rows = max(1, SELECT_BLOCK_BYTES // (n * max(1, _key_bits(element) // 8)))
-                results = _in_row_blocks(operands, dim, keep, rows, lambda blocks, d, _: _selected_first(
-                    blocks, d, ascending, signedness, keep))
+                results = _in_row_blocks(operands, dim, keep, rows, selected)
             else:
-                results = _in_row_blocks(operands, dim, keep, SORT_BLOCK_ROWS, lambda blocks, d, rows: (
-                    _bitonic_sort_transposed(blocks, ascending, signedness, keep) if rows
-                    else _bitonic_sort(blocks, d, ascending, signedness, keep)), SORT_MIN_ROWS)
+                results = _in_row_blocks(operands, dim, keep, SORT_BLOCK_ROWS, sorted_,
+                                         SORT_MIN_ROWS)
         if keep < n:
             _replace_leading_slices(op, dim, results)
             op.erase()
