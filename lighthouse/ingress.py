@@ -46,7 +46,8 @@ from .flash_decompositions import SdpaIn4d, SdpaMaskGradient, flash_decompositio
 from .torch_semantics import (nan_as_torch, refuse_unsigned_bytes,
                               semantics_decompositions)
 from .tm_tensor_lowering import (index_decompositions, lower_scatters, lower_sorts,
-                                 masked_sums_as_where, prepare_index_puts, row_block)
+                                 masked_sums_as_where, prepare_index_puts, row_block, row_count,
+                                 transpose_2d)
 
 _DTYPES = {
     "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "f64": torch.float64,
@@ -648,9 +649,7 @@ def _lower_scan(op) -> bool:
     scan = _Scan(body, element, narrow, inclusive, reverse)
     shape = list(source_type.shape)
     rank, n = len(shape), shape[dim]
-    rows = 1
-    for extent in shape[:-1]:
-        rows *= extent
+    rows = row_count(shape)
     width = _element_bytes(element)
     block = largest_divisor_at_most(rows, max(1, _SCAN_BLOCK_BYTES // width))
     chunk = max(1, _SCAN_CHUNK_BYTES // (block * width))
@@ -785,20 +784,15 @@ def _scan_rows_in_chunks(scan: "_Scan", x, dest, acc, chunk: int) -> list:
     from the last one down; the last chunk taken is n mod chunk columns wide when chunk
     does not divide n."""
     from torch_mlir import ir
-    from torch_mlir.dialects import arith, linalg, scf, tensor
+    from torch_mlir.dialects import arith, scf, tensor
 
     rows, n = ir.RankedTensorType(x.type).shape
     element = ir.RankedTensorType(x.type).element_type
     chunk = min(chunk, n)
     full, tail = divmod(n, chunk)
 
-    def transposed(value, into):
-        result = linalg.transpose(value, outs=[into], permutation=[1, 0])
-        return result if isinstance(result, ir.Value) else result.results[0]
-
     def one(offset, width, scanned, carry):
-        part = transposed(_columns(x, offset, width),
-                          tensor.EmptyOp([width, rows], element).result)
+        part = transpose_2d(_columns(x, offset, width))
         return scan.lower(part, scanned, acc, 0, carry=carry, carry_out=True, offset=offset)
 
     def offset_of(index):  # the index-th chunk taken (Value or int)
@@ -821,7 +815,7 @@ def _scan_rows_in_chunks(scan: "_Scan", x, dest, acc, chunk: int) -> list:
         scanned, last, state = loop.results
     if tail:
         scanned, last, _ = one(0 if scan.reverse else full * chunk, tail, scanned, state)
-    return [transposed(scanned, dest), last]
+    return [transpose_2d(scanned, dest), last]
 
 
 def _columns(t, offset, count: int):

@@ -472,7 +472,7 @@ def _in_row_blocks(operands, dim: int, keep: int, block_rows: int, lower, min_ro
 
     shape = list(ir.RankedTensorType(operands[0].type).shape)
     rank, n = len(shape), shape[dim]
-    rows = _row_count(shape)
+    rows = row_count(shape)
     block = largest_divisor_at_most(rows, block_rows)
     if dim != rank - 1 or rows == 1 or block < min_rows:
         return lower(operands, dim, False)
@@ -515,7 +515,21 @@ def row_block(t, r, count: int, part=None):
                                  t, [r], [], [], offsets, sizes, [1] * len(shape)).result
 
 
-def _row_count(shape) -> int:
+def transpose_2d(value, into=None):
+    """The transpose of the 2-D tensor `value` (a linalg.transpose into `into`, else into a
+    new tensor)."""
+    from torch_mlir import ir
+    from torch_mlir.dialects import linalg, tensor
+
+    rows, cols = ir.RankedTensorType(value.type).shape
+    if into is None:
+        into = tensor.EmptyOp([cols, rows], ir.RankedTensorType(value.type).element_type).result
+    result = linalg.transpose(value, outs=[into], permutation=[1, 0])
+    return result if isinstance(result, ir.Value) else result.results[0]
+
+
+def row_count(shape) -> int:
+    """The product of all extents but the last."""
     rows = 1
     for extent in list(shape)[:-1]:
         rows *= extent
@@ -530,13 +544,6 @@ def _bitonic_sort_transposed(blocks, ascending: bool, signedness, keep: int) -> 
     from torch_mlir import ir
     from torch_mlir.dialects import linalg, tensor
 
-    def transposed(value):
-        rows, cols = ir.RankedTensorType(value.type).shape
-        element = ir.RankedTensorType(value.type).element_type
-        result = linalg.transpose(value, outs=[tensor.EmptyOp([cols, rows], element).result],
-                                  permutation=[1, 0])
-        return result if isinstance(result, ir.Value) else result.results[0]
-
     def positions(value):  # the iota along dim 0 of the transpose, built as such
         from torch_mlir.dialects import arith
 
@@ -548,9 +555,9 @@ def _bitonic_sort_transposed(blocks, ascending: bool, signedness, keep: int) -> 
                              [ir.AffineMap.get_identity(2)], ["parallel"] * 2,
                              lambda args: [arith.index_cast(element, linalg.IndexOp(0).result)]).result
 
-    kept = _bitonic_sort([positions(b) if _is_positions(b, 1) else transposed(b) for b in blocks],
+    kept = _bitonic_sort([positions(b) if _is_positions(b, 1) else transpose_2d(b) for b in blocks],
                          0, ascending, signedness, keep)
-    return [transposed(k) for k in kept]
+    return [transpose_2d(k) for k in kept]
 
 
 def _leading_slice_extent(user, dim: int) -> int | None:
