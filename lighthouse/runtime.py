@@ -51,6 +51,23 @@ def descriptor_type(rank: int) -> type:
     return _DESCRIPTOR_TYPES[rank]
 
 
+# Result buffers start on a cache line: the kernels write large results with streaming
+# stores that need 64-byte alignment (lighthouse.targets.streaming_stores).
+RESULT_ALIGNMENT = 64
+
+
+def line_aligned_empty(shape, dtype: torch.dtype) -> torch.Tensor:
+    """torch.empty(shape, dtype) starting at a multiple of RESULT_ALIGNMENT bytes (torch's
+    CPU allocator aligns to 64; should another not, the tensor is a view into a larger one)."""
+    t = torch.empty(shape, dtype=dtype)
+    if t.data_ptr() % RESULT_ALIGNMENT == 0:
+        return t
+    size = t.element_size()
+    flat = torch.empty(t.numel() + RESULT_ALIGNMENT // size, dtype=dtype)
+    skip = (-flat.data_ptr() % RESULT_ALIGNMENT) // size
+    return flat[skip:skip + t.numel()].view(shape)
+
+
 def descriptor(t: torch.Tensor):
     """A memref descriptor viewing `t`'s storage (t must stay alive while it is used)."""
     if t.dtype not in SUPPORTED_DTYPES:
@@ -118,7 +135,7 @@ class JitFunction:
         """Prepare a call on fixed arguments; the returned thunk runs the kernel and returns
         its (freshly written) result tensors. Use it to time without per-call overhead."""
         args = self.check_args(args)
-        outs = [torch.empty(spec.shape, dtype=spec.dtype) for spec in self.result_specs]
+        outs = [line_aligned_empty(spec.shape, spec.dtype) for spec in self.result_specs]
         code = [torch.zeros((), dtype=torch.int32)] if self.error_messages else []
         tensors = args + outs + code
         descs = [descriptor(t) for t in tensors]

@@ -55,7 +55,9 @@ from .description import CpuDescription, host_cpu, host_cpu_flags
 from .libm_calls import f64_math_as_libm_calls
 from .prefetch import prefetch_next_accumulators, prefetch_next_page_strided_loads
 from .runtime_checks import add_vector_bounds_checks
+from .streaming_stores import fence_streaming_stores, stream_large_results
 from .transpose_blocks import transposes_in_16x16_blocks
+from .vector_accumulators import reductions_into_vector_accumulators
 from .workspace import allocations_into_workspace, crowded_functions, workspace_bytes
 
 
@@ -112,8 +114,10 @@ class CpuTarget:
 
     def stages(self) -> list[Stage]:
         return [
-            Stage("bufferize", bufferize, "one-shot bufferize, out-params, vector lowering"),
-            Stage("llvm", lambda m: lower_to_llvm(m, self.threads, runtime_checks=self.runtime_checks),
+            Stage("bufferize", lambda m: bufferize(m, register_bytes=self.cpu.vector_bits // 8),
+                  "one-shot bufferize, out-params, vector lowering"),
+            Stage("llvm", lambda m: lower_to_llvm(m, self.threads, runtime_checks=self.runtime_checks,
+                                                  stream_bytes=self.cpu.stream_bytes),
                   "OpenMP, polynomials, LLVM dialect"),
         ]
 
@@ -150,7 +154,9 @@ def protect_arguments(payload: ir.Module) -> None:
             func.attributes["arg_attrs"] = ir.ArrayAttr.get(new)
 
 
-def bufferize(payload: ir.Module) -> None:
+def bufferize(payload: ir.Module, register_bytes: int = 64) -> None:
+    """One-shot bufferization and the vector lowering for a CPU with vector registers of
+    `register_bytes`."""
     checks_to_error_code(payload)  # run-time checks report an error code instead of aborting
     transposes_in_16x16_blocks(payload)  # lowered by Shuffle16x16 below
     innermost_concats_as_inserts(payload)
@@ -203,8 +209,9 @@ def bufferize(payload: ir.Module) -> None:
     prefetch_next_accumulators(payload)
     prefetch_next_page_strided_loads(payload)
     scalar_reads_of_wide_loads(payload)
-    tree_reduce_min_max(payload)
     reassociate_vector_reductions(payload)
+    reductions_into_vector_accumulators(payload, max_bytes=4 * register_bytes)
+    tree_reduce_min_max(payload)
     run_passes(payload, "canonicalize, cse")
     copy_repeated_results(payload)
     run_passes(payload, "buffer-results-to-out-params{hoist-static-allocs=true modify-public-functions=true}, "
@@ -485,7 +492,8 @@ def promote_small_buffers_to_stack(payload: ir.Module) -> None:
                 pm.run(op)
 
 
-def lower_to_llvm(payload: ir.Module, threads: int, *, runtime_checks: bool = False) -> None:
+def lower_to_llvm(payload: ir.Module, threads: int, *, runtime_checks: bool = False,
+                  stream_bytes: int = 0) -> None:
     strided_copies_to_loops(payload)
     if runtime_checks:
         # before the memref ops are expanded: each load, store, subview and reshape, and
@@ -499,6 +507,8 @@ def lower_to_llvm(payload: ir.Module, threads: int, *, runtime_checks: bool = Fa
     promote_small_buffers_to_stack(payload)
     # large intermediates in one static workspace: no mmap, page faults and munmap per call
     allocations_into_workspace(payload)
+    # results far larger than the caches: written to memory without reading their lines first
+    stream_large_results(payload, stream_bytes)
     run_passes(payload, ", ".join([
         "buffer-deallocation-pipeline",
         f"convert-scf-to-openmp{{num-threads={threads}}}",
@@ -509,6 +519,7 @@ def lower_to_llvm(payload: ir.Module, threads: int, *, runtime_checks: bool = Fa
         "arith-emulate-unsupported-floats{source-types=bf16,f16 target-type=f32}",
         "canonicalize", "cse",
     ]))
+    fence_streaming_stores(payload)
     expand_math_in(payload.operation, ldexp="avx512f" in host_cpu_flags())
     f64_math_as_libm_calls(payload)
     narrow_f64_truncations_through_f32(payload)

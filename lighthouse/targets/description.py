@@ -34,6 +34,10 @@ CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
 # VMs; kernels near 2^15 cycles took 10-50 us on one thread, and two threads saved at most a
 # few microseconds when the second was awake.
 PARALLEL_CYCLES = 1 << 15
+# Results at least this large are written with streaming stores
+# (lighthouse/targets/streaming_stores.py): where, on this project's Sapphire Rapids VM, a
+# kernel whose result the next kernel reads back stopped losing to ordinary stores.
+STREAM_BYTES = 16 << 20
 # Cache sizes assumed when the machine does not report them (a common x86 core).
 FALLBACK_CACHE_BYTES = {1: 32 << 10, 2: 1 << 20, 3: 8 << 20}
 
@@ -46,7 +50,8 @@ class CpuDescription:
     hardware threads; bf16_dot: bf16 contractions may use AVX512-BF16 dot products
     (vdpbf16ps: 512-bit vectors and the avx512_bf16 flag); amx: with bf16_dot, the matmul
     family's bf16 products may run on AMX tiles (tdpbf16ps: the amx_tile and amx_bf16
-    flags)."""
+    flags); stream_bytes: results of at least this many bytes are written with streaming
+    (non-temporal) stores, 0: never."""
 
     vector_bits: int
     vector_registers: int
@@ -57,6 +62,7 @@ class CpuDescription:
     bf16_dot: bool = False
     amx: bool = False
     parallel_cycles: int = PARALLEL_CYCLES
+    stream_bytes: int = STREAM_BYTES
 
     @property
     def f32_lanes(self) -> int:
@@ -122,13 +128,15 @@ def has_amx(flags: frozenset[str]) -> bool:
 
 # Fields of a description that LIGHTHOUSE_CPU may set, and how their values are written.
 OVERRIDABLE = {"vector_bits": int, "vector_registers": int, "l1d": parse_cache_size,
-               "l2": parse_cache_size, "l3": parse_cache_size, "parallel_cycles": int}
+               "l2": parse_cache_size, "l3": parse_cache_size, "parallel_cycles": int,
+               "stream": parse_cache_size}
 SWITCHES = ("bf16_dot", "amx")  # fields set to 0 or 1
 
 
 def with_overrides(cpu: CpuDescription, text: str) -> CpuDescription:
     """`cpu` with the fields that `text` sets ("vector_bits=256,vector_registers=16,
-    l1d=32K,l2=1M,l3=32M,parallel_cycles=0,bf16_dot=0,amx=0"; any subset): what the
+    l1d=32K,l2=1M,l3=32M,parallel_cycles=0,stream=16M,bf16_dot=0,amx=0"; any
+    subset): what the
     schedules plan for, whatever the machine runs (the code is compiled for the host either
     way: bf16_dot=1 on a host without avx512_bf16 compiles code it cannot run). A malformed
     entry is an UnsupportedError naming it."""
@@ -149,7 +157,7 @@ def with_overrides(cpu: CpuDescription, text: str) -> CpuDescription:
             number = OVERRIDABLE[key](value)
         except ValueError:
             number = 0
-        if number < (0 if key == "parallel_cycles" else 1) or (
+        if number < (0 if key in ("parallel_cycles", "stream") else 1) or (
                 key == "vector_bits" and number not in (128, 256, 512)):
             raise UnsupportedError(f"LIGHTHOUSE_CPU: {entry!r} is not a valid size")
         fields[key if key.startswith(("vector", "parallel")) else f"{key}_bytes"] = number
