@@ -10,7 +10,7 @@ from torch_mlir import ir
 
 from lighthouse.compile import compile_kernel
 from lighthouse.runtime import RESULT_ALIGNMENT, line_aligned_empty
-from lighthouse.targets.description import host_cpu, with_overrides
+from lighthouse.targets.description import STREAM_BYTES, host_cpu, with_overrides
 from lighthouse.targets.streaming_stores import fence_streaming_stores, stream_large_results
 from schedules.common import run_passes
 from tests.transform_ext.helpers import check as filecheck
@@ -155,7 +155,8 @@ def test_streamed_results_match_torch(kernel_file, threads):
 
 
 def test_the_default_threshold_leaves_small_results_alone(kernel_file):
-    compiled = compile_kernel(kernel_file(KERNEL), stop_after="llvm")
+    cpu = dataclasses.replace(host_cpu(), stream_bytes=STREAM_BYTES)
+    compiled = compile_kernel(kernel_file(KERNEL), stop_after="llvm", target_options={"cpu": cpu})
     assert "nontemporal" not in str(compiled.module)
 
 
