@@ -4,7 +4,10 @@ MLIR's `generate-runtime-verification` checks memref loads, stores, subviews, ca
 reshapes; the vector accesses a vectorized kernel is made of have no such checks. Here each
 vector access to a memref gets a `cf.assert` before it, with the same message format:
   vector.load / vector.store at indices i into sizes s, vector shape v (trailing dims):
-      0 <= i_d and i_d + v_d <= s_d for every dim d (v_d = 1 for the leading dims);
+      0 <= i_d and i_d + v_d <= s_d for every dim d (v_d = 1 for the leading dims); a 1-D
+      vector of k whole rows at [i, 0, ..., 0] of a static row-major buffer: 0 <= i and
+      i + k <= s_0 (upstream folds a gather of consecutive indices, which the vectorizer
+      linearizes over the whole buffer, into such a load);
   vector.maskedload / vector.maskedstore: the same for the lanes the mask keeps;
   vector.transfer_read / transfer_write: for each vector dim marked in_bounds and mapped to
       memref dim d, 0 <= i_d and i_d + v_k <= s_d; other dims not covered by the vector:
@@ -105,6 +108,29 @@ def _box(b: _Builder, indices, sizes, extents) -> list:
     return conditions
 
 
+def _whole_rows(mtype: ir.MemRefType, indices, vtype: ir.VectorType) -> int:
+    """How many whole rows (of the dims after the first) a 1-D vector access at [i, 0, ..., 0]
+    of a static row-major buffer covers; 0 when it is not such an access."""
+    from transform_ext.common import constant_value
+
+    if vtype.rank != 1 or mtype.rank < 2 or not mtype.has_static_shape:
+        return 0
+    strides, offset = mtype.get_strides_and_offset()
+    shape = list(mtype.shape)
+    row = 1
+    for d in shape[1:]:
+        row *= d
+    expected = [row] + [1] * (len(shape) - 1)
+    for k in range(len(shape) - 2, 0, -1):
+        expected[k] = expected[k + 1] * shape[k + 1]
+    zeros = all(isinstance(constant_value(i), ir.IntegerAttr) and constant_value(i).value == 0
+                for i in indices[1:])
+    if offset != 0 or list(strides) != expected or not zeros or row == 0 \
+            or vtype.shape[0] % row:
+        return 0
+    return vtype.shape[0] // row
+
+
 def _lanes_ok(b: _Builder, ok_lanes: ir.Value, mask: ir.Value | None) -> ir.Value:
     """All lanes in bounds, or masked off: reduce_and(!mask | ok)."""
     vtype = ir.VectorType(ok_lanes.type)
@@ -134,6 +160,9 @@ def _condition(op: ir.Operation) -> ir.Value | None:
         vtype = ir.VectorType(op.results[0].type if value_pos is None else op.operands[0].type)
         _, sizes, _ = _metadata(base)
         r, v = len(indices), vtype.rank
+        rows = _whole_rows(ir.MemRefType(base.type), indices, vtype)
+        if rows:
+            return b.all(_box(b, indices[:1], sizes[:1], [rows]))
         extents = [1] * (r - v) + list(vtype.shape)
         return b.all(_box(b, indices, sizes, extents))
     if name in ("vector.maskedload", "vector.maskedstore"):

@@ -5,12 +5,12 @@ them, against torch, with run-time bounds checks on every view."""
 
 import pytest
 import torch
-from torch_mlir import ir
 
 from lighthouse.compile import compile_kernel
 from lighthouse.targets.prefetch import prefetch_next_accumulators, prefetch_next_page_strided_loads
 from tests.schedules.test_convolution import conv_kernel
 from tests.transform_ext.helpers import check as filecheck
+from tests.transform_ext.helpers import rewritten
 
 NEST = """
 func.func @tiles(%C: memref<64x64xf32>, %B: memref<8x32xf32>) {
@@ -42,11 +42,7 @@ func.func @tiles(%C: memref<64x64xf32>, %B: memref<8x32xf32>) {
 
 
 def _rewritten(source: str) -> tuple[int, str]:
-    with ir.Context(), ir.Location.unknown():
-        module = ir.Module.parse(source)
-        served = prefetch_next_accumulators(module)
-        assert module.operation.verify()
-        return served, str(module)
+    return rewritten(source, prefetch_next_accumulators)
 
 
 def test_the_next_tile_of_the_nest_is_prefetched_line_by_line():
@@ -165,11 +161,7 @@ func.func @planes(%X: memref<64x{plane}xf32>, %W: memref<16x64xf32>, %Y: memref<
 
 
 def _streamed(plane: int) -> tuple[int, str]:
-    with ir.Context(), ir.Location.unknown():
-        module = ir.Module.parse(STREAM.replace("{plane}", str(plane)))
-        served = prefetch_next_page_strided_loads(module)
-        assert module.operation.verify()
-        return served, str(module)
+    return rewritten(STREAM.replace("{plane}", str(plane)), prefetch_next_page_strided_loads)
 
 
 def test_the_next_lane_tile_of_a_page_strided_stream_is_prefetched_into_l2():

@@ -81,8 +81,9 @@ def test_vector_accesses_get_bounds_asserts():
     """)
 
 
-def test_the_in_bounds_condition_is_exact():
-    """vector<16> at column j of 20 columns: j = 4 passes, j = 5 fails (and a negative row)."""
+def _in_bounds(access: str, cases) -> None:
+    """Compile `access` (a vector access to %m, a memref<8x20xf32>, at [%i, %j]) with its
+    bounds check and assert the check's verdict for each ((i, j), expected)."""
     import ctypes
 
     from torch_mlir.execution_engine import ExecutionEngine
@@ -90,13 +91,14 @@ def test_the_in_bounds_condition_is_exact():
     from schedules.common import run_passes
 
     with ir.Context(), ir.Location.unknown():
-        module = ir.Module.parse("""
-          func.func @ok(%i: index, %j: index) -> i1 attributes {llvm.emit_c_interface} {
+        module = ir.Module.parse(f"""
+          func.func @ok(%i: index, %j: index) -> i1 attributes {{llvm.emit_c_interface}} {{
             %m = memref.alloca() : memref<8x20xf32>
-            %v = vector.load %m[%i, %j] : memref<8x20xf32>, vector<16xf32>
+            %c0 = arith.constant 0 : index
+            {access}
             %t = arith.constant true
             return %t : i1
-          }""")
+          }}""")
         add_vector_bounds_checks(module)
         # the assert becomes a branch on the condition; read the condition back instead
         cond = [op for op in module.body.operations[0].regions[0].blocks[0].operations
@@ -111,11 +113,29 @@ def test_the_in_bounds_condition_is_exact():
                            "convert-vector-to-llvm, convert-arith-to-llvm, convert-func-to-llvm, "
                            "reconcile-unrealized-casts")
         engine = ExecutionEngine(module)
-        for (i, j), want in (((0, 4), True), ((7, 4), True), ((0, 5), False), ((-1, 0), False),
-                             ((8, 0), False)):
+        for (i, j), want in cases:
             res, ci, cj = ctypes.c_bool(), ctypes.c_int64(i), ctypes.c_int64(j)
             engine.invoke("ok", ctypes.pointer(ci), ctypes.pointer(cj), ctypes.pointer(res))
             assert res.value == want, (i, j)
+
+
+def test_the_in_bounds_condition_is_exact():
+    """vector<16> at column j of 20 columns: j = 4 passes, j = 5 fails (and a negative row)."""
+    _in_bounds("%v = vector.load %m[%i, %j] : memref<8x20xf32>, vector<16xf32>",
+               [((0, 4), True), ((7, 4), True), ((0, 5), False), ((-1, 0), False),
+                ((8, 0), False)])
+
+
+def test_a_load_of_whole_rows_is_checked_by_rows():
+    """vector<40> at [i, 0] of 20 columns reads rows i and i + 1 (upstream's fold of a
+    gather linearized over the buffer): i = 6 passes, 7 and -1 fail; at a column that is
+    not a constant 0 it is a spill past the row, and fails."""
+    _in_bounds("%v = vector.load %m[%i, %c0] : memref<8x20xf32>, vector<40xf32>",
+               [((0, 0), True), ((6, 0), True), ((7, 0), False), ((-1, 0), False)])
+    _in_bounds("%v = vector.load %m[%i, %j] : memref<8x20xf32>, vector<40xf32>",
+               [((0, 0), False), ((6, 0), False)])
+    _in_bounds("%v = vector.load %m[%i, %c0] : memref<8x20xf32>, vector<30xf32>",
+               [((0, 0), False)])
 
 
 def test_runtime_checks_need_the_cpu_target():
@@ -151,3 +171,24 @@ def get_init_inputs():
     compiled = compile_kernel(path, runtime_checks=True)
     assert compiled.family.name == "convolution" and not compiled.notes, compiled.notes
     assert all(r.ok for r in compiled.check())
+
+
+SORT_DIM_0 = """
+import torch
+class Model(torch.nn.Module):
+    def forward(self, x):
+        values, _ = torch.sort(x, dim=0, descending=True)
+        return values * torch.arange(1.0, 8.0)
+def get_inputs():
+    return [torch.randn(7, 7, generator=torch.Generator().manual_seed(0))]
+def get_init_inputs():
+    return []
+"""
+
+
+def test_the_gradient_of_a_sort_along_dim_0_runs_with_runtime_checks(kernel_file):
+    """Its scatter back to the input's positions reads the [7, 7] indices as one vector of
+    49 (a gather of consecutive indices folded into a load): the check takes it by rows."""
+    compiled = compile_kernel(kernel_file(SORT_DIM_0), backward=True, runtime_checks=True)
+    for report in compiled.check():
+        assert report.ok, str(report)

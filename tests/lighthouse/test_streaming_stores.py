@@ -14,6 +14,7 @@ from lighthouse.targets.description import STREAM_BYTES, host_cpu, with_override
 from lighthouse.targets.streaming_stores import fence_streaming_stores, stream_large_results
 from schedules.common import run_passes
 from tests.transform_ext.helpers import check as filecheck
+from tests.transform_ext.helpers import rewritten
 
 TEMPLATE = """
 func.func @rows(%in: memref<64x{cols}xf32>, %out: memref<64x{cols}xf32>) {{
@@ -44,11 +45,7 @@ ROWS = TEMPLATE.format(**ROW)
 
 
 def _streamed(source: str, min_bytes: int = 1) -> tuple[int, str]:
-    with ir.Context(), ir.Location.unknown():
-        module = ir.Module.parse(source)
-        count = stream_large_results(module, min_bytes)
-        assert module.operation.verify()
-        return count, str(module)
+    return rewritten(source, lambda module: stream_large_results(module, min_bytes))
 
 
 def test_a_row_of_whole_lines_at_line_offsets_is_streamed():

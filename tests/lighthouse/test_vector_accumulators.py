@@ -4,12 +4,12 @@ compiled with it against torch (NaN, infinities, rows that do not divide the til
 accumulation, bf16)."""
 
 import pytest
-from torch_mlir import ir
 
 from lighthouse.compile import compile_kernel
 from lighthouse.targets.vector_accumulators import reductions_into_vector_accumulators
 from tests.conftest import ROOT
 from tests.transform_ext.helpers import check as filecheck
+from tests.transform_ext.helpers import rewritten
 
 ROW_MAX = """
 func.func @row_max(%in: memref<4x256xf32>, %out: memref<4xf32>) {
@@ -57,11 +57,7 @@ func.func @row_sum(%in: memref<4x256xf32>, %out: memref<4xf32>) {
 
 
 def _rewritten(source: str) -> tuple[int, str]:
-    with ir.Context(), ir.Location.unknown():
-        module = ir.Module.parse(source)
-        count = reductions_into_vector_accumulators(module)
-        assert module.operation.verify()
-        return count, str(module)
+    return rewritten(source, reductions_into_vector_accumulators)
 
 
 def test_a_row_max_carries_the_lanes_and_reduces_them_once():

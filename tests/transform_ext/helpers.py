@@ -21,6 +21,16 @@ def parse(text: str) -> ir.Module:
         return ir.Module.parse(textwrap.dedent(text))
 
 
+def rewritten(source: str, rewrite) -> tuple[object, str]:
+    """Parse `source`, run `rewrite(module)` (a Python rewrite of the payload), verify the
+    module: rewrite's result and the module's text."""
+    with ir.Context(), ir.Location.unknown():
+        module = ir.Module.parse(source)
+        result = rewrite(module)
+        assert module.operation.verify()
+        return result, str(module)
+
+
 def apply(payload: ir.Module, body) -> None:
     transform_ext.load(payload.context)
     with payload.context, ir.Location.unknown():
