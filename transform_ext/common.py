@@ -275,6 +275,19 @@ def ops_named(root, name: str) -> list[ir.Operation]:
     return found
 
 
+def is_row_major(t: ir.MemRefType) -> bool:
+    """A static memref whose elements are one dense row-major block from its base (offset 0,
+    every stride the product of the sizes after it)."""
+    if not t.has_static_shape:
+        return False
+    strides, offset = t.get_strides_and_offset()
+    expected, running = [], 1
+    for size in reversed(t.shape):
+        expected.append(running)
+        running *= size
+    return offset == 0 and list(strides) == expected[::-1]
+
+
 def static_region(slice_op: ir.Operation) -> list[tuple[int, int]] | None:
     """[(offset, size)] per dim of a tensor.extract_slice or insert_slice with static
     offsets and sizes and unit strides, else None."""

@@ -135,11 +135,10 @@ SWITCHES = ("bf16_dot", "amx")  # fields set to 0 or 1
 
 def with_overrides(cpu: CpuDescription, text: str) -> CpuDescription:
     """`cpu` with the fields that `text` sets ("vector_bits=256,vector_registers=16,
-    l1d=32K,l2=1M,l3=32M,parallel_cycles=0,stream=16M,bf16_dot=0,amx=0"; any
-    subset): what the
-    schedules plan for, whatever the machine runs (the code is compiled for the host either
-    way: bf16_dot=1 on a host without avx512_bf16 compiles code it cannot run). A malformed
-    entry is an UnsupportedError naming it."""
+    l1d=32K,l2=1M,l3=32M,parallel_cycles=0,stream=16M,bf16_dot=0,amx=0"; any subset):
+    what the schedules plan for, whatever the machine runs (the code is compiled for the
+    host either way: bf16_dot=1 on a host without avx512_bf16 compiles code it cannot run).
+    A malformed entry is an UnsupportedError naming it."""
     from ..errors import UnsupportedError
 
     fields = {}

@@ -22,6 +22,8 @@ from __future__ import annotations
 from torch_mlir import ir
 from torch_mlir.dialects import arith, cf, memref, vector
 
+from transform_ext.common import is_row_major, is_zero
+
 _CHECKED = ("vector.load", "vector.store", "vector.maskedload", "vector.maskedstore",
             "vector.transfer_read", "vector.transfer_write", "vector.gather", "vector.scatter")
 
@@ -111,22 +113,12 @@ def _box(b: _Builder, indices, sizes, extents) -> list:
 def _whole_rows(mtype: ir.MemRefType, indices, vtype: ir.VectorType) -> int:
     """How many whole rows (of the dims after the first) a 1-D vector access at [i, 0, ..., 0]
     of a static row-major buffer covers; 0 when it is not such an access."""
-    from transform_ext.common import constant_value
-
-    if vtype.rank != 1 or mtype.rank < 2 or not mtype.has_static_shape:
+    if vtype.rank != 1 or mtype.rank < 2 or not is_row_major(mtype) \
+            or not all(is_zero(i) for i in indices[1:]):
         return 0
-    strides, offset = mtype.get_strides_and_offset()
-    shape = list(mtype.shape)
-    row = 1
-    for d in shape[1:]:
-        row *= d
-    expected = [row] + [1] * (len(shape) - 1)
-    for k in range(len(shape) - 2, 0, -1):
-        expected[k] = expected[k + 1] * shape[k + 1]
-    zeros = all(isinstance(constant_value(i), ir.IntegerAttr) and constant_value(i).value == 0
-                for i in indices[1:])
-    if offset != 0 or list(strides) != expected or not zeros or row == 0 \
-            or vtype.shape[0] % row:
+    strides, _ = mtype.get_strides_and_offset()
+    row = strides[0]
+    if row == 0 or vtype.shape[0] % row:
         return 0
     return vtype.shape[0] // row
 

@@ -10,9 +10,9 @@ below 8 MiB (the result then stays in L3 for its reader). `CpuDescription.stream
 is that threshold.
 
 `stream_large_results` rewrites the vector stores into a result buffer (an argument of an
-entry function, which no other function calls, written and never read by the function: bufferization's out-params, which the runtime
-allocates with torch.empty at 64-byte alignment, `runtime.RESULT_ALIGNMENT`) of at least
-`min_bytes` into `vector.store {nontemporal, alignment = 64}` when each store writes whole
+entry function, which no other function calls, written and never read by the function:
+bufferization's out-params, which the runtime allocates 64-byte aligned,
+`runtime.RESULT_ALIGNMENT`) of at least `min_bytes` into `vector.store {nontemporal, alignment = 64}` when each store writes whole
 64-byte lines at an offset provably a multiple of 64 bytes: an in-bounds, unmasked
 `vector.transfer_write` (minor identity, unit innermost stride; its leading vector dims
 unrolled) or `vector.store` whose offset, through the views (subview, cast, collapse and
@@ -32,7 +32,7 @@ import math
 from torch_mlir import ir
 from torch_mlir.dialects import arith, llvm, vector
 
-from transform_ext.common import all_in_bounds, constant_value, defining_op, user_op
+from transform_ext.common import all_in_bounds, constant_value, defining_op, is_row_major, user_op
 
 LINE_BYTES = 64
 _VIEWS = ("memref.subview", "memref.cast", "memref.collapse_shape", "memref.expand_shape")
@@ -88,7 +88,7 @@ def _stores_into_result(arg: ir.Value, min_bytes: int) -> list[ir.Operation] | N
     if not isinstance(arg.type, ir.MemRefType):
         return None
     t = ir.MemRefType(arg.type)
-    if not t.has_static_shape or not _row_major(t):
+    if not is_row_major(t):
         return None
     if math.prod(t.shape) * _element_bytes(t.element_type) < min_bytes:
         return None
@@ -105,11 +105,6 @@ def _stores_into_result(arg: ir.Value, min_bytes: int) -> list[ir.Operation] | N
             else:
                 return None  # read, or used in a way not known to be a write
     return stores
-
-
-def _row_major(t: ir.MemRefType) -> bool:
-    strides, offset = t.get_strides_and_offset()
-    return offset == 0 and list(strides) == [math.prod(t.shape[k + 1:]) for k in range(t.rank)]
 
 
 def _element_bytes(t: ir.Type) -> int:
@@ -272,29 +267,29 @@ def fence_streaming_stores(payload: ir.Module) -> int:
             func = op.operation
             if func.name != "func.func" or not len(func.regions[0].blocks):
                 continue
-            regions, returns = [], []
+            streams, regions, returns = [], [], []
 
             def visit(op):
                 if op.name == "vector.store" and "nontemporal" in op.attributes \
                         and ir.BoolAttr(op.attributes["nontemporal"]).value:
+                    streams.append(op)
                     parent = op.parent
                     while parent.name not in ("func.func", "omp.parallel"):
                         parent = parent.parent
                     if parent.name == "omp.parallel" and parent not in regions:
                         regions.append(parent)
-                    returns.append(op)
                 elif op.name == "func.return":
                     returns.append(op)
                 return ir.WalkResult.ADVANCE
 
             func.walk(visit)
-            if all(r.name == "func.return" for r in returns):
+            if not streams:
                 continue
             for region in regions:
                 _sfence_before(list(region.regions[0].blocks[-1].operations)[-1])
-            for ret in (r for r in returns if r.name == "func.return"):
+            for ret in returns:
                 _sfence_before(ret)
-            count += len(regions) + sum(r.name == "func.return" for r in returns)
+            count += len(regions) + len(returns)
     return count
 
 
