@@ -1,5 +1,6 @@
 """fuse_roots_into_foralls: IR (FileCheck) of a row chain tiled into a forall with its
-producer fused, a small op left sequential (and no marker left behind), rejection of a
+producer fused, a small op left sequential (and no marker left behind), a reduction of few
+long rows split and a small contraction not, rejection of a
 target that is not a function; numerics of the chain against torch."""
 
 import torch
@@ -158,6 +159,64 @@ def test_too_little_work_stays_sequential_and_unmarked():
     before = str(payload)
     apply(payload, lambda root: fuse_roots_into_foralls(
         match(root, "func.func"), min_parallel_work=1 << 20, **POLICY))
+    assert str(payload) == before
+
+
+_ROW_MAX = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#rows = affine_map<(d0, d1) -> (d0)>
+func.func @main(%x: tensor<16x4096xf32>) -> tensor<16xf32> {
+  %low = arith.constant 0xFF800000 : f32
+  %r0 = tensor.empty() : tensor<16xf32>
+  %acc = linalg.fill ins(%low : f32) outs(%r0 : tensor<16xf32>) -> tensor<16xf32>
+  %max = linalg.generic {indexing_maps = [#id, #rows], iterator_types = ["parallel", "reduction"]}
+      ins(%x : tensor<16x4096xf32>) outs(%acc : tensor<16xf32>) {
+  ^bb0(%a: f32, %out: f32):
+    %m = arith.maximumf %a, %out : f32
+    linalg.yield %m : f32
+  } -> tensor<16xf32>
+  return %max : tensor<16xf32>
+}
+"""
+
+
+def test_a_reduction_over_few_long_rows_counts_its_iteration_points():
+    """16 results, 16 x 4096 iteration points: parallel at min_parallel_work 4096 (a row max
+    of [1023, 128256] stayed on one thread), sequential one point above them."""
+    payload = parse(_ROW_MAX)
+    apply(payload, lambda root: fuse_roots_into_foralls(
+        match(root, "func.func"), min_parallel_work=4096, **POLICY))
+    check(payload, """
+        CHECK: scf.forall (%{{.*}}) = (0) to (16) step (2)
+        CHECK:   linalg.generic {{.*}} ins(%{{.*}} : tensor<2x4096xf32>)
+        CHECK:     arith.maximumf
+    """)
+    payload = parse(_ROW_MAX)
+    before = str(payload)
+    apply(payload, lambda root: fuse_roots_into_foralls(
+        match(root, "func.func"), min_parallel_work=16 * 4096 + 1, **POLICY))
+    assert str(payload) == before
+
+
+_SMALL_MATMUL = """
+func.func @main(%a: tensor<24x40xf32>, %b: tensor<40x64xf32>) -> tensor<24x64xf32> {
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<24x64xf32>
+  %c = linalg.fill ins(%zero : f32) outs(%e : tensor<24x64xf32>) -> tensor<24x64xf32>
+  %p = linalg.matmul ins(%a, %b : tensor<24x40xf32>, tensor<40x64xf32>)
+      outs(%c : tensor<24x64xf32>) -> tensor<24x64xf32>
+  return %p : tensor<24x64xf32>
+}
+"""
+
+
+def test_a_contraction_counts_its_results():
+    """24 x 64 results (24 x 40 x 64 iteration points) under min_parallel_work 4096: split
+    for 8 tiles, its rows would come in threes, below an 8-row register tile."""
+    payload = parse(_SMALL_MATMUL)
+    before = str(payload)
+    apply(payload, lambda root: fuse_roots_into_foralls(
+        match(root, "func.func"), min_parallel_work=4096, **POLICY))
     assert str(payload) == before
 
 
