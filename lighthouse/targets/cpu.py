@@ -53,7 +53,8 @@ from .bf16_vectors import (bf16_memory_as_i16, odd_bf16_conversions_as_integer_o
 from .concat_pieces import innermost_concats_as_inserts
 from .description import CpuDescription, host_cpu, host_cpu_flags
 from .libm_calls import f64_math_as_libm_calls
-from .prefetch import prefetch_next_accumulators, prefetch_next_page_strided_loads
+from .prefetch import (prefetch_next_accumulators, prefetch_next_page_strided_loads,
+                       prefetch_next_reread_tiles)
 from .runtime_checks import add_vector_bounds_checks
 from .streaming_stores import fence_streaming_stores, stream_large_results
 from .transpose_blocks import transposes_in_16x16_blocks
@@ -114,7 +115,8 @@ class CpuTarget:
 
     def stages(self) -> list[Stage]:
         return [
-            Stage("bufferize", lambda m: bufferize(m, register_bytes=self.cpu.vector_bits // 8),
+            Stage("bufferize", lambda m: bufferize(m, register_bytes=self.cpu.vector_bits // 8,
+                                                    reread_bytes=self.cpu.l2_bytes),
                   "one-shot bufferize, out-params, vector lowering"),
             Stage("llvm", lambda m: lower_to_llvm(m, self.threads, runtime_checks=self.runtime_checks,
                                                   stream_bytes=self.cpu.stream_bytes),
@@ -154,9 +156,10 @@ def protect_arguments(payload: ir.Module) -> None:
             func.attributes["arg_attrs"] = ir.ArrayAttr.get(new)
 
 
-def bufferize(payload: ir.Module, register_bytes: int = 64) -> None:
+def bufferize(payload: ir.Module, register_bytes: int = 64, reread_bytes: int = 0) -> None:
     """One-shot bufferization and the vector lowering for a CPU with vector registers of
-    `register_bytes`."""
+    `register_bytes`; passes over tiles of arguments of at least `reread_bytes` (0: none)
+    prefetch the next tile (prefetch.prefetch_next_reread_tiles)."""
     checks_to_error_code(payload)  # run-time checks report an error code instead of aborting
     transposes_in_16x16_blocks(payload)  # lowered by Shuffle16x16 below
     innermost_concats_as_inserts(payload)
@@ -208,6 +211,7 @@ def bufferize(payload: ir.Module, register_bytes: int = 64) -> None:
     run_schedule(payload, body)
     prefetch_next_accumulators(payload)
     prefetch_next_page_strided_loads(payload)
+    prefetch_next_reread_tiles(payload, reread_bytes)
     scalar_reads_of_wide_loads(payload)
     reassociate_vector_reductions(payload)
     reductions_into_vector_accumulators(payload, max_bytes=4 * register_bytes)

@@ -1,5 +1,5 @@
-"""Software prefetch of the next register tile's accumulators, and of streams that cross a
-page every step.
+"""Software prefetch of the next register tile's accumulators, of streams that cross a
+page every step, and of the next tile of an input passed over several times per tile.
 
 A register tile's loop (an scf.for over k carrying vector accumulators) starts from a
 `vector.transfer_read` of its output tile and ends in a `vector.transfer_write` of the same
@@ -18,7 +18,18 @@ runs as many streams as steps, more than the hardware prefetcher follows; its fi
 over a tile of lanes waits on memory. `prefetch_next_page_strided_loads` prefetches into L2,
 with each such load, the same step's vector of the next tile along the nearest enclosing
 loop that moves it (the next tile of lanes). Conv2d(256, 64, 1) over [8, 256, 56, 56] on one
-thread: 5.69 -> 4.99 ms (torch 4.38)."""
+thread: 5.69 -> 4.99 ms (torch 4.38).
+
+A loop whose body passes over the same tile of a large input two or more times (the fused
+cross-entropy's class tile: its max, then its exp-sum; a softmax's or a layer norm's rows:
+their reductions, then their exps) waits on memory in its first pass and leaves the memory
+idle in the others, which run from cache: the hardware prefetcher only follows demand
+misses. `prefetch_next_reread_tiles` prefetches into L2, with each read of those passes, the
+same lines of the next iteration's tile, so the memory streams while the later passes
+compute. For inputs larger than L2 and tiles of at most a quarter of it (a next tile of
+half of L2 would evict the current one before its last pass). On 2 threads, one process
+alternating with and without: cross-entropy [1023, 128256] 36.1 -> 30.2 ms, layer norm
+[4096, 4096] 6.16 -> 5.18 ms, softmax 5.84 -> 5.41 ms."""
 
 from __future__ import annotations
 
@@ -278,3 +289,163 @@ def prefetch_next_page_strided_loads(payload: ir.Module) -> int:
     payload.operation.walk(visit)
     with payload.context:
         return sum(_prefetch_next_stream(load, loop) for load, loop in pairs)
+
+
+# Passes over one tile of a large input: a loop whose body runs two or more loops over the
+# same tile of a function argument (a cross-entropy's class tile: its max, then its exp-sum;
+# a softmax's rows: their max, then their exps) waits on memory in the first pass and leaves
+# the memory idle in the others, which run from cache: the hardware prefetcher follows
+# demand misses only.
+_VIEW_CHAIN = ("memref.subview", "memref.expand_shape", "memref.collapse_shape", "memref.cast",
+               "memref.reinterpret_cast")
+_LOOPS = ("scf.for", "scf.parallel")
+
+
+def _argument_base(source: ir.Value) -> ir.Value | None:
+    """The function argument `source` is a view of (through subviews, reshapes and casts),
+    or None."""
+    while True:
+        op = defining_op(source)
+        if op is None:
+            owner = ir.BlockArgument(source).owner.owner
+            return source if getattr(owner, "operation", owner).name == "func.func" else None
+        if op.name not in _VIEW_CHAIN:
+            return None
+        source = op.operands[0]
+
+
+def _static_bytes(value: ir.Value) -> int:
+    mtype = ir.MemRefType(value.type)
+    if not mtype.has_static_shape:
+        return 0
+    n = 1
+    for size in mtype.shape:
+        n *= size
+    return n * getattr(mtype.element_type, "width", 32) // 8
+
+
+def _reread_sites(payload: ir.Module, min_bytes: int) -> list[tuple[ir.Operation, ir.Value]]:
+    """(read, base): in-bounds vector reads of whole rows from a function argument of at
+    least min_bytes, with unit leading vector dims."""
+    sites = []
+
+    def visit(op):
+        if op.name == "vector.transfer_read" and isinstance(op.operands[0].type, ir.MemRefType):
+            vtype = ir.VectorType(op.results[0].type)
+            base = _argument_base(op.operands[0])
+            if base is not None and _static_bytes(base) >= min_bytes \
+                    and all(s == 1 for s in vtype.shape[:-1]) and _reads_minor_rows_in_bounds(op):
+                sites.append((op, base))
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit)
+    return sites
+
+
+def _loops_around(op: ir.Operation) -> list[ir.Operation]:
+    """The scf.for / scf.parallel ops around `op`, innermost first, up to the function."""
+    loops, parent = [], op.parent
+    while parent is not None and parent.name != "func.func":
+        if parent.name in _LOOPS:
+            loops.append(parent)
+        parent = parent.parent
+    return loops
+
+
+def _child_of(op: ir.Operation, loop: ir.Operation) -> ir.Operation:
+    """The op of `loop`'s body that holds `op`."""
+    while op.parent != loop:
+        op = op.parent
+    return op
+
+
+def _constant(value: ir.Value) -> int | None:
+    op = defining_op(value)
+    if op is None or op.name != "arith.constant":
+        return None
+    return ir.IntegerAttr(op.attributes["value"]).value
+
+
+def _tile_bytes(read: ir.Operation, inner: list[ir.Operation]) -> int | None:
+    """Bytes `read` reads over one iteration of the outermost of `inner` (the loops between
+    it and the read, constant bounds), or None."""
+    vtype = ir.VectorType(read.results[0].type)
+    total = vtype.shape[-1] * getattr(vtype.element_type, "width", 32) // 8
+    for loop in inner[:-1]:
+        lb, ub, step = (_constant(v) for v in list(loop.operands)[:3])
+        if None in (lb, ub, step) or step <= 0:
+            return None
+        total *= max(0, -(-(ub - lb) // step))
+    return total
+
+
+def _moving_pass_loop(read: ir.Operation, base: ir.Value, sites,
+                      max_tile_bytes: int) -> ir.Operation | None:
+    """The innermost loop around `read` whose body holds two or more loops reading `base`,
+    one of them holding `read`, and whose induction variable moves what `read` reads, its
+    tile (what `read` reads in one iteration) at most max_tile_bytes; None if there is
+    none."""
+    loops = _loops_around(read)
+    for depth, loop in enumerate(loops):
+        if depth == 0 or loop.name == "scf.parallel" and len(loop.regions[0].blocks[0].arguments) != 1:
+            continue
+        passes = {_child_of(other, loop) for other, b in sites
+                  if b == base and is_nested_in(other, loop)}
+        if len(passes) < 2 or not all(p.name in _LOOPS for p in passes):
+            continue
+        inner = loops[:depth + 1]
+        order, ivs = [], []
+        source, indices = read.operands[0], _read_indices(read)
+        if not all(_slice(v, inner, order, ivs) for v in [source] + indices):
+            return None
+        if not any(iv == _iv(loop) for iv in ivs):
+            continue
+        tile = _tile_bytes(read, inner)
+        return loop if tile is not None and tile <= max_tile_bytes else None
+    return None
+
+
+def _read_indices(read: ir.Operation) -> list[ir.Value]:
+    return list(read.operands)[1:1 + ir.MemRefType(read.operands[0].type).rank]
+
+
+def prefetch_next_reread_tiles(payload: ir.Module, l2_bytes: int) -> int:
+    """Prefetch into L2, before each vector read of a function argument larger than L2 in a
+    pass over a tile of at most a quarter of L2 that is passed over again
+    (`_moving_pass_loop`), the same lines of the next iteration's tile; the last iteration
+    prefetches its own. Returns the reads served. (A log-softmax's row block of half of L2,
+    read again by its output sweep, is left alone: its next block would evict it.)"""
+    if l2_bytes <= 0:
+        return 0
+    sites = _reread_sites(payload, l2_bytes)
+    chosen = [(read, loop) for read, base in sites
+              if (loop := _moving_pass_loop(read, base, sites, l2_bytes // 4)) is not None]
+    with payload.context:
+        for read, loop in chosen:
+            _prefetch_next_tile(read, loop)
+    return len(chosen)
+
+
+def _prefetch_next_tile(read: ir.Operation, loop: ir.Operation) -> None:
+    source, indices = read.operands[0], _read_indices(read)
+    inner = _loops_around(read)
+    inner = inner[:inner.index(loop) + 1]
+    order, ivs = [], []
+    for v in [source] + indices:
+        _slice(v, inner, order, ivs)
+    vtype = ir.VectorType(read.results[0].type)
+    line = _line_elements(vtype.element_type)
+    index = ir.IndexType.get()
+    with ir.InsertionPoint(read), read.location:
+        _, ub, step = list(loop.operands)[:3]
+        iv = _iv(loop)
+        ahead = arith.addi(iv, step)
+        mapping = {iv: arith.select(arith.cmpi(arith.CmpIPredicate.slt, ahead, ub), ahead, iv)}
+        for op in order:
+            clone_op(op, mapping)
+        view, at = mapping.get(source, source), [mapping.get(v, v) for v in indices]
+        for c in range(0, vtype.shape[-1], line):
+            where = list(at)
+            if c:
+                where[-1] = arith.addi(where[-1], arith.constant(index, c))
+            memref.prefetch(view, where, False, 2, True)  # for reading, into L2

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from lighthouse.compile import compile_kernel
-from lighthouse.targets.prefetch import prefetch_next_accumulators, prefetch_next_page_strided_loads
+from lighthouse.targets.prefetch import (prefetch_next_accumulators, prefetch_next_page_strided_loads,
+                                        prefetch_next_reread_tiles)
+from tests.conftest import EXAMPLES
 from tests.schedules.test_convolution import conv_kernel
 from tests.transform_ext.helpers import check as filecheck
 from tests.transform_ext.helpers import rewritten
@@ -204,5 +206,118 @@ def test_pointwise_convolutions_with_stream_prefetches_match_torch_with_bounds_c
     bufferized = str(compile_kernel(path, stop_after="bufferize", threads=2).module)
     assert "locality<2>" in bufferized
     compiled = compile_kernel(path, threads=2, runtime_checks=True)
+    for r in compiled.check():
+        assert r.ok, str(r)
+
+
+# A cross-entropy's rows: per class tile of 512, a max pass and an exp-sum pass over the
+# same 2 KiB of the row (16 lanes per step).
+PASSES = """
+func.func @rows(%X: memref<4x4096xf32>, %S: memref<4x16xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c4 = arith.constant 4 : index
+  %c16 = arith.constant 16 : index
+  %c512 = arith.constant 512 : index
+  %c4096 = arith.constant 4096 : index
+  %f0 = arith.constant 0.0 : f32
+  %low = arith.constant dense<0xFF800000> : vector<16xf32>
+  %zero = arith.constant dense<0.0> : vector<16xf32>
+  scf.for %r = %c0 to %c4 step %c1 {
+    %m, %s = scf.for %t = %c0 to %c4096 step %c512 iter_args(%m0 = %low, %s0 = %zero)
+        -> (vector<16xf32>, vector<16xf32>) {
+      %tm = scf.for %k = %c0 to %c512 step %c16 iter_args(%a = %m0) -> (vector<16xf32>) {
+        %i = arith.addi %t, %k : index
+        %v = vector.transfer_read %X[%r, %i], %f0 {in_bounds = [true]} : memref<4x4096xf32>, vector<16xf32>
+        %n = arith.maximumf %a, %v : vector<16xf32>
+        scf.yield %n : vector<16xf32>
+      }
+      %ts = scf.for %k = %c0 to %c512 step %c16 iter_args(%a = %s0) -> (vector<16xf32>) {
+        %i = arith.addi %t, %k : index
+        %v = vector.transfer_read %X[%r, %i], %f0 {in_bounds = [true]} : memref<4x4096xf32>, vector<16xf32>
+        %d = arith.subf %v, %tm : vector<16xf32>
+        %e = math.exp %d : vector<16xf32>
+        %n = arith.addf %a, %e : vector<16xf32>
+        scf.yield %n : vector<16xf32>
+      }
+      scf.yield %tm, %ts : vector<16xf32>, vector<16xf32>
+    }
+    vector.transfer_write %s, %S[%r, %c0] {in_bounds = [true]} : vector<16xf32>, memref<4x16xf32>
+  }
+  return
+}
+"""
+
+
+def _reread(source: str, l2_bytes: int = 32 << 10) -> tuple[int, str]:
+    return rewritten(source, lambda m: prefetch_next_reread_tiles(m, l2_bytes))
+
+
+def test_the_next_class_tile_of_a_reread_tile_is_prefetched_into_l2():
+    """X (64 KiB) is larger than the 32 KiB "L2"; each class tile (2 KiB, at most a quarter
+    of it) is read by two passes: each read prefetches its line of the next tile (t + 512,
+    the last tile its own), one line per 16 floats, for reading, into L2."""
+    served, text = _reread(PASSES)
+    assert served == 2
+    filecheck(text, """
+        CHECK: scf.for %[[R:[a-z0-9_]+]] =
+        CHECK: scf.for %[[T:[a-z0-9_]+]] = %{{.*}} to %[[UB:[a-z0-9_]+]] step %[[STEP:[a-z0-9_]+]]
+        CHECK: scf.for %[[K:[a-z0-9_]+]] =
+        CHECK: %[[AHEAD:[a-z0-9_]+]] = arith.addi %[[T]], %[[STEP]]
+        CHECK: %[[IN:[a-z0-9_]+]] = arith.cmpi slt, %[[AHEAD]], %[[UB]]
+        CHECK: %[[NEXT:[a-z0-9_]+]] = arith.select %[[IN]], %[[AHEAD]], %[[T]]
+        CHECK: %[[I:[a-z0-9_]+]] = arith.addi %[[NEXT]], %[[K]]
+        CHECK: memref.prefetch %{{.*}}{{\\[}}%[[R]], %[[I]]], read, locality<2>, data
+        CHECK-NOT: memref.prefetch
+        CHECK: vector.transfer_read
+        CHECK: arith.maximumf
+        CHECK: scf.for
+        CHECK: memref.prefetch %{{.*}}{{\\[}}%[[R]], %{{.*}}], read, locality<2>, data
+        CHECK-NOT: memref.prefetch
+        CHECK: vector.transfer_read
+        CHECK: math.exp
+    """)
+
+
+@pytest.mark.parametrize("change, l2_bytes, served, reason", [
+    (("%v = vector.transfer_read %X[%r, %i], %f0 {in_bounds = [true]} : memref<4x4096xf32>, vector<16xf32>\n        %d",
+      "%v = vector.transfer_read %Y[%r, %i], %f0 {in_bounds = [true]} : memref<4x4096xf32>, vector<16xf32>\n        %d"),
+     32 << 10, 0, "each tile of X is read by one pass (the other reads Y)"),
+    ((), 128 << 10, 0, "X fits in L2"),
+    ((), 4 << 10, 0, "a class tile over a quarter of L2"),
+    (("{in_bounds = [true]} : memref<4x4096xf32>, vector<16xf32>\n        %n = arith.max",
+      "{in_bounds = [false]} : memref<4x4096xf32>, vector<16xf32>\n        %n = arith.max"),
+     32 << 10, 0, "the max pass may read past the row's end: one pass left"),
+    (("%tm = scf.for %k = %c0 to %c512 step %c16", "%tm = scf.for %k = %c0 to %t step %c16"),
+     32 << 10, 1, "the max pass's extent moves with the tile: only the exp pass prefetches"),
+])
+def test_no_reread_prefetch_where_the_next_tile_is_not_known_to_be_read(change, l2_bytes, served,
+                                                                        reason):
+    source = PASSES.replace("%S: memref<4x16xf32>", "%S: memref<4x16xf32>, %Y: memref<4x4096xf32>")
+    source = source.replace(*change) if change else source
+    got, text = _reread(source, l2_bytes)
+    assert got == served, reason
+    assert text.count("memref.prefetch") == served, reason
+    if served:
+        assert text.index("memref.prefetch") > text.index("arith.maximumf"), reason
+
+
+@pytest.mark.parametrize("example, overrides, backward", [
+    ("cross_entropy.py", {"N": 64, "C": 16384}, False),  # ignored rows among the targets
+    ("cross_entropy.py", {"N": 64, "C": 16000}, True),  # a remainder class tile
+    ("cross_entropy.py", {"N": 32, "C": 32768, "DTYPE": "bfloat16"}, True),
+    ("softmax.py", {"N": 512, "C": 2048}, False),
+    ("layer_norm.py", {"N": 513, "D": 2048}, False),
+])
+def test_kernels_with_reread_prefetches_match_torch_with_bounds_checks(example, overrides, backward):
+    """Inputs of 4 MiB, over the 2 MiB L2 of the tests' CPU description: the passes over
+    each tile prefetch the next; every view is verified at run time, the results match
+    torch."""
+    path = EXAMPLES / example
+    bufferized = str(compile_kernel(path, overrides=overrides, backward=backward,
+                                    stop_after="bufferize", threads=2).module)
+    assert "read, locality<2>" in bufferized
+    compiled = compile_kernel(path, overrides=overrides, backward=backward, threads=2,
+                              runtime_checks=True)
     for r in compiled.check():
         assert r.ok, str(r)
