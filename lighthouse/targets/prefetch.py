@@ -256,9 +256,18 @@ def _prefetch_next_stream(load: ir.Operation, loop: ir.Operation) -> bool:
             break
     else:
         return False
-    vtype = ir.VectorType(load.results[0].type)
+    _prefetch_ahead(load, moving, order, source, indices)
+    return True
+
+
+def _prefetch_ahead(read: ir.Operation, moving: ir.Operation, order: list[ir.Operation],
+                    source: ir.Value, indices: list[ir.Value]) -> None:
+    """Before `read` (a vector read of `source` at `indices`, computed by the ops `order`),
+    prefetch into L2 every line it would read on the next iteration of `moving` (on the
+    last, its own)."""
+    vtype = ir.VectorType(read.results[0].type)
     line = _line_elements(vtype.element_type)
-    with ir.InsertionPoint(load), load.location:
+    with ir.InsertionPoint(read), read.location:
         _, ub, step = list(moving.operands)[:3]
         iv = _iv(moving)
         ahead = arith.addi(iv, step)
@@ -267,12 +276,11 @@ def _prefetch_next_stream(load: ir.Operation, loop: ir.Operation) -> bool:
             clone_op(op, mapping)
         view, at = mapping.get(source, source), [mapping.get(v, v) for v in indices]
         index = ir.IndexType.get()
-        for c in range(0, vtype.shape[0], line):
+        for c in range(0, vtype.shape[-1], line):
             where = list(at)
             if c:
                 where[-1] = arith.addi(where[-1], arith.constant(index, c))
             memref.prefetch(view, where, False, 2, True)  # for reading, into L2
-    return True
 
 
 def prefetch_next_page_strided_loads(payload: ir.Module) -> int:
@@ -433,19 +441,4 @@ def _prefetch_next_tile(read: ir.Operation, loop: ir.Operation) -> None:
     order, ivs = [], []
     for v in [source] + indices:
         _slice(v, inner, order, ivs)
-    vtype = ir.VectorType(read.results[0].type)
-    line = _line_elements(vtype.element_type)
-    index = ir.IndexType.get()
-    with ir.InsertionPoint(read), read.location:
-        _, ub, step = list(loop.operands)[:3]
-        iv = _iv(loop)
-        ahead = arith.addi(iv, step)
-        mapping = {iv: arith.select(arith.cmpi(arith.CmpIPredicate.slt, ahead, ub), ahead, iv)}
-        for op in order:
-            clone_op(op, mapping)
-        view, at = mapping.get(source, source), [mapping.get(v, v) for v in indices]
-        for c in range(0, vtype.shape[-1], line):
-            where = list(at)
-            if c:
-                where[-1] = arith.addi(where[-1], arith.constant(index, c))
-            memref.prefetch(view, where, False, 2, True)  # for reading, into L2
+    _prefetch_ahead(read, loop, order, source, indices)
