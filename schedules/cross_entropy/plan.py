@@ -124,7 +124,9 @@ def _row_tile(ops: CrossEntropyOps, params: CrossEntropyParams) -> tuple[int, li
         x = ops.row_max.operands[0]
         classes = loop_structure(ops.row_max).ranges[ops.class_dim]
         row_bytes = classes * max(4, x.type.element_type.width // 8)
-        want = max(1, params.block_bytes // row_bytes)
+        budget = params.sweep_bytes if ops.gradient is not None or ops.gradients else \
+            params.block_bytes
+        want = max(1, budget // row_bytes)
         total = 1
         for e in extents:
             total *= e

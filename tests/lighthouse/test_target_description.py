@@ -109,7 +109,8 @@ def test_families_decide_by_description_not_by_name():
     assert (gpu.schedule.query_tile, gpu.schedule.key_tile) == XeGpuTarget.attention_tiles
     assert family_params("cross_entropy", XeGpuTarget()).vector is None
     ce = family_params("cross_entropy", CpuTarget(threads=2, cpu=SSE)).schedule
-    assert (ce.lanes, ce.min_lanes, ce.vector_tile, ce.block_bytes) == (16, 4, 16, 128 << 10)
+    assert (ce.lanes, ce.min_lanes, ce.vector_tile, ce.block_bytes, ce.sweep_bytes) == \
+        (16, 4, 16, 128 << 10, 16 << 10)
 
 
 def test_options_override_the_description():
