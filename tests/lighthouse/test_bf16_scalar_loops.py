@@ -170,7 +170,8 @@ def test_scalar_bf16_conversions_round_as_torch(kernel_file):
 def test_scalar_and_one_lane_bf16_conversions_become_integer_ops():
     """extf / truncf of a bf16 scalar, a vector<1xbf16>, an n-D vector whose innermost dim
     is odd and one whose rows are not whole 8-lane parts (6) become integer ops on the bits;
-    rows of 8 or 16 lanes keep the native conversion."""
+    a truncation to rows of 8 or 16 lanes keeps the native conversion, an extension from
+    them is integer ops too (as on every lane count)."""
     with ir.Context(), ir.Location.unknown():
         module = ir.Module.parse("""
           func.func @f(%a: bf16, %b: f32, %c: vector<1xbf16>, %d: vector<8xf32>,
@@ -188,7 +189,7 @@ def test_scalar_and_one_lane_bf16_conversions_become_integer_ops():
               : f32, bf16, vector<1xf32>, vector<8xbf16>, vector<4x2x1xf32>, vector<3x6xbf16>,
                 vector<2x16xf32>
           }""")
-        assert odd_bf16_conversions_as_integer_ops(module) == 5
+        assert odd_bf16_conversions_as_integer_ops(module) == 6
         module.operation.verify()
         filecheck(str(module), """
           CHECK: arith.bitcast %{{.*}} : bf16 to i16
@@ -203,7 +204,7 @@ def test_scalar_and_one_lane_bf16_conversions_become_integer_ops():
           CHECK: arith.truncf %{{.*}} : vector<8xf32> to vector<8xbf16>
           CHECK: arith.extui %{{.*}} : vector<4x2x1xi16> to vector<4x2x1xi32>
           CHECK: arith.trunci %{{.*}} : vector<3x6xi32> to vector<3x6xi16>
-          CHECK: arith.extf %{{.*}} : vector<2x16xbf16> to vector<2x16xf32>
+          CHECK: arith.extui %{{.*}} : vector<2x16xi16> to vector<2x16xi32>
           CHECK-NOT: arith.extf
           CHECK-NOT: arith.truncf
         """)

@@ -162,8 +162,9 @@ def test_bf16_in_integers_on_a_host_without_bf16_conversions(kernel_file, monkey
 
 
 def test_even_bf16_vectors_move_and_convert_as_integers():
-    """With all_lane_counts: a conversion of a 16-lane vector to and from bf16 becomes
-    integer ops (round to nearest even), and its shuffles and stores move i16 lanes."""
+    """A bf16 extension is integer ops on every host; with all_lane_counts the conversion
+    of a 16-lane vector to bf16 too (round to nearest even), and its shuffles and stores
+    move i16 lanes."""
     with ir.Context(), ir.Location.unknown():
         module = ir.Module.parse("""
           func.func @f(%x: vector<16xf32>, %y: vector<16xbf16>) -> (vector<16xbf16>, vector<16xf32>) {
@@ -171,8 +172,9 @@ def test_even_bf16_vectors_move_and_convert_as_integers():
             %e = arith.extf %y : vector<16xbf16> to vector<16xf32>
             return %t, %e : vector<16xbf16>, vector<16xf32>
           }""")
-        assert odd_bf16_conversions_as_integer_ops(module) == 0
-        assert odd_bf16_conversions_as_integer_ops(module, all_lane_counts=True) == 2
+        assert odd_bf16_conversions_as_integer_ops(module) == 1
+        assert "arith.extf" not in str(module) and "arith.truncf" in str(module)
+        assert odd_bf16_conversions_as_integer_ops(module, all_lane_counts=True) == 1
         module.operation.verify()
         filecheck(str(module), """
           CHECK-NOT: arith.truncf
@@ -196,6 +198,31 @@ def test_even_bf16_vectors_move_and_convert_as_integers():
           CHECK: llvm.store %{{.*}} : vector<16xi16>
           CHECK-NOT: bf16
         """)
+
+
+BF16_CLAMP = """
+import torch
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return torch.clamp(x.float() * 2.0, min=-87.5) + x.float()
+def get_inputs():
+    x = (torch.randn(8, 256) * 60).to(torch.bfloat16)
+    x[0, :4] = torch.tensor([float("nan"), float("-inf"), float("inf"), -44.0])
+    return [x]
+def get_init_inputs():
+    return []
+"""
+
+
+def test_an_f32_max_of_a_bf16_extension_stays_in_f32(kernel_file):
+    """bf16 -> f32 extensions reach LLVM as integer ops: LLVM narrows
+    fmaximum(fpext(a), C) for a bf16-exact C into a bf16 fmaximum, which x86 emulates by
+    converting back and forth (a bf16 cross-entropy backward's exp clamp: 71.6 -> 56.6 ms on
+    2 threads without the fpext)."""
+    compiled = compile_kernel(kernel_file(BF16_CLAMP), threads=2)
+    assert "llvm.fpext" not in str(compiled.module)
+    for r in compiled.check():
+        assert r.ok, str(r)
 
 
 CONV_TRANSPOSE_3D = """
