@@ -52,6 +52,7 @@ from .bf16_vectors import (bf16_memory_as_i16, odd_bf16_conversions_as_integer_o
                            odd_bf16_vectors_as_i16)
 from .concat_pieces import innermost_concats_as_inserts
 from .description import CpuDescription, host_cpu, host_cpu_flags
+from .index_compares import narrow_iota_compares
 from .libm_calls import f64_math_as_libm_calls
 from .prefetch import (prefetch_next_accumulators, prefetch_next_page_strided_loads,
                        prefetch_next_reread_tiles)
@@ -525,6 +526,7 @@ def lower_to_llvm(payload: ir.Module, threads: int, *, runtime_checks: bool = Fa
     ]))
     fence_streaming_stores(payload)
     expand_math_in(payload.operation, ldexp="avx512f" in host_cpu_flags())
+    narrow_iota_compares(payload)  # a one-hot mask's lane indices in 32 bits
     f64_math_as_libm_calls(payload)
     narrow_f64_truncations_through_f32(payload)
     bf16_in_integers = bf16_moves_in_integers()
