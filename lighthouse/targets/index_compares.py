@@ -6,11 +6,11 @@ A one-hot mask compares each lane's class index with a row's target:
     %c = arith.addi (vector.broadcast %j : index to vector<64xindex>), dense<[0, 1, .., 63]>
     %m = arith.cmpi ne, %t, %c : vector<64xindex>
 
-On 64-bit lanes that is 8 compares of 8 lanes and 7 mask merges per 64 lanes (a bf16
-cross-entropy backward's gradient sweep spent 20 of its ~130 ops per 64 classes there).
-`narrow_iota_compares` compares the scalar difference instead: y == j + c exactly when
-d = y - j (wrapping) equals c, and for constants c that fit in 32 bits that is
-trunc32(d) == c32 where d fits in 32 bits:
+On 64-bit lanes that is, per 64 lanes, 8 compares of 8 lanes, 8 ors forming the lane
+indices and 7 mask merges: 23 of the ~130 ops a bf16 cross-entropy backward's gradient
+sweep spent per 64 classes. `narrow_iota_compares` compares the scalar difference instead:
+y == j + c exactly when d = y - j (wrapping) equals c, and for constants c that fit in 32
+bits that is trunc32(d) == c32 where d fits in 32 bits:
 
     %d = arith.subi %y, %j : index        %fits = (sext(trunc32(d)) == d)
     %m = arith.cmpi ne, (vector.broadcast trunc32(d)), dense<[0, 1, .., 63] : i32>

@@ -33,6 +33,8 @@ alternating with and without: cross-entropy [1023, 128256] 36.1 -> 30.2 ms, laye
 
 from __future__ import annotations
 
+import math
+
 from torch_mlir import ir
 from torch_mlir.dialects import arith, memref
 
@@ -299,11 +301,7 @@ def prefetch_next_page_strided_loads(payload: ir.Module) -> int:
         return sum(_prefetch_next_stream(load, loop) for load, loop in pairs)
 
 
-# Passes over one tile of a large input: a loop whose body runs two or more loops over the
-# same tile of a function argument (a cross-entropy's class tile: its max, then its exp-sum;
-# a softmax's rows: their max, then their exps) waits on memory in the first pass and leaves
-# the memory idle in the others, which run from cache: the hardware prefetcher follows
-# demand misses only.
+# views of a function argument, and the loops of passes over its tiles
 _VIEW_CHAIN = ("memref.subview", "memref.expand_shape", "memref.collapse_shape", "memref.cast",
                "memref.reinterpret_cast")
 _LOOPS = ("scf.for", "scf.parallel")
@@ -326,10 +324,7 @@ def _static_bytes(value: ir.Value) -> int:
     mtype = ir.MemRefType(value.type)
     if not mtype.has_static_shape:
         return 0
-    n = 1
-    for size in mtype.shape:
-        n *= size
-    return n * getattr(mtype.element_type, "width", 32) // 8
+    return math.prod(mtype.shape) * getattr(mtype.element_type, "width", 32) // 8
 
 
 def _reread_sites(payload: ir.Module, min_bytes: int) -> list[tuple[ir.Operation, ir.Value]]:
@@ -390,9 +385,9 @@ def _tile_bytes(read: ir.Operation, inner: list[ir.Operation]) -> int | None:
 def _moving_pass_loop(read: ir.Operation, base: ir.Value, sites,
                       max_tile_bytes: int) -> ir.Operation | None:
     """The innermost loop around `read` whose body holds two or more loops reading `base`,
-    one of them holding `read`, and whose induction variable moves what `read` reads, its
-    tile (what `read` reads in one iteration) at most max_tile_bytes; None if there is
-    none."""
+    one of them holding `read`, and whose induction variable moves what `read` reads, when
+    the loops between have constant bounds (the next iteration runs the same steps) and its
+    tile (what `read` reads in one iteration) is at most max_tile_bytes; None otherwise."""
     loops = _loops_around(read)
     for depth, loop in enumerate(loops):
         if depth == 0 or loop.name == "scf.parallel" and len(loop.regions[0].blocks[0].arguments) != 1:
