@@ -382,18 +382,59 @@ def _tile_bytes(read: ir.Operation, inner: list[ir.Operation]) -> int | None:
     return total
 
 
+def _index_signature(read: ir.Operation, loop: ir.Operation) -> tuple:
+    """How `read` indexes its view in one iteration of `loop`: the view, then per index a
+    constant, a value set outside `loop`, or "moves" for one computed from a loop inside
+    it."""
+    def kind(value):
+        op = defining_op(value)
+        if op is not None and op.name == "arith.constant":
+            return ("constant", str(op.attributes["value"]))
+        pending, seen = [value], set()
+        while pending:
+            v = pending.pop()
+            op = defining_op(v)
+            if op is None:
+                owner = ir.BlockArgument(v).owner.owner
+                owner = getattr(owner, "operation", owner)
+                if owner.name in _LOOPS and (owner == loop or is_nested_in(owner, loop)):
+                    return ("moves",)
+                continue
+            if op in seen or not is_nested_in(op, loop):
+                continue
+            seen.add(op)
+            pending.extend(op.operands)
+        return ("value", value)
+
+    return (read.operands[0],) + tuple(kind(v) for v in _read_indices(read))
+
+
+def _splits(a: tuple, b: tuple) -> bool:
+    """Do two reads of one view split its tile instead of both passing over it (a loop over
+    a row's whole vectors and its remainder loop: one index moves in the first, is a
+    constant in the second)? Reads of different views are taken as passes over the same
+    tile (a class loop over a reshaped view of the rows, then a sweep of the rows)."""
+    if a[0] != b[0] or len(a) != len(b):
+        return False
+    return any({x[0], y[0]} == {"constant", "moves"} for x, y in zip(a[1:], b[1:]))
+
+
 def _moving_pass_loop(read: ir.Operation, base: ir.Value, sites,
                       max_tile_bytes: int) -> ir.Operation | None:
-    """The innermost loop around `read` whose body holds two or more loops reading `base`,
-    one of them holding `read`, and whose induction variable moves what `read` reads, when
+    """The innermost loop around `read` whose body holds two or more loops reading the tile
+    `read` reads (`_splits`: not a main loop and its remainder), one of them holding `read`,
+    and whose induction
+    variable moves what `read` reads, when
     the loops between have constant bounds (the next iteration runs the same steps) and its
     tile (what `read` reads in one iteration) is at most max_tile_bytes; None otherwise."""
     loops = _loops_around(read)
     for depth, loop in enumerate(loops):
         if depth == 0 or loop.name == "scf.parallel" and len(loop.regions[0].blocks[0].arguments) != 1:
             continue
+        mine = _index_signature(read, loop)
         passes = {_child_of(other, loop) for other, b in sites
-                  if b == base and is_nested_in(other, loop)}
+                  if b == base and is_nested_in(other, loop)
+                  and not _splits(mine, _index_signature(other, loop))}
         if len(passes) < 2 or not all(p.name in _LOOPS for p in passes):
             continue
         inner = loops[:depth + 1]
