@@ -3,7 +3,6 @@ i64 lanes as one on i32 lanes (FileCheck), the cases it leaves alone, its exactn
 differences that do not fit in 32 bits (run), and one-hot gradients against torch."""
 
 import pytest
-import torch
 from torch_mlir import ir
 
 from lighthouse.compile import compile_kernel
