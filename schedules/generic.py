@@ -147,8 +147,8 @@ class GenericParams:
     register_tile: (m, n) accumulator tile of contractions.
     bf16_dot: contractions of two bf16 inputs step their k loop by pairs and become AVX512-BF16
       dot products (transform_ext.contracts_to_bf16_dot_products; the target must have them).
-    min_parallel_work: ops of fewer iteration points (output elements times the reduced
-      extent) than this stay sequential.
+    min_parallel_work: ops of less work than this stay sequential: output elements, times
+      the reduced extent for a reduction other than a contraction.
     k_chunk: rows of A per chunk of the k loop of a vector-matrix product y[m] += A[k, m] x[k]
       (A^T x, A read in place): each chunk's rows are streamed side by side across the
       register tiles instead of one register tile's column strip of A at a time (f32:

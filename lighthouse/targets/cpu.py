@@ -117,7 +117,7 @@ class CpuTarget:
     def stages(self) -> list[Stage]:
         return [
             Stage("bufferize", lambda m: bufferize(m, register_bytes=self.cpu.vector_bits // 8,
-                                                    reread_bytes=self.cpu.l2_bytes),
+                                                    l2_bytes=self.cpu.l2_bytes),
                   "one-shot bufferize, out-params, vector lowering"),
             Stage("llvm", lambda m: lower_to_llvm(m, self.threads, runtime_checks=self.runtime_checks,
                                                   stream_bytes=self.cpu.stream_bytes),
@@ -157,10 +157,10 @@ def protect_arguments(payload: ir.Module) -> None:
             func.attributes["arg_attrs"] = ir.ArrayAttr.get(new)
 
 
-def bufferize(payload: ir.Module, register_bytes: int = 64, reread_bytes: int = 0) -> None:
+def bufferize(payload: ir.Module, register_bytes: int = 64, l2_bytes: int = 0) -> None:
     """One-shot bufferization and the vector lowering for a CPU with vector registers of
-    `register_bytes`; passes over tiles of arguments of at least `reread_bytes` (0: none)
-    prefetch the next tile (prefetch.prefetch_next_reread_tiles)."""
+    `register_bytes`; with the L2 size `l2_bytes` (0: unknown, none), passes over tiles of
+    arguments larger than L2 prefetch the next tile (prefetch.prefetch_next_reread_tiles)."""
     checks_to_error_code(payload)  # run-time checks report an error code instead of aborting
     transposes_in_16x16_blocks(payload)  # lowered by Shuffle16x16 below
     innermost_concats_as_inserts(payload)
@@ -212,7 +212,7 @@ def bufferize(payload: ir.Module, register_bytes: int = 64, reread_bytes: int = 
     run_schedule(payload, body)
     prefetch_next_accumulators(payload)
     prefetch_next_page_strided_loads(payload)
-    prefetch_next_reread_tiles(payload, reread_bytes)
+    prefetch_next_reread_tiles(payload, l2_bytes)
     scalar_reads_of_wide_loads(payload)
     reassociate_vector_reductions(payload)
     reductions_into_vector_accumulators(payload, max_bytes=4 * register_bytes)

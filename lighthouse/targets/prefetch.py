@@ -38,7 +38,7 @@ import math
 from torch_mlir import ir
 from torch_mlir.dialects import arith, memref
 
-from transform_ext.common import all_in_bounds, clone_op, defining_op, is_nested_in
+from transform_ext.common import all_in_bounds, clone_op, constant_value, defining_op, is_nested_in
 
 CACHE_LINE_BYTES = 64
 MAX_LINES = 64  # per tile: a register tile of at most 32 rows of two lines
@@ -362,34 +362,29 @@ def _child_of(op: ir.Operation, loop: ir.Operation) -> ir.Operation:
     return op
 
 
-def _constant(value: ir.Value) -> int | None:
-    op = defining_op(value)
-    if op is None or op.name != "arith.constant":
-        return None
-    return ir.IntegerAttr(op.attributes["value"]).value
-
-
 def _tile_bytes(read: ir.Operation, inner: list[ir.Operation]) -> int | None:
     """Bytes `read` reads over one iteration of the outermost of `inner` (the loops between
     it and the read, constant bounds), or None."""
     vtype = ir.VectorType(read.results[0].type)
     total = vtype.shape[-1] * getattr(vtype.element_type, "width", 32) // 8
     for loop in inner[:-1]:
-        lb, ub, step = (_constant(v) for v in list(loop.operands)[:3])
-        if None in (lb, ub, step) or step <= 0:
+        bounds = [constant_value(v) for v in list(loop.operands)[:3]]
+        if not all(isinstance(b, ir.IntegerAttr) for b in bounds):
+            return None
+        lb, ub, step = (ir.IntegerAttr(b).value for b in bounds)
+        if step <= 0:
             return None
         total *= max(0, -(-(ub - lb) // step))
     return total
 
 
 def _index_signature(read: ir.Operation, loop: ir.Operation) -> tuple:
-    """How `read` indexes its view in one iteration of `loop`: the view, then per index a
-    constant, a value set outside `loop`, or "moves" for one computed from a loop inside
-    it."""
+    """How `read` indexes its view in one iteration of `loop`: the view, then per index
+    "constant", "moves" (computed from a loop inside `loop`) or "fixed" (set outside it)."""
     def kind(value):
         op = defining_op(value)
         if op is not None and op.name == "arith.constant":
-            return ("constant", str(op.attributes["value"]))
+            return "constant"
         pending, seen = [value], set()
         while pending:
             v = pending.pop()
@@ -398,13 +393,13 @@ def _index_signature(read: ir.Operation, loop: ir.Operation) -> tuple:
                 owner = ir.BlockArgument(v).owner.owner
                 owner = getattr(owner, "operation", owner)
                 if owner.name in _LOOPS and (owner == loop or is_nested_in(owner, loop)):
-                    return ("moves",)
+                    return "moves"
                 continue
             if op in seen or not is_nested_in(op, loop):
                 continue
             seen.add(op)
             pending.extend(op.operands)
-        return ("value", value)
+        return "fixed"
 
     return (read.operands[0],) + tuple(kind(v) for v in _read_indices(read))
 
@@ -416,17 +411,16 @@ def _splits(a: tuple, b: tuple) -> bool:
     tile (a class loop over a reshaped view of the rows, then a sweep of the rows)."""
     if a[0] != b[0] or len(a) != len(b):
         return False
-    return any({x[0], y[0]} == {"constant", "moves"} for x, y in zip(a[1:], b[1:]))
+    return any({x, y} == {"constant", "moves"} for x, y in zip(a[1:], b[1:]))
 
 
-def _moving_pass_loop(read: ir.Operation, base: ir.Value, sites,
-                      max_tile_bytes: int) -> ir.Operation | None:
-    """The innermost loop around `read` whose body holds two or more loops reading the tile
-    `read` reads (`_splits`: not a main loop and its remainder), one of them holding `read`,
-    and whose induction
-    variable moves what `read` reads, when
-    the loops between have constant bounds (the next iteration runs the same steps) and its
-    tile (what `read` reads in one iteration) is at most max_tile_bytes; None otherwise."""
+def _moving_pass_loop(read: ir.Operation, base: ir.Value, sites, max_tile_bytes: int):
+    """(loop, ops computing the read's view and indices in it): the innermost loop around
+    `read` whose body holds two or more loops reading the tile `read` reads (`_splits`: not
+    a main loop and its remainder), one of them holding `read`, and whose induction variable
+    moves what `read` reads, when the loops between have constant bounds (the next
+    iteration runs the same steps) and its tile (what `read` reads in one iteration) is at
+    most max_tile_bytes; None otherwise."""
     loops = _loops_around(read)
     for depth, loop in enumerate(loops):
         if depth == 0 or loop.name == "scf.parallel" and len(loop.regions[0].blocks[0].arguments) != 1:
@@ -439,13 +433,12 @@ def _moving_pass_loop(read: ir.Operation, base: ir.Value, sites,
             continue
         inner = loops[:depth + 1]
         order, ivs = [], []
-        source, indices = read.operands[0], _read_indices(read)
-        if not all(_slice(v, inner, order, ivs) for v in [source] + indices):
+        if not all(_slice(v, inner, order, ivs) for v in [read.operands[0]] + _read_indices(read)):
             return None
         if not any(iv == _iv(loop) for iv in ivs):
             continue
         tile = _tile_bytes(read, inner)
-        return loop if tile is not None and tile <= max_tile_bytes else None
+        return (loop, order) if tile is not None and tile <= max_tile_bytes else None
     return None
 
 
@@ -462,19 +455,9 @@ def prefetch_next_reread_tiles(payload: ir.Module, l2_bytes: int) -> int:
     if l2_bytes <= 0:
         return 0
     sites = _reread_sites(payload, l2_bytes)
-    chosen = [(read, loop) for read, base in sites
-              if (loop := _moving_pass_loop(read, base, sites, l2_bytes // 4)) is not None]
+    chosen = [(read, found) for read, base in sites
+              if (found := _moving_pass_loop(read, base, sites, l2_bytes // 4)) is not None]
     with payload.context:
-        for read, loop in chosen:
-            _prefetch_next_tile(read, loop)
+        for read, (loop, order) in chosen:
+            _prefetch_ahead(read, loop, order, read.operands[0], _read_indices(read))
     return len(chosen)
-
-
-def _prefetch_next_tile(read: ir.Operation, loop: ir.Operation) -> None:
-    source, indices = read.operands[0], _read_indices(read)
-    inner = _loops_around(read)
-    inner = inner[:inner.index(loop) + 1]
-    order, ivs = [], []
-    for v in [source] + indices:
-        _slice(v, inner, order, ivs)
-    _prefetch_ahead(read, loop, order, source, indices)

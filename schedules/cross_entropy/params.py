@@ -15,12 +15,12 @@ from ..common import Place
 class CrossEntropyParams:
     """row_tile: rows per scf.forall iteration (0: chosen so a block's logits stay in L2,
     `block_bytes`, or in L1, `sweep_bytes`, when a gradient (a log-softmax's result) sweeps
-    the block again after its class loop, with enough blocks for `threads` workers); class_tile: classes per step of
-    the fused loop (0: 8 chunks of `lanes` when the lanes are split, else 4096; a remainder
-    tile is handled); lanes: running maxima and sums per row when the classes are the
-    contiguous dim (halved down to `min_lanes` until it divides them; 1: one per row, as
-    when none does): several vector registers of lanes keep the max chains independent;
-    vector_tile: elements per vector op elsewhere."""
+    the block again after its class loop, with enough blocks for `threads` workers);
+    class_tile: classes per step of the fused loop (0: 8 chunks of `lanes` when the lanes are
+    split, else 4096; a remainder tile is handled); lanes: running maxima and sums per row
+    when the classes are the contiguous dim (halved down to `min_lanes` until it divides
+    them; 1: one per row, as when none does): several vector registers of lanes keep the max
+    chains independent; vector_tile: elements per vector op elsewhere."""
 
     row_tile: int = 0
     class_tile: int = 0

@@ -24,9 +24,9 @@ from .structure import dim_positions, is_linalg_op, loop_structure
 class ForallPolicy:
     """threads x tiles_per_thread forall tiles, a tile's share of the result at most
     tile_bytes (pass_bytes for a root whose fused chain passes over each contiguous row of
-    the tile several times, see `parallel_tile_sizes`), inner chunks of at least vector_tile elements, ops of less than
-    min_parallel_work work sequential: output elements, times the reduced extent for a
-    reduction other than a contraction (see `parallel_tile_sizes`)."""
+    the tile several times, see `parallel_tile_sizes`), inner chunks of at least vector_tile
+    elements, ops of less than min_parallel_work work sequential: output elements, times the
+    reduced extent for a reduction other than a contraction (see `parallel_tile_sizes`)."""
 
     threads: int
     tiles_per_thread: int
