@@ -47,7 +47,7 @@ SCHEDULE_OPTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
                   "register_tile": (int, int), "backward_tiles": (int, int, int, int)},
     "cross_entropy": {"row_tile": int, "class_tile": int, "lanes": int},
     "linear_cross_entropy": {"row_tile": int, "class_tile": int, "backward_rows": int,
-                             "amx_class_tile": int},
+                             "amx_class_tile": int, "stored_logits_bytes": int},
 }
 
 

@@ -19,7 +19,12 @@ not read m: the masked-row AND, a target gather, a plain sum) join the loop unch
 Operands: `reduction` (R1, one payload op), `consumers` (the R2s and siblings: every payload
 op is fused), `producers` (optional: ops producing data inputs, e.g. S = Q K^T, to compute
 per tile instead of materializing them), `tile_size`. Elementwise ops between group members
-join the loop too. The loop carries only the accumulators. When tile_size does not divide the
+join the loop too. The loop carries only the accumulators; with `yield_producers`, a producer
+whose result is also read outside the group (the logits S^T a fused backward reads again) is
+carried too: each tile it computes is inserted into its full value (started from its init,
+or from a fill's destination: every tile overwrites its part), and those readers read the
+loop's result, so it is computed once. Without it such a producer stays whole before the
+loop for them. When tile_size does not divide the
 axis extent, the remainder tile runs once after the loop with its own static shape (or the
 op fails, when `allow_remainder` is false). The result is the new scf.for.
 
@@ -35,7 +40,7 @@ Mixed precision: the correction is computed in f32; f16/bf16 accumulators are re
 f32 and rounded once per tile (accumulate in f32 by giving the reduction an f32 init).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from torch_mlir import ir
@@ -78,6 +83,8 @@ class _Plan:
     group: list                          # all group ops in block order
     classes: DimClasses
     axis: object                         # class root of the axis
+    yielded: list = field(default_factory=list)         # producers read after the group
+    filled_outputs: list = field(default_factory=list)  # their fills: each tile fills its own
     def axis_dim_of_value(self, value) -> Optional[int]:
         if not isinstance(value.type, ir.RankedTensorType):
             return None
@@ -158,7 +165,7 @@ def _depends_on(value: ir.Value, target: ir.Value, block, memo: dict) -> bool:
 
 
 def analyze(r1: ir.Operation, consumers: list, producers: list, tile: int,
-            allow_remainder: bool) -> _Plan:
+            allow_remainder: bool, yield_producers: bool = False) -> _Plan:
     """Legality and the fusion plan; raises Illegal with the reason."""
     k = _single_reduction(r1, "reduction")
     comb = _combiner(r1)
@@ -232,6 +239,13 @@ def analyze(r1: ir.Operation, consumers: list, producers: list, tile: int,
         if l is None or loop_structure(op).iterators[l] != "parallel":
             raise Illegal(op, "a producer must compute the fused axis as a parallel dim")
 
+    for op in producers if yield_producers else ():
+        if _read_after(op, set(ordered)):
+            init = op.operands[loop_structure(op).num_inputs]
+            fill = defining_op(init)
+            if fill is not None and fill.name == "linalg.fill":
+                plan.filled_outputs.append(fill)
+            plan.yielded.append(op)
     analysis = _chain_forms(plan, m)
     for c in plan.consumers:
         if c.dependent:
@@ -252,6 +266,20 @@ def analyze(r1: ir.Operation, consumers: list, producers: list, tile: int,
                            for q in range(c.op.results[0].type.rank)):
                     raise Illegal(c.op, "the consumer's result does not keep the rows of the reduction")
     return plan
+
+
+def _read_after(op: ir.Operation, group: set) -> bool:
+    """Is a result of `op` read by an op outside `group` (an op of the block, or nested in
+    one, that is not a group op)?"""
+    block_owner = op.parent
+    for result in op.results:
+        for use in result.uses:
+            owner = getattr(use.owner, "operation", use.owner)
+            while owner.parent is not None and owner.parent != block_owner:
+                owner = owner.parent
+            if getattr(owner, "operation", owner) not in group:
+                return True
+    return False
 
 
 def _refuse_reads_of_consumers(r1, consumers, producers, block) -> None:
@@ -335,10 +363,10 @@ def _tile_type(t: ir.RankedTensorType, dim: int, size: int) -> ir.RankedTensorTy
     return ir.RankedTensorType.get(shape, t.element_type, t.encoding)
 
 
-def _slice(value: ir.Value, dim: int, offset, size: int) -> ir.Value:
-    t = value.type
-    rank = t.rank
-    static_offsets = [0] * rank
+def _tile_of(t: ir.RankedTensorType, dim: int, offset, size: int):
+    """(dynamic offsets, static offsets, sizes) of the tile of `t` at `offset` (an int or an
+    index value) of `size` along `dim`, whole along the other dims."""
+    static_offsets = [0] * t.rank
     offsets = []
     if isinstance(offset, int):
         static_offsets[dim] = offset
@@ -347,8 +375,20 @@ def _slice(value: ir.Value, dim: int, offset, size: int) -> ir.Value:
         offsets = [offset]
     sizes = list(t.shape)
     sizes[dim] = size
-    return tensor.ExtractSliceOp(_tile_type(t, dim, size), value, offsets, [], [],
-                                 static_offsets, sizes, [1] * rank).result
+    return offsets, static_offsets, sizes
+
+
+def _slice(value: ir.Value, dim: int, offset, size: int) -> ir.Value:
+    offsets, static_offsets, sizes = _tile_of(value.type, dim, offset, size)
+    return tensor.ExtractSliceOp(_tile_type(value.type, dim, size), value, offsets, [], [],
+                                 static_offsets, sizes, [1] * value.type.rank).result
+
+
+def _insert(part: ir.Value, whole: ir.Value, dim: int, offset, size: int) -> ir.Value:
+    """`part` written into `whole` at `offset` along `dim` (the other dims whole)."""
+    offsets, static_offsets, sizes = _tile_of(whole.type, dim, offset, size)
+    return tensor.InsertSliceOp(part, whole, offsets, [], [], static_offsets, sizes,
+                                [1] * whole.type.rank).result
 
 
 def _is_empty_like(value: ir.Value) -> bool:
@@ -427,7 +467,7 @@ class _Emitter:
             if _is_empty_like(v):
                 return tensor.EmptyOp(list(tile_type.shape), tile_type.element_type).result
             if producer is not None and producer.name == "linalg.fill" and \
-                    _is_empty_like(producer.operands[1]):
+                    (_is_empty_like(producer.operands[1]) or producer in plan.filled_outputs):
                 empty = tensor.EmptyOp(list(tile_type.shape), tile_type.element_type).result
                 return linalg.fill(producer.operands[0], outs=[empty])
             return _slice(v, d, offset, size)
@@ -489,6 +529,7 @@ class _Emitter:
             if consumer.dependent:
                 acc = self._rescale(acc, factors[consumer.beta], consumer)
             clone(op, [acc])
+        self.tiles = {p: mapping[p.results[0]] for p in plan.yielded}
         return [m_new] + [mapping[c.op.results[0]] for c in plan.consumers]
 
     def _factor(self, m_old, tile_red, beta: float, ident: float):
@@ -574,22 +615,35 @@ def rewrite(plan: _Plan, rewriter) -> ir.Operation:
     emitter = _Emitter(plan)
     r1_init = plan.r1.operands[loop_structure(plan.r1).num_inputs]
     inits = [r1_init] + [c.op.operands[loop_structure(c.op).num_inputs] for c in plan.consumers]
+    count = len(inits)
+    for p in plan.yielded:  # every tile overwrites its part: a fill's destination will do
+        init = p.operands[loop_structure(p).num_inputs]
+        fill = defining_op(init)
+        inits.append(fill.operands[1] if fill in plan.filled_outputs else init)
     full = plan.extent - plan.extent % plan.tile
     idx = ir.IndexType.get()
+
+    def tile(offset, size, carried):
+        outs = emitter.tile_body(offset, size, carried[0], carried[1:count])
+        for p, whole in zip(plan.yielded, carried[count:]):
+            part = emitter.tiles[p]
+            d = plan.axis_dim_of_value(p.results[0])
+            outs.append(_insert(part, whole, d, offset, size))
+        return outs
+
     with ip, loc:
         lb = arith.ConstantOp(idx, ir.IntegerAttr.get(idx, 0)).result
         ub = arith.ConstantOp(idx, ir.IntegerAttr.get(idx, full)).result
         step = arith.ConstantOp(idx, ir.IntegerAttr.get(idx, plan.tile)).result
         loop = scf.ForOp(lb, ub, step, inits)
         with ir.InsertionPoint(loop.body):
-            iters = list(loop.inner_iter_args)
-            outs = emitter.tile_body(loop.induction_variable, plan.tile, iters[0], iters[1:])
-            scf.YieldOp(outs)
+            scf.YieldOp(tile(loop.induction_variable, plan.tile, list(loop.inner_iter_args)))
         finals = list(loop.results)
         if plan.extent % plan.tile:
-            finals = emitter.tile_body(full, plan.extent % plan.tile, finals[0], finals[1:])
-    _sink_users(block, loop.operation, [plan.r1] + [c.op for c in plan.consumers], finals)
-    replaced = [plan.r1.results[0]] + [c.op.results[0] for c in plan.consumers]
+            finals = tile(full, plan.extent % plan.tile, finals)
+    replaced_ops = [plan.r1] + [c.op for c in plan.consumers] + plan.yielded
+    _sink_users(block, loop.operation, replaced_ops, finals)
+    replaced = [op.results[0] for op in replaced_ops]
     for old, new in zip(replaced, finals):
         old.replace_all_uses_with(new)
     for op in reversed(plan.group):
@@ -651,6 +705,7 @@ class FuseDependentReductionOpsOp(TransformExt.Operation, name="fuse_dependent_r
     producers: Sequence[ext.Operand[transform.AnyOpType]]
     tile_size: ir.IntegerAttr
     allow_remainder: ir.IntegerAttr
+    yield_producers: ir.IntegerAttr  # i1
     loop: ext.Result[transform.AnyOpType[()]] = ext.infer_result()
 
     class Apply(transform.TransformOpInterface):
@@ -662,12 +717,13 @@ class FuseDependentReductionOpsOp(TransformExt.Operation, name="fuse_dependent_r
                 producers = [p for h in op.producers for p in payload_ops(state, h)]
                 tile = ir.IntegerAttr(op.tile_size).value
                 allow = bool(ir.IntegerAttr(op.allow_remainder).value)
+                yields = bool(ir.IntegerAttr(op.yield_producers).value)
                 if len(r1s) != 1:
                     payload = r1s[0] if r1s else op.operation
                     return fail("transform_ext.fuse_dependent_reduction_ops",
                                 Illegal(payload, f"expected one reduction, got {len(r1s)}"))
                 try:
-                    plan = analyze(r1s[0], consumers, producers, tile, allow)
+                    plan = analyze(r1s[0], consumers, producers, tile, allow, yields)
                 except Illegal as illegal:
                     return fail("transform_ext.fuse_dependent_reduction_ops", illegal)
                 loop = rewrite(plan, rewriter)
@@ -683,10 +739,12 @@ class FuseDependentReductionOpsOp(TransformExt.Operation, name="fuse_dependent_r
 
 def fuse_dependent_reduction_ops(reduction: ir.Value, consumers: ir.Value, tile_size: int,
                                  *, producers: Sequence[ir.Value] = (),
-                                 allow_remainder: bool = True) -> ir.Value:
+                                 allow_remainder: bool = True,
+                                 yield_producers: bool = False) -> ir.Value:
     """Fuse `consumers` (dependent reductions and siblings) with `reduction` into one loop
     over tiles of `tile_size` along the reduced axis; returns the loop handle."""
-    i64 = ir.IntegerType.get_signless(64)
+    i64, i1 = ir.IntegerType.get_signless(64), ir.IntegerType.get_signless(1)
     return FuseDependentReductionOpsOp(
         reduction, consumers, list(producers), ir.IntegerAttr.get(i64, tile_size),
-        ir.IntegerAttr.get(ir.IntegerType.get_signless(1), int(allow_remainder))).loop
+        ir.IntegerAttr.get(i1, int(allow_remainder)),
+        ir.IntegerAttr.get(i1, int(yield_producers))).loop

@@ -12,7 +12,9 @@ T = `threads`, C = `class_tile`:
         scf.forall t < T over a contiguous share of the class tiles:
             dh_t = 0                                  [R, D], one per thread
             for each class tile c of the share:
-                S_c^T = W_c h_s^T                     [C, R]  (recomputed: no [N, V] S)
+                S_c^T = W_c h_s^T                     [C, R]  (recomputed: no [N, V] S;
+                                                               with `stored_logits`, the
+                                                               slice of S^T [V, N] instead)
                 G_c^T = E(S_c^T, ...)                 [C, R]  (E's body, at the tile's rows
                                                                 and classes)
                 dW_c += G_c^T h_s,  Z_c = F(S_c^T, G_c^T, ...) reduced into Z_c,
@@ -21,6 +23,11 @@ T = `threads`, C = `class_tile`:
         dh_s = sum_t dh_t
     (the last N mod R rows: one more block of their own size)
 
+With `stored_logits`, S^T = transpose(S) is read once before the loop nest (a linalg.generic
+reading the logits contraction's result), and each class tile reads its [C, R] slice of it:
+once the forward's fused class loops yield the logits tiles they compute into S^T
+(fuse_dependent_reduction_ops' yield_producers), the backward does two products per tile,
+not three, for N x V f32 of memory.
 dW and the column sums accumulate over the row blocks (each thread owns its classes: no
 conflict; a column sum starts from its own init and combines with its own body); dh over the
 threads' partial sums [T, R, D], the only memory besides the tiles. The layouts keep the
@@ -319,8 +326,11 @@ class _Kernel:
     (when there is one), then one _ClassAccumulator per dW and column sum."""
 
     def __init__(self, bwd: LinearCrossEntropyBackward, row_tile: int, class_tile: int,
-                 threads: int, panel: int, bf16_pairs: bool, amx: bool = False):
+                 threads: int, panel: int, bf16_pairs: bool, amx: bool = False,
+                 stored_logits: bool = False):
         self.bwd = bwd
+        self.stored_logits = stored_logits
+        self.logits_t = None  # S^T [V, N], read per tile when `stored_logits`
         self.bf16_pairs = bf16_pairs
         self.amx = amx
         self.n, self.v, self.d = bwd.logits.shape
@@ -361,6 +371,13 @@ class _Kernel:
             axis = dim_positions(ls.output_map(0)).index(column.class_loop)
             self.accumulators.append(_ClassAccumulator(mapping[init], axis))
         carried += [a.init for a in self.accumulators]
+        if self.stored_logits:
+            s = bwd.logits.result
+            element = ir.RankedTensorType(s.type).element_type
+            self.logits_t = build_generic(
+                [s], [tensor.EmptyOp([self.v, self.n], element).result],
+                [_map(2, [1, 0]), _map(2, [0, 1])], ["parallel", "parallel"],
+                lambda args: [args[0]]).results[0]
         weight = bwd.logits.weight
         whole = self.v - self.v % self.classes  # the classes of whole tiles
         if self.has_dh and self.on_tiles(self.rows, self.d, self.classes, weight):
@@ -391,7 +408,8 @@ class _Kernel:
         block = _Block(self, s0, rows, _maybe_panels(self.operand(h_s), self.panel),
                        _maybe_panels(self.operand(h_t), self.panel))
         if self.on_tiles(self.classes, rows, d, h_s):  # S^T's and dW's second factors
-            block.h_t_pairs = transposed_pairs(h_s)
+            if not self.stored_logits:
+                block.h_t_pairs = transposed_pairs(h_s)
             block.h_pairs = _pairs_of_rows(h_s)
         tiles = (self.v - self.v % self.classes) // self.classes
         shared = ([tensor.EmptyOp([self.threads, rows, d], f32).result] if self.has_dh else []) \
@@ -461,7 +479,9 @@ class _Block:
         accumulated = carried[1:] if k.has_dh else carried
         w_raw = _slice(bwd.logits.weight, [c0, 0], [classes, d])
         w_c = k.operand(w_raw)
-        if self.h_t_pairs is not None and k.on_tiles(classes, self.rows, d, w_raw):
+        if k.logits_t is not None:
+            s_t = _slice(k.logits_t, [c0, self.s0], [classes, self.rows])
+        elif self.h_t_pairs is not None and k.on_tiles(classes, self.rows, d, w_raw):
             s_t = _pair_product(in_pairs(w_raw), self.h_t_pairs,
                                 _zeros([classes, self.rows], f32))
         else:
@@ -584,10 +604,11 @@ def tile_op(item: RowsAndClasses, tiles: dict, rows: tuple, classes: tuple, out:
 
 
 def rewrite(bwd: LinearCrossEntropyBackward, at: ir.Operation, row_tile: int, class_tile: int,
-            threads: int, panel: int, bf16_pairs: bool, amx: bool, rewriter) -> None:
+            threads: int, panel: int, bf16_pairs: bool, amx: bool, stored_logits: bool,
+            rewriter) -> None:
     with ir.InsertionPoint(at), at.location:
         results = iter(_Kernel(bwd, row_tile, class_tile, threads, panel, bf16_pairs,
-                               amx).build())
+                               amx, stored_logits).build())
         replaced = [(op, next(results)) for op in (bwd.d_rows, bwd.d_weight) if op is not None]
         replaced += [(column.op, next(results)) for column in bwd.column_sums]
         for i, (op, value) in enumerate(replaced):
@@ -616,6 +637,7 @@ class FuseLinearCrossEntropyBackwardOp(TransformExt.Operation,
     panel: ir.IntegerAttr
     bf16_pairs: ir.IntegerAttr  # i1
     amx: ir.IntegerAttr  # i1
+    stored_logits: ir.IntegerAttr  # i1
 
     class Apply(transform.TransformOpInterface):
         @staticmethod
@@ -627,6 +649,7 @@ class FuseLinearCrossEntropyBackwardOp(TransformExt.Operation,
                 panel = ir.IntegerAttr(op.panel).value
                 bf16_pairs = bool(ir.IntegerAttr(op.bf16_pairs).value)
                 amx = bf16_pairs and bool(ir.IntegerAttr(op.amx).value)
+                stored = bool(ir.IntegerAttr(op.stored_logits).value)
                 targets = payload_ops(state, op.target)
                 try:
                     if min(rows, classes, threads) < 1 or panel < 0:
@@ -637,7 +660,8 @@ class FuseLinearCrossEntropyBackwardOp(TransformExt.Operation,
                 except Illegal as illegal:
                     return fail(NAME, illegal)
                 for bwd, at in plans:
-                    rewrite(bwd, at, rows, classes, threads, panel, bf16_pairs, amx, rewriter)
+                    rewrite(bwd, at, rows, classes, threads, panel, bf16_pairs, amx, stored,
+                            rewriter)
                 return Success
 
         @staticmethod
@@ -649,14 +673,15 @@ class FuseLinearCrossEntropyBackwardOp(TransformExt.Operation,
 
 def fuse_linear_cross_entropy_backward(func_handle: ir.Value, *, row_tile: int, class_tile: int,
                                        threads: int, panel: int = 0, bf16_pairs: bool = False,
-                                       amx: bool = False) -> None:
+                                       amx: bool = False, stored_logits: bool = False) -> None:
     """Replace the backward of the loss over linear logits of each function of
     `func_handle` by the fused loop nest (see the module docstring)."""
     i64, i1 = ir.IntegerType.get_signless(64), ir.IntegerType.get_signless(1)
     FuseLinearCrossEntropyBackwardOp(
         func_handle, ir.IntegerAttr.get(i64, row_tile), ir.IntegerAttr.get(i64, class_tile),
         ir.IntegerAttr.get(i64, threads), ir.IntegerAttr.get(i64, panel),
-        ir.IntegerAttr.get(i1, bf16_pairs), ir.IntegerAttr.get(i1, amx))
+        ir.IntegerAttr.get(i1, bf16_pairs), ir.IntegerAttr.get(i1, amx),
+        ir.IntegerAttr.get(i1, stored_logits))
 
 
 __all__ = ["FuseLinearCrossEntropyBackwardOp", "fuse_linear_cross_entropy_backward",

@@ -19,8 +19,9 @@ Schedule (the script's @fuse, one named step per item; decisions read by
   3. fuse_backward (joint graph): transform_ext.fuse_linear_cross_entropy_backward replaces
      G and its readers (and the reductions over the rows of S, db) by a loop over blocks of
      `backward_rows` rows, each a forall over the threads' shares of the class tiles: S's
-     tile recomputed from h and W, G's tile from it and the forward's row statistics (m,
-     log l: the saved lse), dW and db accumulated per class tile, dh per thread and summed;
+     tile read from S^T as the forward stored it (stores_logits) or recomputed from h and
+     W, G's tile from it and the forward's row statistics (m, log l: the saved lse), dW
+     and db accumulated per class tile, dh per thread and summed;
   4. logits_classes_major: S stored [V, N] (store_scores_keys_major) with W read in place
      (fold_key_transpose) and h^T made by a transpose: a CPU register tile of S's
      contraction then has its lanes along the rows (h^T) and broadcasts W, and the max and
@@ -31,10 +32,12 @@ Schedule (the script's @fuse, one named step per item; decisions read by
      the rows fused in (S^T's contraction, h^T, the row max and sums, the dot products);
   6. fuse_class_loops: in each row block, fuse_dependent_reduction_ops makes the row max,
      the exp-sum (online, exp(m_old - m_new)) and every class sum ONE loop over tiles of
-     `class_tile` classes, with S^T's contraction computed per tile (its producer); a class
+     `class_tile` classes, with S^T's contraction computed per tile (its producer; with
+     stored logits each tile is also written into the block's columns of S^T, which the
+     row-block forall yields: yield_producers); a class
      sum that needs the final exp-sum (label smoothing of bf16/f16 logits: torch rounds each
      log-probability before summing) gets a second loop over the class tiles after it, the
-     logits tile recomputed in it.
+     logits tile recomputed in it (read from S^T when stored).
   7. logits_in_pairs (plan.amx: bf16 h and W on a CPU with AMX, D, the row block and the
      class tile multiples of 32; not a remainder tile of V mod class_tile classes): S^T's
      tile contraction in the class loops reads
@@ -55,9 +58,12 @@ classes, no reduction across blocks), step 4 is
 skipped (S stays [N, V]: DPAS tiles), targets_in_lanes follows step 5 (y and the gathers
 per row in lane form), and the row blocks tile the losses' lane copy; xegpu.py maps the
 row-block forall to workgroups.
-No [N, V] tensor is left: the forward holds a [class_tile, row_tile] tile of S per thread,
-the backward a [class_tile, backward_rows] tile of S and of G per thread plus the threads'
-dh partials [threads, backward_rows, D]. The CPU @vectorize (cpu.py) is the generic one,
+No [N, V] tensor is left in a forward: it holds a [class_tile, row_tile] tile of S per
+thread. The joint graph's backward holds a [class_tile, backward_rows] tile of G per thread
+plus the threads' dh partials [threads, backward_rows, D], and S^T [V, N] in f32 when it
+fits `stored_logits_bytes` (stores_logits; step 3 makes the backward read S^T's tiles, step
+6 makes the forward's class loops yield the tiles they compute into it, and the second
+sweep of a late class sum reads them too), else a tile of S per thread, recomputed. The CPU @vectorize (cpu.py) is the generic one,
 the k loops of the register tiles unrolled.
 Not taken (the reason in the fallback's note): the logits read otherwise (returned, a
 reduction over rows and classes), a weight read [D, V] without a transpose (W passed as a
@@ -245,7 +251,8 @@ def fuse_backward(params: LinearCrossEntropyParams, rows: int = 0, classes: int 
             fuse_linear_cross_entropy_backward(func, row_tile=params.backward_rows,
                                                class_tile=params.class_tile,
                                                threads=params.threads, panel=params.panel,
-                                               bf16_pairs=params.bf16_dot, amx=params.amx)
+                                               bf16_pairs=params.bf16_dot, amx=params.amx,
+                                               stored_logits=stores_logits(params, rows, classes))
         else:
             fuse_linear_cross_entropy_backward_two_pass(
                 func, block=largest_divisor_at_most(common, block_cap),
@@ -253,6 +260,12 @@ def fuse_backward(params: LinearCrossEntropyParams, rows: int = 0, classes: int 
         return apply_passes(root, "canonicalize", "cse")
 
     return body
+
+
+def stores_logits(params: LinearCrossEntropyParams, rows: int, classes: int) -> bool:
+    """Does the backward read S^T [V, N] as the forward's class loops computed it (f32, at
+    most `stored_logits_bytes`), instead of recomputing its tiles from h and W?"""
+    return params.classes_major and 4 * rows * classes <= params.stored_logits_bytes
 
 
 def logits_classes_major(root: ir.Value) -> ir.Value:
@@ -264,7 +277,7 @@ def logits_classes_major(root: ir.Value) -> ir.Value:
 
 
 def fuse_class_loops(params: LinearCrossEntropyParams, late: tuple[LateSum, ...] = (),
-                     group_size: int = 0, amx: bool = False):
+                     group_size: int = 0, amx: bool = False, stored: bool = False):
     """Step 6 of the module docstring, in every row block; then each late class sum (one
     that reads a reduction of the group other than the row max: sum_c round(x_c - m -
     log l), label smoothing of bf16 logits, needs the final l) gets a loop of its own over
@@ -286,14 +299,18 @@ def fuse_class_loops(params: LinearCrossEntropyParams, late: tuple[LateSum, ...]
         if amx:
             transform.AnnotateOp(logits, LOGITS)
         class_loops = [fuse_dependent_reduction_ops(row_max, exclude_ops(group, row_max),
-                                                    params.class_tile, producers=[logits])]
+                                                    params.class_tile, producers=[logits],
+                                                    yield_producers=stored)]
         for target, s in zip(lates, late):
             any_op = transform.AnyOpType.get()
-            producer = transform.GetProducerOfOperand(any_op, target, s.logits_operand).producer
-            init = transform.GetProducerOfOperand(any_op, producer, 2).producer  # its zero fill
+            if not stored:
+                producer = transform.GetProducerOfOperand(any_op, target,
+                                                          s.logits_operand).producer
+                init = transform.GetProducerOfOperand(any_op, producer, 2).producer  # its fill
             tiled = structured.TileUsingForOp(target, sizes=list(s.tile_sizes))
-            structured.FuseIntoContainingOp(producer, tiled.loops[0])
-            structured.FuseIntoContainingOp(init, tiled.loops[0])
+            if not stored:
+                structured.FuseIntoContainingOp(producer, tiled.loops[0])
+                structured.FuseIntoContainingOp(init, tiled.loops[0])
             main = tiled.loops[0]
             if s.peel:  # the last, partial class tile as a static tile of its own
                 main = loop.LoopPeelOp(any_op, any_op, tiled.loops[0]).peeled_loop
@@ -361,7 +378,7 @@ def fuse_steps(plan: LinearCrossEntropyPlan) -> list[tuple[str, object]]:
               ("sink_root_readers", sink_root_readers(plan.root)),
               ("tile_rows", tile_rows(plan.rows, mark=ROW_BLOCKS)),
               ("fuse_class_loops", fuse_class_loops(plan.params, plan.late, plan.group_size,
-                                                    plan.amx))]
+                                                    plan.amx, plan.stored_logits))]
     if plan.amx:
         steps.append(("logits_in_pairs", logits_in_pairs))
     if plan.params.lanes and plan.backward:

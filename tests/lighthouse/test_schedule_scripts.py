@@ -279,7 +279,7 @@ def test_the_cross_entropy_script_reads_as_the_algorithm():
         CHECK: transform.named_sequence @tile_rows(
         CHECK: tile_using_forall %{{.*}} tile_sizes [5]
         CHECK: transform.named_sequence @fuse_class_loops(
-        CHECK: "transform_ext.fuse_dependent_reduction_ops"(%{{.*}}, %{{.*}}) {{{.*}}tile_size = 960 : i64}
+        CHECK: "transform_ext.fuse_dependent_reduction_ops"(%{{.*}}, %{{.*}}) {{{.*}}tile_size = 960 : i64, yield_producers = false}
         CHECK: transform.named_sequence @fuse(
         CHECK-NEXT: transform.include @normalize
         CHECK-NEXT: transform.include @restructure

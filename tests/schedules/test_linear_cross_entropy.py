@@ -91,38 +91,48 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+RECOMPUTED = "LIGHTHOUSE = dict(backward_rows=16, stored_logits_bytes=0)"
+
+
+@pytest.mark.parametrize("backward, options", [
+    (False, None), (True, None), (True, RECOMPUTED)],
+    ids=["forward", "backward", "backward_recomputed"])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_matches_torch(kernel_file, case, backward):
-    c = compiled(kernel(kernel_file, **case[1]), backward)
+def test_matches_torch(kernel_file, case, backward, options):
+    """The backward reads the logits its forward stored, or recomputes them per tile (a
+    budget of 0 for the stored logits)."""
+    extra = {"options": options} if options else {}
+    c = compiled(kernel(kernel_file, **{**case[1], **extra}), backward)
     assert any(n.startswith("d_") for n in c.imported.result_names) == backward
     assert_matches(c)
 
 
-@pytest.mark.parametrize("dtype, loss", [("bfloat16", "ignore_index=-100"),
-                                         ("float16", "ignore_index=-100"),
-                                         ("bfloat16", "label_smoothing=0.1")],
-                         ids=["bf16", "f16", "bf16_smoothing"])
-def test_half_precision_accumulates_in_f32(kernel_file, dtype, loss):
+@pytest.mark.parametrize("dtype, loss, options", [
+    ("bfloat16", "ignore_index=-100", None), ("float16", "ignore_index=-100", None),
+    ("bfloat16", "label_smoothing=0.1", None), ("bfloat16", "label_smoothing=0.1", RECOMPUTED)],
+    ids=["bf16", "f16", "bf16_smoothing", "bf16_smoothing_recomputed"])
+def test_half_precision_accumulates_in_f32(kernel_file, dtype, loss, options):
     """bf16/f16 h and W (and a bias): the logits rounded to the dtype as torch rounds them,
     every sum and product accumulated in f32, loss and gradients in the dtype. With label
     smoothing each rounded log-probability is summed (a second loop over the class tiles,
-    after the final log-sum-exp)."""
+    after the final log-sum-exp, reading the stored logits or recomputing them)."""
+    extra = {"options": options} if options else {}
     path = kernel(kernel_file, init=MODULE.format(bias=True, loss=loss),
                   body="return self.loss(self.head(h), y)", args="h, y", inputs="h, y",
-                  dtype=dtype, v=515)
+                  dtype=dtype, v=515, **extra)
     c = compiled(path, backward=True)
     results = c.run()
     assert all(r.dtype == getattr(torch, dtype) for r in results)
     assert_matches(c)
 
 
-def test_rows_and_classes_that_do_not_divide_the_tiles(kernel_file):
+@pytest.mark.parametrize("budget", ["", ", stored_logits_bytes=0"], ids=["stored", "recomputed"])
+def test_rows_and_classes_that_do_not_divide_the_tiles(kernel_file, budget):
     """N = 53 (prime: forward row blocks of 1; backward blocks of 16 and a remainder of 5),
     V = 4 * 64 + 37 (a class-tile remainder), the threads' shares of 4 tiles uneven with 3
-    threads."""
+    threads; the logits stored by the forward or recomputed."""
     path = kernel(kernel_file, n=53, v=4 * 64 + 37, d=40,
-                  options="LIGHTHOUSE = dict(backward_rows=16, class_tile=64)")
+                  options=f"LIGHTHOUSE = dict(backward_rows=16, class_tile=64{budget})")
     assert_matches(compiled(path, backward=True, threads=3))
 
 
@@ -171,28 +181,36 @@ def _allocations(payload) -> list[list[int]]:
     return shapes
 
 
+@pytest.mark.parametrize("stored", [False, True], ids=["recomputed", "stored"])
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
 @pytest.mark.parametrize("variant", ["linear", "bias_weight_smoothing", "bf16_smoothing"])
-def test_no_logits_sized_buffer_after_bufferization(kernel_file, backward, variant):
+def test_no_logits_sized_buffer_after_bufferization(kernel_file, backward, variant, stored):
     """After bufferization no buffer holds the logits or their gradient, not even a row
     block's: a buffer with V in its shape is [V, D] or [V] (dW, db), and none has a quarter
     of the logits' elements; the largest others are the tiles and the backward's dh
     partials [threads, rows, D]. With a bias, class weights and label smoothing too (db,
     read from the logits once the loss is restructured, and the smoothing's class sums),
-    and bf16 label smoothing (its second loop over the class tiles)."""
+    and bf16 label smoothing (its second loop over the class tiles). Within the
+    `stored_logits_bytes` budget the backward keeps one buffer more, the f32 logits S^T
+    [V, N] its forward computed; with a budget of 0 (`recomputed`), and in a forward
+    alone, there is none."""
     n, d, v = 600, 32, 1000
+    options = "" if stored else "LIGHTHOUSE = dict(stored_logits_bytes=0)"
     if variant == "linear":
-        path = kernel(kernel_file, n=n, d=d, v=v, options="")
+        path = kernel(kernel_file, n=n, d=d, v=v, options=options)
     else:
         loss = "weight=torch.rand(V), label_smoothing=0.1" if variant == "bias_weight_smoothing" \
             else "label_smoothing=0.1"
-        path = kernel(kernel_file, n=n, d=d, v=v, args="h, y", inputs="h, y", options="",
+        path = kernel(kernel_file, n=n, d=d, v=v, args="h, y", inputs="h, y", options=options,
                       init=MODULE.format(bias=True, loss=loss), body="return self.loss(self.head(h), y)",
                       dtype="bfloat16" if variant == "bf16_smoothing" else "float32")
     c = compile_kernel(path, backward=backward, stop_after="bufferize")
     assert c.family.name == "linear_cross_entropy", c.notes
     shapes = _allocations(c.module)
     assert shapes
+    if stored and backward:
+        assert shapes.count([v, n]) == 1, shapes
+        shapes.remove([v, n])
     for shape in shapes:
         count = 1
         for s in shape:

@@ -22,7 +22,8 @@ def _generics(payload):
             if op.operation.name == "linalg.generic"]
 
 
-def fuse(payload, reduction, consumers, tile, producers=(), allow_remainder=True):
+def fuse(payload, reduction, consumers, tile, producers=(), allow_remainder=True,
+         yield_producers=False):
     """Tag the given generics (by position) and apply the op; returns nothing."""
     ops = _generics(payload)
     order = [reduction] + list(consumers) + list(producers)
@@ -34,7 +35,8 @@ def fuse(payload, reduction, consumers, tile, producers=(), allow_remainder=True
         handle = cons[0] if len(cons) == 1 else transform.merge_handles(cons)
         prods = [match_id(root, 1 + len(consumers) + i) for i in range(len(producers))]
         fuse_dependent_reduction_ops(match_id(root, 0), handle, tile, producers=prods,
-                                     allow_remainder=allow_remainder)
+                                     allow_remainder=allow_remainder,
+                                     yield_producers=yield_producers)
 
     apply(payload, body)
     clear_tags(payload)
@@ -313,6 +315,45 @@ def test_attention_chain_and_sibling_and_reduction_in_one_loop(tile):
     assert not torch.isnan(out).any()
     assert torch.equal(out[0, 3], torch.zeros(8))
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+# the attention payload returning the scores too: S has a reader after the group
+ATTENTION_AND_SCORES = ATTENTION.replace(
+    "-> tensor<2x16x8xf32> {", "-> (tensor<2x16x8xf32>, tensor<2x16x40xf32>) {").replace(
+    "return %out : tensor<2x16x8xf32>",
+    "return %out, %s : tensor<2x16x8xf32>, tensor<2x16x40xf32>")
+
+
+@pytest.mark.parametrize("tile", [16, 7])
+def test_a_producer_read_after_the_group_is_yielded_tile_by_tile(tile):
+    """yield_producers: the scores S, also returned, are computed once per tile in the loop
+    and each tile is written into S's full value the loop carries (the remainder tile after
+    the loop too); S's own fill goes: every tile overwrites its part. Without it S stays
+    whole before the loop for its other reader."""
+    payload = parse(ATTENTION_AND_SCORES)
+    fuse(payload, reduction=2, consumers=[4, 6, 7], tile=tile, producers=[0], yield_producers=True)
+    text = str(payload)
+    assert text.count("scf.for") == 1
+    assert text.count("linalg.fill ins(%cst_0 : f32) outs(%0 : tensor<2x16x40xf32>)") == 0
+    check(payload, """
+        CHECK: %[[EMPTY:.*]] = tensor.empty() : tensor<2x16x40xf32>
+        CHECK-NOT: -> tensor<2x16x40xf32>
+        CHECK: scf.for {{.*}} iter_args({{.*}}, %{{.*}} = %[[EMPTY]]) -> ({{.*}}, tensor<2x16x40xf32>)
+        CHECK:   linalg.generic {{.*}} outs(%{{.*}} : tensor<2x16x{{7|16}}xf32>)
+        CHECK:   tensor.insert_slice {{.*}} into %{{.*}}[0, 0, %{{.*}}] [2, 16, {{7|16}}]
+        CHECK: scf.yield
+    """)
+    q, k, v, mask = _attention_inputs()
+    out, scores = run_module(payload, [q, k, v, mask])
+    torch.testing.assert_close(scores, q @ k.transpose(1, 2), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, _attention_reference(q, k, v, mask), rtol=1e-5, atol=1e-5)
+
+    kept = parse(ATTENTION_AND_SCORES)
+    fuse(kept, reduction=2, consumers=[4, 6, 7], tile=tile, producers=[0])
+    check(kept, """
+        CHECK: linalg.generic {{.*}} outs(%{{.*}} : tensor<2x16x40xf32>)
+        CHECK: scf.for {{.*}} -> (tensor<2x16xf32>, tensor<2x16xf32>, tensor<2x16xi1>, tensor<2x16x8xf32>)
+    """)
 
 
 # --------------------------------------------------------------------------- cross-entropy

@@ -62,6 +62,42 @@ def test_the_backward_becomes_one_loop_nest():
     assert "tensor<20x40xf32>" not in text.split("scf.for", 1)[1]
 
 
+def test_stored_logits_are_read_per_tile():
+    """stored_logits: S^T [V, N] is S read transposed once before the loop nest, and each
+    class tile reads its [classes, rows] slice of it (the last class tile, 40 mod 16, and
+    the last row block, 20 mod 8, too) instead of recomputing W_c h_s^T: the only products
+    over D left are dh's and dW's."""
+    payload = _joint()
+    apply(payload, lambda root: fuse_linear_cross_entropy_backward(
+        match(root, "func.func"), row_tile=8, class_tile=16, threads=2, panel=0,
+        stored_logits=True))
+    check(str(payload), """
+        CHECK: %[[S:.*]] = linalg.generic {{.*}} outs(%{{.*}} : tensor<20x40xf32>)
+        CHECK: %[[ST:.*]] = linalg.generic {{.*}} ins(%[[S]] : tensor<20x40xf32>) outs(%{{.*}} : tensor<40x20xf32>)
+        CHECK: scf.for %[[R:.*]] = %{{.*}} to %{{.*}} step %{{.*}} iter_args
+        CHECK:   scf.forall
+        CHECK:     scf.for %[[C:.*]] = %{{.*}} to %{{.*}} step
+        CHECK:       tensor.extract_slice %[[ST]][%[[C]], %[[R]]] [16, 8]
+        CHECK:   } {lh.fused_kernel}
+        CHECK: tensor.extract_slice %[[ST]][%{{.*}}, %{{.*}}] [16, 4]
+        CHECK: tensor.extract_slice %[[ST]][%{{.*}}, %{{.*}}] [8, 4]
+        CHECK: return
+    """)
+    def reductions(module) -> int:  # in the loop over the row blocks
+        return str(module).split("linalg.generic", 1)[1].split("{lh.fused_kernel}", 1)[0].count(
+            '"reduction"]')
+
+    # the threads' class tiles and the last class tile each read S^T instead of a product
+    assert reductions(payload) == reductions(_recomputed()) - 2
+
+
+def _recomputed():
+    payload = _joint()
+    apply(payload, lambda root: fuse_linear_cross_entropy_backward(
+        match(root, "func.func"), row_tile=8, class_tile=16, threads=2, panel=0))
+    return payload
+
+
 def test_bf16_products_in_pairs_for_amx_tiles():
     """With bf16_pairs and amx, the three products of a class tile whose extents are
     multiples of 32 read bf16 pairs and are marked lh.amx_product: S^T from W's rows in
