@@ -57,6 +57,7 @@ from .libm_calls import f64_math_as_libm_calls
 from .prefetch import (prefetch_next_accumulators, prefetch_next_page_strided_loads,
                        prefetch_next_reread_tiles)
 from .runtime_checks import add_vector_bounds_checks
+from .self_copies import drop_self_copies
 from .streaming_stores import fence_streaming_stores, stream_large_results
 from .transpose_blocks import transposes_in_16x16_blocks
 from .vector_accumulators import reductions_into_vector_accumulators
@@ -210,6 +211,7 @@ def bufferize(payload: ir.Module, register_bytes: int = 64, l2_bytes: int = 0) -
                 lambda f: loop.ForallToParallelOp([transform.AnyOpType.get()], f))
 
     run_schedule(payload, body)
+    drop_self_copies(payload)
     prefetch_next_accumulators(payload)
     prefetch_next_page_strided_loads(payload)
     prefetch_next_reread_tiles(payload, l2_bytes)
