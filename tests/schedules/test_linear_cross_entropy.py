@@ -126,12 +126,14 @@ def test_half_precision_accumulates_in_f32(kernel_file, dtype, loss, options):
     assert_matches(c)
 
 
+@pytest.mark.parametrize("d", [40, 64], ids=["d40", "d64_panels"])
 @pytest.mark.parametrize("budget", ["", ", stored_logits_bytes=0"], ids=["stored", "recomputed"])
-def test_rows_and_classes_that_do_not_divide_the_tiles(kernel_file, budget):
+def test_rows_and_classes_that_do_not_divide_the_tiles(kernel_file, budget, d):
     """N = 53 (prime: forward row blocks of 1; backward blocks of 16 and a remainder of 5),
     V = 4 * 64 + 37 (a class-tile remainder), the threads' shares of 4 tiles uneven with 3
-    threads; the logits stored by the forward or recomputed."""
-    path = kernel(kernel_file, n=53, v=4 * 64 + 37, d=40,
+    threads; the logits stored by the forward or recomputed; D = 64 in column panels of 32
+    (h, and W's class tiles for dh, read as panels)."""
+    path = kernel(kernel_file, n=53, v=4 * 64 + 37, d=d,
                   options=f"LIGHTHOUSE = dict(backward_rows=16, class_tile=64{budget})")
     assert_matches(compiled(path, backward=True, threads=3))
 
