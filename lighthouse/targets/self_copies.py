@@ -9,9 +9,9 @@ is into `B` at `o`: the same elements, copied onto themselves (256 KiB per class
 
 `drop_self_copies` erases each `vector.transfer_write(vector.transfer_read(A, 0...), B, o)`
 where A is `memref.subview(B, o, s, 1...)` (the same offset values or constants), the
-vector's shape is s, both maps are minor identities, the read has no other user, and
-nothing between them in their block writes memory: the write stores what the read loaded
-from the same addresses.
+vector's shape is s, both maps are minor identities, neither takes a mask, the read has no
+other user, and nothing between them in their block writes memory: the write stores what
+the read loaded from the same addresses.
 """
 
 from __future__ import annotations
@@ -55,6 +55,11 @@ def _subview_region(view: ir.Value):
     return op.operands[0], offsets, sizes
 
 
+def _masked(op: ir.Operation) -> bool:
+    """Does a transfer op take a mask (its last operand segment)?"""
+    return list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))[-1] > 0
+
+
 def _minor_identity(op: ir.Operation) -> bool:
     amap = ir.AffineMapAttr(op.attributes["permutation_map"]).value
     return amap == ir.AffineMap.get_minor_identity(amap.n_dims, len(amap.results))
@@ -81,7 +86,7 @@ def _is_self_copy(write: ir.Operation) -> bool:
     value, dest = write.operands[0], write.operands[1]
     read = defining_op(value)
     if read is None or read.name != "vector.transfer_read" or len(list(value.uses)) != 1 \
-            or not isinstance(dest.type, ir.MemRefType) or "mask" in write.attributes:
+            or not isinstance(dest.type, ir.MemRefType) or _masked(read) or _masked(write):
         return False
     if not (_minor_identity(read) and _minor_identity(write)):
         return False

@@ -63,8 +63,8 @@ thread. The joint graph's backward holds a [class_tile, backward_rows] tile of G
 plus the threads' dh partials [threads, backward_rows, D], and S^T [V, N] in f32 when it
 fits `stored_logits_bytes` (stores_logits; step 3 makes the backward read S^T's tiles, step
 6 makes the forward's class loops yield the tiles they compute into it, and the second
-sweep of a late class sum reads them too), else a tile of S per thread, recomputed. The CPU @vectorize (cpu.py) is the generic one,
-the k loops of the register tiles unrolled.
+sweep of a late class sum reads them too), else a tile of S per thread, recomputed. The
+CPU @vectorize (cpu.py) is the generic one, the k loops of the register tiles unrolled.
 Not taken (the reason in the fallback's note): the logits read otherwise (returned, a
 reduction over rows and classes), a weight read [D, V] without a transpose (W passed as a
 transposed view), hidden states that torch.export turns into a batch matmul with a

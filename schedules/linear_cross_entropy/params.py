@@ -35,10 +35,11 @@ class LinearCrossEntropyParams:
     read and written once per class tile: 256 classes took the backward from 116 to 96 ms
     at N=1024, D=1024, V=8192 on one thread, 64 -> 256; the forward was unchanged);
     stored_logits_bytes: in the joint graph (CPU form, logits not on AMX tiles: plan.py's
-    _amx_params), when the f32 logits S^T [V, N] fit in this many bytes, the forward's class loops keep the tiles they compute in S^T and the
-    backward reads them: three products over D instead of four (the backward's recompute of
-    S), for N x V x 4 bytes of memory; 0 always recomputes (N = 1024, D = 1024, V = 32000
-    on one thread: 1879 -> 1558 ms, torch 1631-1647 ms)."""
+    _amx_params), when the f32 logits S^T [V, N] fit in this many bytes, the forward's
+    class loops keep the tiles they compute in S^T and the backward reads them: three
+    products over D instead of four (the backward's recompute of S), for N x V x 4 bytes
+    of memory; 0 always recomputes (N = 1024, D = 1024, V = 32000 on one thread: 1879 ->
+    1558 ms, torch 1631-1647 ms)."""
 
     row_tile: int = 0
     class_tile: int = 64
