@@ -83,8 +83,14 @@ class _Plan:
     group: list                          # all group ops in block order
     classes: DimClasses
     axis: object                         # class root of the axis
-    yielded: list = field(default_factory=list)         # producers read after the group
-    filled_outputs: list = field(default_factory=list)  # their fills: each tile fills its own
+    yielded: list = field(default_factory=list)  # producers read after the group
+
+    @property
+    def filled_outputs(self) -> list:
+        """The fills the yielded producers start from (each tile fills its own)."""
+        fills = [defining_op(p.operands[loop_structure(p).num_inputs]) for p in self.yielded]
+        return [f for f in fills if f is not None and f.name == "linalg.fill"]
+
     def axis_dim_of_value(self, value) -> Optional[int]:
         if not isinstance(value.type, ir.RankedTensorType):
             return None
@@ -239,13 +245,8 @@ def analyze(r1: ir.Operation, consumers: list, producers: list, tile: int,
         if l is None or loop_structure(op).iterators[l] != "parallel":
             raise Illegal(op, "a producer must compute the fused axis as a parallel dim")
 
-    for op in producers if yield_producers else ():
-        if _read_after(op, set(ordered)):
-            init = op.operands[loop_structure(op).num_inputs]
-            fill = defining_op(init)
-            if fill is not None and fill.name == "linalg.fill":
-                plan.filled_outputs.append(fill)
-            plan.yielded.append(op)
+    if yield_producers:
+        plan.yielded = [op for op in producers if _read_after(op, set(ordered))]
     analysis = _chain_forms(plan, m)
     for c in plan.consumers:
         if c.dependent:
