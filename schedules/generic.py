@@ -189,6 +189,13 @@ class GenericParams:
         return max(1, self.register_tile[1] // 2)
 
     @property
+    def max_tile_elements(self) -> int:
+        """Elements of the largest vector tile `tile_to_vector_tiles` makes: a register tile,
+        or the square tile of a 16-bit transposing op, 2 x lanes on a side
+        (transform_ext.analysis.tiles.transposed_side); an insert of more is tiled."""
+        return max(self.register_tile[0] * self.register_tile[1], (2 * self.lanes) ** 2)
+
+    @property
     def bf16_k(self) -> int:
         """k step of the register tiles of bf16 contractions (the VectorPolicy field that
         transform_ext.analysis.tiles reads): pairs with `bf16_dot`."""
@@ -309,8 +316,7 @@ def vectorize_stage(params: GenericParams, keep_target_kernels: bool = False):
         structured.DecomposeOp(match(func, list(POOLING_2D)))
         strided_poolings_to_shuffles(func)
         scalarize_rank0_generics(func)
-        tile_insert_slices(func, params.vector_tile,
-                           max_elements=params.register_tile[0] * params.register_tile[1])
+        tile_insert_slices(func, params.vector_tile, max_elements=params.max_tile_elements)
         if keep_target_kernels:
             vectorize_but_target_kernels(func)
         else:

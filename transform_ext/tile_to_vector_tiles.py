@@ -19,7 +19,10 @@ Sizes from `vector_tile_sizes` (transform_ext.analysis.tiles):
   dim up to 2 vector_tile, else a divisor of the extent in [vector_tile / 2, vector_tile]
   (even when the op touches bf16), else vector_tile, whose last, partial tile is peeled
   (`transform.loop.peel`) into a static tile of its own; the function is canonicalized
-  then, so the peeled tiles' sizes fold to constants. A reduction whose combined term reads
+  then, so the peeled tiles' sizes fold to constants; an op reading a tensor transposed:
+  a square tile (`transposed_side`: a vector of lanes on a side, whole cache lines of
+  16-bit elements), stepped along the input's rows innermost when every input is read
+  transposed (`transposed_loop_innermost`). A reduction whose combined term reads
   no input (`has_step_invariant_term`) steps its reduced dims one at a time.
 Ops whose tile is the whole op (or with dynamic shapes), and ops marked TARGET_KERNEL (the
 target lowers them), are left alone. Tiling and peeling
@@ -36,7 +39,7 @@ from torch_mlir.dialects.transform import loop, structured
 
 from .analysis.structure import all_linalg_ops, loop_structure
 from .analysis.tiles import (VectorPolicy, is_vector_matrix, lane_dim, register_tile_init_producer,
-                             vector_matrix_k_chunk, vector_tile_sizes)
+                             transposed_loop_innermost, vector_matrix_k_chunk, vector_tile_sizes)
 from .common import TARGET_KERNEL, Illegal, RewritesNestedOps, Success, fail, payload_ops
 from .dialect import TransformExt
 from .fuse_init_into_register_tile import fuse_init_into_register_tile
@@ -81,7 +84,7 @@ def _fuses_init(op: ir.Operation, sizes: list[int]) -> bool:
 
 
 def tile_plan(func: ir.Operation, policy: VectorPolicy):
-    """(op, sizes, fuses its init) per op to tile; the producers computed per register tile
+    """(op, sizes, fuses its init, k chunk, loop dim stepped innermost) per op to tile; the producers computed per register tile
     are not tiled on their own, ops marked TARGET_KERNEL not at all."""
     ops = [op for op in all_linalg_ops(func) if TARGET_KERNEL not in op.attributes]
     sizes = [vector_tile_sizes(op, policy) for op in ops]
@@ -89,12 +92,15 @@ def tile_plan(func: ir.Operation, policy: VectorPolicy):
     fused = [s is not None and c is None and _fuses_init(op, s)
              for op, s, c in zip(ops, sizes, chunks)]
     producers = [register_tile_init_producer(op) for op, f in zip(ops, fused) if f]
-    return [(op, s, f, c) for op, s, f, c in zip(ops, sizes, fused, chunks)
+    return [(op, s, f, c, transposed_loop_innermost(op, policy))
+            for op, s, f, c in zip(ops, sizes, fused, chunks)
             if s is not None and op not in producers]
 
 
-def tile(op: ir.Operation, sizes: list[int], fuses_init: bool, k_chunk: int | None) -> bool:
-    """Tile `op` (see the module docstring); True when a partial tile was peeled."""
+def tile(op: ir.Operation, sizes: list[int], fuses_init: bool, k_chunk: int | None,
+         across: int | None = None) -> bool:
+    """Tile `op` (see the module docstring), stepping loop dim `across` innermost when given
+    (`transposed_loop_innermost`); True when a partial tile was peeled."""
     ls = loop_structure(op)
     ranges, k_dims = ls.ranges, ls.reduction_dims
     peeled = []
@@ -115,7 +121,8 @@ def tile(op: ir.Operation, sizes: list[int], fuses_init: bool, k_chunk: int | No
             step = [s if d in k_dims else 0 for d, s in enumerate(sizes)]
             order = None
         else:
-            order = reductions_innermost(ls)
+            order = reductions_innermost(ls) if across is None else \
+                [d for d in range(ls.num_loops) if d != across] + [across]
         tiled = structured.TileUsingForOp(handle, sizes=step, interchange=order)
         # innermost first: peeling an outer loop clones the loops inside it, whose handles
         # would then be invalidated (a transpose's tiles are partial along two dims)
@@ -156,8 +163,8 @@ class TileToVectorTilesOp(TransformExt.Operation, name="tile_to_vector_tiles"):
                 plans = [tile_plan(func, policy) for func in targets]
                 peeled = False
                 for plan in plans:
-                    for payload_op, sizes, fuses_init, k_chunk in plan:
-                        peeled |= tile(payload_op, sizes, fuses_init, k_chunk)
+                    for payload_op, sizes, fuses_init, k_chunk, across in plan:
+                        peeled |= tile(payload_op, sizes, fuses_init, k_chunk, across)
                 if peeled:
                     for func in targets:
                         apply_to(func, canonicalize)

@@ -59,7 +59,7 @@ from .prefetch import (prefetch_next_accumulators, prefetch_next_page_strided_lo
 from .runtime_checks import add_vector_bounds_checks
 from .self_copies import drop_self_copies
 from .streaming_stores import fence_streaming_stores, stream_large_results
-from .transpose_blocks import transposes_in_16x16_blocks
+from .transpose_blocks import transposes_in_16x16_blocks, transposes_of_row_pairs
 from .vector_accumulators import reductions_into_vector_accumulators
 from .workspace import allocations_into_workspace, crowded_functions, workspace_bytes
 
@@ -163,6 +163,7 @@ def bufferize(payload: ir.Module, register_bytes: int = 64, l2_bytes: int = 0) -
     `register_bytes`; with the L2 size `l2_bytes` (0: unknown, none), passes over tiles of
     arguments larger than L2 prefetch the next tile (prefetch.prefetch_next_reread_tiles)."""
     checks_to_error_code(payload)  # run-time checks report an error code instead of aborting
+    transposes_of_row_pairs(payload)  # into 16 x 16 word transposes
     transposes_in_16x16_blocks(payload)  # lowered by Shuffle16x16 below
     innermost_concats_as_inserts(payload)
     protect_arguments(payload)

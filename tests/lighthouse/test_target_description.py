@@ -67,7 +67,8 @@ def test_the_cpu_target_holds_the_host_description():
 def test_the_generic_script_reads_the_description():
     """A 128-bit CPU with 16 registers and 256 KiB of L2: vector tiles of 4 x 4 lanes, 4 x 8
     register tiles, parallel tiles of at most 16 KiB (and 16 KiB, half of L1, for a chain
-    of several passes over its tile)."""
+    of several passes over its tile), inserts of up to 64 elements left whole (a 16-bit
+    transpose's 8 x 8 tile)."""
     with ir.Context() as ctx, ir.Location.unknown():
         transform_ext.load(ctx)
         script = str(GENERIC.script(None, CpuTarget(threads=3, cpu=SSE)))
@@ -76,7 +77,7 @@ def test_the_generic_script_reads_the_description():
         CHECK: "transform_ext.fuse_roots_into_foralls"(%{{.*}}) {lanes = 4 : i64, min_parallel_work = 4096 : i64, pass_bytes = 16384 : i64, threads = 3 : i64, tile_bytes = 16384 : i64, tiles_per_thread = 4 : i64, vector_tile = 16 : i64}
         CHECK: transform.named_sequence @vectorize
         CHECK: "transform_ext.tile_to_vector_tiles"(%{{.*}}) {k_chunk = 16 : i64, register_tile = [4, 8], vector_tile = 16 : i64}
-        CHECK: "transform_ext.tile_insert_slices"(%{{.*}}) {lane_tile = 16 : i64, max_elements = 32 : i64}
+        CHECK: "transform_ext.tile_insert_slices"(%{{.*}}) {lane_tile = 16 : i64, max_elements = 64 : i64}
     """)
 
 

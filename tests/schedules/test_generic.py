@@ -233,7 +233,7 @@ def test_the_schedule_is_one_script_with_its_parameters_visible():
         CHECK: "transform_ext.interchange_lane_dims_innermost"
         CHECK: "transform_ext.tile_to_vector_tiles"(%{{.*}}) {k_chunk = 16 : i64, register_tile = [4, 16], vector_tile = 32 : i64}
         CHECK: "transform_ext.split_odd_bf16_lanes"
-        CHECK: "transform_ext.tile_insert_slices"(%{{.*}}) {lane_tile = 32 : i64, max_elements = 64 : i64}
+        CHECK: "transform_ext.tile_insert_slices"(%{{.*}}) {lane_tile = 32 : i64, max_elements = 256 : i64}
         CHECK: transform.structured.vectorize_children_and_apply_patterns
         CHECK: transform.loop.hoist_loop_invariant_subsets
     """)

@@ -4,6 +4,7 @@ registers (transform_ext.analysis.tiles.transposed_dim), partial tiles peeled, a
 type; numerics against torch."""
 
 import pytest
+import torch
 
 from tests.schedules.test_generic import _assert_matches, _compile as _compile_args
 from tests.transform_ext.helpers import check as filecheck
@@ -162,3 +163,57 @@ def test_rows_of_a_transposed_input_are_tiled_in_whole_cache_lines(kernel_file, 
         CHECK: linalg.transpose ins(%{{.*}} : tensor<1024x16xf32>) outs(%{{.*}} : tensor<16x1024xf32>)
     """)
     _assert_matches(_compile(kernel_file, expr, source))
+
+
+def _assert_equal(compiled):
+    """Every result bit for bit equal to torch's (a transpose only moves elements)."""
+    for got, want in zip(compiled.run(), compiled.expected()):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "int16"])
+def test_16_bit_transposes_move_whole_lines_as_word_pairs(kernel_file, dtype):
+    """[512, 1024] of 16-bit elements (forall blocks of 256 x 256): 32 x 32 vector tiles,
+    each row one 64-byte line, stepped along the input's rows innermost (the write's row
+    index is the inner loop's); lowered to unpacks of row pairs by 128-bit lanes and 16 x 16
+    word transposes in shuffles, no vector.transpose left. Bit for bit against torch, on
+    distinct values for int16 (any misplaced element shows)."""
+    make = "torch.arange(512 * 1024).view(512, 1024).to(torch.int16)" if dtype == "int16" \
+        else f"(torch.randn(512, 1024, generator=g) * 50).to(torch.{dtype})"
+    source = f"[{make}]"
+    vectorized = str(_compile(kernel_file, "x.t().contiguous()", source,
+                              stop_after="vectorize").module)
+    filecheck(vectorized, """
+        CHECK: scf.for %[[OUTER:.*]] = %{{.*}} to %{{.*}} step %c32
+        CHECK: scf.for %[[INNER:.*]] = %{{.*}} to %{{.*}} step %c32
+        CHECK: vector.transfer_read {{.*}} vector<32x32x
+        CHECK: vector.transpose %{{.*}}, [1, 0] : vector<32x32x
+        CHECK: vector.transfer_write %{{.*}}, %{{.*}}[%[[INNER]], %[[OUTER]]] {{.*}} : vector<32x32x
+    """)
+    lowered = str(_compile(kernel_file, "x.t().contiguous()", source,
+                           stop_after="bufferize").module)
+    filecheck(lowered, """
+        CHECK: vector.shuffle %{{.*}}, %{{.*}} [0, 32, 1, 33, 2, 34, 3, 35, 8, 40, 9, 41
+        CHECK: vector.shuffle %{{.*}}, %{{.*}} [4, 36, 5, 37, 6, 38, 7, 39, 12, 44
+        CHECK-NOT: vector.transpose
+    """)
+    _assert_equal(_compile(kernel_file, "x.t().contiguous()", source))
+
+
+@pytest.mark.parametrize("expr, inputs, args", [
+    # a second input read in place: the transpose is a copy of its own in the tile, then
+    # the elementwise op reads both in rows
+    ("(x.t() * 0.5 + y).contiguous()",
+     "[torch.randn(512, 256, generator=g).bfloat16(), torch.randn(256, 512, generator=g).bfloat16()]",
+     "x, y"),
+    # a batched transpose of 16-bit elements, a second use, and extents that are not
+    # multiples of 32 (16 x 16 tiles, peeled) or of 16
+    ("x.transpose(1, 2).contiguous()", "[torch.randn(3, 64, 96, generator=g).half()]", "x"),
+    ("(x.t().contiguous(), x.t() * 2)", "[torch.randn(96, 64, generator=g).bfloat16()]", "x"),
+    ("x.t().contiguous()", "[torch.randn(48, 96, generator=g).bfloat16()]", "x"),
+    ("x.t().contiguous()", "[torch.randn(70, 45, generator=g).bfloat16()]", "x"),
+    # a transposed bf16 input widened on the way
+    ("x.t().float()", "[torch.randn(64, 128, generator=g).bfloat16()]", "x"),
+])
+def test_16_bit_transposes_match_torch(kernel_file, expr, inputs, args):
+    _assert_matches(_compile(kernel_file, expr, inputs, args))
