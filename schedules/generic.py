@@ -50,8 +50,10 @@ One transform script (`generic_script`), two named sequences:
      A's rows; k = 1, lowered later to outer products / FMAs) that computes its
      accumulator's producer (a fill, an elementwise op such as a rescale) on the tile, in
      registers; an op reading a tensor transposed (y[j, i] = f(x[i, j])) to lanes x
-     lanes, read in rows and transposed in registers (shuffles; its forall tiles are square
-     blocks); every other op to 1 x ... x 1 x W along its lane dim;
+     lanes (twice as many on a side for 16-bit elements: rows of whole cache lines), read
+     in rows and transposed in registers (shuffles; its forall tiles are square blocks),
+     stepped along the input's rows innermost when it reads nothing else (each input row
+     one stream); every other op to 1 x ... x 1 x W along its lane dim;
      `transform_ext.split_odd_bf16_lanes` splits bf16 tiles of an odd lane count; a pooling
      op's tile (W outputs of one row, one window tap: its lanes run along the outputs, the
      window loops inside) is decomposed to a 1-D pooling (`transform.structured.decompose`),
