@@ -9,8 +9,9 @@ about one ulp on the rest. Meant for exps of non-positive numbers (a log-softmax
 corrections and its gradient), where flushing below 1.7e-38 changes nothing measurable (the
 sums it feeds hold at least one term equal to 1); it saves the second scaling and the
 float-int conversion of the general expansion (`subnormals=True`, the CPU target's).
-With `short` (softmax weights: the CPU attention's key loops), the expansion's short form
-(two fmas fewer): within 2.5 ulp for x in [-20, 0], 6 ulp on the rest.
+With `short` (softmax weights: the CPU attention's key loops; the cross-entropy family's
+exps when its results are f16 or bf16), the expansion's short form (two fmas fewer): within
+2.5 ulp for x in [-20, 0], 6 ulp on the rest.
 
 Rewritten, once each: every math.exp on a scalar f32 nested in (or equal to) the targets. A target
 that is itself a math.exp on another type (a vector, f16, bf16) is a silenceable failure

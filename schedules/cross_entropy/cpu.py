@@ -25,7 +25,8 @@ from .params import CrossEntropyPlan
 def tile_class_sums(plan: CrossEntropyPlan):
     """Each class reduction of the fused loops reads its elementwise producers in its own
     body (nothing per tile is materialized) and runs as the plan's `vector` says; exp
-    becomes transform_ext.expand_fast_exp's expansion; the marks go. A step of its own: the
+    becomes transform_ext.expand_fast_exp's expansion (its short form for 16-bit results:
+    `short_exp`); the marks go. A step of its own: the
     handles it leaves end with it (the generic stage's ops rewrite their ops through nested
     sequences, which the handles of this one would not see)."""
     def body(root: ir.Value) -> ir.Value:
@@ -40,7 +41,7 @@ def tile_class_sums(plan: CrossEntropyPlan):
                     any_op = transform.AnyOpType.get()
                     structured.TileReductionUsingForOp([any_op], any_op, any_op, any_op, target,
                                                        tile_sizes=list(partial))
-        expand_fast_exp(root)
+        expand_fast_exp(root, short=plan.short_exp)
         remove_annotation(root, CLASS_SUM)
         remove_annotation(root, LANE_DIM)
         return root

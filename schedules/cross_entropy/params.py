@@ -80,7 +80,9 @@ class CrossEntropyPlan:
     with at most one); classes: C; root: place of the root (as RowTiling.ops); rows: None
     when nothing is tiled (the unbatched loss); blocks: one ClassLoop per row block (the
     function when untiled); vector: per class reduction in match order, the tile sizes of
-    the row loops and of the partial vector results (None: a lane-split one)."""
+    the row loops and of the partial vector results (None: a lane-split one); short_exp:
+    every result is f16 or bf16, so the exps take transform_ext.expand_fast_exp's short
+    form (within 6 f32 ulp, where a 16-bit result rounds at 2^-11 or 2^-8)."""
 
     params: CrossEntropyParams
     fold_reshapes: bool
@@ -91,3 +93,4 @@ class CrossEntropyPlan:
     blocks: tuple[ClassLoop, ...]
     blocks_in_foralls: bool
     vector: tuple[tuple[tuple[int, ...], tuple[int, ...] | None], ...]
+    short_exp: bool = False

@@ -81,9 +81,20 @@ def plan_cross_entropy(payload: ir.Module, params: CrossEntropyParams) -> CrossE
     loops = tuple(_class_loop(block, params) for block in blocks)
     _apply(trial, fuse_class_loops(loops, in_foralls))
     plan = CrossEntropyPlan(params, fold_reshapes, gradients, classes, root, rows, loops,
-                            in_foralls, _vector_plan(trial, params.vector_tile))
+                            in_foralls, _vector_plan(trial, params.vector_tile),
+                            _results_in_16_bit(cross_entropy_func(trial)))
     _Plans.key, _Plans.plan = key, plan
     return plan
+
+
+def _results_in_16_bit(func: ir.Operation) -> bool:
+    """Is every result of `func` a tensor of f16 or bf16 (the loss and gradients of 16-bit
+    logits)?"""
+    results = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value).results
+    return bool(results) and all(
+        isinstance(t, ir.RankedTensorType)
+        and isinstance(ir.RankedTensorType(t).element_type, (ir.BF16Type, ir.F16Type))
+        for t in results)
 
 
 def _apply(payload: ir.Module, step) -> None:

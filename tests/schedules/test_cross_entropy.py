@@ -120,6 +120,29 @@ def test_half_precision_accumulates_in_f32(kernel_file, dtype):
     assert_matches(c)
 
 
+@pytest.mark.parametrize("expr, dtype, args, short", [
+    ("F.cross_entropy(x, y)", "bfloat16", "x, y", True),
+    ("F.cross_entropy(x, y, reduction='sum')", "float16", "x, y", True),
+    ("torch.log_softmax(x, -1)", "bfloat16", "x", True),
+    ("F.cross_entropy(x, y)", "float32", "x, y", False),
+    # bf16 logits widened first: the loss is f32
+    ("F.cross_entropy(x.float(), y)", "bfloat16", "x, y", False),
+])
+def test_16_bit_results_take_the_short_exp(kernel_file, expr, dtype, args, short):
+    """A loss whose results are all f16 or bf16 takes expand_fast_exp's short exp (ln2 as one
+    f32 constant, -0.693147182: within 6 f32 ulp, where the results round at 2^-11 or 2^-8;
+    bf16 [2048, 32000] on one thread: forward 22.9 -> 21.5 ms, backward 54.0 -> 49.3 ms); an
+    f32 result keeps the full one (ln2 in two parts, -0.693145751). Forward and backward
+    against torch."""
+    inputs = f"{LOGITS}; {TARGETS}; return [x.to(torch.{dtype})" + (", y]" if "y" in args else "]")
+    path = kernel(kernel_file, expr, inputs, args=args, n=8, c=3008)
+    for backward in (False, True):
+        c = compiled(path, backward=backward)
+        text = str(compiled(path, backward=backward, stop_after="vectorize").module)
+        assert ("-0.693147182" in text, "-0.693145751" in text) == (short, not short)
+        assert_matches(c)
+
+
 def test_rows_and_classes_that_do_not_divide_the_tiles(kernel_file):
     """N = 13 (prime: row blocks of 1), C = 8192 + 77 (a class-tile remainder that is no
     multiple of the vector width), explicit tiles from the kernel file."""
