@@ -211,7 +211,11 @@ def tile_rows(rows: RowTiling, mark: str | None = None):
 
 def fuse_class_loops(loops: tuple[ClassLoop, ...], in_foralls: bool):
     """Step 5 of the module docstring, in every row block (or the function when unbatched):
-    the lane split (when the lanes divide the classes) then the fusion over class tiles."""
+    the lane split (when the lanes divide the classes) then the fusion over class tiles. A
+    late class sum (one reading the final exp-sum l: sum_c round(x_c - m - log l), the
+    label smoothing of 16-bit logits, as torch rounds the log-probabilities) stays out of
+    both: a sweep of its own over the block's logits after the loop (the block sized for
+    it, `CrossEntropyParams.sweep_bytes`)."""
     def body(root: ir.Value) -> ir.Value:
         if in_foralls:
             foralls = match(root, "scf.forall")
@@ -220,9 +224,17 @@ def fuse_class_loops(loops: tuple[ClassLoop, ...], in_foralls: bool):
         else:
             scopes = [match(root, "func.func")]
         for scope, loop in zip(scopes, loops):
+            late = None
+            if loop.late:
+                parts = split_handle(match_attr(scope, CLASS_SUM), loop.group_size)
+                late = transform.MergeHandlesOp([parts[i] for i in loop.late]).result
             if loop.lanes > 1:
-                split_reduction_lanes(match_attr(scope, CLASS_SUM), loop.lanes)
+                group = match_attr(scope, CLASS_SUM)
+                split_reduction_lanes(group if late is None else exclude_ops(group, late),
+                                      loop.lanes)
             group = match_attr(scope, CLASS_SUM)
+            if late is not None:
+                group = exclude_ops(group, late)
             row_max = filter_reductions(group, combiner="max")
             fuse_dependent_reduction_ops(row_max, exclude_ops(group, row_max), loop.class_tile)
         return apply_passes(root, "canonicalize", "cse")

@@ -14,8 +14,9 @@ from ..common import Place
 @dataclass(frozen=True)
 class CrossEntropyParams:
     """row_tile: rows per scf.forall iteration (0: chosen so a block's logits stay in L2,
-    `block_bytes`, or in L1, `sweep_bytes`, when a gradient (a log-softmax's result) sweeps
-    the block again after its class loop, with enough blocks for `threads` workers);
+    `block_bytes`, or in L1, `sweep_bytes`, when a gradient (a log-softmax's result) or a
+    late class sum sweeps the block again after its class loop, with enough blocks for
+    `threads` workers);
     class_tile: classes per step of the fused loop (0: 8 chunks of `lanes` when the lanes are
     split, else 4096; a remainder tile is handled); lanes: running maxima and sums per row
     when the classes are the contiguous dim (halved down to `min_lanes` until it divides
@@ -67,10 +68,14 @@ class RowTiling:
 
 @dataclass(frozen=True)
 class ClassLoop:
-    """Step 5 in one row block: lanes to split the group into (1: none), class tile."""
+    """Step 5 in one row block: lanes to split the group into (1: none), class tile; late:
+    places, among the block's `group_size` marked class reductions (match order), of the
+    late class sums (fuse.py: fuse_class_loops), which stay out of the fused loop."""
 
     lanes: int
     class_tile: int
+    late: tuple[int, ...] = ()
+    group_size: int = 0
 
 
 @dataclass(frozen=True)

@@ -135,8 +135,9 @@ def _row_tile(ops: CrossEntropyOps, params: CrossEntropyParams) -> tuple[int, li
         x = ops.row_max.operands[0]
         classes = loop_structure(ops.row_max).ranges[ops.class_dim]
         row_bytes = classes * max(4, x.type.element_type.width // 8)
-        budget = params.sweep_bytes if ops.gradient is not None or ops.gradients else \
-            params.block_bytes
+        swept = ops.gradient is not None or ops.gradients or late_sums(
+            [op for op in block_ops(ops.row_max.parent) if is_linalg_op(op)])
+        budget = params.sweep_bytes if swept else params.block_bytes
         want = max(1, budget // row_bytes)
         total = 1
         for e in extents:
@@ -169,9 +170,38 @@ def row_producers(root, linalg_ops, classes, m) -> list[ir.Operation]:
 
 def _class_loop(block: ir.Block, params: CrossEntropyParams) -> ClassLoop:
     row_max, consumers = _class_group(block)
+    linalg_ops = [op.operation for op in block.operations if is_linalg_op(op.operation)]
+    group = [op for op in linalg_ops if CLASS_SUM in op.attributes]
+    late = late_sums(linalg_ops)
+    consumers = [op for op in consumers if op not in late]
     lanes = _lane_count(row_max, consumers, params)
     ls = loop_structure(row_max)
-    return ClassLoop(lanes, _class_tile(ls.ranges[ls.reduction_dims[0]] // lanes, params, lanes))
+    return ClassLoop(lanes, _class_tile(ls.ranges[ls.reduction_dims[0]] // lanes, params, lanes),
+                     tuple(group.index(op) for op in late), len(group))
+
+
+def late_sums(ops: list[ir.Operation]) -> list[ir.Operation]:
+    """The late class sums among `ops` (one block's linalg ops, or the function's): marked
+    class reductions that read, directly or through elementwise ops, a marked reduction
+    other than the row max (its final value: sum_c round(x_c - m - log l) of 16-bit logits
+    with label smoothing needs the final l, which the fused loop only holds at its end)."""
+    marked = [op for op in ops if CLASS_SUM in op.attributes]
+    inside = set(ops)
+
+    def reads_late_value(op, seen) -> bool:
+        for value in op.operands:
+            producer = defining_op(value)
+            if producer is None or producer not in inside or producer in seen:
+                continue
+            seen.add(producer)
+            if producer in marked and reduction_combiner(producer) != "max":
+                return True
+            if producer not in marked and loop_structure(producer).is_elementwise \
+                    and reads_late_value(producer, seen):
+                return True
+        return False
+
+    return [op for op in marked if reduction_combiner(op) != "max" and reads_late_value(op, set())]
 
 
 def _fused_blocks(payload: ir.Module) -> list[ir.Block]:
