@@ -762,9 +762,12 @@ class _Packed:
         # packed in pairs: B one pair of k per packing step (its two rows interleaved into
         # [NR, 2]: one shuffle); A, when k is its contiguous dim, pack_k / 2 pairs per step
         # (an [MR, pack_k / 2] transpose of 32-bit pairs), else one pair per step
-        # ([2, MR] -> [MR, 2]); on AMX tiles a row's AMX_PAIRS pairs per step (a copy)
+        # ([2, MR] -> [MR, 2]); on AMX tiles a row's AMX_PAIRS pairs per step (a copy), and
+        # as many of B's when k is its contiguous dim (nn.Linear's W^T: an [NR, AMX_PAIRS]
+        # transpose of pairs, each of W's rows one 64-byte line; one pair per step gathered
+        # NR words from NR rows, 43% of a bf16 Linear's time)
         if self.amx:
-            self.pack_k = {"a": AMX_PAIRS, "b": 1}
+            self.pack_k = {"a": AMX_PAIRS, "b": AMX_PAIRS if self.k_contiguous["b"] else 1}
         elif pairs:
             self.pack_k = {"a": max(1, params.pack_k // 2) if self.k_contiguous["a"] else 1, "b": 1}
         else:
