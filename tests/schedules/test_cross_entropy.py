@@ -154,6 +154,21 @@ def test_16_bit_class_sums_of_rounded_log_probabilities(kernel_file, expr, input
     assert_matches(compiled(path, backward=True))
 
 
+@pytest.mark.parametrize("shape", ["C", "N, C"])
+def test_a_softmax_gradients_class_sum_is_a_late_sweep(kernel_file, shape):
+    """The backward of a softmax s = exp(z - m) / l sums g_c s_c over the classes, which
+    reads the final l: a late class sum, swept over the row block after the fused loop (the
+    family refused this graph before). A 1-D softmax and rows of one; the seed makes the
+    gradients nonzero. Against torch."""
+    path = kernel(kernel_file, "(F.softmax(torch.log(x.abs() + 1.0) * w, dim=-1) * w).sum()",
+                  f"x = torch.randn({shape}, generator=g); w = torch.randn({shape}, generator=g); "
+                  "return [x, w]", args="x, w")
+    c = compiled(path, backward=True)
+    grads = c.run()[1:]
+    assert all(g.abs().max() > 1e-3 for g in grads)
+    assert_matches(c)
+
+
 @pytest.mark.parametrize("expr, dtype, args, short", [
     ("F.cross_entropy(x, y)", "bfloat16", "x, y", True),
     ("F.cross_entropy(x, y, reduction='sum')", "float16", "x, y", True),
