@@ -135,8 +135,10 @@ def _row_tile(ops: CrossEntropyOps, params: CrossEntropyParams) -> tuple[int, li
         x = ops.row_max.operands[0]
         classes = loop_structure(ops.row_max).ranges[ops.class_dim]
         row_bytes = classes * max(4, x.type.element_type.width // 8)
+        scope = block_ops(ops.row_max.parent)
         swept = ops.gradient is not None or ops.gradients or late_sums(
-            [op for op in block_ops(ops.row_max.parent) if is_linalg_op(op)])
+            scope, [op for op in scope if is_linalg_op(op) and CLASS_SUM in op.attributes],
+            ops.row_max)
         budget = params.sweep_bytes if swept else params.block_bytes
         want = max(1, budget // row_bytes)
         total = 1
@@ -170,9 +172,9 @@ def row_producers(root, linalg_ops, classes, m) -> list[ir.Operation]:
 
 def _class_loop(block: ir.Block, params: CrossEntropyParams) -> ClassLoop:
     row_max, consumers = _class_group(block)
-    linalg_ops = [op.operation for op in block.operations if is_linalg_op(op.operation)]
-    group = [op for op in linalg_ops if CLASS_SUM in op.attributes]
-    late = late_sums(linalg_ops)
+    scope = block_ops(block)
+    group = [op for op in scope if is_linalg_op(op) and CLASS_SUM in op.attributes]
+    late = late_sums(scope, group, row_max)
     consumers = [op for op in consumers if op not in late]
     lanes = _lane_count(row_max, consumers, params)
     ls = loop_structure(row_max)
@@ -180,28 +182,30 @@ def _class_loop(block: ir.Block, params: CrossEntropyParams) -> ClassLoop:
                      tuple(group.index(op) for op in late), len(group))
 
 
-def late_sums(ops: list[ir.Operation]) -> list[ir.Operation]:
-    """The late class sums among `ops` (one block's linalg ops, or the function's): marked
-    class reductions that read, directly or through elementwise ops, a marked reduction
-    other than the row max (its final value: sum_c round(x_c - m - log l) of 16-bit logits
-    with label smoothing needs the final l, which the fused loop only holds at its end)."""
-    marked = [op for op in ops if CLASS_SUM in op.attributes]
-    inside = set(ops)
+def late_sums(scope: list[ir.Operation], group: list[ir.Operation],
+              row_max: ir.Operation) -> list[ir.Operation]:
+    """The late class sums of `group` (the marked class reductions of `scope`, one row
+    block's or the function's ops; `row_max` among them): those that read, directly or
+    through `scope`'s other ops that are not reductions, a reduction of the group other
+    than the row max. They need its final value (sum_c round(x_c - m - log l) of 16-bit
+    logits with label smoothing needs the final l), which the fused loop holds only at its
+    end."""
+    inside = set(scope)
 
-    def reads_late_value(op, seen) -> bool:
+    def reads_group(op, seen) -> bool:
         for value in op.operands:
             producer = defining_op(value)
             if producer is None or producer not in inside or producer in seen:
                 continue
             seen.add(producer)
-            if producer in marked and reduction_combiner(producer) != "max":
+            if producer in group and producer != row_max:
                 return True
-            if producer not in marked and loop_structure(producer).is_elementwise \
-                    and reads_late_value(producer, seen):
+            if (not is_linalg_op(producer) or loop_structure(producer).is_elementwise) \
+                    and reads_group(producer, seen):
                 return True
         return False
 
-    return [op for op in marked if reduction_combiner(op) != "max" and reads_late_value(op, set())]
+    return [op for op in group if op != row_max and reads_group(op, set())]
 
 
 def _fused_blocks(payload: ir.Module) -> list[ir.Block]:

@@ -24,7 +24,7 @@ from transform_ext.common import AMX_PRODUCT, AMX_SIDE, block_ops, defining_op, 
 
 from ..common import place_of, run_schedule
 from ..cross_entropy.params import RowTiling
-from ..cross_entropy.plan import row_producers
+from ..cross_entropy.plan import late_sums, row_producers
 from ..cross_entropy.recognize import last_row_op
 from ..generic import largest_divisor_at_most
 from ..prepare import check_by_planning
@@ -272,24 +272,10 @@ def _late_sums(payload: ir.Module, params: LinearCrossEntropyParams) -> tuple[tu
                                     "row blocks (the per-row loss reaches them through "
                                     "another op)")
     logits = row_max_contraction(body).results[0]
-    inside = {o.operation for o in body.operations}
-
-    def reads_group(op, seen) -> bool:
-        for value in op.operands:
-            producer = defining_op(value)
-            if producer is None or producer not in inside or producer in seen:
-                continue
-            seen.add(producer)
-            if producer in group and producer != row_max_op:
-                return True
-            if not is_linalg_op(producer) or loop_structure(producer).is_elementwise:
-                if reads_group(producer, seen):
-                    return True
-        return False
-
+    found = late_sums(block_ops(body), group, row_max_op)
     late = []
     for place, op in enumerate(group):
-        if op == row_max_op or not reads_group(op, set()):
+        if op not in found:
             continue
         if logits not in list(op.operands):
             raise NotLinearCrossEntropy("a class sum reads the final sum of the exponentials "
