@@ -84,8 +84,9 @@ def _fuses_init(op: ir.Operation, sizes: list[int]) -> bool:
 
 
 def tile_plan(func: ir.Operation, policy: VectorPolicy):
-    """(op, sizes, fuses its init, k chunk, loop dim stepped innermost) per op to tile; the producers computed per register tile
-    are not tiled on their own, ops marked TARGET_KERNEL not at all."""
+    """(op, sizes, fuses its init, k chunk, loop dim stepped innermost) per op to tile; the
+    producers computed per register tile are not tiled on their own, ops marked
+    TARGET_KERNEL not at all."""
     ops = [op for op in all_linalg_ops(func) if TARGET_KERNEL not in op.attributes]
     sizes = [vector_tile_sizes(op, policy) for op in ops]
     chunks = [vector_matrix_k_chunk(op, policy) for op in ops]
