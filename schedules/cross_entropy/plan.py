@@ -137,8 +137,7 @@ def _row_tile(ops: CrossEntropyOps, params: CrossEntropyParams) -> tuple[int, li
         row_bytes = classes * max(4, x.type.element_type.width // 8)
         scope = block_ops(ops.row_max.parent)
         swept = ops.gradient is not None or ops.gradients or late_sums(
-            scope, [op for op in scope if is_linalg_op(op) and CLASS_SUM in op.attributes],
-            ops.row_max)
+            scope, _marked(scope), ops.row_max)
         budget = params.sweep_bytes if swept else params.block_bytes
         want = max(1, budget // row_bytes)
         total = 1
@@ -173,7 +172,7 @@ def row_producers(root, linalg_ops, classes, m) -> list[ir.Operation]:
 def _class_loop(block: ir.Block, params: CrossEntropyParams) -> ClassLoop:
     row_max, consumers = _class_group(block)
     scope = block_ops(block)
-    group = [op for op in scope if is_linalg_op(op) and CLASS_SUM in op.attributes]
+    group = _marked(scope)
     late = late_sums(scope, group, row_max)
     consumers = [op for op in consumers if op not in late]
     lanes = _lane_count(row_max, consumers, params)
@@ -222,10 +221,14 @@ def _fused_blocks(payload: ir.Module) -> list[ir.Block]:
     return blocks or [cross_entropy_func(payload).regions[0].blocks[0]]
 
 
+def _marked(scope: list[ir.Operation]) -> list[ir.Operation]:
+    """The marked class reductions among `scope`, in its order (as match finds them)."""
+    return [op for op in scope if is_linalg_op(op) and CLASS_SUM in op.attributes]
+
+
 def _class_group(block: ir.Block) -> tuple[ir.Operation, list[ir.Operation]]:
     """The marked row max of a block and the other marked class reductions."""
-    ops = [o.operation for o in block.operations
-           if is_linalg_op(o.operation) and CLASS_SUM in o.operation.attributes]
+    ops = _marked(block_ops(block))
     maxes = [op for op in ops if reduction_combiner(op) == "max"]
     if len(maxes) != 1:
         raise NotCrossEntropy("a row block does not hold exactly one row max")
