@@ -58,7 +58,9 @@ fuse (the script's @fuse: steps recorded on a trial copy by `plan_convolution`):
 vectorize (@vectorize): every op of step 2 vectorized at its register tile (edge tiles
 masked), the contraction lowered by the target to MR x NR/lanes FMAs per step, the
 accumulator hoisted into registers across the reduction loops (a masked tile's start read
-back in registers, transform_ext.forward_masked_writes, not through a buffer per tile).
+back in registers, transform_ext.forward_masked_writes, not through a buffer per tile); with
+the image lanes, a register tile's innermost tap loop of at most TAPS_UNROLL_MAX taps
+unrolled whole (`tap_unroll`).
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ from transform_ext.clone_shared_fills import clone_shared_fills
 from transform_ext.collapse_reduction_dims import collapse_reduction_dims
 from transform_ext.convolution_to_contraction import convolution_to_contraction
 from transform_ext.drop_contraction_masks import drop_contraction_masks
-from transform_ext.common import Illegal, defining_op
+from transform_ext.common import Illegal, defining_op, walk_ops
 from transform_ext.drop_overwritten_fills import drop_overwritten_fills
 from transform_ext.fill_slices_of_fills import fill_slices_of_fills
 from transform_ext.forward_masked_writes import forward_masked_writes
@@ -112,6 +114,7 @@ VECTOR_SIZES = "lh.cv_vector"  # i64 array: vector sizes of the op's nominal til
 LANES = "lh.cv_lanes"          # i64: the loop dim of the register tile's lanes
 _DONE = "lh.cv_done"           # a convolution already scheduled
 _TILE = "lh.cv_tile"           # the register tiles of the convolution being scheduled
+_TAPS = "lh.cv_taps"           # i64: a register tile's innermost tap loop, unrolled by this
 
 FLOAT_TYPES = ("f32", "f16", "bf16")
 
@@ -824,6 +827,7 @@ def _schedule(rec: StepRecorder, chain: list[Convolution], params: ConvolutionPa
     epilogue_forall = _output_sizes(last, forall_tiles.forall)
     init_peel = _init_peel(chain[0], tiles[0])
     epilogue_register = _output_sizes(last, forall_tiles.register)
+    taps = [tap_unroll(c) for c in chain]
 
     def body(root):
         h = {i: at_place(root, place) for i, place in places.items()}
@@ -860,7 +864,7 @@ def _schedule(rec: StepRecorder, chain: list[Convolution], params: ConvolutionPa
             if not fused_init:  # the tile starts from I, then the channel blocks add
                 _init_tiles(init_h, first, init_peel, forall)
         for i, (conv, tile) in enumerate(zip(convs, tiles)):
-            _register_tiles(conv, tile, forall, fused_init and i == 0)
+            _register_tiles(conv, tile, forall, fused_init and i == 0, taps[i])
         if epilogue is not None:
             tiled_epilogue, _ = _tile(tiled_epilogue, epilogue_register)
             _set_role(tiled_epilogue, "epilogue", forall_tiles.output, forall_tiles.output_lanes)
@@ -913,28 +917,32 @@ def _init_tiles(init, tiles: ConvolutionTiles, peel: list[int], forall) -> None:
     _set_role(init, "init", tiles.output, tiles.output_lanes)
 
 
-def _register_tiles(conv, tiles: ConvolutionTiles, forall, fuse_init: bool) -> None:
+def _register_tiles(conv, tiles: ConvolutionTiles, forall, fuse_init: bool, taps: int) -> None:
     """A convolution's tile in the forall: channel blocks, register tiles (the last partial
     tile of the rows, then of the lanes, peeled; or the last lanes split off with their own
     taller tiles, `TailTiles`, when the accumulator start is not fused), the accumulator
     start per register tile when `fuse_init`, the reductions by 1 (the window loops clamped
     to the taps that read the unpadded image, transform_ext.clamp_window_loops), then each
-    register tile rebuilt as a contraction."""
+    register tile rebuilt as a contraction; its innermost tap loop marked to be unrolled by
+    `taps` (`tap_unroll`) when that is above 1."""
     if tiles.channel_block is not None:
         conv, _ = _tile(conv, tiles.channel_block)
     tail = tiles.tail
     if tail is None or fuse_init:
         _register_loops(conv, tiles, tiles.register, tiles.peel, tiles.peel_rows, tiles.vector,
-                        forall, fuse_init)
+                        forall, fuse_init, taps)
         return
     parts = structured.SplitOp(conv, dimension=tail.lanes_dim, chunk_sizes=tail.start)
     main, rest = transform.SplitHandleOp([any_op(), any_op()], parts.results[0]).results
-    _register_loops(main, tiles, tiles.register, None, tiles.peel_rows, tiles.vector, forall, False)
-    _register_loops(rest, tiles, tail.register, None, tail.peel_rows, tail.vector, forall, False)
+    _register_loops(main, tiles, tiles.register, None, tiles.peel_rows, tiles.vector, forall, False,
+                    taps)
+    _register_loops(rest, tiles, tail.register, None, tail.peel_rows, tail.vector, forall, False,
+                    taps)
 
 
 def _register_loops(conv, tiles: ConvolutionTiles, register: list[int], peel: int | None,
-                    peel_rows: int | None, vector: list[int], forall, fuse_init: bool) -> None:
+                    peel_rows: int | None, vector: list[int], forall, fuse_init: bool,
+                    taps: int) -> None:
     """`_register_tiles` from the register tiles on, for `register` tiles whose lanes and
     rows loops `peel` and `peel_rows` (indices among the tile loops) are peeled."""
     conv, loops = _tile(conv, register, interchange=tiles.interchange)
@@ -951,10 +959,33 @@ def _register_loops(conv, tiles: ConvolutionTiles, register: list[int], peel: in
     if fuse_init:
         producer = transform.GetProducerOfOperand(any_op(), conv, 2).producer
         _set_role(producer, "init", tiles.output, tiles.output_lanes)
-    conv, _ = _tile(conv, tiles.reduction)
+    conv, loops = _tile(conv, tiles.reduction)
+    if taps > 1:
+        annotate(loops[-1], _TAPS, ir.IntegerAttr.get(ir.IntegerType.get_signless(64), taps))
     clamp_window_loops(conv)
     kernel = convolution_to_contraction(conv)
     _set_role(kernel, "register", vector, tiles.vector_lanes)
+
+
+# A register tile's innermost tap loop with at most this many taps is unrolled whole (with
+# the image lanes): its increment, compare and branch then come once per row of taps, and
+# LLVM keeps one address per operand row instead of one per tap. KernelBench 68 (3 x 5 x 5
+# taps over 16 channels, one thread, AMD Zen 5): 28.6 -> 25.6 ms; 58 (3 x 5 x 7): 37.7 ->
+# 35.8 ms. With the output channels as lanes the image values are the broadcast operand:
+# unrolled, LLVM loads each once for all the taps that read it and keeps them live beside
+# the accumulators, spilling them (58: 47.7 -> 58.5 ms), so such loops stay rolled.
+TAPS_UNROLL_MAX = 8
+
+
+def tap_unroll(c: Convolution) -> int:
+    """The factor `c`'s innermost tap loop is unrolled by: its taps when the lanes run along
+    an image dim and the innermost window dim has 2 to TAPS_UNROLL_MAX taps, else 1."""
+    d = c.dims
+    windows = [k for k in d.window if k is not None]
+    if c.lanes in d.out_channel or not windows:
+        return 1
+    taps = d.ranges[windows[-1]]
+    return taps if 1 < taps <= TAPS_UNROLL_MAX else 1
 
 
 def _output_sizes(c: Convolution, sizes: list[int]) -> list[int]:
@@ -1029,15 +1060,20 @@ def _split_phases(rec: StepRecorder, name: str, legal, split) -> None:
 
 # A register tile takes the output channels as its lanes instead of the innermost image dim
 # when that raises its useful share (`channel_lane_tile`, `image_lane_share`: a narrow
-# image dim leaves its last vector mostly masked) by CHANNEL_LANES_GAIN or more and each
-# output sums at least CHANNEL_LANES_TERMS products (the transposes around it, of its
-# filter and of its output tiles, are then a small part of its work); by
-# CHANNEL_LANES_SMALL_GAIN when its last lanes are not split off after whole register tiles
-# instead (`lane_tail_start`). An image row of 56 or 28 (7 of 8 lanes used) gains 0.125:
-# with AVX-512 on one thread, 3 x 3 convolutions over 56 x 56 (64 channels) ran
-# 12.0 -> 10.5 ms and over 28 x 28 (128 channels) 11.0 -> 9.1 ms with the channels as
-# lanes; one over 72 x 72 (64 + a tail of 8) ran 9.5 ms with its tail split off, 11.9 ms
-# with the channels as lanes.
+# image dim leaves its last vector mostly masked) by CHANNEL_LANES_SMALL_GAIN or more and
+# each output sums at least CHANNEL_LANES_TERMS products (the transposes around it, of its
+# filter and of its output tiles, are then a small part of its work); when its last lanes
+# can be split off after whole register tiles instead (`lane_tail_start`), by
+# CHANNEL_LANES_GAIN over the share of that split (`split_lane_share`). An image row of 56
+# or 28 (7 of 8 lanes used) gains 0.125: with AVX-512 on one thread, 3 x 3 convolutions
+# over 56 x 56 (64 channels) ran 12.0 -> 10.5 ms and over 28 x 28 (128 channels)
+# 11.0 -> 9.1 ms with the channels as lanes; one over 72 x 72 (64 + a tail of 8) ran 9.5 ms
+# with its tail split off, 11.9 ms with the channels as lanes. Rows of 36 and 38 (two
+# vectors and a tail of 4 or 6: KernelBench 68 and 58, 3-D transposed convolutions of 16
+# channels, one thread on AMD Zen 5) gain 0.25 over their unsplit image lanes but none
+# over the split: 40.7 -> 26.1 ms and 49.1 -> 35.3 ms split (its taps unrolled,
+# `tap_unroll`), against torch's 24 and 31 ms; the channel lanes' 18 x 1-vector tile kept one
+# address register per row, spilling them.
 CHANNEL_LANES_GAIN = 0.2
 CHANNEL_LANES_SMALL_GAIN = 0.1
 CHANNEL_LANES_TERMS = 128
@@ -1047,9 +1083,10 @@ def wants_channel_lanes(c: Convolution, found: list[Convolution], params: Convol
     """Should convolution `c` (one of `found`) compute with its output channels innermost
     (transform_ext.move_output_channels_innermost), the lanes along them and the rows along
     the image's innermost dim? When that raises the register tile's useful share by
-    CHANNEL_LANES_GAIN, or by CHANNEL_LANES_SMALL_GAIN when its last lanes are not split
-    off after whole register tiles instead (`lane_tail_start`; when its lanes are strided:
-    on any gain, and only with STRIDED_CHANNEL_LANES_ACCUMULATORS in the register tile), its one
+    CHANNEL_LANES_SMALL_GAIN, or by CHANNEL_LANES_GAIN over the share with its last lanes
+    split off after whole register tiles when they can be (`lane_tail_start`,
+    `split_lane_share`; when its lanes are strided: on any gain over the image lanes, and
+    only with STRIDED_CHANNEL_LANES_ACCUMULATORS in the register tile), its one
     output channel dim fills whole vectors, each output sums
     CHANNEL_LANES_TERMS products or more (input channels times window), and nothing is fused
     onto its result (an epilogue, a pooling, a strided phase's insert, another convolution
@@ -1063,13 +1100,32 @@ def wants_channel_lanes(c: Convolution, found: list[Convolution], params: Convol
         accumulators = params.register[0] * params.register[1] // lanes_per_vector(params)
         if accumulators < STRIDED_CHANNEL_LANES_ACCUMULATORS or share <= image_share:
             return False
+        return _channel_lanes_pay(c, found)
+    start = lane_tail_start(c, found, params)
+    if start is not None and start % params.register[1] == 0:
+        # the image lanes with the last lanes split off: whole register tiles up to start
+        if share < split_lane_share(c, params, start) + CHANNEL_LANES_GAIN:
+            return False
     elif share < image_share + CHANNEL_LANES_SMALL_GAIN:
         return False
-    elif share < image_share + CHANNEL_LANES_GAIN:
-        start = lane_tail_start(c, found, params)
-        if start is not None and start % params.register[1] == 0:
-            return False
     return _channel_lanes_pay(c, found)
+
+
+def split_lane_share(c: Convolution, params: ConvolutionParams, start: int) -> float:
+    """The useful share (as in `channel_lane_tile`) of convolution `c` computed with its
+    lanes along the innermost image dim up to `start` (a multiple of the register tile's
+    lanes: every lane useful) and its last lanes apart (`lane_tail_start`: the output
+    channels as lanes, the rows along those last lanes), each part's share weighted by its
+    lanes."""
+    d, ranges = c.dims, c.dims.ranges
+    lanes = lanes_per_vector(params)
+    vectors = params.register[0] * params.register[1] // lanes
+    width = ranges[c.lanes]
+    rows = ranges[c.rows] if c.rows is not None else 1
+    mr = register_rows(rows, params.register[0])
+    main = rows / (-(-rows // mr) * mr) * min(mr * params.register[1] // lanes, vectors) / vectors
+    *_, tail = channel_lane_tile(ranges[d.out_channel[0]], width - start, params)
+    return (start * main + (width - start) * tail) / width
 
 
 # A convolution whose lanes are strided (`strided_lanes`) takes the channel lanes on any gain
@@ -1437,7 +1493,6 @@ def _extracts_16_bit(op: ir.Operation) -> bool:
     def extracts(inner):
         return inner.name == "tensor.extract" and \
             ir.RankedTensorType(inner.operands[0].type).element_type.width == 16
-    from transform_ext.common import walk_ops
     return bool(walk_ops(op, extracts))
 
 
@@ -1464,8 +1519,11 @@ def vectorize_body(payload: ir.Module, generic: GenericParams):
     matmul family's role ops as it vectorizes them (schedules.matmul.vectorize_roles; the
     packs' transposes left to the target's 16 x 16 blocks), the others tiled and
     vectorized as the generic schedule does; loop invariants hoisted so that the
-    accumulator stays in registers across the reduction loops."""
+    accumulator stays in registers across the reduction loops; the tap loops the fuse stage
+    marked (`tap_unroll`) unrolled."""
     plan, others = _vector_plan(payload, generic.register_tile[1] // 2)
+    tap_factors = sorted({ir.IntegerAttr(op.attributes[_TAPS]).value
+                          for op in walk_ops(payload.operation, lambda op: _TAPS in op.attributes)})
     if not plan:
         return generic_vectorize_stage(generic)
     contractions = matmul.role_vector_plan(payload)
@@ -1517,7 +1575,13 @@ def vectorize_body(payload: ir.Module, generic: GenericParams):
         # FMAs of whole vectors, as the generic and matmul schedules do
         lane_contracts_to_fmas(func)
         canonicalize(func)
-        for attr in (ROLE, VECTOR_SIZES, LANES, _DONE) + matmul.ANNOTATIONS:
+        for taps in tap_factors:
+            marked = structured.MatchOp(any_op(), func, op_attrs={
+                _TAPS: ir.IntegerAttr.get(ir.IntegerType.get_signless(64), taps)}).result
+            loop.LoopUnrollOp(marked, factor=taps)
+        if tap_factors:
+            canonicalize(func)
+        for attr in (ROLE, VECTOR_SIZES, LANES, _DONE, _TAPS) + matmul.ANNOTATIONS:
             remove_annotation(root, attr)
 
     return body

@@ -311,6 +311,43 @@ def test_transposed_convolution_reads_no_stuffed_zeros():
     """)
 
 
+@pytest.mark.parametrize("taps", [5, 8])
+def test_a_register_tiles_row_of_taps_is_unrolled(kernel_file, taps):
+    """With the image lanes (8 channels x 32 lanes), the innermost window dim's taps (up to
+    TAPS_UNROLL_MAX) are unrolled in the loop over the outer window dim: one contraction
+    per tap, no loop of its own (`tap_unroll`)."""
+    path = conv_kernel(kernel_file, f"Conv2d(8, 16, (3, {taps}), bias=False)",
+                       f"1, 8, 6, {31 + taps}")
+    vectorized = str(compile_kernel(path, stop_after="vectorize").module)
+    filecheck(vectorized, f"""
+        CHECK: scf.for %{{{{.*}}}} = %c0 to %c3 step %c1 iter_args({{{{.*}}}}) -> (vector<8x1x32xf32>)
+        CHECK-NOT: scf.for
+        CHECK-COUNT-{taps}: vector.contract {{{{.*}}}} into vector<8x1x32xf32>
+        CHECK-NEXT: scf.yield
+    """)
+    assert_matches(compile_kernel(path))
+
+
+@pytest.mark.parametrize("module, shape", [
+    # 9 taps (over TAPS_UNROLL_MAX): a loop of its own
+    ("Conv2d(8, 16, (3, 9), bias=False)", "1, 8, 6, 40"),
+    # dilated and padded taps, two images, a partial lane tile
+    ("Conv2d(6, 16, (2, 3), dilation=(1, 2), padding=(1, 2))", "2, 6, 5, 37"),
+    # a 1-D row of 7 taps with a residual add after it, transposed view input
+    ("Conv1d(16, 16, 7, padding=3, bias=False)", None),
+    # a strided convolution: each phase's taps unrolled
+    ("Conv2d(4, 16, (3, 6), stride=(1, 2), bias=False)", "1, 4, 6, 70"),
+])
+def test_unrolled_taps_match_torch(kernel_file, module, shape):
+    if shape is None:
+        path = conv_kernel(kernel_file, module, None,
+                           input="torch.randn(1, 48, 16, generator=g).transpose(1, 2)",
+                           forward="self.conv(x) + x")
+    else:
+        path = conv_kernel(kernel_file, module, shape)
+    assert_matches(compile_kernel(path))
+
+
 @pytest.mark.parametrize("case, imported", [
     ("narrow_inner_3d", "linalg.conv_2d_nchw_fchw {dilations = dense<[1, 20]> : vector<2xi64>"),
     ("narrow_inner_pointwise", "linalg.conv_1d_ncw_fcw"),
