@@ -126,6 +126,15 @@ def test_matmuls_with_prefetched_accumulators_match_torch_with_bounds_checks(
     torch.manual_seed(0)
 
 
+def test_a_large_products_accumulators_are_prefetched():
+    """1024^3 on 2 threads: output tiles of 1024 x 512 over 4 k blocks, whose loops carry
+    their output's memref when bufferized; forwarded first, the register tile's view is a
+    chain of subviews again and its next tile is prefetched (one per line of 8 x 32)."""
+    bufferized = str(compile_kernel(EXAMPLES / "matmul.py", overrides={"N": 1024},
+                                    stop_after="bufferize", threads=2).module)
+    assert bufferized.count("memref.prefetch") == 16
+
+
 # A 1 x 1 convolution's register tiles: lanes of 32 pixels (j), rows of 8 output channels
 # (i), a k loop over the input channels loading one vector of each channel plane.
 STREAM = """
@@ -255,15 +264,18 @@ def _reread(source: str, l2_bytes: int = 32 << 10) -> tuple[int, str]:
 
 def test_the_next_class_tile_of_a_reread_tile_is_prefetched_into_l2():
     """X (64 KiB) is larger than the 32 KiB "L2"; each class tile (2 KiB, at most a quarter
-    of it) is read by two passes: each read prefetches its line of the next tile (t + 512,
-    the last tile its own), one line per 16 floats, for reading, into L2."""
+    of it) is read by two passes: each read prefetches its line of the tile
+    REREAD_AHEAD_BYTES on (t + 4 x 512, the last four tiles their own), one line per 16
+    floats, for reading, into L2."""
     served, text = _reread(PASSES)
     assert served == 2
     filecheck(text, """
         CHECK: scf.for %[[R:[a-z0-9_]+]] =
         CHECK: scf.for %[[T:[a-z0-9_]+]] = %{{.*}} to %[[UB:[a-z0-9_]+]] step %[[STEP:[a-z0-9_]+]]
         CHECK: scf.for %[[K:[a-z0-9_]+]] =
-        CHECK: %[[AHEAD:[a-z0-9_]+]] = arith.addi %[[T]], %[[STEP]]
+        CHECK: %[[FOUR:[a-z0-9_]+]] = arith.constant 4 : index
+        CHECK: %[[DISTANCE:[a-z0-9_]+]] = arith.muli %[[STEP]], %[[FOUR]]
+        CHECK: %[[AHEAD:[a-z0-9_]+]] = arith.addi %[[T]], %[[DISTANCE]]
         CHECK: %[[IN:[a-z0-9_]+]] = arith.cmpi slt, %[[AHEAD]], %[[UB]]
         CHECK: %[[NEXT:[a-z0-9_]+]] = arith.select %[[IN]], %[[AHEAD]], %[[T]]
         CHECK: %[[I:[a-z0-9_]+]] = arith.addi %[[NEXT]], %[[K]]
@@ -276,6 +288,21 @@ def test_the_next_class_tile_of_a_reread_tile_is_prefetched_into_l2():
         CHECK-NOT: memref.prefetch
         CHECK: vector.transfer_read
         CHECK: math.exp
+    """)
+
+
+def test_a_reread_tile_of_the_ahead_distance_prefetches_the_next_one():
+    """Class tiles of 8 KiB (REREAD_AHEAD_BYTES, a quarter of the "L2"): the next tile."""
+    served, text = _reread(PASSES.replace("%c512 = arith.constant 512", "%c512 = arith.constant 2048"))
+    assert served == 2
+    assert "arith.muli" not in text
+    filecheck(text, """
+        CHECK: scf.for
+        CHECK: scf.for %[[T:[a-z0-9_]+]] = %{{.*}} to %[[UB:[a-z0-9_]+]] step %[[STEP:[a-z0-9_]+]]
+        CHECK: scf.for
+        CHECK: %[[AHEAD:[a-z0-9_]+]] = arith.addi %[[T]], %[[STEP]]
+        CHECK: arith.cmpi slt, %[[AHEAD]], %[[UB]]
+        CHECK: memref.prefetch
     """)
 
 
