@@ -212,10 +212,10 @@ def bufferize(payload: ir.Module, register_bytes: int = 64, l2_bytes: int = 0) -
                 lambda f: loop.ForallToParallelOp([transform.AnyOpType.get()], f))
 
     run_schedule(payload, body)
-    drop_self_copies(payload)
-    # loops that carry their output's memref as an iter_arg forward it first: a register
-    # tile's view is then a chain of subviews the prefetch can step a loop on
+    # loops that carry a memref as an iter_arg forward it first: a copy's source and target,
+    # and a register tile's view, are then chains of subviews of one buffer
     run_passes(payload, "canonicalize, cse")
+    drop_self_copies(payload)
     prefetch_next_accumulators(payload)
     prefetch_next_page_strided_loads(payload)
     prefetch_next_reread_tiles(payload, l2_bytes)
