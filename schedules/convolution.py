@@ -968,10 +968,9 @@ def _register_loops(conv, tiles: ConvolutionTiles, register: list[int], peel: in
 
 
 # A register tile's innermost tap loop with at most this many taps is unrolled whole (with
-# the image lanes): its increment, compare and branch then come once per row of taps, and
-# LLVM keeps one address per operand row instead of one per tap. KernelBench 68 (3 x 5 x 5
-# taps over 16 channels, one thread, AMD Zen 5): 28.6 -> 25.6 ms; 58 (3 x 5 x 7): 37.7 ->
-# 35.8 ms. With the output channels as lanes the image values are the broadcast operand:
+# the image lanes): its increment, compare and branch then come once per row of taps.
+# KernelBench 68 (3 x 5 x 5 taps over 16 channels, its tail split off, one thread, AMD Zen
+# 5): 28.6 -> 25.6 ms; 58 (3 x 5 x 7): 37.7 -> 35.8 ms. With the output channels as lanes the image values are the broadcast operand:
 # unrolled, LLVM loads each once for all the taps that read it and keeps them live beside
 # the accumulators, spilling them (58: 47.7 -> 58.5 ms), so such loops stay rolled; so do
 # those of rows along an image dim (a depthwise convolution: the suite's, one thread,

@@ -417,12 +417,12 @@ def _splits(a: tuple, b: tuple) -> bool:
 
 
 def _moving_pass_loop(read: ir.Operation, base: ir.Value, sites, max_tile_bytes: int):
-    """(loop, ops computing the read's view and indices in it, the read's tile bytes): the innermost loop around
-    `read` whose body holds two or more loops reading the tile `read` reads (`_splits`: not
-    a main loop and its remainder), one of them holding `read`, and whose induction variable
-    moves what `read` reads, when the loops between have constant bounds (the next
-    iteration runs the same steps) and its tile (what `read` reads in one iteration) is at
-    most max_tile_bytes; None otherwise."""
+    """(loop, ops computing the read's view and indices in it, the read's tile bytes): the
+    innermost loop around `read` whose body holds two or more loops reading the tile `read`
+    reads (`_splits`: not a main loop and its remainder), one of them holding `read`, and
+    whose induction variable moves what `read` reads, when the loops between have constant
+    bounds (the next iteration runs the same steps) and its tile (what `read` reads in one
+    iteration) is at most max_tile_bytes; None otherwise."""
     loops = _loops_around(read)
     for depth, loop in enumerate(loops):
         if depth == 0 or loop.name == "scf.parallel" and len(loop.regions[0].blocks[0].arguments) != 1:
