@@ -566,14 +566,20 @@ def image_lane_share(c: Convolution, params: ConvolutionParams) -> float:
     along the innermost image dim: the lanes not past its edge (the last tile takes whole
     vectors covering it) times the rows not past theirs times the accumulators' share."""
     lanes = lanes_per_vector(params)
-    vectors = params.register[0] * params.register[1] // lanes
     width = c.dims.ranges[c.lanes]
     nr = min(params.register[1], -(-width // lanes) * lanes)
+    lane_share = width / (-(-width // lanes) * lanes)
+    return lane_share * _image_rows_share(c, params, nr)
+
+
+def _image_rows_share(c: Convolution, params: ConvolutionParams, nr: int) -> float:
+    """With the lanes along the innermost image dim in register tiles of `nr` lanes: the
+    rows not past their edge times the accumulators' share of params.register's."""
+    lanes = lanes_per_vector(params)
+    vectors = params.register[0] * params.register[1] // lanes
     rows = c.dims.ranges[c.rows] if c.rows is not None else 1
     mr = register_rows(rows, params.register[0])
-    lane_share = width / (-(-width // lanes) * lanes)
-    row_share = rows / (-(-rows // mr) * mr)
-    return lane_share * row_share * min(mr * nr // lanes, vectors) / vectors
+    return rows / (-(-rows // mr) * mr) * min(mr * nr // lanes, vectors) / vectors
 
 
 def writes_strided_lanes(c: Convolution) -> bool:
@@ -961,7 +967,7 @@ def _register_loops(conv, tiles: ConvolutionTiles, register: list[int], peel: in
         _set_role(producer, "init", tiles.output, tiles.output_lanes)
     conv, loops = _tile(conv, tiles.reduction)
     if taps > 1:
-        annotate(loops[-1], _TAPS, ir.IntegerAttr.get(ir.IntegerType.get_signless(64), taps))
+        annotate(loops[-1], _TAPS, _taps_attr(taps))
     clamp_window_loops(conv)
     kernel = convolution_to_contraction(conv)
     _set_role(kernel, "register", vector, tiles.vector_lanes)
@@ -976,6 +982,11 @@ def _register_loops(conv, tiles: ConvolutionTiles, register: list[int], peel: in
 # those of rows along an image dim (a depthwise convolution: the suite's, one thread,
 # 0.43 -> 0.58 ms unrolled).
 TAPS_UNROLL_MAX = 8
+
+
+def _taps_attr(taps: int) -> ir.IntegerAttr:
+    """The _TAPS annotation of a tap loop unrolled by `taps`."""
+    return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), taps)
 
 
 def tap_unroll(c: Convolution) -> int:
@@ -1120,12 +1131,8 @@ def split_lane_share(c: Convolution, params: ConvolutionParams, start: int) -> f
     channels as lanes, the rows along those last lanes), each part's share weighted by its
     lanes."""
     d, ranges = c.dims, c.dims.ranges
-    lanes = lanes_per_vector(params)
-    vectors = params.register[0] * params.register[1] // lanes
     width = ranges[c.lanes]
-    rows = ranges[c.rows] if c.rows is not None else 1
-    mr = register_rows(rows, params.register[0])
-    main = rows / (-(-rows // mr) * mr) * min(mr * params.register[1] // lanes, vectors) / vectors
+    main = _image_rows_share(c, params, params.register[1])
     *_, tail = channel_lane_tile(ranges[d.out_channel[0]], width - start, params)
     return (start * main + (width - start) * tail) / width
 
@@ -1578,8 +1585,7 @@ def vectorize_body(payload: ir.Module, generic: GenericParams):
         lane_contracts_to_fmas(func)
         canonicalize(func)
         for taps in tap_factors:
-            marked = structured.MatchOp(any_op(), func, op_attrs={
-                _TAPS: ir.IntegerAttr.get(ir.IntegerType.get_signless(64), taps)}).result
+            marked = structured.MatchOp(any_op(), func, op_attrs={_TAPS: _taps_attr(taps)}).result
             loop.LoopUnrollOp(marked, factor=taps)
         if tap_factors:
             canonicalize(func)

@@ -243,9 +243,9 @@ def get_init_inputs():
 def test_a_register_tile_wider_than_a_vector_reads_its_image_values_one_by_one(kernel_file):
     """A ConvTranspose3d whose register tile takes 18 output rows (36 = 2 x 18) along its
     channel lanes (its bias the accumulator's start: the last 4 lanes are not split off,
-    schedules.convolution.lane_tail_start): each step's 18 image values are 18 scalar loads (broadcast from memory
-    by LLVM), not an 18-lane vector load LLVM split and spilled to the stack to extract;
-    the result matches torch."""
+    schedules.convolution.lane_tail_start): each step's 18 image values are 18 scalar
+    loads (broadcast from memory by LLVM), not an 18-lane vector load LLVM split and
+    spilled to the stack to extract; the result matches torch."""
     path = kernel_file(CONV_TRANSPOSE_3D)
     bufferized = str(compile_kernel(path, stop_after="bufferize").module)
     filecheck(bufferized, """

@@ -355,6 +355,7 @@ def test_a_depthwise_convolutions_taps_stay_a_loop(kernel_file):
     ("Conv2d(4, 16, (3, 6), stride=(1, 2), bias=False)", "1, 4, 6, 70"),
 ])
 def test_unrolled_taps_match_torch(kernel_file, module, shape):
+    """Neighbours of the tap unroll (`tap_unroll`) against torch."""
     if shape is None:
         path = conv_kernel(kernel_file, module, None,
                            input="torch.randn(1, 48, 16, generator=g).transpose(1, 2)",

@@ -101,4 +101,3 @@ def test_each_part_starts_from_its_own_fill(kernel_file):
         CHECK: linalg.fill {{.*}}lh.cv_role = "init"{{.*}} -> tensor<1x6x1x16xf32>
     """)
     assert not re.search(r"linalg.fill .*-> tensor<1x16x6x66xf32>", text)
-
