@@ -10,7 +10,9 @@ from lighthouse.compile import compile_kernel
 from lighthouse.targets.prefetch import (prefetch_next_accumulators, prefetch_next_page_strided_loads,
                                         prefetch_next_reread_tiles)
 from tests.conftest import EXAMPLES
+from tests.schedules.test_bf16_dot_products import HOST_HAS_DOT, assert_within_an_ulp, compile_with
 from tests.schedules.test_convolution import conv_kernel
+from tests.schedules.test_matmul import binary_kernel
 from tests.transform_ext.helpers import check as filecheck
 from tests.transform_ext.helpers import rewritten
 
@@ -92,6 +94,75 @@ def test_no_prefetch_where_the_next_tile_is_not_an_accumulator_tile(change, reas
     assert "memref.prefetch" not in text, reason
 
 
+# Packed output tiles of 2 x 32 (a bf16 product's C panels): the loop's result is written
+# back flattened, its rows inserted into one vector stored into the tile's collapse_shape.
+FLAT_NEST = """
+func.func @panels(%C: memref<4x2x2x32xf32>, %B: memref<2x32xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c2 = arith.constant 2 : index
+  %c4 = arith.constant 4 : index
+  %c8 = arith.constant 8 : index
+  %f0 = arith.constant 0.0 : f32
+  %zero = arith.constant dense<0.0> : vector<64xf32>
+  scf.for %i = %c0 to %c4 step %c1 {
+    scf.for %j = %c0 to %c2 step %c1 {
+      %tile = memref.subview %C[%i, %j, 0, 0] [1, 1, 2, 32] [1, 1, 1, 1]
+          : memref<4x2x2x32xf32> to memref<1x1x2x32xf32, strided<[128, 64, 32, 1], offset: ?>>
+      %acc = vector.transfer_read %tile[%c0, %c0, %c0, %c0], %f0 {in_bounds = [true, true]}
+          : memref<1x1x2x32xf32, strided<[128, 64, 32, 1], offset: ?>>, vector<2x32xf32>
+      %sum = scf.for %k = %c0 to %c8 step %c1 iter_args(%a = %acc) -> (vector<2x32xf32>) {
+        %b = vector.transfer_read %B[%c0, %c0], %f0 {in_bounds = [true, true]}
+            : memref<2x32xf32>, vector<2x32xf32>
+        %next = vector.fma %b, %b, %a : vector<2x32xf32>
+        scf.yield %next : vector<2x32xf32>
+      }
+      %out = memref.subview %C[%i, %j, 0, 0] [1, 1, 2, 32] [1, 1, 1, 1]
+          : memref<4x2x2x32xf32> to memref<1x1x2x32xf32, strided<[128, 64, 32, 1], offset: ?>>
+      %flat = memref.collapse_shape %tile [[0], [1], [2, 3]]
+          : memref<1x1x2x32xf32, strided<[128, 64, 32, 1], offset: ?>> into memref<1x1x64xf32, strided<[128, 64, 1], offset: ?>>
+      %r0 = vector.extract %sum[0] : vector<32xf32> from vector<2x32xf32>
+      %r1 = vector.extract %sum[1] : vector<32xf32> from vector<2x32xf32>
+      %v0 = vector.insert_strided_slice %r0, %zero {offsets = [0], strides = [1]} : vector<32xf32> into vector<64xf32>
+      %v1 = vector.insert_strided_slice %r1, %v0 {offsets = [32], strides = [1]} : vector<32xf32> into vector<64xf32>
+      vector.store %v1, %flat[%c0, %c0, %c0] : memref<1x1x64xf32, strided<[128, 64, 1], offset: ?>>, vector<64xf32>
+    }
+  }
+  return
+}
+"""
+
+
+def test_a_flattened_write_back_marks_the_next_packed_tile_for_prefetch():
+    """The result stored flattened into the tile's own collapse_shape: the next packed tile
+    ((i, j + 1), or (i + 1, 0)) is prefetched before the read, 2 rows of two lines."""
+    served, text = _rewritten(FLAT_NEST)
+    assert served == 1
+    filecheck(text, """
+        CHECK: scf.for %[[I:.*]] = %{{.*}} to %{{.*}} step %{{.*}} {
+        CHECK: scf.for %[[J:.*]] = %{{.*}} to %{{.*}} step %{{.*}} {
+        CHECK: %[[NEXT:.*]] = memref.subview %{{.*}}[%{{.*}}, %{{.*}}, 0, 0] [1, 1, 2, 32]
+        CHECK-COUNT-4: memref.prefetch %[[NEXT]]
+        CHECK-NOT: memref.prefetch
+        CHECK: vector.transfer_read %{{.*}} vector<2x32xf32>
+        CHECK-NEXT: scf.for
+    """)
+
+
+@pytest.mark.parametrize("change, reason", [
+    (("%flat = memref.collapse_shape %tile", "%flat = memref.collapse_shape %out"),
+     "stored into another view's collapse_shape"),
+    (("vector.store %v1, %flat[%c0, %c0, %c0]", "vector.store %v1, %flat[%c0, %c0, %c1]"),
+     "stored off the tile's origin"),
+    (("vector.store %v1, %flat", "vector.store %zero, %flat"),
+     "a store that does not take the loop's result"),
+])
+def test_no_prefetch_where_the_flattened_store_is_not_the_tiles_write_back(change, reason):
+    served, text = _rewritten(FLAT_NEST.replace(*change))
+    assert served == 0, reason
+    assert "memref.prefetch" not in text, reason
+
+
 MATMUL = """
 import torch
 M, N, K = {m}, {n}, {k}
@@ -124,6 +195,22 @@ def test_matmuls_with_prefetched_accumulators_match_torch_with_bounds_checks(
     for r in compiled.check():
         assert r.ok, str(r)
     torch.manual_seed(0)
+
+
+@pytest.mark.parametrize("shape", [
+    dict(m=72, n=96, k=1100),  # several k blocks over packed C panels
+    dict(m=40, n=72, k=601, expr="(a @ b).t()"),  # an odd k, a transpose after the product
+    dict(m=37, n=45, k=700, b=3, expr="torch.bmm(a, b)", a_shape="B, M, K", b_shape="B, K, N"),
+])
+def test_bf16_dot_products_prefetch_their_packed_accumulators(kernel_file, shape):
+    """A product packed in bf16 pairs accumulates in packed C panels, written back flattened:
+    each register tile prefetches the next panel tile (8 rows of two lines). Run with the
+    dot products (on a host that has them) with bounds checks, within a bf16 ulp of torch."""
+    path = binary_kernel(kernel_file, dtype="bfloat16", **shape)
+    bufferized = str(compile_with(path, True, stop_after="bufferize", threads=2).module)
+    assert bufferized.count("memref.prefetch") == 16
+    if HOST_HAS_DOT:
+        assert_within_an_ulp(compile_with(path, True, threads=2, runtime_checks=True))
 
 
 def test_a_large_products_accumulators_are_prefetched():
