@@ -54,7 +54,10 @@ fuse (the script's @fuse: steps recorded on a trial copy by `plan_convolution`):
   3. the contractions beside the convolutions (a CNN's linear layers) get the matmul
      family's schedule (schedules.matmul.schedule_contractions; a flatten folded into one
      by the elementwise fusion collapsed back, transform_ext.collapse_reduction_dims);
-  4. any other linalg op is tiled for threads as the generic schedule does.
+  4. any other linalg op is tiled for threads as the generic schedule does, the reductions
+     among them first prepared as its @fuse prepares them (`_prepare_reductions`: the
+     reshapes they read folded into them, the elementwise producers only they read
+     computed in their bodies, keepdim unit dims dropped).
 vectorize (@vectorize): every op of step 2 vectorized at its register tile (edge tiles
 masked), the contraction lowered by the target to MR x NR/lanes FMAs per step, the
 accumulator hoisted into registers across the reduction loops (a masked tile's start read

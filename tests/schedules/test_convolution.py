@@ -3,6 +3,7 @@
 and bf16, transposed-view inputs, epilogues and the ops after them, the joint backward
 graph; the IR it produces; the family's choice and its refusals."""
 
+import math
 import re
 
 import pytest
@@ -194,6 +195,44 @@ def test_epilogue_and_a_reduction_after_the_convolution(kernel_file):
         CHECK: scf.forall.in_parallel
         CHECK: scf.forall
     """)
+
+
+def _largest_f64_tensor(ir_text: str) -> int:
+    """Elements of the largest f64 tensor type in `ir_text` (0 when there is none)."""
+    sizes = [math.prod(int(d) for d in shape.split("x"))
+             for shape in re.findall(r"tensor<([0-9x]+)xf64>", ir_text)]
+    return max(sizes, default=0)
+
+
+@pytest.mark.parametrize("extra, forward, dtype", [
+    ("        self.norm = torch.nn.GroupNorm(2, 8)\n", "self.norm(self.conv(x))", "float32"),
+    # the output read by the norm's sums and again by a residual add
+    ("        self.norm = torch.nn.GroupNorm(4, 8)\n",
+     "(lambda y: self.norm(y) + y)(self.conv(x))", "float32"),
+    ("        self.norm = torch.nn.InstanceNorm2d(8, affine=True)\n",
+     "torch.tanh(self.norm(self.conv(x)))", "float32"),
+    ("", "(lambda y: (y - y.mean((2, 3), keepdim=True)) / (y.var((2, 3), keepdim=True) + 1))"
+         "(self.conv(x))", "float32"),
+    # KernelBench level 2's 92 at a small size: norm, tanh, hardswish, residual, logsumexp
+    ("        self.norm = torch.nn.GroupNorm(4, 8)\n",
+     "(lambda y: torch.logsumexp(torch.nn.functional.hardswish(torch.tanh(self.norm(y))) + y, "
+     "dim=1, keepdim=True))(self.conv(x))", "float32"),
+    ("        self.norm = torch.nn.GroupNorm(2, 8)\n", "self.norm(self.conv(x))", "bfloat16"),
+])
+def test_norms_after_a_convolution_read_its_output_as_it_is(kernel_file, extra, forward, dtype):
+    """A group norm's, an instance norm's and a variance's sums over a convolution's output
+    (torch-mlir widens it to f64 for them) read the output in place, widening each element
+    in their bodies: no f64 copy of the output (a [batch, channels] f64 is the most the
+    fused IR holds; before, a tile's [images, groups, channels, pixels] f64 per sum); the
+    results match torch."""
+    path = conv_kernel(kernel_file, "Conv2d(4, 8, 3)", "2, 4, 12, 35", dtype=dtype, extra=extra,
+                       forward=forward)
+    fused = str(compile_kernel(path, stop_after="fuse").module)
+    assert 0 < _largest_f64_tensor(fused) <= 2 * 8
+    compiled = compile_kernel(path)
+    assert compiled.family is CONVOLUTION, compiled.notes  # (a logsumexp asks cross-entropy first)
+    for r in compiled.check():
+        assert r.ok, str(r)
 
 
 def test_transposed_convolution_chains(kernel_file):
