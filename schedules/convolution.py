@@ -57,7 +57,7 @@ fuse (the script's @fuse: steps recorded on a trial copy by `plan_convolution`):
   4. any other linalg op is tiled for threads as the generic schedule does, the reductions
      among them first prepared as its @fuse prepares them (`_prepare_reductions`: the
      reshapes they read folded into them, the elementwise producers only they read
-     computed in their bodies, keepdim unit dims dropped).
+     computed in their bodies, sums over one tensor merged, keepdim unit dims dropped).
 vectorize (@vectorize): every op of step 2 vectorized at its register tile (edge tiles
 masked), the contraction lowered by the target to MR x NR/lanes FMAs per step, the
 accumulator hoisted into registers across the reduction loops (a masked tile's start read
@@ -98,6 +98,7 @@ from transform_ext.filter_ops import matches as filter_matches
 from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion
 from transform_ext.fuse_init_into_register_tile import fuse_init_into_register_tile
 from transform_ext.inline_elementwise_producers import inline_elementwise_producers
+from transform_ext.merge_sibling_reductions import merge_sibling_reductions, sibling_groups
 from transform_ext.lane_contracts_to_fmas import lane_contracts_to_fmas
 from transform_ext.split_transposed_convolution import analyze as analyze_stuffed
 from transform_ext.split_strided_convolution import analyze as analyze_strided
@@ -1020,10 +1021,11 @@ def _untiled(op: ir.Operation) -> bool:
         and matmul.ROLE not in op.attributes
 
 
-def _outside_reduction(op) -> bool:
-    """Is `op` a reduction linalg.generic outside the convolutions' tiles?"""
+def _outside_reduction(op, structure: str = "reduction") -> bool:
+    """Is `op` a reduction linalg.generic (filter_ops' `structure`) outside the
+    convolutions' tiles?"""
     op = getattr(op, "operation", op)
-    return op.name == "linalg.generic" and _untiled(op) and filter_matches(op, [], "reduction", "") \
+    return op.name == "linalg.generic" and _untiled(op) and filter_matches(op, [], structure, "") \
         and op.parent.name == "func.func"
 
 
@@ -1034,8 +1036,9 @@ def _prepare_reductions(rec: StepRecorder) -> None:
     elementwise producers only they read computed inside them (its x widened to f64 for
     the sums of x and x^2 read as f32 by the sums, not stored per tile as [images,
     groups, channels, pixels] f64; KernelBench level 2's 85: 295 -> 48 ms, one thread), then
-    the unit dims they write through constant indices dropped (a consumer's tiles can then
-    slice them when they are fused into it)."""
+    those of the same loops over the same tensor merged into one pass when none is inside
+    the tiles (the sums of x and x^2), then the unit dims they write through constant
+    indices dropped (a consumer's tiles can then slice them when they are fused into it)."""
 
     def fold(root, places):
         for handle in at_places(root, places):
@@ -1052,12 +1055,23 @@ def _prepare_reductions(rec: StepRecorder) -> None:
         for handle in at_places(root, places):
             drop_unit_result_dims(handle)
 
+    def merge(root, _):
+        merge_sibling_reductions(match(root, "func.func"))
+
     for name, where, body in (("fold_reshapes_into_reductions", _reshapes_read_by_reductions, fold),
                               ("inline_into_reductions", _outside_reductions, inline),
+                              ("merge_sibling_reductions", _siblings_outside_only, merge),
                               ("drop_unit_result_dims_of_reductions", _keepdim_reductions, drop)):
         places = where(rec.trial)
         if places:
             rec.step(name, lambda root, places=places, body=body: body(root, places))
+
+
+def _siblings_outside_only(trial: ir.Module) -> bool:
+    """Are there sibling reductions to merge (the sums of x and x^2 of a variance), all of
+    them outside the convolutions' tiles? (merge_sibling_reductions takes a whole function.)"""
+    groups = [g for func in func_ops(trial) for g in sibling_groups(func)]
+    return bool(groups) and all(_outside_reduction(op) for g in groups for op in g)
 
 
 def _reshapes_read_by_reductions(trial: ir.Module) -> list:
@@ -1075,14 +1089,15 @@ def _outside_reductions(trial: ir.Module) -> list:
 
 def _keepdim_reductions(trial: ir.Module) -> list:
     return places_of(trial.operation, [op for func in func_ops(trial) for op in top_level_linalg_ops(func)
-                                       if _outside_reduction(op) and _writes_constant_dims(op)])
+                                       if _outside_reduction(op, "reductions") and _writes_constant_dims(op)])
 
 
 def _writes_constant_dims(op: ir.Operation) -> bool:
-    """Does `op` write its result through a constant index (a keepdim reduction), which
+    """Does `op` write a result through a constant index (a keepdim reduction), which
     fusion into a consumer's tiles cannot slice?"""
-    out = terms(list(linalg.get_indexing_maps(op))[-1])  # an ArrayAttr takes no index -1
-    return out is not None and any(isinstance(t, Const) for t in out)
+    maps = list(linalg.get_indexing_maps(op))  # (an ArrayAttr takes no index -1)
+    outs = [terms(m) for m in maps[len(maps) - len(op.results):]]
+    return any(out is not None and any(isinstance(t, Const) for t in out) for out in outs)
 
 
 def _schedule_others(rec: StepRecorder, params: GenericParams) -> None:

@@ -223,12 +223,13 @@ def test_norms_after_a_convolution_read_its_output_as_it_is(kernel_file, extra, 
     """A group norm's, an instance norm's and a variance's sums over a convolution's output
     (torch-mlir widens it to f64 for them) read the output in place, widening each element
     in their bodies: no f64 copy of the output (a [batch, channels] f64 is the most the
-    fused IR holds; before, a tile's [images, groups, channels, pixels] f64 per sum); the
-    results match torch."""
+    fused IR holds; before, a tile's [images, groups, channels, pixels] f64 per sum), and
+    the sums over one tensor merged into one pass; the results match torch."""
     path = conv_kernel(kernel_file, "Conv2d(4, 8, 3)", "2, 4, 12, 35", dtype=dtype, extra=extra,
                        forward=forward)
     fused = str(compile_kernel(path, stop_after="fuse").module)
     assert 0 < _largest_f64_tensor(fused) <= 2 * 8
+    assert re.search(r"%\S+:2 = linalg.generic", fused)  # the sums of x and x^2 in one pass
     compiled = compile_kernel(path)
     assert compiled.family is CONVOLUTION, compiled.notes  # (a logsumexp asks cross-entropy first)
     for r in compiled.check():

@@ -61,3 +61,48 @@ def test_a_result_without_constant_indices_is_refused():
     payload = parse(KEEPDIM_SUM.format(y="d0, d1", shape="3x5"))
     with pytest.raises(Exception, match="writes no unit dim by a constant index"):
         apply(payload, lambda root: drop_unit_result_dims(match(root, "linalg.generic")))
+
+
+TWO_SUMS = """
+#x = affine_map<(d0, d1, d2, d3) -> (d0, d1, d2, d3)>
+#k = affine_map<(d0, d1, d2, d3) -> (d0, d1, 0, 0)>
+#f = affine_map<(d0, d1, d2, d3) -> (d0, d1)>
+func.func @main(%x: tensor<3x5x4x7xf32>) -> (tensor<3x5x1x1xf64>, tensor<3x5xf64>) {
+  %zero = arith.constant 0.0 : f64
+  %e = tensor.empty() : tensor<3x5x1x1xf64>
+  %s0 = linalg.fill ins(%zero : f64) outs(%e : tensor<3x5x1x1xf64>) -> tensor<3x5x1x1xf64>
+  %f = tensor.empty() : tensor<3x5xf64>
+  %q0 = linalg.fill ins(%zero : f64) outs(%f : tensor<3x5xf64>) -> tensor<3x5xf64>
+  %s, %q = linalg.generic {indexing_maps = [#x, #k, #f], iterator_types = ["parallel", "parallel", "reduction", "reduction"]}
+      ins(%x : tensor<3x5x4x7xf32>) outs(%s0, %q0 : tensor<3x5x1x1xf64>, tensor<3x5xf64>) {
+  ^bb0(%a: f32, %o: f64, %p: f64):
+    %w = arith.extf %a : f32 to f64
+    %r = arith.addf %o, %w : f64
+    %w2 = arith.mulf %w, %w : f64
+    %r2 = arith.addf %p, %w2 : f64
+    linalg.yield %r, %r2 : f64, f64
+  } -> (tensor<3x5x1x1xf64>, tensor<3x5xf64>)
+  return %s, %q : tensor<3x5x1x1xf64>, tensor<3x5xf64>
+}
+"""
+
+
+def test_merged_sums_drop_the_unit_dims_of_each_result_that_has_them():
+    """A merged variance's sums of x (keepdim) and x^2 (without unit dims): the first is
+    written on its kept dims and expanded back, the second as it was; the same values."""
+    payload = parse(TWO_SUMS)
+    apply(payload, lambda root: drop_unit_result_dims(match(root, "linalg.generic")))
+    check(payload, """
+        CHECK:      %[[I:.*]] = tensor.collapse_shape {{.*}} : tensor<3x5x1x1xf64> into tensor<3x5xf64>
+        CHECK:      %[[Y:.*]]:2 = linalg.generic
+        CHECK-SAME: outs(%[[I]], %{{.*}} : tensor<3x5xf64>, tensor<3x5xf64>)
+        CHECK:      %[[S:.*]] = tensor.expand_shape %[[Y]]#0 {{\\[}}[0], [1, 2, 3]] output_shape [3, 5, 1, 1]
+        CHECK:      return %[[S]], %[[Y]]#1
+    """)
+    x = torch.randn(3, 5, 4, 7, generator=torch.Generator().manual_seed(2))
+    after = run_module(payload, [x])
+    before = run_module(parse(TWO_SUMS), [x])
+    torch.testing.assert_close(after[0], x.double().sum(dim=(2, 3), keepdim=True))
+    torch.testing.assert_close(after[1], (x.double() ** 2).sum(dim=(2, 3)))
+    for a, b in zip(after, before):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
