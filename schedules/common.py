@@ -12,6 +12,7 @@ from typing import Callable, Sequence
 
 from torch_mlir import ir
 from torch_mlir.dialects import transform
+from torch_mlir.dialects.transform import loop
 from torch_mlir.dialects.transform import interpreter, loop, structured
 
 from transform_ext.nested import main_sequence
@@ -20,6 +21,15 @@ from transform_ext.nested import main_sequence
 
 def any_op() -> ir.Type:
     return transform.AnyOpType.get()
+
+
+def peel_loop(loop_handle: ir.Value):
+    """transform.loop.peel of the scf.for of `loop_handle`: its last, partial iteration
+    split off as a loop of its own. The handle is cast to !transform.op<"scf.for"> first
+    (the peel verifies its operand's type: with an !transform.any_op one the script does not
+    verify, and prints only in the generic form)."""
+    for_loop = transform.CastOp(transform.OperationType.get("scf.for"), loop_handle).output
+    return loop.LoopPeelOp(any_op(), any_op(), for_loop)
 
 
 def build_schedule(body: Callable[[ir.Value], None]) -> tuple[ir.Module, object]:

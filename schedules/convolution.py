@@ -57,7 +57,7 @@ fuse (the script's @fuse: steps recorded on a trial copy by `plan_convolution`):
   4. any other linalg op is tiled for threads as the generic schedule does, the reductions
      among them first prepared as its @fuse prepares them (`_prepare_reductions`: the
      reshapes they read folded into them, the elementwise producers only they read
-     computed in their bodies, sums over one tensor merged, keepdim unit dims dropped).
+     computed in their bodies, sums over one tensor merged).
 vectorize (@vectorize): every op of step 2 vectorized at its register tile (edge tiles
 masked), the contraction lowered by the target to MR x NR/lanes FMAs per step, the
 accumulator hoisted into registers across the reduction loops (a masked tile's start read
@@ -106,10 +106,11 @@ from transform_ext.split_strided_convolution import split_strided_convolution
 from transform_ext.split_transposed_convolution import split_transposed_convolution
 from transform_ext.remove_annotation import remove_annotation
 from transform_ext.split_assertions import split_assertions
+from transform_ext.tile_to_vector_tiles import partial_tile_loops, reductions_innermost
 
 from .common import (annotate, any_op, apply_passes, apply_patterns, at_place, at_places,
-                     canonicalize, foreach, hoist_loop_invariant_subsets, match, place_of,
-                     places_of)
+                     canonicalize, foreach, hoist_loop_invariant_subsets, match, peel_loop,
+                     place_of, places_of)
 from .generic import (GenericParams, func_ops, generic_script, parallel_tile_sizes,
                       register_tile_for, top_level_linalg_ops, vector_tile_sizes)
 from .generic import vectorize_stage as generic_vectorize_stage
@@ -123,6 +124,7 @@ LANES = "lh.cv_lanes"          # i64: the loop dim of the register tile's lanes
 _DONE = "lh.cv_done"           # a convolution already scheduled
 _TILE = "lh.cv_tile"           # the register tiles of the convolution being scheduled
 _TAPS = "lh.cv_taps"           # i64: a register tile's innermost tap loop, unrolled by this
+_OTHER = "lh.cv_other"         # an op outside the convolutions' tiles, vectorized with gathers
 
 FLOAT_TYPES = ("f32", "f16", "bf16")
 
@@ -925,7 +927,7 @@ def _init_tiles(init, tiles: ConvolutionTiles, peel: list[int], forall) -> None:
     if peel:
         annotate(init, _TILE)
         for index in peel:
-            loop.LoopPeelOp(any_op(), any_op(), loops[index])
+            peel_loop(loops[index])
         init = structured.MatchOp(any_op(), forall, op_attrs={_TILE: ir.UnitAttr.get()}).result
         remove_annotation(init, _TILE)
     _set_role(init, "init", tiles.output, tiles.output_lanes)
@@ -967,7 +969,7 @@ def _register_loops(conv, tiles: ConvolutionTiles, register: list[int], peel: in
         # the rows loop is inside the lanes loop: peeling the lanes copies both row loops
         for index in (peel_rows, peel):
             if index is not None:
-                loop.LoopPeelOp(any_op(), any_op(), loops[index])
+                peel_loop(loops[index])
         conv = structured.MatchOp(any_op(), forall, op_attrs={_TILE: ir.UnitAttr.get()}).result
         remove_annotation(conv, _TILE)
     if fuse_init:
@@ -1021,11 +1023,10 @@ def _untiled(op: ir.Operation) -> bool:
         and matmul.ROLE not in op.attributes
 
 
-def _outside_reduction(op, structure: str = "reduction") -> bool:
-    """Is `op` a reduction linalg.generic (filter_ops' `structure`) outside the
-    convolutions' tiles?"""
+def _outside_reduction(op) -> bool:
+    """Is `op` a reduction linalg.generic outside the convolutions' tiles?"""
     op = getattr(op, "operation", op)
-    return op.name == "linalg.generic" and _untiled(op) and filter_matches(op, [], structure, "") \
+    return op.name == "linalg.generic" and _untiled(op) and filter_matches(op, [], "reduction", "") \
         and op.parent.name == "func.func"
 
 
@@ -1037,8 +1038,11 @@ def _prepare_reductions(rec: StepRecorder) -> None:
     the sums of x and x^2 read as f32 by the sums, not stored per tile as [images,
     groups, channels, pixels] f64; KernelBench level 2's 85: 295 -> 48 ms, one thread), then
     those of the same loops over the same tensor merged into one pass when none is inside
-    the tiles (the sums of x and x^2), then the unit dims they write through constant
-    indices dropped (a consumer's tiles can then slice them when they are fused into it)."""
+    the tiles (the sums of x and x^2). Their keepdim unit dims stay: a consumer's tiles
+    cannot slice them, so `_schedule_others` tiles each as a root of its own, not once
+    per tile of the elementwise op that reads it (with the dims dropped, a group norm's
+    sums were fused into its normalization's tiles of two image rows: KernelBench level
+    2's 21 12.8 -> 982 ms)."""
 
     def fold(root, places):
         for handle in at_places(root, places):
@@ -1051,17 +1055,12 @@ def _prepare_reductions(rec: StepRecorder) -> None:
         inline_elementwise_producers(consumers, whole=True)
         canonicalize(root)
 
-    def drop(root, places):
-        for handle in at_places(root, places):
-            drop_unit_result_dims(handle)
-
     def merge(root, _):
         merge_sibling_reductions(match(root, "func.func"))
 
     for name, where, body in (("fold_reshapes_into_reductions", _reshapes_read_by_reductions, fold),
                               ("inline_into_reductions", _outside_reductions, inline),
-                              ("merge_sibling_reductions", _siblings_outside_only, merge),
-                              ("drop_unit_result_dims_of_reductions", _keepdim_reductions, drop)):
+                              ("merge_sibling_reductions", _siblings_outside_only, merge)):
         places = where(rec.trial)
         if places:
             rec.step(name, lambda root, places=places, body=body: body(root, places))
@@ -1087,27 +1086,26 @@ def _outside_reductions(trial: ir.Module) -> list:
                                        for op in top_level_linalg_ops(func) if _outside_reduction(op)])
 
 
-def _keepdim_reductions(trial: ir.Module) -> list:
-    return places_of(trial.operation, [op for func in func_ops(trial) for op in top_level_linalg_ops(func)
-                                       if _outside_reduction(op, "reductions") and _writes_constant_dims(op)])
-
-
 def _writes_constant_dims(op: ir.Operation) -> bool:
-    """Does `op` write a result through a constant index (a keepdim reduction), which
-    fusion into a consumer's tiles cannot slice?"""
+    """Does `op` write a result through a constant index (a keepdim reduction)?"""
     maps = list(linalg.get_indexing_maps(op))  # (an ArrayAttr takes no index -1)
     outs = [terms(m) for m in maps[len(maps) - len(op.results):]]
     return any(out is not None and any(isinstance(t, Const) for t in out) for out in outs)
 
 
 def _schedule_others(rec: StepRecorder, params: GenericParams) -> None:
-    """Linalg ops outside the convolutions' tiles: tiled for threads like the generic schedule."""
+    """Linalg ops outside the convolutions' tiles: tiled for threads like the generic
+    schedule. The keepdim reductions first, in order, each the root of its own tiles: a
+    consumer's tiles cannot slice them (fusing one into them fails, loudly), and would
+    compute one once per tile if they could."""
     for func in list(func_ops(rec.trial)):
         while True:
-            # the last op with parallel tiles, scanned from the end (as schedules.matmul)
-            found = next(((op, sizes) for op in reversed(top_level_linalg_ops(func))
-                          if _untiled(op)
-                          and (sizes := parallel_tile_sizes(op, params)) is not None), None)
+            ops = [op for op in top_level_linalg_ops(func) if _untiled(op)]
+            keepdims = [op for op in ops if op.name == "linalg.generic"
+                        and filter_matches(op, [], "reductions", "") and _writes_constant_dims(op)]
+            # else the last op with parallel tiles, scanned from the end (as schedules.matmul)
+            found = next(((op, sizes) for op in keepdims + list(reversed(ops))
+                          if (sizes := parallel_tile_sizes(op, params)) is not None), None)
             if found is None:
                 break
             root, sizes = found
@@ -1615,6 +1613,15 @@ def _vector_plan(payload: ir.Module, lanes: int):
     return plan, others
 
 
+def _vectorize_or_leave(handle, gather: bool) -> None:
+    """Vectorize the op of `handle`; one the vectorizer cannot take stays a (correct) loop
+    nest."""
+    seq = transform.SequenceOp(transform.FailurePropagationMode.Suppress, [], handle)
+    with ir.InsertionPoint(seq.body):
+        structured.VectorizeOp(seq.bodyTarget, vectorize_nd_extract=gather)
+        transform.YieldOp()
+
+
 def vectorize_body(payload: ir.Module, generic: GenericParams):
     """The vectorize stage: each op with a role at its vector sizes (edge tiles masked), the
     matmul family's role ops as it vectorizes them (schedules.matmul.vectorize_roles; the
@@ -1635,6 +1642,8 @@ def vectorize_body(payload: ir.Module, generic: GenericParams):
     contraction_places = places_of(payload.operation, [op for op, _, _ in contractions])
     sizes = [s for _, s in plan]
     gathers = [not _extracts_16_bit(op) for op, _ in tiles]
+    orders = [reductions_innermost(loop_structure(op)) for op, _ in tiles]
+    ranges = [loop_structure(op).ranges for op, _ in tiles]
     tiles = [s for _, s in tiles]
 
     def body(root):
@@ -1645,22 +1654,42 @@ def vectorize_body(payload: ir.Module, generic: GenericParams):
             structured.VectorizeOp(h, vector_sizes=vector_sizes)
         matmul.vectorize_roles(contraction_handles, [role for _, role, _ in contractions],
                                [sizes for _, _, sizes in contractions])
-        for h, sizes_of_tile, gather in zip(handles[n:], tiles, gathers):
-            if sizes_of_tile is not None:
+        for h, sizes_of_tile, gather, order, extents in zip(handles[n:], tiles, gathers, orders,
+                                                            ranges):
+            if gather:
+                annotate(h, _OTHER)
+            if sizes_of_tile is None:
+                pass
+            elif gather:
+                # as the generic schedule tiles it: reductions innermost, the last partial
+                # tile of a loop peeled into a static tile of its own (a dynamic one does
+                # not vectorize: a group norm's sums over rows of 254 ran as scalar loops);
+                # vectorized below, once the sizes are constants
+                tiled = structured.TileUsingForOp(h, sizes=sizes_of_tile, interchange=order)
+                for partial in reversed(partial_tile_loops(tiled, extents, sizes_of_tile, order)):
+                    peel_loop(partial)
+            else:
                 h, _ = _tile(h, sizes_of_tile)
-            # an op the vectorizer cannot take stays a (correct) loop nest
-            seq = transform.SequenceOp(transform.FailurePropagationMode.Suppress, [], h)
-            with ir.InsertionPoint(seq.body):
-                structured.VectorizeOp(seq.bodyTarget, vectorize_nd_extract=gather)
-                transform.YieldOp()
+            if not gather:  # no bf16 gathers: stays a (correct) loop nest where it must
+                _vectorize_or_leave(h, gather=False)
         func = match(root, "func.func")
-        apply_patterns(func, tvec.ApplyLowerMaskedTransfersPatternsOp)
-        apply_patterns(func, tvec.ApplyTransferPermutationPatternsOp)
-        # f16/bf16 operands extended inside the contraction (the lowering extends each
-        # vector it multiplies, never a 1-lane vector of a unit dim)
-        apply_patterns(func, tvec.ApplyVectorReductionToContractPatternsOp,
-                       tvec.ApplyFoldArithExtensionPatternsOp)
-        canonicalize(func)
+
+        def to_contractions():
+            apply_patterns(func, tvec.ApplyLowerMaskedTransfersPatternsOp)
+            apply_patterns(func, tvec.ApplyTransferPermutationPatternsOp)
+            # f16/bf16 operands extended inside the contraction (the lowering extends each
+            # vector it multiplies, never a 1-lane vector of a unit dim)
+            apply_patterns(func, tvec.ApplyVectorReductionToContractPatternsOp,
+                           tvec.ApplyFoldArithExtensionPatternsOp)
+            canonicalize(func)
+
+        to_contractions()
+        # the other ops vectorized once the canonicalization has folded their peeled tiles'
+        # sizes to constants (not before: it would fold the register tiles' reductions over
+        # a unit dim to adds, which then never become contractions)
+        others = structured.MatchOp(any_op(), func, op_attrs={_OTHER: ir.UnitAttr.get()}).result
+        foreach(others, lambda h: _vectorize_or_leave(h, gather=True))
+        to_contractions()
         drop_contraction_masks(func)
         if contractions:  # a masked edge tile of C unpacked for a reduction, in registers
             forward_masked_writes(func)
@@ -1681,7 +1710,7 @@ def vectorize_body(payload: ir.Module, generic: GenericParams):
             loop.LoopUnrollOp(marked, factor=taps)
         if tap_factors:
             canonicalize(func)
-        for attr in (ROLE, VECTOR_SIZES, LANES, _DONE, _TAPS) + matmul.ANNOTATIONS:
+        for attr in (ROLE, VECTOR_SIZES, LANES, _DONE, _TAPS, _OTHER) + matmul.ANNOTATIONS:
             remove_annotation(root, attr)
 
     return body

@@ -1,17 +1,15 @@
-"""drop_unit_result_dims: a linalg.generic that writes unit dims of its results through
-constant indices (a keepdim reduction: y[n, c, 0, 0] = sum_{h, w} x[n, c, h, w]) writes them
-without those dims, each expanded back after:
+"""drop_unit_result_dims: a linalg.generic that writes unit dims of its result through constant
+indices (a keepdim reduction: y[n, c, 0, 0] = sum_{h, w} x[n, c, h, w]) writes the result
+without them, expanded back after:
 
-    Y_i = expand_shape(G'(collapse_shape(I_1), ..)_i)
+    Y = expand_shape(G'(collapse_shape(I)))
 
-with G' the op whose output maps drop the constant results (the loops that indexed nothing
-else stay reductions); a result without such dims is written as it was. Exact: the same
-elements. The tiling and vectorization of linalg take the projected-permutation output maps
-that are left (a merged variance's sums of x and x^2 then fuse into their readers' tiles).
+with G' the op whose output map drops the constant results (the loops that indexed nothing
+else stay reductions). Exact: the same elements. The tiling and vectorization of linalg
+take the projected-permutation output map that is left.
 
-Targets: linalg.generic ops on tensors with at least one output whose map holds constant 0
-results (on unit dims) beside at least one dim, every output map made of dims and such
-constants; otherwise a silenceable failure naming the op, nothing rewritten.
+Targets: linalg.generic ops with one output whose map holds constant 0 results (on unit dims)
+beside at least one dim; otherwise a silenceable failure naming the op, nothing rewritten.
 Result: the rewritten generics. The target handle is consumed.
 """
 
@@ -26,27 +24,24 @@ from .dialect import TransformExt
 NAME = "transform_ext.drop_unit_result_dims"
 
 
-def kept_result_dims(op: ir.Operation) -> list[list[int]]:
-    """Per result of a legal target, its dims indexed by a loop; Illegal otherwise."""
-    if op.name != "linalg.generic" or not len(op.results):
-        raise Illegal(op, "is not a linalg.generic with results")
+def kept_result_dims(op: ir.Operation) -> list[int]:
+    """The result dims of a legal target indexed by a loop; Illegal otherwise."""
+    if op.name != "linalg.generic" or len(op.results) != 1:
+        raise Illegal(op, "is not a linalg.generic with one result")
     ls = loop_structure(op)
-    kept_of, dropping = [], False
-    for i, result in enumerate(op.results):
-        shape = list(result.type.shape)
-        kept = []
-        for d, e in enumerate(ls.output_map(i).results):
-            if isinstance(e, ir.AffineDimExpr):
-                kept.append(d)
-            elif not (isinstance(e, ir.AffineConstantExpr) and e.value == 0 and shape[d] == 1):
-                raise Illegal(op, f"indexes its result {i} by {e}")
-        if not kept:
-            raise Illegal(op, f"writes its result {i} by constant indices only")
-        dropping |= len(kept) < len(shape)
-        kept_of.append(kept)
-    if not dropping:
-        raise Illegal(op, "writes no unit dim by a constant index")
-    return kept_of
+    shape = list(op.results[0].type.shape)
+    kept, dropped = [], []
+    for d, e in enumerate(ls.output_map(0).results):
+        if isinstance(e, ir.AffineDimExpr):
+            kept.append(d)
+        elif isinstance(e, ir.AffineConstantExpr) and e.value == 0 \
+                and shape[d] == 1:
+            dropped.append(d)
+        else:
+            raise Illegal(op, f"indexes its result by {e}")
+    if not dropped or not kept:
+        raise Illegal(op, "writes no unit dim by a constant index (or only such dims)")
+    return kept
 
 
 def _groups(rank: int, kept: list[int]) -> list[list[int]]:
@@ -59,35 +54,28 @@ def _groups(rank: int, kept: list[int]) -> list[list[int]]:
     return groups
 
 
-def _rewrite(op: ir.Operation, kept_of: list[list[int]], rewriter) -> ir.Operation:
+def _rewrite(op: ir.Operation, kept: list[int], rewriter) -> ir.Operation:
     ls = loop_structure(op)
-    inits, out_maps = [], []
+    result_type = op.results[0].type
+    shape = list(result_type.shape)
+    groups = _groups(len(shape), kept)
+    out_map = ls.output_map(0)
+    new_out_map = ir.AffineMap.get(out_map.n_dims, 0, [out_map.results[d] for d in kept])
     with ir.InsertionPoint(op), op.location:
-        for i, kept in enumerate(kept_of):
-            result_type, init = op.results[i].type, op.operands[ls.num_inputs + i]
-            shape = list(result_type.shape)
-            out_map = ls.output_map(i)
-            if len(kept) < len(shape):
-                small = ir.RankedTensorType.get([shape[d] for d in kept], result_type.element_type)
-                init = tensor.CollapseShapeOp(small, init, reassociation_attr(_groups(len(shape), kept))).result
-                out_map = ir.AffineMap.get(out_map.n_dims, 0, [out_map.results[d] for d in kept])
-            inits.append(init)
-            out_maps.append(out_map)
+        small = ir.RankedTensorType.get([shape[d] for d in kept], result_type.element_type)
+        init = tensor.CollapseShapeOp(small, op.operands[ls.num_inputs],
+                                      reassociation_attr(groups)).result
         block = op.regions[0].blocks[0]
 
         def body(args):
             return clone_body(op, dict(zip(block.arguments, args)))
 
-        new = build_generic(list(op.operands)[:ls.num_inputs], inits,
-                            ls.maps[:ls.num_inputs] + out_maps, ls.iterators, body, name_from=op)
-        results = []
-        for i, kept in enumerate(kept_of):
-            result_type = op.results[i].type
-            shape = list(result_type.shape)
-            results.append(new.results[i] if len(kept) == len(shape) else tensor.ExpandShapeOp(
-                result_type, new.results[i], reassociation_attr(_groups(len(shape), kept)), [],
-                i64_array(shape)).result)
-    rewriter.replace_op(op, results)
+        new = build_generic(list(op.operands)[:ls.num_inputs], [init],
+                            ls.maps[:ls.num_inputs] + [new_out_map], ls.iterators, body,
+                            name_from=op)
+        back = tensor.ExpandShapeOp(result_type, new.results[0], reassociation_attr(groups), [],
+                                    i64_array(shape)).result
+    rewriter.replace_op(op, [back])
     return new.operation
 
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from torch_mlir import ir
 from torch_mlir.dialects import transform
-from torch_mlir.dialects.transform import loop, structured
+from torch_mlir.dialects.transform import structured
 
 import transform_ext
 from transform_ext.analysis.attention import AttentionOps, NotAttention, elementwise_attention_in
@@ -76,7 +76,8 @@ from transform_ext.sink_normalization_past_contraction import sink_normalization
 from transform_ext.store_scores_keys_major import store_scores_keys_major
 from transform_ext.widen_softmax import widen_softmax
 
-from ..common import annotate, any_op, apply_passes, canonicalize, foreach, match, run_schedule
+from ..common import (annotate, any_op, apply_passes, canonicalize, foreach, match, peel_loop,
+                      run_schedule)
 from ..generic import GenericParams, largest_divisor_at_most
 from ..prepare import check_by_planning
 from ..script import include_step
@@ -512,7 +513,7 @@ def _key_tiles(plan: AttentionPlan):
         foreach(producers,
                 lambda producer: structured.FuseIntoContainingOp(producer, tiled.loops[0]))
         if plan.key_loop.peel:
-            loop.LoopPeelOp(any_op(), any_op(), tiled.loops[0])
+            peel_loop(tiled.loops[0])
         return apply_passes(root, "canonicalize", "cse")
 
     return body

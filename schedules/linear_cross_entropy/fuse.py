@@ -77,7 +77,7 @@ import math
 
 from torch_mlir import ir
 from torch_mlir.dialects import transform
-from torch_mlir.dialects.transform import loop, structured
+from torch_mlir.dialects.transform import structured
 
 from transform_ext.common import AMX_PRODUCT
 from transform_ext.contraction_in_vnni_pairs import contraction_in_vnni_pairs
@@ -107,7 +107,7 @@ from transform_ext.promote_indexed_extracts import promote_indexed_extracts
 from transform_ext.shrink_unread_inputs import shrink_unread_inputs
 from transform_ext.store_scores_keys_major import store_scores_keys_major
 
-from ..common import apply_passes, match
+from ..common import apply_passes, match, peel_loop
 from ..generic import largest_divisor_at_most
 from ..cross_entropy.fuse import (CLASS_SUM, match_attr, name_target_checks, normalize,
                                   restructure_reading, sink_root_readers, split_handle, tile_rows)
@@ -313,7 +313,7 @@ def fuse_class_loops(params: LinearCrossEntropyParams, late: tuple[LateSum, ...]
                 structured.FuseIntoContainingOp(init, tiled.loops[0])
             main = tiled.loops[0]
             if s.peel:  # the last, partial class tile as a static tile of its own
-                main = loop.LoopPeelOp(any_op, any_op, tiled.loops[0]).peeled_loop
+                main = peel_loop(tiled.loops[0]).peeled_loop
             class_loops.append(main)
         if amx:
             for class_loop in class_loops:

@@ -236,6 +236,23 @@ def test_norms_after_a_convolution_read_its_output_as_it_is(kernel_file, extra, 
         assert r.ok, str(r)
 
 
+def test_ops_after_a_convolution_of_rows_no_vector_divides_are_vectorized(kernel_file):
+    """Rows of 139 outputs (prime: no vector tile divides them) through a sigmoid and a
+    group norm after the convolution (KernelBench level 2's 21): the ops outside the
+    convolution's tiles are tiled as the generic schedule tiles them, the last partial
+    tile of a row peeled into a static tile of its own, and all vectorized (a dynamic
+    tile stayed a scalar loop); the printed script, peels included, verifies (its custom
+    form) and the results match torch."""
+    path = conv_kernel(kernel_file, "Conv2d(4, 8, 3)", "2, 4, 6, 141",
+                       extra="        self.norm = torch.nn.GroupNorm(2, 8)\n",
+                       forward="self.norm(torch.sigmoid(self.conv(x) * 0.5))")
+    vectorized = str(compile_kernel(path, stop_after="vectorize").module)
+    assert "linalg." not in vectorized
+    script = compile_kernel(path, stop_after="cleanup").schedule_text()
+    assert "transform.loop.peel" in script and "transform.named_sequence @vectorize" in script
+    assert_matches(compile_kernel(path))
+
+
 def test_transposed_convolution_chains(kernel_file):
     """KernelBench level 2's 26 (a 3-D transposed convolution, a residual add, x *
     hardswish(x)) and 60 (swish, GroupNorm, hardswish) at small sizes."""
