@@ -12,7 +12,6 @@ from typing import Callable, Sequence
 
 from torch_mlir import ir
 from torch_mlir.dialects import transform
-from torch_mlir.dialects.transform import loop
 from torch_mlir.dialects.transform import interpreter, loop, structured
 
 from transform_ext.nested import main_sequence
@@ -21,6 +20,40 @@ from transform_ext.nested import main_sequence
 
 def any_op() -> ir.Type:
     return transform.AnyOpType.get()
+
+
+def tile_to_vector_tile(handle: ir.Value, sizes: list[int] | None, order: list[int] | None,
+                        extents: list[int], mark: str) -> None:
+    """The op of `handle` (of loop `extents`) tiled with scf.for to its vector tile `sizes`
+    (transform_ext.analysis.tiles.vector_tile_sizes; None: the op is one tile) in loop
+    `order` (reductions innermost: tile_to_vector_tiles.reductions_innermost), as the generic
+    schedule tiles it, the last partial tile of each loop peeled into a static tile of its
+    own (a dynamic tile does not vectorize: it stayed a scalar loop). The op and its peeled
+    copies are annotated `mark`: `vectorize_marked` vectorizes them once a canonicalization
+    has folded the peeled tiles' sizes to constants."""
+    from transform_ext.tile_to_vector_tiles import partial_tile_loops
+
+    annotate(handle, mark)
+    if sizes is None:
+        return
+    tiled = structured.TileUsingForOp(handle, sizes=sizes, interchange=order)
+    for partial in reversed(partial_tile_loops(tiled, extents, sizes, order)):
+        peel_loop(partial)  # innermost first: an outer peel clones the loops inside it
+
+
+def vectorize_or_leave(handle: ir.Value, gather: bool = True) -> None:
+    """Vectorize the ops of `handle`; one the vectorizer cannot take stays a (correct) loop
+    nest (a suppressed failure)."""
+    seq = transform.SequenceOp(transform.FailurePropagationMode.Suppress, [], handle)
+    with ir.InsertionPoint(seq.body):
+        structured.VectorizeOp(seq.bodyTarget, vectorize_nd_extract=gather)
+        transform.YieldOp()
+
+
+def vectorize_marked(func: ir.Value, mark: str) -> None:
+    """`vectorize_or_leave` each op in `func` annotated `mark` (`tile_to_vector_tile`)."""
+    marked = structured.MatchOp(any_op(), func, op_attrs={mark: ir.UnitAttr.get()}).result
+    foreach(marked, vectorize_or_leave)
 
 
 def peel_loop(loop_handle: ir.Value):

@@ -106,11 +106,12 @@ from transform_ext.split_strided_convolution import split_strided_convolution
 from transform_ext.split_transposed_convolution import split_transposed_convolution
 from transform_ext.remove_annotation import remove_annotation
 from transform_ext.split_assertions import split_assertions
-from transform_ext.tile_to_vector_tiles import partial_tile_loops, reductions_innermost
+from transform_ext.tile_to_vector_tiles import reductions_innermost
 
 from .common import (annotate, any_op, apply_passes, apply_patterns, at_place, at_places,
                      canonicalize, foreach, hoist_loop_invariant_subsets, match, peel_loop,
-                     place_of, places_of)
+                     place_of, places_of, tile_to_vector_tile, vectorize_marked,
+                     vectorize_or_leave)
 from .generic import (GenericParams, func_ops, generic_script, parallel_tile_sizes,
                       register_tile_for, top_level_linalg_ops, vector_tile_sizes)
 from .generic import vectorize_stage as generic_vectorize_stage
@@ -1613,15 +1614,6 @@ def _vector_plan(payload: ir.Module, lanes: int):
     return plan, others
 
 
-def _vectorize_or_leave(handle, gather: bool) -> None:
-    """Vectorize the op of `handle`; one the vectorizer cannot take stays a (correct) loop
-    nest."""
-    seq = transform.SequenceOp(transform.FailurePropagationMode.Suppress, [], handle)
-    with ir.InsertionPoint(seq.body):
-        structured.VectorizeOp(seq.bodyTarget, vectorize_nd_extract=gather)
-        transform.YieldOp()
-
-
 def vectorize_body(payload: ir.Module, generic: GenericParams):
     """The vectorize stage: each op with a role at its vector sizes (edge tiles masked), the
     matmul family's role ops as it vectorizes them (schedules.matmul.vectorize_roles; the
@@ -1657,21 +1649,11 @@ def vectorize_body(payload: ir.Module, generic: GenericParams):
         for h, sizes_of_tile, gather, order, extents in zip(handles[n:], tiles, gathers, orders,
                                                             ranges):
             if gather:
-                annotate(h, _OTHER)
-            if sizes_of_tile is None:
-                pass
-            elif gather:
-                # as the generic schedule tiles it: reductions innermost, the last partial
-                # tile of a loop peeled into a static tile of its own (a dynamic one does
-                # not vectorize: a group norm's sums over rows of 254 ran as scalar loops);
-                # vectorized below, once the sizes are constants
-                tiled = structured.TileUsingForOp(h, sizes=sizes_of_tile, interchange=order)
-                for partial in reversed(partial_tile_loops(tiled, extents, sizes_of_tile, order)):
-                    peel_loop(partial)
-            else:
-                h, _ = _tile(h, sizes_of_tile)
-            if not gather:  # no bf16 gathers: stays a (correct) loop nest where it must
-                _vectorize_or_leave(h, gather=False)
+                tile_to_vector_tile(h, sizes_of_tile, order, extents, _OTHER)
+            else:  # no bf16 gathers: stays a (correct) loop nest where it must
+                if sizes_of_tile is not None:
+                    h, _ = _tile(h, sizes_of_tile)
+                vectorize_or_leave(h, gather=False)
         func = match(root, "func.func")
 
         def to_contractions():
@@ -1687,8 +1669,7 @@ def vectorize_body(payload: ir.Module, generic: GenericParams):
         # the other ops vectorized once the canonicalization has folded their peeled tiles'
         # sizes to constants (not before: it would fold the register tiles' reductions over
         # a unit dim to adds, which then never become contractions)
-        others = structured.MatchOp(any_op(), func, op_attrs={_OTHER: ir.UnitAttr.get()}).result
-        foreach(others, lambda h: _vectorize_or_leave(h, gather=True))
+        vectorize_marked(func, _OTHER)
         to_contractions()
         drop_contraction_masks(func)
         if contractions:  # a masked edge tile of C unpacked for a reduction, in registers

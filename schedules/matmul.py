@@ -125,6 +125,7 @@ from transform_ext.lane_contracts_to_fmas import lane_contracts_to_fmas
 from transform_ext.split_matvec_lanes import split_plan
 from transform_ext.outline_contraction_chunks import outline_contraction_chunks
 from transform_ext.remove_annotation import remove_annotation
+from transform_ext.tile_to_vector_tiles import reductions_innermost
 from transform_ext.transpose_pairs_as_words import transpose_pairs_as_words
 from transform_ext.version_full_tiles import version_full_tiles
 from transform_ext.widen_contraction_operands import widen_contraction_operands
@@ -133,7 +134,8 @@ import transform_ext
 from transform_ext.split_assertions import split_assertions
 
 from .common import (Place, annotate, any_op, apply_passes, apply_patterns, at_place, at_places,
-                     canonicalize, hoist_loop_invariant_subsets, match, place_of, places_of)
+                     canonicalize, hoist_loop_invariant_subsets, match, place_of, places_of,
+                     tile_to_vector_tile, vectorize_marked)
 from .generic import (POOLING_2D, GenericParams, func_ops, generic_script, parallel_tile_sizes,
                       register_tile_for, split_short_products, top_level_linalg_ops,
                       vector_tile_sizes)
@@ -145,6 +147,7 @@ VECTOR_SIZES = "lh.mm_vector"  # i64 array: vector sizes of the op's nominal til
 _DONE = "lh.mm_done"           # contraction already scheduled (its kernel op)
 _WIDEN = "lh.mm_widen"          # markers between the tiling and the widening fusion
 _K_STEPS = "lh.mm_k_steps"      # a register tile's loop over k (unrolled by the vectorize stage)
+_OTHER = "lh.mm_other"          # an op outside the contractions' tiles, vectorized last
 ANNOTATIONS = (ROLE, VECTOR_SIZES, _DONE, _K_STEPS)  # what the vectorize stage removes at its end
 
 FLOAT_TYPES = ("f32", "f16", "bf16")
@@ -1814,29 +1817,33 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams):
                                          for v in op.operands[:2])
                 for (op, _), role in zip(plan, roles))
     places = places_of(payload.operation, [op for op, _ in plan + tiles])
+    orders = [reductions_innermost(loop_structure(op)) for op, _ in tiles]
+    ranges = [loop_structure(op).ranges for op, _ in tiles]
 
     def body(root):
         handles = at_places(root, places)
         n = len(plan)
         vectorize_roles(handles[:n], roles, [sizes for _, sizes in plan])
-        for h, (op, sizes) in zip(handles[n:], tiles):
-            if sizes is not None:
-                h, _ = _tile(h, sizes)
-            # Like the generic schedule's vectorize_children: an op the vectorizer cannot
-            # take stays a (correct) loop nest.
-            seq = transform.SequenceOp(transform.FailurePropagationMode.Suppress, [], h)
-            with ir.InsertionPoint(seq.body):
-                structured.VectorizeOp(seq.bodyTarget, vectorize_nd_extract=True)
-                transform.YieldOp()
+        # like the generic schedule: tiled (partial tiles peeled), vectorized below
+        for h, (_, sizes), order, extents in zip(handles[n:], tiles, orders, ranges):
+            tile_to_vector_tile(h, sizes, order, extents, _OTHER)
         func = match(root, "func.func")
-        apply_patterns(func, tvec.ApplyLowerMaskedTransfersPatternsOp)
-        apply_patterns(func, tvec.ApplyTransferPermutationPatternsOp)
-        if pairs:  # the bf16 extensions before the broadcasts, then into the contraction
-            apply_patterns(func, tvec.ApplySinkVectorPatternsOp)
-        apply_patterns(func, tvec.ApplyVectorReductionToContractPatternsOp)
-        if pairs:
-            apply_patterns(func, tvec.ApplyFoldArithExtensionPatternsOp)
-        canonicalize(func)
+
+        def to_contractions():
+            apply_patterns(func, tvec.ApplyLowerMaskedTransfersPatternsOp)
+            apply_patterns(func, tvec.ApplyTransferPermutationPatternsOp)
+            if pairs:  # the bf16 extensions before the broadcasts, then into the contraction
+                apply_patterns(func, tvec.ApplySinkVectorPatternsOp)
+            apply_patterns(func, tvec.ApplyVectorReductionToContractPatternsOp)
+            if pairs:
+                apply_patterns(func, tvec.ApplyFoldArithExtensionPatternsOp)
+            canonicalize(func)
+
+        to_contractions()
+        # the other ops once the peeled tiles' sizes are constants (an op the vectorizer
+        # cannot take stays a correct loop nest)
+        vectorize_marked(func, _OTHER)
+        to_contractions()
         # a masked edge tile of C unpacked for a reduction is read back in registers
         forward_masked_writes(func)
         apply_patterns(func, tvec.ApplyCastAwayVectorLeadingOneDimPatternsOp, apply_cse=True)
@@ -1851,7 +1858,7 @@ def _vectorize_body(payload: ir.Module, generic: GenericParams):
             contracts_to_bf16_dot_products(func)
             flatten_contiguous_writes(func)
         canonicalize(func)
-        for attr in ANNOTATIONS:
+        for attr in ANNOTATIONS + (_OTHER,):
             remove_annotation(root, attr)
 
     return body

@@ -572,3 +572,23 @@ def test_contraction_of_one_tile_before_another(kernel_file):
             return []
         """)
     assert_matches(compile_kernel(path, strict=True))
+
+
+@pytest.mark.parametrize("expr", [
+    "torch.sigmoid(a @ b) * (a @ b).sum(dim=1, keepdim=True)",
+    "(lambda y: torch.tanh(y) / (1 + y.abs().sum(dim=1, keepdim=True)))(torch.nn.functional.gelu(a @ b))",
+    "(lambda y: (y - y.mean(dim=1, keepdim=True)) * 2)(a @ b)",
+])
+def test_ops_after_a_product_of_rows_no_vector_divides_are_vectorized(kernel_file, expr):
+    """Rows of 139 outputs (prime: no vector tile divides them) through elementwise ops and
+    row reductions after the product (KernelBench level 2's Gemm chains at odd sizes): the
+    ops outside the contraction's tiles are tiled as the generic schedule tiles them, the
+    last partial tile of a row peeled into a static tile of its own, and all vectorized (a
+    dynamic tile stayed a scalar loop); the results match torch."""
+    path = binary_kernel(kernel_file, 40, 139, 64, expr=expr)
+    compiled = compile_kernel(path)
+    assert compiled.family.name == "matmul", compiled.notes
+    vectorized = str(compile_kernel(path, stop_after="vectorize").module)
+    assert "linalg." not in vectorized
+    for r in compiled.check():
+        assert r.ok, str(r)
