@@ -95,7 +95,8 @@ from transform_ext.move_output_channels_innermost import move_output_channels_in
 from transform_ext.pad_image_rows import filled_insert, pad_image_rows
 from transform_ext.drop_unit_result_dims import drop_unit_result_dims
 from transform_ext.filter_ops import matches as filter_matches
-from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion
+from transform_ext.fold_reshape_ops_by_expansion import (CannotFold, fold_reshape_ops_by_expansion,
+                                                         plan_fold)
 from transform_ext.fuse_init_into_register_tile import fuse_init_into_register_tile
 from transform_ext.inline_elementwise_producers import inline_elementwise_producers
 from transform_ext.merge_sibling_reductions import merge_sibling_reductions, sibling_groups
@@ -1047,7 +1048,12 @@ def _prepare_reductions(rec: StepRecorder) -> None:
 
     def fold(root, places):
         for handle in at_places(root, places):
-            fold_reshape_ops_by_expansion(handle)
+            # (checked by `_folds` on the trial; should an earlier fold change that, the
+            # reshape stays and its reduction reads it as before)
+            seq = transform.SequenceOp(transform.FailurePropagationMode.Suppress, [], handle)
+            with ir.InsertionPoint(seq.body):
+                fold_reshape_ops_by_expansion(seq.bodyTarget)
+                transform.YieldOp()
         canonicalize(root)
 
     def inline(root, places):
@@ -1075,11 +1081,21 @@ def _siblings_outside_only(trial: ir.Module) -> bool:
 
 
 def _reshapes_read_by_reductions(trial: ir.Module) -> list:
-    """The top-level collapse_shapes read only by reductions outside the tiles."""
+    """The top-level collapse_shapes read only by reductions outside the tiles, that fold
+    into them (transform_ext.fold_reshape_ops_by_expansion.plan_fold)."""
     return places_of(trial.operation, [
         op.operation for func in func_ops(trial) for op in func.regions[0].blocks[0].operations
         if op.operation.name == "tensor.collapse_shape" and list(op.results[0].uses)
-        and all(_outside_reduction(u.owner) for u in op.results[0].uses)])
+        and all(_outside_reduction(u.owner) for u in op.results[0].uses)
+        and _folds(op.operation)])
+
+
+def _folds(reshape: ir.Operation) -> bool:
+    try:
+        plan_fold(reshape, multi_use=True)
+    except CannotFold:
+        return False
+    return True
 
 
 def _outside_reductions(trial: ir.Module) -> list:

@@ -218,6 +218,10 @@ def _largest_f64_tensor(ir_text: str) -> int:
      "(lambda y: torch.logsumexp(torch.nn.functional.hardswish(torch.tanh(self.norm(y))) + y, "
      "dim=1, keepdim=True))(self.conv(x))", "float32"),
     ("        self.norm = torch.nn.GroupNorm(2, 8)\n", "self.norm(self.conv(x))", "bfloat16"),
+    # KernelBench level 2's 23: a mean of the norm's output (a reshape that cannot fold
+    # into the sums stays, and the schedule still takes the payload)
+    ("        self.norm = torch.nn.GroupNorm(2, 8)\n", "self.norm(self.conv(x)).mean(dim=[1, 2, 3])",
+     "float32"),
 ])
 def test_norms_after_a_convolution_read_its_output_as_it_is(kernel_file, extra, forward, dtype):
     """A group norm's, an instance norm's and a variance's sums over a convolution's output
