@@ -592,3 +592,33 @@ def test_ops_after_a_product_of_rows_no_vector_divides_are_vectorized(kernel_fil
     assert "linalg." not in vectorized
     for r in compiled.check():
         assert r.ok, str(r)
+
+
+def test_a_pooling_backward_beside_a_packed_product_takes_the_matmul_schedule(kernel_file):
+    """A fuzz case: a product, a linear layer and an avg_pool1d, forward and backward. The
+    pooling's backward is a convolution the matmul schedule hands to the convolution
+    family's, which looked for convolutions among ops that included the product's unpack
+    (a linalg op without indexing maps: the schedule failed and the generic one took the
+    payload). Now the matmul schedule takes it, and the results match torch."""
+    path = kernel_file("""
+        import torch
+        import torch.nn.functional as F
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc0 = torch.nn.Linear(16, 7, bias=False)
+            def forward(self, x0, x1, x2):
+                y = self.fc0(torch.mm(x0, x1.t()).t()) + x2
+                return F.avg_pool1d(y.unsqueeze(-2), 4, 4).squeeze(-2)
+        def get_inputs():
+            g = torch.Generator().manual_seed(0)
+            return [torch.randn(16, 31, generator=g), torch.randn(7, 31, generator=g) * 0.18,
+                    torch.randn(1, 7, generator=g).expand(7, 7)]
+        def get_init_inputs():
+            return []
+        """)
+    compiled = compile_kernel(path, backward=True)
+    assert compiled.family.name == "matmul" and not any("failed" in n for n in compiled.notes), \
+        compiled.notes
+    for r in compiled.check():
+        assert r.ok, str(r)

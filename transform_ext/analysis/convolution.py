@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torch_mlir import ir
+from torch_mlir.dialects import linalg
 
 from .structure import is_linalg_op, loop_structure
 
@@ -101,8 +102,8 @@ def convolution_dims(op, static: bool = True) -> ConvolutionDims:
     static=False also takes ops with dynamic extents (a tile at an edge); their `ranges`
     hold None there."""
     op = getattr(op, "operation", op)
-    if not is_linalg_op(op):
-        raise NotConvolution("not a linalg op")
+    if not is_linalg_op(op) or linalg.get_indexing_maps(op) is None:
+        raise NotConvolution("not a structured linalg op")  # (a pack or unpack has no maps)
     ls = loop_structure(op)
     if ls.num_inputs != 2 or ls.num_outputs != 1:
         raise NotConvolution("does not have two inputs and one output")
