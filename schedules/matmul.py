@@ -113,6 +113,7 @@ from transform_ext.common import (AMX_SIDE, Illegal, defining_op, largest_diviso
                                   users)
 from transform_ext.contracts_to_bf16_dot_products import contracts_to_bf16_dot_products
 from transform_ext.drop_unpack_destination_fill import drop_unpack_destination_fill
+from transform_ext.drop_unused_results import drop_unused_results
 from transform_ext.flatten_contiguous_writes import flatten_contiguous_writes
 from transform_ext.fold_reshape_ops_by_expansion import fold_reshape_ops_by_expansion
 from transform_ext.fuse_elementwise_producers import fuse_elementwise_producers
@@ -1497,7 +1498,7 @@ def _places(rec: StepRecorder, ops: list) -> dict[int, Place]:
 
 
 def _normalize(root: ir.Value) -> ir.Value:
-    """Assertions split out, unit dims folded, reshapes propagated (never into a
+    """Assertions split out, unused results dropped, unit dims folded, reshapes propagated (never into a
     contraction's reduction loops: the flatten before a linear layer stays a reshape of its
     input, and the weight's transpose folds into its packing) and elementwise ops fused into
     elementwise consumers (a contraction's reduction loops that an expansion split
@@ -1506,6 +1507,9 @@ def _normalize(root: ir.Value) -> ir.Value:
     into the contraction reading it (once its reshapes made it a generic), its body
     recomputed for every output column and no contraction left for this schedule."""
     split_assertions(root)
+    # the i64 argmax torch-mlir's max.dim computes beside a row max (amax, softmax,
+    # logsumexp) that nothing reads: it kept the max from vectorizing (a scalar loop)
+    drop_unused_results(match(root, "func.func"))
     root = apply_passes(root, "linalg-fold-unit-extent-dims", "canonicalize", "cse")
     fold_reshape_ops_by_expansion(match(root, "func.func"), keep_reduction_loops=True)
     fuse_elementwise_producers(match(root, "func.func"))
