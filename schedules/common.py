@@ -41,13 +41,19 @@ def tile_to_vector_tile(handle: ir.Value, sizes: list[int] | None, order: list[i
         peel_loop(partial)  # innermost first: an outer peel clones the loops inside it
 
 
-def vectorize_or_leave(handle: ir.Value, gather: bool = True) -> None:
-    """Vectorize the ops of `handle`; one the vectorizer cannot take stays a (correct) loop
-    nest (a suppressed failure)."""
+def suppressed(handle: ir.Value, build: Callable[[ir.Value], object]) -> None:
+    """`build(target)` inside a sequence on `handle` whose failures are suppressed: an op
+    the transform cannot take is left as it is."""
     seq = transform.SequenceOp(transform.FailurePropagationMode.Suppress, [], handle)
     with ir.InsertionPoint(seq.body):
-        structured.VectorizeOp(seq.bodyTarget, vectorize_nd_extract=gather)
+        build(seq.bodyTarget)
         transform.YieldOp()
+
+
+def vectorize_or_leave(handle: ir.Value, gather: bool = True) -> None:
+    """Vectorize the ops of `handle`; one the vectorizer cannot take stays a (correct) loop
+    nest."""
+    suppressed(handle, lambda op: structured.VectorizeOp(op, vectorize_nd_extract=gather))
 
 
 def vectorize_marked(func: ir.Value, mark: str) -> None:

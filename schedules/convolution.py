@@ -111,7 +111,7 @@ from transform_ext.tile_to_vector_tiles import reductions_innermost
 
 from .common import (annotate, any_op, apply_passes, apply_patterns, at_place, at_places,
                      canonicalize, foreach, hoist_loop_invariant_subsets, match, peel_loop,
-                     place_of, places_of, tile_to_vector_tile, vectorize_marked,
+                     place_of, places_of, suppressed, tile_to_vector_tile, vectorize_marked,
                      vectorize_or_leave)
 from .generic import (GenericParams, func_ops, generic_script, parallel_tile_sizes,
                       register_tile_for, top_level_linalg_ops, vector_tile_sizes)
@@ -1050,10 +1050,7 @@ def _prepare_reductions(rec: StepRecorder) -> None:
         for handle in at_places(root, places):
             # (checked by `_folds` on the trial; should an earlier fold change that, the
             # reshape stays and its reduction reads it as before)
-            seq = transform.SequenceOp(transform.FailurePropagationMode.Suppress, [], handle)
-            with ir.InsertionPoint(seq.body):
-                fold_reshape_ops_by_expansion(seq.bodyTarget)
-                transform.YieldOp()
+            suppressed(handle, fold_reshape_ops_by_expansion)
         canonicalize(root)
 
     def inline(root, places):

@@ -127,7 +127,7 @@ from transform_ext.common import TARGET_KERNEL
 from transform_ext.exclude_ops import exclude_ops
 
 from .common import (any_op, apply_passes, apply_patterns, canonicalize, foreach,
-                     hoist_loop_invariant_subsets, match)
+                     hoist_loop_invariant_subsets, match, vectorize_or_leave)
 from .script import apply_stage, build_script
 
 # Imported from here by the other families (matmul, attention, cross-entropy) and targets.
@@ -287,14 +287,7 @@ def vectorize_but_target_kernels(func: ir.Value) -> None:
     linalg_ops = structured.MatchOp(any_op(), func,
                                     interface=structured.MatchInterfaceEnum.LinalgOp).result
     kept = structured.MatchOp(any_op(), func, op_attrs={TARGET_KERNEL: ir.UnitAttr.get()}).result
-
-    def vectorize(op: ir.Value) -> None:
-        seq = transform.SequenceOp(transform.FailurePropagationMode.Suppress, [], op)
-        with ir.InsertionPoint(seq.body):
-            structured.VectorizeOp(seq.bodyTarget, vectorize_nd_extract=True)
-            transform.YieldOp()
-
-    foreach(exclude_ops(linalg_ops, kept), vectorize)
+    foreach(exclude_ops(linalg_ops, kept), vectorize_or_leave)
     apply_patterns(func, tvec.ApplyTransferPermutationPatternsOp,
                    tvec.ApplyVectorReductionToContractPatternsOp, tvec.ApplySinkVectorPatternsOp,
                    tvec.ApplyFoldArithExtensionPatternsOp,

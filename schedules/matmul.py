@@ -1498,8 +1498,8 @@ def _places(rec: StepRecorder, ops: list) -> dict[int, Place]:
 
 
 def _normalize(root: ir.Value) -> ir.Value:
-    """Assertions split out, unused results dropped, unit dims folded, reshapes propagated (never into a
-    contraction's reduction loops: the flatten before a linear layer stays a reshape of its
+    """Assertions split out, unused results dropped, unit dims folded, reshapes propagated
+    (never into a contraction's reduction loops: the flatten before a linear layer stays a reshape of its
     input, and the weight's transpose folds into its packing) and elementwise ops fused into
     elementwise consumers (a contraction's reduction loops that an expansion split
     nonetheless collapsed back, and its parallel ones, a linear layer over [B, S, D]). Never into a contraction: upstream's

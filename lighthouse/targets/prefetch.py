@@ -4,9 +4,9 @@ page every step, and of the next tile of an input passed over several times per 
 A register tile's loop (an scf.for over k carrying vector accumulators) starts from a
 `vector.transfer_read` of its output tile and ends in a `vector.transfer_write` of the same
 tile (or, a tile of packed C panels of a product in bf16 pairs, a `vector.store` of its rows
-flattened into the tile's collapse_shape). When that tile is not in cache (a matmul's output tile larger than L2, read and written
-once per k block), the loop waits for its first loads: 6-16% of a 1024^3 f32 matmul on this
-Sapphire Rapids host. `prefetch_next_accumulators` issues, before each such read, a
+flattened into the tile's collapse_shape). When that tile is not in cache (a matmul's
+output tile larger than L2, read and written once per k block), the loop waits for its
+first loads: 6-16% of a 1024^3 f32 matmul on this Sapphire Rapids host. `prefetch_next_accumulators` issues, before each such read, a
 `memref.prefetch` of every cache line of the tile the next iteration of the enclosing loops
 will read: the view of the output tile is recomputed with the innermost loop's induction
 variable one step on (or, on its last iteration, the next outer one's and the inner loop's
@@ -41,7 +41,8 @@ import math
 from torch_mlir import ir
 from torch_mlir.dialects import arith, memref
 
-from transform_ext.common import all_in_bounds, clone_op, constant_value, defining_op, is_nested_in, is_zero
+from transform_ext.common import (all_in_bounds, clone_op, constant_value, defining_op, is_nested_in,
+                                  is_zero)
 
 CACHE_LINE_BYTES = 64
 MAX_LINES = 64  # per tile: a register tile of at most 32 rows of two lines
