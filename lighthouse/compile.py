@@ -424,6 +424,10 @@ def main(argv=None) -> int:
 
 
 def _main(args) -> int:
+    partial = ("--emit", args.emit) if args.emit else ("--stop-after", args.stop_after)
+    if partial[1] and (args.run or args.check or args.bench):
+        raise StageError(f"{partial[0]} {partial[1]} leaves nothing to run: --run, --check and "
+                         "--bench need the whole compile")
     overrides = dict(parse_override(o) for o in args.overrides)
     stop_after = args.emit or args.stop_after
     if args.print_schedule:

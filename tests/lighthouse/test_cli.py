@@ -203,6 +203,15 @@ def test_forward_returning_none(kernel_file):
                     "every result must be a tensor")
 
 
+def test_running_a_partial_compile_is_an_error():
+    """--check (or --run, --bench) with --stop-after or --emit: nothing was JIT-compiled to
+    run; said so, instead of blaming the target."""
+    _one_line_error(run_cli(EXAMPLES / "matmul.py", "--check", "--stop-after", "cleanup"),
+                    "--stop-after cleanup leaves nothing to run")
+    _one_line_error(run_cli(EXAMPLES / "matmul.py", "--run", "--emit", "fuse"),
+                    "--emit fuse leaves nothing to run")
+
+
 def test_zero_threads_is_an_error():
     _one_line_error(run_cli(EXAMPLES / "matmul.py", "--set", "N=8", "--threads", "0"),
                     "--threads must be >= 1, got 0")

@@ -257,6 +257,33 @@ def test_ops_after_a_convolution_of_rows_no_vector_divides_are_vectorized(kernel
     assert_matches(compile_kernel(path))
 
 
+@pytest.mark.parametrize("shape, input, forward, dtype", [
+    # a transposed-view input, the norm's result read twice: transposed, and summed
+    (None, "torch.randn(2, 4, 35, 12, generator=g).transpose(2, 3)",
+     "(lambda z: (z.transpose(-1, -2) * 2, z.sum()))(self.norm(self.conv(x)))", "float32"),
+    # rows of 139 (peeled partial tiles) in bf16, a residual of the convolution's output
+    ("2, 4, 6, 141", None, "(lambda y: self.norm(y) + y)(self.conv(x))", "bfloat16"),
+])
+def test_neighbours_of_a_norm_after_a_convolution(kernel_file, shape, input, forward, dtype):
+    """Neighbours of the norms above: a transposed-view input with the norm's result used
+    twice (a transpose after it and a sum), rows of 139 in bf16 with a residual; the
+    convolution family takes each and the results match torch."""
+    path = conv_kernel(kernel_file, "Conv2d(4, 8, 3)", shape, dtype=dtype, input=input,
+                       extra="        self.norm = torch.nn.GroupNorm(2, 8)\n", forward=forward)
+    assert_matches(compile_kernel(path))
+
+
+def test_a_norm_after_a_convolution_of_no_images(kernel_file):
+    """No images: every op's iteration space is empty, so the cleanup leaves no linalg op
+    (nothing to schedule, no convolution family), and the empty result matches torch's."""
+    path = conv_kernel(kernel_file, "Conv2d(4, 8, 3)", "0, 4, 12, 35",
+                       extra="        self.norm = torch.nn.GroupNorm(2, 8)\n",
+                       forward="self.norm(self.conv(x))")
+    assert "linalg." not in str(compile_kernel(path, stop_after="cleanup").module)
+    reports = compile_kernel(path).check()
+    assert reports and all(r.ok for r in reports), reports
+
+
 def test_transposed_convolution_chains(kernel_file):
     """KernelBench level 2's 26 (a 3-D transposed convolution, a residual add, x *
     hardswish(x)) and 60 (swish, GroupNorm, hardswish) at small sizes."""

@@ -597,6 +597,31 @@ def test_ops_after_a_product_of_rows_no_vector_divides_are_vectorized(kernel_fil
         assert r.ok, str(r)
 
 
+@pytest.mark.parametrize("m, expr, b_shape", [
+    # a transposed-view B, a transpose after the row max, and the product read twice
+    (40, "(lambda y: (torch.exp(y - y.amax(dim=1, keepdim=True)).t(), y.sum(dim=1)))(a @ b.t())",
+     "N, K"),
+    # 17 rows, the row maxima read by a second reduction
+    (17, "(lambda y: y / y.amax(dim=1, keepdim=True).abs().sum())(a @ b)", "K, N"),
+])
+def test_neighbours_of_ops_after_a_product_of_rows_no_vector_divides(kernel_file, m, expr,
+                                                                   b_shape):
+    """Neighbours of the rows of 139 above: B read through a transposed view, the row max's
+    result transposed and the product summed beside it; the row maxima summed again. The
+    matmul family takes both and the results match torch."""
+    assert_matches(compile_kernel(binary_kernel(kernel_file, m, 139, 64, expr=expr,
+                                                b_shape=b_shape)))
+
+
+def test_a_row_reduction_after_a_product_of_no_rows(kernel_file):
+    """A product of no rows under a logsumexp: every op's iteration space is empty, so the
+    cleanup leaves no linalg op, and the empty result matches torch's."""
+    path = binary_kernel(kernel_file, 0, 139, 64, expr="torch.logsumexp(a @ b, dim=1)")
+    assert "linalg." not in str(compile_kernel(path, stop_after="cleanup").module)
+    reports = compile_kernel(path).check()
+    assert reports and all(r.ok for r in reports), reports
+
+
 def test_a_pooling_backward_beside_a_packed_product_takes_the_matmul_schedule(kernel_file):
     """A fuzz case: a product, a linear layer and an avg_pool1d, forward and backward. The
     pooling's backward is a convolution the matmul schedule hands to the convolution
