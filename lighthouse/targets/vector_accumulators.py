@@ -78,12 +78,13 @@ def _kind(reduction: ir.Operation) -> str:
 
 def _lane_reduction(loop: ir.Operation, k: int) -> ir.Operation | None:
     """The vector.reduction that iter_arg k of `loop` feeds, when the iter_arg (a float or
-    a vector<1x float>) is read only as that reduction's accumulator and the loop yields the
-    reduction's result at k; else None."""
+    a vector of one element, of any rank: a reduction over several dims into [1, 1]) is
+    read only as that reduction's accumulator and the loop yields the reduction's result at
+    k; else None."""
     body = loop.regions[0].blocks[0]
     arg = body.arguments[1 + k]
     single = isinstance(arg.type, ir.VectorType)
-    if single and (ir.VectorType(arg.type).shape != [1]):
+    if single and any(d != 1 for d in ir.VectorType(arg.type).shape):
         return None
     scalar_type = ir.VectorType(arg.type).element_type if single else arg.type
     if not isinstance(scalar_type, ir.FloatType):
@@ -108,7 +109,7 @@ def _lane_reduction(loop: ir.Operation, k: int) -> ir.Operation | None:
         return None
     yielded = list(body.operations)[-1].operands[k]
     if single:
-        widen = defining_op(yielded)  # into a vector<1x float>: broadcast or insert at [0]
+        widen = defining_op(yielded)  # into the one-element vector: broadcast or insert
         if widen is None or widen.name not in ("vector.broadcast", "vector.insert") \
                 or not widen.operands[0] == reader.results[0] \
                 or len(list(widen.results[0].uses)) != 1:
@@ -155,7 +156,7 @@ def _carry_vector(loop: ir.Operation, k: int, reduction: ir.Operation, lanes: in
     old_uses = [(user_op(u), u.operand_number) for u in result.uses]
     result.set_type(lanes_type)
     with ir.InsertionPoint.after(loop), loop.location:
-        acc = vector.extract(init, [], [0]) if single else init
+        acc = vector.extract(init, [], [0] * ir.VectorType(init.type).rank) if single else init
         attrs = {"kind": reduction.attributes["kind"]}
         if "fastmath" in reduction.attributes:
             attrs["fastmath"] = reduction.attributes["fastmath"]

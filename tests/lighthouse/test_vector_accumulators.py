@@ -3,6 +3,8 @@ FileCheck of the rewrite on hand-written loops and of what it declines, and row 
 compiled with it against torch (NaN, infinities, rows that do not divide the tiles, f64
 accumulation, bf16)."""
 
+import re
+
 import pytest
 
 from lighthouse.compile import compile_kernel
@@ -56,6 +58,32 @@ func.func @row_sum(%in: memref<4x256xf32>, %out: memref<4xf32>) {
 """
 
 
+# a group norm's sum over a group's channels and pixels: two loops into a [1, 1] f64
+GROUP_SUM = """
+func.func @group_sum(%in: memref<4x32x64xf32>, %out: memref<1x1xf64>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c4 = arith.constant 4 : index
+  %c32 = arith.constant 32 : index
+  %f0 = arith.constant 0.0 : f32
+  %zero = arith.constant dense<0.0> : vector<1x1xf64>
+  %s = scf.for %c = %c0 to %c4 step %c1 iter_args(%outer = %zero) -> (vector<1x1xf64>) {
+    %t = scf.for %h = %c0 to %c32 step %c1 iter_args(%acc = %outer) -> (vector<1x1xf64>) {
+      %v = vector.transfer_read %in[%c, %h, %c0], %f0 {in_bounds = [true]} : memref<4x32x64xf32>, vector<64xf32>
+      %w = arith.extf %v : vector<64xf32> to vector<64xf64>
+      %a = vector.extract %acc[0, 0] : f64 from vector<1x1xf64>
+      %r = vector.reduction <add>, %w, %a fastmath<reassoc> : vector<64xf64> into f64
+      %b = vector.broadcast %r : f64 to vector<1x1xf64>
+      scf.yield %b : vector<1x1xf64>
+    }
+    scf.yield %t : vector<1x1xf64>
+  }
+  vector.transfer_write %s, %out[%c0, %c0] {in_bounds = [true, true]} : vector<1x1xf64>, memref<1x1xf64>
+  return
+}
+"""
+
+
 def _rewritten(source: str) -> tuple[int, str]:
     return rewritten(source, reductions_into_vector_accumulators)
 
@@ -89,6 +117,29 @@ def test_a_reassociable_sum_from_a_scalar_carries_the_lanes():
     """)
 
 
+def test_a_sum_over_two_dims_into_one_element_carries_the_lanes():
+    """A group norm's f64 sum over channels and pixels, carried as a vector<1x1xf64>: the
+    inner loop carries the lanes (64 f64 folded in halves to four registers), and reduces
+    them once per channel into the outer loop's [1, 1] (each step reduced its 64 lanes
+    into it before)."""
+    count, text = _rewritten(GROUP_SUM)
+    assert count == 1
+    filecheck(text, """
+        CHECK: scf.for {{.*}} iter_args(%[[OUTER:.*]] = %{{.*}}) -> (vector<1x1xf64>)
+        CHECK: %[[NEUTRAL:.*]] = arith.constant dense<0.000000e+00> : vector<32xf64>
+        CHECK: %[[LANES:.*]] = scf.for {{.*}} iter_args(%[[ACC:.*]] = %[[NEUTRAL]]) -> (vector<32xf64>)
+        CHECK: %[[LOW:.*]] = vector.extract_strided_slice %{{.*}} {offsets = [0], sizes = [32]
+        CHECK: %[[HIGH:.*]] = vector.extract_strided_slice %{{.*}} {offsets = [32], sizes = [32]
+        CHECK: %[[STEP:.*]] = arith.addf %[[LOW]], %[[HIGH]] : vector<32xf64>
+        CHECK: %[[NEXT:.*]] = arith.addf %[[ACC]], %[[STEP]] : vector<32xf64>
+        CHECK: scf.yield %[[NEXT]] : vector<32xf64>
+        CHECK: %[[A:.*]] = vector.extract %[[OUTER]][0, 0] : f64 from vector<1x1xf64>
+        CHECK-NEXT: %[[R:.*]] = vector.reduction <add>, %[[LANES]], %[[A]] fastmath<reassoc> : vector<32xf64> into f64
+        CHECK-NEXT: %[[B:.*]] = vector.broadcast %[[R]] : f64 to vector<1x1xf64>
+        CHECK-NEXT: scf.yield %[[B]] : vector<1x1xf64>
+    """)
+
+
 @pytest.mark.parametrize("source, change, reason", [
     (ROW_SUM, (" fastmath<reassoc>", ""), "a sum that must keep its order"),
     (ROW_SUM, ("scf.yield %r : f32", "%t = arith.addf %r, %acc : f32\n      scf.yield %t : f32"),
@@ -98,6 +149,8 @@ def test_a_reassociable_sum_from_a_scalar_carries_the_lanes():
     (ROW_MAX, ("scf.yield %b : vector<1xf32>", "%c = arith.addf %b, %b : vector<1xf32>\n      scf.yield %c : vector<1xf32>"),
      "the yielded value is not the reduction's"),
     (ROW_MAX, ("<maximumf>", "<maxsi>"), "not a float kind"),
+    (GROUP_SUM, ("vector<1x1xf64>) {\n      %v", "vector<1x1xf64>) {\n      %x = vector.extract %acc[0, 0] : f64 from vector<1x1xf64>\n      memref.store %x, %out[%c0, %c0] : memref<1x1xf64>\n      %v"),
+     "the carried [1, 1] is read again"),
 ])
 def test_reductions_that_cannot_carry_lanes_stay(source, change, reason):
     if change[1].startswith("<maxsi>"):
@@ -147,3 +200,42 @@ def test_a_softmax_carries_its_max_and_sum_in_vectors():
         CHECK: scf.for {{.*}} -> (vector<64xf32>)
         CHECK: arith.addf %{{.*}} : vector<64xf32>
     """)
+
+
+GROUP = """
+import torch
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.norm = NORM
+        with torch.no_grad():
+            self.norm.weight.normal_(); self.norm.bias.normal_()
+    def forward(self, x):
+        return self.norm(x)
+def get_inputs():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(SHAPE, generator=g) * 3 + 100
+    return [x]
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("norm, shape, carried", [
+    ("torch.nn.GroupNorm(4, 8)", "3, 8, 16, 64", True),     # KernelBench 35's form
+    ("torch.nn.InstanceNorm2d(5, affine=True)", "2, 5, 9, 130", True),
+    # rows of 37 f64 (296 bytes, odd: no halving fits four registers) stay reduced per step
+    ("torch.nn.GroupNorm(3, 6)", "2, 6, 7, 37", False),
+])
+def test_group_and_instance_norms_carry_their_sums_in_vectors(kernel_file, norm, shape, carried):
+    """A group norm's and an instance norm's f64 sums of x and x^2 over several dims
+    (carried as [1, 1] vectors) carry f64 lanes in their loops; the results match torch on
+    inputs of mean 100 (a variance from E[x^2] - E[x]^2, which needs the f64 sums)."""
+    path = kernel_file(GROUP.replace("NORM", norm).replace("SHAPE", shape))
+    lowered = str(compile_kernel(path, stop_after="bufferize").module)
+    lanes = re.search(r"scf\.for .* -> \(vector<\d+xf64>, vector<\d+xf64>\)", lowered)
+    assert bool(lanes) == carried
+    for report in compile_kernel(path).check():
+        assert report.ok, str(report)
+
