@@ -139,13 +139,19 @@ def _iv(loop: ir.Operation) -> ir.Value:
     return loop.regions[0].blocks[0].arguments[0]
 
 
+def _ivs(loop: ir.Operation) -> list[ir.Value]:
+    """The induction variables of an scf.for (its one; the other block arguments are
+    iter_args) or an scf.parallel (one per dim)."""
+    args = list(loop.regions[0].blocks[0].arguments)
+    return args if loop.name == "scf.parallel" else args[:1]
+
+
 def _moving_iv(loop: ir.Operation) -> tuple[ir.Value, ir.Value, ir.Value]:
     """(induction variable, upper bound, step) of `loop`'s innermost dim: an scf.for's own,
     an scf.parallel's last (a thread's consecutive iterations step along it)."""
-    args = loop.regions[0].blocks[0].arguments
-    n = len(args) if loop.name == "scf.parallel" else 1  # an scf.for's others are iter_args
-    operands = list(loop.operands)
-    return args[n - 1], operands[2 * n - 1], operands[3 * n - 1]
+    ivs = _ivs(loop)
+    n, operands = len(ivs), list(loop.operands)
+    return ivs[-1], operands[2 * n - 1], operands[3 * n - 1]
 
 
 def _slice(value: ir.Value, loops: list[ir.Operation], order: list[ir.Operation],
@@ -156,8 +162,7 @@ def _slice(value: ir.Value, loops: list[ir.Operation], order: list[ir.Operation]
     as such), or reads another block argument."""
     op = defining_op(value)
     if op is None:
-        if any(value == arg for loop in loops for arg in loop.regions[0].blocks[0].arguments
-               if loop.name == "scf.parallel" or arg == _iv(loop)):
+        if any(value == iv for loop in loops for iv in _ivs(loop)):
             if not any(value == iv for iv in ivs):
                 ivs.append(value)
             return True
@@ -412,7 +417,7 @@ def _tile_bytes(read: ir.Operation, inner: list[ir.Operation]) -> int | None:
     vtype = ir.VectorType(read.results[0].type)
     total = vtype.shape[-1] * getattr(vtype.element_type, "width", 32) // 8
     for loop in inner[:-1]:
-        if loop.name == "scf.parallel" and len(loop.regions[0].blocks[0].arguments) != 1:
+        if len(_ivs(loop)) != 1:
             return None
         bounds = [constant_value(v) for v in list(loop.operands)[:3]]
         if not all(isinstance(b, ir.IntegerAttr) for b in bounds):
@@ -486,8 +491,7 @@ def _moving_pass_loop(read: ir.Operation, base: ir.Value, sites, max_tile_bytes:
         if not any(iv == _moving_iv(loop)[0] for iv in ivs):
             continue
         tile = _tile_bytes(read, inner)
-        least = 0 if len(loop.regions[0].blocks[0].arguments) == 1 or loop.name == "scf.for" \
-            else MIN_PARALLEL_TILE_BYTES
+        least = 0 if len(_ivs(loop)) == 1 else MIN_PARALLEL_TILE_BYTES
         return (loop, order, tile) if tile is not None and least < tile <= max_tile_bytes else None
     return None
 
